@@ -1,0 +1,26 @@
+# forkbox build. `make` builds bin/forkbox and bin/forkbox-agent (both static).
+GO ?= go
+PROTOC_GEN_GO_VERSION := v1.36.12
+PROTOC_GEN_CONNECT_GO_VERSION := v1.19.1
+TOOLS := $(CURDIR)/.tools/bin
+
+.PHONY: all build proto test e2e bench clean
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/forkbox ./cmd/forkbox
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o bin/forkbox-agent ./cmd/forkbox-agent
+
+# proto regenerates api/ from proto/ with pinned plugin versions and the
+# protoc of Debian's protobuf-compiler package.
+proto:
+	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	GOBIN=$(TOOLS) $(GO) install connectrpc.com/connect/cmd/protoc-gen-connect-go@$(PROTOC_GEN_CONNECT_GO_VERSION)
+	PATH=$(TOOLS):$$PATH protoc -I proto \
+		--go_out=. --go_opt=module=github.com/forkbox/forkbox \
+		--connect-go_out=. --connect-go_opt=module=github.com/forkbox/forkbox \
+		proto/forkbox/v1/forkbox.proto
+
+clean:
+	rm -rf bin .tools
