@@ -1,0 +1,97 @@
+// Package client is the Go SDK of forkbox. The zero Client works: it talks to
+// the local daemon on its default unix socket (or to FORKBOX_HOST, with
+// FORKBOX_TOKEN). Every call takes a context first; errors carry their class
+// (errdefs.IsNotFound(err), ...), as the daemon gave it.
+package client
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+
+	"connectrpc.com/connect"
+
+	"github.com/forkbox/forkbox/api/forkbox/v1/forkboxv1connect"
+)
+
+// DefaultSocket is where the daemon listens by default.
+const DefaultSocket = "/run/forkbox/forkbox.sock"
+
+// Client is a connection to a forkbox daemon. Its zero value connects to
+// FORKBOX_HOST if set (unix:///path or http://host:port), else DefaultSocket.
+type Client struct {
+	// Socket is the daemon's unix socket path.
+	Socket string
+	// URL is the daemon's TCP address ("http://host:port"); it wins over Socket.
+	URL string
+	// Token is sent as a bearer token (required on TCP).
+	Token string
+
+	once   sync.Once
+	sbx    forkboxv1connect.SandboxServiceClient
+	images forkboxv1connect.ImageServiceClient
+}
+
+func (c *Client) init() {
+	c.once.Do(func() {
+		if c.URL == "" && c.Socket == "" {
+			host := os.Getenv("FORKBOX_HOST")
+			switch {
+			case strings.HasPrefix(host, "unix://"):
+				c.Socket = strings.TrimPrefix(host, "unix://")
+			case host != "":
+				c.URL = host
+			default:
+				c.Socket = DefaultSocket
+			}
+		}
+		if c.Token == "" {
+			c.Token = os.Getenv("FORKBOX_TOKEN")
+		}
+		base := c.URL
+		hc := http.DefaultClient
+		if base == "" {
+			base = "http://forkbox"
+			sock := c.Socket
+			hc = &http.Client{Transport: &http.Transport{
+				DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+					var d net.Dialer
+					return d.DialContext(ctx, "unix", sock)
+				},
+				MaxIdleConnsPerHost: 16,
+			}}
+		}
+		opts := []connect.ClientOption{connect.WithInterceptors(authInterceptor{c.Token})}
+		c.sbx = forkboxv1connect.NewSandboxServiceClient(hc, base, opts...)
+		c.images = forkboxv1connect.NewImageServiceClient(hc, base, opts...)
+	})
+}
+
+// authInterceptor adds the bearer token to every request.
+type authInterceptor struct{ token string }
+
+func (a authInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if a.token != "" {
+			req.Header().Set("Authorization", "Bearer "+a.token)
+		}
+		return next(ctx, req)
+	}
+}
+
+func (a authInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		if a.token != "" {
+			conn.RequestHeader().Set("Authorization", "Bearer "+a.token)
+		}
+		return conn
+	}
+}
+
+func (a authInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}

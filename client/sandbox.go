@@ -1,0 +1,222 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"time"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/forkbox/forkbox/api/forkbox/v1"
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+// Resources are a sandbox's limits: CPU cores ("1", "0.5"), memory ("512Mi").
+type Resources struct {
+	CPU    string `json:"cpu,omitempty"`
+	Memory string `json:"memory,omitempty"`
+	Pids   int64  `json:"pids,omitempty"`
+}
+
+// CreateOptions describe a new sandbox. Image is required.
+type CreateOptions struct {
+	Image     string
+	Name      string
+	Resources Resources
+	Env       map[string]string
+	Cwd       string
+	// Egress is "none" (default) or "all".
+	Egress  string
+	Runtime string
+}
+
+// Info is what the daemon knows of a sandbox.
+type Info = v1.Sandbox
+
+// Sandbox is a handle on one sandbox.
+type Sandbox struct {
+	c    *Client
+	ID   string
+	Info *Info
+}
+
+// CreateSandbox creates a sandbox and returns once it is ready for exec.
+func (c *Client) CreateSandbox(ctx context.Context, o CreateOptions) (*Sandbox, error) {
+	c.init()
+	resp, err := c.sbx.CreateSandbox(ctx, connect.NewRequest(&v1.CreateSandboxRequest{
+		Image: o.Image, Name: o.Name, Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Runtime: o.Runtime,
+		Resources: &v1.Resources{Cpu: o.Resources.CPU, Memory: o.Resources.Memory, Pids: o.Resources.Pids},
+	}))
+	if err != nil {
+		return nil, errdefs.FromConnect(err)
+	}
+	return &Sandbox{c: c, ID: resp.Msg.Sandbox.Id, Info: resp.Msg.Sandbox}, nil
+}
+
+// Sandbox returns a handle on an existing sandbox, by ID or name.
+func (c *Client) Sandbox(ctx context.Context, idOrName string) (*Sandbox, error) {
+	c.init()
+	resp, err := c.sbx.GetSandbox(ctx, connect.NewRequest(&v1.GetSandboxRequest{Sandbox: idOrName}))
+	if err != nil {
+		return nil, errdefs.FromConnect(err)
+	}
+	return &Sandbox{c: c, ID: resp.Msg.Sandbox.Id, Info: resp.Msg.Sandbox}, nil
+}
+
+// ListSandboxes lists live sandboxes, or all (closed too).
+func (c *Client) ListSandboxes(ctx context.Context, all bool) ([]*Info, error) {
+	c.init()
+	resp, err := c.sbx.ListSandboxes(ctx, connect.NewRequest(&v1.ListSandboxesRequest{All: all}))
+	if err != nil {
+		return nil, errdefs.FromConnect(err)
+	}
+	return resp.Msg.Sandboxes, nil
+}
+
+// Refresh reloads the sandbox's info.
+func (s *Sandbox) Refresh(ctx context.Context) error {
+	n, err := s.c.Sandbox(ctx, s.ID)
+	if err != nil {
+		return err
+	}
+	s.Info = n.Info
+	return nil
+}
+
+// Close closes the sandbox: nothing of it is left on the host.
+func (s *Sandbox) Close(ctx context.Context) error {
+	_, err := s.c.sbx.DeleteSandbox(ctx, connect.NewRequest(&v1.DeleteSandboxRequest{Sandbox: s.ID}))
+	return errdefs.FromConnect(err)
+}
+
+// ExecOptions is one command. Give Argv, or Shell (run by /bin/sh -c).
+type ExecOptions struct {
+	Argv    []string
+	Shell   string
+	Env     map[string]string
+	Cwd     string
+	Stdin   []byte
+	Timeout time.Duration
+	// Stdout and Stderr receive the output as it is produced (nil: dropped).
+	Stdout, Stderr io.Writer
+}
+
+// ExecResult is how a command ended.
+type ExecResult struct {
+	ExitCode  int
+	Signal    string
+	Duration  time.Duration
+	TimedOut  bool
+	OOMKilled bool
+}
+
+// Exec runs a command and waits for it, streaming its output.
+func (s *Sandbox) Exec(ctx context.Context, o ExecOptions) (*ExecResult, error) {
+	stream, err := s.c.sbx.Exec(ctx, connect.NewRequest(&v1.ExecRequest{
+		Sandbox: s.ID, Argv: o.Argv, Shell: o.Shell, Env: o.Env, Cwd: o.Cwd, Stdin: o.Stdin,
+		TimeoutMs: o.Timeout.Milliseconds(),
+	}))
+	if err != nil {
+		return nil, errdefs.FromConnect(err)
+	}
+	defer stream.Close()
+	var res *ExecResult
+	for stream.Receive() {
+		switch ev := stream.Msg().Event.(type) {
+		case *v1.ExecResponse_Stdout:
+			if o.Stdout != nil {
+				o.Stdout.Write(ev.Stdout)
+			}
+		case *v1.ExecResponse_Stderr:
+			if o.Stderr != nil {
+				o.Stderr.Write(ev.Stderr)
+			}
+		case *v1.ExecResponse_Exit:
+			x := ev.Exit
+			res = &ExecResult{ExitCode: int(x.ExitCode), Signal: x.Signal, TimedOut: x.TimedOut, OOMKilled: x.OomKilled,
+				Duration: time.Duration(x.DurationMs * float64(time.Millisecond))}
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return nil, errdefs.FromConnect(err)
+	}
+	if res == nil {
+		return nil, errdefs.FromConnect(connect.NewError(connect.CodeUnavailable, io.ErrUnexpectedEOF))
+	}
+	return res, nil
+}
+
+// Start runs a command in the background and returns its pid.
+func (s *Sandbox) Start(ctx context.Context, o ExecOptions) (int, error) {
+	stream, err := s.c.sbx.Exec(ctx, connect.NewRequest(&v1.ExecRequest{
+		Sandbox: s.ID, Argv: o.Argv, Shell: o.Shell, Env: o.Env, Cwd: o.Cwd, Stdin: o.Stdin, Background: true,
+	}))
+	if err != nil {
+		return 0, errdefs.FromConnect(err)
+	}
+	defer stream.Close()
+	pid := 0
+	for stream.Receive() {
+		if st, ok := stream.Msg().Event.(*v1.ExecResponse_Started); ok {
+			pid = int(st.Started.Pid)
+		}
+	}
+	return pid, errdefs.FromConnect(stream.Err())
+}
+
+// ReadFile reads a file in the sandbox.
+func (s *Sandbox) ReadFile(ctx context.Context, path string) ([]byte, error) {
+	resp, err := s.c.sbx.ReadFile(ctx, connect.NewRequest(&v1.ReadFileRequest{Sandbox: s.ID, Path: path}))
+	if err != nil {
+		return nil, errdefs.FromConnect(err)
+	}
+	return resp.Msg.Data, nil
+}
+
+// WriteFile writes a file in the sandbox (mode 0 = 0644).
+func (s *Sandbox) WriteFile(ctx context.Context, path string, data []byte, mode uint32) error {
+	_, err := s.c.sbx.WriteFile(ctx, connect.NewRequest(&v1.WriteFileRequest{Sandbox: s.ID, Path: path, Data: data, Mode: mode}))
+	return errdefs.FromConnect(err)
+}
+
+// FileInfo describes one directory entry.
+type FileInfo = v1.FileInfo
+
+// ListFiles lists a directory in the sandbox.
+func (s *Sandbox) ListFiles(ctx context.Context, path string) ([]*FileInfo, error) {
+	resp, err := s.c.sbx.ListFiles(ctx, connect.NewRequest(&v1.ListFilesRequest{Sandbox: s.ID, Path: path}))
+	if err != nil {
+		return nil, errdefs.FromConnect(err)
+	}
+	return resp.Msg.Files, nil
+}
+
+// Event is one ledger entry.
+type Event struct {
+	Seq  int64          `json:"seq"`
+	Type string         `json:"type"`
+	Time time.Time      `json:"time"`
+	Data map[string]any `json:"data"`
+}
+
+// Events returns the sandbox's ledger, oldest first.
+func (s *Sandbox) Events(ctx context.Context) ([]Event, error) {
+	return s.c.Events(ctx, s.ID)
+}
+
+// Events returns a sandbox's ledger (closed sandboxes too), oldest first.
+func (c *Client) Events(ctx context.Context, idOrName string) ([]Event, error) {
+	c.init()
+	resp, err := c.sbx.Events(ctx, connect.NewRequest(&v1.EventsRequest{Sandbox: idOrName}))
+	if err != nil {
+		return nil, errdefs.FromConnect(err)
+	}
+	out := make([]Event, 0, len(resp.Msg.Events))
+	for _, e := range resp.Msg.Events {
+		ev := Event{Seq: e.Seq, Type: e.Type, Time: time.UnixMilli(e.TimeUnixMs)}
+		_ = json.Unmarshal([]byte(e.DataJson), &ev.Data)
+		out = append(out, ev)
+	}
+	return out, nil
+}

@@ -1,0 +1,78 @@
+package daemon
+
+import (
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strconv"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/forkbox/forkbox/internal/image"
+	"github.com/forkbox/forkbox/internal/network"
+	"github.com/forkbox/forkbox/internal/runtime"
+	"github.com/forkbox/forkbox/internal/store"
+)
+
+// gVisor keeps all of a sandbox's memory in its sentry, and the host OOM
+// killer would kill the whole sandbox (agent included) at the cgroup limit.
+// So the host limit gets headroom for the sentry itself, and the agent
+// enforces the sandbox's own limit by killing the largest user process.
+func hostMemoryLimit(runtimeName string, limit int64) int64 {
+	if runtimeName == "gvisor" {
+		return limit + limit/4 + 128<<20
+	}
+	return limit
+}
+
+// writeBundle writes the OCI bundle (config.json and the small /etc files)
+// of a sandbox.
+func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Network) error {
+	dir := d.bundleDir(sb.ID)
+	env := append([]string{}, img.Config.Env...)
+	keys := make([]string, 0, len(sb.Config.Env))
+	for k := range sb.Config.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+sb.Config.Env[k])
+	}
+	env = append(env,
+		"FORKBOX_AGENT_ADDR=:"+strconv.Itoa(agentPort),
+		"FORKBOX_AGENT_TOKEN="+sb.AgentToken,
+		"FORKBOX_MEMORY_LIMIT="+strconv.FormatInt(sb.Config.MemoryBytes, 10),
+	)
+	cwd := sb.Config.Cwd
+	if cwd == "" {
+		cwd = img.Config.WorkingDir
+	}
+	if cwd == "" {
+		cwd = "/"
+	}
+	etc, err := runtime.WriteEtcFiles(dir, sb.Config.Hostname, nw.IP.String())
+	if err != nil {
+		return fmt.Errorf("bundle: %w", err)
+	}
+	mounts := append(etc, specs.Mount{
+		Destination: "/.forkbox/agent", Type: "bind", Source: d.cfg.AgentPath,
+		Options: []string{"rbind", "ro", "nosuid", "nodev"},
+	})
+	spec, err := runtime.NewSpec(runtime.SpecOptions{
+		Rootfs:      filepath.Join(dir, "rootfs"),
+		Hostname:    sb.Config.Hostname,
+		Args:        []string{"/.forkbox/agent", "init"},
+		Env:         env,
+		Cwd:         cwd,
+		NetNSPath:   nw.NSPath,
+		CgroupsPath: "/forkbox/" + sb.ID,
+		CPU:         sb.Config.CPU,
+		MemoryBytes: hostMemoryLimit(sb.Runtime, sb.Config.MemoryBytes),
+		Pids:        sb.Config.Pids,
+		Mounts:      mounts,
+	})
+	if err != nil {
+		return err
+	}
+	return runtime.WriteBundle(dir, spec)
+}

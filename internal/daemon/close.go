@@ -1,0 +1,117 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/mount"
+	"github.com/forkbox/forkbox/internal/store"
+)
+
+// Delete closes a sandbox: its processes, container, network, rootfs mount,
+// writable layer and bundle are removed, and the ledger records it.
+func (d *Daemon) Delete(ctx context.Context, idOrName string) error {
+	sb, err := d.store.GetSandbox(ctx, idOrName)
+	if err != nil {
+		return err
+	}
+	unlock := d.lock(sb.ID)
+	defer unlock()
+	if sb, err = d.store.GetSandbox(ctx, sb.ID); err != nil {
+		return err
+	}
+	if sb.State == store.StateClosed {
+		return fmt.Errorf("sandbox %s is already closed: %w", sb.ID, errdefs.ErrNotFound)
+	}
+	if sb.State != store.StateClosing {
+		if err := checkTransition(sb.ID, sb.State, store.StateClosing); err != nil {
+			return err
+		}
+		if err := d.store.SetSandboxState(ctx, sb.ID, store.StateClosing, sb.Error); err != nil {
+			return err
+		}
+	}
+	ctx = context.WithoutCancel(ctx)
+	if err := d.teardown(ctx, sb); err != nil {
+		d.store.SetSandboxState(ctx, sb.ID, store.StateFailed, err.Error())
+		return fmt.Errorf("close %s: %w", sb.ID, err)
+	}
+	if err := d.store.SetSandboxState(ctx, sb.ID, store.StateClosed, sb.Error); err != nil {
+		return err
+	}
+	_, err = d.store.AppendEvent(ctx, sb.ID, store.EventSandboxClosed, nil)
+	d.log.Info("sandbox closed", "sandbox", sb.ID)
+	return err
+}
+
+// teardown removes everything a sandbox may own on the host. Every step is
+// idempotent, so it also cleans half-made sandboxes after a crash.
+func (d *Daemon) teardown(ctx context.Context, sb *store.Sandbox) error {
+	var errs []error
+	if rt, ok := d.runtimes[sb.Runtime]; ok {
+		_ = rt.Kill(ctx, sb.ID, syscall.SIGKILL, true)
+		if err := rt.Delete(ctx, sb.ID, true); err != nil {
+			errs = append(errs, fmt.Errorf("delete container: %w", err))
+		}
+	}
+	if err := d.net.Teardown(ctx, sb.ID); err != nil {
+		errs = append(errs, fmt.Errorf("network: %w", err))
+	}
+	if err := mount.Unmount(ctx, d.rootfsDir(sb.ID)); err != nil {
+		errs = append(errs, fmt.Errorf("unmount rootfs: %w", err))
+	}
+	if err := d.snaps.Remove(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("remove writable layer: %w", err))
+	}
+	if err := removeCgroups("/forkbox/" + sb.ID); err != nil {
+		errs = append(errs, err)
+	}
+	if err := removeTree(d.bundleDir(sb.ID)); err != nil {
+		errs = append(errs, fmt.Errorf("bundle: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// removeTree deletes a directory by renaming it to a tombstone first, so a
+// crash never leaves a half-deleted directory under its live name.
+func removeTree(dir string) error {
+	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	tomb := filepath.Join(filepath.Dir(dir), ".rm-"+filepath.Base(dir))
+	if err := os.Rename(dir, tomb); err != nil {
+		return err
+	}
+	return os.RemoveAll(tomb)
+}
+
+// removeCgroups removes a sandbox's cgroup directories on v1 (one per
+// controller) and v2, if the runtime left any. A cgroup with processes still
+// in it is retried briefly.
+func removeCgroups(path string) error {
+	var errs []error
+	for _, root := range cgroupRoots() {
+		dir := filepath.Join(root, path)
+		if _, err := os.Stat(dir); err != nil {
+			continue
+		}
+		var err error
+		for i := 0; i < 50; i++ {
+			if err = os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) {
+				err = nil
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("cgroup %s: %w", dir, err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,237 @@
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/agent"
+	"github.com/forkbox/forkbox/internal/image"
+	"github.com/forkbox/forkbox/internal/mount"
+	"github.com/forkbox/forkbox/internal/network"
+	"github.com/forkbox/forkbox/internal/store"
+)
+
+// CreateOptions is what a sandbox is created with.
+type CreateOptions struct {
+	Image   string
+	Name    string
+	CPU     string
+	Memory  string
+	Pids    int64
+	Env     map[string]string
+	Cwd     string
+	Egress  string
+	Runtime string
+}
+
+var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+var envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+const (
+	agentPort    = 7077
+	maxEnvBytes  = 256 << 10
+	readyTimeout = 30 * time.Second
+)
+
+func newID(prefix string) string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+// validate checks options and fills in defaults; it changes nothing.
+func (d *Daemon) validate(ctx context.Context, o *CreateOptions) (*store.SandboxConfig, image.Image, error) {
+	var cfg store.SandboxConfig
+	if o.Image == "" {
+		return nil, image.Image{}, fmt.Errorf("an image is required: %w", errdefs.ErrInvalidArgument)
+	}
+	if o.Name != "" && !nameRE.MatchString(o.Name) {
+		return nil, image.Image{}, fmt.Errorf("name %q: use 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit: %w", o.Name, errdefs.ErrInvalidArgument)
+	}
+	var err error
+	if cfg.CPU, err = ParseCPU(o.CPU); err != nil {
+		return nil, image.Image{}, err
+	}
+	if cfg.MemoryBytes, err = ParseMemory(o.Memory); err != nil {
+		return nil, image.Image{}, err
+	}
+	if cfg.Pids, err = ParsePids(o.Pids); err != nil {
+		return nil, image.Image{}, err
+	}
+	cfg.CPUString, cfg.MemoryStr = o.CPU, o.Memory
+	size := 0
+	for k, v := range o.Env {
+		if !envKeyRE.MatchString(k) {
+			return nil, image.Image{}, fmt.Errorf("env name %q is not a valid variable name: %w", k, errdefs.ErrInvalidArgument)
+		}
+		size += len(k) + len(v)
+	}
+	if size > maxEnvBytes {
+		return nil, image.Image{}, fmt.Errorf("env is %d bytes, more than %d: %w", size, maxEnvBytes, errdefs.ErrResourceExhausted)
+	}
+	cfg.Env = o.Env
+	if o.Cwd != "" && !filepath.IsAbs(o.Cwd) {
+		return nil, image.Image{}, fmt.Errorf("cwd %q must be absolute: %w", o.Cwd, errdefs.ErrInvalidArgument)
+	}
+	cfg.Cwd = o.Cwd
+	switch o.Egress {
+	case "", "none":
+		cfg.Egress = "none"
+	case "all":
+		cfg.Egress = "all"
+	default:
+		return nil, image.Image{}, fmt.Errorf("egress %q: want none or all: %w", o.Egress, errdefs.ErrInvalidArgument)
+	}
+	if o.Runtime == "" {
+		o.Runtime = "gvisor"
+	}
+	if _, ok := d.runtimes[o.Runtime]; !ok {
+		return nil, image.Image{}, fmt.Errorf("runtime %q is not available on this daemon: %w", o.Runtime, errdefs.ErrInvalidArgument)
+	}
+	img, err := d.images.Get(ctx, o.Image)
+	if err != nil {
+		return nil, image.Image{}, err
+	}
+	return &cfg, img, nil
+}
+
+// Create creates and starts a sandbox, and returns once its agent answers.
+func (d *Daemon) Create(ctx context.Context, o CreateOptions) (sb *store.Sandbox, err error) {
+	cfg, img, err := d.validate(ctx, &o)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	id := newID("sb-")
+	if o.Name == "" {
+		o.Name = id
+	}
+	cfg.Hostname = o.Name
+	cfg.Snapshotter = d.cfg.Snapshotter
+	token := make([]byte, 16)
+	rand.Read(token)
+	sb = &store.Sandbox{ID: id, Name: o.Name, State: store.StateCreating, Image: img.Name, ImageDigest: img.Digest,
+		Runtime: o.Runtime, Config: *cfg, AgentToken: hex.EncodeToString(token)}
+
+	unlock := d.lock(id)
+	defer unlock()
+	if err := d.reserve(ctx, sb); err != nil {
+		return nil, err
+	}
+	log := d.log.With("sandbox", id, "name", sb.Name)
+	if _, err := d.store.AppendEvent(ctx, id, store.EventSandboxCreated, map[string]any{
+		"name": sb.Name, "image": sb.Image, "digest": sb.ImageDigest, "runtime": sb.Runtime,
+		"cpu": cfg.CPU, "memory_bytes": cfg.MemoryBytes, "pids": cfg.Pids, "egress": cfg.Egress,
+	}); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			// Everything this call made is torn down; the record stays, closed, with the reason.
+			cctx := context.WithoutCancel(ctx)
+			log.Warn("create failed, cleaning up", "err", err)
+			_ = d.store.SetSandboxState(cctx, id, store.StateFailed, err.Error())
+			_, _ = d.store.AppendEvent(cctx, id, store.EventSandboxFailed, map[string]any{"error": err.Error()})
+			if cerr := d.teardown(cctx, sb); cerr != nil {
+				log.Error("cleanup after failed create", "err", cerr)
+			}
+			_ = d.store.SetSandboxState(cctx, id, store.StateClosed, err.Error())
+		}
+	}()
+	if err := d.start(ctx, sb, img, ""); err != nil {
+		return nil, err
+	}
+	if err := checkTransition(id, sb.State, store.StateRunning); err != nil {
+		return nil, err
+	}
+	if err := d.store.SetSandboxState(ctx, id, store.StateRunning, ""); err != nil {
+		return nil, err
+	}
+	sb.State = store.StateRunning
+	readyMS := float64(time.Since(start).Microseconds()) / 1000
+	d.store.AppendEvent(ctx, id, store.EventSandboxReady, map[string]any{"ready_ms": readyMS})
+	log.Info("sandbox ready", "ready_ms", readyMS)
+	return sb, nil
+}
+
+// reserve checks the live-sandbox limit, allocates an address and records the
+// sandbox, atomically with respect to other creates.
+func (d *Daemon) reserve(ctx context.Context, sb *store.Sandbox) error {
+	d.ipAlloc.Lock()
+	defer d.ipAlloc.Unlock()
+	live, err := d.store.ListSandboxes(ctx, false)
+	if err != nil {
+		return err
+	}
+	if len(live) >= d.cfg.MaxSandboxes {
+		return fmt.Errorf("%d sandboxes are live, the daemon's limit: %w", len(live), errdefs.ErrResourceExhausted)
+	}
+	used, err := d.store.UsedIPs(ctx)
+	if err != nil {
+		return err
+	}
+	var addrs []netip.Addr
+	for _, u := range used {
+		if a, err := netip.ParseAddr(u); err == nil {
+			addrs = append(addrs, a)
+		}
+	}
+	ip, err := d.net.Allocate(addrs)
+	if err != nil {
+		return err
+	}
+	sb.IP = ip.String()
+	return d.store.CreateSandbox(ctx, sb)
+}
+
+// start builds the sandbox's rootfs, network and container, and waits for
+// its agent. parentSnapshot, if set, is the committed snapshot to start from.
+// Each step registers its undo; teardown finds them all by ID as well, so a
+// crash in the middle is cleaned by reconcile.
+func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, parentSnapshot string) error {
+	if err := d.snaps.Prepare(ctx, sb.ID, parentSnapshot); err != nil {
+		return fmt.Errorf("prepare rootfs: %w", err)
+	}
+	mounts, err := d.snaps.Mounts(ctx, sb.ID, img.Layers)
+	if err != nil {
+		return fmt.Errorf("rootfs mounts: %w", err)
+	}
+	rootfs := d.rootfsDir(sb.ID)
+	if err := os.MkdirAll(rootfs, 0o700); err != nil {
+		return fmt.Errorf("bundle: %w", err)
+	}
+	if err := mount.All(ctx, mounts, rootfs); err != nil {
+		return fmt.Errorf("mount rootfs: %w", err)
+	}
+	ip := netip.MustParseAddr(sb.IP)
+	nw, err := d.net.Setup(ctx, sb.ID, ip, network.Egress(sb.Config.Egress))
+	if err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	if err := d.writeBundle(sb, img, nw); err != nil {
+		return err
+	}
+	rt := d.runtimes[sb.Runtime]
+	if err := rt.Run(ctx, sb.ID, d.bundleDir(sb.ID)); err != nil {
+		return fmt.Errorf("start %s: %w", rt.Name(), err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	if err := agent.WaitReady(rctx, d.agent(sb)); err != nil {
+		return fmt.Errorf("sandbox agent did not answer within %s (runtime log: %s): %w", readyTimeout, d.runtimeLog(sb.ID), errdefs.ErrUnavailable)
+	}
+	return nil
+}
+
+// agent returns a client for a sandbox's agent.
+func (d *Daemon) agent(sb *store.Sandbox) *agent.Client {
+	return agent.NewClient(netip.AddrPortFrom(netip.MustParseAddr(sb.IP), agentPort).String(), sb.AgentToken)
+}

@@ -1,0 +1,159 @@
+// Package daemon is forkbox's engine: the sandbox manager behind the API. It
+// owns the lifecycle state machine and composes the image store, the
+// snapshotter, the network, the OCI runtime and the in-sandbox agent. Every
+// state change is written to the store before it is acted on, and New
+// reconciles what the store says with what exists on the host.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/image"
+	"github.com/forkbox/forkbox/internal/network"
+	"github.com/forkbox/forkbox/internal/runtime"
+	"github.com/forkbox/forkbox/internal/snapshot"
+	"github.com/forkbox/forkbox/internal/store"
+)
+
+// Config configures a daemon.
+type Config struct {
+	// StateDir holds the database, images, snapshots and bundles.
+	StateDir string
+	// RunDir holds runtime state that does not survive a reboot (netns
+	// files, the runtime's root).
+	RunDir string
+	// AgentPath is the static forkbox-agent binary mounted into sandboxes.
+	AgentPath string
+	// RuntimeBinary is the runsc binary ("runsc" from PATH by default).
+	RuntimeBinary string
+	// Snapshotter is "btrfs" (default) or "copy".
+	Snapshotter string
+	// BtrfsSize is the size of the sparse btrfs file made when StateDir is
+	// not on btrfs.
+	BtrfsSize int64
+	// Bridge and Subnet of the sandbox network.
+	Bridge string
+	Subnet string
+	// MaxSandboxes bounds live sandboxes (0 = 100).
+	MaxSandboxes int
+	Log          *slog.Logger
+}
+
+// Daemon is the sandbox manager.
+type Daemon struct {
+	cfg      Config
+	log      *slog.Logger
+	store    *store.Store
+	images   *image.Store
+	snaps    snapshot.Snapshotter
+	net      *network.Manager
+	runtimes map[string]runtime.Runtime
+
+	mu      sync.Mutex // guards ipAlloc and per-sandbox locks
+	locks   map[string]*sync.Mutex
+	ipAlloc sync.Mutex
+}
+
+func (c *Config) setDefaults() error {
+	if c.StateDir == "" {
+		c.StateDir = "/var/lib/forkbox"
+	}
+	if c.RunDir == "" {
+		c.RunDir = "/run/forkbox"
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	if c.Snapshotter == "" {
+		c.Snapshotter = "btrfs"
+	}
+	if c.MaxSandboxes == 0 {
+		c.MaxSandboxes = 100
+	}
+	if c.AgentPath == "" {
+		exe, err := os.Executable()
+		if err == nil {
+			c.AgentPath = filepath.Join(filepath.Dir(exe), "forkbox-agent")
+		}
+	}
+	if _, err := os.Stat(c.AgentPath); err != nil {
+		return fmt.Errorf("the sandbox agent binary %q is missing (build it with `make build`, or pass --agent): %w", c.AgentPath, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// New opens the daemon's state, sets up its host resources and reconciles.
+func New(ctx context.Context, cfg Config) (d *Daemon, err error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	d = &Daemon{cfg: cfg, log: cfg.Log, locks: map[string]*sync.Mutex{}, runtimes: map[string]runtime.Runtime{}}
+	var undo undoStack
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, undo.run(context.WithoutCancel(ctx)))
+		}
+	}()
+	for _, dir := range []string{cfg.StateDir, cfg.RunDir, d.bundlesDir()} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("state dir: %w", err)
+		}
+	}
+	if d.store, err = store.Open(ctx, filepath.Join(cfg.StateDir, "forkbox.db")); err != nil {
+		return nil, err
+	}
+	undo.push(func(context.Context) error { return d.store.Close() })
+	if d.images, err = image.Open(ctx, filepath.Join(cfg.StateDir, "images"), d.log); err != nil {
+		return nil, err
+	}
+	if d.snaps, err = openSnapshotter(ctx, cfg, d.log); err != nil {
+		return nil, err
+	}
+	undo.push(func(context.Context) error { return d.snaps.Close() })
+	if d.net, err = newNetwork(ctx, cfg, d.log); err != nil {
+		return nil, err
+	}
+	if err := d.openRuntimes(cfg); err != nil {
+		return nil, err
+	}
+	if err := d.reconcile(ctx); err != nil {
+		return nil, fmt.Errorf("reconcile: %w", err)
+	}
+	return d, nil
+}
+
+// Close releases the daemon's handles. Sandboxes keep running: a restarted
+// daemon finds them again.
+func (d *Daemon) Close() error {
+	return errors.Join(d.snaps.Close(), d.store.Close())
+}
+
+// Images returns the image store.
+func (d *Daemon) Images() *image.Store { return d.images }
+
+// Store returns the metadata store.
+func (d *Daemon) Store() *store.Store { return d.store }
+
+func (d *Daemon) bundlesDir() string         { return filepath.Join(d.cfg.StateDir, "sandboxes") }
+func (d *Daemon) bundleDir(id string) string { return filepath.Join(d.bundlesDir(), id) }
+func (d *Daemon) rootfsDir(id string) string { return filepath.Join(d.bundleDir(id), "rootfs") }
+
+// lock serialises operations on one sandbox.
+func (d *Daemon) lock(id string) func() {
+	d.mu.Lock()
+	l, ok := d.locks[id]
+	if !ok {
+		l = &sync.Mutex{}
+		d.locks[id] = l
+	}
+	d.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}

@@ -1,0 +1,167 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/agent"
+	"github.com/forkbox/forkbox/internal/store"
+)
+
+// ExecOptions is one command to run in a sandbox.
+type ExecOptions = agent.ExecRequest
+
+// ExecResult is how a command ended.
+type ExecResult = agent.ExecResult
+
+const (
+	maxArgvBytes  = 1 << 20
+	maxStdinBytes = 16 << 20
+)
+
+// running returns a sandbox that must be running.
+func (d *Daemon) running(ctx context.Context, idOrName string) (*store.Sandbox, error) {
+	sb, err := d.store.GetSandbox(ctx, idOrName)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State != store.StateRunning {
+		return nil, fmt.Errorf("sandbox %s is %s, not running: %w", sb.ID, sb.State, errdefs.ErrFailedPrecondition)
+	}
+	return sb, nil
+}
+
+func checkExec(o *ExecOptions) error {
+	if len(o.Argv) == 0 && o.Shell == "" {
+		return fmt.Errorf("exec needs a command (argv or shell): %w", errdefs.ErrInvalidArgument)
+	}
+	if len(o.Argv) > 0 && o.Shell != "" {
+		return fmt.Errorf("exec takes argv or shell, not both: %w", errdefs.ErrInvalidArgument)
+	}
+	n := len(o.Shell)
+	for _, a := range o.Argv {
+		n += len(a)
+	}
+	for k, v := range o.Env {
+		if !envKeyRE.MatchString(k) {
+			return fmt.Errorf("env name %q is not a valid variable name: %w", k, errdefs.ErrInvalidArgument)
+		}
+		n += len(k) + len(v)
+	}
+	if n > maxArgvBytes {
+		return fmt.Errorf("command and env are %d bytes, more than %d: %w", n, maxArgvBytes, errdefs.ErrResourceExhausted)
+	}
+	if len(o.Stdin) > maxStdinBytes {
+		return fmt.Errorf("stdin is %d bytes, more than %d: %w", len(o.Stdin), maxStdinBytes, errdefs.ErrResourceExhausted)
+	}
+	if o.Timeout < 0 {
+		return fmt.Errorf("timeout %s is negative: %w", o.Timeout, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// Exec runs a command in a sandbox, streaming its output to stdout and
+// stderr, and records exec.started and exec.finished in the ledger.
+func (d *Daemon) Exec(ctx context.Context, idOrName string, o ExecOptions, stdout, stderr io.Writer) (ExecResult, error) {
+	if err := checkExec(&o); err != nil {
+		return ExecResult{}, err
+	}
+	sb, err := d.running(ctx, idOrName)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	execID := newID("ex-")
+	if _, err := d.store.AppendEvent(ctx, sb.ID, store.EventExecStarted, execEventData(execID, &o)); err != nil {
+		return ExecResult{}, err
+	}
+	start := time.Now()
+	res, err := d.agent(sb).Exec(ctx, o, stdout, stderr)
+	data := map[string]any{"exec_id": execID, "duration_ms": float64(time.Since(start).Microseconds()) / 1000}
+	if err != nil {
+		data["error"] = err.Error()
+	} else {
+		data["exit_code"] = res.ExitCode
+		data["signal"] = res.Signal
+		data["timed_out"] = res.TimedOut
+		data["oom_killed"] = res.OOMKilled
+	}
+	d.store.AppendEvent(context.WithoutCancel(ctx), sb.ID, store.EventExecFinished, data)
+	return res, err
+}
+
+// Start runs a command in the background and returns its pid.
+func (d *Daemon) Start(ctx context.Context, idOrName string, o ExecOptions) (int, error) {
+	if err := checkExec(&o); err != nil {
+		return 0, err
+	}
+	sb, err := d.running(ctx, idOrName)
+	if err != nil {
+		return 0, err
+	}
+	execID := newID("ex-")
+	data := execEventData(execID, &o)
+	data["background"] = true
+	if _, err := d.store.AppendEvent(ctx, sb.ID, store.EventExecStarted, data); err != nil {
+		return 0, err
+	}
+	return d.agent(sb).Start(ctx, o)
+}
+
+// execEventData is what the ledger keeps of an exec: the command, and the
+// names (never the values) of the env variables it set.
+func execEventData(id string, o *ExecOptions) map[string]any {
+	data := map[string]any{"exec_id": id}
+	if o.Shell != "" {
+		data["shell"] = o.Shell
+	} else {
+		data["argv"] = o.Argv
+	}
+	if o.Cwd != "" {
+		data["cwd"] = o.Cwd
+	}
+	if len(o.Env) > 0 {
+		keys := make([]string, 0, len(o.Env))
+		for k := range o.Env {
+			keys = append(keys, k)
+		}
+		data["env_keys"] = keys
+	}
+	return data
+}
+
+// ReadFile reads a file in a sandbox.
+func (d *Daemon) ReadFile(ctx context.Context, idOrName, path string) ([]byte, error) {
+	sb, err := d.running(ctx, idOrName)
+	if err != nil {
+		return nil, err
+	}
+	return d.agent(sb).ReadFile(ctx, path)
+}
+
+// WriteFile writes a file in a sandbox.
+func (d *Daemon) WriteFile(ctx context.Context, idOrName, path string, data []byte, mode uint32) error {
+	sb, err := d.running(ctx, idOrName)
+	if err != nil {
+		return err
+	}
+	if mode == 0 {
+		mode = 0o644
+	}
+	if err := d.agent(sb).WriteFile(ctx, path, data, fsMode(mode)); err != nil {
+		return err
+	}
+	_, err = d.store.AppendEvent(ctx, sb.ID, store.EventFileWritten, map[string]any{"path": path, "size": len(data)})
+	return err
+}
+
+// ListFiles lists a directory in a sandbox.
+func (d *Daemon) ListFiles(ctx context.Context, idOrName, path string) ([]agent.FileInfo, error) {
+	sb, err := d.running(ctx, idOrName)
+	if err != nil {
+		return nil, err
+	}
+	return d.agent(sb).ListFiles(ctx, path)
+}

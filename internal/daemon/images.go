@@ -1,0 +1,41 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/image"
+)
+
+// PullImage pulls an image from a registry.
+func (d *Daemon) PullImage(ctx context.Context, ref string, insecure bool, progress func(image.Progress)) (image.Image, error) {
+	return d.images.Pull(ctx, ref, insecure, progress)
+}
+
+// ImportImage imports an image archive on the daemon's host.
+func (d *Daemon) ImportImage(ctx context.Context, path, name string, progress func(image.Progress)) (image.Image, error) {
+	if !filepath.IsAbs(path) {
+		return image.Image{}, fmt.Errorf("archive path %q must be absolute (it is read by the daemon): %w", path, errdefs.ErrInvalidArgument)
+	}
+	return d.images.Import(ctx, path, name, progress)
+}
+
+// RemoveImage removes an image that no live sandbox uses.
+func (d *Daemon) RemoveImage(ctx context.Context, name string) error {
+	img, err := d.images.Get(ctx, name)
+	if err != nil {
+		return err
+	}
+	live, err := d.store.ListSandboxes(ctx, false)
+	if err != nil {
+		return err
+	}
+	for _, sb := range live {
+		if sb.ImageDigest == img.Digest && sb.Image == img.Name {
+			return fmt.Errorf("image %s is used by sandbox %s: %w", img.Name, sb.ID, errdefs.ErrFailedPrecondition)
+		}
+	}
+	return d.images.Remove(ctx, name)
+}

@@ -1,0 +1,90 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/network"
+	"github.com/forkbox/forkbox/internal/runtime/runsc"
+	"github.com/forkbox/forkbox/internal/snapshot"
+	"github.com/forkbox/forkbox/internal/snapshot/btrfs"
+	"github.com/forkbox/forkbox/internal/snapshot/naive"
+	"github.com/forkbox/forkbox/internal/store"
+)
+
+const snapshotActive = snapshot.KindActive
+
+// openSnapshotter opens the configured snapshotter. btrfs is the default;
+// when it cannot be used the daemon says so and falls back to plain copies,
+// whose forks cost O(data).
+func openSnapshotter(ctx context.Context, cfg Config, log *slog.Logger) (snapshot.Snapshotter, error) {
+	root := filepath.Join(cfg.StateDir, "snapshots")
+	switch cfg.Snapshotter {
+	case "btrfs":
+		if err := btrfs.Supported(ctx); err != nil {
+			return nil, fmt.Errorf("btrfs snapshotter unavailable (%v); start with --snapshotter=copy to use slow full copies: %w", err, errdefs.ErrFailedPrecondition)
+		}
+		return btrfs.Open(ctx, root, btrfs.Options{LoopSize: cfg.BtrfsSize, Log: log})
+	case "copy":
+		log.Warn("using the copy snapshotter: every fork copies the sandbox's whole writable layer (slow); use btrfs for O(1) forks")
+		return naive.Open(ctx, root, log)
+	}
+	return nil, fmt.Errorf("snapshotter %q: want btrfs or copy: %w", cfg.Snapshotter, errdefs.ErrInvalidArgument)
+}
+
+func newNetwork(ctx context.Context, cfg Config, log *slog.Logger) (*network.Manager, error) {
+	ncfg := network.Config{Bridge: cfg.Bridge, NetnsDir: filepath.Join(cfg.RunDir, "netns"), Log: log}
+	if cfg.Subnet != "" {
+		p, err := netip.ParsePrefix(cfg.Subnet)
+		if err != nil {
+			return nil, fmt.Errorf("subnet %q: %w", cfg.Subnet, errdefs.ErrInvalidArgument)
+		}
+		ncfg.Subnet = p
+	}
+	return network.New(ctx, ncfg)
+}
+
+func (d *Daemon) openRuntimes(cfg Config) error {
+	rt, err := runsc.New(runsc.Options{
+		Binary: cfg.RuntimeBinary,
+		Root:   filepath.Join(cfg.RunDir, "runsc"),
+		LogDir: filepath.Join(cfg.StateDir, "logs"),
+		Log:    d.log,
+	})
+	if err != nil {
+		return err
+	}
+	d.runtimes["gvisor"] = rt
+	return nil
+}
+
+// runtimeLog is where the runtime's log for a sandbox is, for error messages.
+func (d *Daemon) runtimeLog(id string) string {
+	return filepath.Join(d.cfg.StateDir, "logs", id)
+}
+
+func fsMode(m uint32) os.FileMode { return os.FileMode(m & 0o7777) }
+
+// Get returns a sandbox's record.
+func (d *Daemon) Get(ctx context.Context, idOrName string) (*store.Sandbox, error) {
+	return d.store.GetSandbox(ctx, idOrName)
+}
+
+// List lists sandboxes; closed ones only when all is set.
+func (d *Daemon) List(ctx context.Context, all bool) ([]*store.Sandbox, error) {
+	return d.store.ListSandboxes(ctx, all)
+}
+
+// Events returns a sandbox's ledger.
+func (d *Daemon) Events(ctx context.Context, idOrName string) ([]*store.Event, error) {
+	sb, err := d.store.GetSandbox(ctx, idOrName)
+	if err != nil {
+		return nil, err
+	}
+	return d.store.Events(ctx, sb.ID)
+}

@@ -1,0 +1,66 @@
+package server
+
+import (
+	"context"
+	"sync"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/forkbox/forkbox/api/forkbox/v1"
+	"github.com/forkbox/forkbox/internal/daemon"
+	"github.com/forkbox/forkbox/internal/image"
+)
+
+type images struct{ d *daemon.Daemon }
+
+func toImage(img image.Image) *v1.Image {
+	return &v1.Image{Name: img.Name, Digest: img.Digest, Size: img.Size, Layers: int32(len(img.Layers)), CreatedAtUnixMs: img.Created.UnixMilli()}
+}
+
+// progressSender forwards image progress to the stream, dropping updates
+// that come while the previous one is still being sent.
+func progressSender(stream *connect.ServerStream[v1.ImageProgress]) func(image.Progress) {
+	var mu sync.Mutex
+	return func(p image.Progress) {
+		if !mu.TryLock() {
+			return
+		}
+		defer mu.Unlock()
+		_ = stream.Send(&v1.ImageProgress{Phase: p.Phase, Done: p.Done, Total: p.Total})
+	}
+}
+
+func (s *images) PullImage(ctx context.Context, req *connect.Request[v1.PullImageRequest], stream *connect.ServerStream[v1.ImageProgress]) error {
+	img, err := s.d.PullImage(ctx, req.Msg.Ref, req.Msg.Insecure, progressSender(stream))
+	if err != nil {
+		return err
+	}
+	return stream.Send(&v1.ImageProgress{Phase: "done", Image: toImage(img)})
+}
+
+func (s *images) ImportImage(ctx context.Context, req *connect.Request[v1.ImportImageRequest], stream *connect.ServerStream[v1.ImageProgress]) error {
+	img, err := s.d.ImportImage(ctx, req.Msg.Path, req.Msg.Name, progressSender(stream))
+	if err != nil {
+		return err
+	}
+	return stream.Send(&v1.ImageProgress{Phase: "done", Image: toImage(img)})
+}
+
+func (s *images) ListImages(ctx context.Context, req *connect.Request[v1.ListImagesRequest]) (*connect.Response[v1.ListImagesResponse], error) {
+	list, err := s.d.Images().List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := &v1.ListImagesResponse{}
+	for _, img := range list {
+		out.Images = append(out.Images, toImage(img))
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (s *images) RemoveImage(ctx context.Context, req *connect.Request[v1.RemoveImageRequest]) (*connect.Response[v1.RemoveImageResponse], error) {
+	if err := s.d.RemoveImage(ctx, req.Msg.Name); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&v1.RemoveImageResponse{}), nil
+}

@@ -1,0 +1,134 @@
+// Package server serves the forkbox v1 API (Connect, over HTTP/1.1 and h2c)
+// in front of the daemon. It is the one place where error classes become
+// Connect codes, and where the optional TCP listener's bearer token is
+// checked.
+package server
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/h2c"
+
+	"github.com/forkbox/forkbox/api/forkbox/v1/forkboxv1connect"
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/daemon"
+)
+
+// MaxRequestBytes bounds one request message.
+const MaxRequestBytes = 32 << 20
+
+// Handler returns the HTTP handler of the API.
+func Handler(d *daemon.Daemon, log *slog.Logger) http.Handler {
+	opts := []connect.HandlerOption{
+		connect.WithReadMaxBytes(MaxRequestBytes),
+		connect.WithInterceptors(errorInterceptor{log: log}),
+	}
+	mux := http.NewServeMux()
+	mux.Handle(forkboxv1connect.NewSandboxServiceHandler(&sandboxes{d: d}, opts...))
+	mux.Handle(forkboxv1connect.NewImageServiceHandler(&images{d: d}, opts...))
+	return mux
+}
+
+// Server is the API server: a unix socket, and optionally TCP with a token.
+type Server struct {
+	srv  *http.Server
+	tcp  *http.Server
+	log  *slog.Logger
+	sock string
+}
+
+// Listen starts serving on the unix socket path and, if tcpAddr is set, on
+// TCP, where every request must carry "Authorization: Bearer <token>".
+func Listen(d *daemon.Daemon, socket, tcpAddr, token string, log *slog.Logger) (*Server, error) {
+	h := Handler(d, log)
+	s := &Server{log: log, sock: socket}
+	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
+		return nil, err
+	}
+	_ = os.Remove(socket)
+	ul, err := net.Listen("unix", socket)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", socket, err)
+	}
+	if err := os.Chmod(socket, 0o660); err != nil {
+		ul.Close()
+		return nil, err
+	}
+	s.srv = &http.Server{Handler: h2c.NewHandler(h, &http2.Server{}), ReadHeaderTimeout: 10 * time.Second}
+	go s.srv.Serve(ul)
+	if tcpAddr != "" {
+		if token == "" {
+			s.srv.Close()
+			return nil, fmt.Errorf("a TCP listener needs a token (--token or FORKBOX_TOKEN): %w", errdefs.ErrInvalidArgument)
+		}
+		tl, err := net.Listen("tcp", tcpAddr)
+		if err != nil {
+			s.srv.Close()
+			return nil, fmt.Errorf("listen %s: %w", tcpAddr, err)
+		}
+		s.tcp = &http.Server{Handler: h2c.NewHandler(requireToken(token, h), &http2.Server{}), ReadHeaderTimeout: 10 * time.Second}
+		go s.tcp.Serve(tl)
+		log.Info("API listening on TCP (token required)", "addr", tl.Addr().String())
+	}
+	log.Info("API listening", "socket", socket)
+	return s, nil
+}
+
+// Shutdown stops accepting requests and waits for those in flight.
+func (s *Server) Shutdown(ctx context.Context) error {
+	err := s.srv.Shutdown(ctx)
+	if s.tcp != nil {
+		err = errors.Join(err, s.tcp.Shutdown(ctx))
+	}
+	os.Remove(s.sock)
+	return err
+}
+
+func requireToken(token string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			fmt.Fprintln(w, `{"code":"unauthenticated","message":"missing or wrong bearer token"}`)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// errorInterceptor converts every error leaving a handler to a Connect error
+// of its class: the single boundary where classes become codes.
+type errorInterceptor struct{ log *slog.Logger }
+
+func (e errorInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		resp, err := next(ctx, req)
+		if err != nil {
+			e.log.Debug("request failed", "procedure", req.Spec().Procedure, "class", errdefs.ClassName(err), "err", err)
+		}
+		return resp, errdefs.ToConnect(err)
+	}
+}
+
+func (e errorInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (e errorInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		return errdefs.ToConnect(next(ctx, conn))
+	}
+}

@@ -1,0 +1,73 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Ledger event types.
+const (
+	EventSandboxCreated = "sandbox.created"
+	EventSandboxReady   = "sandbox.ready"
+	EventSandboxFailed  = "sandbox.failed"
+	EventSandboxClosed  = "sandbox.closed"
+	EventSandboxLost    = "sandbox.lost"
+	EventSandboxFound   = "sandbox.recovered"
+	EventExecStarted    = "exec.started"
+	EventExecFinished   = "exec.finished"
+	EventFileWritten    = "file.written"
+)
+
+// Event is one ledger entry.
+type Event struct {
+	Seq       int64
+	SandboxID string
+	Type      string
+	Time      time.Time
+	Data      map[string]any
+}
+
+// AppendEvent appends an event to a sandbox's ledger.
+func (s *Store) AppendEvent(ctx context.Context, sandboxID, typ string, data map[string]any) (*Event, error) {
+	if data == nil {
+		data = map[string]any{}
+	}
+	b, err := json.Marshal(data)
+	if err != nil {
+		return nil, fmt.Errorf("store: event data: %w", err)
+	}
+	now := time.Now()
+	res, err := s.db.ExecContext(ctx, `INSERT INTO events (sandbox_id, type, time, data) VALUES (?,?,?,?)`,
+		sandboxID, typ, now.UnixMilli(), string(b))
+	if err != nil {
+		return nil, fmt.Errorf("store: append event: %w", err)
+	}
+	seq, _ := res.LastInsertId()
+	return &Event{Seq: seq, SandboxID: sandboxID, Type: typ, Time: now, Data: data}, nil
+}
+
+// Events returns a sandbox's ledger, oldest first.
+func (s *Store) Events(ctx context.Context, sandboxID string) ([]*Event, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT seq, sandbox_id, type, time, data FROM events WHERE sandbox_id = ? ORDER BY seq`, sandboxID)
+	if err != nil {
+		return nil, fmt.Errorf("store: events: %w", err)
+	}
+	defer rows.Close()
+	var out []*Event
+	for rows.Next() {
+		var e Event
+		var t int64
+		var data string
+		if err := rows.Scan(&e.Seq, &e.SandboxID, &e.Type, &t, &data); err != nil {
+			return nil, err
+		}
+		e.Time = time.UnixMilli(t)
+		if err := json.Unmarshal([]byte(data), &e.Data); err != nil {
+			return nil, fmt.Errorf("store: event %d: %w", e.Seq, err)
+		}
+		out = append(out, &e)
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,160 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+// Sandbox states, as recorded. The lifecycle state machine lives in the
+// daemon; the store only records.
+const (
+	StateCreating = "creating"
+	StateRunning  = "running"
+	StateStopped  = "stopped"
+	StateFailed   = "failed"
+	StateClosing  = "closing"
+	StateClosed   = "closed"
+)
+
+// SandboxConfig is what a sandbox was created with; it is stored as JSON.
+type SandboxConfig struct {
+	CPU         float64           `json:"cpu,omitempty"`
+	CPUString   string            `json:"cpu_string,omitempty"`
+	MemoryBytes int64             `json:"memory_bytes,omitempty"`
+	MemoryStr   string            `json:"memory_string,omitempty"`
+	Pids        int64             `json:"pids,omitempty"`
+	Env         map[string]string `json:"env,omitempty"`
+	Cwd         string            `json:"cwd,omitempty"`
+	Egress      string            `json:"egress"`
+	Hostname    string            `json:"hostname"`
+	Snapshotter string            `json:"snapshotter,omitempty"`
+}
+
+// Sandbox is one sandbox's record.
+type Sandbox struct {
+	ID          string
+	Name        string
+	State       string
+	Image       string
+	ImageDigest string
+	Runtime     string
+	Config      SandboxConfig
+	IP          string
+	AgentToken  string
+	Error       string
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+}
+
+const sandboxCols = `id, name, state, image, image_digest, runtime, config, ip, agent_token, error, created_at, updated_at`
+
+// CreateSandbox records a new sandbox. A live sandbox with the same name is
+// an AlreadyExists error.
+func (s *Store) CreateSandbox(ctx context.Context, sb *Sandbox) error {
+	cfg, err := json.Marshal(sb.Config)
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	now := time.Now()
+	sb.CreatedAt, sb.UpdatedAt = now, now
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)`,
+		sb.ID, sb.Name, sb.State, sb.Image, sb.ImageDigest, sb.Runtime, string(cfg), sb.IP, sb.AgentToken, sb.Error,
+		now.UnixMilli(), now.UnixMilli())
+	if err != nil {
+		if strings.Contains(err.Error(), "UNIQUE constraint failed") {
+			return fmt.Errorf("a sandbox named %q already exists: %w", sb.Name, errdefs.ErrAlreadyExists)
+		}
+		return fmt.Errorf("store: create sandbox: %w", err)
+	}
+	return nil
+}
+
+// GetSandbox finds a sandbox by ID, or by name among live sandboxes (then the
+// newest closed one of that name).
+func (s *Store) GetSandbox(ctx context.Context, idOrName string) (*Sandbox, error) {
+	row := s.db.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id = ?
+		UNION ALL SELECT * FROM (SELECT `+sandboxCols+` FROM sandboxes WHERE name = ? ORDER BY state = 'closed', created_at DESC LIMIT 1)
+		LIMIT 1`, idOrName, idOrName)
+	sb, err := scanSandbox(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("sandbox %q: %w", idOrName, errdefs.ErrNotFound)
+	}
+	return sb, err
+}
+
+// ListSandboxes lists sandboxes, oldest first; closed ones only when all.
+func (s *Store) ListSandboxes(ctx context.Context, all bool) ([]*Sandbox, error) {
+	q := `SELECT ` + sandboxCols + ` FROM sandboxes`
+	if !all {
+		q += ` WHERE state != 'closed'`
+	}
+	rows, err := s.db.QueryContext(ctx, q+` ORDER BY created_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("store: list sandboxes: %w", err)
+	}
+	defer rows.Close()
+	var out []*Sandbox
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sb)
+	}
+	return out, rows.Err()
+}
+
+// SetSandboxState records a new state (and error text, "" to clear).
+func (s *Store) SetSandboxState(ctx context.Context, id, state, errText string) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, error = ?, updated_at = ? WHERE id = ?`,
+		state, errText, time.Now().UnixMilli(), id)
+	if err != nil {
+		return fmt.Errorf("store: set state: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+// UsedIPs returns the addresses held by sandboxes that are not closed.
+func (s *Store) UsedIPs(ctx context.Context) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT ip FROM sandboxes WHERE state != 'closed' AND ip != ''`)
+	if err != nil {
+		return nil, fmt.Errorf("store: used ips: %w", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var ip string
+		if err := rows.Scan(&ip); err != nil {
+			return nil, err
+		}
+		out = append(out, ip)
+	}
+	return out, rows.Err()
+}
+
+type scanner interface{ Scan(...any) error }
+
+func scanSandbox(r scanner) (*Sandbox, error) {
+	var sb Sandbox
+	var cfg string
+	var created, updated int64
+	if err := r.Scan(&sb.ID, &sb.Name, &sb.State, &sb.Image, &sb.ImageDigest, &sb.Runtime, &cfg, &sb.IP,
+		&sb.AgentToken, &sb.Error, &created, &updated); err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal([]byte(cfg), &sb.Config); err != nil {
+		return nil, fmt.Errorf("store: sandbox %s config: %w", sb.ID, err)
+	}
+	sb.CreatedAt, sb.UpdatedAt = time.UnixMilli(created), time.UnixMilli(updated)
+	return &sb, nil
+}

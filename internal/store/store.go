@@ -1,0 +1,112 @@
+// Package store owns forkbox's metadata and ledger: an embedded SQLite
+// database (pure Go, modernc.org/sqlite) with versioned migrations.
+//
+// The daemon writes every state change here before acting on it, so that a
+// restart can reconcile what the database says with what exists on the host.
+// The ledger (events) is append-only.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/forkbox/forkbox/errdefs"
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// Store is the metadata database. It is safe for concurrent use.
+type Store struct {
+	db *sql.DB
+}
+
+// migrations are applied in order; a database records the number applied.
+// Never edit a released migration: append a new one.
+var migrations = []string{
+	`CREATE TABLE sandboxes (
+		id           TEXT PRIMARY KEY,
+		name         TEXT NOT NULL,
+		state        TEXT NOT NULL,
+		image        TEXT NOT NULL,
+		image_digest TEXT NOT NULL,
+		runtime      TEXT NOT NULL,
+		config       TEXT NOT NULL,
+		ip           TEXT NOT NULL DEFAULT '',
+		agent_token  TEXT NOT NULL DEFAULT '',
+		error        TEXT NOT NULL DEFAULT '',
+		created_at   INTEGER NOT NULL,
+		updated_at   INTEGER NOT NULL
+	);
+	CREATE UNIQUE INDEX sandboxes_live_name ON sandboxes(name) WHERE state != 'closed';
+	CREATE TABLE events (
+		seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+		sandbox_id TEXT NOT NULL,
+		type       TEXT NOT NULL,
+		time       INTEGER NOT NULL,
+		data       TEXT NOT NULL DEFAULT '{}'
+	);
+	CREATE INDEX events_sandbox ON events(sandbox_id, seq);`,
+}
+
+// Open opens (creating if needed) the database at path and migrates it.
+func Open(ctx context.Context, path string) (*Store, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("store: open %s: %w", path, err)
+	}
+	// One connection: SQLite has one writer anyway, and this keeps every
+	// transaction serialised without SQLITE_BUSY surprises.
+	db.SetMaxOpenConns(1)
+	s := &Store{db: db}
+	if err := s.migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+func (s *Store) migrate(ctx context.Context) error {
+	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)`); err != nil {
+		return fmt.Errorf("store: migrate: %w", err)
+	}
+	var v int
+	err := s.db.QueryRowContext(ctx, `SELECT version FROM schema_version`).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		if _, err := s.db.ExecContext(ctx, `INSERT INTO schema_version VALUES (0)`); err != nil {
+			return fmt.Errorf("store: migrate: %w", err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("store: migrate: %w", err)
+	}
+	if v > len(migrations) {
+		return fmt.Errorf("store: database schema %d is newer than this forkbox (%d): %w", v, len(migrations), errdefs.ErrFailedPrecondition)
+	}
+	for i := v; i < len(migrations); i++ {
+		tx, err := s.db.BeginTx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("store: migrate: %w", err)
+		}
+		if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("store: migration %d: %w", i+1, err)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE schema_version SET version = ?`, i+1); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("store: migration %d: %w", i+1, err)
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("store: migration %d: %w", i+1, err)
+		}
+	}
+	return nil
+}
