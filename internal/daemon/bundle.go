@@ -10,7 +10,7 @@ import (
 
 	"github.com/forkbox/forkbox/internal/image"
 	"github.com/forkbox/forkbox/internal/network"
-	"github.com/forkbox/forkbox/internal/runtime"
+	"github.com/forkbox/forkbox/internal/runtime/spec"
 	"github.com/forkbox/forkbox/internal/store"
 )
 
@@ -50,7 +50,7 @@ func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Net
 	if cwd == "" {
 		cwd = "/"
 	}
-	etc, err := runtime.WriteEtcFiles(dir, sb.Config.Hostname, nw.IP.String())
+	etc, err := spec.WriteEtcFiles(dir, spec.EtcFiles{Hostname: sb.Config.Hostname, Hosts: []string{nw.IP.String() + "\t" + sb.Config.Hostname}})
 	if err != nil {
 		return fmt.Errorf("bundle: %w", err)
 	}
@@ -58,7 +58,7 @@ func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Net
 		Destination: "/.forkbox/agent", Type: "bind", Source: d.cfg.AgentPath,
 		Options: []string{"rbind", "ro", "nosuid", "nodev"},
 	})
-	spec, err := runtime.NewSpec(runtime.SpecOptions{
+	s, err := spec.NewSpec(spec.SpecOptions{
 		Rootfs:      filepath.Join(dir, "rootfs"),
 		Hostname:    sb.Config.Hostname,
 		Args:        []string{"/.forkbox/agent", "init"},
@@ -74,5 +74,8 @@ func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Net
 	if err != nil {
 		return err
 	}
-	return runtime.WriteBundle(dir, spec)
+	if err := spec.PrepareRootfs(filepath.Join(dir, "rootfs")); err != nil {
+		return err
+	}
+	return spec.WriteBundle(dir, s)
 }

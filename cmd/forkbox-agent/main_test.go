@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/forkbox/forkbox/internal/agent"
+)
+
+func need(t *testing.T, ok bool, why string) {
+	t.Helper()
+	if ok {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal(why)
+	}
+	t.Skip(why)
+}
+
+// buildAgent builds the static agent binary into a temp dir.
+func buildAgent(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "forkbox-agent")
+	cmd := exec.Command("go", "build", "-ldflags=-s -w", "-o", bin, ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func freePort(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// TestInitInPIDNamespace runs the built agent as PID 1 of a new PID
+// namespace (host network) and checks that it serves, reaps orphans and
+// exits on SIGTERM after forwarding it.
+func TestInitInPIDNamespace(t *testing.T) {
+	_, err := exec.LookPath("unshare")
+	need(t, err == nil && os.Geteuid() == 0, "needs root and unshare(1)")
+	bin := buildAgent(t)
+	addr := freePort(t)
+	cmd := exec.Command("unshare", "--pid", "--fork", "--mount", "--mount-proc", bin, "init")
+	cmd.Env = append(os.Environ(), agent.EnvAddr+"="+addr, agent.EnvToken+"=tok", agent.EnvMemoryLimit+"=67108864")
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c := agent.NewClient(addr, "tok")
+	if err := agent.WaitReady(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	res, err := c.Exec(ctx, agent.ExecRequest{Shell: "echo $$ $PPID; cat /proc/1/oom_score_adj /proc/self/oom_score_adj; env | grep -c FORKBOX_; sleep 0.1 &"}, &out, nil)
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec: %+v, %v", res, err)
+	}
+	f := strings.Fields(out.String())
+	wantAdj := "-1000"
+	if !hasCapSysResource() {
+		wantAdj = "0" // cannot lower oom_score_adj without CAP_SYS_RESOURCE
+		t.Log("no CAP_SYS_RESOURCE: the agent's oom_score_adj stays 0")
+	}
+	if len(f) != 5 || f[1] != "1" || f[2] != wantAdj || f[3] != "0" || f[4] != "0" {
+		t.Errorf("got %q, want: ppid 1, agent oom_score_adj -1000, user 0, no FORKBOX_ vars", out.String())
+	}
+	// The orphaned sleep is reparented to the agent, which must reap it.
+	time.Sleep(300 * time.Millisecond)
+	agentPid := childOf(cmd.Process.Pid)
+	if z := zombiesOf(agentPid); z > 0 {
+		t.Errorf("got %d zombie children of the agent (host pid %d), want 0", z, agentPid)
+	}
+	// The watchdog kills an over-allocating process, the agent survives.
+	res, err = c.Exec(ctx, agent.ExecRequest{Argv: []string{"dd", "if=/dev/zero", "of=/dev/null", "bs=300M", "count=1"}}, nil, nil)
+	if err != nil || !res.OOMKilled {
+		t.Errorf("dd under a 64 MiB limit: got %+v, %v; want oom_killed", res, err)
+	}
+	if _, err := c.Ping(ctx); err != nil {
+		t.Fatalf("agent died: %v", err)
+	}
+	// SIGTERM: forwarded to a running exec, then the agent exits.
+	pid, err := c.Start(ctx, agent.ExecRequest{Shell: "trap 'exit 0' TERM; while :; do sleep 0.05; done"})
+	if err != nil || pid <= 0 {
+		t.Fatalf("start: %d, %v", pid, err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	start := time.Now()
+	syscall.Kill(agentPid, syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("agent exit: %v", err)
+		}
+		if d := time.Since(start); d > 3*time.Second {
+			t.Errorf("agent took %v to exit, want well under its 5s grace", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("agent did not exit on SIGTERM")
+	}
+}
+
+// childOf returns the first child pid of pid.
+func childOf(pid int) int {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[0])
+	return n
+}
+
+func zombiesOf(pid int) int {
+	ents, _ := os.ReadDir("/proc")
+	n := 0
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		f := strings.Fields(s[i+1:])
+		if len(f) > 2 && f[0] == "Z" && f[1] == strconv.Itoa(pid) {
+			n++
+		}
+	}
+	return n
+}
+
+// hasCapSysResource reports whether this process has CAP_SYS_RESOURCE (24),
+// needed to lower oom_score_adj.
+func hasCapSysResource() bool {
+	b, _ := os.ReadFile("/proc/self/status")
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+			n, _ := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return n&(1<<24) != 0
+		}
+	}
+	return false
+}

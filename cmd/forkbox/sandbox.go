@@ -1,0 +1,230 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/forkbox/forkbox/client"
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+func parseEnv(kvs []string) (map[string]string, error) {
+	env := map[string]string{}
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--env %q: want KEY=VALUE: %w", kv, errdefs.ErrInvalidArgument)
+		}
+		env[k] = v
+	}
+	return env, nil
+}
+
+func createCmd(g *globals) *cobra.Command {
+	var o client.CreateOptions
+	var env []string
+	cmd := &cobra.Command{
+		Use:   "create --image IMAGE [--name NAME]",
+		Short: "Create a sandbox and wait until it is ready",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if o.Env, err = parseEnv(env); err != nil {
+				return err
+			}
+			start := time.Now()
+			sb, err := g.client().CreateSandbox(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(sb.Info)
+			}
+			fmt.Printf("%s\t%s\tready in %s\n", sb.ID, sb.Info.Name, time.Since(start).Round(time.Millisecond))
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Image, "image", "", "image name or digest (required)")
+	f.StringVar(&o.Name, "name", "", "sandbox name (default: its ID)")
+	f.StringVar(&o.Resources.CPU, "cpu", "", "CPU cores, e.g. 1 or 0.5 (default 1)")
+	f.StringVar(&o.Resources.Memory, "memory", "", "memory, e.g. 512Mi or 2Gi (default 512Mi)")
+	f.Int64Var(&o.Resources.Pids, "pids", 0, "process limit (default 1024)")
+	f.StringArrayVar(&env, "env", nil, "KEY=VALUE, repeatable")
+	f.StringVar(&o.Cwd, "cwd", "", "working directory of execs")
+	f.StringVar(&o.Egress, "egress", "none", "outbound network: none or all")
+	f.StringVar(&o.Runtime, "runtime", "", "runtime (default gvisor)")
+	cmd.MarkFlagRequired("image")
+	return cmd
+}
+
+func execCmd(g *globals) *cobra.Command {
+	var o client.ExecOptions
+	var env []string
+	var stdin, background bool
+	cmd := &cobra.Command{
+		Use:   "exec SANDBOX [flags] -- CMD [ARG...]",
+		Short: "Run a command in a sandbox; exits with the command's exit code",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var err error
+			if o.Env, err = parseEnv(env); err != nil {
+				return err
+			}
+			o.Argv = args[1:]
+			if stdin {
+				if o.Stdin, err = readAllLimited(os.Stdin); err != nil {
+					return err
+				}
+			}
+			sb, err := g.client().Sandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if background {
+				pid, err := sb.Start(cmd.Context(), o)
+				if err != nil {
+					return err
+				}
+				if g.json {
+					return printJSON(map[string]int{"pid": pid})
+				}
+				fmt.Println(pid)
+				return nil
+			}
+			o.Stdout, o.Stderr = os.Stdout, os.Stderr
+			res, err := sb.Exec(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				printJSON(res)
+			} else if res.OOMKilled {
+				fmt.Fprintln(os.Stderr, "forkbox: the command was killed: the sandbox ran out of memory")
+			} else if res.TimedOut {
+				fmt.Fprintln(os.Stderr, "forkbox: the command timed out and was killed")
+			}
+			if res.ExitCode != 0 {
+				return exitError{res.ExitCode}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVar(&env, "env", nil, "KEY=VALUE, repeatable")
+	f.StringVar(&o.Cwd, "cwd", "", "working directory")
+	f.DurationVar(&o.Timeout, "timeout", 0, "kill the command after this long")
+	f.BoolVarP(&stdin, "interactive", "i", false, "send this command's stdin to the command")
+	f.BoolVarP(&background, "detach", "d", false, "run in the background and print the pid")
+	return cmd
+}
+
+func readAllLimited(f *os.File) ([]byte, error) {
+	const max = 16 << 20
+	buf := make([]byte, 0, 4096)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := f.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if len(buf) > max {
+			return nil, fmt.Errorf("stdin is larger than %d bytes: %w", max, errdefs.ErrResourceExhausted)
+		}
+		if err != nil {
+			return buf, nil
+		}
+	}
+}
+
+func lsCmd(g *globals) *cobra.Command {
+	var all bool
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List sandboxes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			list, err := g.client().ListSandboxes(cmd.Context(), all)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(list)
+			}
+			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "ID\tNAME\tSTATE\tIMAGE\tRUNTIME\tIP\tCREATED")
+			for _, s := range list {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Id, s.Name, s.State, s.Image, s.Runtime, s.Ip,
+					time.UnixMilli(s.CreatedAtUnixMs).Format(time.DateTime))
+			}
+			return w.Flush()
+		},
+	}
+	cmd.Flags().BoolVarP(&all, "all", "a", false, "include closed sandboxes")
+	return cmd
+}
+
+func inspectCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "inspect SANDBOX",
+		Short: "Show a sandbox (JSON)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := g.client().Sandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return printJSON(sb.Info)
+		},
+	}
+}
+
+func logsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "logs SANDBOX",
+		Short: "Show a sandbox's ledger",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			evs, err := g.client().Events(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(evs)
+			}
+			for _, e := range evs {
+				fmt.Printf("%s  %-22s %v\n", e.Time.Format("15:04:05.000"), e.Type, e.Data)
+			}
+			return nil
+		},
+	}
+}
+
+func rmCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "rm SANDBOX...",
+		Short: "Close sandboxes; nothing of them is left on the host",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c := g.client()
+			for _, id := range args {
+				sb, err := c.Sandbox(cmd.Context(), id)
+				if err != nil {
+					return err
+				}
+				if err := sb.Close(cmd.Context()); err != nil {
+					return err
+				}
+				if !g.json {
+					fmt.Println(sb.ID)
+				}
+			}
+			return nil
+		},
+	}
+}

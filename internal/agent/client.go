@@ -1,0 +1,291 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+// Client talks to one sandbox's agent. It opens one TCP connection per call;
+// it is safe for concurrent use.
+type Client struct {
+	addr  string
+	token string
+	// DialTimeout bounds each connection attempt; default 2s.
+	DialTimeout time.Duration
+}
+
+// NewClient returns a client for the agent at addr ("10.0.0.2:7077").
+func NewClient(addr, token string) *Client {
+	return &Client{addr: addr, token: token, DialTimeout: 2 * time.Second}
+}
+
+// call is one request in flight.
+type call struct {
+	conn net.Conn
+	br   *bufio.Reader
+	bw   *bufio.Writer
+	fw   *frameWriter
+	stop func() bool
+}
+
+// open dials the agent and buffers the header frame (not yet flushed).
+// The connection is closed when ctx ends.
+func (c *Client) open(ctx context.Context, req request) (*call, error) {
+	req.Token = c.token
+	d := net.Dialer{Timeout: c.DialTimeout}
+	conn, err := d.DialContext(ctx, "tcp", c.addr)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctxErr(ctx, req.Op)
+		}
+		return nil, fmt.Errorf("agent %s: dial %s: %v: %w", req.Op, c.addr, err, errdefs.ErrUnavailable)
+	}
+	cl := &call{conn: conn, br: bufio.NewReaderSize(conn, 64<<10), bw: bufio.NewWriterSize(conn, 64<<10)}
+	cl.fw = &frameWriter{w: cl.bw}
+	cl.stop = context.AfterFunc(ctx, func() { conn.Close() })
+	if err := cl.fw.writeJSON(frameHeader, req); err != nil {
+		cl.close()
+		return nil, err
+	}
+	return cl, nil
+}
+
+func (cl *call) close() {
+	cl.stop()
+	cl.conn.Close()
+}
+
+// sendStream writes data as data frames and an EOF frame, then flushes.
+func (cl *call) sendStream(data []byte) error {
+	for len(data) > 0 {
+		n := min(len(data), chunkSize)
+		if err := cl.fw.write(frameData, streamStdin, data[:n]); err != nil {
+			return err
+		}
+		data = data[n:]
+	}
+	if err := cl.fw.write(frameEOF, streamStdin, nil); err != nil {
+		return err
+	}
+	return cl.bw.Flush()
+}
+
+// result reads frames until the result, which it decodes into out; data
+// frames go to onData.
+func (cl *call) result(ctx context.Context, op string, onData func(stream byte, p []byte) error, out any) error {
+	for {
+		f, err := readFrame(cl.br)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctxErr(ctx, op)
+			}
+			if errdefs.Class(err) != errdefs.ErrUnknown {
+				return err
+			}
+			return fmt.Errorf("agent %s: %v: %w", op, err, errdefs.ErrUnavailable)
+		}
+		switch f.typ {
+		case frameData:
+			if onData != nil {
+				if err := onData(f.stream, f.payload); err != nil {
+					return err
+				}
+			}
+		case frameResult:
+			if out == nil {
+				return nil
+			}
+			if err := json.Unmarshal(f.payload, out); err != nil {
+				return fmt.Errorf("agent %s: decode result: %v: %w", op, err, errdefs.ErrInternal)
+			}
+			return nil
+		case frameError:
+			var we wireError
+			if err := json.Unmarshal(f.payload, &we); err != nil {
+				return fmt.Errorf("agent %s: decode error: %v: %w", op, err, errdefs.ErrInternal)
+			}
+			return we.err()
+		default:
+			return fmt.Errorf("agent %s: unexpected frame %q: %w", op, f.typ, errdefs.ErrInternal)
+		}
+	}
+}
+
+func ctxErr(ctx context.Context, op string) error {
+	class := errdefs.ErrCanceled
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		class = errdefs.ErrDeadlineExceeded
+	}
+	return fmt.Errorf("agent %s: %w: %w", op, class, ctx.Err())
+}
+
+// simple runs a request without a body and decodes its result into out.
+func (c *Client) simple(ctx context.Context, req request, out any) error {
+	cl, err := c.open(ctx, req)
+	if err != nil {
+		return err
+	}
+	defer cl.close()
+	_ = cl.bw.Flush() // a write error shows up as a read error
+	return cl.result(ctx, req.Op, nil, out)
+}
+
+// Ping returns the agent's version and the sandbox's hostname.
+func (c *Client) Ping(ctx context.Context) (PingInfo, error) {
+	var info PingInfo
+	err := c.simple(ctx, request{Op: opPing}, &info)
+	return info, err
+}
+
+// Sync calls sync(2) in the sandbox.
+func (c *Client) Sync(ctx context.Context) error {
+	return c.simple(ctx, request{Op: opSync}, nil)
+}
+
+// Exec runs req and waits for it, writing its stdout and stderr to the
+// writers (either may be nil) as output arrives. Cancelling ctx kills the
+// process group and returns a Canceled or DeadlineExceeded error.
+func (c *Client) Exec(ctx context.Context, req ExecRequest, stdout, stderr io.Writer) (ExecResult, error) {
+	var res ExecResult
+	cl, err := c.open(ctx, request{Op: opExec, Exec: &req, HasStdin: len(req.Stdin) > 0})
+	if err != nil {
+		return res, err
+	}
+	defer cl.close()
+	// Tell the agent to kill the process if ctx ends; closing the connection
+	// (done by open's AfterFunc) does it too.
+	stopKill := context.AfterFunc(ctx, func() {
+		cl.conn.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		var b [frameHeaderLen]byte
+		b[0] = frameKill
+		cl.conn.Write(b[:])
+	})
+	defer stopKill()
+	if len(req.Stdin) > 0 {
+		if len(req.Stdin) <= chunkSize {
+			err = cl.sendStream(req.Stdin)
+		} else {
+			// Large stdin: send while reading output so neither side blocks.
+			cl.bw.Flush()
+			go cl.sendStream(req.Stdin)
+		}
+	} else {
+		err = cl.bw.Flush()
+	}
+	_ = err // a write error shows up as a read error below
+	onData := func(stream byte, p []byte) error {
+		var w io.Writer
+		switch stream {
+		case streamStdout:
+			w = stdout
+		case streamStderr:
+			w = stderr
+		}
+		if w != nil {
+			if _, err := w.Write(p); err != nil {
+				return fmt.Errorf("agent exec: write output: %v: %w", err, errdefs.ErrInternal)
+			}
+		}
+		return nil
+	}
+	err = cl.result(ctx, opExec, onData, &res)
+	return res, err
+}
+
+// Start runs req in the background and returns its pid. Its output goes to
+// /tmp/.forkbox/exec-<pid>.log in the sandbox; req.Stdin is not supported.
+func (c *Client) Start(ctx context.Context, req ExecRequest) (int, error) {
+	if len(req.Stdin) > 0 {
+		return 0, fmt.Errorf("agent start: stdin is not supported for background execs: %w", errdefs.ErrInvalidArgument)
+	}
+	var res startResult
+	err := c.simple(ctx, request{Op: opStart, Exec: &req}, &res)
+	return res.Pid, err
+}
+
+// ReadFile returns the content of the file at the absolute path.
+func (c *Client) ReadFile(ctx context.Context, path string) ([]byte, error) {
+	var buf bytes.Buffer
+	cl, err := c.open(ctx, request{Op: opRead, Path: path})
+	if err != nil {
+		return nil, err
+	}
+	defer cl.close()
+	if err := cl.bw.Flush(); err != nil {
+		return nil, fmt.Errorf("agent read: %v: %w", err, errdefs.ErrUnavailable)
+	}
+	err = cl.result(ctx, opRead, func(_ byte, p []byte) error {
+		if buf.Len()+len(p) > MaxFileSize {
+			return fmt.Errorf("agent read %s: more than %d bytes: %w", path, MaxFileSize, errdefs.ErrResourceExhausted)
+		}
+		buf.Write(p)
+		return nil
+	}, nil)
+	if err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// WriteFile writes data to the absolute path atomically, creating parent
+// directories; mode 0 means 0644.
+func (c *Client) WriteFile(ctx context.Context, path string, data []byte, mode os.FileMode) error {
+	if len(data) > MaxFileSize {
+		return fmt.Errorf("agent write %s: %d bytes, limit %d: %w", path, len(data), MaxFileSize, errdefs.ErrResourceExhausted)
+	}
+	cl, err := c.open(ctx, request{Op: opWrite, Path: path, Mode: uint32(mode.Perm()), Size: int64(len(data))})
+	if err != nil {
+		return err
+	}
+	defer cl.close()
+	if len(data) <= chunkSize {
+		cl.sendStream(data)
+	} else {
+		go cl.sendStream(data)
+	}
+	return cl.result(ctx, opWrite, nil, nil)
+}
+
+// ListFiles returns the entries of the directory at the absolute path.
+func (c *Client) ListFiles(ctx context.Context, path string) ([]FileInfo, error) {
+	var res listResult
+	err := c.simple(ctx, request{Op: opList, Path: path}, &res)
+	return res.Entries, err
+}
+
+// Retry interval and per-attempt bound of WaitReady.
+const (
+	readyInterval = 3 * time.Millisecond
+	readyAttempt  = 250 * time.Millisecond
+)
+
+// WaitReady pings the agent until it answers or ctx ends. A wrong token
+// fails at once.
+func WaitReady(ctx context.Context, c *Client) error {
+	for {
+		actx, cancel := context.WithTimeout(ctx, readyAttempt)
+		_, err := c.Ping(actx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if errdefs.IsUnauthenticated(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("agent %s not ready: %v: %w", c.addr, err, errdefs.ErrUnavailable)
+		case <-time.After(readyInterval):
+		}
+	}
+}

@@ -1,0 +1,77 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"syscall"
+
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+// wireError is an error frame's payload: the error's class and message.
+type wireError struct {
+	Class   string `json:"class"`
+	Message string `json:"message"`
+}
+
+// allClasses lists the classes a name can map back to.
+var allClasses = []error{
+	errdefs.ErrInvalidArgument, errdefs.ErrNotFound, errdefs.ErrAlreadyExists,
+	errdefs.ErrFailedPrecondition, errdefs.ErrUnavailable, errdefs.ErrResourceExhausted,
+	errdefs.ErrPermissionDenied, errdefs.ErrUnauthenticated, errdefs.ErrDeadlineExceeded,
+	errdefs.ErrCanceled, errdefs.ErrNotImplemented, errdefs.ErrInternal, errdefs.ErrUnknown,
+}
+
+// ClassFromName is the reverse of errdefs.ClassName: it returns the class
+// sentinel called name, or errdefs.ErrUnknown.
+func ClassFromName(name string) error {
+	for _, c := range allClasses {
+		if errdefs.ClassName(c) == name {
+			return c
+		}
+	}
+	return errdefs.ErrUnknown
+}
+
+// remoteError is an error that came from the agent: its message, with its
+// class restored so that errdefs.Is* work on the client side.
+type remoteError struct {
+	msg   string
+	class error
+}
+
+func (e *remoteError) Error() string { return "agent: " + e.msg }
+func (e *remoteError) Unwrap() error { return e.class }
+
+func (w wireError) err() error {
+	return &remoteError{msg: w.Message, class: ClassFromName(w.Class)}
+}
+
+// osErr gives an error from the os package its class.
+func osErr(op, path string, err error) error {
+	var class error
+	switch {
+	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
+		class = errdefs.ErrNotFound
+	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS):
+		class = errdefs.ErrPermissionDenied
+	case errors.Is(err, fs.ErrExist):
+		class = errdefs.ErrAlreadyExists
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT), errors.Is(err, syscall.EFBIG):
+		class = errdefs.ErrResourceExhausted
+	case errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENAMETOOLONG):
+		class = errdefs.ErrInvalidArgument
+	default:
+		class = errdefs.ErrInternal
+	}
+	return fmt.Errorf("%s %s: %v: %w", op, path, unwrapPathErr(err), class)
+}
+
+func unwrapPathErr(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}

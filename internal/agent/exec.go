@@ -1,0 +1,265 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+// drainGrace is how long the agent keeps reading an exec's stdout and stderr
+// after the process exited, for output still held open by its descendants.
+const drainGrace = 200 * time.Millisecond
+
+// execState is one running exec, as the watchdog and the kill paths see it.
+type execState struct {
+	pid       int
+	oomKilled atomic.Bool
+	timedOut  atomic.Bool
+
+	mu     sync.Mutex
+	exited bool
+}
+
+// killGroup SIGKILLs the exec's process group unless it was already reaped.
+func (e *execState) killGroup() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.exited {
+		_ = syscall.Kill(-e.pid, syscall.SIGKILL)
+	}
+}
+
+func (e *execState) markExited() {
+	e.mu.Lock()
+	e.exited = true
+	e.mu.Unlock()
+}
+
+func (s *Server) addExec(e *execState) {
+	s.mu.Lock()
+	s.execs[e.pid] = e
+	s.mu.Unlock()
+}
+
+func (s *Server) removeExec(e *execState) {
+	s.mu.Lock()
+	if s.execs[e.pid] == e {
+		delete(s.execs, e.pid)
+	}
+	s.mu.Unlock()
+}
+
+// handleExec runs req in the foreground, streaming its output over fw, and
+// answers with its ExecResult.
+func (s *Server) handleExec(conn net.Conn, fw *frameWriter, hdr *request) error {
+	req := hdr.Exec
+	if req == nil {
+		return fmt.Errorf("exec: missing exec: %w", errdefs.ErrInvalidArgument)
+	}
+	var stdinR, stdinW *os.File
+	var err error
+	if hdr.HasStdin {
+		if stdinR, stdinW, err = os.Pipe(); err != nil {
+			return osErr("pipe", "stdin", err)
+		}
+	} else if stdinR, err = os.Open(os.DevNull); err != nil {
+		return osErr("open", os.DevNull, err)
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return osErr("pipe", "stdout", err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		return osErr("pipe", "stderr", err)
+	}
+	defer func() {
+		for _, f := range []*os.File{stdinR, stdinW, outR, outW, errR, errW} {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}()
+
+	s.watch.begin()
+	defer s.watch.end()
+	start := time.Now()
+	pid, done, err := s.startProcess(req, [3]*os.File{stdinR, outW, errW})
+	if err != nil {
+		return err
+	}
+	st := &execState{pid: pid}
+	s.addExec(st)
+	defer s.removeExec(st)
+	stdinR.Close()
+	outW.Close()
+	errW.Close()
+	stdinR, outW, errW = nil, nil, nil
+	log := s.log.With("exec", pid)
+	log.Debug("exec started", "argv", req.Argv, "shell", req.Shell)
+
+	var pumps sync.WaitGroup
+	pumps.Add(2)
+	go s.pump(&pumps, fw, streamStdout, outR)
+	go s.pump(&pumps, fw, streamStderr, errR)
+	go s.readClient(conn, st, stdinW)
+	stdinW = nil // readClient owns it now
+
+	if req.Timeout > 0 {
+		t := time.AfterFunc(req.Timeout, func() {
+			st.timedOut.Store(true)
+			st.killGroup()
+		})
+		defer t.Stop()
+	}
+	ws := <-done
+	st.markExited()
+	dur := time.Since(start)
+	deadline := time.Now().Add(drainGrace)
+	outR.SetReadDeadline(deadline)
+	errR.SetReadDeadline(deadline)
+	pumps.Wait()
+
+	res := ExecResult{Pid: pid, Duration: dur, TimedOut: st.timedOut.Load(), OOMKilled: st.oomKilled.Load()}
+	res.ExitCode, res.Signal = exitStatus(ws)
+	log.Debug("exec finished", "exit_code", res.ExitCode, "signal", res.Signal, "duration", dur)
+	return fw.writeJSON(frameResult, res)
+}
+
+// exitStatus returns the exit code (128+signo when killed) and signal name.
+func exitStatus(ws syscall.WaitStatus) (int, string) {
+	if ws.Signaled() {
+		sig := ws.Signal()
+		name := unix.SignalName(sig)
+		if name == "" {
+			name = "SIG" + strconv.Itoa(int(sig))
+		}
+		return 128 + int(sig), name
+	}
+	return ws.ExitStatus(), ""
+}
+
+// pump copies r into data frames on stream until EOF or its read deadline.
+func (s *Server) pump(wg *sync.WaitGroup, fw *frameWriter, stream byte, r *os.File) {
+	defer wg.Done()
+	buf := make([]byte, chunkSize)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			if fw.write(frameData, stream, buf[:n]) != nil {
+				// The client is gone; keep draining so the process never blocks.
+				continue
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrDeadlineExceeded) {
+				s.log.Debug("read exec output", "err", err)
+			}
+			return
+		}
+	}
+}
+
+// readClient feeds stdin frames to the process and kills it if the client
+// asks to or goes away before the exec ended.
+func (s *Server) readClient(conn net.Conn, st *execState, stdinW *os.File) {
+	defer func() {
+		if stdinW != nil {
+			stdinW.Close()
+		}
+	}()
+	for {
+		f, err := readFrame(conn)
+		if err != nil {
+			st.killGroup()
+			return
+		}
+		switch f.typ {
+		case frameData:
+			if stdinW != nil {
+				if _, err := stdinW.Write(f.payload); err != nil {
+					stdinW.Close()
+					stdinW = nil
+				}
+			}
+		case frameEOF:
+			if stdinW != nil {
+				stdinW.Close()
+				stdinW = nil
+			}
+		case frameKill:
+			st.killGroup()
+		}
+	}
+}
+
+// handleStart runs req in the background and answers with its pid at once.
+func (s *Server) handleStart(fw *frameWriter, hdr *request) error {
+	req := hdr.Exec
+	if req == nil {
+		return fmt.Errorf("start: missing exec: %w", errdefs.ErrInvalidArgument)
+	}
+	if err := os.MkdirAll(s.cfg.LogDir, 0o755); err != nil {
+		return osErr("mkdir", s.cfg.LogDir, err)
+	}
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return osErr("open", os.DevNull, err)
+	}
+	defer devnull.Close()
+	// The log file is named after the pid, known only after the fork: write
+	// to a temp name and rename it.
+	tmp, err := os.CreateTemp(s.cfg.LogDir, "exec-start-*.log")
+	if err != nil {
+		return osErr("create", s.cfg.LogDir, err)
+	}
+	defer tmp.Close()
+	s.watch.begin()
+	start := time.Now()
+	pid, done, err := s.startProcess(req, [3]*os.File{devnull, tmp, tmp})
+	if err != nil {
+		s.watch.end()
+		os.Remove(tmp.Name())
+		return err
+	}
+	logPath := filepath.Join(s.cfg.LogDir, "exec-"+strconv.Itoa(pid)+".log")
+	if err := os.Rename(tmp.Name(), logPath); err != nil {
+		s.log.Warn("rename exec log", "exec", pid, "err", err)
+	}
+	st := &execState{pid: pid}
+	s.addExec(st)
+	var timer *time.Timer
+	if req.Timeout > 0 {
+		timer = time.AfterFunc(req.Timeout, func() {
+			st.timedOut.Store(true)
+			st.killGroup()
+		})
+	}
+	go func() {
+		ws := <-done
+		st.markExited()
+		if timer != nil {
+			timer.Stop()
+		}
+		s.removeExec(st)
+		s.watch.end()
+		code, sig := exitStatus(ws)
+		s.log.Info("background exec finished", slog.Int("exec", pid), "exit_code", code,
+			"signal", sig, "duration", time.Since(start), "timed_out", st.timedOut.Load(),
+			"oom_killed", st.oomKilled.Load())
+	}()
+	return fw.writeJSON(frameResult, startResult{Pid: pid})
+}

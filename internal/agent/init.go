@@ -1,0 +1,119 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+// Environment variables the daemon sets for the agent. They are removed from
+// the agent's environment (and so from every user process's) at start.
+const (
+	EnvAddr        = "FORKBOX_AGENT_ADDR"
+	EnvToken       = "FORKBOX_AGENT_TOKEN"
+	EnvMemoryLimit = "FORKBOX_MEMORY_LIMIT"
+)
+
+// ConfigFromEnv reads the agent's configuration from the FORKBOX_*
+// environment variables, then unsets them.
+func ConfigFromEnv() (Config, error) {
+	cfg := Config{Addr: os.Getenv(EnvAddr), Token: os.Getenv(EnvToken)}
+	if v := os.Getenv(EnvMemoryLimit); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return cfg, fmt.Errorf("%s=%q: %w", EnvMemoryLimit, v, errdefs.ErrInvalidArgument)
+		}
+		cfg.MemoryLimit = n
+	}
+	for _, kv := range os.Environ() {
+		if len(kv) > 8 && kv[:8] == "FORKBOX_" {
+			k, _, _ := cut(kv, '=')
+			os.Unsetenv(k)
+		}
+	}
+	if cfg.Token == "" {
+		return cfg, fmt.Errorf("%s is not set: %w", EnvToken, errdefs.ErrInvalidArgument)
+	}
+	return cfg, nil
+}
+
+func cut(s string, sep byte) (string, string, bool) {
+	for i := 0; i < len(s); i++ {
+		if s[i] == sep {
+			return s[:i], s[i+1:], true
+		}
+	}
+	return s, "", false
+}
+
+// termGrace is how long the agent waits for its children after forwarding
+// SIGTERM before it exits.
+const termGrace = 5 * time.Second
+
+// Run is the agent's main: it serves cfg until SIGTERM or SIGINT, which it
+// forwards to every process (to the whole sandbox when it is PID 1, else to
+// its execs), waits up to termGrace for them, and returns.
+func Run(ctx context.Context, cfg Config) error {
+	s, err := NewServer(cfg)
+	if err != nil {
+		return err
+	}
+	if cfg.Init {
+		// The agent must survive memory pressure; user processes are reset to 0.
+		if err := os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0); err != nil {
+			s.log.Info("cannot set oom_score_adj", "err", err)
+		} else {
+			s.oomAdjusted = true
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sigc := make(chan os.Signal, 1)
+	signal.Notify(sigc, unix.SIGTERM, unix.SIGINT)
+	defer signal.Stop(sigc)
+	// SIGPIPE and friends must not kill init; the Go runtime already ignores
+	// SIGPIPE on non-stdio fds, and SIGHUP is of no use to PID 1.
+	signal.Ignore(unix.SIGHUP)
+
+	errc := make(chan error, 1)
+	go func() { errc <- s.ListenAndServe(ctx) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	case sig := <-sigc:
+		s.log.Info("agent: terminating", "signal", sig.String())
+	}
+	s.signalExecs(unix.SIGTERM)
+	if cfg.Init && os.Getpid() == 1 {
+		_ = unix.Kill(-1, unix.SIGTERM) // everything in the sandbox but init
+	}
+	deadline := time.Now().Add(termGrace)
+	for time.Now().Before(deadline) && s.children() > 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	return nil
+}
+
+// children counts the agent's live children: every process in the sandbox
+// when it is init, else its registered execs.
+func (s *Server) children() int {
+	if !s.cfg.Init {
+		return s.reaper.pending()
+	}
+	n := 0
+	for pid, p := range scanProcs(1) {
+		if pid != os.Getpid() && p.ppid == os.Getpid() {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,174 @@
+package agent
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+// Frame types.
+const (
+	frameHeader = 'H' // client → server: JSON request
+	frameData   = 'D' // either way: a chunk of a stream
+	frameEOF    = 'C' // client → server: the stream is closed
+	frameKill   = 'K' // client → server: kill the running exec
+	frameResult = 'R' // server → client: JSON result, last frame
+	frameError  = 'E' // server → client: JSON wireError, last frame
+)
+
+// Streams of data frames.
+const (
+	streamStdin  = 0 // also file content, both ways
+	streamStdout = 1
+	streamStderr = 2
+)
+
+const (
+	frameHeaderLen = 6
+	maxHeaderFrame = 1 << 20  // JSON frames
+	maxDataFrame   = 1 << 20  // data frames
+	chunkSize      = 32 << 10 // data frames the agent and client send
+	// MaxFileSize is the largest file ReadFile and WriteFile move.
+	MaxFileSize = 64 << 20
+)
+
+// Request operations.
+const (
+	opPing  = "ping"
+	opExec  = "exec"
+	opStart = "start"
+	opRead  = "read"
+	opWrite = "write"
+	opList  = "list"
+	opSync  = "sync"
+)
+
+// request is the JSON header frame that opens every connection.
+type request struct {
+	Token string       `json:"token"`
+	Op    string       `json:"op"`
+	Exec  *ExecRequest `json:"exec,omitempty"`
+	Path  string       `json:"path,omitempty"`
+	Mode  uint32       `json:"mode,omitempty"`
+	Size  int64        `json:"size,omitempty"`
+	// HasStdin says data frames for stdin follow, closed by an EOF frame.
+	HasStdin bool `json:"has_stdin,omitempty"`
+}
+
+// ExecRequest describes one command to run in the sandbox.
+type ExecRequest struct {
+	// Argv is the command; Argv[0] is looked up in the PATH of the merged env.
+	Argv []string `json:"argv,omitempty"`
+	// Shell, when Argv is empty, runs as ["/bin/sh", "-c", Shell].
+	Shell string `json:"shell,omitempty"`
+	// Env is merged over the agent's base environment.
+	Env map[string]string `json:"env,omitempty"`
+	// Cwd is the working directory; empty means "/".
+	Cwd string `json:"cwd,omitempty"`
+	// Stdin is written to the command's standard input, then closed.
+	Stdin []byte `json:"-"`
+	// Timeout, if positive, kills the process group when it expires.
+	Timeout time.Duration `json:"timeout,omitempty"`
+}
+
+// ExecResult is how an exec ended.
+type ExecResult struct {
+	Pid int `json:"pid"`
+	// ExitCode is the exit status, or 128+signo if a signal killed the process.
+	ExitCode int `json:"exit_code"`
+	// Signal is the name of the signal that killed the process ("SIGKILL").
+	Signal    string        `json:"signal,omitempty"`
+	Duration  time.Duration `json:"duration"`
+	TimedOut  bool          `json:"timed_out,omitempty"`
+	OOMKilled bool          `json:"oom_killed,omitempty"`
+}
+
+// PingInfo is the agent's answer to Ping.
+type PingInfo struct {
+	Version  string `json:"version"`
+	Hostname string `json:"hostname"`
+}
+
+// FileInfo is one entry of ListFiles.
+type FileInfo struct {
+	Name    string      `json:"name"`
+	Size    int64       `json:"size"`
+	Mode    os.FileMode `json:"mode"`
+	IsDir   bool        `json:"is_dir"`
+	ModTime time.Time   `json:"mtime"`
+}
+
+type startResult struct {
+	Pid int `json:"pid"`
+}
+
+type listResult struct {
+	Entries []FileInfo `json:"entries"`
+}
+
+// frameWriter writes frames to w; safe for concurrent use.
+type frameWriter struct {
+	mu  sync.Mutex
+	w   io.Writer
+	buf []byte
+}
+
+func (fw *frameWriter) write(typ, stream byte, payload []byte) error {
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	fw.buf = append(fw.buf[:0], typ, stream, 0, 0, 0, 0)
+	binary.BigEndian.PutUint32(fw.buf[2:], uint32(len(payload)))
+	fw.buf = append(fw.buf, payload...)
+	_, err := fw.w.Write(fw.buf)
+	return err
+}
+
+func (fw *frameWriter) writeJSON(typ byte, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode frame: %w", errdefs.ErrInternal)
+	}
+	return fw.write(typ, 0, b)
+}
+
+func (fw *frameWriter) writeError(err error) error {
+	return fw.writeJSON(frameError, wireError{Class: errdefs.ClassName(err), Message: err.Error()})
+}
+
+// frame is one frame read from the wire.
+type frame struct {
+	typ     byte
+	stream  byte
+	payload []byte
+}
+
+// readFrame reads one frame. JSON frames may be up to maxHeaderFrame bytes,
+// data frames up to maxDataFrame.
+func readFrame(r io.Reader) (frame, error) {
+	var h [frameHeaderLen]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return frame{}, err
+	}
+	n := binary.BigEndian.Uint32(h[2:])
+	limit := uint32(maxDataFrame)
+	if h[0] != frameData {
+		limit = maxHeaderFrame
+	}
+	if n > limit {
+		return frame{}, fmt.Errorf("frame of %d bytes: %w", n, errdefs.ErrResourceExhausted)
+	}
+	f := frame{typ: h[0], stream: h[1], payload: make([]byte, n)}
+	if _, err := io.ReadFull(r, f.payload); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return frame{}, err
+	}
+	return f, nil
+}

@@ -1,0 +1,188 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+// Config configures a Server.
+type Config struct {
+	// Addr is the TCP address to listen on (ListenAndServe only).
+	Addr string
+	// Token must open every request; an empty token is refused by NewServer.
+	Token string
+	// MemoryLimit is the sandbox's memory limit in bytes; 0 turns the
+	// watchdog off.
+	MemoryLimit int64
+	// Init is true when the agent is the sandbox's PID 1: it then reaps every
+	// child and the watchdog counts every process. When false (tests, or an
+	// agent that is not init) it reaps and watches its own descendants only.
+	Init bool
+	// LogDir holds background execs' output; default /tmp/.forkbox.
+	LogDir string
+	// Env is the base environment of user processes (KEY=VALUE); default
+	// os.Environ(). FORKBOX_* variables are removed from it.
+	Env []string
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+}
+
+// Server is the agent's request server.
+type Server struct {
+	cfg         Config
+	log         *slog.Logger
+	baseEnv     map[string]string
+	reaper      *reaper
+	watch       *watchdog
+	oomAdjusted bool
+
+	mu    sync.Mutex
+	execs map[int]*execState
+}
+
+// NewServer returns a server for cfg. Call Serve or ListenAndServe to run it.
+func NewServer(cfg Config) (*Server, error) {
+	if cfg.Token == "" {
+		return nil, fmt.Errorf("agent: empty token: %w", errdefs.ErrInvalidArgument)
+	}
+	if cfg.Addr == "" {
+		cfg.Addr = ":7077"
+	}
+	if cfg.LogDir == "" {
+		cfg.LogDir = "/tmp/.forkbox"
+	}
+	if cfg.Env == nil {
+		cfg.Env = os.Environ()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, baseEnv: baseEnv(cfg.Env), execs: map[int]*execState{}}
+	s.reaper = newReaper(cfg.Init, cfg.Logger)
+	s.watch = newWatchdog(s, cfg.MemoryLimit)
+	return s, nil
+}
+
+// ListenAndServe listens on cfg.Addr and serves until ctx ends.
+func (s *Server) ListenAndServe(ctx context.Context) error {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("agent: listen %s: %v: %w", s.cfg.Addr, err, errdefs.ErrUnavailable)
+	}
+	return s.Serve(ctx, ln)
+}
+
+// Serve accepts connections on ln until ctx ends, then closes ln. The reaper
+// and the watchdog run as long as Serve does.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go s.reaper.run(ctx)
+	go s.watch.run(ctx)
+	go func() {
+		<-ctx.Done()
+		ln.Close()
+	}()
+	s.log.Info("agent serving", "addr", ln.Addr().String(), "init", s.cfg.Init,
+		"memory_limit", s.cfg.MemoryLimit, "version", Version)
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("agent: accept: %v: %w", err, errdefs.ErrUnavailable)
+		}
+		go s.handleConn(conn)
+	}
+}
+
+// headerTimeout bounds how long a connection may take to send its header.
+const headerTimeout = 10 * time.Second
+
+func (s *Server) handleConn(conn net.Conn) {
+	defer conn.Close()
+	br := bufio.NewReaderSize(conn, 64<<10)
+	rconn := &bufConn{Conn: conn, r: br}
+	fw := &frameWriter{w: conn}
+	conn.SetReadDeadline(time.Now().Add(headerTimeout))
+	f, err := readFrame(br)
+	if err != nil || f.typ != frameHeader {
+		return
+	}
+	conn.SetReadDeadline(time.Time{})
+	var req request
+	if err := json.Unmarshal(f.payload, &req); err != nil {
+		fw.writeError(fmt.Errorf("bad request header: %v: %w", err, errdefs.ErrInvalidArgument))
+		return
+	}
+	if subtle.ConstantTimeCompare([]byte(req.Token), []byte(s.cfg.Token)) != 1 {
+		s.log.Warn("agent: bad token", "remote", conn.RemoteAddr().String())
+		fw.writeError(fmt.Errorf("bad token: %w", errdefs.ErrUnauthenticated))
+		return
+	}
+	if err := s.dispatch(rconn, fw, &req); err != nil {
+		fw.writeError(err)
+	}
+}
+
+func (s *Server) dispatch(conn net.Conn, fw *frameWriter, req *request) error {
+	switch req.Op {
+	case opPing:
+		host, _ := os.Hostname()
+		return fw.writeJSON(frameResult, PingInfo{Version: Version, Hostname: host})
+	case opSync:
+		unix.Sync()
+		return fw.writeJSON(frameResult, struct{}{})
+	case opExec:
+		return s.handleExec(conn, fw, req)
+	case opStart:
+		return s.handleStart(fw, req)
+	case opRead:
+		return s.handleRead(fw, req)
+	case opWrite:
+		return s.handleWrite(conn, fw, req)
+	case opList:
+		return s.handleList(fw, req)
+	}
+	return fmt.Errorf("unknown op %q: %w", req.Op, errdefs.ErrNotImplemented)
+}
+
+// bufConn is a net.Conn whose reads go through a bufio.Reader.
+type bufConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// signalExecs sends sig to every running exec's process group.
+func (s *Server) signalExecs(sig unix.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range s.execs {
+		e.mu.Lock()
+		if !e.exited {
+			_ = unix.Kill(-e.pid, sig)
+		}
+		e.mu.Unlock()
+	}
+}

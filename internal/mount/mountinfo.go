@@ -1,0 +1,133 @@
+package mount
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Info is one line of /proc/self/mountinfo.
+type Info struct {
+	ID, Parent   int
+	Root         string // root of the mount within its filesystem
+	Mountpoint   string
+	Options      string // per-mount options
+	FSType       string
+	Source       string
+	SuperOptions string // per-superblock options, e.g. overlay's upperdir=
+}
+
+// List returns the mounts of the calling process's mount namespace, in
+// /proc/self/mountinfo order (parents before children).
+func List() ([]Info, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("read mountinfo: %w", err)
+	}
+	return parseMountinfo(b)
+}
+
+func parseMountinfo(b []byte) ([]Info, error) {
+	var out []Info
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 64*1024), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 6 || len(g) < 2 {
+			return nil, fmt.Errorf("bad mountinfo line %q", line)
+		}
+		var in Info
+		in.ID, _ = strconv.Atoi(f[0])
+		in.Parent, _ = strconv.Atoi(f[1])
+		in.Root, in.Mountpoint, in.Options = unescape(f[3]), unescape(f[4]), f[5]
+		in.FSType, in.Source = g[0], unescape(g[1])
+		if len(g) > 2 {
+			in.SuperOptions = g[2]
+		}
+		out = append(out, in)
+	}
+	return out, sc.Err()
+}
+
+// unescape decodes mountinfo's octal escapes (\040 for space, ...).
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// Under returns the mount points at or below prefix, deepest first, so that
+// unmounting them in order never hits a busy parent. A path mounted several
+// times appears once per mount.
+func Under(prefix string) ([]string, error) {
+	prefix = filepath.Clean(prefix)
+	if p, err := filepath.EvalSymlinks(prefix); err == nil {
+		prefix = p
+	}
+	infos, err := List()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, in := range infos {
+		if in.Mountpoint == prefix || strings.HasPrefix(in.Mountpoint, prefix+"/") || prefix == "/" {
+			out = append(out, in.Mountpoint)
+		}
+	}
+	// Deepest first; among equal paths, later (upper) mounts first.
+	sorted := make([]string, 0, len(out))
+	for i := len(out) - 1; i >= 0; i-- {
+		sorted = append(sorted, out[i])
+	}
+	sort.SliceStable(sorted, func(a, b int) bool {
+		return strings.Count(sorted[a], "/") > strings.Count(sorted[b], "/")
+	})
+	return sorted, nil
+}
+
+// IsMountPoint reports whether path is a mount point.
+func IsMountPoint(path string) (bool, error) {
+	path = filepath.Clean(path)
+	if p, err := filepath.EvalSymlinks(path); err == nil {
+		path = p
+	} else if os.IsNotExist(err) {
+		return false, nil
+	}
+	// Fast path: statx knows STATX_ATTR_MOUNT_ROOT.
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, 0, &st); err == nil &&
+		st.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 {
+		return st.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0, nil
+	}
+	infos, err := List()
+	if err != nil {
+		return false, err
+	}
+	for _, in := range infos {
+		if in.Mountpoint == path {
+			return true, nil
+		}
+	}
+	return false, nil
+}

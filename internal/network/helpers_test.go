@@ -1,0 +1,202 @@
+package network
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netns"
+)
+
+func skipOrFail(tb testing.TB, reason string) {
+	tb.Helper()
+	if os.Getenv("CI") == "true" {
+		tb.Fatal(reason)
+	}
+	tb.Skip(reason)
+}
+
+func requirePrivileges(tb testing.TB) {
+	tb.Helper()
+	if os.Geteuid() != 0 {
+		skipOrFail(tb, "needs root")
+	}
+	c, err := nftables.New()
+	if err == nil {
+		_, err = c.ListTables()
+	}
+	if err != nil {
+		skipOrFail(tb, fmt.Sprintf("nftables not usable: %v", err))
+	}
+}
+
+// newTestManager returns a Manager on its own bridge, table, netns dir and
+// subnet 10.231.<n>.0/24, destroyed with everything in it at cleanup.
+func newTestManager(tb testing.TB, n int) *Manager {
+	tb.Helper()
+	requirePrivileges(tb)
+	restoreForwarding(tb) // Setup with egress "all" turns it on
+	cfg := Config{
+		Bridge:     fmt.Sprintf("fbt%d-%d", os.Getpid()%100000, n),
+		Subnet:     netip.MustParsePrefix(fmt.Sprintf("10.231.%d.0/24", n)),
+		NetnsDir:   tb.TempDir() + "/netns",
+		Table:      fmt.Sprintf("forkbox_test_%d_%d", os.Getpid(), n),
+		VethPrefix: fmt.Sprintf("ft%02d", n),
+		Log:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	m, err := New(context.Background(), cfg)
+	if err != nil {
+		// New does not unwind what it made (the bridge, tables and dir
+		// mount may be shared); a test does.
+		m := &Manager{cfg: cfg}
+		m.cfg.Subnet, m.cfg.VethPrefix = cfg.Subnet, cfg.VethPrefix
+		tb.Cleanup(func() { m.Destroy(context.Background()) })
+		tb.Fatalf("New: %v", err)
+	}
+	tb.Cleanup(func() {
+		ctx := context.Background()
+		ids, err := m.List(ctx)
+		if err != nil {
+			tb.Errorf("List: %v", err)
+		}
+		for _, id := range ids {
+			if err := m.Teardown(ctx, id); err != nil {
+				tb.Errorf("Teardown(%s): %v", id, err)
+			}
+		}
+		if err := m.Destroy(ctx); err != nil {
+			tb.Errorf("Destroy: %v", err)
+		}
+	})
+	return m
+}
+
+// testID returns a sandbox id unique to this test process.
+func testID(name string) string { return fmt.Sprintf("t%d-%s", os.Getpid(), name) }
+
+func setup(tb testing.TB, m *Manager, name string, egress Egress) *Network {
+	tb.Helper()
+	var used []netip.Addr
+	ids, _ := m.List(context.Background())
+	for range ids {
+		a, _ := m.Allocate(used)
+		used = append(used, a)
+	}
+	ip, err := m.Allocate(used)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	nw, err := m.Setup(context.Background(), testID(name), ip, egress)
+	if err != nil {
+		tb.Fatalf("Setup(%s): %v", name, err)
+	}
+	return nw
+}
+
+// inNetns runs fn on a thread that is inside the netns at path.
+func inNetns(path string, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		defer orig.Close()
+		target, err := netns.GetFromPath(path)
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		defer target.Close()
+		if err := netns.Set(target); err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		ferr := fn()
+		if err := netns.Set(orig); err != nil {
+			errc <- fmt.Errorf("restore netns: %v (thread discarded)", err)
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}
+
+// listenIn opens a TCP listener on addr inside the netns at path (or in
+// the host netns if path is ""), answering each connection with "ok\n".
+func listenIn(tb testing.TB, path, addr string) net.Listener {
+	tb.Helper()
+	var l net.Listener
+	listen := func() (err error) { l, err = net.Listen("tcp4", addr); return err }
+	var err error
+	if path == "" {
+		err = listen()
+	} else {
+		err = inNetns(path, listen)
+	}
+	if err != nil {
+		tb.Fatalf("listen on %s: %v", addr, err)
+	}
+	tb.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("ok\n"))
+			c.Close()
+		}
+	}()
+	return l
+}
+
+// dial connects to addr from the netns at path (host if "") and reads the
+// greeting. It returns nil only if a full exchange worked.
+func dial(path, addr string) error {
+	var c net.Conn
+	d := func() (err error) { c, err = net.DialTimeout("tcp4", addr, 1500*time.Millisecond); return err }
+	var err error
+	if path == "" {
+		err = d()
+	} else {
+		err = inNetns(path, d)
+	}
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(1500 * time.Millisecond))
+	buf := make([]byte, 3)
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return err
+	}
+	if string(buf) != "ok\n" {
+		return fmt.Errorf("got %q, want ok", buf)
+	}
+	return nil
+}
+
+func nftRuleset(tb testing.TB) string {
+	tb.Helper()
+	out, err := exec.Command("nft", "list", "ruleset").CombinedOutput()
+	if err != nil {
+		tb.Skipf("nft CLI: %v: %s", err, out)
+	}
+	return string(out)
+}

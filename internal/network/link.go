@@ -1,0 +1,203 @@
+package network
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	aliasPrefix = "forkbox:" // IFLA_IFALIAS of a host veth: "forkbox:<id>"
+	peerName    = "eth0"
+)
+
+// hostVethName derives the host side veth name from the sandbox id: the
+// veth prefix ("fbx") and hex digits of the id's SHA-256, 15 bytes, the
+// kernel's limit.
+func (m *Manager) hostVethName(id string) string {
+	sum := sha256.Sum256([]byte(id))
+	return m.cfg.VethPrefix + hex.EncodeToString(sum[:])[:15-len(m.cfg.VethPrefix)]
+}
+
+func isNotFound(err error) bool {
+	var lnf netlink.LinkNotFoundError
+	return errors.As(err, &lnf) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENOENT)
+}
+
+// ensureBridge creates or reuses the bridge, gives it the gateway address
+// and brings it up.
+func (m *Manager) ensureBridge() error {
+	name := m.cfg.Bridge
+	link, err := netlink.LinkByName(name)
+	if isNotFound(err) {
+		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}
+		if err := netlink.LinkAdd(br); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("network: create bridge %s: %v: %w", name, err, errdefs.ErrInternal)
+		}
+		link, err = netlink.LinkByName(name)
+	}
+	if err != nil {
+		return fmt.Errorf("network: bridge %s: %v: %w", name, err, errdefs.ErrInternal)
+	}
+	if link.Type() != "bridge" {
+		return fmt.Errorf("network: link %s exists and is a %s, not a bridge: %w", name, link.Type(), errdefs.ErrFailedPrecondition)
+	}
+	want := &netlink.Addr{IPNet: ipNet(m.gateway, m.cfg.Subnet.Bits())}
+	addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("network: list addresses of %s: %v: %w", name, err, errdefs.ErrInternal)
+	}
+	have := false
+	for _, a := range addrs {
+		if a.IPNet.String() == want.IPNet.String() {
+			have = true
+		}
+	}
+	if !have {
+		if err := netlink.AddrAdd(link, want); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("network: add %s to %s: %v: %w", want.IPNet, name, err, errdefs.ErrInternal)
+		}
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		return fmt.Errorf("network: bring up %s: %v: %w", name, err, errdefs.ErrInternal)
+	}
+	return nil
+}
+
+func (m *Manager) deleteBridge() error {
+	link, err := netlink.LinkByName(m.cfg.Bridge)
+	if isNotFound(err) {
+		return nil
+	}
+	if err == nil {
+		err = netlink.LinkDel(link)
+	}
+	if err != nil && !isNotFound(err) {
+		return fmt.Errorf("network: delete bridge %s: %v: %w", m.cfg.Bridge, err, errdefs.ErrInternal)
+	}
+	return nil
+}
+
+// addVeth creates the veth pair with its peer directly inside the netns as
+// eth0, and attaches the host side to the bridge as an isolated port.
+// The host side is left down; upVeth brings it up.
+func (m *Manager) addVeth(id, host string, ns netns.NsHandle) error {
+	br, err := netlink.LinkByName(m.cfg.Bridge)
+	if err != nil {
+		return fmt.Errorf("network: bridge %s: %v: %w", m.cfg.Bridge, err, errdefs.ErrUnavailable)
+	}
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: host, MasterIndex: br.Attrs().Index},
+		PeerName:      peerName,
+		PeerNamespace: netlink.NsFd(int(ns)),
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("network: veth %s: %w", host, errdefs.ErrAlreadyExists)
+		}
+		return fmt.Errorf("network: create veth %s: %v: %w", host, err, errdefs.ErrInternal)
+	}
+	link, err := netlink.LinkByName(host)
+	if err != nil {
+		return fmt.Errorf("network: veth %s: %v: %w", host, err, errdefs.ErrInternal)
+	}
+	if err := netlink.LinkSetAlias(link, aliasPrefix+id); err != nil {
+		return fmt.Errorf("network: set alias of %s: %v: %w", host, err, errdefs.ErrInternal)
+	}
+	if err := netlink.LinkSetIsolated(link, true); err != nil {
+		return fmt.Errorf("network: isolate bridge port %s: %v: %w", host, err, errdefs.ErrInternal)
+	}
+	return nil
+}
+
+func upVeth(host string) error {
+	link, err := netlink.LinkByName(host)
+	if err == nil {
+		err = netlink.LinkSetUp(link)
+	}
+	if err != nil {
+		return fmt.Errorf("network: bring up %s: %v: %w", host, err, errdefs.ErrInternal)
+	}
+	return nil
+}
+
+// delVeth deletes the host side of a veth pair (which deletes the peer).
+// Missing is fine.
+func delVeth(host string) error {
+	link, err := netlink.LinkByName(host)
+	if isNotFound(err) {
+		return nil
+	}
+	if err == nil {
+		err = netlink.LinkDel(link)
+	}
+	if err != nil && !isNotFound(err) {
+		return fmt.Errorf("network: delete veth %s: %v: %w", host, err, errdefs.ErrInternal)
+	}
+	return nil
+}
+
+// configureInside sets up lo and eth0 in the netns: address, up, default route.
+func configureInside(ns netns.NsHandle, ip, gw netip.Addr, bits int) error {
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("network: netlink handle in netns: %v: %w", err, errdefs.ErrInternal)
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
+	if err == nil {
+		err = h.LinkSetUp(lo)
+	}
+	if err != nil {
+		return fmt.Errorf("network: bring up lo: %v: %w", err, errdefs.ErrInternal)
+	}
+	eth, err := h.LinkByName(peerName)
+	if err != nil {
+		return fmt.Errorf("network: %s in netns: %v: %w", peerName, err, errdefs.ErrInternal)
+	}
+	if err := h.AddrAdd(eth, &netlink.Addr{IPNet: ipNet(ip, bits)}); err != nil {
+		return fmt.Errorf("network: add %s/%d to %s: %v: %w", ip, bits, peerName, err, errdefs.ErrInternal)
+	}
+	if err := h.LinkSetUp(eth); err != nil {
+		return fmt.Errorf("network: bring up %s: %v: %w", peerName, err, errdefs.ErrInternal)
+	}
+	route := &netlink.Route{LinkIndex: eth.Attrs().Index, Gw: net.IP(gw.AsSlice()), Scope: netlink.SCOPE_UNIVERSE}
+	if err := h.RouteAdd(route); err != nil {
+		return fmt.Errorf("network: default route via %s: %v: %w", gw, err, errdefs.ErrInternal)
+	}
+	return nil
+}
+
+// ourVeths returns the host veths of ours, by name, with the sandbox id
+// from their alias ("" when the alias is missing).
+func (m *Manager) ourVeths() (map[string]string, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("network: list links: %v: %w", err, errdefs.ErrInternal)
+	}
+	out := map[string]string{}
+	for _, l := range links {
+		a := l.Attrs()
+		if l.Type() != "veth" || !strings.HasPrefix(a.Name, m.cfg.VethPrefix) {
+			continue
+		}
+		out[a.Name] = strings.TrimPrefix(a.Alias, aliasPrefix)
+		if !strings.HasPrefix(a.Alias, aliasPrefix) {
+			out[a.Name] = ""
+		}
+	}
+	return out, nil
+}
+
+func ipNet(ip netip.Addr, bits int) *net.IPNet {
+	return &net.IPNet{IP: net.IP(ip.AsSlice()), Mask: net.CIDRMask(bits, ip.BitLen())}
+}

@@ -1,0 +1,213 @@
+// Package network owns per-sandbox networking on the host: one named network
+// namespace per sandbox, a veth pair from it to a host bridge, and the
+// nftables rules that enforce the sandbox's egress policy.
+//
+// Policy (nftables tables "forkbox" in the inet and bridge families):
+//
+//   - The daemon in the host network namespace can always connect TO a
+//     sandbox's address (host output is not filtered; replies come back as
+//     conntrack "established").
+//   - A sandbox can never open a connection to the host itself (any host
+//     address, including the bridge's), whatever its egress mode: new
+//     connections arriving on the bridge are dropped in the input hook.
+//     Egress "all" means the outside world, not the host's local services;
+//     a sandbox that needs DNS must be given an external resolver.
+//   - Sandboxes cannot reach each other: bridge ports are isolated at L2, and
+//     routed traffic back into the bridge is dropped in the forward hook.
+//   - Egress "none" (the default): nothing is forwarded from the sandbox.
+//     Egress "all": new connections from the sandbox are forwarded and
+//     masqueraded out of any interface other than the bridge.
+//   - A sandbox cannot spoof another's address: the bridge-family table drops
+//     IPv4 and ARP frames whose source address is not the one registered for
+//     the port they arrive on, and all IPv6 frames from sandbox ports.
+//
+// IPv4 forwarding (net.ipv4.ip_forward) is switched on the first time a
+// sandbox with egress "all" is set up, and never switched off.
+package network
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"sync"
+
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+// Egress is a sandbox's outbound network policy.
+type Egress string
+
+const (
+	// EgressNone lets the sandbox open no connection at all (the default).
+	EgressNone Egress = "none"
+	// EgressAll lets the sandbox open connections to the outside world
+	// (masqueraded), but still not to the host or other sandboxes.
+	EgressAll Egress = "all"
+)
+
+// Defaults for Config.
+const (
+	DefaultBridge   = "forkbox0"
+	DefaultNetnsDir = "/run/forkbox/netns"
+	DefaultTable    = "forkbox"
+	DefaultVeth     = "fbx"
+)
+
+// DefaultSubnet is the default sandbox subnet; the bridge takes its first address.
+var DefaultSubnet = netip.MustParsePrefix("10.88.0.0/16")
+
+// Config configures a Manager. The zero value uses the defaults.
+type Config struct {
+	Bridge   string       // host bridge name, default "forkbox0"
+	Subnet   netip.Prefix // IPv4 subnet, default 10.88.0.0/16; the bridge gets .1
+	NetnsDir string       // where named netns files live, default /run/forkbox/netns
+	// Table names the nftables tables (inet and bridge families), default
+	// "forkbox". Each Manager must have its own; tests use it to stay apart
+	// from a running daemon.
+	Table string
+	// VethPrefix starts the name of every host veth, default "fbx", at
+	// most 5 bytes. Each Manager must have its own: the anti-spoofing rules
+	// cover every port whose name has it.
+	VethPrefix string
+	Log        *slog.Logger
+}
+
+// Network describes one sandbox's network as set up by Setup.
+type Network struct {
+	ID        string
+	NSPath    string     // bind-mounted netns file, for nsenter --net= or setns
+	IP        netip.Addr // the sandbox's address (on eth0 inside NSPath)
+	Gateway   netip.Addr // the bridge address, the sandbox's default route
+	PrefixLen int
+	HostVeth  string // host side of the veth pair, a port of the bridge
+	Egress    Egress
+}
+
+// Manager sets up and tears down sandbox networks. It is safe for
+// concurrent use.
+type Manager struct {
+	cfg     Config
+	log     *slog.Logger
+	gateway netip.Addr
+
+	nftMu     sync.Mutex // serialises nftables transactions
+	forwardMu sync.Mutex
+	forwardOn bool
+}
+
+// New returns a Manager, creating or reusing the bridge (up, with the
+// gateway address), the nftables tables with their chains and sets, and
+// the netns directory. It is idempotent: running it again against existing
+// state keeps every sandbox's set elements.
+func New(ctx context.Context, cfg Config) (*Manager, error) {
+	if cfg.Bridge == "" {
+		cfg.Bridge = DefaultBridge
+	}
+	if !cfg.Subnet.IsValid() {
+		cfg.Subnet = DefaultSubnet
+	}
+	if cfg.NetnsDir == "" {
+		cfg.NetnsDir = DefaultNetnsDir
+	}
+	if cfg.Table == "" {
+		cfg.Table = DefaultTable
+	}
+	if cfg.VethPrefix == "" {
+		cfg.VethPrefix = DefaultVeth
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	cfg.Subnet = cfg.Subnet.Masked()
+	if !cfg.Subnet.Addr().Is4() || cfg.Subnet.Bits() > 30 || cfg.Subnet.Bits() < 8 {
+		return nil, fmt.Errorf("network: subnet %s: want an IPv4 prefix between /8 and /30: %w", cfg.Subnet, errdefs.ErrInvalidArgument)
+	}
+	if len(cfg.Bridge) > 15 {
+		return nil, fmt.Errorf("network: bridge name %q longer than 15 bytes: %w", cfg.Bridge, errdefs.ErrInvalidArgument)
+	}
+	if len(cfg.VethPrefix) > 5 || len(cfg.Table) > 64 {
+		return nil, fmt.Errorf("network: veth prefix %q (max 5 bytes) or table %q (max 64): %w", cfg.VethPrefix, cfg.Table, errdefs.ErrInvalidArgument)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	m := &Manager{cfg: cfg, log: cfg.Log, gateway: cfg.Subnet.Addr().Next()}
+	if err := ensureNetnsDir(cfg.NetnsDir); err != nil {
+		return nil, err
+	}
+	if err := m.ensureBridge(); err != nil {
+		return nil, err
+	}
+	if err := m.ensureTables(); err != nil {
+		return nil, err
+	}
+	m.log.Debug("network ready", slog.String("bridge", cfg.Bridge), slog.String("subnet", cfg.Subnet.String()))
+	return m, nil
+}
+
+// Gateway returns the bridge address, the sandboxes' default gateway.
+func (m *Manager) Gateway() netip.Addr { return m.gateway }
+
+// Close releases the Manager. Sandbox networks, the bridge and the rules are
+// left in place, for the next daemon to find.
+func (m *Manager) Close() error { return nil }
+
+// Destroy removes the bridge, the nftables tables and the netns directory's
+// mount. Sandbox networks should be torn down first. Meant for tests.
+func (m *Manager) Destroy(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return joinErrs(m.deleteTables(), m.deleteBridge(), releaseNetnsDir(m.cfg.NetnsDir))
+}
+
+// Allocate returns the first address of the subnet that is not in used,
+// skipping the network address, the gateway and the broadcast address.
+// It fails with ResourceExhausted when the subnet is full.
+func (m *Manager) Allocate(used []netip.Addr) (netip.Addr, error) {
+	taken := make(map[netip.Addr]bool, len(used))
+	for _, a := range used {
+		taken[a] = true
+	}
+	for a := m.gateway.Next(); a.IsValid() && m.cfg.Subnet.Contains(a); a = a.Next() {
+		if !m.cfg.Subnet.Contains(a.Next()) { // a is the broadcast address
+			break
+		}
+		if !taken[a] {
+			return a, nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("network: no free address in %s: %w", m.cfg.Subnet, errdefs.ErrResourceExhausted)
+}
+
+// checkIP reports whether ip can be a sandbox address in the subnet.
+func (m *Manager) checkIP(ip netip.Addr) error {
+	if !ip.Is4() || !m.cfg.Subnet.Contains(ip) || ip == m.cfg.Subnet.Addr() || ip == m.gateway || !m.cfg.Subnet.Contains(ip.Next()) {
+		return fmt.Errorf("network: address %s is not a host address of %s other than the gateway: %w", ip, m.cfg.Subnet, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// enableForwarding turns on IPv4 forwarding, needed for egress "all".
+func (m *Manager) enableForwarding() error {
+	m.forwardMu.Lock()
+	defer m.forwardMu.Unlock()
+	if m.forwardOn {
+		return nil
+	}
+	const p = "/proc/sys/net/ipv4/ip_forward"
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return fmt.Errorf("network: read %s: %v: %w", p, err, errdefs.ErrInternal)
+	}
+	if len(b) > 0 && b[0] != '1' {
+		if err := os.WriteFile(p, []byte("1\n"), 0o644); err != nil {
+			return fmt.Errorf("network: enable ip_forward: %v: %w", err, errdefs.ErrInternal)
+		}
+		m.log.Info("enabled net.ipv4.ip_forward for sandbox egress")
+	}
+	m.forwardOn = true
+	return nil
+}

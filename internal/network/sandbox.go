@@ -1,0 +1,194 @@
+package network
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/vishvananda/netns"
+)
+
+// stepHook, when set (by tests), runs after each named Setup step; an error
+// makes Setup fail there and unwind.
+var stepHook func(step string) error
+
+func step(name string) error {
+	if stepHook != nil {
+		return stepHook(name)
+	}
+	return nil
+}
+
+// NSPath returns where the netns file of sandbox id lives.
+func (m *Manager) NSPath(id string) string { return filepath.Join(m.cfg.NetnsDir, id) }
+
+func validID(id string) error {
+	if id == "" || len(id) > 200 || id == "." || id == ".." {
+		return fmt.Errorf("network: sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	for _, r := range id {
+		ok := r == '-' || r == '_' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z'
+		if !ok {
+			return fmt.Errorf("network: sandbox id %q has character %q: %w", id, r, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// Setup creates the network of sandbox id: a named netns at NSPath(id) with
+// eth0 at ip (default route via the gateway) and lo up, a veth pair to the
+// bridge on an isolated port, and the nftables elements for egress. On
+// failure every step done is undone. It fails with AlreadyExists if the
+// sandbox already has a netns or a veth.
+func (m *Manager) Setup(ctx context.Context, id string, ip netip.Addr, egress Egress) (nw *Network, err error) {
+	if err := validID(id); err != nil {
+		return nil, err
+	}
+	if err := m.checkIP(ip); err != nil {
+		return nil, err
+	}
+	switch egress {
+	case "":
+		egress = EgressNone
+	case EgressNone, EgressAll:
+	default:
+		return nil, fmt.Errorf("network: egress %q: want %q or %q: %w", egress, EgressNone, EgressAll, errdefs.ErrInvalidArgument)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	path := m.NSPath(id)
+	host := m.hostVethName(id)
+	log := m.log.With(slog.String("sandbox", id))
+
+	var undo cleanup
+	defer func() {
+		if err != nil {
+			if uerr := undo.run(); uerr != nil {
+				log.Error("unwinding network setup", slog.Any("error", uerr))
+				err = errors.Join(err, uerr)
+			}
+		}
+	}()
+
+	if egress == EgressAll {
+		if err := m.enableForwarding(); err != nil {
+			return nil, err
+		}
+	}
+	if err := createNetns(path); err != nil {
+		return nil, err
+	}
+	undo.add(func() error { return removeNetns(path) })
+	if err := step("netns"); err != nil {
+		return nil, err
+	}
+
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("network: open netns %s: %v: %w", path, err, errdefs.ErrInternal)
+	}
+	defer ns.Close()
+
+	if err := m.addVeth(id, host, ns); err != nil {
+		return nil, err
+	}
+	undo.add(func() error { return delVeth(host) })
+	if err := step("veth"); err != nil {
+		return nil, err
+	}
+
+	if err := configureInside(ns, ip, m.gateway, m.cfg.Subnet.Bits()); err != nil {
+		return nil, err
+	}
+	if err := step("inside"); err != nil {
+		return nil, err
+	}
+
+	if err := m.addElements(host, ip, egress); err != nil {
+		return nil, err
+	}
+	undo.add(func() error { return m.delElements(host) })
+	if err := step("nft"); err != nil {
+		return nil, err
+	}
+
+	if err := upVeth(host); err != nil {
+		return nil, err
+	}
+	if err := step("up"); err != nil {
+		return nil, err
+	}
+	undo.release()
+	log.Debug("sandbox network set up", slog.String("ip", ip.String()), slog.String("egress", string(egress)))
+	return &Network{
+		ID: id, NSPath: path, IP: ip, Gateway: m.gateway, PrefixLen: m.cfg.Subnet.Bits(),
+		HostVeth: host, Egress: egress,
+	}, nil
+}
+
+// Teardown removes everything Setup made for sandbox id: nftables
+// elements, the veth pair, the netns bind mount and file. It is
+// idempotent; an id with nothing left is not an error.
+func (m *Manager) Teardown(ctx context.Context, id string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	host := m.hostVethName(id)
+	err := errors.Join(
+		m.delElements(host),
+		delVeth(host),
+		removeNetns(m.NSPath(id)),
+	)
+	if err != nil {
+		return err
+	}
+	m.log.Debug("sandbox network torn down", slog.String("sandbox", id))
+	return nil
+}
+
+// List returns the ids of the sandboxes that have a network here, sorted:
+// those with a netns file, and those whose host veth is left without one
+// (found by the veth's alias). A veth of ours without an alias is logged.
+func (m *Manager) List(ctx context.Context) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ids := map[string]bool{}
+	entries, err := os.ReadDir(m.cfg.NetnsDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("network: read %s: %v: %w", m.cfg.NetnsDir, err, errdefs.ErrInternal)
+	}
+	for _, e := range entries {
+		if validID(e.Name()) == nil {
+			ids[e.Name()] = true
+		}
+	}
+	veths, err := m.ourVeths()
+	if err != nil {
+		return nil, err
+	}
+	for name, id := range veths {
+		switch {
+		case id == "" || validID(id) != nil || m.hostVethName(id) != name:
+			m.log.Warn("veth with a forkbox name but no sandbox id", slog.String("link", name))
+		default:
+			ids[id] = true
+		}
+	}
+	out := make([]string, 0, len(ids))
+	for id := range ids {
+		out = append(out, id)
+	}
+	sort.Strings(out)
+	return out, nil
+}

@@ -1,0 +1,201 @@
+// Lifecycle tests against the real runsc binary (root only).
+
+package runsc
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/runtime"
+	"github.com/forkbox/forkbox/internal/runtime/spec"
+)
+
+func readTrim(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatalf("read %s: %v", p, err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func TestLifecycle(t *testing.T) {
+	f := newFixture(t, Options{}, spec.SpecOptions{
+		Args:        []string{"/bin/sh", "-c", "echo hi > /tmp/x; echo host=$(hostname); echo written; sleep 1000"},
+		CPU:         0.5,
+		MemoryBytes: 64 << 20,
+		Pids:        100,
+	})
+	ctx := context.Background()
+	rt := f.rt
+
+	t0 := time.Now()
+	if err := rt.Run(ctx, f.id, f.bundle); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	t.Logf("run → running: %v", time.Since(t0))
+
+	st, err := rt.State(ctx, f.id)
+	if err != nil {
+		t.Fatalf("state: %v", err)
+	}
+	if st.Status != runtime.StatusRunning || st.Pid <= 0 {
+		t.Fatalf("state = %+v, want running with pid > 0", st)
+	}
+	// The sandbox joined the spec's netns (no nsenter needed).
+	var nsSt syscall.Stat_t
+	if err := syscall.Stat(f.netns, &nsSt); err != nil {
+		t.Fatal(err)
+	}
+	if link, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", st.Pid)); err != nil || link != fmt.Sprintf("net:[%d]", nsSt.Ino) {
+		t.Errorf("sandbox pid %d netns = %q, %v; want net:[%d]", st.Pid, link, err, nsSt.Ino)
+	}
+	if err := rt.Run(ctx, f.id, f.bundle); !errdefs.IsAlreadyExists(err) {
+		t.Errorf("second run: got %v, want AlreadyExists", err)
+	}
+
+	// Writes of the sandbox reach the host rootfs (--overlay2=none), and
+	// stdout reaches the bundle's log.
+	log := waitLog(t, f.bundle, "written", 10*time.Second)
+	if got := readTrim(t, filepath.Join(f.rootfs, "tmp/x")); got != "hi" {
+		t.Errorf("host rootfs tmp/x = %q, want %q", got, "hi")
+	}
+	if !strings.Contains(log, "host="+f.id) {
+		t.Errorf("log %q: want hostname %s", log, f.id)
+	}
+
+	// Cgroup limits land in the v1 controllers at the spec's cgroupsPath.
+	for file, want := range map[string]string{
+		"memory/" + f.cgroup + "/memory.limit_in_bytes": "67108864",
+		"cpu/" + f.cgroup + "/cpu.cfs_quota_us":         "50000",
+		"cpu/" + f.cgroup + "/cpu.cfs_period_us":        "100000",
+		"pids/" + f.cgroup + "/pids.max":                "100",
+	} {
+		if got := readTrim(t, filepath.Join("/sys/fs/cgroup", file)); got != want {
+			t.Errorf("%s = %q, want %q", file, got, want)
+		}
+	}
+	procs := hostProcsWith(f.id)
+	t.Logf("host processes for the sandbox: %d: %q", len(procs), procs)
+
+	list, err := rt.List(ctx)
+	if err != nil {
+		t.Fatalf("list: %v", err)
+	}
+	if !slices.ContainsFunc(list, func(s runtime.State) bool { return s.ID == f.id }) {
+		t.Errorf("list = %+v, want %s in it", list, f.id)
+	}
+
+	if err := rt.Resume(ctx, f.id); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("resume running: got %v, want FailedPrecondition", err)
+	}
+	t0 = time.Now()
+	if err := rt.Pause(ctx, f.id); err != nil {
+		t.Fatalf("pause: %v", err)
+	}
+	t.Logf("pause: %v", time.Since(t0))
+	if st, _ := rt.State(ctx, f.id); st.Status != runtime.StatusPaused {
+		t.Errorf("after pause: status %q, want paused", st.Status)
+	}
+	t0 = time.Now()
+	if err := rt.Resume(ctx, f.id); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	t.Logf("resume: %v", time.Since(t0))
+	if st, _ := rt.State(ctx, f.id); st.Status != runtime.StatusRunning {
+		t.Errorf("after resume: status %q, want running", st.Status)
+	}
+
+	t0 = time.Now()
+	if err := rt.Kill(ctx, f.id, syscall.SIGKILL, true); err != nil {
+		t.Fatalf("kill: %v", err)
+	}
+	if err := rt.Delete(ctx, f.id, true); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	t.Logf("kill + delete: %v", time.Since(t0))
+
+	if _, err := rt.State(ctx, f.id); !errdefs.IsNotFound(err) {
+		t.Errorf("state after delete: got %v, want NotFound", err)
+	}
+	if err := rt.Delete(ctx, f.id, false); err != nil {
+		t.Errorf("second delete: got %v, want nil", err)
+	}
+	if err := rt.Kill(ctx, f.id, syscall.SIGTERM, false); !errdefs.IsNotFound(err) {
+		t.Errorf("kill after delete: got %v, want NotFound", err)
+	}
+	assertNoTrace(t, f)
+}
+
+// assertNoTrace checks that no process, cgroup dir or state entry of f's
+// container is left on the host.
+func assertNoTrace(t *testing.T, f *fixture) {
+	t.Helper()
+	var procs []string
+	for i := 0; i < 100; i++ { // the sandbox may take a moment to be reaped
+		if procs = hostProcsWith(f.id); len(procs) == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(procs) > 0 {
+		t.Errorf("processes left: %q", procs)
+	}
+	for _, c := range cgroupControllers {
+		p := filepath.Join("/sys/fs/cgroup", c, f.cgroup)
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("cgroup dir left: %s", p)
+		}
+	}
+	ents, _ := os.ReadDir(f.rt.Root())
+	for _, e := range ents {
+		if strings.Contains(e.Name(), f.id) {
+			t.Errorf("state entry left: %s", filepath.Join(f.rt.Root(), e.Name()))
+		}
+	}
+}
+
+func TestRunFailureLeavesNothing(t *testing.T) {
+	f := newFixture(t, Options{}, spec.SpecOptions{Args: []string{"/no/such/binary"}})
+	err := f.rt.Run(context.Background(), f.id, f.bundle)
+	if err == nil {
+		t.Fatal("run of a missing binary succeeded")
+	}
+	t.Logf("run error: %v", err)
+	if _, err := f.rt.State(context.Background(), f.id); !errdefs.IsNotFound(err) {
+		t.Errorf("state after failed run: got %v, want NotFound", err)
+	}
+	assertNoTrace(t, f)
+}
+
+func TestUnknownID(t *testing.T) {
+	requireRunsc(t)
+	rt, err := New(Options{Root: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := rt.State(ctx, "fbxtest-none"); !errdefs.IsNotFound(err) {
+		t.Errorf("state: got %v, want NotFound", err)
+	}
+	if err := rt.Delete(ctx, "fbxtest-none", true); err != nil {
+		t.Errorf("delete: got %v, want nil", err)
+	}
+	if err := rt.Pause(ctx, "fbxtest-none"); !errdefs.IsNotFound(err) {
+		t.Errorf("pause: got %v, want NotFound", err)
+	}
+	if _, err := rt.State(ctx, "../x"); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("state ../x: got %v, want InvalidArgument", err)
+	}
+	if l, err := rt.List(ctx); err != nil || len(l) != 0 {
+		t.Errorf("list = %v, %v; want empty", l, err)
+	}
+}

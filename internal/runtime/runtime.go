@@ -1,0 +1,64 @@
+// Package runtime defines how forkbox drives an OCI runtime binary (gVisor
+// runsc by default, crun later): the Runtime interface and the container
+// states it reports. Implementations live in subpackages (runtime/runsc); the
+// OCI spec and bundle builder lives in runtime/spec.
+//
+// Vocabulary: a container is the OCI runtime's view of one sandbox; its id is
+// the sandbox ID. A bundle is a directory holding config.json (whose
+// root.path is absolute and already mounted by the caller) plus the small
+// files the spec bind-mounts (etc files) and the container's stdio log.
+package runtime
+
+import (
+	"context"
+	"syscall"
+)
+
+// Container statuses, as the OCI runtime-spec names them.
+const (
+	StatusCreated = "created"
+	StatusRunning = "running"
+	StatusPaused  = "paused"
+	StatusStopped = "stopped"
+)
+
+// State is what the runtime reports about one container.
+type State struct {
+	ID     string
+	Status string // one of the Status* constants
+	Pid    int    // host pid of the container's init (for runsc: the sandbox's init as seen by the host), 0 when stopped
+	Bundle string // bundle dir the container was created from, when the runtime reports it
+}
+
+// Runtime drives one OCI runtime binary. All methods are safe to call
+// concurrently for different ids.
+//
+// Rules every implementation keeps:
+//   - Run creates and starts container id from bundle (config.json inside),
+//     detached; it returns once the init process is running. The init's
+//     stdout and stderr go to filepath.Join(bundle, LogFileName). An id already known is an
+//     AlreadyExists error; a failed Run leaves nothing behind.
+//   - State of an unknown id is a NotFound error.
+//   - Kill of an unknown id is NotFound; all=true signals every process.
+//   - Delete is idempotent: an unknown id returns nil. With force it kills a
+//     running container first. After Delete no process, cgroup directory or
+//     state entry of the container is left.
+//   - List returns every container the runtime knows under its state root,
+//     including stopped ones (the daemon reconciles with it after a crash).
+//   - Pause freezes every process of a running container; Resume thaws it.
+//     Pausing a container that is not running, or resuming one that is not
+//     paused, is a FailedPrecondition error.
+type Runtime interface {
+	Name() string
+	Run(ctx context.Context, id, bundle string) error
+	State(ctx context.Context, id string) (State, error)
+	Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error
+	Delete(ctx context.Context, id string, force bool) error
+	List(ctx context.Context) ([]State, error)
+	Pause(ctx context.Context, id string) error
+	Resume(ctx context.Context, id string) error
+}
+
+// LogFileName is the file in the bundle dir that receives the container
+// init's stdout and stderr.
+const LogFileName = "stdio.log"
