@@ -6,7 +6,7 @@ import (
 	"connectrpc.com/connect"
 
 	v1 "github.com/forkbox/forkbox/api/forkbox/v1"
-	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/errdefs/errconnect"
 )
 
 // Image is an image in the daemon's store.
@@ -35,7 +35,7 @@ func drain(s progressStream, progress func(*Progress)) (*Image, error) {
 		}
 	}
 	if err := s.Err(); err != nil {
-		return nil, errdefs.FromConnect(err)
+		return nil, errconnect.FromConnect(err)
 	}
 	return img, nil
 }
@@ -45,7 +45,7 @@ func (c *Client) PullImage(ctx context.Context, ref string, insecure bool, progr
 	c.init()
 	s, err := c.images.PullImage(ctx, connect.NewRequest(&v1.PullImageRequest{Ref: ref, Insecure: insecure}))
 	if err != nil {
-		return nil, errdefs.FromConnect(err)
+		return nil, errconnect.FromConnect(err)
 	}
 	return drain(s, progress)
 }
@@ -56,7 +56,7 @@ func (c *Client) ImportImage(ctx context.Context, path, name string, progress fu
 	c.init()
 	s, err := c.images.ImportImage(ctx, connect.NewRequest(&v1.ImportImageRequest{Path: path, Name: name}))
 	if err != nil {
-		return nil, errdefs.FromConnect(err)
+		return nil, errconnect.FromConnect(err)
 	}
 	return drain(s, progress)
 }
@@ -66,7 +66,7 @@ func (c *Client) ListImages(ctx context.Context) ([]*Image, error) {
 	c.init()
 	resp, err := c.images.ListImages(ctx, connect.NewRequest(&v1.ListImagesRequest{}))
 	if err != nil {
-		return nil, errdefs.FromConnect(err)
+		return nil, errconnect.FromConnect(err)
 	}
 	return resp.Msg.Images, nil
 }
@@ -75,5 +75,5 @@ func (c *Client) ListImages(ctx context.Context) ([]*Image, error) {
 func (c *Client) RemoveImage(ctx context.Context, name string) error {
 	c.init()
 	_, err := c.images.RemoveImage(ctx, connect.NewRequest(&v1.RemoveImageRequest{Name: name}))
-	return errdefs.FromConnect(err)
+	return errconnect.FromConnect(err)
 }

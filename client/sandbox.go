@@ -9,7 +9,7 @@ import (
 	"connectrpc.com/connect"
 
 	v1 "github.com/forkbox/forkbox/api/forkbox/v1"
-	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/errdefs/errconnect"
 )
 
 // Resources are a sandbox's limits: CPU cores ("1", "0.5"), memory ("512Mi").
@@ -49,7 +49,7 @@ func (c *Client) CreateSandbox(ctx context.Context, o CreateOptions) (*Sandbox, 
 		Resources: &v1.Resources{Cpu: o.Resources.CPU, Memory: o.Resources.Memory, Pids: o.Resources.Pids},
 	}))
 	if err != nil {
-		return nil, errdefs.FromConnect(err)
+		return nil, errconnect.FromConnect(err)
 	}
 	return &Sandbox{c: c, ID: resp.Msg.Sandbox.Id, Info: resp.Msg.Sandbox}, nil
 }
@@ -59,7 +59,7 @@ func (c *Client) Sandbox(ctx context.Context, idOrName string) (*Sandbox, error)
 	c.init()
 	resp, err := c.sbx.GetSandbox(ctx, connect.NewRequest(&v1.GetSandboxRequest{Sandbox: idOrName}))
 	if err != nil {
-		return nil, errdefs.FromConnect(err)
+		return nil, errconnect.FromConnect(err)
 	}
 	return &Sandbox{c: c, ID: resp.Msg.Sandbox.Id, Info: resp.Msg.Sandbox}, nil
 }
@@ -69,7 +69,7 @@ func (c *Client) ListSandboxes(ctx context.Context, all bool) ([]*Info, error) {
 	c.init()
 	resp, err := c.sbx.ListSandboxes(ctx, connect.NewRequest(&v1.ListSandboxesRequest{All: all}))
 	if err != nil {
-		return nil, errdefs.FromConnect(err)
+		return nil, errconnect.FromConnect(err)
 	}
 	return resp.Msg.Sandboxes, nil
 }
@@ -87,7 +87,7 @@ func (s *Sandbox) Refresh(ctx context.Context) error {
 // Close closes the sandbox: nothing of it is left on the host.
 func (s *Sandbox) Close(ctx context.Context) error {
 	_, err := s.c.sbx.DeleteSandbox(ctx, connect.NewRequest(&v1.DeleteSandboxRequest{Sandbox: s.ID}))
-	return errdefs.FromConnect(err)
+	return errconnect.FromConnect(err)
 }
 
 // ExecOptions is one command. Give Argv, or Shell (run by /bin/sh -c).
@@ -118,7 +118,7 @@ func (s *Sandbox) Exec(ctx context.Context, o ExecOptions) (*ExecResult, error) 
 		TimeoutMs: o.Timeout.Milliseconds(),
 	}))
 	if err != nil {
-		return nil, errdefs.FromConnect(err)
+		return nil, errconnect.FromConnect(err)
 	}
 	defer stream.Close()
 	var res *ExecResult
@@ -139,10 +139,10 @@ func (s *Sandbox) Exec(ctx context.Context, o ExecOptions) (*ExecResult, error) 
 		}
 	}
 	if err := stream.Err(); err != nil {
-		return nil, errdefs.FromConnect(err)
+		return nil, errconnect.FromConnect(err)
 	}
 	if res == nil {
-		return nil, errdefs.FromConnect(connect.NewError(connect.CodeUnavailable, io.ErrUnexpectedEOF))
+		return nil, errconnect.FromConnect(connect.NewError(connect.CodeUnavailable, io.ErrUnexpectedEOF))
 	}
 	return res, nil
 }
@@ -153,7 +153,7 @@ func (s *Sandbox) Start(ctx context.Context, o ExecOptions) (int, error) {
 		Sandbox: s.ID, Argv: o.Argv, Shell: o.Shell, Env: o.Env, Cwd: o.Cwd, Stdin: o.Stdin, Background: true,
 	}))
 	if err != nil {
-		return 0, errdefs.FromConnect(err)
+		return 0, errconnect.FromConnect(err)
 	}
 	defer stream.Close()
 	pid := 0
@@ -162,14 +162,14 @@ func (s *Sandbox) Start(ctx context.Context, o ExecOptions) (int, error) {
 			pid = int(st.Started.Pid)
 		}
 	}
-	return pid, errdefs.FromConnect(stream.Err())
+	return pid, errconnect.FromConnect(stream.Err())
 }
 
 // ReadFile reads a file in the sandbox.
 func (s *Sandbox) ReadFile(ctx context.Context, path string) ([]byte, error) {
 	resp, err := s.c.sbx.ReadFile(ctx, connect.NewRequest(&v1.ReadFileRequest{Sandbox: s.ID, Path: path}))
 	if err != nil {
-		return nil, errdefs.FromConnect(err)
+		return nil, errconnect.FromConnect(err)
 	}
 	return resp.Msg.Data, nil
 }
@@ -177,7 +177,7 @@ func (s *Sandbox) ReadFile(ctx context.Context, path string) ([]byte, error) {
 // WriteFile writes a file in the sandbox (mode 0 = 0644).
 func (s *Sandbox) WriteFile(ctx context.Context, path string, data []byte, mode uint32) error {
 	_, err := s.c.sbx.WriteFile(ctx, connect.NewRequest(&v1.WriteFileRequest{Sandbox: s.ID, Path: path, Data: data, Mode: mode}))
-	return errdefs.FromConnect(err)
+	return errconnect.FromConnect(err)
 }
 
 // FileInfo describes one directory entry.
@@ -187,7 +187,7 @@ type FileInfo = v1.FileInfo
 func (s *Sandbox) ListFiles(ctx context.Context, path string) ([]*FileInfo, error) {
 	resp, err := s.c.sbx.ListFiles(ctx, connect.NewRequest(&v1.ListFilesRequest{Sandbox: s.ID, Path: path}))
 	if err != nil {
-		return nil, errdefs.FromConnect(err)
+		return nil, errconnect.FromConnect(err)
 	}
 	return resp.Msg.Files, nil
 }
@@ -210,7 +210,7 @@ func (c *Client) Events(ctx context.Context, idOrName string) ([]Event, error) {
 	c.init()
 	resp, err := c.sbx.Events(ctx, connect.NewRequest(&v1.EventsRequest{Sandbox: idOrName}))
 	if err != nil {
-		return nil, errdefs.FromConnect(err)
+		return nil, errconnect.FromConnect(err)
 	}
 	out := make([]Event, 0, len(resp.Msg.Events))
 	for _, e := range resp.Msg.Events {

@@ -73,6 +73,9 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&btrfsSize, "btrfs-size", "", "size of the sparse btrfs file made when the state dir is not on btrfs (default 16Gi)")
 	f.StringVar(&cfg.Subnet, "subnet", "", "sandbox subnet (default 10.88.0.0/16)")
 	f.StringVar(&cfg.Bridge, "bridge", "", "host bridge of the sandbox network (default forkbox0)")
+	f.StringVar(&cfg.NetTable, "net-table", "", "nftables table of the sandbox network (default forkbox)")
+	f.StringVar(&cfg.VethPrefix, "veth-prefix", "", "prefix of host-side veth names, at most 5 bytes (default fbx)")
+	f.StringVar(&cfg.CgroupParent, "cgroup-parent", "forkbox", "cgroup under which sandboxes get theirs")
 	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", 100, "limit on live sandboxes")
 	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	return cmd

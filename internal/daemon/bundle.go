@@ -15,12 +15,15 @@ import (
 )
 
 // gVisor keeps all of a sandbox's memory in its sentry, and the host OOM
-// killer would kill the whole sandbox (agent included) at the cgroup limit.
-// So the host limit gets headroom for the sentry itself, and the agent
-// enforces the sandbox's own limit by killing the largest user process.
+// killer would kill the whole sandbox (agent included) at the cgroup limit
+// (gVisor has no OOM killer of its own). So the agent enforces the sandbox's
+// limit by killing the largest user process, and the host limit is a
+// backstop with headroom: for the sentry itself, and for what one large
+// allocation adds between two polls of the agent's watchdog (a 300 MB
+// allocation was seen to land within one 10 ms poll).
 func hostMemoryLimit(runtimeName string, limit int64) int64 {
 	if runtimeName == "gvisor" {
-		return limit + limit/4 + 128<<20
+		return limit + limit/2 + 512<<20
 	}
 	return limit
 }
@@ -65,7 +68,7 @@ func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Net
 		Env:         env,
 		Cwd:         cwd,
 		NetNSPath:   nw.NSPath,
-		CgroupsPath: "/forkbox/" + sb.ID,
+		CgroupsPath: d.cgroupPath(sb.ID),
 		CPU:         sb.Config.CPU,
 		MemoryBytes: hostMemoryLimit(sb.Runtime, sb.Config.MemoryBytes),
 		Pids:        sb.Config.Pids,

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -69,7 +71,7 @@ func (d *Daemon) teardown(ctx context.Context, sb *store.Sandbox) error {
 	if err := d.snaps.Remove(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
 		errs = append(errs, fmt.Errorf("remove writable layer: %w", err))
 	}
-	if err := removeCgroups("/forkbox/" + sb.ID); err != nil {
+	if err := removeCgroups(d.cgroupPath(sb.ID)); err != nil {
 		errs = append(errs, err)
 	}
 	if err := removeTree(d.bundleDir(sb.ID)); err != nil {
@@ -80,6 +82,19 @@ func (d *Daemon) teardown(ctx context.Context, sb *store.Sandbox) error {
 
 // removeTree deletes a directory by renaming it to a tombstone first, so a
 // crash never leaves a half-deleted directory under its live name.
+// killProcs SIGKILLs every process listed in a cgroup.procs file.
+func killProcs(procsFile string) {
+	b, err := os.ReadFile(procsFile)
+	if err != nil {
+		return
+	}
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
 func removeTree(dir string) error {
 	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -92,8 +107,8 @@ func removeTree(dir string) error {
 }
 
 // removeCgroups removes a sandbox's cgroup directories on v1 (one per
-// controller) and v2, if the runtime left any. A cgroup with processes still
-// in it is retried briefly.
+// controller) and v2, if the runtime left any. Processes still in them are
+// killed first (they belong to a sandbox that is being closed).
 func removeCgroups(path string) error {
 	var errs []error
 	for _, root := range cgroupRoots() {
@@ -103,6 +118,7 @@ func removeCgroups(path string) error {
 		}
 		var err error
 		for i := 0; i < 50; i++ {
+			killProcs(filepath.Join(dir, "cgroup.procs"))
 			if err = os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) {
 				err = nil
 				break

@@ -41,6 +41,14 @@ type Config struct {
 	// Bridge and Subnet of the sandbox network.
 	Bridge string
 	Subnet string
+	// NetTable is the nftables table of this daemon's rules and VethPrefix
+	// the prefix of its host-side veths (at most 5 bytes). Two daemons on
+	// one host need different bridges, tables and prefixes.
+	NetTable   string
+	VethPrefix string
+	// CgroupParent is the cgroup (below each hierarchy's root) under which
+	// sandboxes get theirs: <parent>/<sandbox id>. Default "forkbox".
+	CgroupParent string
 	// MaxSandboxes bounds live sandboxes (0 = 100).
 	MaxSandboxes int
 	Log          *slog.Logger
@@ -74,6 +82,9 @@ func (c *Config) setDefaults() error {
 	if c.Snapshotter == "" {
 		c.Snapshotter = "btrfs"
 	}
+	if c.CgroupParent == "" {
+		c.CgroupParent = "forkbox"
+	}
 	if c.MaxSandboxes == 0 {
 		c.MaxSandboxes = 100
 	}
@@ -90,11 +101,11 @@ func (c *Config) setDefaults() error {
 }
 
 // New opens the daemon's state, sets up its host resources and reconciles.
-func New(ctx context.Context, cfg Config) (d *Daemon, err error) {
+func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	d = &Daemon{cfg: cfg, log: cfg.Log, locks: map[string]*sync.Mutex{}, runtimes: map[string]runtime.Runtime{}}
+	d := &Daemon{cfg: cfg, log: cfg.Log, locks: map[string]*sync.Mutex{}, runtimes: map[string]runtime.Runtime{}}
 	var undo undoStack
 	defer func() {
 		if err != nil {
@@ -113,6 +124,7 @@ func New(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	if d.images, err = image.Open(ctx, filepath.Join(cfg.StateDir, "images"), d.log); err != nil {
 		return nil, err
 	}
+	d.images.SetInUse(d.layersInUse)
 	if d.snaps, err = openSnapshotter(ctx, cfg, d.log); err != nil {
 		return nil, err
 	}
@@ -125,6 +137,11 @@ func New(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	}
 	if err := d.reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
+	}
+	if err := d.sweepOrphans(ctx); err != nil {
+		// Leftovers that cannot be removed now do not stop the daemon: they
+		// are logged, and tried again on the next start.
+		d.log.Warn("reconcile: some orphans could not be removed", "err", err)
 	}
 	return d, nil
 }
@@ -141,9 +158,10 @@ func (d *Daemon) Images() *image.Store { return d.images }
 // Store returns the metadata store.
 func (d *Daemon) Store() *store.Store { return d.store }
 
-func (d *Daemon) bundlesDir() string         { return filepath.Join(d.cfg.StateDir, "sandboxes") }
-func (d *Daemon) bundleDir(id string) string { return filepath.Join(d.bundlesDir(), id) }
-func (d *Daemon) rootfsDir(id string) string { return filepath.Join(d.bundleDir(id), "rootfs") }
+func (d *Daemon) bundlesDir() string          { return filepath.Join(d.cfg.StateDir, "sandboxes") }
+func (d *Daemon) bundleDir(id string) string  { return filepath.Join(d.bundlesDir(), id) }
+func (d *Daemon) rootfsDir(id string) string  { return filepath.Join(d.bundleDir(id), "rootfs") }
+func (d *Daemon) cgroupPath(id string) string { return "/" + d.cfg.CgroupParent + "/" + id }
 
 // lock serialises operations on one sandbox.
 func (d *Daemon) lock(id string) func() {

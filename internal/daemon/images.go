@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/image"
+	"github.com/forkbox/forkbox/internal/mount"
 )
 
 // PullImage pulls an image from a registry.
@@ -38,4 +40,32 @@ func (d *Daemon) RemoveImage(ctx context.Context, name string) error {
 		}
 	}
 	return d.images.Remove(ctx, name)
+}
+
+// layersInUse returns the image layer directories that mounted sandbox
+// root filesystems use as overlay lowers, read from the mount table so that
+// it holds whatever the store records say.
+func (d *Daemon) layersInUse() map[string]bool {
+	inUse := map[string]bool{}
+	infos, err := mount.List()
+	if err != nil {
+		d.log.Warn("cannot read the mount table to protect layers in use", "err", err)
+		return nil
+	}
+	for _, in := range infos {
+		if in.FSType != "overlay" || !strings.HasPrefix(in.Mountpoint, d.bundlesDir()+"/") {
+			continue
+		}
+		for _, opt := range strings.Split(in.SuperOptions, ",") {
+			if v, ok := strings.CutPrefix(opt, "lowerdir="); ok {
+				for _, l := range strings.Split(v, ":") {
+					inUse[l] = true
+				}
+			}
+			if v, ok := strings.CutPrefix(opt, "lowerdir+="); ok {
+				inUse[v] = true
+			}
+		}
+	}
+	return inUse
 }

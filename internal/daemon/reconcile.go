@@ -25,11 +25,9 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	live := map[string]bool{}
 	var errs []error
 	for _, sb := range recs {
 		if sb.State == store.StateRunning && d.alive(ctx, sb) {
-			live[sb.ID] = true
 			d.store.AppendEvent(ctx, sb.ID, store.EventSandboxFound, nil)
 			d.log.Info("reconcile: sandbox still running", "sandbox", sb.ID)
 			continue
@@ -50,7 +48,6 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 		d.store.SetSandboxState(ctx, sb.ID, store.StateClosed, msg)
 		d.store.AppendEvent(ctx, sb.ID, store.EventSandboxClosed, map[string]any{"reason": msg})
 	}
-	errs = append(errs, d.sweepOrphans(ctx, live))
 	return errors.Join(errs...)
 }
 
@@ -69,8 +66,18 @@ func (d *Daemon) alive(ctx context.Context, sb *store.Sandbox) bool {
 	return agent.WaitReady(pctx, d.agent(sb)) == nil
 }
 
-// sweepOrphans removes host state whose sandbox is not live.
-func (d *Daemon) sweepOrphans(ctx context.Context, live map[string]bool) error {
+// sweepOrphans removes host state whose sandbox is not live: state of this
+// daemon only (its runtime root, netns dir, bundles, snapshots and cgroup
+// parent), never another daemon's.
+func (d *Daemon) sweepOrphans(ctx context.Context) error {
+	recs, err := d.store.ListSandboxes(ctx, false)
+	if err != nil {
+		return err
+	}
+	live := map[string]bool{}
+	for _, sb := range recs {
+		live[sb.ID] = true
+	}
 	var errs []error
 	orphan := func(id string) bool { return strings.HasPrefix(id, "sb-") && !live[id] }
 	for _, rt := range d.runtimes {
@@ -117,10 +124,10 @@ func (d *Daemon) sweepOrphans(ctx context.Context, live map[string]bool) error {
 		}
 	}
 	for _, root := range cgroupRoots() {
-		cg, _ := os.ReadDir(filepath.Join(root, "forkbox"))
+		cg, _ := os.ReadDir(filepath.Join(root, d.cfg.CgroupParent))
 		for _, e := range cg {
 			if e.IsDir() && orphan(e.Name()) {
-				errs = append(errs, removeCgroups("/forkbox/"+e.Name()))
+				errs = append(errs, removeCgroups(d.cgroupPath(e.Name())))
 			}
 		}
 	}

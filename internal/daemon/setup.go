@@ -29,16 +29,25 @@ func openSnapshotter(ctx context.Context, cfg Config, log *slog.Logger) (snapsho
 		if err := btrfs.Supported(ctx); err != nil {
 			return nil, fmt.Errorf("btrfs snapshotter unavailable (%v); start with --snapshotter=copy to use slow full copies: %w", err, errdefs.ErrFailedPrecondition)
 		}
-		return btrfs.Open(ctx, root, btrfs.Options{LoopSize: cfg.BtrfsSize, Log: log})
+		s, err := btrfs.Open(ctx, root, btrfs.Options{LoopSize: cfg.BtrfsSize, Log: log})
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
 	case "copy":
 		log.Warn("using the copy snapshotter: every fork copies the sandbox's whole writable layer (slow); use btrfs for O(1) forks")
-		return naive.Open(ctx, root, log)
+		s, err := naive.Open(ctx, root, log)
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
 	}
 	return nil, fmt.Errorf("snapshotter %q: want btrfs or copy: %w", cfg.Snapshotter, errdefs.ErrInvalidArgument)
 }
 
 func newNetwork(ctx context.Context, cfg Config, log *slog.Logger) (*network.Manager, error) {
-	ncfg := network.Config{Bridge: cfg.Bridge, NetnsDir: filepath.Join(cfg.RunDir, "netns"), Log: log}
+	ncfg := network.Config{Bridge: cfg.Bridge, Table: cfg.NetTable, VethPrefix: cfg.VethPrefix,
+		NetnsDir: filepath.Join(cfg.RunDir, "netns"), Log: log}
 	if cfg.Subnet != "" {
 		p, err := netip.ParsePrefix(cfg.Subnet)
 		if err != nil {

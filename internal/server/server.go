@@ -23,6 +23,7 @@ import (
 
 	"github.com/forkbox/forkbox/api/forkbox/v1/forkboxv1connect"
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/errdefs/errconnect"
 	"github.com/forkbox/forkbox/internal/daemon"
 )
 
@@ -119,7 +120,7 @@ func (e errorInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		if err != nil {
 			e.log.Debug("request failed", "procedure", req.Spec().Procedure, "class", errdefs.ClassName(err), "err", err)
 		}
-		return resp, errdefs.ToConnect(err)
+		return resp, errconnect.ToConnect(err)
 	}
 }
 
@@ -129,6 +130,6 @@ func (e errorInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) 
 
 func (e errorInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		return errdefs.ToConnect(next(ctx, conn))
+		return errconnect.ToConnect(next(ctx, conn))
 	}
 }

@@ -1,26 +1,32 @@
-package errdefs
+// Package errconnect converts forkbox error classes to Connect codes and
+// back. The server calls ToConnect once, at its boundary; clients call
+// FromConnect on every error they receive. It is apart from errdefs so that
+// the in-sandbox agent, which uses errdefs, does not link Connect.
+package errconnect
 
 import (
 	"context"
 	"errors"
 
 	"connectrpc.com/connect"
+
+	"github.com/forkbox/forkbox/errdefs"
 )
 
 var toCode = map[error]connect.Code{
-	ErrInvalidArgument:    connect.CodeInvalidArgument,
-	ErrNotFound:           connect.CodeNotFound,
-	ErrAlreadyExists:      connect.CodeAlreadyExists,
-	ErrFailedPrecondition: connect.CodeFailedPrecondition,
-	ErrUnavailable:        connect.CodeUnavailable,
-	ErrResourceExhausted:  connect.CodeResourceExhausted,
-	ErrPermissionDenied:   connect.CodePermissionDenied,
-	ErrUnauthenticated:    connect.CodeUnauthenticated,
-	ErrDeadlineExceeded:   connect.CodeDeadlineExceeded,
-	ErrCanceled:           connect.CodeCanceled,
-	ErrNotImplemented:     connect.CodeUnimplemented,
-	ErrInternal:           connect.CodeInternal,
-	ErrUnknown:            connect.CodeUnknown,
+	errdefs.ErrInvalidArgument:    connect.CodeInvalidArgument,
+	errdefs.ErrNotFound:           connect.CodeNotFound,
+	errdefs.ErrAlreadyExists:      connect.CodeAlreadyExists,
+	errdefs.ErrFailedPrecondition: connect.CodeFailedPrecondition,
+	errdefs.ErrUnavailable:        connect.CodeUnavailable,
+	errdefs.ErrResourceExhausted:  connect.CodeResourceExhausted,
+	errdefs.ErrPermissionDenied:   connect.CodePermissionDenied,
+	errdefs.ErrUnauthenticated:    connect.CodeUnauthenticated,
+	errdefs.ErrDeadlineExceeded:   connect.CodeDeadlineExceeded,
+	errdefs.ErrCanceled:           connect.CodeCanceled,
+	errdefs.ErrNotImplemented:     connect.CodeUnimplemented,
+	errdefs.ErrInternal:           connect.CodeInternal,
+	errdefs.ErrUnknown:            connect.CodeUnknown,
 }
 
 // ToConnect converts err to a *connect.Error whose code is err's class. It is
@@ -39,7 +45,7 @@ func ToConnect(err error) error {
 	case errors.Is(err, context.DeadlineExceeded):
 		return connect.NewError(connect.CodeDeadlineExceeded, err)
 	}
-	return connect.NewError(toCode[Class(err)], err)
+	return connect.NewError(toCode[errdefs.Class(err)], err)
 }
 
 // FromConnect converts an error returned by a Connect client back into an
@@ -57,7 +63,7 @@ func FromConnect(err error) error {
 			return &remoteError{msg: ce.Message(), class: class}
 		}
 	}
-	return &remoteError{msg: ce.Message(), class: ErrUnknown}
+	return &remoteError{msg: ce.Message(), class: errdefs.ErrUnknown}
 }
 
 // remoteError is an error that came over the API: the server's message, with
