@@ -4,7 +4,7 @@ PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_CONNECT_GO_VERSION := v1.19.1
 TOOLS := $(CURDIR)/.tools/bin
 
-.PHONY: all build proto test e2e bench clean
+.PHONY: all build setup proto test bench demo clean
 
 all: build
 
@@ -21,6 +21,15 @@ proto:
 		--go_out=. --go_opt=module=github.com/forkbox/forkbox \
 		--connect-go_out=. --connect-go_opt=module=github.com/forkbox/forkbox \
 		proto/forkbox/v1/forkbox.proto
+
+# setup installs the host prerequisites (root) and builds.
+setup:
+	./scripts/setup.sh
+
+# test is the full test suite (root: real runsc, btrfs, netns, nftables).
+test: setup
+	$(GO) vet ./...
+	$(GO) test -count=1 -timeout 45m ./...
 
 clean:
 	rm -rf bin .tools

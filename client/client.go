@@ -29,6 +29,13 @@ type Client struct {
 	URL string
 	// Token is sent as a bearer token (required on TCP).
 	Token string
+	// MaxConcurrency bounds the live sandboxes this client holds (created,
+	// forked, restored or resumed through it, until closed); 0 = no bound.
+	// A fork of N needs N free slots; over the bound is ResourceExhausted.
+	MaxConcurrency int
+
+	slotMu sync.Mutex
+	inUse  int
 
 	once   sync.Once
 	sbx    forkboxv1connect.SandboxServiceClient

@@ -9,6 +9,7 @@ import (
 	"connectrpc.com/connect"
 
 	v1 "github.com/forkbox/forkbox/api/forkbox/v1"
+	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/errdefs/errconnect"
 )
 
@@ -39,19 +40,25 @@ type Sandbox struct {
 	c    *Client
 	ID   string
 	Info *Info
+	// slot: this handle holds one of its client's concurrency slots.
+	slot bool
 }
 
 // CreateSandbox creates a sandbox and returns once it is ready for exec.
 func (c *Client) CreateSandbox(ctx context.Context, o CreateOptions) (*Sandbox, error) {
 	c.init()
+	if err := c.acquire(1); err != nil {
+		return nil, err
+	}
 	resp, err := c.sbx.CreateSandbox(ctx, connect.NewRequest(&v1.CreateSandboxRequest{
 		Image: o.Image, Name: o.Name, Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Runtime: o.Runtime,
 		Resources: &v1.Resources{Cpu: o.Resources.CPU, Memory: o.Resources.Memory, Pids: o.Resources.Pids},
 	}))
 	if err != nil {
+		c.release(1)
 		return nil, errconnect.FromConnect(err)
 	}
-	return &Sandbox{c: c, ID: resp.Msg.Sandbox.Id, Info: resp.Msg.Sandbox}, nil
+	return &Sandbox{c: c, ID: resp.Msg.Sandbox.Id, Info: resp.Msg.Sandbox, slot: true}, nil
 }
 
 // Sandbox returns a handle on an existing sandbox, by ID or name.
@@ -87,6 +94,10 @@ func (s *Sandbox) Refresh(ctx context.Context) error {
 // Close closes the sandbox: nothing of it is left on the host.
 func (s *Sandbox) Close(ctx context.Context) error {
 	_, err := s.c.sbx.DeleteSandbox(ctx, connect.NewRequest(&v1.DeleteSandboxRequest{Sandbox: s.ID}))
+	if s.slot && (err == nil || errdefs.IsNotFound(errconnect.FromConnect(err))) {
+		s.slot = false
+		s.c.release(1)
+	}
 	return errconnect.FromConnect(err)
 }
 
@@ -98,6 +109,8 @@ type ExecOptions struct {
 	Cwd     string
 	Stdin   []byte
 	Timeout time.Duration
+	// NonReplayable execs are skipped when the session is resumed.
+	NonReplayable bool
 	// Stdout and Stderr receive the output as it is produced (nil: dropped).
 	Stdout, Stderr io.Writer
 }
@@ -115,7 +128,7 @@ type ExecResult struct {
 func (s *Sandbox) Exec(ctx context.Context, o ExecOptions) (*ExecResult, error) {
 	stream, err := s.c.sbx.Exec(ctx, connect.NewRequest(&v1.ExecRequest{
 		Sandbox: s.ID, Argv: o.Argv, Shell: o.Shell, Env: o.Env, Cwd: o.Cwd, Stdin: o.Stdin,
-		TimeoutMs: o.Timeout.Milliseconds(),
+		TimeoutMs: o.Timeout.Milliseconds(), NonReplayable: o.NonReplayable,
 	}))
 	if err != nil {
 		return nil, errconnect.FromConnect(err)

@@ -107,3 +107,22 @@ func ClassName(err error) string {
 	}
 	return "Unknown"
 }
+
+// FromClassName returns an error of the class named name (as ClassName
+// gives it) with message msg: for classes that travel as names.
+func FromClassName(name, msg string) error {
+	for _, c := range classes {
+		if ClassName(c) == name {
+			return &classed{msg: msg, class: c}
+		}
+	}
+	return &classed{msg: msg, class: ErrUnknown}
+}
+
+type classed struct {
+	msg   string
+	class error
+}
+
+func (e *classed) Error() string { return e.msg }
+func (e *classed) Unwrap() error { return e.class }

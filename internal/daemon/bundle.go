@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -57,10 +58,20 @@ func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Net
 	if err != nil {
 		return fmt.Errorf("bundle: %w", err)
 	}
-	mounts := append(etc, specs.Mount{
-		Destination: "/.forkbox/agent", Type: "bind", Source: d.cfg.AgentPath,
-		Options: []string{"rbind", "ro", "nosuid", "nodev"},
-	})
+	// Identity files live in the bundle, outside the writable layer: a
+	// snapshot never carries them, so every sandbox (forks included) gets
+	// its own hostname and machine-id.
+	machineID := filepath.Join(dir, "etc", "machine-id")
+	if err := os.WriteFile(machineID, []byte(sb.Config.MachineID+"\n"), 0o444); err != nil {
+		return fmt.Errorf("bundle: %w", err)
+	}
+	mounts := append(etc,
+		specs.Mount{Destination: "/etc/machine-id", Type: "bind", Source: machineID, Options: []string{"rbind", "ro"}},
+		specs.Mount{Destination: "/.forkbox/agent", Type: "bind", Source: d.cfg.AgentPath,
+			Options: []string{"rbind", "ro", "nosuid", "nodev"}},
+		specs.Mount{Destination: secretsDir, Type: "tmpfs", Source: "tmpfs",
+			Options: []string{"nosuid", "nodev", "noexec", "mode=0700", "size=16m"}},
+	)
 	s, err := spec.NewSpec(spec.SpecOptions{
 		Rootfs:      filepath.Join(dir, "rootfs"),
 		Hostname:    sb.Config.Hostname,

@@ -104,49 +104,86 @@ func (d *Daemon) validate(ctx context.Context, o *CreateOptions) (*store.Sandbox
 }
 
 // Create creates and starts a sandbox, and returns once its agent answers.
-func (d *Daemon) Create(ctx context.Context, o CreateOptions) (sb *store.Sandbox, err error) {
+func (d *Daemon) Create(ctx context.Context, o CreateOptions) (*store.Sandbox, error) {
 	cfg, img, err := d.validate(ctx, &o)
 	if err != nil {
 		return nil, err
 	}
+	return d.launch(ctx, launchSpec{name: o.Name, runtime: o.Runtime, cfg: *cfg, img: img})
+}
+
+// launchSpec is a sandbox to start: from an image (parentSnapshot "") or
+// from a checkpoint.
+type launchSpec struct {
+	name           string
+	runtime        string
+	cfg            store.SandboxConfig
+	img            image.Image
+	parentSnapshot string
+	parentID       string
+	// creds are copied to the new sandbox (sealed values).
+	creds []*store.Credential
+	// slotReserved: a slot was reserved for it by reserveSlots.
+	slotReserved bool
+	// event is extra data for its sandbox.created event.
+	event map[string]any
+}
+
+// launch records and starts a sandbox. On failure everything it made is torn
+// down and the record is closed with the reason.
+func (d *Daemon) launch(ctx context.Context, l launchSpec) (sb *store.Sandbox, err error) {
 	start := time.Now()
 	id := newID("sb-")
-	if o.Name == "" {
-		o.Name = id
+	if l.name == "" {
+		l.name = id
 	}
-	cfg.Hostname = o.Name
+	cfg := l.cfg
+	cfg.Hostname = l.name
 	cfg.Snapshotter = d.cfg.Snapshotter
-	token := make([]byte, 16)
-	rand.Read(token)
-	sb = &store.Sandbox{ID: id, Name: o.Name, State: store.StateCreating, Image: img.Name, ImageDigest: img.Digest,
-		Runtime: o.Runtime, Config: *cfg, AgentToken: hex.EncodeToString(token)}
+	cfg.MachineID = randomHex(16)
+	sb = &store.Sandbox{ID: id, Name: l.name, State: store.StateCreating, Image: l.img.Name, ImageDigest: l.img.Digest,
+		Runtime: l.runtime, Config: cfg, AgentToken: randomHex(16), ParentID: l.parentID, FromCheckpoint: l.parentSnapshot}
 
 	unlock := d.lock(id)
 	defer unlock()
-	if err := d.reserve(ctx, sb); err != nil {
+	if err := d.reserve(ctx, sb, l.slotReserved); err != nil {
 		return nil, err
 	}
 	log := d.log.With("sandbox", id, "name", sb.Name)
-	if _, err := d.store.AppendEvent(ctx, id, store.EventSandboxCreated, map[string]any{
+	ev := map[string]any{
 		"name": sb.Name, "image": sb.Image, "digest": sb.ImageDigest, "runtime": sb.Runtime,
 		"cpu": cfg.CPU, "memory_bytes": cfg.MemoryBytes, "pids": cfg.Pids, "egress": cfg.Egress,
-	}); err != nil {
+	}
+	for k, v := range l.event {
+		ev[k] = v
+	}
+	if _, err := d.store.AppendEvent(ctx, id, store.EventSandboxCreated, ev); err != nil {
 		return nil, err
 	}
 	defer func() {
 		if err != nil {
 			// Everything this call made is torn down; the record stays, closed, with the reason.
 			cctx := context.WithoutCancel(ctx)
-			log.Warn("create failed, cleaning up", "err", err)
+			log.Warn("start failed, cleaning up", "err", err)
 			_ = d.store.SetSandboxState(cctx, id, store.StateFailed, err.Error())
 			_, _ = d.store.AppendEvent(cctx, id, store.EventSandboxFailed, map[string]any{"error": err.Error()})
 			if cerr := d.teardown(cctx, sb); cerr != nil {
-				log.Error("cleanup after failed create", "err", cerr)
+				log.Error("cleanup after failed start", "err", cerr)
 			}
 			_ = d.store.SetSandboxState(cctx, id, store.StateClosed, err.Error())
 		}
 	}()
-	if err := d.start(ctx, sb, img, ""); err != nil {
+	for _, c := range l.creds {
+		cc := *c
+		cc.SandboxID = id
+		if err := d.store.PutCredential(ctx, &cc); err != nil {
+			return nil, err
+		}
+	}
+	if err := d.start(ctx, sb, l.img, l.parentSnapshot); err != nil {
+		return nil, err
+	}
+	if err := d.injectCredentialFiles(ctx, sb); err != nil {
 		return nil, err
 	}
 	if err := checkTransition(id, sb.State, store.StateRunning); err != nil {
@@ -156,22 +193,60 @@ func (d *Daemon) Create(ctx context.Context, o CreateOptions) (sb *store.Sandbox
 		return nil, err
 	}
 	sb.State = store.StateRunning
-	readyMS := float64(time.Since(start).Microseconds()) / 1000
+	readyMS := msSince(start)
 	d.store.AppendEvent(ctx, id, store.EventSandboxReady, map[string]any{"ready_ms": readyMS})
 	log.Info("sandbox ready", "ready_ms", readyMS)
 	return sb, nil
 }
 
-// reserve checks the live-sandbox limit, allocates an address and records the
-// sandbox, atomically with respect to other creates.
-func (d *Daemon) reserve(ctx context.Context, sb *store.Sandbox) error {
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func msSince(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
+
+// reserveSlots reserves up to n sandbox slots for children about to be
+// started; it returns how many it got. Unless bestEffort, fewer than n free
+// slots is a ResourceExhausted error and nothing is reserved.
+func (d *Daemon) reserveSlots(ctx context.Context, n int, bestEffort bool) (int, error) {
 	d.ipAlloc.Lock()
 	defer d.ipAlloc.Unlock()
 	live, err := d.store.ListSandboxes(ctx, false)
 	if err != nil {
+		return 0, err
+	}
+	free := d.cfg.MaxSandboxes - len(live) - d.pendingSlots
+	if free < n && !bestEffort {
+		return 0, fmt.Errorf("%d slots needed, %d free (the daemon's limit is %d live sandboxes): %w", n, max(free, 0), d.cfg.MaxSandboxes, errdefs.ErrResourceExhausted)
+	}
+	got := min(n, max(free, 0))
+	d.pendingSlots += got
+	return got, nil
+}
+
+// releaseSlots returns reserved slots that were not used.
+func (d *Daemon) releaseSlots(n int) {
+	d.ipAlloc.Lock()
+	d.pendingSlots -= n
+	d.ipAlloc.Unlock()
+}
+
+// reserve checks the live-sandbox limit (or takes a slot reserveSlots set
+// aside), allocates an address and records the sandbox, atomically with
+// respect to other creates.
+func (d *Daemon) reserve(ctx context.Context, sb *store.Sandbox, slotReserved bool) error {
+	d.ipAlloc.Lock()
+	defer d.ipAlloc.Unlock()
+	if slotReserved {
+		d.pendingSlots--
+	}
+	live, err := d.store.ListSandboxes(ctx, false)
+	if err != nil {
 		return err
 	}
-	if len(live) >= d.cfg.MaxSandboxes {
+	if !slotReserved && len(live)+d.pendingSlots >= d.cfg.MaxSandboxes {
 		return fmt.Errorf("%d sandboxes are live, the daemon's limit: %w", len(live), errdefs.ErrResourceExhausted)
 	}
 	used, err := d.store.UsedIPs(ctx)

@@ -64,9 +64,13 @@ type Daemon struct {
 	net      *network.Manager
 	runtimes map[string]runtime.Runtime
 
-	mu      sync.Mutex // guards ipAlloc and per-sandbox locks
-	locks   map[string]*sync.Mutex
-	ipAlloc sync.Mutex
+	mu    sync.Mutex // guards locks
+	locks map[string]*sync.Mutex
+	// ipAlloc serialises address allocation and slot accounting;
+	// pendingSlots are slots reserved for children not yet recorded.
+	ipAlloc      sync.Mutex
+	pendingSlots int
+	sealer       *sealer
 }
 
 func (c *Config) setDefaults() error {
@@ -121,6 +125,9 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 		return nil, err
 	}
 	undo.push(func(context.Context) error { return d.store.Close() })
+	if d.sealer, err = openSealer(cfg.StateDir); err != nil {
+		return nil, err
+	}
 	if d.images, err = image.Open(ctx, filepath.Join(cfg.StateDir, "images"), d.log); err != nil {
 		return nil, err
 	}

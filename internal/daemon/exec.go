@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"encoding/base64"
 	"context"
 	"fmt"
 	"io"
@@ -12,7 +13,11 @@ import (
 )
 
 // ExecOptions is one command to run in a sandbox.
-type ExecOptions = agent.ExecRequest
+type ExecOptions struct {
+	agent.ExecRequest
+	// NonReplayable execs are skipped by Resume.
+	NonReplayable bool
+}
 
 // ExecResult is how a command ended.
 type ExecResult = agent.ExecResult
@@ -77,8 +82,12 @@ func (d *Daemon) Exec(ctx context.Context, idOrName string, o ExecOptions, stdou
 	if _, err := d.store.AppendEvent(ctx, sb.ID, store.EventExecStarted, execEventData(execID, &o)); err != nil {
 		return ExecResult{}, err
 	}
+	req, err := d.withCredentials(ctx, sb, o.ExecRequest)
+	if err != nil {
+		return ExecResult{}, err
+	}
 	start := time.Now()
-	res, err := d.agent(sb).Exec(ctx, o, stdout, stderr)
+	res, err := d.agent(sb).Exec(ctx, req, stdout, stderr)
 	data := map[string]any{"exec_id": execID, "duration_ms": float64(time.Since(start).Microseconds()) / 1000}
 	if err != nil {
 		data["error"] = err.Error()
@@ -104,14 +113,42 @@ func (d *Daemon) Start(ctx context.Context, idOrName string, o ExecOptions) (int
 	execID := newID("ex-")
 	data := execEventData(execID, &o)
 	data["background"] = true
+	req, err := d.withCredentials(ctx, sb, o.ExecRequest)
+	if err != nil {
+		return 0, err
+	}
 	if _, err := d.store.AppendEvent(ctx, sb.ID, store.EventExecStarted, data); err != nil {
 		return 0, err
 	}
-	return d.agent(sb).Start(ctx, o)
+	return d.agent(sb).Start(ctx, req)
 }
 
-// execEventData is what the ledger keeps of an exec: the command, and the
-// names (never the values) of the env variables it set.
+// withCredentials adds the sandbox's env credentials to an exec; the
+// exec's own env wins over them. Only the request sent to the agent carries
+// them: the ledger records the exec as the caller gave it.
+func (d *Daemon) withCredentials(ctx context.Context, sb *store.Sandbox, req agent.ExecRequest) (agent.ExecRequest, error) {
+	creds, err := d.credentialEnv(ctx, sb)
+	if err != nil || len(creds) == 0 {
+		return req, err
+	}
+	env := make(map[string]string, len(creds)+len(req.Env))
+	for k, v := range creds {
+		env[k] = v
+	}
+	for k, v := range req.Env {
+		env[k] = v
+	}
+	req.Env = env
+	return req, nil
+}
+
+// maxRecordedBytes bounds stdin and file contents kept in the ledger for
+// Resume to replay; larger ones are recorded as omitted.
+const maxRecordedBytes = 64 << 10
+
+// execEventData is what the ledger keeps of an exec: enough to replay it
+// (command, env, cwd, stdin when small, timeout). Credentials are not in it:
+// they are added after, on the way to the agent.
 func execEventData(id string, o *ExecOptions) map[string]any {
 	data := map[string]any{"exec_id": id}
 	if o.Shell != "" {
@@ -123,11 +160,18 @@ func execEventData(id string, o *ExecOptions) map[string]any {
 		data["cwd"] = o.Cwd
 	}
 	if len(o.Env) > 0 {
-		keys := make([]string, 0, len(o.Env))
-		for k := range o.Env {
-			keys = append(keys, k)
-		}
-		data["env_keys"] = keys
+		data["env"] = o.Env
+	}
+	if n := len(o.Stdin); n > maxRecordedBytes {
+		data["stdin_omitted"] = true
+	} else if n > 0 {
+		data["stdin_b64"] = base64.StdEncoding.EncodeToString(o.Stdin)
+	}
+	if o.Timeout > 0 {
+		data["timeout_ms"] = o.Timeout.Milliseconds()
+	}
+	if o.NonReplayable {
+		data["non_replayable"] = true
 	}
 	return data
 }
@@ -153,7 +197,11 @@ func (d *Daemon) WriteFile(ctx context.Context, idOrName, path string, data []by
 	if err := d.agent(sb).WriteFile(ctx, path, data, fsMode(mode)); err != nil {
 		return err
 	}
-	_, err = d.store.AppendEvent(ctx, sb.ID, store.EventFileWritten, map[string]any{"path": path, "size": len(data)})
+	ev := map[string]any{"path": path, "size": len(data), "mode": mode}
+	if len(data) <= maxRecordedBytes {
+		ev["data_b64"] = base64.StdEncoding.EncodeToString(data)
+	}
+	_, err = d.store.AppendEvent(ctx, sb.ID, store.EventFileWritten, ev)
 	return err
 }
 

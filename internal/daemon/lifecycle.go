@@ -10,13 +10,14 @@ import (
 // transitions is the sandbox lifecycle, in one place. A state change not
 // listed here is a FailedPrecondition error.
 //
-//	creating ──► running ──► closing ──► closed
-//	    │           │           ▲
-//	    ▼           ▼           │
-//	  failed ───────┴───────────┘
+//	creating ──► running ◄──► paused
+//	    │           │            │
+//	    ▼           ▼            ▼
+//	  failed ──► closing ──► closed
 var transitions = map[string][]string{
 	store.StateCreating: {store.StateRunning, store.StateFailed, store.StateClosing},
-	store.StateRunning:  {store.StateClosing, store.StateFailed, store.StateStopped},
+	store.StateRunning:  {store.StateClosing, store.StateFailed, store.StateStopped, store.StatePaused},
+	store.StatePaused:   {store.StateRunning, store.StateClosing, store.StateFailed},
 	store.StateStopped:  {store.StateClosing},
 	store.StateFailed:   {store.StateClosing, store.StateClosed},
 	store.StateClosing:  {store.StateClosed},

@@ -8,8 +8,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/agent"
+	"github.com/forkbox/forkbox/internal/cgroups"
 	"github.com/forkbox/forkbox/internal/mount"
+	"github.com/forkbox/forkbox/internal/snapshot"
 	"github.com/forkbox/forkbox/internal/store"
 )
 
@@ -27,13 +30,13 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 	}
 	var errs []error
 	for _, sb := range recs {
-		if sb.State == store.StateRunning && d.alive(ctx, sb) {
+		if (sb.State == store.StateRunning || sb.State == store.StatePaused) && d.alive(ctx, sb) {
 			d.store.AppendEvent(ctx, sb.ID, store.EventSandboxFound, nil)
 			d.log.Info("reconcile: sandbox still running", "sandbox", sb.ID)
 			continue
 		}
 		d.log.Warn("reconcile: cleaning sandbox", "sandbox", sb.ID, "state", sb.State)
-		if sb.State == store.StateRunning {
+		if sb.State == store.StateRunning || sb.State == store.StatePaused {
 			d.store.AppendEvent(ctx, sb.ID, store.EventSandboxLost, map[string]any{"reason": "not running after daemon restart"})
 		}
 		if err := d.teardown(ctx, sb); err != nil {
@@ -58,8 +61,25 @@ func (d *Daemon) alive(ctx context.Context, sb *store.Sandbox) bool {
 		return false
 	}
 	st, err := rt.State(ctx, sb.ID)
-	if err != nil || st.Status != "running" {
+	if err != nil || (st.Status != "running" && st.Status != "paused") {
 		return false
+	}
+	// The freezer is the truth for paused: a crash may have come between
+	// recording a pause (or unpause) and acting on it.
+	frozen, err := cgroups.Frozen(d.cgroupPath(sb.ID))
+	if err != nil {
+		return false
+	}
+	if sb.State == store.StatePaused {
+		if !frozen {
+			err = cgroups.Freeze(ctx, d.cgroupPath(sb.ID))
+		}
+		return err == nil
+	}
+	if frozen {
+		if err := cgroups.Thaw(ctx, d.cgroupPath(sb.ID)); err != nil {
+			return false
+		}
 	}
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
@@ -115,6 +135,14 @@ func (d *Daemon) sweepOrphans(ctx context.Context) error {
 		if in.Kind == snapshotActive && orphan(in.Key) {
 			d.log.Warn("reconcile: removing orphan writable layer", "sandbox", in.Key)
 			errs = append(errs, d.snaps.Remove(ctx, in.Key))
+		}
+		if in.Kind == snapshot.KindCommitted && strings.HasPrefix(in.Key, "ck-") {
+			// A crash between a snapshot and its record leaves a snapshot
+			// that no checkpoint names.
+			if _, err := d.store.GetCheckpoint(ctx, in.Key); errdefs.IsNotFound(err) {
+				d.log.Warn("reconcile: removing snapshot with no checkpoint record", "snapshot", in.Key)
+				errs = append(errs, d.snaps.Remove(ctx, in.Key))
+			}
 		}
 	}
 	entries, _ := os.ReadDir(d.bundlesDir())

@@ -9,6 +9,7 @@ import (
 	"connectrpc.com/connect"
 
 	v1 "github.com/forkbox/forkbox/api/forkbox/v1"
+	"github.com/forkbox/forkbox/internal/agent"
 	"github.com/forkbox/forkbox/internal/daemon"
 	"github.com/forkbox/forkbox/internal/store"
 )
@@ -30,6 +31,9 @@ func toSandbox(sb *store.Sandbox) *v1.Sandbox {
 		CreatedAtUnixMs: sb.CreatedAt.UnixMilli(),
 		Snapshotter:     sb.Config.Snapshotter,
 		Error:           sb.Error,
+		ParentId:        sb.ParentID,
+		FromCheckpoint:  sb.FromCheckpoint,
+		MachineId:       sb.Config.MachineID,
 	}
 }
 
@@ -52,7 +56,15 @@ func (s *sandboxes) GetSandbox(ctx context.Context, req *connect.Request[v1.GetS
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&v1.GetSandboxResponse{Sandbox: toSandbox(sb)}), nil
+	out := toSandbox(sb)
+	creds, err := s.d.ListCredentials(ctx, sb.ID)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range creds {
+		out.Credentials = append(out.Credentials, c.Name)
+	}
+	return connect.NewResponse(&v1.GetSandboxResponse{Sandbox: out}), nil
 }
 
 func (s *sandboxes) ListSandboxes(ctx context.Context, req *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error) {
@@ -98,8 +110,8 @@ func (w streamWriter) Write(p []byte) (int, error) {
 
 func (s *sandboxes) Exec(ctx context.Context, req *connect.Request[v1.ExecRequest], stream *connect.ServerStream[v1.ExecResponse]) error {
 	m := req.Msg
-	o := daemon.ExecOptions{Argv: m.Argv, Shell: m.Shell, Env: m.Env, Cwd: m.Cwd, Stdin: m.Stdin,
-		Timeout: time.Duration(m.TimeoutMs) * time.Millisecond}
+	o := daemon.ExecOptions{ExecRequest: agent.ExecRequest{Argv: m.Argv, Shell: m.Shell, Env: m.Env, Cwd: m.Cwd, Stdin: m.Stdin,
+		Timeout: time.Duration(m.TimeoutMs) * time.Millisecond}, NonReplayable: m.NonReplayable}
 	if m.Background {
 		pid, err := s.d.Start(ctx, m.Sandbox, o)
 		if err != nil {

@@ -18,6 +18,16 @@ const (
 	EventExecStarted    = "exec.started"
 	EventExecFinished   = "exec.finished"
 	EventFileWritten    = "file.written"
+
+	EventCheckpointCreated = "sandbox.checkpoint_created"
+	EventForked            = "sandbox.forked"
+	EventPaused            = "sandbox.paused"
+	EventUnpaused          = "sandbox.unpaused"
+	EventRestored          = "sandbox.restored"
+	EventResumed           = "sandbox.resumed"
+	EventExecReplayed      = "exec.replayed"
+	EventCredentialSet     = "credentials.set"
+	EventCredentialDeleted = "credentials.deleted"
 )
 
 // Event is one ledger entry.

@@ -17,6 +17,7 @@ import (
 const (
 	StateCreating = "creating"
 	StateRunning  = "running"
+	StatePaused   = "paused"
 	StateStopped  = "stopped"
 	StateFailed   = "failed"
 	StateClosing  = "closing"
@@ -35,6 +36,7 @@ type SandboxConfig struct {
 	Egress      string            `json:"egress"`
 	Hostname    string            `json:"hostname"`
 	Snapshotter string            `json:"snapshotter,omitempty"`
+	MachineID   string            `json:"machine_id,omitempty"`
 }
 
 // Sandbox is one sandbox's record.
@@ -49,11 +51,15 @@ type Sandbox struct {
 	IP          string
 	AgentToken  string
 	Error       string
-	CreatedAt   time.Time
-	UpdatedAt   time.Time
+	// ParentID is the sandbox this one was forked from.
+	ParentID string
+	// FromCheckpoint is the checkpoint this sandbox started from.
+	FromCheckpoint string
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
 }
 
-const sandboxCols = `id, name, state, image, image_digest, runtime, config, ip, agent_token, error, created_at, updated_at`
+const sandboxCols = `id, name, state, image, image_digest, runtime, config, ip, agent_token, error, created_at, updated_at, parent_id, from_checkpoint`
 
 // CreateSandbox records a new sandbox. A live sandbox with the same name is
 // an AlreadyExists error.
@@ -64,9 +70,9 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *Sandbox) error {
 	}
 	now := time.Now()
 	sb.CreatedAt, sb.UpdatedAt = now, now
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Name, sb.State, sb.Image, sb.ImageDigest, sb.Runtime, string(cfg), sb.IP, sb.AgentToken, sb.Error,
-		now.UnixMilli(), now.UnixMilli())
+		now.UnixMilli(), now.UnixMilli(), sb.ParentID, sb.FromCheckpoint)
 	if err != nil {
 		if strings.Contains(err.Error(), "UNIQUE constraint failed") {
 			return fmt.Errorf("a sandbox named %q already exists: %w", sb.Name, errdefs.ErrAlreadyExists)
@@ -149,7 +155,7 @@ func scanSandbox(r scanner) (*Sandbox, error) {
 	var cfg string
 	var created, updated int64
 	if err := r.Scan(&sb.ID, &sb.Name, &sb.State, &sb.Image, &sb.ImageDigest, &sb.Runtime, &cfg, &sb.IP,
-		&sb.AgentToken, &sb.Error, &created, &updated); err != nil {
+		&sb.AgentToken, &sb.Error, &created, &updated, &sb.ParentID, &sb.FromCheckpoint); err != nil {
 		return nil, err
 	}
 	if err := json.Unmarshal([]byte(cfg), &sb.Config); err != nil {

@@ -49,6 +49,33 @@ var migrations = []string{
 		data       TEXT NOT NULL DEFAULT '{}'
 	);
 	CREATE INDEX events_sandbox ON events(sandbox_id, seq);`,
+	`ALTER TABLE sandboxes ADD COLUMN parent_id TEXT NOT NULL DEFAULT '';
+	ALTER TABLE sandboxes ADD COLUMN from_checkpoint TEXT NOT NULL DEFAULT '';
+	CREATE TABLE checkpoints (
+		id           TEXT PRIMARY KEY,
+		sandbox_id   TEXT NOT NULL,
+		tag          TEXT NOT NULL,
+		kind         TEXT NOT NULL,
+		image        TEXT NOT NULL,
+		image_digest TEXT NOT NULL,
+		runtime      TEXT NOT NULL,
+		config       TEXT NOT NULL,
+		size         INTEGER NOT NULL,
+		capture_ms   REAL NOT NULL,
+		ledger_seq   INTEGER NOT NULL,
+		created_at   INTEGER NOT NULL
+	);
+	CREATE INDEX checkpoints_sandbox ON checkpoints(sandbox_id, created_at);
+	CREATE TABLE credentials (
+		sandbox_id TEXT NOT NULL,
+		name       TEXT NOT NULL,
+		env        TEXT NOT NULL,
+		file       TEXT NOT NULL,
+		per_fork   INTEGER NOT NULL,
+		sealed     BLOB NOT NULL,
+		updated_at INTEGER NOT NULL,
+		PRIMARY KEY (sandbox_id, name)
+	);`,
 }
 
 // Open opens (creating if needed) the database at path and migrates it.

@@ -107,8 +107,15 @@ type Sandbox struct {
 	CreatedAtUnixMs int64  `protobuf:"varint,13,opt,name=created_at_unix_ms,json=createdAtUnixMs,proto3" json:"created_at_unix_ms,omitempty"`
 	Snapshotter     string `protobuf:"bytes,14,opt,name=snapshotter,proto3" json:"snapshotter,omitempty"`
 	Error           string `protobuf:"bytes,15,opt,name=error,proto3" json:"error,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The checkpoint this sandbox was started from, if any.
+	FromCheckpoint string `protobuf:"bytes,16,opt,name=from_checkpoint,json=fromCheckpoint,proto3" json:"from_checkpoint,omitempty"`
+	// The sandbox this one was forked from, if any.
+	ParentId string `protobuf:"bytes,17,opt,name=parent_id,json=parentId,proto3" json:"parent_id,omitempty"`
+	// Names of the credentials attached (never the values).
+	Credentials   []string `protobuf:"bytes,18,rep,name=credentials,proto3" json:"credentials,omitempty"`
+	MachineId     string   `protobuf:"bytes,19,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
@@ -242,6 +249,34 @@ func (x *Sandbox) GetSnapshotter() string {
 func (x *Sandbox) GetError() string {
 	if x != nil {
 		return x.Error
+	}
+	return ""
+}
+
+func (x *Sandbox) GetFromCheckpoint() string {
+	if x != nil {
+		return x.FromCheckpoint
+	}
+	return ""
+}
+
+func (x *Sandbox) GetParentId() string {
+	if x != nil {
+		return x.ParentId
+	}
+	return ""
+}
+
+func (x *Sandbox) GetCredentials() []string {
+	if x != nil {
+		return x.Credentials
+	}
+	return nil
+}
+
+func (x *Sandbox) GetMachineId() string {
+	if x != nil {
+		return x.MachineId
 	}
 	return ""
 }
@@ -657,8 +692,10 @@ type ExecRequest struct {
 	Cwd   string            `protobuf:"bytes,5,opt,name=cwd,proto3" json:"cwd,omitempty"`
 	Stdin []byte            `protobuf:"bytes,6,opt,name=stdin,proto3" json:"stdin,omitempty"`
 	// Timeout in milliseconds; 0 means none. The process is killed at the end.
-	TimeoutMs     int64 `protobuf:"varint,7,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
-	Background    bool  `protobuf:"varint,8,opt,name=background,proto3" json:"background,omitempty"`
+	TimeoutMs  int64 `protobuf:"varint,7,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	Background bool  `protobuf:"varint,8,opt,name=background,proto3" json:"background,omitempty"`
+	// The exec is not replayed by Resume (it has effects outside the sandbox).
+	NonReplayable bool `protobuf:"varint,9,opt,name=non_replayable,json=nonReplayable,proto3" json:"non_replayable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -745,6 +782,13 @@ func (x *ExecRequest) GetTimeoutMs() int64 {
 func (x *ExecRequest) GetBackground() bool {
 	if x != nil {
 		return x.Background
+	}
+	return false
+}
+
+func (x *ExecRequest) GetNonReplayable() bool {
+	if x != nil {
+		return x.NonReplayable
 	}
 	return false
 }
@@ -1530,6 +1574,1550 @@ func (x *EventsResponse) GetEvents() []*Event {
 	return nil
 }
 
+type PauseSandboxRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseSandboxRequest) Reset() {
+	*x = PauseSandboxRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseSandboxRequest) ProtoMessage() {}
+
+func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
+func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *PauseSandboxRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+type PauseSandboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseSandboxResponse) Reset() {
+	*x = PauseSandboxResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseSandboxResponse) ProtoMessage() {}
+
+func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
+func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+type UnpauseSandboxRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnpauseSandboxRequest) Reset() {
+	*x = UnpauseSandboxRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnpauseSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnpauseSandboxRequest) ProtoMessage() {}
+
+func (x *UnpauseSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnpauseSandboxRequest.ProtoReflect.Descriptor instead.
+func (*UnpauseSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *UnpauseSandboxRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+type UnpauseSandboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnpauseSandboxResponse) Reset() {
+	*x = UnpauseSandboxResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnpauseSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnpauseSandboxResponse) ProtoMessage() {}
+
+func (x *UnpauseSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnpauseSandboxResponse.ProtoReflect.Descriptor instead.
+func (*UnpauseSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *UnpauseSandboxResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+type Checkpoint struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The snapshot ID ("ck-..."): what RestoreSnapshot takes.
+	Id              string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	SandboxId       string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	SandboxName     string `protobuf:"bytes,3,opt,name=sandbox_name,json=sandboxName,proto3" json:"sandbox_name,omitempty"`
+	Tag             string `protobuf:"bytes,4,opt,name=tag,proto3" json:"tag,omitempty"`
+	CreatedAtUnixMs int64  `protobuf:"varint,5,opt,name=created_at_unix_ms,json=createdAtUnixMs,proto3" json:"created_at_unix_ms,omitempty"`
+	// Bytes written by the sandbox on top of its image.
+	Size int64 `protobuf:"varint,6,opt,name=size,proto3" json:"size,omitempty"`
+	// What was captured: "filesystem" (or "filesystem+memory").
+	Kind  string `protobuf:"bytes,7,opt,name=kind,proto3" json:"kind,omitempty"`
+	Image string `protobuf:"bytes,8,opt,name=image,proto3" json:"image,omitempty"`
+	// Freeze + snapshot + thaw, in milliseconds.
+	CaptureMs     float64 `protobuf:"fixed64,9,opt,name=capture_ms,json=captureMs,proto3" json:"capture_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Checkpoint) Reset() {
+	*x = Checkpoint{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Checkpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Checkpoint) ProtoMessage() {}
+
+func (x *Checkpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
+func (*Checkpoint) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *Checkpoint) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetSandboxName() string {
+	if x != nil {
+		return x.SandboxName
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetTag() string {
+	if x != nil {
+		return x.Tag
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetCreatedAtUnixMs() int64 {
+	if x != nil {
+		return x.CreatedAtUnixMs
+	}
+	return 0
+}
+
+func (x *Checkpoint) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *Checkpoint) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetCaptureMs() float64 {
+	if x != nil {
+		return x.CaptureMs
+	}
+	return 0
+}
+
+type CheckpointRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Tag           string                 `protobuf:"bytes,2,opt,name=tag,proto3" json:"tag,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointRequest) Reset() {
+	*x = CheckpointRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointRequest) ProtoMessage() {}
+
+func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
+func (*CheckpointRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *CheckpointRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *CheckpointRequest) GetTag() string {
+	if x != nil {
+		return x.Tag
+	}
+	return ""
+}
+
+type CheckpointResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Checkpoint    *Checkpoint            `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointResponse) Reset() {
+	*x = CheckpointResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointResponse) ProtoMessage() {}
+
+func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointResponse.ProtoReflect.Descriptor instead.
+func (*CheckpointResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *CheckpointResponse) GetCheckpoint() *Checkpoint {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return nil
+}
+
+type ListCheckpointsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCheckpointsRequest) Reset() {
+	*x = ListCheckpointsRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCheckpointsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCheckpointsRequest) ProtoMessage() {}
+
+func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
+func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ListCheckpointsRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+type ListCheckpointsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Checkpoints   []*Checkpoint          `protobuf:"bytes,1,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCheckpointsResponse) Reset() {
+	*x = ListCheckpointsResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCheckpointsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCheckpointsResponse) ProtoMessage() {}
+
+func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
+func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ListCheckpointsResponse) GetCheckpoints() []*Checkpoint {
+	if x != nil {
+		return x.Checkpoints
+	}
+	return nil
+}
+
+type DeleteCheckpointRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Checkpoint    string                 `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteCheckpointRequest) Reset() {
+	*x = DeleteCheckpointRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteCheckpointRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteCheckpointRequest) ProtoMessage() {}
+
+func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
+func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *DeleteCheckpointRequest) GetCheckpoint() string {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return ""
+}
+
+type DeleteCheckpointResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteCheckpointResponse) Reset() {
+	*x = DeleteCheckpointResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteCheckpointResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteCheckpointResponse) ProtoMessage() {}
+
+func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
+func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{34}
+}
+
+// Overrides replace what children inherit; unset fields are inherited.
+type Overrides struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Resources *Resources             `protobuf:"bytes,1,opt,name=resources,proto3" json:"resources,omitempty"`
+	// Merged over the inherited env.
+	Env           map[string]string `protobuf:"bytes,2,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Cwd           string            `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	Egress        string            `protobuf:"bytes,4,opt,name=egress,proto3" json:"egress,omitempty"`
+	Name          string            `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Overrides) Reset() {
+	*x = Overrides{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Overrides) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Overrides) ProtoMessage() {}
+
+func (x *Overrides) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Overrides.ProtoReflect.Descriptor instead.
+func (*Overrides) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *Overrides) GetResources() *Resources {
+	if x != nil {
+		return x.Resources
+	}
+	return nil
+}
+
+func (x *Overrides) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *Overrides) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
+}
+
+func (x *Overrides) GetEgress() string {
+	if x != nil {
+		return x.Egress
+	}
+	return ""
+}
+
+func (x *Overrides) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type ForkRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// Tag of the checkpoint the fork takes (stored in the ledger).
+	Tag string `protobuf:"bytes,2,opt,name=tag,proto3" json:"tag,omitempty"`
+	// Number of children, 1 to 100 (0 means 1).
+	Count     int32      `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	Overrides *Overrides `protobuf:"bytes,4,opt,name=overrides,proto3" json:"overrides,omitempty"`
+	// Values for the source's per-fork credentials, by name: required for
+	// each of them.
+	Credentials map[string]string `protobuf:"bytes,5,rep,name=credentials,proto3" json:"credentials,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Fork from this existing checkpoint instead of taking a new one.
+	FromCheckpoint string `protobuf:"bytes,6,opt,name=from_checkpoint,json=fromCheckpoint,proto3" json:"from_checkpoint,omitempty"`
+	// Start as many children as there are slots for, instead of failing the
+	// whole call when fewer than count are free.
+	BestEffort    bool `protobuf:"varint,7,opt,name=best_effort,json=bestEffort,proto3" json:"best_effort,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkRequest) Reset() {
+	*x = ForkRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkRequest) ProtoMessage() {}
+
+func (x *ForkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
+func (*ForkRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *ForkRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *ForkRequest) GetTag() string {
+	if x != nil {
+		return x.Tag
+	}
+	return ""
+}
+
+func (x *ForkRequest) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *ForkRequest) GetOverrides() *Overrides {
+	if x != nil {
+		return x.Overrides
+	}
+	return nil
+}
+
+func (x *ForkRequest) GetCredentials() map[string]string {
+	if x != nil {
+		return x.Credentials
+	}
+	return nil
+}
+
+func (x *ForkRequest) GetFromCheckpoint() string {
+	if x != nil {
+		return x.FromCheckpoint
+	}
+	return ""
+}
+
+func (x *ForkRequest) GetBestEffort() bool {
+	if x != nil {
+		return x.BestEffort
+	}
+	return false
+}
+
+type ForkChild struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// Set when this child failed; the others are unaffected.
+	Error      string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	ErrorClass string `protobuf:"bytes,3,opt,name=error_class,json=errorClass,proto3" json:"error_class,omitempty"`
+	// From the snapshot to the child's agent answering, in milliseconds.
+	StartMs       float64 `protobuf:"fixed64,4,opt,name=start_ms,json=startMs,proto3" json:"start_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkChild) Reset() {
+	*x = ForkChild{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkChild) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkChild) ProtoMessage() {}
+
+func (x *ForkChild) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkChild.ProtoReflect.Descriptor instead.
+func (*ForkChild) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *ForkChild) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *ForkChild) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *ForkChild) GetErrorClass() string {
+	if x != nil {
+		return x.ErrorClass
+	}
+	return ""
+}
+
+func (x *ForkChild) GetStartMs() float64 {
+	if x != nil {
+		return x.StartMs
+	}
+	return 0
+}
+
+type ForkResponse struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Checkpoint *Checkpoint            `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	// What the children start from: "filesystem".
+	Captured      string       `protobuf:"bytes,2,opt,name=captured,proto3" json:"captured,omitempty"`
+	CaptureMs     float64      `protobuf:"fixed64,3,opt,name=capture_ms,json=captureMs,proto3" json:"capture_ms,omitempty"`
+	Children      []*ForkChild `protobuf:"bytes,4,rep,name=children,proto3" json:"children,omitempty"`
+	TotalMs       float64      `protobuf:"fixed64,5,opt,name=total_ms,json=totalMs,proto3" json:"total_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkResponse) Reset() {
+	*x = ForkResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkResponse) ProtoMessage() {}
+
+func (x *ForkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
+func (*ForkResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *ForkResponse) GetCheckpoint() *Checkpoint {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return nil
+}
+
+func (x *ForkResponse) GetCaptured() string {
+	if x != nil {
+		return x.Captured
+	}
+	return ""
+}
+
+func (x *ForkResponse) GetCaptureMs() float64 {
+	if x != nil {
+		return x.CaptureMs
+	}
+	return 0
+}
+
+func (x *ForkResponse) GetChildren() []*ForkChild {
+	if x != nil {
+		return x.Children
+	}
+	return nil
+}
+
+func (x *ForkResponse) GetTotalMs() float64 {
+	if x != nil {
+		return x.TotalMs
+	}
+	return 0
+}
+
+type RestoreSnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Checkpoint    string                 `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	Overrides     *Overrides             `protobuf:"bytes,2,opt,name=overrides,proto3" json:"overrides,omitempty"`
+	Credentials   map[string]string      `protobuf:"bytes,3,rep,name=credentials,proto3" json:"credentials,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreSnapshotRequest) Reset() {
+	*x = RestoreSnapshotRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreSnapshotRequest) ProtoMessage() {}
+
+func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*RestoreSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *RestoreSnapshotRequest) GetCheckpoint() string {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return ""
+}
+
+func (x *RestoreSnapshotRequest) GetOverrides() *Overrides {
+	if x != nil {
+		return x.Overrides
+	}
+	return nil
+}
+
+func (x *RestoreSnapshotRequest) GetCredentials() map[string]string {
+	if x != nil {
+		return x.Credentials
+	}
+	return nil
+}
+
+type RestoreSnapshotResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	StartMs       float64                `protobuf:"fixed64,2,opt,name=start_ms,json=startMs,proto3" json:"start_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreSnapshotResponse) Reset() {
+	*x = RestoreSnapshotResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreSnapshotResponse) ProtoMessage() {}
+
+func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*RestoreSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *RestoreSnapshotResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *RestoreSnapshotResponse) GetStartMs() float64 {
+	if x != nil {
+		return x.StartMs
+	}
+	return 0
+}
+
+type ResumeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A sandbox ID or name (the session).
+	Session       string `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeRequest) Reset() {
+	*x = ResumeRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeRequest) ProtoMessage() {}
+
+func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
+func (*ResumeRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *ResumeRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+type ReplayedExec struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ExecId        string                 `protobuf:"bytes,1,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	Argv          []string               `protobuf:"bytes,2,rep,name=argv,proto3" json:"argv,omitempty"`
+	Shell         string                 `protobuf:"bytes,3,opt,name=shell,proto3" json:"shell,omitempty"`
+	Skipped       bool                   `protobuf:"varint,4,opt,name=skipped,proto3" json:"skipped,omitempty"`
+	SkipReason    string                 `protobuf:"bytes,5,opt,name=skip_reason,json=skipReason,proto3" json:"skip_reason,omitempty"`
+	ExitCode      int32                  `protobuf:"varint,6,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Error         string                 `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplayedExec) Reset() {
+	*x = ReplayedExec{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplayedExec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplayedExec) ProtoMessage() {}
+
+func (x *ReplayedExec) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplayedExec.ProtoReflect.Descriptor instead.
+func (*ReplayedExec) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ReplayedExec) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *ReplayedExec) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *ReplayedExec) GetShell() string {
+	if x != nil {
+		return x.Shell
+	}
+	return ""
+}
+
+func (x *ReplayedExec) GetSkipped() bool {
+	if x != nil {
+		return x.Skipped
+	}
+	return false
+}
+
+func (x *ReplayedExec) GetSkipReason() string {
+	if x != nil {
+		return x.SkipReason
+	}
+	return ""
+}
+
+func (x *ReplayedExec) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *ReplayedExec) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type ResumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Checkpoint    *Checkpoint            `protobuf:"bytes,2,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	Replayed      []*ReplayedExec        `protobuf:"bytes,3,rep,name=replayed,proto3" json:"replayed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeResponse) Reset() {
+	*x = ResumeResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeResponse) ProtoMessage() {}
+
+func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
+func (*ResumeResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ResumeResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *ResumeResponse) GetCheckpoint() *Checkpoint {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return nil
+}
+
+func (x *ResumeResponse) GetReplayed() []*ReplayedExec {
+	if x != nil {
+		return x.Replayed
+	}
+	return nil
+}
+
+type Credential struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Injected as this environment variable into every exec ("" = not).
+	Env string `protobuf:"bytes,2,opt,name=env,proto3" json:"env,omitempty"`
+	// Written to this file under /run/secrets ("" = not).
+	File string `protobuf:"bytes,3,opt,name=file,proto3" json:"file,omitempty"`
+	// Not copied to forks: each fork call must supply a value.
+	PerFork         bool  `protobuf:"varint,4,opt,name=per_fork,json=perFork,proto3" json:"per_fork,omitempty"`
+	UpdatedAtUnixMs int64 `protobuf:"varint,5,opt,name=updated_at_unix_ms,json=updatedAtUnixMs,proto3" json:"updated_at_unix_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Credential) Reset() {
+	*x = Credential{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Credential) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Credential) ProtoMessage() {}
+
+func (x *Credential) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Credential.ProtoReflect.Descriptor instead.
+func (*Credential) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *Credential) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Credential) GetEnv() string {
+	if x != nil {
+		return x.Env
+	}
+	return ""
+}
+
+func (x *Credential) GetFile() string {
+	if x != nil {
+		return x.File
+	}
+	return ""
+}
+
+func (x *Credential) GetPerFork() bool {
+	if x != nil {
+		return x.PerFork
+	}
+	return false
+}
+
+func (x *Credential) GetUpdatedAtUnixMs() int64 {
+	if x != nil {
+		return x.UpdatedAtUnixMs
+	}
+	return 0
+}
+
+type SetCredentialRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Credential    *Credential            `protobuf:"bytes,2,opt,name=credential,proto3" json:"credential,omitempty"`
+	Value         string                 `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetCredentialRequest) Reset() {
+	*x = SetCredentialRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetCredentialRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetCredentialRequest) ProtoMessage() {}
+
+func (x *SetCredentialRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetCredentialRequest.ProtoReflect.Descriptor instead.
+func (*SetCredentialRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *SetCredentialRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *SetCredentialRequest) GetCredential() *Credential {
+	if x != nil {
+		return x.Credential
+	}
+	return nil
+}
+
+func (x *SetCredentialRequest) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+type SetCredentialResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Credential    *Credential            `protobuf:"bytes,1,opt,name=credential,proto3" json:"credential,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetCredentialResponse) Reset() {
+	*x = SetCredentialResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetCredentialResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetCredentialResponse) ProtoMessage() {}
+
+func (x *SetCredentialResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetCredentialResponse.ProtoReflect.Descriptor instead.
+func (*SetCredentialResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *SetCredentialResponse) GetCredential() *Credential {
+	if x != nil {
+		return x.Credential
+	}
+	return nil
+}
+
+type ListCredentialsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCredentialsRequest) Reset() {
+	*x = ListCredentialsRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCredentialsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCredentialsRequest) ProtoMessage() {}
+
+func (x *ListCredentialsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCredentialsRequest.ProtoReflect.Descriptor instead.
+func (*ListCredentialsRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *ListCredentialsRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+type ListCredentialsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Credentials   []*Credential          `protobuf:"bytes,1,rep,name=credentials,proto3" json:"credentials,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCredentialsResponse) Reset() {
+	*x = ListCredentialsResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCredentialsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCredentialsResponse) ProtoMessage() {}
+
+func (x *ListCredentialsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCredentialsResponse.ProtoReflect.Descriptor instead.
+func (*ListCredentialsResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ListCredentialsResponse) GetCredentials() []*Credential {
+	if x != nil {
+		return x.Credentials
+	}
+	return nil
+}
+
+type DeleteCredentialRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteCredentialRequest) Reset() {
+	*x = DeleteCredentialRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteCredentialRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteCredentialRequest) ProtoMessage() {}
+
+func (x *DeleteCredentialRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteCredentialRequest.ProtoReflect.Descriptor instead.
+func (*DeleteCredentialRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *DeleteCredentialRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *DeleteCredentialRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DeleteCredentialResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteCredentialResponse) Reset() {
+	*x = DeleteCredentialResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteCredentialResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteCredentialResponse) ProtoMessage() {}
+
+func (x *DeleteCredentialResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteCredentialResponse.ProtoReflect.Descriptor instead.
+func (*DeleteCredentialResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{50}
+}
+
 type Image struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1543,7 +3131,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[24]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1555,7 +3143,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[24]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1568,7 +3156,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{24}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Image) GetName() string {
@@ -1617,7 +3205,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[25]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1629,7 +3217,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[25]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1642,7 +3230,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{25}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *PullImageRequest) GetRef() string {
@@ -1670,7 +3258,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[26]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1682,7 +3270,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[26]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1695,7 +3283,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{26}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ImportImageRequest) GetPath() string {
@@ -1725,7 +3313,7 @@ type ImageProgress struct {
 
 func (x *ImageProgress) Reset() {
 	*x = ImageProgress{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[27]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1737,7 +3325,7 @@ func (x *ImageProgress) String() string {
 func (*ImageProgress) ProtoMessage() {}
 
 func (x *ImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[27]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1750,7 +3338,7 @@ func (x *ImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageProgress.ProtoReflect.Descriptor instead.
 func (*ImageProgress) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{27}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ImageProgress) GetPhase() string {
@@ -1789,7 +3377,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[28]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1801,7 +3389,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[28]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1814,7 +3402,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{28}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{55}
 }
 
 type ListImagesResponse struct {
@@ -1826,7 +3414,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[29]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1838,7 +3426,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[29]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1851,7 +3439,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{29}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -1870,7 +3458,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[30]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1882,7 +3470,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[30]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1895,7 +3483,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{30}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RemoveImageRequest) GetName() string {
@@ -1913,7 +3501,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[31]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1925,7 +3513,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[31]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1938,7 +3526,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{31}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{58}
 }
 
 var File_forkbox_v1_forkbox_proto protoreflect.FileDescriptor
@@ -1950,7 +3538,7 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\tResources\x12\x10\n" +
 	"\x03cpu\x18\x01 \x01(\tR\x03cpu\x12\x16\n" +
 	"\x06memory\x18\x02 \x01(\tR\x06memory\x12\x12\n" +
-	"\x04pids\x18\x03 \x01(\x03R\x04pids\"\xee\x03\n" +
+	"\x04pids\x18\x03 \x01(\x03R\x04pids\"\xf5\x04\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -1967,7 +3555,12 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x02ip\x18\f \x01(\tR\x02ip\x12+\n" +
 	"\x12created_at_unix_ms\x18\r \x01(\x03R\x0fcreatedAtUnixMs\x12 \n" +
 	"\vsnapshotter\x18\x0e \x01(\tR\vsnapshotter\x12\x14\n" +
-	"\x05error\x18\x0f \x01(\tR\x05error\x1a6\n" +
+	"\x05error\x18\x0f \x01(\tR\x05error\x12'\n" +
+	"\x0ffrom_checkpoint\x18\x10 \x01(\tR\x0efromCheckpoint\x12\x1b\n" +
+	"\tparent_id\x18\x11 \x01(\tR\bparentId\x12 \n" +
+	"\vcredentials\x18\x12 \x03(\tR\vcredentials\x12\x1d\n" +
+	"\n" +
+	"machine_id\x18\x13 \x01(\tR\tmachineId\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xae\x02\n" +
@@ -1995,7 +3588,7 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\tsandboxes\x18\x01 \x03(\v2\x13.forkbox.v1.SandboxR\tsandboxes\"0\n" +
 	"\x14DeleteSandboxRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\"\x17\n" +
-	"\x15DeleteSandboxResponse\"\xa4\x02\n" +
+	"\x15DeleteSandboxResponse\"\xcb\x02\n" +
 	"\vExecRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x12\n" +
 	"\x04argv\x18\x02 \x03(\tR\x04argv\x12\x14\n" +
@@ -2007,7 +3600,8 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"timeout_ms\x18\a \x01(\x03R\ttimeoutMs\x12\x1e\n" +
 	"\n" +
 	"background\x18\b \x01(\bR\n" +
-	"background\x1a6\n" +
+	"background\x12%\n" +
+	"\x0enon_replayable\x18\t \x01(\bR\rnonReplayable\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xac\x01\n" +
@@ -2061,7 +3655,134 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"timeUnixMs\x12\x1b\n" +
 	"\tdata_json\x18\x05 \x01(\tR\bdataJson\";\n" +
 	"\x0eEventsResponse\x12)\n" +
-	"\x06events\x18\x01 \x03(\v2\x11.forkbox.v1.EventR\x06events\"\x8c\x01\n" +
+	"\x06events\x18\x01 \x03(\v2\x11.forkbox.v1.EventR\x06events\"/\n" +
+	"\x13PauseSandboxRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\"E\n" +
+	"\x14PauseSandboxResponse\x12-\n" +
+	"\asandbox\x18\x01 \x01(\v2\x13.forkbox.v1.SandboxR\asandbox\"1\n" +
+	"\x15UnpauseSandboxRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\"G\n" +
+	"\x16UnpauseSandboxResponse\x12-\n" +
+	"\asandbox\x18\x01 \x01(\v2\x13.forkbox.v1.SandboxR\asandbox\"\xfa\x01\n" +
+	"\n" +
+	"Checkpoint\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12!\n" +
+	"\fsandbox_name\x18\x03 \x01(\tR\vsandboxName\x12\x10\n" +
+	"\x03tag\x18\x04 \x01(\tR\x03tag\x12+\n" +
+	"\x12created_at_unix_ms\x18\x05 \x01(\x03R\x0fcreatedAtUnixMs\x12\x12\n" +
+	"\x04size\x18\x06 \x01(\x03R\x04size\x12\x12\n" +
+	"\x04kind\x18\a \x01(\tR\x04kind\x12\x14\n" +
+	"\x05image\x18\b \x01(\tR\x05image\x12\x1d\n" +
+	"\n" +
+	"capture_ms\x18\t \x01(\x01R\tcaptureMs\"?\n" +
+	"\x11CheckpointRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x10\n" +
+	"\x03tag\x18\x02 \x01(\tR\x03tag\"L\n" +
+	"\x12CheckpointResponse\x126\n" +
+	"\n" +
+	"checkpoint\x18\x01 \x01(\v2\x16.forkbox.v1.CheckpointR\n" +
+	"checkpoint\"2\n" +
+	"\x16ListCheckpointsRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\"S\n" +
+	"\x17ListCheckpointsResponse\x128\n" +
+	"\vcheckpoints\x18\x01 \x03(\v2\x16.forkbox.v1.CheckpointR\vcheckpoints\"9\n" +
+	"\x17DeleteCheckpointRequest\x12\x1e\n" +
+	"\n" +
+	"checkpoint\x18\x01 \x01(\tR\n" +
+	"checkpoint\"\x1a\n" +
+	"\x18DeleteCheckpointResponse\"\xe8\x01\n" +
+	"\tOverrides\x123\n" +
+	"\tresources\x18\x01 \x01(\v2\x15.forkbox.v1.ResourcesR\tresources\x120\n" +
+	"\x03env\x18\x02 \x03(\v2\x1e.forkbox.v1.Overrides.EnvEntryR\x03env\x12\x10\n" +
+	"\x03cwd\x18\x03 \x01(\tR\x03cwd\x12\x16\n" +
+	"\x06egress\x18\x04 \x01(\tR\x06egress\x12\x12\n" +
+	"\x04name\x18\x05 \x01(\tR\x04name\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xda\x02\n" +
+	"\vForkRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x10\n" +
+	"\x03tag\x18\x02 \x01(\tR\x03tag\x12\x14\n" +
+	"\x05count\x18\x03 \x01(\x05R\x05count\x123\n" +
+	"\toverrides\x18\x04 \x01(\v2\x15.forkbox.v1.OverridesR\toverrides\x12J\n" +
+	"\vcredentials\x18\x05 \x03(\v2(.forkbox.v1.ForkRequest.CredentialsEntryR\vcredentials\x12'\n" +
+	"\x0ffrom_checkpoint\x18\x06 \x01(\tR\x0efromCheckpoint\x12\x1f\n" +
+	"\vbest_effort\x18\a \x01(\bR\n" +
+	"bestEffort\x1a>\n" +
+	"\x10CredentialsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8c\x01\n" +
+	"\tForkChild\x12-\n" +
+	"\asandbox\x18\x01 \x01(\v2\x13.forkbox.v1.SandboxR\asandbox\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12\x1f\n" +
+	"\verror_class\x18\x03 \x01(\tR\n" +
+	"errorClass\x12\x19\n" +
+	"\bstart_ms\x18\x04 \x01(\x01R\astartMs\"\xcf\x01\n" +
+	"\fForkResponse\x126\n" +
+	"\n" +
+	"checkpoint\x18\x01 \x01(\v2\x16.forkbox.v1.CheckpointR\n" +
+	"checkpoint\x12\x1a\n" +
+	"\bcaptured\x18\x02 \x01(\tR\bcaptured\x12\x1d\n" +
+	"\n" +
+	"capture_ms\x18\x03 \x01(\x01R\tcaptureMs\x121\n" +
+	"\bchildren\x18\x04 \x03(\v2\x15.forkbox.v1.ForkChildR\bchildren\x12\x19\n" +
+	"\btotal_ms\x18\x05 \x01(\x01R\atotalMs\"\x84\x02\n" +
+	"\x16RestoreSnapshotRequest\x12\x1e\n" +
+	"\n" +
+	"checkpoint\x18\x01 \x01(\tR\n" +
+	"checkpoint\x123\n" +
+	"\toverrides\x18\x02 \x01(\v2\x15.forkbox.v1.OverridesR\toverrides\x12U\n" +
+	"\vcredentials\x18\x03 \x03(\v23.forkbox.v1.RestoreSnapshotRequest.CredentialsEntryR\vcredentials\x1a>\n" +
+	"\x10CredentialsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"c\n" +
+	"\x17RestoreSnapshotResponse\x12-\n" +
+	"\asandbox\x18\x01 \x01(\v2\x13.forkbox.v1.SandboxR\asandbox\x12\x19\n" +
+	"\bstart_ms\x18\x02 \x01(\x01R\astartMs\")\n" +
+	"\rResumeRequest\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\"\xbf\x01\n" +
+	"\fReplayedExec\x12\x17\n" +
+	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12\x12\n" +
+	"\x04argv\x18\x02 \x03(\tR\x04argv\x12\x14\n" +
+	"\x05shell\x18\x03 \x01(\tR\x05shell\x12\x18\n" +
+	"\askipped\x18\x04 \x01(\bR\askipped\x12\x1f\n" +
+	"\vskip_reason\x18\x05 \x01(\tR\n" +
+	"skipReason\x12\x1b\n" +
+	"\texit_code\x18\x06 \x01(\x05R\bexitCode\x12\x14\n" +
+	"\x05error\x18\a \x01(\tR\x05error\"\xad\x01\n" +
+	"\x0eResumeResponse\x12-\n" +
+	"\asandbox\x18\x01 \x01(\v2\x13.forkbox.v1.SandboxR\asandbox\x126\n" +
+	"\n" +
+	"checkpoint\x18\x02 \x01(\v2\x16.forkbox.v1.CheckpointR\n" +
+	"checkpoint\x124\n" +
+	"\breplayed\x18\x03 \x03(\v2\x18.forkbox.v1.ReplayedExecR\breplayed\"\x8e\x01\n" +
+	"\n" +
+	"Credential\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03env\x18\x02 \x01(\tR\x03env\x12\x12\n" +
+	"\x04file\x18\x03 \x01(\tR\x04file\x12\x19\n" +
+	"\bper_fork\x18\x04 \x01(\bR\aperFork\x12+\n" +
+	"\x12updated_at_unix_ms\x18\x05 \x01(\x03R\x0fupdatedAtUnixMs\"~\n" +
+	"\x14SetCredentialRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x126\n" +
+	"\n" +
+	"credential\x18\x02 \x01(\v2\x16.forkbox.v1.CredentialR\n" +
+	"credential\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\tR\x05value\"O\n" +
+	"\x15SetCredentialResponse\x126\n" +
+	"\n" +
+	"credential\x18\x01 \x01(\v2\x16.forkbox.v1.CredentialR\n" +
+	"credential\"2\n" +
+	"\x16ListCredentialsRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\"S\n" +
+	"\x17ListCredentialsResponse\x128\n" +
+	"\vcredentials\x18\x01 \x03(\v2\x16.forkbox.v1.CredentialR\vcredentials\"G\n" +
+	"\x17DeleteCredentialRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\x1a\n" +
+	"\x18DeleteCredentialResponse\"\x8c\x01\n" +
 	"\x05Image\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x12\n" +
@@ -2084,7 +3805,7 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x06images\x18\x01 \x03(\v2\x11.forkbox.v1.ImageR\x06images\"(\n" +
 	"\x12RemoveImageRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x15\n" +
-	"\x13RemoveImageResponse2\xb8\x05\n" +
+	"\x13RemoveImageResponse2\xd5\f\n" +
 	"\x0eSandboxService\x12T\n" +
 	"\rCreateSandbox\x12 .forkbox.v1.CreateSandboxRequest\x1a!.forkbox.v1.CreateSandboxResponse\x12K\n" +
 	"\n" +
@@ -2095,7 +3816,19 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\bReadFile\x12\x1b.forkbox.v1.ReadFileRequest\x1a\x1c.forkbox.v1.ReadFileResponse\x12H\n" +
 	"\tWriteFile\x12\x1c.forkbox.v1.WriteFileRequest\x1a\x1d.forkbox.v1.WriteFileResponse\x12H\n" +
 	"\tListFiles\x12\x1c.forkbox.v1.ListFilesRequest\x1a\x1d.forkbox.v1.ListFilesResponse\x12?\n" +
-	"\x06Events\x12\x19.forkbox.v1.EventsRequest\x1a\x1a.forkbox.v1.EventsResponse2\xbf\x02\n" +
+	"\x06Events\x12\x19.forkbox.v1.EventsRequest\x1a\x1a.forkbox.v1.EventsResponse\x12Q\n" +
+	"\fPauseSandbox\x12\x1f.forkbox.v1.PauseSandboxRequest\x1a .forkbox.v1.PauseSandboxResponse\x12W\n" +
+	"\x0eUnpauseSandbox\x12!.forkbox.v1.UnpauseSandboxRequest\x1a\".forkbox.v1.UnpauseSandboxResponse\x12K\n" +
+	"\n" +
+	"Checkpoint\x12\x1d.forkbox.v1.CheckpointRequest\x1a\x1e.forkbox.v1.CheckpointResponse\x12Z\n" +
+	"\x0fListCheckpoints\x12\".forkbox.v1.ListCheckpointsRequest\x1a#.forkbox.v1.ListCheckpointsResponse\x12]\n" +
+	"\x10DeleteCheckpoint\x12#.forkbox.v1.DeleteCheckpointRequest\x1a$.forkbox.v1.DeleteCheckpointResponse\x129\n" +
+	"\x04Fork\x12\x17.forkbox.v1.ForkRequest\x1a\x18.forkbox.v1.ForkResponse\x12Z\n" +
+	"\x0fRestoreSnapshot\x12\".forkbox.v1.RestoreSnapshotRequest\x1a#.forkbox.v1.RestoreSnapshotResponse\x12?\n" +
+	"\x06Resume\x12\x19.forkbox.v1.ResumeRequest\x1a\x1a.forkbox.v1.ResumeResponse\x12T\n" +
+	"\rSetCredential\x12 .forkbox.v1.SetCredentialRequest\x1a!.forkbox.v1.SetCredentialResponse\x12Z\n" +
+	"\x0fListCredentials\x12\".forkbox.v1.ListCredentialsRequest\x1a#.forkbox.v1.ListCredentialsResponse\x12]\n" +
+	"\x10DeleteCredential\x12#.forkbox.v1.DeleteCredentialRequest\x1a$.forkbox.v1.DeleteCredentialResponse2\xbf\x02\n" +
 	"\fImageService\x12F\n" +
 	"\tPullImage\x12\x1c.forkbox.v1.PullImageRequest\x1a\x19.forkbox.v1.ImageProgress0\x01\x12J\n" +
 	"\vImportImage\x12\x1e.forkbox.v1.ImportImageRequest\x1a\x19.forkbox.v1.ImageProgress0\x01\x12K\n" +
@@ -2115,90 +3848,162 @@ func file_forkbox_v1_forkbox_proto_rawDescGZIP() []byte {
 	return file_forkbox_v1_forkbox_proto_rawDescData
 }
 
-var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
 var file_forkbox_v1_forkbox_proto_goTypes = []any{
-	(*Resources)(nil),             // 0: forkbox.v1.Resources
-	(*Sandbox)(nil),               // 1: forkbox.v1.Sandbox
-	(*CreateSandboxRequest)(nil),  // 2: forkbox.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil), // 3: forkbox.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),     // 4: forkbox.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),    // 5: forkbox.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),  // 6: forkbox.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil), // 7: forkbox.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),  // 8: forkbox.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil), // 9: forkbox.v1.DeleteSandboxResponse
-	(*ExecRequest)(nil),           // 10: forkbox.v1.ExecRequest
-	(*ExecResponse)(nil),          // 11: forkbox.v1.ExecResponse
-	(*ExecStarted)(nil),           // 12: forkbox.v1.ExecStarted
-	(*ExecExit)(nil),              // 13: forkbox.v1.ExecExit
-	(*ReadFileRequest)(nil),       // 14: forkbox.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),      // 15: forkbox.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),      // 16: forkbox.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),     // 17: forkbox.v1.WriteFileResponse
-	(*ListFilesRequest)(nil),      // 18: forkbox.v1.ListFilesRequest
-	(*FileInfo)(nil),              // 19: forkbox.v1.FileInfo
-	(*ListFilesResponse)(nil),     // 20: forkbox.v1.ListFilesResponse
-	(*EventsRequest)(nil),         // 21: forkbox.v1.EventsRequest
-	(*Event)(nil),                 // 22: forkbox.v1.Event
-	(*EventsResponse)(nil),        // 23: forkbox.v1.EventsResponse
-	(*Image)(nil),                 // 24: forkbox.v1.Image
-	(*PullImageRequest)(nil),      // 25: forkbox.v1.PullImageRequest
-	(*ImportImageRequest)(nil),    // 26: forkbox.v1.ImportImageRequest
-	(*ImageProgress)(nil),         // 27: forkbox.v1.ImageProgress
-	(*ListImagesRequest)(nil),     // 28: forkbox.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),    // 29: forkbox.v1.ListImagesResponse
-	(*RemoveImageRequest)(nil),    // 30: forkbox.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),   // 31: forkbox.v1.RemoveImageResponse
-	nil,                           // 32: forkbox.v1.Sandbox.EnvEntry
-	nil,                           // 33: forkbox.v1.CreateSandboxRequest.EnvEntry
-	nil,                           // 34: forkbox.v1.ExecRequest.EnvEntry
+	(*Resources)(nil),                // 0: forkbox.v1.Resources
+	(*Sandbox)(nil),                  // 1: forkbox.v1.Sandbox
+	(*CreateSandboxRequest)(nil),     // 2: forkbox.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),    // 3: forkbox.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),        // 4: forkbox.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),       // 5: forkbox.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),     // 6: forkbox.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),    // 7: forkbox.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),     // 8: forkbox.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),    // 9: forkbox.v1.DeleteSandboxResponse
+	(*ExecRequest)(nil),              // 10: forkbox.v1.ExecRequest
+	(*ExecResponse)(nil),             // 11: forkbox.v1.ExecResponse
+	(*ExecStarted)(nil),              // 12: forkbox.v1.ExecStarted
+	(*ExecExit)(nil),                 // 13: forkbox.v1.ExecExit
+	(*ReadFileRequest)(nil),          // 14: forkbox.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),         // 15: forkbox.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),         // 16: forkbox.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),        // 17: forkbox.v1.WriteFileResponse
+	(*ListFilesRequest)(nil),         // 18: forkbox.v1.ListFilesRequest
+	(*FileInfo)(nil),                 // 19: forkbox.v1.FileInfo
+	(*ListFilesResponse)(nil),        // 20: forkbox.v1.ListFilesResponse
+	(*EventsRequest)(nil),            // 21: forkbox.v1.EventsRequest
+	(*Event)(nil),                    // 22: forkbox.v1.Event
+	(*EventsResponse)(nil),           // 23: forkbox.v1.EventsResponse
+	(*PauseSandboxRequest)(nil),      // 24: forkbox.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),     // 25: forkbox.v1.PauseSandboxResponse
+	(*UnpauseSandboxRequest)(nil),    // 26: forkbox.v1.UnpauseSandboxRequest
+	(*UnpauseSandboxResponse)(nil),   // 27: forkbox.v1.UnpauseSandboxResponse
+	(*Checkpoint)(nil),               // 28: forkbox.v1.Checkpoint
+	(*CheckpointRequest)(nil),        // 29: forkbox.v1.CheckpointRequest
+	(*CheckpointResponse)(nil),       // 30: forkbox.v1.CheckpointResponse
+	(*ListCheckpointsRequest)(nil),   // 31: forkbox.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),  // 32: forkbox.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil),  // 33: forkbox.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil), // 34: forkbox.v1.DeleteCheckpointResponse
+	(*Overrides)(nil),                // 35: forkbox.v1.Overrides
+	(*ForkRequest)(nil),              // 36: forkbox.v1.ForkRequest
+	(*ForkChild)(nil),                // 37: forkbox.v1.ForkChild
+	(*ForkResponse)(nil),             // 38: forkbox.v1.ForkResponse
+	(*RestoreSnapshotRequest)(nil),   // 39: forkbox.v1.RestoreSnapshotRequest
+	(*RestoreSnapshotResponse)(nil),  // 40: forkbox.v1.RestoreSnapshotResponse
+	(*ResumeRequest)(nil),            // 41: forkbox.v1.ResumeRequest
+	(*ReplayedExec)(nil),             // 42: forkbox.v1.ReplayedExec
+	(*ResumeResponse)(nil),           // 43: forkbox.v1.ResumeResponse
+	(*Credential)(nil),               // 44: forkbox.v1.Credential
+	(*SetCredentialRequest)(nil),     // 45: forkbox.v1.SetCredentialRequest
+	(*SetCredentialResponse)(nil),    // 46: forkbox.v1.SetCredentialResponse
+	(*ListCredentialsRequest)(nil),   // 47: forkbox.v1.ListCredentialsRequest
+	(*ListCredentialsResponse)(nil),  // 48: forkbox.v1.ListCredentialsResponse
+	(*DeleteCredentialRequest)(nil),  // 49: forkbox.v1.DeleteCredentialRequest
+	(*DeleteCredentialResponse)(nil), // 50: forkbox.v1.DeleteCredentialResponse
+	(*Image)(nil),                    // 51: forkbox.v1.Image
+	(*PullImageRequest)(nil),         // 52: forkbox.v1.PullImageRequest
+	(*ImportImageRequest)(nil),       // 53: forkbox.v1.ImportImageRequest
+	(*ImageProgress)(nil),            // 54: forkbox.v1.ImageProgress
+	(*ListImagesRequest)(nil),        // 55: forkbox.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),       // 56: forkbox.v1.ListImagesResponse
+	(*RemoveImageRequest)(nil),       // 57: forkbox.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),      // 58: forkbox.v1.RemoveImageResponse
+	nil,                              // 59: forkbox.v1.Sandbox.EnvEntry
+	nil,                              // 60: forkbox.v1.CreateSandboxRequest.EnvEntry
+	nil,                              // 61: forkbox.v1.ExecRequest.EnvEntry
+	nil,                              // 62: forkbox.v1.Overrides.EnvEntry
+	nil,                              // 63: forkbox.v1.ForkRequest.CredentialsEntry
+	nil,                              // 64: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
 }
 var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	0,  // 0: forkbox.v1.Sandbox.resources:type_name -> forkbox.v1.Resources
-	32, // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
+	59, // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
 	0,  // 2: forkbox.v1.CreateSandboxRequest.resources:type_name -> forkbox.v1.Resources
-	33, // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
+	60, // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
 	1,  // 4: forkbox.v1.CreateSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,  // 5: forkbox.v1.GetSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,  // 6: forkbox.v1.ListSandboxesResponse.sandboxes:type_name -> forkbox.v1.Sandbox
-	34, // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
+	61, // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
 	12, // 8: forkbox.v1.ExecResponse.started:type_name -> forkbox.v1.ExecStarted
 	13, // 9: forkbox.v1.ExecResponse.exit:type_name -> forkbox.v1.ExecExit
 	19, // 10: forkbox.v1.ListFilesResponse.files:type_name -> forkbox.v1.FileInfo
 	22, // 11: forkbox.v1.EventsResponse.events:type_name -> forkbox.v1.Event
-	24, // 12: forkbox.v1.ImageProgress.image:type_name -> forkbox.v1.Image
-	24, // 13: forkbox.v1.ListImagesResponse.images:type_name -> forkbox.v1.Image
-	2,  // 14: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
-	4,  // 15: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
-	6,  // 16: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
-	8,  // 17: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
-	10, // 18: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
-	14, // 19: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
-	16, // 20: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
-	18, // 21: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
-	21, // 22: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
-	25, // 23: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
-	26, // 24: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
-	28, // 25: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
-	30, // 26: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
-	3,  // 27: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
-	5,  // 28: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
-	7,  // 29: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
-	9,  // 30: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
-	11, // 31: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
-	15, // 32: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
-	17, // 33: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
-	20, // 34: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
-	23, // 35: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
-	27, // 36: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
-	27, // 37: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
-	29, // 38: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
-	31, // 39: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
-	27, // [27:40] is the sub-list for method output_type
-	14, // [14:27] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	1,  // 12: forkbox.v1.PauseSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	1,  // 13: forkbox.v1.UnpauseSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	28, // 14: forkbox.v1.CheckpointResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
+	28, // 15: forkbox.v1.ListCheckpointsResponse.checkpoints:type_name -> forkbox.v1.Checkpoint
+	0,  // 16: forkbox.v1.Overrides.resources:type_name -> forkbox.v1.Resources
+	62, // 17: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
+	35, // 18: forkbox.v1.ForkRequest.overrides:type_name -> forkbox.v1.Overrides
+	63, // 19: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
+	1,  // 20: forkbox.v1.ForkChild.sandbox:type_name -> forkbox.v1.Sandbox
+	28, // 21: forkbox.v1.ForkResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
+	37, // 22: forkbox.v1.ForkResponse.children:type_name -> forkbox.v1.ForkChild
+	35, // 23: forkbox.v1.RestoreSnapshotRequest.overrides:type_name -> forkbox.v1.Overrides
+	64, // 24: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	1,  // 25: forkbox.v1.RestoreSnapshotResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	1,  // 26: forkbox.v1.ResumeResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	28, // 27: forkbox.v1.ResumeResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
+	42, // 28: forkbox.v1.ResumeResponse.replayed:type_name -> forkbox.v1.ReplayedExec
+	44, // 29: forkbox.v1.SetCredentialRequest.credential:type_name -> forkbox.v1.Credential
+	44, // 30: forkbox.v1.SetCredentialResponse.credential:type_name -> forkbox.v1.Credential
+	44, // 31: forkbox.v1.ListCredentialsResponse.credentials:type_name -> forkbox.v1.Credential
+	51, // 32: forkbox.v1.ImageProgress.image:type_name -> forkbox.v1.Image
+	51, // 33: forkbox.v1.ListImagesResponse.images:type_name -> forkbox.v1.Image
+	2,  // 34: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
+	4,  // 35: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
+	6,  // 36: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
+	8,  // 37: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
+	10, // 38: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
+	14, // 39: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
+	16, // 40: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
+	18, // 41: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
+	21, // 42: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
+	24, // 43: forkbox.v1.SandboxService.PauseSandbox:input_type -> forkbox.v1.PauseSandboxRequest
+	26, // 44: forkbox.v1.SandboxService.UnpauseSandbox:input_type -> forkbox.v1.UnpauseSandboxRequest
+	29, // 45: forkbox.v1.SandboxService.Checkpoint:input_type -> forkbox.v1.CheckpointRequest
+	31, // 46: forkbox.v1.SandboxService.ListCheckpoints:input_type -> forkbox.v1.ListCheckpointsRequest
+	33, // 47: forkbox.v1.SandboxService.DeleteCheckpoint:input_type -> forkbox.v1.DeleteCheckpointRequest
+	36, // 48: forkbox.v1.SandboxService.Fork:input_type -> forkbox.v1.ForkRequest
+	39, // 49: forkbox.v1.SandboxService.RestoreSnapshot:input_type -> forkbox.v1.RestoreSnapshotRequest
+	41, // 50: forkbox.v1.SandboxService.Resume:input_type -> forkbox.v1.ResumeRequest
+	45, // 51: forkbox.v1.SandboxService.SetCredential:input_type -> forkbox.v1.SetCredentialRequest
+	47, // 52: forkbox.v1.SandboxService.ListCredentials:input_type -> forkbox.v1.ListCredentialsRequest
+	49, // 53: forkbox.v1.SandboxService.DeleteCredential:input_type -> forkbox.v1.DeleteCredentialRequest
+	52, // 54: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
+	53, // 55: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
+	55, // 56: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
+	57, // 57: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
+	3,  // 58: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
+	5,  // 59: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
+	7,  // 60: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
+	9,  // 61: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
+	11, // 62: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
+	15, // 63: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
+	17, // 64: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
+	20, // 65: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
+	23, // 66: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
+	25, // 67: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
+	27, // 68: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
+	30, // 69: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
+	32, // 70: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
+	34, // 71: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
+	38, // 72: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
+	40, // 73: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
+	43, // 74: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
+	46, // 75: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
+	48, // 76: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
+	50, // 77: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
+	54, // 78: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
+	54, // 79: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
+	56, // 80: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
+	58, // 81: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
+	58, // [58:82] is the sub-list for method output_type
+	34, // [34:58] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_forkbox_v1_forkbox_proto_init() }
@@ -2218,7 +4023,7 @@ func file_forkbox_v1_forkbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkbox_v1_forkbox_proto_rawDesc), len(file_forkbox_v1_forkbox_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   35,
+			NumMessages:   65,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -63,6 +63,37 @@ const (
 	SandboxServiceListFilesProcedure = "/forkbox.v1.SandboxService/ListFiles"
 	// SandboxServiceEventsProcedure is the fully-qualified name of the SandboxService's Events RPC.
 	SandboxServiceEventsProcedure = "/forkbox.v1.SandboxService/Events"
+	// SandboxServicePauseSandboxProcedure is the fully-qualified name of the SandboxService's
+	// PauseSandbox RPC.
+	SandboxServicePauseSandboxProcedure = "/forkbox.v1.SandboxService/PauseSandbox"
+	// SandboxServiceUnpauseSandboxProcedure is the fully-qualified name of the SandboxService's
+	// UnpauseSandbox RPC.
+	SandboxServiceUnpauseSandboxProcedure = "/forkbox.v1.SandboxService/UnpauseSandbox"
+	// SandboxServiceCheckpointProcedure is the fully-qualified name of the SandboxService's Checkpoint
+	// RPC.
+	SandboxServiceCheckpointProcedure = "/forkbox.v1.SandboxService/Checkpoint"
+	// SandboxServiceListCheckpointsProcedure is the fully-qualified name of the SandboxService's
+	// ListCheckpoints RPC.
+	SandboxServiceListCheckpointsProcedure = "/forkbox.v1.SandboxService/ListCheckpoints"
+	// SandboxServiceDeleteCheckpointProcedure is the fully-qualified name of the SandboxService's
+	// DeleteCheckpoint RPC.
+	SandboxServiceDeleteCheckpointProcedure = "/forkbox.v1.SandboxService/DeleteCheckpoint"
+	// SandboxServiceForkProcedure is the fully-qualified name of the SandboxService's Fork RPC.
+	SandboxServiceForkProcedure = "/forkbox.v1.SandboxService/Fork"
+	// SandboxServiceRestoreSnapshotProcedure is the fully-qualified name of the SandboxService's
+	// RestoreSnapshot RPC.
+	SandboxServiceRestoreSnapshotProcedure = "/forkbox.v1.SandboxService/RestoreSnapshot"
+	// SandboxServiceResumeProcedure is the fully-qualified name of the SandboxService's Resume RPC.
+	SandboxServiceResumeProcedure = "/forkbox.v1.SandboxService/Resume"
+	// SandboxServiceSetCredentialProcedure is the fully-qualified name of the SandboxService's
+	// SetCredential RPC.
+	SandboxServiceSetCredentialProcedure = "/forkbox.v1.SandboxService/SetCredential"
+	// SandboxServiceListCredentialsProcedure is the fully-qualified name of the SandboxService's
+	// ListCredentials RPC.
+	SandboxServiceListCredentialsProcedure = "/forkbox.v1.SandboxService/ListCredentials"
+	// SandboxServiceDeleteCredentialProcedure is the fully-qualified name of the SandboxService's
+	// DeleteCredential RPC.
+	SandboxServiceDeleteCredentialProcedure = "/forkbox.v1.SandboxService/DeleteCredential"
 	// ImageServicePullImageProcedure is the fully-qualified name of the ImageService's PullImage RPC.
 	ImageServicePullImageProcedure = "/forkbox.v1.ImageService/PullImage"
 	// ImageServiceImportImageProcedure is the fully-qualified name of the ImageService's ImportImage
@@ -89,6 +120,26 @@ type SandboxServiceClient interface {
 	ListFiles(context.Context, *connect.Request[v1.ListFilesRequest]) (*connect.Response[v1.ListFilesResponse], error)
 	// Events returns a sandbox's ledger, oldest first.
 	Events(context.Context, *connect.Request[v1.EventsRequest]) (*connect.Response[v1.EventsResponse], error)
+	// Pause freezes a sandbox in place; ResumeSandbox thaws it.
+	PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error)
+	UnpauseSandbox(context.Context, *connect.Request[v1.UnpauseSandboxRequest]) (*connect.Response[v1.UnpauseSandboxResponse], error)
+	// Checkpoint captures a sandbox's state as an immutable snapshot and
+	// records sandbox.checkpoint_created in its ledger.
+	Checkpoint(context.Context, *connect.Request[v1.CheckpointRequest]) (*connect.Response[v1.CheckpointResponse], error)
+	ListCheckpoints(context.Context, *connect.Request[v1.ListCheckpointsRequest]) (*connect.Response[v1.ListCheckpointsResponse], error)
+	DeleteCheckpoint(context.Context, *connect.Request[v1.DeleteCheckpointRequest]) (*connect.Response[v1.DeleteCheckpointResponse], error)
+	// Fork checkpoints a sandbox and starts count children from it; the
+	// source keeps running. Results are per child.
+	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
+	// RestoreSnapshot starts a new sandbox from a checkpoint, with a clean
+	// exec history.
+	RestoreSnapshot(context.Context, *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error)
+	// Resume brings back a closed or crashed session: its last checkpoint is
+	// restored and the execs recorded after it are replayed in order.
+	Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error)
+	SetCredential(context.Context, *connect.Request[v1.SetCredentialRequest]) (*connect.Response[v1.SetCredentialResponse], error)
+	ListCredentials(context.Context, *connect.Request[v1.ListCredentialsRequest]) (*connect.Response[v1.ListCredentialsResponse], error)
+	DeleteCredential(context.Context, *connect.Request[v1.DeleteCredentialRequest]) (*connect.Response[v1.DeleteCredentialResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the forkbox.v1.SandboxService service. By
@@ -156,20 +207,97 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("Events")),
 			connect.WithClientOptions(opts...),
 		),
+		pauseSandbox: connect.NewClient[v1.PauseSandboxRequest, v1.PauseSandboxResponse](
+			httpClient,
+			baseURL+SandboxServicePauseSandboxProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("PauseSandbox")),
+			connect.WithClientOptions(opts...),
+		),
+		unpauseSandbox: connect.NewClient[v1.UnpauseSandboxRequest, v1.UnpauseSandboxResponse](
+			httpClient,
+			baseURL+SandboxServiceUnpauseSandboxProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("UnpauseSandbox")),
+			connect.WithClientOptions(opts...),
+		),
+		checkpoint: connect.NewClient[v1.CheckpointRequest, v1.CheckpointResponse](
+			httpClient,
+			baseURL+SandboxServiceCheckpointProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Checkpoint")),
+			connect.WithClientOptions(opts...),
+		),
+		listCheckpoints: connect.NewClient[v1.ListCheckpointsRequest, v1.ListCheckpointsResponse](
+			httpClient,
+			baseURL+SandboxServiceListCheckpointsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ListCheckpoints")),
+			connect.WithClientOptions(opts...),
+		),
+		deleteCheckpoint: connect.NewClient[v1.DeleteCheckpointRequest, v1.DeleteCheckpointResponse](
+			httpClient,
+			baseURL+SandboxServiceDeleteCheckpointProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("DeleteCheckpoint")),
+			connect.WithClientOptions(opts...),
+		),
+		fork: connect.NewClient[v1.ForkRequest, v1.ForkResponse](
+			httpClient,
+			baseURL+SandboxServiceForkProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Fork")),
+			connect.WithClientOptions(opts...),
+		),
+		restoreSnapshot: connect.NewClient[v1.RestoreSnapshotRequest, v1.RestoreSnapshotResponse](
+			httpClient,
+			baseURL+SandboxServiceRestoreSnapshotProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("RestoreSnapshot")),
+			connect.WithClientOptions(opts...),
+		),
+		resume: connect.NewClient[v1.ResumeRequest, v1.ResumeResponse](
+			httpClient,
+			baseURL+SandboxServiceResumeProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Resume")),
+			connect.WithClientOptions(opts...),
+		),
+		setCredential: connect.NewClient[v1.SetCredentialRequest, v1.SetCredentialResponse](
+			httpClient,
+			baseURL+SandboxServiceSetCredentialProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SetCredential")),
+			connect.WithClientOptions(opts...),
+		),
+		listCredentials: connect.NewClient[v1.ListCredentialsRequest, v1.ListCredentialsResponse](
+			httpClient,
+			baseURL+SandboxServiceListCredentialsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ListCredentials")),
+			connect.WithClientOptions(opts...),
+		),
+		deleteCredential: connect.NewClient[v1.DeleteCredentialRequest, v1.DeleteCredentialResponse](
+			httpClient,
+			baseURL+SandboxServiceDeleteCredentialProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("DeleteCredential")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // sandboxServiceClient implements SandboxServiceClient.
 type sandboxServiceClient struct {
-	createSandbox *connect.Client[v1.CreateSandboxRequest, v1.CreateSandboxResponse]
-	getSandbox    *connect.Client[v1.GetSandboxRequest, v1.GetSandboxResponse]
-	listSandboxes *connect.Client[v1.ListSandboxesRequest, v1.ListSandboxesResponse]
-	deleteSandbox *connect.Client[v1.DeleteSandboxRequest, v1.DeleteSandboxResponse]
-	exec          *connect.Client[v1.ExecRequest, v1.ExecResponse]
-	readFile      *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
-	writeFile     *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
-	listFiles     *connect.Client[v1.ListFilesRequest, v1.ListFilesResponse]
-	events        *connect.Client[v1.EventsRequest, v1.EventsResponse]
+	createSandbox    *connect.Client[v1.CreateSandboxRequest, v1.CreateSandboxResponse]
+	getSandbox       *connect.Client[v1.GetSandboxRequest, v1.GetSandboxResponse]
+	listSandboxes    *connect.Client[v1.ListSandboxesRequest, v1.ListSandboxesResponse]
+	deleteSandbox    *connect.Client[v1.DeleteSandboxRequest, v1.DeleteSandboxResponse]
+	exec             *connect.Client[v1.ExecRequest, v1.ExecResponse]
+	readFile         *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
+	writeFile        *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
+	listFiles        *connect.Client[v1.ListFilesRequest, v1.ListFilesResponse]
+	events           *connect.Client[v1.EventsRequest, v1.EventsResponse]
+	pauseSandbox     *connect.Client[v1.PauseSandboxRequest, v1.PauseSandboxResponse]
+	unpauseSandbox   *connect.Client[v1.UnpauseSandboxRequest, v1.UnpauseSandboxResponse]
+	checkpoint       *connect.Client[v1.CheckpointRequest, v1.CheckpointResponse]
+	listCheckpoints  *connect.Client[v1.ListCheckpointsRequest, v1.ListCheckpointsResponse]
+	deleteCheckpoint *connect.Client[v1.DeleteCheckpointRequest, v1.DeleteCheckpointResponse]
+	fork             *connect.Client[v1.ForkRequest, v1.ForkResponse]
+	restoreSnapshot  *connect.Client[v1.RestoreSnapshotRequest, v1.RestoreSnapshotResponse]
+	resume           *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
+	setCredential    *connect.Client[v1.SetCredentialRequest, v1.SetCredentialResponse]
+	listCredentials  *connect.Client[v1.ListCredentialsRequest, v1.ListCredentialsResponse]
+	deleteCredential *connect.Client[v1.DeleteCredentialRequest, v1.DeleteCredentialResponse]
 }
 
 // CreateSandbox calls forkbox.v1.SandboxService.CreateSandbox.
@@ -217,6 +345,61 @@ func (c *sandboxServiceClient) Events(ctx context.Context, req *connect.Request[
 	return c.events.CallUnary(ctx, req)
 }
 
+// PauseSandbox calls forkbox.v1.SandboxService.PauseSandbox.
+func (c *sandboxServiceClient) PauseSandbox(ctx context.Context, req *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error) {
+	return c.pauseSandbox.CallUnary(ctx, req)
+}
+
+// UnpauseSandbox calls forkbox.v1.SandboxService.UnpauseSandbox.
+func (c *sandboxServiceClient) UnpauseSandbox(ctx context.Context, req *connect.Request[v1.UnpauseSandboxRequest]) (*connect.Response[v1.UnpauseSandboxResponse], error) {
+	return c.unpauseSandbox.CallUnary(ctx, req)
+}
+
+// Checkpoint calls forkbox.v1.SandboxService.Checkpoint.
+func (c *sandboxServiceClient) Checkpoint(ctx context.Context, req *connect.Request[v1.CheckpointRequest]) (*connect.Response[v1.CheckpointResponse], error) {
+	return c.checkpoint.CallUnary(ctx, req)
+}
+
+// ListCheckpoints calls forkbox.v1.SandboxService.ListCheckpoints.
+func (c *sandboxServiceClient) ListCheckpoints(ctx context.Context, req *connect.Request[v1.ListCheckpointsRequest]) (*connect.Response[v1.ListCheckpointsResponse], error) {
+	return c.listCheckpoints.CallUnary(ctx, req)
+}
+
+// DeleteCheckpoint calls forkbox.v1.SandboxService.DeleteCheckpoint.
+func (c *sandboxServiceClient) DeleteCheckpoint(ctx context.Context, req *connect.Request[v1.DeleteCheckpointRequest]) (*connect.Response[v1.DeleteCheckpointResponse], error) {
+	return c.deleteCheckpoint.CallUnary(ctx, req)
+}
+
+// Fork calls forkbox.v1.SandboxService.Fork.
+func (c *sandboxServiceClient) Fork(ctx context.Context, req *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
+	return c.fork.CallUnary(ctx, req)
+}
+
+// RestoreSnapshot calls forkbox.v1.SandboxService.RestoreSnapshot.
+func (c *sandboxServiceClient) RestoreSnapshot(ctx context.Context, req *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error) {
+	return c.restoreSnapshot.CallUnary(ctx, req)
+}
+
+// Resume calls forkbox.v1.SandboxService.Resume.
+func (c *sandboxServiceClient) Resume(ctx context.Context, req *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error) {
+	return c.resume.CallUnary(ctx, req)
+}
+
+// SetCredential calls forkbox.v1.SandboxService.SetCredential.
+func (c *sandboxServiceClient) SetCredential(ctx context.Context, req *connect.Request[v1.SetCredentialRequest]) (*connect.Response[v1.SetCredentialResponse], error) {
+	return c.setCredential.CallUnary(ctx, req)
+}
+
+// ListCredentials calls forkbox.v1.SandboxService.ListCredentials.
+func (c *sandboxServiceClient) ListCredentials(ctx context.Context, req *connect.Request[v1.ListCredentialsRequest]) (*connect.Response[v1.ListCredentialsResponse], error) {
+	return c.listCredentials.CallUnary(ctx, req)
+}
+
+// DeleteCredential calls forkbox.v1.SandboxService.DeleteCredential.
+func (c *sandboxServiceClient) DeleteCredential(ctx context.Context, req *connect.Request[v1.DeleteCredentialRequest]) (*connect.Response[v1.DeleteCredentialResponse], error) {
+	return c.deleteCredential.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the forkbox.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	CreateSandbox(context.Context, *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error)
@@ -231,6 +414,26 @@ type SandboxServiceHandler interface {
 	ListFiles(context.Context, *connect.Request[v1.ListFilesRequest]) (*connect.Response[v1.ListFilesResponse], error)
 	// Events returns a sandbox's ledger, oldest first.
 	Events(context.Context, *connect.Request[v1.EventsRequest]) (*connect.Response[v1.EventsResponse], error)
+	// Pause freezes a sandbox in place; ResumeSandbox thaws it.
+	PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error)
+	UnpauseSandbox(context.Context, *connect.Request[v1.UnpauseSandboxRequest]) (*connect.Response[v1.UnpauseSandboxResponse], error)
+	// Checkpoint captures a sandbox's state as an immutable snapshot and
+	// records sandbox.checkpoint_created in its ledger.
+	Checkpoint(context.Context, *connect.Request[v1.CheckpointRequest]) (*connect.Response[v1.CheckpointResponse], error)
+	ListCheckpoints(context.Context, *connect.Request[v1.ListCheckpointsRequest]) (*connect.Response[v1.ListCheckpointsResponse], error)
+	DeleteCheckpoint(context.Context, *connect.Request[v1.DeleteCheckpointRequest]) (*connect.Response[v1.DeleteCheckpointResponse], error)
+	// Fork checkpoints a sandbox and starts count children from it; the
+	// source keeps running. Results are per child.
+	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
+	// RestoreSnapshot starts a new sandbox from a checkpoint, with a clean
+	// exec history.
+	RestoreSnapshot(context.Context, *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error)
+	// Resume brings back a closed or crashed session: its last checkpoint is
+	// restored and the execs recorded after it are replayed in order.
+	Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error)
+	SetCredential(context.Context, *connect.Request[v1.SetCredentialRequest]) (*connect.Response[v1.SetCredentialResponse], error)
+	ListCredentials(context.Context, *connect.Request[v1.ListCredentialsRequest]) (*connect.Response[v1.ListCredentialsResponse], error)
+	DeleteCredential(context.Context, *connect.Request[v1.DeleteCredentialRequest]) (*connect.Response[v1.DeleteCredentialResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -294,6 +497,72 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("Events")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServicePauseSandboxHandler := connect.NewUnaryHandler(
+		SandboxServicePauseSandboxProcedure,
+		svc.PauseSandbox,
+		connect.WithSchema(sandboxServiceMethods.ByName("PauseSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceUnpauseSandboxHandler := connect.NewUnaryHandler(
+		SandboxServiceUnpauseSandboxProcedure,
+		svc.UnpauseSandbox,
+		connect.WithSchema(sandboxServiceMethods.ByName("UnpauseSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceCheckpointHandler := connect.NewUnaryHandler(
+		SandboxServiceCheckpointProcedure,
+		svc.Checkpoint,
+		connect.WithSchema(sandboxServiceMethods.ByName("Checkpoint")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceListCheckpointsHandler := connect.NewUnaryHandler(
+		SandboxServiceListCheckpointsProcedure,
+		svc.ListCheckpoints,
+		connect.WithSchema(sandboxServiceMethods.ByName("ListCheckpoints")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceDeleteCheckpointHandler := connect.NewUnaryHandler(
+		SandboxServiceDeleteCheckpointProcedure,
+		svc.DeleteCheckpoint,
+		connect.WithSchema(sandboxServiceMethods.ByName("DeleteCheckpoint")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceForkHandler := connect.NewUnaryHandler(
+		SandboxServiceForkProcedure,
+		svc.Fork,
+		connect.WithSchema(sandboxServiceMethods.ByName("Fork")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceRestoreSnapshotHandler := connect.NewUnaryHandler(
+		SandboxServiceRestoreSnapshotProcedure,
+		svc.RestoreSnapshot,
+		connect.WithSchema(sandboxServiceMethods.ByName("RestoreSnapshot")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceResumeHandler := connect.NewUnaryHandler(
+		SandboxServiceResumeProcedure,
+		svc.Resume,
+		connect.WithSchema(sandboxServiceMethods.ByName("Resume")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceSetCredentialHandler := connect.NewUnaryHandler(
+		SandboxServiceSetCredentialProcedure,
+		svc.SetCredential,
+		connect.WithSchema(sandboxServiceMethods.ByName("SetCredential")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceListCredentialsHandler := connect.NewUnaryHandler(
+		SandboxServiceListCredentialsProcedure,
+		svc.ListCredentials,
+		connect.WithSchema(sandboxServiceMethods.ByName("ListCredentials")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceDeleteCredentialHandler := connect.NewUnaryHandler(
+		SandboxServiceDeleteCredentialProcedure,
+		svc.DeleteCredential,
+		connect.WithSchema(sandboxServiceMethods.ByName("DeleteCredential")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/forkbox.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateSandboxProcedure:
@@ -314,6 +583,28 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceListFilesHandler.ServeHTTP(w, r)
 		case SandboxServiceEventsProcedure:
 			sandboxServiceEventsHandler.ServeHTTP(w, r)
+		case SandboxServicePauseSandboxProcedure:
+			sandboxServicePauseSandboxHandler.ServeHTTP(w, r)
+		case SandboxServiceUnpauseSandboxProcedure:
+			sandboxServiceUnpauseSandboxHandler.ServeHTTP(w, r)
+		case SandboxServiceCheckpointProcedure:
+			sandboxServiceCheckpointHandler.ServeHTTP(w, r)
+		case SandboxServiceListCheckpointsProcedure:
+			sandboxServiceListCheckpointsHandler.ServeHTTP(w, r)
+		case SandboxServiceDeleteCheckpointProcedure:
+			sandboxServiceDeleteCheckpointHandler.ServeHTTP(w, r)
+		case SandboxServiceForkProcedure:
+			sandboxServiceForkHandler.ServeHTTP(w, r)
+		case SandboxServiceRestoreSnapshotProcedure:
+			sandboxServiceRestoreSnapshotHandler.ServeHTTP(w, r)
+		case SandboxServiceResumeProcedure:
+			sandboxServiceResumeHandler.ServeHTTP(w, r)
+		case SandboxServiceSetCredentialProcedure:
+			sandboxServiceSetCredentialHandler.ServeHTTP(w, r)
+		case SandboxServiceListCredentialsProcedure:
+			sandboxServiceListCredentialsHandler.ServeHTTP(w, r)
+		case SandboxServiceDeleteCredentialProcedure:
+			sandboxServiceDeleteCredentialHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -357,6 +648,50 @@ func (UnimplementedSandboxServiceHandler) ListFiles(context.Context, *connect.Re
 
 func (UnimplementedSandboxServiceHandler) Events(context.Context, *connect.Request[v1.EventsRequest]) (*connect.Response[v1.EventsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.Events is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.PauseSandbox is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) UnpauseSandbox(context.Context, *connect.Request[v1.UnpauseSandboxRequest]) (*connect.Response[v1.UnpauseSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.UnpauseSandbox is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Checkpoint(context.Context, *connect.Request[v1.CheckpointRequest]) (*connect.Response[v1.CheckpointResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.Checkpoint is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ListCheckpoints(context.Context, *connect.Request[v1.ListCheckpointsRequest]) (*connect.Response[v1.ListCheckpointsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.ListCheckpoints is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) DeleteCheckpoint(context.Context, *connect.Request[v1.DeleteCheckpointRequest]) (*connect.Response[v1.DeleteCheckpointResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.DeleteCheckpoint is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.Fork is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) RestoreSnapshot(context.Context, *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.RestoreSnapshot is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.Resume is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) SetCredential(context.Context, *connect.Request[v1.SetCredentialRequest]) (*connect.Response[v1.SetCredentialResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.SetCredential is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ListCredentials(context.Context, *connect.Request[v1.ListCredentialsRequest]) (*connect.Response[v1.ListCredentialsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.ListCredentials is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) DeleteCredential(context.Context, *connect.Request[v1.DeleteCredentialRequest]) (*connect.Response[v1.DeleteCredentialResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.DeleteCredential is not implemented"))
 }
 
 // ImageServiceClient is a client for the forkbox.v1.ImageService service.

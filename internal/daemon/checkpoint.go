@@ -1,0 +1,108 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/cgroups"
+	"github.com/forkbox/forkbox/internal/store"
+)
+
+// KindFilesystem is what a filesystem checkpoint captures: the sandbox's
+// writable layer (processes restart in children).
+const KindFilesystem = "filesystem"
+
+const maxTagBytes = 256
+
+// Checkpoint captures a live sandbox's filesystem as an immutable snapshot
+// and records sandbox.checkpoint_created in its ledger before returning.
+func (d *Daemon) Checkpoint(ctx context.Context, idOrName, tag string) (*store.Checkpoint, error) {
+	if len(tag) > maxTagBytes {
+		return nil, fmt.Errorf("tag is %d bytes, more than %d: %w", len(tag), maxTagBytes, errdefs.ErrInvalidArgument)
+	}
+	sb, err := d.store.GetSandbox(ctx, idOrName)
+	if err != nil {
+		return nil, err
+	}
+	unlock := d.lock(sb.ID)
+	defer unlock()
+	if sb, err = d.live(ctx, sb.ID); err != nil {
+		return nil, err
+	}
+	return d.checkpointLocked(ctx, sb, tag)
+}
+
+// checkpointLocked takes the checkpoint; the caller holds the sandbox lock.
+// A running sandbox is frozen for the snapshot and thawed right after; a
+// paused one stays paused. The snapshot is an O(1) btrfs snapshot of the
+// writable layer, so the capture does not grow with the data written.
+func (d *Daemon) checkpointLocked(ctx context.Context, sb *store.Sandbox, tag string) (ck *store.Checkpoint, err error) {
+	id := newID("ck-")
+	start := time.Now()
+	if sb.State == store.StateRunning {
+		cg := d.cgroupPath(sb.ID)
+		if err := cgroups.Freeze(ctx, cg); err != nil {
+			return nil, fmt.Errorf("freeze for checkpoint: %w", err)
+		}
+		defer func() {
+			if terr := cgroups.Thaw(context.WithoutCancel(ctx), cg); terr != nil {
+				err = errors.Join(err, fmt.Errorf("thaw after checkpoint: %w", terr))
+			}
+		}()
+	}
+	if err := d.snaps.Commit(ctx, id, sb.ID); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	ck = &store.Checkpoint{ID: id, SandboxID: sb.ID, Tag: tag, Kind: KindFilesystem, Image: sb.Image,
+		ImageDigest: sb.ImageDigest, Runtime: sb.Runtime, Config: sb.Config, CaptureMS: msSince(start), Size: -1}
+	if err := d.store.AddCheckpoint(ctx, ck); err != nil {
+		d.snaps.Remove(context.WithoutCancel(ctx), id)
+		return nil, err
+	}
+	d.log.Info("checkpoint", "sandbox", sb.ID, "checkpoint", id, "tag", tag, "capture_ms", ck.CaptureMS)
+	return ck, nil
+}
+
+// ListCheckpoints lists a sandbox's checkpoints (closed sandboxes too),
+// oldest first, with their sizes.
+func (d *Daemon) ListCheckpoints(ctx context.Context, idOrName string) ([]*store.Checkpoint, error) {
+	sb, err := d.store.GetSandbox(ctx, idOrName)
+	if err != nil {
+		return nil, err
+	}
+	cks, err := d.store.ListCheckpoints(ctx, sb.ID)
+	if err != nil {
+		return nil, err
+	}
+	for _, ck := range cks {
+		if n, err := d.snaps.Usage(ctx, ck.ID); err == nil {
+			ck.Size = n
+		}
+	}
+	return cks, nil
+}
+
+// GetCheckpoint returns one checkpoint.
+func (d *Daemon) GetCheckpoint(ctx context.Context, id string) (*store.Checkpoint, error) {
+	return d.store.GetCheckpoint(ctx, id)
+}
+
+// DeleteCheckpoint deletes a checkpoint and its snapshot. Sandboxes started
+// from it are unaffected (their layers are independent copies).
+func (d *Daemon) DeleteCheckpoint(ctx context.Context, id string) error {
+	ck, err := d.store.GetCheckpoint(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := d.store.DeleteCheckpoint(ctx, ck.ID); err != nil {
+		return err
+	}
+	d.store.AppendEvent(ctx, ck.SandboxID, "sandbox.checkpoint_deleted", map[string]any{"snapshot": ck.ID, "tag": ck.Tag})
+	if err := d.snaps.Remove(ctx, ck.ID); err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,160 @@
+package server
+
+import (
+	"context"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/forkbox/forkbox/api/forkbox/v1"
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/daemon"
+	"github.com/forkbox/forkbox/internal/store"
+)
+
+func toCheckpoint(ck *store.Checkpoint, sandboxName string) *v1.Checkpoint {
+	return &v1.Checkpoint{Id: ck.ID, SandboxId: ck.SandboxID, SandboxName: sandboxName, Tag: ck.Tag,
+		CreatedAtUnixMs: ck.CreatedAt.UnixMilli(), Size: ck.Size, Kind: ck.Kind, Image: ck.Image, CaptureMs: ck.CaptureMS}
+}
+
+func fromOverrides(o *v1.Overrides) daemon.Overrides {
+	if o == nil {
+		return daemon.Overrides{}
+	}
+	out := daemon.Overrides{Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Name: o.Name}
+	if r := o.Resources; r != nil {
+		out.CPU, out.Memory, out.Pids = r.Cpu, r.Memory, r.Pids
+	}
+	return out
+}
+
+func (s *sandboxes) name(ctx context.Context, id string) string {
+	if sb, err := s.d.Get(ctx, id); err == nil {
+		return sb.Name
+	}
+	return ""
+}
+
+func (s *sandboxes) PauseSandbox(ctx context.Context, req *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error) {
+	sb, err := s.d.Pause(ctx, req.Msg.Sandbox)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&v1.PauseSandboxResponse{Sandbox: toSandbox(sb)}), nil
+}
+
+func (s *sandboxes) UnpauseSandbox(ctx context.Context, req *connect.Request[v1.UnpauseSandboxRequest]) (*connect.Response[v1.UnpauseSandboxResponse], error) {
+	sb, err := s.d.Unpause(ctx, req.Msg.Sandbox)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&v1.UnpauseSandboxResponse{Sandbox: toSandbox(sb)}), nil
+}
+
+func (s *sandboxes) Checkpoint(ctx context.Context, req *connect.Request[v1.CheckpointRequest]) (*connect.Response[v1.CheckpointResponse], error) {
+	ck, err := s.d.Checkpoint(ctx, req.Msg.Sandbox, req.Msg.Tag)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&v1.CheckpointResponse{Checkpoint: toCheckpoint(ck, s.name(ctx, ck.SandboxID))}), nil
+}
+
+func (s *sandboxes) ListCheckpoints(ctx context.Context, req *connect.Request[v1.ListCheckpointsRequest]) (*connect.Response[v1.ListCheckpointsResponse], error) {
+	cks, err := s.d.ListCheckpoints(ctx, req.Msg.Sandbox)
+	if err != nil {
+		return nil, err
+	}
+	out := &v1.ListCheckpointsResponse{}
+	for _, ck := range cks {
+		out.Checkpoints = append(out.Checkpoints, toCheckpoint(ck, s.name(ctx, ck.SandboxID)))
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (s *sandboxes) DeleteCheckpoint(ctx context.Context, req *connect.Request[v1.DeleteCheckpointRequest]) (*connect.Response[v1.DeleteCheckpointResponse], error) {
+	if err := s.d.DeleteCheckpoint(ctx, req.Msg.Checkpoint); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&v1.DeleteCheckpointResponse{}), nil
+}
+
+func (s *sandboxes) Fork(ctx context.Context, req *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
+	m := req.Msg
+	res, err := s.d.Fork(ctx, daemon.ForkOptions{Source: m.Sandbox, Tag: m.Tag, Count: int(m.Count), Overrides: fromOverrides(m.Overrides),
+		Credentials: m.Credentials, FromCheckpoint: m.FromCheckpoint, BestEffort: m.BestEffort})
+	if err != nil {
+		return nil, err
+	}
+	out := &v1.ForkResponse{Checkpoint: toCheckpoint(res.Checkpoint, s.name(ctx, res.Checkpoint.SandboxID)),
+		Captured: res.Captured, CaptureMs: res.CaptureMS, TotalMs: res.TotalMS}
+	for _, c := range res.Children {
+		fc := &v1.ForkChild{StartMs: c.StartMS}
+		if c.Sandbox != nil {
+			fc.Sandbox = toSandbox(c.Sandbox)
+		}
+		if c.Err != nil {
+			fc.Error, fc.ErrorClass = c.Err.Error(), errdefs.ClassName(c.Err)
+		}
+		out.Children = append(out.Children, fc)
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (s *sandboxes) RestoreSnapshot(ctx context.Context, req *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error) {
+	sb, err := s.d.RestoreSnapshot(ctx, req.Msg.Checkpoint, fromOverrides(req.Msg.Overrides), req.Msg.Credentials)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&v1.RestoreSnapshotResponse{Sandbox: toSandbox(sb)}), nil
+}
+
+func (s *sandboxes) Resume(ctx context.Context, req *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error) {
+	sb, ck, replayed, err := s.d.Resume(ctx, req.Msg.Session)
+	if err != nil {
+		return nil, err
+	}
+	out := &v1.ResumeResponse{Sandbox: toSandbox(sb), Checkpoint: toCheckpoint(ck, sb.Name)}
+	for _, r := range replayed {
+		re := &v1.ReplayedExec{ExecId: r.ExecID, Argv: r.Argv, Shell: r.Shell, Skipped: r.Skipped, SkipReason: r.SkipReason,
+			ExitCode: int32(r.ExitCode)}
+		if r.Err != nil {
+			re.Error = r.Err.Error()
+		}
+		out.Replayed = append(out.Replayed, re)
+	}
+	return connect.NewResponse(out), nil
+}
+
+func toCredential(c *store.Credential) *v1.Credential {
+	return &v1.Credential{Name: c.Name, Env: c.Env, File: c.File, PerFork: c.PerFork, UpdatedAtUnixMs: c.UpdatedAt.UnixMilli()}
+}
+
+func (s *sandboxes) SetCredential(ctx context.Context, req *connect.Request[v1.SetCredentialRequest]) (*connect.Response[v1.SetCredentialResponse], error) {
+	c := req.Msg.Credential
+	if c == nil {
+		c = &v1.Credential{}
+	}
+	cred, err := s.d.SetCredential(ctx, req.Msg.Sandbox, daemon.CredentialSpec{Name: c.Name, Env: c.Env, File: c.File, PerFork: c.PerFork}, req.Msg.Value)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&v1.SetCredentialResponse{Credential: toCredential(cred)}), nil
+}
+
+func (s *sandboxes) ListCredentials(ctx context.Context, req *connect.Request[v1.ListCredentialsRequest]) (*connect.Response[v1.ListCredentialsResponse], error) {
+	creds, err := s.d.ListCredentials(ctx, req.Msg.Sandbox)
+	if err != nil {
+		return nil, err
+	}
+	out := &v1.ListCredentialsResponse{}
+	for _, c := range creds {
+		out.Credentials = append(out.Credentials, toCredential(c))
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (s *sandboxes) DeleteCredential(ctx context.Context, req *connect.Request[v1.DeleteCredentialRequest]) (*connect.Response[v1.DeleteCredentialResponse], error) {
+	if err := s.d.DeleteCredential(ctx, req.Msg.Sandbox, req.Msg.Name); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&v1.DeleteCredentialResponse{}), nil
+}

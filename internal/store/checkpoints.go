@@ -1,0 +1,119 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+// Checkpoint is the record of one immutable snapshot of a sandbox, with
+// what a sandbox started from it inherits.
+type Checkpoint struct {
+	ID          string
+	SandboxID   string
+	Tag         string
+	Kind        string
+	Image       string
+	ImageDigest string
+	Runtime     string
+	Config      SandboxConfig
+	Size        int64
+	CaptureMS   float64
+	// LedgerSeq is the sequence number of the source's checkpoint_created
+	// event: execs after it are what Resume replays.
+	LedgerSeq int64
+	CreatedAt time.Time
+}
+
+const checkpointCols = `id, sandbox_id, tag, kind, image, image_digest, runtime, config, size, capture_ms, ledger_seq, created_at`
+
+// AddCheckpoint records a checkpoint and appends sandbox.checkpoint_created
+// to the source's ledger, in one transaction.
+func (s *Store) AddCheckpoint(ctx context.Context, ck *Checkpoint) error {
+	cfg, err := json.Marshal(ck.Config)
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	defer tx.Rollback()
+	ck.CreatedAt = time.Now()
+	data, _ := json.Marshal(map[string]any{"tag": ck.Tag, "snapshot": ck.ID, "kind": ck.Kind, "size": ck.Size, "capture_ms": ck.CaptureMS})
+	res, err := tx.ExecContext(ctx, `INSERT INTO events (sandbox_id, type, time, data) VALUES (?,?,?,?)`,
+		ck.SandboxID, EventCheckpointCreated, ck.CreatedAt.UnixMilli(), string(data))
+	if err != nil {
+		return fmt.Errorf("store: checkpoint event: %w", err)
+	}
+	ck.LedgerSeq, _ = res.LastInsertId()
+	if _, err := tx.ExecContext(ctx, `INSERT INTO checkpoints (`+checkpointCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)`,
+		ck.ID, ck.SandboxID, ck.Tag, ck.Kind, ck.Image, ck.ImageDigest, ck.Runtime, string(cfg), ck.Size, ck.CaptureMS,
+		ck.LedgerSeq, ck.CreatedAt.UnixMilli()); err != nil {
+		return fmt.Errorf("store: add checkpoint: %w", err)
+	}
+	return tx.Commit()
+}
+
+// GetCheckpoint returns a checkpoint by ID.
+func (s *Store) GetCheckpoint(ctx context.Context, id string) (*Checkpoint, error) {
+	ck, err := scanCheckpoint(s.db.QueryRowContext(ctx, `SELECT `+checkpointCols+` FROM checkpoints WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("checkpoint %q: %w", id, errdefs.ErrNotFound)
+	}
+	return ck, err
+}
+
+// ListCheckpoints returns a sandbox's checkpoints, oldest first ("" = all).
+func (s *Store) ListCheckpoints(ctx context.Context, sandboxID string) ([]*Checkpoint, error) {
+	q, args := `SELECT `+checkpointCols+` FROM checkpoints`, []any{}
+	if sandboxID != "" {
+		q, args = q+` WHERE sandbox_id = ?`, append(args, sandboxID)
+	}
+	rows, err := s.db.QueryContext(ctx, q+` ORDER BY created_at, ledger_seq`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: list checkpoints: %w", err)
+	}
+	defer rows.Close()
+	var out []*Checkpoint
+	for rows.Next() {
+		ck, err := scanCheckpoint(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ck)
+	}
+	return out, rows.Err()
+}
+
+// DeleteCheckpoint removes a checkpoint's record.
+func (s *Store) DeleteCheckpoint(ctx context.Context, id string) error {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM checkpoints WHERE id = ?`, id)
+	if err != nil {
+		return fmt.Errorf("store: delete checkpoint: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("checkpoint %q: %w", id, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+func scanCheckpoint(r scanner) (*Checkpoint, error) {
+	var ck Checkpoint
+	var cfg string
+	var created int64
+	if err := r.Scan(&ck.ID, &ck.SandboxID, &ck.Tag, &ck.Kind, &ck.Image, &ck.ImageDigest, &ck.Runtime, &cfg,
+		&ck.Size, &ck.CaptureMS, &ck.LedgerSeq, &created); err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal([]byte(cfg), &ck.Config); err != nil {
+		return nil, fmt.Errorf("store: checkpoint %s config: %w", ck.ID, err)
+	}
+	ck.CreatedAt = time.UnixMilli(created)
+	return &ck, nil
+}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs what forkbox needs on a Debian 12 host (run as root) and builds it:
+# Debian packages, a recent gVisor runsc (built from the Go module proxy:
+# Debian's 2022 runsc cannot run sandbox networking on recent kernels), and
+# bin/forkbox + bin/forkbox-agent. Safe to run again: it skips what is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RUNSC_VERSION=v0.0.0-20260905035102-160fafc42237
+RUNSC_BIN=/usr/local/bin/runsc
+RUNSC_STAMP=/usr/local/lib/forkbox/runsc.version
+PACKAGES=(btrfs-progs busybox-static crun iproute2 nftables util-linux procps kmod coreutils)
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+if [ "$(id -u)" != 0 ]; then
+	echo "setup.sh: run as root (it installs packages and a runtime)" >&2
+	exit 1
+fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+	dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+	say "installing Debian packages: ${missing[*]}"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ "$(cat "$RUNSC_STAMP" 2>/dev/null)" != "$RUNSC_VERSION" ] || [ ! -x "$RUNSC_BIN" ]; then
+	say "building gVisor runsc $RUNSC_VERSION (static, about 2 minutes)"
+	tmp=$(mktemp -d)
+	CGO_ENABLED=0 GOBIN="$tmp" go install "gvisor.dev/gvisor/runsc@$RUNSC_VERSION"
+	install -m 0755 "$tmp/runsc" "$RUNSC_BIN"
+	mkdir -p "$(dirname "$RUNSC_STAMP")"
+	echo "$RUNSC_VERSION" >"$RUNSC_STAMP"
+	rm -rf "$tmp"
+fi
+
+say "building bin/forkbox and bin/forkbox-agent"
+make -s build
+say "ready: $(./bin/forkbox --help | head -1)"
