@@ -131,7 +131,7 @@ type launchSpec struct {
 
 // launch records and starts a sandbox. On failure everything it made is torn
 // down and the record is closed with the reason.
-func (d *Daemon) launch(ctx context.Context, l launchSpec) (sb *store.Sandbox, err error) {
+func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, err error) {
 	start := time.Now()
 	id := newID("sb-")
 	if l.name == "" {
@@ -141,7 +141,7 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (sb *store.Sandbox, e
 	cfg.Hostname = l.name
 	cfg.Snapshotter = d.cfg.Snapshotter
 	cfg.MachineID = randomHex(16)
-	sb = &store.Sandbox{ID: id, Name: l.name, State: store.StateCreating, Image: l.img.Name, ImageDigest: l.img.Digest,
+	sb := &store.Sandbox{ID: id, Name: l.name, State: store.StateCreating, Image: l.img.Name, ImageDigest: l.img.Digest,
 		Runtime: l.runtime, Config: cfg, AgentToken: randomHex(16), ParentID: l.parentID, FromCheckpoint: l.parentSnapshot}
 
 	unlock := d.lock(id)

@@ -123,10 +123,14 @@ func (d *Daemon) Start(ctx context.Context, idOrName string, o ExecOptions) (int
 	return d.agent(sb).Start(ctx, req)
 }
 
-// withCredentials adds the sandbox's env credentials to an exec; the
-// exec's own env wins over them. Only the request sent to the agent carries
+// withCredentials adds the sandbox's env credentials to an exec (the
+// exec's own env wins over them), and the sandbox's working directory when
+// the exec names none. Only the request sent to the agent carries
 // them: the ledger records the exec as the caller gave it.
 func (d *Daemon) withCredentials(ctx context.Context, sb *store.Sandbox, req agent.ExecRequest) (agent.ExecRequest, error) {
+	if req.Cwd == "" {
+		req.Cwd = sb.Config.Cwd
+	}
 	creds, err := d.credentialEnv(ctx, sb)
 	if err != nil || len(creds) == 0 {
 		return req, err

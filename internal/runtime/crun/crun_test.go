@@ -5,10 +5,13 @@ package crun
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
@@ -79,4 +82,25 @@ func BenchmarkPrivateMountNS(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestAgentBindMount runs the init the way the daemon does: a static binary
+// bind-mounted read-only under /.forkbox (busybox: its applet is its
+// base name, so not "agent"), a path the image lacks. crun
+// creates the mount point in the rootfs (so it lands in the sandbox's upper
+// dir as an empty file).
+func TestAgentBindMount(t *testing.T) {
+	rt := newRuntime(t)
+	so := spec.SpecOptions{
+		Args: []string{"/.forkbox/busybox", "sh", "-c", "echo agent-ok; exec sleep 1000"},
+		Mounts: []specs.Mount{{Destination: "/.forkbox/busybox", Type: "bind", Source: "/bin/busybox",
+			Options: []string{"rbind", "ro", "nosuid", "nodev"}}},
+	}
+	f := testsuite.NewFixture(t, rt, so, Adapt)
+	if err := rt.Run(context.Background(), f.ID, f.Bundle); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	f.WaitLog(t, "agent-ok", 10*time.Second)
+	fi, err := os.Stat(filepath.Join(f.Rootfs, ".forkbox/busybox"))
+	t.Logf("mount point in the host rootfs: %v, %v", fi, err)
 }

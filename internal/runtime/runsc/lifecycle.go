@@ -121,7 +121,7 @@ func (r *Runsc) Delete(ctx context.Context, id string, force bool) error {
 		}
 		return nil
 	}
-	if err != nil && !force && strings.Contains(strings.ToLower(err.Error()), "running") {
+	if err != nil && !force && (strings.Contains(strings.ToLower(err.Error()), "running") || strings.Contains(strings.ToLower(err.Error()), "not stopped")) {
 		return fmt.Errorf("%v: %w", err, errdefs.ErrFailedPrecondition)
 	}
 	if err != nil {

@@ -1,0 +1,354 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/forkbox/forkbox/client"
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+func closeAll(t *testing.T, sbs []*client.Sandbox) {
+	t.Cleanup(func() {
+		for _, sb := range sbs {
+			sb.Close(context.Background())
+		}
+	})
+}
+
+func TestForkContract(t *testing.T) {
+	ctx := context.Background()
+	o := clientOpts()
+	o.Name = "parent"
+	o.Env = map[string]string{"STAGE": "parent"}
+	o.Cwd = "/root"
+	src := newSandbox(t, o)
+	// Written just before the fork, with no sync: the fork must see it all.
+	mustSh(t, src, "echo base > /root/base.txt; dd if=/dev/urandom of=/root/blob bs=1M count=8 2>/dev/null; md5sum /root/blob > /root/blob.md5")
+	res, err := src.Fork(ctx, client.ForkOptions{Tag: "after-setup", Count: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Captured != "filesystem" || res.Checkpoint.GetTag() != "after-setup" || res.Checkpoint.Kind != "filesystem" {
+		t.Errorf("fork response: captured %q, checkpoint %+v", res.Captured, res.Checkpoint)
+	}
+	if res.CaptureMS <= 0 || res.TotalMS < res.CaptureMS {
+		t.Errorf("fork timings: capture %.1f ms, total %.1f ms", res.CaptureMS, res.TotalMS)
+	}
+	kids := res.Sandboxes()
+	closeAll(t, kids)
+	if len(kids) != 3 {
+		t.Fatalf("got %d children: %+v", len(kids), res.Children)
+	}
+	// The source keeps running and writes after the fork.
+	mustSh(t, src, "echo later > /root/after-fork.txt; echo parent-change >> /root/base.txt")
+
+	seen := map[string]map[string]bool{}
+	note := func(field, v string) {
+		if seen[field] == nil {
+			seen[field] = map[string]bool{}
+		}
+		if seen[field][v] {
+			t.Errorf("two sandboxes share %s %q", field, v)
+		}
+		seen[field][v] = true
+	}
+	srcMachineID := strings.TrimSpace(mustSh(t, src, "cat /etc/machine-id"))
+	note("machine-id", srcMachineID)
+	note("ip", src.Info.Ip)
+	note("hostname", "parent")
+	for i, k := range kids {
+		if c := res.Children[i]; c.StartMS <= 0 {
+			t.Errorf("child %d: start_ms %.1f", i, c.StartMS)
+		}
+		if !strings.HasPrefix(k.Info.Name, "fork-parent-") || k.Info.ParentId != src.ID || k.Info.FromCheckpoint != res.Checkpoint.Id {
+			t.Errorf("child %d: name %q parent %q from %q", i, k.Info.Name, k.Info.ParentId, k.Info.FromCheckpoint)
+		}
+		if out := mustSh(t, k, "cat /root/base.txt; md5sum -c /root/blob.md5 >/dev/null && echo blob-ok; test -e /root/after-fork.txt && echo LEAK; echo $STAGE; pwd"); out != "base\nblob-ok\nparent\n/root\n" {
+			t.Errorf("child %d sees %q", i, out)
+		}
+		host := strings.TrimSpace(mustSh(t, k, "hostname"))
+		if host != k.Info.Name {
+			t.Errorf("child %d hostname %q, want %q", i, host, k.Info.Name)
+		}
+		note("hostname", host)
+		note("machine-id", strings.TrimSpace(mustSh(t, k, "cat /etc/machine-id")))
+		note("ip", k.Info.Ip)
+		note("id", k.ID)
+		mustSh(t, k, fmt.Sprintf("echo child-%d > /root/mine.txt", i))
+	}
+	// Children's writes diverge: each sees only its own.
+	for i, k := range kids {
+		if out := mustSh(t, k, "cat /root/mine.txt"); out != fmt.Sprintf("child-%d\n", i) {
+			t.Errorf("child %d: mine.txt = %q", i, out)
+		}
+	}
+	if _, _, r := sh(t, src, "cat /root/mine.txt"); r.ExitCode == 0 {
+		t.Errorf("a child's write is visible in the source")
+	}
+	// The fork is in the source's ledger and its checkpoints.
+	cks, err := src.ListCheckpoints(ctx)
+	if err != nil || len(cks) != 1 || cks[0].Id != res.Checkpoint.Id || cks[0].Size <= 8<<20 {
+		t.Errorf("ListCheckpoints = %+v, %v", cks, err)
+	}
+	evs, _ := src.Events(ctx)
+	if !hasEvent(evs, "sandbox.checkpoint_created") || !hasEvent(evs, "sandbox.forked") {
+		t.Errorf("source ledger: %v", types(evs))
+	}
+	// Children inherit resources and take overrides.
+	over, err := src.Fork(ctx, client.ForkOptions{Overrides: client.Overrides{Env: map[string]string{"STAGE": "child"},
+		Resources: client.Resources{CPU: "0.5"}, Name: "custom-child"}})
+	if err != nil || over.Children[0].Err != nil {
+		t.Fatalf("fork with overrides: %v %+v", err, over)
+	}
+	oc := over.Children[0].Sandbox
+	closeAll(t, []*client.Sandbox{oc})
+	if out := mustSh(t, oc, "echo $STAGE; cat /root/after-fork.txt"); out != "child\nlater\n" || oc.Info.Name != "custom-child" || oc.Info.Resources.Cpu != "0.5" {
+		t.Errorf("override child: %q, %+v", out, oc.Info)
+	}
+	checkCgroupLimits(t, oc.ID, 50000, 1024)
+}
+
+func TestForkNoSilentFallback(t *testing.T) {
+	ctx := context.Background()
+	sb, err := env.c.CreateSandbox(ctx, clientOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSh(t, sb, "echo kept > /root/kept")
+	ck, err := sb.Checkpoint(ctx, "before-close")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb.Close(ctx)
+	before := countSandboxes(t)
+	if _, err := sb.Fork(ctx, client.ForkOptions{}); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("fork of a closed sandbox: got %v, want FailedPrecondition", err)
+	}
+	if _, err := env.c.Resume(ctx, "sb-000000000000"); !errdefs.IsNotFound(err) {
+		t.Errorf("resume of an unknown session: %v", err)
+	}
+	if n := countSandboxes(t); n != before {
+		t.Errorf("a failed fork created sandboxes: %d -> %d", before, n)
+	}
+	// The checkpoint outlives its sandbox and can be forked or restored.
+	res, err := sb.Fork(ctx, client.ForkOptions{FromCheckpoint: ck.Id})
+	if err != nil || res.Children[0].Err != nil {
+		t.Fatalf("fork from the checkpoint of a closed sandbox: %v %+v", err, res)
+	}
+	closeAll(t, res.Sandboxes())
+	if out := mustSh(t, res.Children[0].Sandbox, "cat /root/kept"); out != "kept\n" {
+		t.Errorf("child of the checkpoint sees %q", out)
+	}
+	// A sandbox with no checkpoint cannot be resumed: no fresh create.
+	bare, err := env.c.CreateSandbox(ctx, clientOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bare.Close(ctx)
+	if _, err := env.c.Resume(ctx, bare.ID); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("resume with no checkpoint: got %v, want FailedPrecondition", err)
+	}
+	if err := env.c.DeleteCheckpoint(ctx, ck.Id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.c.RestoreSnapshot(ctx, ck.Id, client.Overrides{}, nil); !errdefs.IsNotFound(err) {
+		t.Errorf("restore of a deleted checkpoint: got %v", err)
+	}
+	if _, err := sb.Fork(ctx, client.ForkOptions{Count: 101}); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("count 101: got %v", err)
+	}
+}
+
+func TestForkOfPausedSandbox(t *testing.T) {
+	ctx := context.Background()
+	src := newSandbox(t, clientOpts())
+	mustSh(t, src, "echo paused-state > /root/p")
+	if err := src.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Exec(ctx, client.ExecOptions{Shell: "true"}); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("exec on a paused sandbox: got %v, want FailedPrecondition", err)
+	}
+	res, err := src.Fork(ctx, client.ForkOptions{Tag: "while-paused"})
+	if err != nil || res.Children[0].Err != nil {
+		t.Fatalf("fork of a paused sandbox: %v %+v", err, res)
+	}
+	closeAll(t, res.Sandboxes())
+	if out := mustSh(t, res.Children[0].Sandbox, "cat /root/p"); out != "paused-state\n" {
+		t.Errorf("child of a paused sandbox sees %q", out)
+	}
+	if err := src.Refresh(ctx); err != nil || src.Info.State != "paused" {
+		t.Errorf("source after the fork: %q %v; want still paused", src.Info.GetState(), err)
+	}
+	if err := src.Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustSh(t, src, "true")
+}
+
+func TestCredentials(t *testing.T) {
+	ctx := context.Background()
+	src := newSandbox(t, clientOpts())
+	const shared, mine = "shared-Secret-Value-123", "per-fork-Secret-456"
+	if err := src.Credentials().Set(ctx, "API_TOKEN", shared, client.CredentialOptions{Env: "API_TOKEN", File: "api_token"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Credentials().Set(ctx, "session", mine, client.CredentialOptions{Env: "SESSION", PerFork: true}); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustSh(t, src, "echo $API_TOKEN; cat /run/secrets/api_token; echo; echo $SESSION"); out != shared+"\n"+shared+"\n"+mine+"\n" {
+		t.Errorf("source sees %q", out)
+	}
+	// A per-fork credential must be supplied.
+	if _, err := src.Fork(ctx, client.ForkOptions{}); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("fork without the per-fork credential: got %v", err)
+	}
+	res, err := src.Fork(ctx, client.ForkOptions{Credentials: map[string]string{"session": "child-session-789"}})
+	if err != nil || res.Children[0].Err != nil {
+		t.Fatalf("fork: %v %+v", err, res)
+	}
+	kid := res.Children[0].Sandbox
+	closeAll(t, []*client.Sandbox{kid})
+	if out := mustSh(t, kid, "echo $API_TOKEN; cat /run/secrets/api_token; echo; echo $SESSION"); out != shared+"\n"+shared+"\nchild-session-789\n" {
+		t.Errorf("child sees %q", out)
+	}
+	// The secret file is not in the snapshot: it lives on a tmpfs.
+	if _, _, r := sh(t, kid, `grep -r "$API_TOKEN" /root /etc /tmp`); r.ExitCode == 0 {
+		t.Errorf("the credential value is in the child's files")
+	}
+	// Names, never values, anywhere the daemon writes or answers.
+	for _, sb := range []*client.Sandbox{src, kid} {
+		if err := sb.Refresh(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(sb.Info.Credentials) != "[API_TOKEN session]" {
+			t.Errorf("inspect credentials = %v", sb.Info.Credentials)
+		}
+	}
+	var dump strings.Builder
+	for _, sb := range []*client.Sandbox{src, kid} {
+		evs, _ := sb.Events(ctx)
+		fmt.Fprint(&dump, evs)
+		fmt.Fprint(&dump, sb.Info.String())
+	}
+	log, _ := os.ReadFile(env.logFile.Name())
+	dump.Write(log)
+	db, _ := os.ReadFile(filepath.Join(env.stateDir, "forkbox.db"))
+	dump.Write(db)
+	wal, _ := os.ReadFile(filepath.Join(env.stateDir, "forkbox.db-wal"))
+	dump.Write(wal)
+	for _, secret := range []string{shared, mine, "child-session-789"} {
+		if strings.Contains(dump.String(), secret) {
+			t.Errorf("credential value %q found in ledger, inspect, daemon log or database", secret)
+		}
+	}
+	if !strings.Contains(dump.String(), "credentials.set") {
+		t.Errorf("ledger has no credentials.set event")
+	}
+	if st, err := os.Stat(filepath.Join(env.stateDir, "credentials.key")); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("credentials key: %v %v", st.Mode(), err)
+	}
+}
+
+func TestRestoreVersusResume(t *testing.T) {
+	ctx := context.Background()
+	o := clientOpts()
+	o.Name = "session-x"
+	sb, err := env.c.CreateSandbox(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSh(t, sb, "echo setup > /root/log")
+	ck, err := sb.Checkpoint(ctx, "setup-done")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSh(t, sb, "echo step1 >> /root/log")
+	if err := sb.WriteFile(ctx, "/root/notes", []byte("written by the API"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.Exec(ctx, client.ExecOptions{Shell: "echo step2 >> /root/log; exit 4", Env: map[string]string{"X": "y"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.Exec(ctx, client.ExecOptions{Shell: "echo side-effect >> /root/log", NonReplayable: true}); err != nil {
+		t.Fatal(err)
+	}
+	// Simulated crash: the sandbox's runtime dies under the daemon.
+	for _, p := range runscPids(sb.ID) {
+		syscall.Kill(p, syscall.SIGKILL)
+	}
+	sb.Close(ctx)
+
+	restored, err := env.c.RestoreSnapshot(ctx, ck.Id, client.Overrides{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeAll(t, []*client.Sandbox{restored})
+	if out := mustSh(t, restored, "cat /root/log; test -e /root/notes && echo notes; true"); out != "setup\n" {
+		t.Errorf("restore replays nothing; it sees %q", out)
+	}
+	revs, _ := restored.Events(ctx)
+	if hasEvent(revs, "exec.replayed") {
+		t.Errorf("restore replayed execs: %v", types(revs))
+	}
+
+	res, err := env.c.Resume(ctx, "session-x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeAll(t, []*client.Sandbox{res.Sandbox})
+	if res.Checkpoint.Id != ck.Id || res.Sandbox.Info.Name != "session-x" {
+		t.Errorf("resume: checkpoint %s name %s", res.Checkpoint.Id, res.Sandbox.Info.Name)
+	}
+	if out := mustSh(t, res.Sandbox, "cat /root/log; cat /root/notes"); out != "setup\nstep1\nstep2\nwritten by the API" {
+		t.Errorf("resume replays execs after the checkpoint in order; it sees %q", out)
+	}
+	var got []string
+	for _, r := range res.Replayed {
+		got = append(got, fmt.Sprintf("%s|%v|%d|%s", r.Shell, r.Skipped, r.ExitCode, r.SkipReason))
+	}
+	want := []string{"echo step1 >> /root/log|false|0|", "|false|0|", "echo step2 >> /root/log; exit 4|false|4|",
+		"echo side-effect >> /root/log|true|0|marked non-replayable"}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("replayed:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestClientMaxConcurrency(t *testing.T) {
+	ctx := context.Background()
+	c := &client.Client{Socket: env.socket, MaxConcurrency: 3}
+	sb, err := c.CreateSandbox(ctx, clientOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close(ctx)
+	before := countSandboxes(t)
+	if _, err := sb.Fork(ctx, client.ForkOptions{Count: 3}); !errdefs.IsResourceExhausted(err) {
+		t.Errorf("fork of 3 with 2 free slots: got %v", err)
+	}
+	if n := countSandboxes(t); n != before {
+		t.Errorf("refused fork created sandboxes")
+	}
+	res, err := sb.Fork(ctx, client.ForkOptions{Count: 2})
+	if err != nil {
+		t.Fatalf("fork of 2 with 2 free slots: %v", err)
+	}
+	kids := res.Sandboxes()
+	if _, err := c.CreateSandbox(ctx, clientOpts()); !errdefs.IsResourceExhausted(err) {
+		t.Errorf("create beyond MaxConcurrency: got %v", err)
+	}
+	kids[0].Close(ctx)
+	extra, err := c.CreateSandbox(ctx, clientOpts())
+	if err != nil {
+		t.Errorf("create after a close freed a slot: %v", err)
+	} else {
+		extra.Close(ctx)
+	}
+	kids[1].Close(ctx)
+}
