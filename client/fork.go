@@ -264,4 +264,3 @@ func (c *Client) release(n int) {
 	c.inUse -= n
 	c.slotMu.Unlock()
 }
-

@@ -22,96 +22,98 @@ func closeAll(t *testing.T, sbs []*client.Sandbox) {
 }
 
 func TestForkContract(t *testing.T) {
-	ctx := context.Background()
-	o := clientOpts()
-	o.Name = "parent"
-	o.Env = map[string]string{"STAGE": "parent"}
-	o.Cwd = "/root"
-	src := newSandbox(t, o)
-	// Written just before the fork, with no sync: the fork must see it all.
-	mustSh(t, src, "echo base > /root/base.txt; dd if=/dev/urandom of=/root/blob bs=1M count=8 2>/dev/null; md5sum /root/blob > /root/blob.md5")
-	res, err := src.Fork(ctx, client.ForkOptions{Tag: "after-setup", Count: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Captured != "filesystem" || res.Checkpoint.GetTag() != "after-setup" || res.Checkpoint.Kind != "filesystem" {
-		t.Errorf("fork response: captured %q, checkpoint %+v", res.Captured, res.Checkpoint)
-	}
-	if res.CaptureMS <= 0 || res.TotalMS < res.CaptureMS {
-		t.Errorf("fork timings: capture %.1f ms, total %.1f ms", res.CaptureMS, res.TotalMS)
-	}
-	kids := res.Sandboxes()
-	closeAll(t, kids)
-	if len(kids) != 3 {
-		t.Fatalf("got %d children: %+v", len(kids), res.Children)
-	}
-	// The source keeps running and writes after the fork.
-	mustSh(t, src, "echo later > /root/after-fork.txt; echo parent-change >> /root/base.txt")
+	forEachRuntime(t, func(t *testing.T) {
+		ctx := context.Background()
+		o := clientOpts()
+		o.Name = "parent"
+		o.Env = map[string]string{"STAGE": "parent"}
+		o.Cwd = "/root"
+		src := newSandbox(t, o)
+		// Written just before the fork, with no sync: the fork must see it all.
+		mustSh(t, src, "echo base > /root/base.txt; dd if=/dev/urandom of=/root/blob bs=1M count=8 2>/dev/null; md5sum /root/blob > /root/blob.md5")
+		res, err := src.Fork(ctx, client.ForkOptions{Tag: "after-setup", Count: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Captured != "filesystem" || res.Checkpoint.GetTag() != "after-setup" || res.Checkpoint.Kind != "filesystem" {
+			t.Errorf("fork response: captured %q, checkpoint %+v", res.Captured, res.Checkpoint)
+		}
+		if res.CaptureMS <= 0 || res.TotalMS < res.CaptureMS {
+			t.Errorf("fork timings: capture %.1f ms, total %.1f ms", res.CaptureMS, res.TotalMS)
+		}
+		kids := res.Sandboxes()
+		closeAll(t, kids)
+		if len(kids) != 3 {
+			t.Fatalf("got %d children: %+v", len(kids), res.Children)
+		}
+		// The source keeps running and writes after the fork.
+		mustSh(t, src, "echo later > /root/after-fork.txt; echo parent-change >> /root/base.txt")
 
-	seen := map[string]map[string]bool{}
-	note := func(field, v string) {
-		if seen[field] == nil {
-			seen[field] = map[string]bool{}
+		seen := map[string]map[string]bool{}
+		note := func(field, v string) {
+			if seen[field] == nil {
+				seen[field] = map[string]bool{}
+			}
+			if seen[field][v] {
+				t.Errorf("two sandboxes share %s %q", field, v)
+			}
+			seen[field][v] = true
 		}
-		if seen[field][v] {
-			t.Errorf("two sandboxes share %s %q", field, v)
+		srcMachineID := strings.TrimSpace(mustSh(t, src, "cat /etc/machine-id"))
+		note("machine-id", srcMachineID)
+		note("ip", src.Info.Ip)
+		note("hostname", "parent")
+		for i, k := range kids {
+			if c := res.Children[i]; c.StartMS <= 0 {
+				t.Errorf("child %d: start_ms %.1f", i, c.StartMS)
+			}
+			if !strings.HasPrefix(k.Info.Name, "fork-parent-") || k.Info.ParentId != src.ID || k.Info.FromCheckpoint != res.Checkpoint.Id {
+				t.Errorf("child %d: name %q parent %q from %q", i, k.Info.Name, k.Info.ParentId, k.Info.FromCheckpoint)
+			}
+			if out := mustSh(t, k, "cat /root/base.txt; md5sum -c /root/blob.md5 >/dev/null && echo blob-ok; test -e /root/after-fork.txt && echo LEAK; echo $STAGE; pwd"); out != "base\nblob-ok\nparent\n/root\n" {
+				t.Errorf("child %d sees %q", i, out)
+			}
+			host := strings.TrimSpace(mustSh(t, k, "hostname"))
+			if host != k.Info.Name {
+				t.Errorf("child %d hostname %q, want %q", i, host, k.Info.Name)
+			}
+			note("hostname", host)
+			note("machine-id", strings.TrimSpace(mustSh(t, k, "cat /etc/machine-id")))
+			note("ip", k.Info.Ip)
+			note("id", k.ID)
+			mustSh(t, k, fmt.Sprintf("echo child-%d > /root/mine.txt", i))
 		}
-		seen[field][v] = true
-	}
-	srcMachineID := strings.TrimSpace(mustSh(t, src, "cat /etc/machine-id"))
-	note("machine-id", srcMachineID)
-	note("ip", src.Info.Ip)
-	note("hostname", "parent")
-	for i, k := range kids {
-		if c := res.Children[i]; c.StartMS <= 0 {
-			t.Errorf("child %d: start_ms %.1f", i, c.StartMS)
+		// Children's writes diverge: each sees only its own.
+		for i, k := range kids {
+			if out := mustSh(t, k, "cat /root/mine.txt"); out != fmt.Sprintf("child-%d\n", i) {
+				t.Errorf("child %d: mine.txt = %q", i, out)
+			}
 		}
-		if !strings.HasPrefix(k.Info.Name, "fork-parent-") || k.Info.ParentId != src.ID || k.Info.FromCheckpoint != res.Checkpoint.Id {
-			t.Errorf("child %d: name %q parent %q from %q", i, k.Info.Name, k.Info.ParentId, k.Info.FromCheckpoint)
+		if _, _, r := sh(t, src, "cat /root/mine.txt"); r.ExitCode == 0 {
+			t.Errorf("a child's write is visible in the source")
 		}
-		if out := mustSh(t, k, "cat /root/base.txt; md5sum -c /root/blob.md5 >/dev/null && echo blob-ok; test -e /root/after-fork.txt && echo LEAK; echo $STAGE; pwd"); out != "base\nblob-ok\nparent\n/root\n" {
-			t.Errorf("child %d sees %q", i, out)
+		// The fork is in the source's ledger and its checkpoints.
+		cks, err := src.ListCheckpoints(ctx)
+		if err != nil || len(cks) != 1 || cks[0].Id != res.Checkpoint.Id || cks[0].Size <= 8<<20 {
+			t.Errorf("ListCheckpoints = %+v, %v", cks, err)
 		}
-		host := strings.TrimSpace(mustSh(t, k, "hostname"))
-		if host != k.Info.Name {
-			t.Errorf("child %d hostname %q, want %q", i, host, k.Info.Name)
+		evs, _ := src.Events(ctx)
+		if !hasEvent(evs, "sandbox.checkpoint_created") || !hasEvent(evs, "sandbox.forked") {
+			t.Errorf("source ledger: %v", types(evs))
 		}
-		note("hostname", host)
-		note("machine-id", strings.TrimSpace(mustSh(t, k, "cat /etc/machine-id")))
-		note("ip", k.Info.Ip)
-		note("id", k.ID)
-		mustSh(t, k, fmt.Sprintf("echo child-%d > /root/mine.txt", i))
-	}
-	// Children's writes diverge: each sees only its own.
-	for i, k := range kids {
-		if out := mustSh(t, k, "cat /root/mine.txt"); out != fmt.Sprintf("child-%d\n", i) {
-			t.Errorf("child %d: mine.txt = %q", i, out)
+		// Children inherit resources and take overrides.
+		over, err := src.Fork(ctx, client.ForkOptions{Overrides: client.Overrides{Env: map[string]string{"STAGE": "child"},
+			Resources: client.Resources{CPU: "0.5"}, Name: "custom-child"}})
+		if err != nil || over.Children[0].Err != nil {
+			t.Fatalf("fork with overrides: %v %+v", err, over)
 		}
-	}
-	if _, _, r := sh(t, src, "cat /root/mine.txt"); r.ExitCode == 0 {
-		t.Errorf("a child's write is visible in the source")
-	}
-	// The fork is in the source's ledger and its checkpoints.
-	cks, err := src.ListCheckpoints(ctx)
-	if err != nil || len(cks) != 1 || cks[0].Id != res.Checkpoint.Id || cks[0].Size <= 8<<20 {
-		t.Errorf("ListCheckpoints = %+v, %v", cks, err)
-	}
-	evs, _ := src.Events(ctx)
-	if !hasEvent(evs, "sandbox.checkpoint_created") || !hasEvent(evs, "sandbox.forked") {
-		t.Errorf("source ledger: %v", types(evs))
-	}
-	// Children inherit resources and take overrides.
-	over, err := src.Fork(ctx, client.ForkOptions{Overrides: client.Overrides{Env: map[string]string{"STAGE": "child"},
-		Resources: client.Resources{CPU: "0.5"}, Name: "custom-child"}})
-	if err != nil || over.Children[0].Err != nil {
-		t.Fatalf("fork with overrides: %v %+v", err, over)
-	}
-	oc := over.Children[0].Sandbox
-	closeAll(t, []*client.Sandbox{oc})
-	if out := mustSh(t, oc, "echo $STAGE; cat /root/after-fork.txt"); out != "child\nlater\n" || oc.Info.Name != "custom-child" || oc.Info.Resources.Cpu != "0.5" {
-		t.Errorf("override child: %q, %+v", out, oc.Info)
-	}
-	checkCgroupLimits(t, oc.ID, 50000, 1024)
+		oc := over.Children[0].Sandbox
+		closeAll(t, []*client.Sandbox{oc})
+		if out := mustSh(t, oc, "echo $STAGE; cat /root/after-fork.txt"); out != "child\nlater\n" || oc.Info.Name != "custom-child" || oc.Info.Resources.Cpu != "0.5" {
+			t.Errorf("override child: %q, %+v", out, oc.Info)
+		}
+		checkCgroupLimits(t, oc.ID, 50000, 1024)
+	})
 }
 
 func TestForkNoSilentFallback(t *testing.T) {
@@ -166,30 +168,32 @@ func TestForkNoSilentFallback(t *testing.T) {
 }
 
 func TestForkOfPausedSandbox(t *testing.T) {
-	ctx := context.Background()
-	src := newSandbox(t, clientOpts())
-	mustSh(t, src, "echo paused-state > /root/p")
-	if err := src.Pause(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := src.Exec(ctx, client.ExecOptions{Shell: "true"}); !errdefs.IsFailedPrecondition(err) {
-		t.Errorf("exec on a paused sandbox: got %v, want FailedPrecondition", err)
-	}
-	res, err := src.Fork(ctx, client.ForkOptions{Tag: "while-paused"})
-	if err != nil || res.Children[0].Err != nil {
-		t.Fatalf("fork of a paused sandbox: %v %+v", err, res)
-	}
-	closeAll(t, res.Sandboxes())
-	if out := mustSh(t, res.Children[0].Sandbox, "cat /root/p"); out != "paused-state\n" {
-		t.Errorf("child of a paused sandbox sees %q", out)
-	}
-	if err := src.Refresh(ctx); err != nil || src.Info.State != "paused" {
-		t.Errorf("source after the fork: %q %v; want still paused", src.Info.GetState(), err)
-	}
-	if err := src.Unpause(ctx); err != nil {
-		t.Fatal(err)
-	}
-	mustSh(t, src, "true")
+	forEachRuntime(t, func(t *testing.T) {
+		ctx := context.Background()
+		src := newSandbox(t, clientOpts())
+		mustSh(t, src, "echo paused-state > /root/p")
+		if err := src.Pause(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := src.Exec(ctx, client.ExecOptions{Shell: "true"}); !errdefs.IsFailedPrecondition(err) {
+			t.Errorf("exec on a paused sandbox: got %v, want FailedPrecondition", err)
+		}
+		res, err := src.Fork(ctx, client.ForkOptions{Tag: "while-paused"})
+		if err != nil || res.Children[0].Err != nil {
+			t.Fatalf("fork of a paused sandbox: %v %+v", err, res)
+		}
+		closeAll(t, res.Sandboxes())
+		if out := mustSh(t, res.Children[0].Sandbox, "cat /root/p"); out != "paused-state\n" {
+			t.Errorf("child of a paused sandbox sees %q", out)
+		}
+		if err := src.Refresh(ctx); err != nil || src.Info.State != "paused" {
+			t.Errorf("source after the fork: %q %v; want still paused", src.Info.GetState(), err)
+		}
+		if err := src.Unpause(ctx); err != nil {
+			t.Fatal(err)
+		}
+		mustSh(t, src, "true")
+	})
 }
 
 func TestCredentials(t *testing.T) {

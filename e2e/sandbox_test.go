@@ -14,8 +14,26 @@ import (
 	"github.com/forkbox/forkbox/internal/testimage"
 )
 
+// runtimes are the runtimes the conformance tests run on.
+var runtimes = []string{"gvisor", "crun"}
+
+// curRuntime is the runtime clientOpts asks for.
+var curRuntime = "gvisor"
+
 func clientOpts() client.CreateOptions {
-	return client.CreateOptions{Image: env.image, Resources: client.Resources{CPU: "1", Memory: "256Mi"}}
+	return client.CreateOptions{Image: env.image, Runtime: curRuntime, Resources: client.Resources{CPU: "1", Memory: "256Mi"}}
+}
+
+// forEachRuntime runs f as a subtest per runtime: the one conformance
+// suite that every runtime passes.
+func forEachRuntime(t *testing.T, f func(t *testing.T)) {
+	for _, rt := range runtimes {
+		t.Run(rt, func(t *testing.T) {
+			curRuntime = rt
+			defer func() { curRuntime = "gvisor" }()
+			f(t)
+		})
+	}
 }
 
 func TestCreateFromRegistryAndArchives(t *testing.T) {
@@ -67,201 +85,211 @@ func (w *timedWriter) Write(p []byte) (int, error) {
 }
 
 func TestExec(t *testing.T) {
-	ctx := context.Background()
-	sb := newSandbox(t, clientOpts())
-	exits := []struct {
-		cmd    string
-		code   int
-		signal string
-	}{
-		{"true", 0, ""},
-		{"exit 3", 3, ""},
-		{"kill -9 $$", 137, "SIGKILL"},
-		{"kill -TERM $$", 143, "SIGTERM"},
-	}
-	for _, c := range exits {
-		_, _, res := sh(t, sb, c.cmd)
-		if res.ExitCode != c.code || res.Signal != c.signal {
-			t.Errorf("%q: got exit %d signal %q, want %d %q", c.cmd, res.ExitCode, res.Signal, c.code, c.signal)
+	forEachRuntime(t, func(t *testing.T) {
+		ctx := context.Background()
+		sb := newSandbox(t, clientOpts())
+		exits := []struct {
+			cmd    string
+			code   int
+			signal string
+		}{
+			{"true", 0, ""},
+			{"exit 3", 3, ""},
+			{"kill -9 $$", 137, "SIGKILL"},
+			{"kill -TERM $$", 143, "SIGTERM"},
 		}
-	}
-	out, errs, _ := sh(t, sb, "echo to-out; echo to-err >&2")
-	if out != "to-out\n" || errs != "to-err\n" {
-		t.Errorf("stdout %q stderr %q; want them apart", out, errs)
-	}
-
-	// Streaming: the first line arrives before the command ends.
-	var w timedWriter
-	start := time.Now()
-	res, err := sb.Exec(ctx, client.ExecOptions{Shell: "echo first; sleep 1; echo second", Stdout: &w})
-	end := time.Now()
-	if err != nil || res.ExitCode != 0 {
-		t.Fatalf("streaming exec: %v %+v", err, res)
-	}
-	if w.buf.String() != "first\nsecond\n" {
-		t.Errorf("streamed output %q", w.buf.String())
-	}
-	if w.first.Sub(start) > end.Sub(start)-500*time.Millisecond {
-		t.Errorf("first output came %s after start, the command ended at %s: not streamed", w.first.Sub(start), end.Sub(start))
-	}
-
-	// argv, env, cwd, stdin.
-	var o strings.Builder
-	res, err = sb.Exec(ctx, client.ExecOptions{Argv: []string{"sh", "-c", `echo "$GREETING $(pwd)"; cat`},
-		Env: map[string]string{"GREETING": "hello"}, Cwd: "/tmp", Stdin: []byte("from-stdin"), Stdout: &o})
-	if err != nil || res.ExitCode != 0 || o.String() != "hello /tmp\nfrom-stdin" {
-		t.Errorf("argv/env/cwd/stdin: got %q, %v, %+v", o.String(), err, res)
-	}
-
-	// Timeout kills the command.
-	res, err = sb.Exec(ctx, client.ExecOptions{Shell: "sleep 30", Timeout: 300 * time.Millisecond})
-	if err != nil || !res.TimedOut || res.Duration > 10*time.Second {
-		t.Errorf("timeout: got %+v, %v; want timed out", res, err)
-	}
-
-	// Background process keeps running after its exec returns.
-	pid, err := sb.Start(ctx, client.ExecOptions{Shell: "sleep 300"})
-	if err != nil || pid <= 1 {
-		t.Fatalf("background start: pid %d, %v", pid, err)
-	}
-	if out := mustSh(t, sb, fmt.Sprintf("kill -0 %d && echo alive", pid)); out != "alive\n" {
-		t.Errorf("background process %d not alive: %q", pid, out)
-	}
-
-	// Files.
-	if err := sb.WriteFile(ctx, "/work/dir/hello.txt", []byte("hi there"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := sb.ReadFile(ctx, "/work/dir/hello.txt"); err != nil || string(got) != "hi there" {
-		t.Errorf("ReadFile = %q, %v", got, err)
-	}
-	files, err := sb.ListFiles(ctx, "/work/dir")
-	if err != nil || len(files) != 1 || files[0].Name != "hello.txt" || files[0].Size != 8 || files[0].Mode&0o777 != 0o600 {
-		t.Errorf("ListFiles = %v, %v", files, err)
-	}
-	if out := mustSh(t, sb, "cat /work/dir/hello.txt"); out != "hi there" {
-		t.Errorf("file written by the API, read by a command: %q", out)
-	}
-
-	// The ledger has every exec, with exit codes.
-	evs, err := sb.Events(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var finished []float64
-	for _, e := range evs {
-		if e.Type == "exec.finished" {
-			if c, ok := e.Data["exit_code"].(float64); ok {
-				finished = append(finished, c)
+		for _, c := range exits {
+			_, _, res := sh(t, sb, c.cmd)
+			if res.ExitCode != c.code || res.Signal != c.signal {
+				t.Errorf("%q: got exit %d signal %q, want %d %q", c.cmd, res.ExitCode, res.Signal, c.code, c.signal)
 			}
 		}
-	}
-	if len(finished) < len(exits) || finished[1] != 3 || finished[2] != 137 {
-		t.Errorf("ledger exec.finished exit codes = %v", finished)
-	}
+		out, errs, _ := sh(t, sb, "echo to-out; echo to-err >&2")
+		if out != "to-out\n" || errs != "to-err\n" {
+			t.Errorf("stdout %q stderr %q; want them apart", out, errs)
+		}
+
+		// Streaming: the first line arrives before the command ends.
+		var w timedWriter
+		start := time.Now()
+		res, err := sb.Exec(ctx, client.ExecOptions{Shell: "echo first; sleep 1; echo second", Stdout: &w})
+		end := time.Now()
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("streaming exec: %v %+v", err, res)
+		}
+		if w.buf.String() != "first\nsecond\n" {
+			t.Errorf("streamed output %q", w.buf.String())
+		}
+		if w.first.Sub(start) > end.Sub(start)-500*time.Millisecond {
+			t.Errorf("first output came %s after start, the command ended at %s: not streamed", w.first.Sub(start), end.Sub(start))
+		}
+
+		// argv, env, cwd, stdin.
+		var o strings.Builder
+		res, err = sb.Exec(ctx, client.ExecOptions{Argv: []string{"sh", "-c", `echo "$GREETING $(pwd)"; cat`},
+			Env: map[string]string{"GREETING": "hello"}, Cwd: "/tmp", Stdin: []byte("from-stdin"), Stdout: &o})
+		if err != nil || res.ExitCode != 0 || o.String() != "hello /tmp\nfrom-stdin" {
+			t.Errorf("argv/env/cwd/stdin: got %q, %v, %+v", o.String(), err, res)
+		}
+
+		// Timeout kills the command.
+		res, err = sb.Exec(ctx, client.ExecOptions{Shell: "sleep 30", Timeout: 300 * time.Millisecond})
+		if err != nil || !res.TimedOut || res.Duration > 10*time.Second {
+			t.Errorf("timeout: got %+v, %v; want timed out", res, err)
+		}
+
+		// Background process keeps running after its exec returns.
+		pid, err := sb.Start(ctx, client.ExecOptions{Shell: "sleep 300"})
+		if err != nil || pid <= 1 {
+			t.Fatalf("background start: pid %d, %v", pid, err)
+		}
+		if out := mustSh(t, sb, fmt.Sprintf("kill -0 %d && echo alive", pid)); out != "alive\n" {
+			t.Errorf("background process %d not alive: %q", pid, out)
+		}
+
+		// Files.
+		if err := sb.WriteFile(ctx, "/work/dir/hello.txt", []byte("hi there"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := sb.ReadFile(ctx, "/work/dir/hello.txt"); err != nil || string(got) != "hi there" {
+			t.Errorf("ReadFile = %q, %v", got, err)
+		}
+		files, err := sb.ListFiles(ctx, "/work/dir")
+		if err != nil || len(files) != 1 || files[0].Name != "hello.txt" || files[0].Size != 8 || files[0].Mode&0o777 != 0o600 {
+			t.Errorf("ListFiles = %v, %v", files, err)
+		}
+		if out := mustSh(t, sb, "cat /work/dir/hello.txt"); out != "hi there" {
+			t.Errorf("file written by the API, read by a command: %q", out)
+		}
+
+		// The ledger has every exec, with exit codes.
+		evs, err := sb.Events(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var finished []float64
+		for _, e := range evs {
+			if e.Type == "exec.finished" {
+				if c, ok := e.Data["exit_code"].(float64); ok {
+					finished = append(finished, c)
+				}
+			}
+		}
+		if len(finished) < len(exits) || finished[1] != 3 || finished[2] != 137 {
+			t.Errorf("ledger exec.finished exit codes = %v", finished)
+		}
+	})
 }
 
 func TestIsolation(t *testing.T) {
-	o := clientOpts()
-	o.Name = "iso-a"
-	a := newSandbox(t, o)
-	o.Name = "iso-b"
-	b := newSandbox(t, o)
+	forEachRuntime(t, func(t *testing.T) {
+		o := clientOpts()
+		o.Name = "iso-a"
+		a := newSandbox(t, o)
+		o.Name = "iso-b"
+		b := newSandbox(t, o)
 
-	// Own hostname.
-	if got := strings.TrimSpace(mustSh(t, a, "hostname")); got != "iso-a" {
-		t.Errorf("hostname = %q, want iso-a", got)
-	}
-	// No host processes: the sandbox sees its agent and its own commands.
-	ps := mustSh(t, a, "ps -o pid,comm")
-	if strings.Contains(ps, "forkbox") && !strings.Contains(ps, "agent") || strings.Contains(ps, "runsc") || strings.Contains(ps, "systemd") {
-		t.Errorf("host processes visible:\n%s", ps)
-	}
-	if n := len(strings.Split(strings.TrimSpace(ps), "\n")); n > 6 {
-		t.Errorf("sandbox sees %d processes:\n%s", n, ps)
-	}
-	// No route to host services: a listener on the host's bridge address.
-	ln, err := net.Listen("tcp", gateway+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan struct{}, 1)
-	go func() {
-		if c, err := ln.Accept(); err == nil {
-			accepted <- struct{}{}
-			c.Close()
+		// Own hostname.
+		if got := strings.TrimSpace(mustSh(t, a, "hostname")); got != "iso-a" {
+			t.Errorf("hostname = %q, want iso-a", got)
 		}
-	}()
-	port := ln.Addr().(*net.TCPAddr).Port
-	if _, _, res := sh(t, a, fmt.Sprintf("nc -w 2 %s %d </dev/null", gateway, port)); res.ExitCode == 0 {
-		t.Errorf("egress none: the sandbox connected to the host at %s:%d", gateway, port)
-	}
-	select {
-	case <-accepted:
-		t.Errorf("egress none: the host accepted a connection from the sandbox")
-	default:
-	}
-	// No route to another sandbox (b listens on a port).
-	if _, err := b.Start(context.Background(), client.ExecOptions{Shell: "nc -l -p 9000"}); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(200 * time.Millisecond)
-	if _, _, res := sh(t, a, fmt.Sprintf("nc -w 2 %s 9000 </dev/null", b.Info.Ip)); res.ExitCode == 0 {
-		t.Errorf("sandbox a reached sandbox b at %s:9000", b.Info.Ip)
-	}
+		// No host processes: the sandbox sees its agent and its own commands.
+		ps := mustSh(t, a, "ps -o pid,comm")
+		if strings.Contains(ps, "forkbox") && !strings.Contains(ps, "agent") || strings.Contains(ps, "runsc") || strings.Contains(ps, "systemd") {
+			t.Errorf("host processes visible:\n%s", ps)
+		}
+		if n := len(strings.Split(strings.TrimSpace(ps), "\n")); n > 6 {
+			t.Errorf("sandbox sees %d processes:\n%s", n, ps)
+		}
+		// No route to host services: a listener on the host's bridge address.
+		ln, err := net.Listen("tcp", gateway+":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		accepted := make(chan struct{}, 1)
+		go func() {
+			if c, err := ln.Accept(); err == nil {
+				accepted <- struct{}{}
+				c.Close()
+			}
+		}()
+		port := ln.Addr().(*net.TCPAddr).Port
+		if _, _, res := sh(t, a, fmt.Sprintf("nc -w 2 %s %d </dev/null", gateway, port)); res.ExitCode == 0 {
+			t.Errorf("egress none: the sandbox connected to the host at %s:%d", gateway, port)
+		}
+		select {
+		case <-accepted:
+			t.Errorf("egress none: the host accepted a connection from the sandbox")
+		default:
+		}
+		// No route to another sandbox (b listens on a port).
+		if _, err := b.Start(context.Background(), client.ExecOptions{Shell: "nc -l -p 9000"}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if _, _, res := sh(t, a, fmt.Sprintf("nc -w 2 %s 9000 </dev/null", b.Info.Ip)); res.ExitCode == 0 {
+			t.Errorf("sandbox a reached sandbox b at %s:9000", b.Info.Ip)
+		}
 
-	// Writes are private: a file written in a is not in b.
-	mustSh(t, a, "echo secret > /root/a.txt && echo changed > /etc/motd")
-	if out, _, res := sh(t, b, "cat /root/a.txt; cat /etc/motd"); res.ExitCode == 0 || strings.Contains(out, "secret") || strings.Contains(out, "changed") {
-		t.Errorf("sandbox b sees a's writes: %q", out)
-	}
+		// Writes are private: a file written in a is not in b.
+		mustSh(t, a, "echo secret > /root/a.txt && echo changed > /etc/motd")
+		if out, _, res := sh(t, b, "cat /root/a.txt; cat /etc/motd"); res.ExitCode == 0 || strings.Contains(out, "secret") || strings.Contains(out, "changed") {
+			t.Errorf("sandbox b sees a's writes: %q", out)
+		}
+	})
 }
 
 func TestMemoryLimit(t *testing.T) {
-	o := clientOpts()
-	o.Resources.Memory = "64Mi"
-	sb := newSandbox(t, o)
-	_, _, res := sh(t, sb, "dd if=/dev/zero of=/dev/null bs=300M count=1")
-	if !res.OOMKilled || res.Signal != "SIGKILL" {
-		t.Errorf("allocating 300M under 64Mi: got %+v, want killed for memory", res)
-	}
-	// The sandbox (and its agent) survive.
-	if out := mustSh(t, sb, "echo still-here"); out != "still-here\n" {
-		t.Errorf("after the kill: %q", out)
-	}
-	// Allocating under the limit is fine.
-	if _, errs, res := sh(t, sb, "dd if=/dev/zero of=/dev/null bs=16M count=1"); res.ExitCode != 0 {
-		t.Errorf("allocating 16M under 64Mi: %+v %s", res, errs)
-	}
+	forEachRuntime(t, func(t *testing.T) {
+		o := clientOpts()
+		o.Resources.Memory = "64Mi"
+		sb := newSandbox(t, o)
+		_, _, res := sh(t, sb, "dd if=/dev/zero of=/dev/null bs=300M count=1")
+		if !res.OOMKilled || res.Signal != "SIGKILL" {
+			t.Errorf("allocating 300M under 64Mi: got %+v, want killed for memory", res)
+		}
+		// The sandbox (and its agent) survive.
+		if out := mustSh(t, sb, "echo still-here"); out != "still-here\n" {
+			t.Errorf("after the kill: %q", out)
+		}
+		// Allocating under the limit is fine.
+		if _, errs, res := sh(t, sb, "dd if=/dev/zero of=/dev/null bs=16M count=1"); res.ExitCode != 0 {
+			t.Errorf("allocating 16M under 64Mi: %+v %s", res, errs)
+		}
+	})
 }
 
 func TestResourceLimitsReachTheCgroup(t *testing.T) {
-	o := clientOpts()
-	o.Resources = client.Resources{CPU: "0.5", Memory: "128Mi", Pids: 100}
-	sb := newSandbox(t, o)
-	checkCgroupLimits(t, sb.ID, 50000, 100)
+	forEachRuntime(t, func(t *testing.T) {
+		o := clientOpts()
+		o.Resources = client.Resources{CPU: "0.5", Memory: "128Mi", Pids: 100}
+		sb := newSandbox(t, o)
+		checkCgroupLimits(t, sb.ID, 50000, 100)
+	})
 }
 
 func TestCloseLeavesNothing(t *testing.T) {
-	ctx := context.Background()
-	sb, err := env.c.CreateSandbox(ctx, clientOpts())
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustSh(t, sb, "echo x > /root/x; sleep 300 &")
-	if _, err := sb.Start(ctx, client.ExecOptions{Shell: "sleep 600"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := sb.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	checkNoLeftovers(t, sb.ID)
-	if err := sb.Refresh(ctx); err != nil || sb.Info.State != "closed" {
-		t.Errorf("after close: state %v, %v; want closed", sb.Info.GetState(), err)
-	}
-	evs, _ := sb.Events(ctx)
-	if len(evs) == 0 || evs[len(evs)-1].Type != "sandbox.closed" {
-		t.Errorf("ledger does not end with sandbox.closed: %+v", evs)
-	}
+	forEachRuntime(t, func(t *testing.T) {
+		ctx := context.Background()
+		sb, err := env.c.CreateSandbox(ctx, clientOpts())
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustSh(t, sb, "echo x > /root/x; sleep 300 &")
+		if _, err := sb.Start(ctx, client.ExecOptions{Shell: "sleep 600"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := sb.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		checkNoLeftovers(t, sb.ID)
+		if err := sb.Refresh(ctx); err != nil || sb.Info.State != "closed" {
+			t.Errorf("after close: state %v, %v; want closed", sb.Info.GetState(), err)
+		}
+		evs, _ := sb.Events(ctx)
+		if len(evs) == 0 || evs[len(evs)-1].Type != "sandbox.closed" {
+			t.Errorf("ledger does not end with sandbox.closed: %+v", evs)
+		}
+	})
 }

@@ -58,7 +58,7 @@ func createCmd(g *globals) *cobra.Command {
 	f.StringArrayVar(&env, "env", nil, "KEY=VALUE, repeatable")
 	f.StringVar(&o.Cwd, "cwd", "", "working directory of execs")
 	f.StringVar(&o.Egress, "egress", "none", "outbound network: none or all")
-	f.StringVar(&o.Runtime, "runtime", "", "runtime (default gvisor)")
+	f.StringVar(&o.Runtime, "runtime", "", "runtime: gvisor or crun (default: the daemon's)")
 	cmd.MarkFlagRequired("image")
 	return cmd
 }

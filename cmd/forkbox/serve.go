@@ -69,6 +69,8 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&token, "api-token", os.Getenv("FORKBOX_API_TOKEN"), "bearer token required on the TCP listener")
 	f.StringVar(&cfg.AgentPath, "agent", "", "forkbox-agent binary (default: next to this binary)")
 	f.StringVar(&cfg.RuntimeBinary, "runsc", "", "runsc binary (default: from PATH)")
+	f.StringVar(&cfg.CrunBinary, "crun", "", "crun binary (default: from PATH)")
+	f.StringVar(&cfg.DefaultRuntime, "runtime", "gvisor", "default runtime: gvisor (untrusted code) or crun (trusted code, fastest)")
 	f.StringVar(&cfg.Snapshotter, "snapshotter", "btrfs", "btrfs (O(1) forks) or copy (slow fallback)")
 	f.StringVar(&btrfsSize, "btrfs-size", "", "size of the sparse btrfs file made when the state dir is not on btrfs (default 16Gi)")
 	f.StringVar(&cfg.Subnet, "subnet", "", "sandbox subnet (default 10.88.0.0/16)")

@@ -11,6 +11,7 @@ import (
 
 	"github.com/forkbox/forkbox/internal/image"
 	"github.com/forkbox/forkbox/internal/network"
+	"github.com/forkbox/forkbox/internal/runtime/crun"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
 	"github.com/forkbox/forkbox/internal/store"
 )
@@ -22,11 +23,22 @@ import (
 // backstop with headroom: for the sentry itself, and for what one large
 // allocation adds between two polls of the agent's watchdog (a 300 MB
 // allocation was seen to land within one 10 ms poll).
+// With crun the kernel's OOM killer works inside the cgroup and kills the
+// largest process (the agent has oom_score_adj -1000), so the limit is exact
+// and the watchdog is off.
 func hostMemoryLimit(runtimeName string, limit int64) int64 {
-	if runtimeName == "gvisor" {
+	if runtimeName == RuntimeGVisor {
 		return limit + limit/2 + 512<<20
 	}
 	return limit
+}
+
+// watchdogLimit is the limit the agent enforces itself (0 = off).
+func watchdogLimit(runtimeName string, limit int64) int64 {
+	if runtimeName == RuntimeGVisor {
+		return limit
+	}
+	return 0
 }
 
 // writeBundle writes the OCI bundle (config.json and the small /etc files)
@@ -45,7 +57,7 @@ func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Net
 	env = append(env,
 		"FORKBOX_AGENT_ADDR=:"+strconv.Itoa(agentPort),
 		"FORKBOX_AGENT_TOKEN="+sb.AgentToken,
-		"FORKBOX_MEMORY_LIMIT="+strconv.FormatInt(sb.Config.MemoryBytes, 10),
+		"FORKBOX_MEMORY_LIMIT="+strconv.FormatInt(watchdogLimit(sb.Runtime, sb.Config.MemoryBytes), 10),
 	)
 	cwd := sb.Config.Cwd
 	if cwd == "" {
@@ -87,6 +99,9 @@ func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Net
 	})
 	if err != nil {
 		return err
+	}
+	if sb.Runtime == RuntimeCrun {
+		crun.Adapt(s)
 	}
 	if err := spec.PrepareRootfs(filepath.Join(dir, "rootfs")); err != nil {
 		return err

@@ -91,7 +91,7 @@ func (d *Daemon) validate(ctx context.Context, o *CreateOptions) (*store.Sandbox
 		return nil, image.Image{}, fmt.Errorf("egress %q: want none or all: %w", o.Egress, errdefs.ErrInvalidArgument)
 	}
 	if o.Runtime == "" {
-		o.Runtime = "gvisor"
+		o.Runtime = d.cfg.DefaultRuntime
 	}
 	if _, ok := d.runtimes[o.Runtime]; !ok {
 		return nil, image.Image{}, fmt.Errorf("runtime %q is not available on this daemon: %w", o.Runtime, errdefs.ErrInvalidArgument)

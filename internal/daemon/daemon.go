@@ -33,6 +33,11 @@ type Config struct {
 	AgentPath string
 	// RuntimeBinary is the runsc binary ("runsc" from PATH by default).
 	RuntimeBinary string
+	// CrunBinary is the crun binary ("crun" from PATH by default).
+	CrunBinary string
+	// DefaultRuntime is "gvisor" (default: untrusted code) or "crun"
+	// (trusted code, fastest start).
+	DefaultRuntime string
 	// Snapshotter is "btrfs" (default) or "copy".
 	Snapshotter string
 	// BtrfsSize is the size of the sparse btrfs file made when StateDir is
@@ -82,6 +87,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Log == nil {
 		c.Log = slog.Default()
+	}
+	if c.DefaultRuntime == "" {
+		c.DefaultRuntime = RuntimeGVisor
 	}
 	if c.Snapshotter == "" {
 		c.Snapshotter = "btrfs"

@@ -1,14 +1,15 @@
 package daemon
 
 import (
-	"encoding/base64"
 	"context"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/agent"
+	"github.com/forkbox/forkbox/internal/cgroups"
 	"github.com/forkbox/forkbox/internal/store"
 )
 
@@ -86,8 +87,16 @@ func (d *Daemon) Exec(ctx context.Context, idOrName string, o ExecOptions, stdou
 	if err != nil {
 		return ExecResult{}, err
 	}
+	// Under crun the kernel's OOM killer does the killing: it is seen in
+	// the cgroup's oom_kill count (under gVisor the agent reports it).
+	oomBefore, oomErr := cgroups.OOMKills(d.cgroupPath(sb.ID))
 	start := time.Now()
 	res, err := d.agent(sb).Exec(ctx, req, stdout, stderr)
+	if err == nil && sb.Runtime == RuntimeCrun && res.Signal == "SIGKILL" && oomErr == nil {
+		if after, err := cgroups.OOMKills(d.cgroupPath(sb.ID)); err == nil && after > oomBefore {
+			res.OOMKilled = true
+		}
+	}
 	data := map[string]any{"exec_id": execID, "duration_ms": float64(time.Since(start).Microseconds()) / 1000}
 	if err != nil {
 		data["error"] = err.Error()

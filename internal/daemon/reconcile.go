@@ -100,15 +100,15 @@ func (d *Daemon) sweepOrphans(ctx context.Context) error {
 	}
 	var errs []error
 	orphan := func(id string) bool { return strings.HasPrefix(id, "sb-") && !live[id] }
-	for _, rt := range d.runtimes {
+	for name, rt := range d.runtimes {
 		states, err := rt.List(ctx)
 		if err != nil {
 			errs = append(errs, err)
 		}
 		for _, st := range states {
 			if orphan(st.ID) {
-				d.log.Warn("reconcile: removing orphan container", "sandbox", st.ID)
-				errs = append(errs, d.teardown(ctx, &store.Sandbox{ID: st.ID, Runtime: rt.Name()}))
+				d.log.Warn("reconcile: removing orphan container", "sandbox", st.ID, "runtime", name)
+				errs = append(errs, d.teardown(ctx, &store.Sandbox{ID: st.ID, Runtime: name}))
 			}
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/network"
+	"github.com/forkbox/forkbox/internal/runtime/crun"
 	"github.com/forkbox/forkbox/internal/runtime/runsc"
 	"github.com/forkbox/forkbox/internal/snapshot"
 	"github.com/forkbox/forkbox/internal/snapshot/btrfs"
@@ -58,17 +59,32 @@ func newNetwork(ctx context.Context, cfg Config, log *slog.Logger) (*network.Man
 	return network.New(ctx, ncfg)
 }
 
+// Runtime names, as users give them.
+const (
+	RuntimeGVisor = "gvisor"
+	RuntimeCrun   = "crun"
+)
+
+// openRuntimes opens every runtime this host has. gVisor is required
+// unless crun is the default; a missing crun is logged, and sandboxes that
+// ask for it get a clear error.
 func (d *Daemon) openRuntimes(cfg Config) error {
-	rt, err := runsc.New(runsc.Options{
-		Binary: cfg.RuntimeBinary,
-		Root:   filepath.Join(cfg.RunDir, "runsc"),
-		LogDir: filepath.Join(cfg.StateDir, "logs"),
-		Log:    d.log,
-	})
-	if err != nil {
-		return err
+	logs := filepath.Join(cfg.StateDir, "logs")
+	rs, err := runsc.New(runsc.Options{Binary: cfg.RuntimeBinary, Root: filepath.Join(cfg.RunDir, "runsc"), LogDir: logs, Log: d.log})
+	if err == nil {
+		d.runtimes[RuntimeGVisor] = rs
+	} else {
+		d.log.Warn("gVisor runtime unavailable", "err", err)
 	}
-	d.runtimes["gvisor"] = rt
+	cr, cerr := crun.New(crun.Options{Binary: cfg.CrunBinary, Root: filepath.Join(cfg.RunDir, "crun"), LogDir: logs, Log: d.log})
+	if cerr == nil {
+		d.runtimes[RuntimeCrun] = cr
+	} else {
+		d.log.Warn("crun runtime unavailable", "err", cerr)
+	}
+	if _, ok := d.runtimes[cfg.DefaultRuntime]; !ok {
+		return fmt.Errorf("default runtime %q is not available (gvisor: %v; crun: %v): %w", cfg.DefaultRuntime, err, cerr, errdefs.ErrFailedPrecondition)
+	}
 	return nil
 }
 
