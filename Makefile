@@ -31,5 +31,10 @@ test: setup
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 45m ./...
 
+# bench measures start, exec, fork, fan-out and busy capture on this host with
+# a throwaway daemon (root). BENCH_FLAGS=--quick for a smoke run, --json for JSON.
+bench: build
+	$(GO) run ./tools/bench $(BENCH_FLAGS)
+
 clean:
 	rm -rf bin .tools

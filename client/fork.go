@@ -51,8 +51,11 @@ type ForkChild struct {
 type ForkResult struct {
 	Checkpoint *Checkpoint
 	// Captured says what children start from ("filesystem").
-	Captured  string
+	Captured string
+	// CaptureMS is how long the source was frozen (freeze + snapshot +
+	// thaw); FlushMS the writeback of its dirty data before that.
 	CaptureMS float64
+	FlushMS   float64
 	TotalMS   float64
 	Children  []ForkChild
 }
@@ -83,7 +86,7 @@ func (s *Sandbox) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) 
 		return nil, errconnect.FromConnect(err)
 	}
 	m := resp.Msg
-	res := &ForkResult{Checkpoint: m.Checkpoint, Captured: m.Captured, CaptureMS: m.CaptureMs, TotalMS: m.TotalMs}
+	res := &ForkResult{Checkpoint: m.Checkpoint, Captured: m.Captured, CaptureMS: m.CaptureMs, FlushMS: m.FlushMs, TotalMS: m.TotalMs}
 	started := 0
 	for _, c := range m.Children {
 		fc := ForkChild{StartMS: c.StartMs}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/forkbox/forkbox/client"
+	"github.com/forkbox/forkbox/internal/mount"
 	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/snapshot/btrfs"
 	"github.com/forkbox/forkbox/internal/testimage"
@@ -190,6 +191,11 @@ func restartDaemon(t *testing.T, sig syscall.Signal) {
 // daemon's btrfs loop device, its bridge and nftables tables.
 func cleanupHost() {
 	ctx := context.Background()
+	if env.daemon == nil && env.logFile != nil {
+		// A test left the daemon dead: a fresh start reconciles, then
+		// everything is closed through it.
+		startDaemon()
+	}
 	if env.daemon != nil {
 		c := &client.Client{Socket: env.socket}
 		list, _ := c.ListSandboxes(ctx, false)
@@ -207,7 +213,16 @@ func cleanupHost() {
 		NetnsDir: filepath.Join(env.runDir, "netns")}); err == nil {
 		m.Destroy(ctx)
 	}
-	exec.Command("umount", "-l", filepath.Join(env.runDir, "netns")).Run()
+	// Last resort for a run that crashed: nothing of this run may outlive it.
+	exec.Command("pkill", "-9", "-f", env.dir).Run()
+	if mps, err := mount.Under(env.dir); err == nil {
+		for _, mp := range mps {
+			mount.Unmount(ctx, mp)
+		}
+	}
+	for _, dir := range cgroupDirs() {
+		os.Remove(dir)
+	}
 	os.RemoveAll(env.dir)
 }
 
@@ -244,4 +259,17 @@ func mustSh(t *testing.T, sb *client.Sandbox, cmd string) string {
 		t.Fatalf("exec %q: exit %d, stderr %q", cmd, res.ExitCode, errs)
 	}
 	return out
+}
+
+// cgroupDirs lists this run's cgroup directories, children first.
+func cgroupDirs() []string {
+	kids, _ := filepath.Glob("/sys/fs/cgroup/*/" + cgroupParent + "/*")
+	parents, _ := filepath.Glob("/sys/fs/cgroup/*/" + cgroupParent)
+	var out []string
+	for _, k := range kids {
+		if st, err := os.Stat(k); err == nil && st.IsDir() {
+			out = append(out, k)
+		}
+	}
+	return append(out, parents...)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -11,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/forkbox/forkbox/client"
+	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/daemon"
 	"github.com/forkbox/forkbox/internal/server"
 )
@@ -22,33 +24,74 @@ func envOr(k, def string) string {
 	return def
 }
 
+// daemonFlags are the flags that say where a daemon keeps its state.
+type daemonFlags struct {
+	cfg                            daemon.Config
+	socket, tcp, token, level, btr string
+}
+
+func (df *daemonFlags) config() (daemon.Config, error) {
+	cfg := df.cfg
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(df.level)); err != nil {
+		return cfg, err
+	}
+	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
+	if df.btr != "" {
+		n, err := daemon.ParseMemory(df.btr)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.BtrfsSize = n
+	}
+	return cfg, nil
+}
+
+func uninstallCmd() *cobra.Command {
+	df := &daemonFlags{}
+	var purge bool
+	cmd := &cobra.Command{
+		Use:   "uninstall",
+		Short: "Close every sandbox and remove the daemon's host state (stop the daemon first)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := (&client.Client{Socket: df.socket}).ListSandboxes(cmd.Context(), false); err == nil {
+				return fmt.Errorf("a daemon is answering on %s: stop it first: %w", df.socket, errdefs.ErrFailedPrecondition)
+			}
+			cfg, err := df.config()
+			if err != nil {
+				return err
+			}
+			d, err := daemon.New(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			return d.Uninstall(cmd.Context(), purge)
+		},
+	}
+	df.register(cmd)
+	cmd.Flags().BoolVar(&purge, "purge", false, "also delete the state directory (images, checkpoints, ledger)")
+	return cmd
+}
+
 func serveCmd() *cobra.Command {
-	var cfg daemon.Config
-	var socket, tcp, token, level, btrfsSize string
+	df := &daemonFlags{}
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the forkbox daemon (as root)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var lv slog.Level
-			if err := lv.UnmarshalText([]byte(level)); err != nil {
+			cfg, err := df.config()
+			if err != nil {
 				return err
 			}
-			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
-			if btrfsSize != "" {
-				n, err := daemon.ParseMemory(btrfsSize)
-				if err != nil {
-					return err
-				}
-				cfg.BtrfsSize = n
-			}
-			cfg.Log = log
+			log := cfg.Log
 			ctx := cmd.Context()
 			d, err := daemon.New(ctx, cfg)
 			if err != nil {
 				return err
 			}
 			defer d.Close()
-			srv, err := server.Listen(d, socket, tcp, token, log)
+			srv, err := server.Listen(d, df.socket, df.tcp, df.token, log)
 			if err != nil {
 				return err
 			}
@@ -61,24 +104,28 @@ func serveCmd() *cobra.Command {
 			return srv.Shutdown(sctx)
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&cfg.StateDir, "state-dir", envOr("FORKBOX_STATE_DIR", "/var/lib/forkbox"), "state directory")
-	f.StringVar(&cfg.RunDir, "run-dir", envOr("FORKBOX_RUN_DIR", "/run/forkbox"), "runtime state directory")
-	f.StringVar(&socket, "socket", envOr("FORKBOX_SOCKET", client.DefaultSocket), "unix socket of the API")
-	f.StringVar(&tcp, "tcp", "", "also listen on this TCP address (needs --token)")
-	f.StringVar(&token, "api-token", os.Getenv("FORKBOX_API_TOKEN"), "bearer token required on the TCP listener")
-	f.StringVar(&cfg.AgentPath, "agent", "", "forkbox-agent binary (default: next to this binary)")
-	f.StringVar(&cfg.RuntimeBinary, "runsc", "", "runsc binary (default: from PATH)")
-	f.StringVar(&cfg.CrunBinary, "crun", "", "crun binary (default: from PATH)")
-	f.StringVar(&cfg.DefaultRuntime, "runtime", "gvisor", "default runtime: gvisor (untrusted code) or crun (trusted code, fastest)")
-	f.StringVar(&cfg.Snapshotter, "snapshotter", "btrfs", "btrfs (O(1) forks) or copy (slow fallback)")
-	f.StringVar(&btrfsSize, "btrfs-size", "", "size of the sparse btrfs file made when the state dir is not on btrfs (default 16Gi)")
-	f.StringVar(&cfg.Subnet, "subnet", "", "sandbox subnet (default 10.88.0.0/16)")
-	f.StringVar(&cfg.Bridge, "bridge", "", "host bridge of the sandbox network (default forkbox0)")
-	f.StringVar(&cfg.NetTable, "net-table", "", "nftables table of the sandbox network (default forkbox)")
-	f.StringVar(&cfg.VethPrefix, "veth-prefix", "", "prefix of host-side veth names, at most 5 bytes (default fbx)")
-	f.StringVar(&cfg.CgroupParent, "cgroup-parent", "forkbox", "cgroup under which sandboxes get theirs")
-	f.IntVar(&cfg.MaxSandboxes, "max-sandboxes", 100, "limit on live sandboxes")
-	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	df.register(cmd)
 	return cmd
+}
+
+func (df *daemonFlags) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&df.cfg.StateDir, "state-dir", envOr("FORKBOX_STATE_DIR", "/var/lib/forkbox"), "state directory")
+	f.StringVar(&df.cfg.RunDir, "run-dir", envOr("FORKBOX_RUN_DIR", "/run/forkbox"), "runtime state directory")
+	f.StringVar(&df.socket, "socket", envOr("FORKBOX_SOCKET", client.DefaultSocket), "unix socket of the API")
+	f.StringVar(&df.tcp, "tcp", "", "also listen on this TCP address (needs --token)")
+	f.StringVar(&df.token, "api-token", os.Getenv("FORKBOX_API_TOKEN"), "bearer token required on the TCP listener")
+	f.StringVar(&df.cfg.AgentPath, "agent", "", "forkbox-agent binary (default: next to this binary)")
+	f.StringVar(&df.cfg.RuntimeBinary, "runsc", "", "runsc binary (default: from PATH)")
+	f.StringVar(&df.cfg.CrunBinary, "crun", "", "crun binary (default: from PATH)")
+	f.StringVar(&df.cfg.DefaultRuntime, "runtime", "gvisor", "default runtime: gvisor (untrusted code) or crun (trusted code, fastest)")
+	f.StringVar(&df.cfg.Snapshotter, "snapshotter", "btrfs", "btrfs (O(1) forks) or copy (slow fallback)")
+	f.StringVar(&df.btr, "btrfs-size", "", "size of the sparse btrfs file made when the state dir is not on btrfs (default 16Gi)")
+	f.StringVar(&df.cfg.Subnet, "subnet", "", "sandbox subnet (default 10.88.0.0/16)")
+	f.StringVar(&df.cfg.Bridge, "bridge", "", "host bridge of the sandbox network (default forkbox0)")
+	f.StringVar(&df.cfg.NetTable, "net-table", "", "nftables table of the sandbox network (default forkbox)")
+	f.StringVar(&df.cfg.VethPrefix, "veth-prefix", "", "prefix of host-side veth names, at most 5 bytes (default fbx)")
+	f.StringVar(&df.cfg.CgroupParent, "cgroup-parent", "forkbox", "cgroup under which sandboxes get theirs")
+	f.IntVar(&df.cfg.MaxSandboxes, "max-sandboxes", 100, "limit on live sandboxes")
+	f.StringVar(&df.level, "log-level", "info", "debug, info, warn or error")
 }

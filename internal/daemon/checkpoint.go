@@ -1,9 +1,12 @@
 package daemon
 
 import (
+	"os"
+
 	"context"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -41,6 +44,14 @@ func (d *Daemon) Checkpoint(ctx context.Context, idOrName, tag string) (*store.C
 // writable layer, so the capture does not grow with the data written.
 func (d *Daemon) checkpointLocked(ctx context.Context, sb *store.Sandbox, tag string) (ck *store.Checkpoint, err error) {
 	id := newID("ck-")
+	// Write back what the sandbox wrote before freezing it: a btrfs
+	// snapshot flushes the subvolume's dirty data, and doing that inside
+	// the frozen window would make the capture grow with the data.
+	flushStart := time.Now()
+	if err := syncFS(d.rootfsDir(sb.ID)); err != nil {
+		return nil, fmt.Errorf("flush before checkpoint: %w", err)
+	}
+	flushMS := msSince(flushStart)
 	start := time.Now()
 	if sb.State == store.StateRunning {
 		cg := d.cgroupPath(sb.ID)
@@ -57,12 +68,12 @@ func (d *Daemon) checkpointLocked(ctx context.Context, sb *store.Sandbox, tag st
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
 	ck = &store.Checkpoint{ID: id, SandboxID: sb.ID, Tag: tag, Kind: KindFilesystem, Image: sb.Image,
-		ImageDigest: sb.ImageDigest, Runtime: sb.Runtime, Config: sb.Config, CaptureMS: msSince(start), Size: -1}
+		ImageDigest: sb.ImageDigest, Runtime: sb.Runtime, Config: sb.Config, CaptureMS: msSince(start), FlushMS: flushMS, Size: -1}
 	if err := d.store.AddCheckpoint(ctx, ck); err != nil {
 		d.snaps.Remove(context.WithoutCancel(ctx), id)
 		return nil, err
 	}
-	d.log.Info("checkpoint", "sandbox", sb.ID, "checkpoint", id, "tag", tag, "capture_ms", ck.CaptureMS)
+	d.log.Info("checkpoint", "sandbox", sb.ID, "checkpoint", id, "tag", tag, "capture_ms", ck.CaptureMS, "flush_ms", flushMS)
 	return ck, nil
 }
 
@@ -105,4 +116,14 @@ func (d *Daemon) DeleteCheckpoint(ctx context.Context, id string) error {
 		return err
 	}
 	return nil
+}
+
+// syncFS writes back the dirty data of the filesystem holding dir.
+func syncFS(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Syncfs(int(f.Fd()))
 }

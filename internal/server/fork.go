@@ -13,7 +13,7 @@ import (
 
 func toCheckpoint(ck *store.Checkpoint, sandboxName string) *v1.Checkpoint {
 	return &v1.Checkpoint{Id: ck.ID, SandboxId: ck.SandboxID, SandboxName: sandboxName, Tag: ck.Tag,
-		CreatedAtUnixMs: ck.CreatedAt.UnixMilli(), Size: ck.Size, Kind: ck.Kind, Image: ck.Image, CaptureMs: ck.CaptureMS}
+		CreatedAtUnixMs: ck.CreatedAt.UnixMilli(), Size: ck.Size, Kind: ck.Kind, Image: ck.Image, CaptureMs: ck.CaptureMS, FlushMs: ck.FlushMS}
 }
 
 func fromOverrides(o *v1.Overrides) daemon.Overrides {
@@ -85,7 +85,7 @@ func (s *sandboxes) Fork(ctx context.Context, req *connect.Request[v1.ForkReques
 		return nil, err
 	}
 	out := &v1.ForkResponse{Checkpoint: toCheckpoint(res.Checkpoint, s.name(ctx, res.Checkpoint.SandboxID)),
-		Captured: res.Captured, CaptureMs: res.CaptureMS, TotalMs: res.TotalMS}
+		Captured: res.Captured, CaptureMs: res.CaptureMS, FlushMs: res.Checkpoint.FlushMS, TotalMs: res.TotalMS}
 	for _, c := range res.Children {
 		fc := &v1.ForkChild{StartMs: c.StartMS}
 		if c.Sandbox != nil {

@@ -23,14 +23,18 @@ type Checkpoint struct {
 	Runtime     string
 	Config      SandboxConfig
 	Size        int64
-	CaptureMS   float64
+	// CaptureMS is the frozen window: freeze + snapshot + thaw.
+	CaptureMS float64
+	// FlushMS is the writeback of the sandbox's dirty data before the
+	// freeze (the sandbox keeps running meanwhile).
+	FlushMS float64
 	// LedgerSeq is the sequence number of the source's checkpoint_created
 	// event: execs after it are what Resume replays.
 	LedgerSeq int64
 	CreatedAt time.Time
 }
 
-const checkpointCols = `id, sandbox_id, tag, kind, image, image_digest, runtime, config, size, capture_ms, ledger_seq, created_at`
+const checkpointCols = `id, sandbox_id, tag, kind, image, image_digest, runtime, config, size, capture_ms, ledger_seq, created_at, flush_ms`
 
 // AddCheckpoint records a checkpoint and appends sandbox.checkpoint_created
 // to the source's ledger, in one transaction.
@@ -45,16 +49,16 @@ func (s *Store) AddCheckpoint(ctx context.Context, ck *Checkpoint) error {
 	}
 	defer tx.Rollback()
 	ck.CreatedAt = time.Now()
-	data, _ := json.Marshal(map[string]any{"tag": ck.Tag, "snapshot": ck.ID, "kind": ck.Kind, "size": ck.Size, "capture_ms": ck.CaptureMS})
+	data, _ := json.Marshal(map[string]any{"tag": ck.Tag, "snapshot": ck.ID, "kind": ck.Kind, "capture_ms": ck.CaptureMS, "flush_ms": ck.FlushMS})
 	res, err := tx.ExecContext(ctx, `INSERT INTO events (sandbox_id, type, time, data) VALUES (?,?,?,?)`,
 		ck.SandboxID, EventCheckpointCreated, ck.CreatedAt.UnixMilli(), string(data))
 	if err != nil {
 		return fmt.Errorf("store: checkpoint event: %w", err)
 	}
 	ck.LedgerSeq, _ = res.LastInsertId()
-	if _, err := tx.ExecContext(ctx, `INSERT INTO checkpoints (`+checkpointCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)`,
+	if _, err := tx.ExecContext(ctx, `INSERT INTO checkpoints (`+checkpointCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		ck.ID, ck.SandboxID, ck.Tag, ck.Kind, ck.Image, ck.ImageDigest, ck.Runtime, string(cfg), ck.Size, ck.CaptureMS,
-		ck.LedgerSeq, ck.CreatedAt.UnixMilli()); err != nil {
+		ck.LedgerSeq, ck.CreatedAt.UnixMilli(), ck.FlushMS); err != nil {
 		return fmt.Errorf("store: add checkpoint: %w", err)
 	}
 	return tx.Commit()
@@ -108,7 +112,7 @@ func scanCheckpoint(r scanner) (*Checkpoint, error) {
 	var cfg string
 	var created int64
 	if err := r.Scan(&ck.ID, &ck.SandboxID, &ck.Tag, &ck.Kind, &ck.Image, &ck.ImageDigest, &ck.Runtime, &cfg,
-		&ck.Size, &ck.CaptureMS, &ck.LedgerSeq, &created); err != nil {
+		&ck.Size, &ck.CaptureMS, &ck.LedgerSeq, &created, &ck.FlushMS); err != nil {
 		return nil, err
 	}
 	if err := json.Unmarshal([]byte(cfg), &ck.Config); err != nil {

@@ -76,6 +76,7 @@ var migrations = []string{
 		updated_at INTEGER NOT NULL,
 		PRIMARY KEY (sandbox_id, name)
 	);`,
+	`ALTER TABLE checkpoints ADD COLUMN flush_ms REAL NOT NULL DEFAULT 0;`,
 }
 
 // Open opens (creating if needed) the database at path and migrates it.

@@ -1763,8 +1763,12 @@ type Checkpoint struct {
 	// What was captured: "filesystem" (or "filesystem+memory").
 	Kind  string `protobuf:"bytes,7,opt,name=kind,proto3" json:"kind,omitempty"`
 	Image string `protobuf:"bytes,8,opt,name=image,proto3" json:"image,omitempty"`
-	// Freeze + snapshot + thaw, in milliseconds.
-	CaptureMs     float64 `protobuf:"fixed64,9,opt,name=capture_ms,json=captureMs,proto3" json:"capture_ms,omitempty"`
+	// Freeze + snapshot + thaw, in milliseconds: the sandbox is frozen for
+	// this long.
+	CaptureMs float64 `protobuf:"fixed64,9,opt,name=capture_ms,json=captureMs,proto3" json:"capture_ms,omitempty"`
+	// Writeback of the sandbox's dirty data before the freeze (it runs
+	// meanwhile), in milliseconds.
+	FlushMs       float64 `protobuf:"fixed64,10,opt,name=flush_ms,json=flushMs,proto3" json:"flush_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1858,6 +1862,13 @@ func (x *Checkpoint) GetImage() string {
 func (x *Checkpoint) GetCaptureMs() float64 {
 	if x != nil {
 		return x.CaptureMs
+	}
+	return 0
+}
+
+func (x *Checkpoint) GetFlushMs() float64 {
+	if x != nil {
+		return x.FlushMs
 	}
 	return 0
 }
@@ -2379,6 +2390,7 @@ type ForkResponse struct {
 	// What the children start from: "filesystem".
 	Captured      string       `protobuf:"bytes,2,opt,name=captured,proto3" json:"captured,omitempty"`
 	CaptureMs     float64      `protobuf:"fixed64,3,opt,name=capture_ms,json=captureMs,proto3" json:"capture_ms,omitempty"`
+	FlushMs       float64      `protobuf:"fixed64,6,opt,name=flush_ms,json=flushMs,proto3" json:"flush_ms,omitempty"`
 	Children      []*ForkChild `protobuf:"bytes,4,rep,name=children,proto3" json:"children,omitempty"`
 	TotalMs       float64      `protobuf:"fixed64,5,opt,name=total_ms,json=totalMs,proto3" json:"total_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -2432,6 +2444,13 @@ func (x *ForkResponse) GetCaptured() string {
 func (x *ForkResponse) GetCaptureMs() float64 {
 	if x != nil {
 		return x.CaptureMs
+	}
+	return 0
+}
+
+func (x *ForkResponse) GetFlushMs() float64 {
+	if x != nil {
+		return x.FlushMs
 	}
 	return 0
 }
@@ -3663,7 +3682,7 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x15UnpauseSandboxRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\"G\n" +
 	"\x16UnpauseSandboxResponse\x12-\n" +
-	"\asandbox\x18\x01 \x01(\v2\x13.forkbox.v1.SandboxR\asandbox\"\xfa\x01\n" +
+	"\asandbox\x18\x01 \x01(\v2\x13.forkbox.v1.SandboxR\asandbox\"\x95\x02\n" +
 	"\n" +
 	"Checkpoint\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
@@ -3676,7 +3695,9 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x04kind\x18\a \x01(\tR\x04kind\x12\x14\n" +
 	"\x05image\x18\b \x01(\tR\x05image\x12\x1d\n" +
 	"\n" +
-	"capture_ms\x18\t \x01(\x01R\tcaptureMs\"?\n" +
+	"capture_ms\x18\t \x01(\x01R\tcaptureMs\x12\x19\n" +
+	"\bflush_ms\x18\n" +
+	" \x01(\x01R\aflushMs\"?\n" +
 	"\x11CheckpointRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x10\n" +
 	"\x03tag\x18\x02 \x01(\tR\x03tag\"L\n" +
@@ -3719,14 +3740,15 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\x1f\n" +
 	"\verror_class\x18\x03 \x01(\tR\n" +
 	"errorClass\x12\x19\n" +
-	"\bstart_ms\x18\x04 \x01(\x01R\astartMs\"\xcf\x01\n" +
+	"\bstart_ms\x18\x04 \x01(\x01R\astartMs\"\xea\x01\n" +
 	"\fForkResponse\x126\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\v2\x16.forkbox.v1.CheckpointR\n" +
 	"checkpoint\x12\x1a\n" +
 	"\bcaptured\x18\x02 \x01(\tR\bcaptured\x12\x1d\n" +
 	"\n" +
-	"capture_ms\x18\x03 \x01(\x01R\tcaptureMs\x121\n" +
+	"capture_ms\x18\x03 \x01(\x01R\tcaptureMs\x12\x19\n" +
+	"\bflush_ms\x18\x06 \x01(\x01R\aflushMs\x121\n" +
 	"\bchildren\x18\x04 \x03(\v2\x15.forkbox.v1.ForkChildR\bchildren\x12\x19\n" +
 	"\btotal_ms\x18\x05 \x01(\x01R\atotalMs\"\x84\x02\n" +
 	"\x16RestoreSnapshotRequest\x12\x1e\n" +

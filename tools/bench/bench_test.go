@@ -1,0 +1,70 @@
+package main
+
+import "testing"
+
+func TestStats(t *testing.T) {
+	tests := []struct {
+		name        string
+		xs          []float64
+		median, p95 float64
+	}{
+		{"empty", nil, 0, 0},
+		{"one", []float64{7}, 7, 7},
+		{"two", []float64{4, 2}, 3, 4},
+		{"odd unsorted", []float64{5, 1, 3}, 3, 5},
+		{"ten", []float64{10, 9, 8, 7, 6, 5, 4, 3, 2, 1}, 5.5, 10},
+		{"twenty", seq(1, 20), 10.5, 19},
+		{"hundred", seq(1, 100), 50.5, 95},
+		{"outlier", []float64{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1000}, 1, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			in := append([]float64(nil), tc.xs...)
+			if got := median(tc.xs); got != tc.median {
+				t.Errorf("median(%v) = %v, want %v", tc.xs, got, tc.median)
+			}
+			if got := p95(tc.xs); got != tc.p95 {
+				t.Errorf("p95(%v) = %v, want %v", tc.xs, got, tc.p95)
+			}
+			for i := range in {
+				if in[i] != tc.xs[i] {
+					t.Fatalf("input modified: %v, was %v", tc.xs, in)
+				}
+			}
+			s := summarize(tc.xs)
+			if s.N != len(tc.xs) || s.Median != tc.median || s.P95 != tc.p95 {
+				t.Errorf("summarize(%v) = %+v, want n=%d p50=%v p95=%v", tc.xs, s, len(tc.xs), tc.median, tc.p95)
+			}
+		})
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int64
+		ok   bool
+	}{
+		{"1MB", 1_000_000, true},
+		{"100MB", 100_000_000, true},
+		{"1GB", 1_000_000_000, true},
+		{"20KB", 20_000, true},
+		{"5", 5, true},
+		{"x", 0, false},
+		{"-1MB", 0, false},
+	}
+	for _, tc := range tests {
+		got, err := parseSize(tc.in)
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d, ok=%v", tc.in, got, err, tc.want, tc.ok)
+		}
+	}
+}
+
+func seq(a, b int) []float64 {
+	var out []float64
+	for i := a; i <= b; i++ {
+		out = append(out, float64(i))
+	}
+	return out
+}

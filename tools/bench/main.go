@@ -1,0 +1,317 @@
+// Command bench measures forkbox on this host, in one run on one machine:
+// sandbox create and exec per runtime against a raw namespaced-start floor,
+// fork capture and fork-to-child-ready against the naive baseline (a fresh
+// sandbox plus the same setup), a fan-out fork of many children, and the
+// capture of a CPU-busy source. Every figure is a median and a p95 over
+// repeated runs, never a single timing.
+//
+// By default it starts a throwaway daemon of its own (own state dir, socket,
+// bridge, nftables table, veth prefix, subnet and cgroup parent) and removes
+// everything at the end, on Ctrl-C too; --host uses a running daemon.
+//
+//	go run ./tools/bench [--quick] [--json] [--sizes 1MB,100MB,1GB] [--runtimes gvisor,crun]
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/forkbox/forkbox/client"
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/testimage"
+)
+
+type options struct {
+	host, token  string
+	sizes        []string
+	runtimes     []string
+	fanout       int
+	reps         int
+	execReps     int
+	baselineReps int
+	floorReps    int
+	memory       string
+	json, quick  bool
+	keep         bool
+	sections     map[string]bool
+	logLevel     string
+}
+
+func parseFlags(args []string) (options, error) {
+	var o options
+	var sizes, runtimes, sections string
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.StringVar(&o.host, "host", "", "use this running daemon (unix:///path or http://host:port) instead of a throwaway one")
+	fs.StringVar(&o.token, "token", os.Getenv("FORKBOX_TOKEN"), "bearer token for a TCP --host")
+	fs.StringVar(&sizes, "sizes", "1MB,100MB,1GB", "fork source sizes (KB/MB/GB = 10^3/10^6/10^9 bytes, in 20 KB files)")
+	fs.StringVar(&runtimes, "runtimes", "gvisor,crun", "runtimes to measure")
+	fs.IntVar(&o.fanout, "fanout", 100, "children of the fan-out fork (0 skips it)")
+	fs.IntVar(&o.reps, "reps", 10, "repetitions of creates, single-child forks and busy captures")
+	fs.IntVar(&o.execReps, "exec-reps", 50, "exec round trips per runtime")
+	fs.IntVar(&o.baselineReps, "baseline-reps", 3, "naive baseline repetitions (create + write) per size")
+	fs.IntVar(&o.floorReps, "floor-reps", 50, "raw namespaced starts")
+	fs.StringVar(&o.memory, "memory", "256Mi", "memory limit of every sandbox")
+	fs.BoolVar(&o.quick, "quick", false, "smoke run: sizes 1MB,10MB, 3 reps, fan-out 10")
+	fs.BoolVar(&o.json, "json", false, "print the results as JSON")
+	fs.StringVar(&sections, "sections", "start,fork,fanout,busy", "sections to run")
+	fs.StringVar(&o.logLevel, "daemon-log-level", "info", "log level of the throwaway daemon")
+	fs.BoolVar(&o.keep, "keep", false, "keep the throwaway daemon's directory (logs) after the run")
+	if err := fs.Parse(args); err != nil {
+		return o, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if o.quick {
+		if !set["sizes"] {
+			sizes = "1MB,10MB"
+		}
+		if !set["reps"] {
+			o.reps = 3
+		}
+		if !set["exec-reps"] {
+			o.execReps = 10
+		}
+		if !set["baseline-reps"] {
+			o.baselineReps = 1
+		}
+		if !set["fanout"] {
+			o.fanout = 10
+		}
+		if !set["floor-reps"] {
+			o.floorReps = 10
+		}
+	}
+	o.sizes = splitList(sizes)
+	o.runtimes = splitList(runtimes)
+	o.sections = map[string]bool{}
+	for _, x := range splitList(sections) {
+		if x != "start" && x != "fork" && x != "fanout" && x != "busy" {
+			return o, fmt.Errorf("section %q: want start, fork, fanout or busy: %w", x, errdefs.ErrInvalidArgument)
+		}
+		o.sections[x] = true
+	}
+	for _, s := range o.sizes {
+		if _, err := parseSize(s); err != nil {
+			return o, err
+		}
+	}
+	for _, rt := range o.runtimes {
+		if rt != "gvisor" && rt != "crun" {
+			return o, fmt.Errorf("runtime %q: want gvisor or crun: %w", rt, errdefs.ErrInvalidArgument)
+		}
+	}
+	if o.reps < 1 || o.execReps < 1 || o.baselineReps < 1 || o.floorReps < 1 || o.fanout < 0 || o.fanout > 100 {
+		return o, fmt.Errorf("reps must be >= 1 and fanout 0..100: %w", errdefs.ErrInvalidArgument)
+	}
+	return o, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// parseSize parses "1MB", "100MB", "1GB", "20KB" or bytes (decimal units).
+func parseSize(s string) (int64, error) {
+	u := strings.ToUpper(strings.TrimSpace(s))
+	mult := int64(1)
+	for _, x := range []struct {
+		suffix string
+		m      int64
+	}{{"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}} {
+		if strings.HasSuffix(u, x.suffix) {
+			u, mult = strings.TrimSuffix(u, x.suffix), x.m
+			break
+		}
+	}
+	n, err := strconv.ParseInt(u, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("size %q: want e.g. 1MB, 100MB, 1GB: %w", s, errdefs.ErrInvalidArgument)
+	}
+	return n * mult, nil
+}
+
+// progress goes to stderr, so that --json output stays clean.
+func progress(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "[%s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, a...))
+}
+
+func main() {
+	o, err := parseFlags(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err := run(o); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(o options) (err error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigc := make(chan os.Signal, 2)
+	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigc)
+	go func() {
+		for range sigc { // keep catching: the cleanup must finish
+			progress("interrupted: closing sandboxes and removing the throwaway daemon (wait)")
+			cancel()
+		}
+	}()
+	began := time.Now()
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("the bench needs root (raw floor, throwaway daemon): %w", errdefs.ErrFailedPrecondition)
+	}
+	if err := testimage.Available(); err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "forkbox-bench-")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if o.keep || err != nil {
+			fmt.Fprintln(os.Stderr, "bench: files kept in", dir)
+			return
+		}
+		os.RemoveAll(dir)
+	}()
+	b := &bench{opts: o, live: map[string]*client.Sandbox{}}
+	rep := &Report{Host: hostInfo(), Started: began}
+	if o.host != "" {
+		b.c = &client.Client{Token: o.token}
+		if strings.HasPrefix(o.host, "unix://") {
+			b.c.Socket = strings.TrimPrefix(o.host, "unix://")
+		} else {
+			b.c.URL = o.host
+		}
+		rep.Daemon = o.host
+	} else {
+		progress("starting a throwaway daemon in %s", dir)
+		d, err := startDaemon(ctx, dir, o.logLevel)
+		if d != nil {
+			defer d.cleanup()
+		}
+		if err != nil {
+			return err
+		}
+		b.c = &client.Client{Socket: d.socket}
+		rep.Daemon = "throwaway (" + d.socket + ")"
+	}
+	defer b.closeLeft()
+	mem := startMemSampler()
+	defer mem.stop()
+
+	img, err := testimage.Busybox()
+	if err != nil {
+		return err
+	}
+	archive := filepath.Join(dir, "busybox.tar")
+	if err := testimage.WriteOCIArchive(img, "bench.local/busybox:latest", archive); err != nil {
+		return err
+	}
+	im, err := b.c.ImportImage(ctx, archive, "", nil)
+	if err != nil {
+		return fmt.Errorf("import busybox: %w", err)
+	}
+	b.image = im.Name
+	rootfs := filepath.Join(dir, "rootfs")
+	if err := unpackRootfs(img, rootfs); err != nil {
+		return fmt.Errorf("unpack rootfs for the floor: %w", err)
+	}
+	if err := b.measureAll(ctx, rep, rootfs); err != nil {
+		return err
+	}
+	rep.PeakUsedGiB, rep.BaseUsedGiB = mem.stop()
+	rep.DurationS = time.Since(began).Seconds()
+	if o.json {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	rep.print(os.Stdout)
+	return nil
+}
+
+func (b *bench) measureAll(ctx context.Context, rep *Report, rootfs string) error {
+	o := b.opts
+	progress("raw floor: %d namespaced starts of /bin/true", o.floorReps)
+	floor, err := measureFloor(ctx, rootfs, o.floorReps)
+	if err != nil {
+		return err
+	}
+	rep.Floor = floor
+	for _, rt := range o.runtimes {
+		if !o.sections["start"] {
+			break
+		}
+		progress("%s: %d creates, %d execs", rt, o.reps, o.execReps)
+		r, err := b.measureRuntime(ctx, rt)
+		if err != nil {
+			return err
+		}
+		r.CreateOverFloor = ratio(r.CreateFirstExec.Median, floor.Median)
+		r.ExecOverFloor = ratio(r.ExecTrue.Median, floor.Median)
+		rep.Runtimes = append(rep.Runtimes, r)
+	}
+	for _, s := range o.sizes {
+		if !o.sections["fork"] {
+			break
+		}
+		size, _ := parseSize(s)
+		for _, rt := range o.runtimes {
+			progress("fork %s on %s", s, rt)
+			r, err := b.measureFork(ctx, rt, size, s)
+			if err != nil {
+				return err
+			}
+			rep.Forks = append(rep.Forks, r)
+		}
+	}
+	if o.fanout > 0 && o.sections["fanout"] {
+		for _, rt := range o.runtimes {
+			progress("fan-out: one fork of %d on %s", o.fanout, rt)
+			r, err := b.measureFanout(ctx, rt)
+			if err != nil {
+				return err
+			}
+			rep.Fanouts = append(rep.Fanouts, r)
+		}
+	}
+	for _, rt := range o.runtimes {
+		if !o.sections["busy"] {
+			break
+		}
+		progress("busy source capture on %s", rt)
+		r, err := b.measureBusy(ctx, rt)
+		if err != nil {
+			return err
+		}
+		rep.Busy = append(rep.Busy, r)
+	}
+	return nil
+}
+
+func hostInfo() string {
+	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	return fmt.Sprintf("%d CPUs, kernel %s, %s", runtime.NumCPU(), strings.TrimSpace(string(kernel)), memTotal())
+}

@@ -1,0 +1,217 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+)
+
+// Report is everything one run measured.
+type Report struct {
+	Host        string          `json:"host"`
+	Daemon      string          `json:"daemon"`
+	Started     time.Time       `json:"started"`
+	DurationS   float64         `json:"duration_s"`
+	Floor       Summary         `json:"raw_floor"`
+	Runtimes    []RuntimeResult `json:"runtimes"`
+	Forks       []ForkResult    `json:"forks"`
+	Fanouts     []FanoutResult  `json:"fanouts"`
+	Busy        []BusyResult    `json:"busy_capture"`
+	BaseUsedGiB float64         `json:"mem_used_at_start_gib"`
+	PeakUsedGiB float64         `json:"mem_used_peak_gib"`
+	Targets     []Target        `json:"targets"`
+}
+
+// Target is one goal and whether this run met it.
+type Target struct {
+	What string  `json:"what"`
+	Goal float64 `json:"goal_ms"`
+	Got  float64 `json:"got_ms"`
+	Met  bool    `json:"met"`
+}
+
+// Goals the figures are held to.
+const (
+	goalCaptureMS      = 30
+	goalCrunForkMS     = 100
+	goalFanoutGvisorMS = 30_000
+)
+
+func (r *Report) targets() []Target {
+	var ts []Target
+	add := func(what string, goal, got float64) {
+		ts = append(ts, Target{What: what, Goal: goal, Got: got, Met: got < goal})
+	}
+	for _, f := range r.Forks {
+		add(fmt.Sprintf("capture p50 %s %s", f.Runtime, f.Size), goalCaptureMS, f.Capture.Median)
+	}
+	for _, f := range r.Forks {
+		if f.Runtime == "crun" && f.Size == "1GB" {
+			add("crun fork-to-child-ready p50 1GB (call to ready)", goalCrunForkMS, f.ForkWall.Median)
+		}
+	}
+	for _, f := range r.Fanouts {
+		if f.Runtime == "gvisor" && f.Count == 100 {
+			add("100 gVisor children (TotalMS)", goalFanoutGvisorMS, f.TotalMS)
+		}
+	}
+	return ts
+}
+
+func pp(s Summary) string {
+	if s.N == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%s / %s", num(s.Median), num(s.P95))
+}
+
+func num(x float64) string {
+	switch {
+	case x >= 100:
+		return fmt.Sprintf("%.0f", x)
+	case x >= 10:
+		return fmt.Sprintf("%.1f", x)
+	default:
+		return fmt.Sprintf("%.2f", x)
+	}
+}
+
+func (r *Report) print(out io.Writer) {
+	r.Targets = r.targets()
+	w := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "forkbox bench — %s — daemon %s\n", r.Host, r.Daemon)
+	fmt.Fprintf(w, "all times in ms as p50 / p95; run took %.0f s; memory used %.1f GiB at start, peak %.1f GiB\n\n",
+		r.DurationS, r.BaseUsedGiB, r.PeakUsedGiB)
+
+	fmt.Fprintf(w, "1. start and exec (raw floor: namespaced chroot /bin/true = %s, n=%d)\n", pp(r.Floor), r.Floor.N)
+	fmt.Fprintln(w, "runtime\tcreate+first exec\texec true\tcreate/floor\texec/floor\t")
+	var gv, cr *RuntimeResult
+	for i, x := range r.Runtimes {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%.0fx\t%.0fx\t\n", x.Runtime, pp(x.CreateFirstExec), pp(x.ExecTrue), x.CreateOverFloor, x.ExecOverFloor)
+		switch x.Runtime {
+		case "gvisor":
+			gv = &r.Runtimes[i]
+		case "crun":
+			cr = &r.Runtimes[i]
+		}
+	}
+	if gv != nil && cr != nil {
+		fmt.Fprintf(w, "gvisor/crun\t%.1fx\t%.1fx\t\t\t\n", ratio(gv.CreateFirstExec.Median, cr.CreateFirstExec.Median),
+			ratio(gv.ExecTrue.Median, cr.ExecTrue.Median))
+	}
+	fmt.Fprintln(w)
+
+	fmt.Fprintf(w, "2. fork of one child (n=%d each) vs naive baseline = fresh sandbox + same writes\n", firstN(r.Forks))
+	fmt.Fprintln(w, "runtime\tsize\tfiles\tcapture\tchild start\tcall→ready\tbaseline p50\tbaseline/fork\t")
+	for _, f := range r.Forks {
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%.0fx\t\n", f.Runtime, f.Size, f.Files, pp(f.Capture), pp(f.ChildStart),
+			pp(f.ForkWall), num(f.Baseline.Median), f.Speedup)
+	}
+	fmt.Fprintln(w)
+
+	if len(r.Fanouts) > 0 {
+		fmt.Fprintln(w, "3. fan-out: one fork call")
+		fmt.Fprintln(w, "runtime\tchildren\tstarted\tcapture\ttotal\tchild start\tclose all\t")
+		for _, f := range r.Fanouts {
+			fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t\n", f.Runtime, f.Count, f.Started, num(f.CaptureMS),
+				num(f.TotalMS), pp(f.ChildStart), num(f.CloseMS))
+			if f.FirstErr != "" {
+				fmt.Fprintf(w, "\t%d failed; first: %s\t\t\t\t\t\t\n", f.Failed, f.FirstErr)
+			}
+		}
+		fmt.Fprintln(w)
+	}
+
+	fmt.Fprintln(w, "4. capture of a CPU-busy source (busy loops started with Start) vs the same source idle")
+	fmt.Fprintln(w, "runtime\tloops\tidle capture\tbusy capture\tbusy/idle\t")
+	for _, x := range r.Busy {
+		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%.1fx\t\n", x.Runtime, x.Loops, pp(x.Idle), pp(x.Busy), x.Ratio)
+	}
+	fmt.Fprintln(w)
+
+	fmt.Fprintln(w, "targets")
+	for _, t := range r.Targets {
+		verdict := "met"
+		if !t.Met {
+			verdict = fmt.Sprintf("MISSED by %s ms (%.1fx)", num(t.Got-t.Goal), t.Got/t.Goal)
+		}
+		fmt.Fprintf(w, "%s\t< %s\tgot %s\t%s\t\n", t.What, num(t.Goal), num(t.Got), verdict)
+	}
+	w.Flush()
+}
+
+func firstN(fs []ForkResult) int {
+	if len(fs) == 0 {
+		return 0
+	}
+	return fs[0].Capture.N
+}
+
+// memSampler records the host's used memory (MemTotal - MemAvailable).
+type memSampler struct {
+	once       sync.Once
+	done       chan struct{}
+	mu         sync.Mutex
+	base, peak float64
+}
+
+func startMemSampler() *memSampler {
+	m := &memSampler{done: make(chan struct{})}
+	m.base = usedGiB()
+	m.peak = m.base
+	go func() {
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-m.done:
+				return
+			case <-t.C:
+				u := usedGiB()
+				m.mu.Lock()
+				m.peak = max(m.peak, u)
+				m.mu.Unlock()
+			}
+		}
+	}()
+	return m
+}
+
+// stop ends sampling and returns the peak and the starting figure.
+func (m *memSampler) stop() (peak, base float64) {
+	m.once.Do(func() { close(m.done) })
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.peak, m.base
+}
+
+func meminfo() map[string]float64 {
+	out := map[string]float64{}
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return out
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) >= 2 {
+			v, _ := strconv.ParseFloat(fs[1], 64)
+			out[strings.TrimSuffix(fs[0], ":")] = v / (1 << 20) // kB → GiB
+		}
+	}
+	return out
+}
+
+func usedGiB() float64 {
+	m := meminfo()
+	return m["MemTotal"] - m["MemAvailable"]
+}
+
+func memTotal() string { return fmt.Sprintf("%.1f GiB RAM", meminfo()["MemTotal"]) }
