@@ -301,7 +301,7 @@ func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, 
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	if err := agent.WaitReady(rctx, d.agent(sb)); err != nil {
-		return fmt.Errorf("sandbox agent did not answer within %s (runtime log: %s): %w", readyTimeout, d.runtimeLog(sb.ID), errdefs.ErrUnavailable)
+		return fmt.Errorf("sandbox agent did not answer within %s (%v); its output: %q: %w", readyTimeout, err, d.initOutput(sb.ID), errdefs.ErrUnavailable)
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/network"
+	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/runtime/crun"
 	"github.com/forkbox/forkbox/internal/runtime/runsc"
 	"github.com/forkbox/forkbox/internal/snapshot"
@@ -88,9 +89,14 @@ func (d *Daemon) openRuntimes(cfg Config) error {
 	return nil
 }
 
-// runtimeLog is where the runtime's log for a sandbox is, for error messages.
-func (d *Daemon) runtimeLog(id string) string {
-	return filepath.Join(d.cfg.StateDir, "logs", id)
+// initOutput returns the end of what a sandbox's init (the agent) and the
+// runtime printed, for error messages.
+func (d *Daemon) initOutput(id string) string {
+	b, _ := os.ReadFile(filepath.Join(d.bundleDir(id), runtime.LogFileName))
+	if len(b) > 1024 {
+		b = b[len(b)-1024:]
+	}
+	return string(b)
 }
 
 func fsMode(m uint32) os.FileMode { return os.FileMode(m & 0o7777) }

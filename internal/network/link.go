@@ -201,3 +201,12 @@ func (m *Manager) ourVeths() (map[string]string, error) {
 func ipNet(ip netip.Addr, bits int) *net.IPNet {
 	return &net.IPNet{IP: net.IP(ip.AsSlice()), Mask: net.CIDRMask(bits, ip.BitLen())}
 }
+
+// forgetNeighbour deletes the bridge's neighbour (ARP) entry for ip, if any.
+func (m *Manager) forgetNeighbour(ip netip.Addr) {
+	br, err := netlink.LinkByName(m.cfg.Bridge)
+	if err != nil {
+		return
+	}
+	_ = netlink.NeighDel(&netlink.Neigh{LinkIndex: br.Attrs().Index, Family: netlink.FAMILY_V4, IP: ip.AsSlice()})
+}

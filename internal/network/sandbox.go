@@ -119,6 +119,10 @@ func (m *Manager) Setup(ctx context.Context, id string, ip netip.Addr, egress Eg
 		return nil, err
 	}
 
+	// The address may have belonged to a sandbox closed a moment ago: the
+	// host's neighbour entry still holds that sandbox's MAC (REACHABLE for
+	// tens of seconds), and packets to the new one would go nowhere.
+	m.forgetNeighbour(ip)
 	if err := upVeth(host); err != nil {
 		return nil, err
 	}

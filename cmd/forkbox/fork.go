@@ -1,0 +1,255 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/forkbox/forkbox/client"
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+func checkpointCmds(g *globals) []*cobra.Command {
+	var tag string
+	ck := &cobra.Command{
+		Use:   "checkpoint SANDBOX [--tag TAG]",
+		Short: "Capture a sandbox as an immutable snapshot",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := g.client().Sandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			c, err := sb.Checkpoint(cmd.Context(), tag)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(c)
+			}
+			fmt.Printf("%s\t%s\tfrozen %.1f ms\n", c.Id, c.Tag, c.CaptureMs)
+			return nil
+		},
+	}
+	ck.Flags().StringVar(&tag, "tag", "", "tag stored in the ledger")
+
+	list := &cobra.Command{
+		Use:   "checkpoints SANDBOX",
+		Short: "List a sandbox's checkpoints",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := g.client().Sandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			cks, err := sb.ListCheckpoints(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(cks)
+			}
+			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "ID\tTAG\tKIND\tSIZE\tCREATED")
+			for _, c := range cks {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", c.Id, c.Tag, c.Kind, c.Size, time.UnixMilli(c.CreatedAtUnixMs).Format(time.DateTime))
+			}
+			return w.Flush()
+		},
+	}
+
+	var o client.ForkOptions
+	var env, creds []string
+	var cpu, mem string
+	fork := &cobra.Command{
+		Use:   "fork SANDBOX [--count N] [--tag TAG] [--env K=V]...",
+		Short: "Checkpoint a sandbox and start children from it; it keeps running",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var err error
+			if o.Overrides.Env, err = parseEnv(env); err != nil {
+				return err
+			}
+			if o.Credentials, err = parseEnv(creds); err != nil {
+				return err
+			}
+			o.Overrides.Resources = client.Resources{CPU: cpu, Memory: mem}
+			sb, err := g.client().Sandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			res, err := sb.Fork(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(res)
+			}
+			fmt.Printf("checkpoint %s (%s): frozen %.1f ms after %.0f ms of writeback; total %.0f ms\n",
+				res.Checkpoint.Id, res.Captured, res.CaptureMS, res.FlushMS, res.TotalMS)
+			failed := 0
+			for _, c := range res.Children {
+				if c.Err != nil {
+					failed++
+					fmt.Printf("error\t%s (%s)\n", c.Err, errdefs.ClassName(c.Err))
+					continue
+				}
+				fmt.Printf("%s\t%s\tready in %.0f ms\n", c.Sandbox.ID, c.Sandbox.Info.Name, c.StartMS)
+			}
+			if failed > 0 {
+				return exitError{1}
+			}
+			return nil
+		},
+	}
+	f := fork.Flags()
+	f.IntVar(&o.Count, "count", 1, "number of children (1-100)")
+	f.StringVar(&o.Tag, "tag", "", "tag of the checkpoint")
+	f.StringArrayVar(&env, "env", nil, "KEY=VALUE override, repeatable")
+	f.StringArrayVar(&creds, "credential", nil, "NAME=VALUE for a per-fork credential, repeatable")
+	f.StringVar(&cpu, "cpu", "", "CPU override")
+	f.StringVar(&mem, "memory", "", "memory override")
+	f.StringVar(&o.Overrides.Name, "name", "", "name of the child (count 1)")
+	f.StringVar(&o.FromCheckpoint, "from-checkpoint", "", "fork from this existing checkpoint")
+	f.BoolVar(&o.BestEffort, "best-effort", false, "start as many children as there are slots for")
+
+	var rname string
+	restore := &cobra.Command{
+		Use:   "restore CHECKPOINT [--name NAME]",
+		Short: "Start a new sandbox from a checkpoint (clean exec history)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := g.client().RestoreSnapshot(cmd.Context(), args[0], client.Overrides{Name: rname}, nil)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(sb.Info)
+			}
+			fmt.Printf("%s\t%s\n", sb.ID, sb.Info.Name)
+			return nil
+		},
+	}
+	restore.Flags().StringVar(&rname, "name", "", "name of the new sandbox")
+
+	resume := &cobra.Command{
+		Use:   "resume SESSION",
+		Short: "Bring back a closed or crashed session: restore its last checkpoint, replay the execs after it",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			res, err := g.client().Resume(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(res)
+			}
+			fmt.Printf("%s\t%s\tfrom %s\n", res.Sandbox.ID, res.Sandbox.Info.Name, res.Checkpoint.Id)
+			for _, r := range res.Replayed {
+				what := r.Shell
+				if what == "" {
+					what = fmt.Sprint(r.Argv)
+				}
+				switch {
+				case r.Skipped:
+					fmt.Printf("  skipped  %s (%s)\n", what, r.SkipReason)
+				case r.Error != "":
+					fmt.Printf("  error    %s: %s\n", what, r.Error)
+				default:
+					fmt.Printf("  exit %-3d %s\n", r.ExitCode, what)
+				}
+			}
+			return nil
+		},
+	}
+	pause := &cobra.Command{
+		Use: "pause SANDBOX", Short: "Freeze a sandbox in place", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := g.client().Sandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return sb.Pause(cmd.Context())
+		},
+	}
+	unpause := &cobra.Command{
+		Use: "unpause SANDBOX", Short: "Thaw a paused sandbox", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := g.client().Sandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return sb.Unpause(cmd.Context())
+		},
+	}
+	return []*cobra.Command{ck, list, fork, restore, resume, pause, unpause}
+}
+
+func credsCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "creds", Short: "Manage a sandbox's credentials (values are never shown)"}
+	var o client.CredentialOptions
+	var fromEnv string
+	set := &cobra.Command{
+		Use:   "set SANDBOX NAME [--env VAR] [--file NAME] [--per-fork]",
+		Short: "Set a credential; the value is read from stdin (or --from-env)",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var value string
+			if fromEnv != "" {
+				value = os.Getenv(fromEnv)
+			} else {
+				b, err := readAllLimited(os.Stdin)
+				if err != nil {
+					return err
+				}
+				value = string(b)
+			}
+			sb, err := g.client().Sandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return sb.Credentials().Set(cmd.Context(), args[1], value, o)
+		},
+	}
+	set.Flags().StringVar(&o.Env, "env", "", "inject as this env variable (default: the name)")
+	set.Flags().StringVar(&o.File, "file", "", "inject as /run/secrets/FILE")
+	set.Flags().BoolVar(&o.PerFork, "per-fork", false, "do not copy to forks (each fork must supply it)")
+	set.Flags().StringVar(&fromEnv, "from-env", "", "read the value from this env variable of the CLI")
+	ls := &cobra.Command{
+		Use: "ls SANDBOX", Short: "List credentials", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := g.client().Sandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			list, err := sb.Credentials().List(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(list)
+			}
+			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "NAME\tENV\tFILE\tPER-FORK")
+			for _, c := range list {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%v\n", c.Name, c.Env, c.File, c.PerFork)
+			}
+			return w.Flush()
+		},
+	}
+	rm := &cobra.Command{
+		Use: "rm SANDBOX NAME", Short: "Remove a credential", Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := g.client().Sandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return sb.Credentials().Delete(cmd.Context(), args[1])
+		},
+	}
+	cmd.AddCommand(set, ls, rm)
+	return cmd
+}
