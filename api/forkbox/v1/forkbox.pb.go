@@ -3548,6 +3548,1055 @@ func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
 	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{58}
 }
 
+type SetupStep struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A shell command run with /bin/sh -c.
+	Run string `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	// Or a file to write.
+	WritePath     string `protobuf:"bytes,2,opt,name=write_path,json=writePath,proto3" json:"write_path,omitempty"`
+	WriteContent  []byte `protobuf:"bytes,3,opt,name=write_content,json=writeContent,proto3" json:"write_content,omitempty"`
+	WriteMode     uint32 `protobuf:"varint,4,opt,name=write_mode,json=writeMode,proto3" json:"write_mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetupStep) Reset() {
+	*x = SetupStep{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetupStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetupStep) ProtoMessage() {}
+
+func (x *SetupStep) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetupStep.ProtoReflect.Descriptor instead.
+func (*SetupStep) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *SetupStep) GetRun() string {
+	if x != nil {
+		return x.Run
+	}
+	return ""
+}
+
+func (x *SetupStep) GetWritePath() string {
+	if x != nil {
+		return x.WritePath
+	}
+	return ""
+}
+
+func (x *SetupStep) GetWriteContent() []byte {
+	if x != nil {
+		return x.WriteContent
+	}
+	return nil
+}
+
+func (x *SetupStep) GetWriteMode() uint32 {
+	if x != nil {
+		return x.WriteMode
+	}
+	return 0
+}
+
+type EnvironmentDefinition struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Image     string                 `protobuf:"bytes,2,opt,name=image,proto3" json:"image,omitempty"`
+	Resources *Resources             `protobuf:"bytes,3,opt,name=resources,proto3" json:"resources,omitempty"`
+	Env       map[string]string      `protobuf:"bytes,4,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Cwd       string                 `protobuf:"bytes,5,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	Runtime   string                 `protobuf:"bytes,6,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	Steps     []*SetupStep           `protobuf:"bytes,7,rep,name=steps,proto3" json:"steps,omitempty"`
+	// Rebuild in the background when the snapshot is older than this (0 = never).
+	MaxAgeSeconds int64 `protobuf:"varint,8,opt,name=max_age_seconds,json=maxAgeSeconds,proto3" json:"max_age_seconds,omitempty"`
+	// Sandboxes kept forked and started, ready to hand over (0 = none).
+	PoolSize int32 `protobuf:"varint,9,opt,name=pool_size,json=poolSize,proto3" json:"pool_size,omitempty"`
+	// For client-run setups: a hash of the setup code, part of the
+	// definition's hash.
+	SetupHash     string `protobuf:"bytes,10,opt,name=setup_hash,json=setupHash,proto3" json:"setup_hash,omitempty"`
+	Egress        string `protobuf:"bytes,11,opt,name=egress,proto3" json:"egress,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnvironmentDefinition) Reset() {
+	*x = EnvironmentDefinition{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnvironmentDefinition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnvironmentDefinition) ProtoMessage() {}
+
+func (x *EnvironmentDefinition) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnvironmentDefinition.ProtoReflect.Descriptor instead.
+func (*EnvironmentDefinition) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *EnvironmentDefinition) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EnvironmentDefinition) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *EnvironmentDefinition) GetResources() *Resources {
+	if x != nil {
+		return x.Resources
+	}
+	return nil
+}
+
+func (x *EnvironmentDefinition) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *EnvironmentDefinition) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
+}
+
+func (x *EnvironmentDefinition) GetRuntime() string {
+	if x != nil {
+		return x.Runtime
+	}
+	return ""
+}
+
+func (x *EnvironmentDefinition) GetSteps() []*SetupStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *EnvironmentDefinition) GetMaxAgeSeconds() int64 {
+	if x != nil {
+		return x.MaxAgeSeconds
+	}
+	return 0
+}
+
+func (x *EnvironmentDefinition) GetPoolSize() int32 {
+	if x != nil {
+		return x.PoolSize
+	}
+	return 0
+}
+
+func (x *EnvironmentDefinition) GetSetupHash() string {
+	if x != nil {
+		return x.SetupHash
+	}
+	return ""
+}
+
+func (x *EnvironmentDefinition) GetEgress() string {
+	if x != nil {
+		return x.Egress
+	}
+	return ""
+}
+
+type Environment struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Definition *EnvironmentDefinition `protobuf:"bytes,1,opt,name=definition,proto3" json:"definition,omitempty"`
+	// Hash of the definition (image digest, steps, resources, ...).
+	Hash string `protobuf:"bytes,2,opt,name=hash,proto3" json:"hash,omitempty"`
+	// The warm snapshot (a checkpoint ID); empty until built.
+	Checkpoint    string  `protobuf:"bytes,3,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	BuiltAtUnixMs int64   `protobuf:"varint,4,opt,name=built_at_unix_ms,json=builtAtUnixMs,proto3" json:"built_at_unix_ms,omitempty"`
+	BuildMs       float64 `protobuf:"fixed64,5,opt,name=build_ms,json=buildMs,proto3" json:"build_ms,omitempty"`
+	// "ready", "building", "failed", "new".
+	State     string `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
+	Error     string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	PoolReady int32  `protobuf:"varint,8,opt,name=pool_ready,json=poolReady,proto3" json:"pool_ready,omitempty"`
+	// Steps taken from an already-built prefix in the last build.
+	CachedSteps   int32 `protobuf:"varint,9,opt,name=cached_steps,json=cachedSteps,proto3" json:"cached_steps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Environment) Reset() {
+	*x = Environment{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Environment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Environment) ProtoMessage() {}
+
+func (x *Environment) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Environment.ProtoReflect.Descriptor instead.
+func (*Environment) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *Environment) GetDefinition() *EnvironmentDefinition {
+	if x != nil {
+		return x.Definition
+	}
+	return nil
+}
+
+func (x *Environment) GetHash() string {
+	if x != nil {
+		return x.Hash
+	}
+	return ""
+}
+
+func (x *Environment) GetCheckpoint() string {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return ""
+}
+
+func (x *Environment) GetBuiltAtUnixMs() int64 {
+	if x != nil {
+		return x.BuiltAtUnixMs
+	}
+	return 0
+}
+
+func (x *Environment) GetBuildMs() float64 {
+	if x != nil {
+		return x.BuildMs
+	}
+	return 0
+}
+
+func (x *Environment) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *Environment) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *Environment) GetPoolReady() int32 {
+	if x != nil {
+		return x.PoolReady
+	}
+	return 0
+}
+
+func (x *Environment) GetCachedSteps() int32 {
+	if x != nil {
+		return x.CachedSteps
+	}
+	return 0
+}
+
+type BuildEnvironmentRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Definition    *EnvironmentDefinition `protobuf:"bytes,1,opt,name=definition,proto3" json:"definition,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildEnvironmentRequest) Reset() {
+	*x = BuildEnvironmentRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildEnvironmentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildEnvironmentRequest) ProtoMessage() {}
+
+func (x *BuildEnvironmentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildEnvironmentRequest.ProtoReflect.Descriptor instead.
+func (*BuildEnvironmentRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *BuildEnvironmentRequest) GetDefinition() *EnvironmentDefinition {
+	if x != nil {
+		return x.Definition
+	}
+	return nil
+}
+
+type BuildProgress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "cached", "create", "step", "checkpoint", "done", "wait".
+	Phase   string `protobuf:"bytes,1,opt,name=phase,proto3" json:"phase,omitempty"`
+	Step    int32  `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
+	Steps   int32  `protobuf:"varint,3,opt,name=steps,proto3" json:"steps,omitempty"`
+	Message string `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	// Output of a step (its stdout and stderr, as produced).
+	Output   []byte `protobuf:"bytes,5,opt,name=output,proto3" json:"output,omitempty"`
+	ExitCode int32  `protobuf:"varint,6,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	// Set on the last message.
+	Environment   *Environment `protobuf:"bytes,7,opt,name=environment,proto3" json:"environment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildProgress) Reset() {
+	*x = BuildProgress{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildProgress) ProtoMessage() {}
+
+func (x *BuildProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildProgress.ProtoReflect.Descriptor instead.
+func (*BuildProgress) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *BuildProgress) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *BuildProgress) GetStep() int32 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *BuildProgress) GetSteps() int32 {
+	if x != nil {
+		return x.Steps
+	}
+	return 0
+}
+
+func (x *BuildProgress) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *BuildProgress) GetOutput() []byte {
+	if x != nil {
+		return x.Output
+	}
+	return nil
+}
+
+func (x *BuildProgress) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *BuildProgress) GetEnvironment() *Environment {
+	if x != nil {
+		return x.Environment
+	}
+	return nil
+}
+
+type EnvironmentSandboxRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The definition (built if needed), or just its name for an
+	// environment already defined.
+	Definition    *EnvironmentDefinition `protobuf:"bytes,1,opt,name=definition,proto3" json:"definition,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Overrides     *Overrides             `protobuf:"bytes,3,opt,name=overrides,proto3" json:"overrides,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnvironmentSandboxRequest) Reset() {
+	*x = EnvironmentSandboxRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnvironmentSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnvironmentSandboxRequest) ProtoMessage() {}
+
+func (x *EnvironmentSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnvironmentSandboxRequest.ProtoReflect.Descriptor instead.
+func (*EnvironmentSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *EnvironmentSandboxRequest) GetDefinition() *EnvironmentDefinition {
+	if x != nil {
+		return x.Definition
+	}
+	return nil
+}
+
+func (x *EnvironmentSandboxRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EnvironmentSandboxRequest) GetOverrides() *Overrides {
+	if x != nil {
+		return x.Overrides
+	}
+	return nil
+}
+
+type EnvironmentSandboxResponse struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox     *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Environment *Environment           `protobuf:"bytes,2,opt,name=environment,proto3" json:"environment,omitempty"`
+	// The sandbox came from the warm pool.
+	FromPool bool `protobuf:"varint,3,opt,name=from_pool,json=fromPool,proto3" json:"from_pool,omitempty"`
+	// Time to hand over (pool) or fork, in milliseconds.
+	HandoverMs float64 `protobuf:"fixed64,4,opt,name=handover_ms,json=handoverMs,proto3" json:"handover_ms,omitempty"`
+	// The environment was built by this call.
+	Built         bool `protobuf:"varint,5,opt,name=built,proto3" json:"built,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnvironmentSandboxResponse) Reset() {
+	*x = EnvironmentSandboxResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnvironmentSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnvironmentSandboxResponse) ProtoMessage() {}
+
+func (x *EnvironmentSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnvironmentSandboxResponse.ProtoReflect.Descriptor instead.
+func (*EnvironmentSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *EnvironmentSandboxResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *EnvironmentSandboxResponse) GetEnvironment() *Environment {
+	if x != nil {
+		return x.Environment
+	}
+	return nil
+}
+
+func (x *EnvironmentSandboxResponse) GetFromPool() bool {
+	if x != nil {
+		return x.FromPool
+	}
+	return false
+}
+
+func (x *EnvironmentSandboxResponse) GetHandoverMs() float64 {
+	if x != nil {
+		return x.HandoverMs
+	}
+	return 0
+}
+
+func (x *EnvironmentSandboxResponse) GetBuilt() bool {
+	if x != nil {
+		return x.Built
+	}
+	return false
+}
+
+type GetEnvironmentRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetEnvironmentRequest) Reset() {
+	*x = GetEnvironmentRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetEnvironmentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetEnvironmentRequest) ProtoMessage() {}
+
+func (x *GetEnvironmentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetEnvironmentRequest.ProtoReflect.Descriptor instead.
+func (*GetEnvironmentRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *GetEnvironmentRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type GetEnvironmentResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Environment   *Environment           `protobuf:"bytes,1,opt,name=environment,proto3" json:"environment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetEnvironmentResponse) Reset() {
+	*x = GetEnvironmentResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetEnvironmentResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetEnvironmentResponse) ProtoMessage() {}
+
+func (x *GetEnvironmentResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetEnvironmentResponse.ProtoReflect.Descriptor instead.
+func (*GetEnvironmentResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *GetEnvironmentResponse) GetEnvironment() *Environment {
+	if x != nil {
+		return x.Environment
+	}
+	return nil
+}
+
+type ListEnvironmentsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEnvironmentsRequest) Reset() {
+	*x = ListEnvironmentsRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEnvironmentsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEnvironmentsRequest) ProtoMessage() {}
+
+func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
+func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{68}
+}
+
+type ListEnvironmentsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Environments  []*Environment         `protobuf:"bytes,1,rep,name=environments,proto3" json:"environments,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEnvironmentsResponse) Reset() {
+	*x = ListEnvironmentsResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEnvironmentsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEnvironmentsResponse) ProtoMessage() {}
+
+func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
+func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{69}
+}
+
+func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
+	if x != nil {
+		return x.Environments
+	}
+	return nil
+}
+
+type DeleteEnvironmentRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteEnvironmentRequest) Reset() {
+	*x = DeleteEnvironmentRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteEnvironmentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteEnvironmentRequest) ProtoMessage() {}
+
+func (x *DeleteEnvironmentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteEnvironmentRequest.ProtoReflect.Descriptor instead.
+func (*DeleteEnvironmentRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *DeleteEnvironmentRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DeleteEnvironmentResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteEnvironmentResponse) Reset() {
+	*x = DeleteEnvironmentResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteEnvironmentResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteEnvironmentResponse) ProtoMessage() {}
+
+func (x *DeleteEnvironmentResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteEnvironmentResponse.ProtoReflect.Descriptor instead.
+func (*DeleteEnvironmentResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{71}
+}
+
+type BeginBuildRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Definition    *EnvironmentDefinition `protobuf:"bytes,1,opt,name=definition,proto3" json:"definition,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BeginBuildRequest) Reset() {
+	*x = BeginBuildRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BeginBuildRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BeginBuildRequest) ProtoMessage() {}
+
+func (x *BeginBuildRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BeginBuildRequest.ProtoReflect.Descriptor instead.
+func (*BeginBuildRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *BeginBuildRequest) GetDefinition() *EnvironmentDefinition {
+	if x != nil {
+		return x.Definition
+	}
+	return nil
+}
+
+type BeginBuildResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Set when the hash is built (possibly by another caller meanwhile).
+	Environment *Environment `protobuf:"bytes,1,opt,name=environment,proto3" json:"environment,omitempty"`
+	// Else: the caller builds in this sandbox, then calls CompleteBuild.
+	Builder       *Sandbox `protobuf:"bytes,2,opt,name=builder,proto3" json:"builder,omitempty"`
+	Lease         string   `protobuf:"bytes,3,opt,name=lease,proto3" json:"lease,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BeginBuildResponse) Reset() {
+	*x = BeginBuildResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BeginBuildResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BeginBuildResponse) ProtoMessage() {}
+
+func (x *BeginBuildResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BeginBuildResponse.ProtoReflect.Descriptor instead.
+func (*BeginBuildResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *BeginBuildResponse) GetEnvironment() *Environment {
+	if x != nil {
+		return x.Environment
+	}
+	return nil
+}
+
+func (x *BeginBuildResponse) GetBuilder() *Sandbox {
+	if x != nil {
+		return x.Builder
+	}
+	return nil
+}
+
+func (x *BeginBuildResponse) GetLease() string {
+	if x != nil {
+		return x.Lease
+	}
+	return ""
+}
+
+type CompleteBuildRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Lease string                 `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	// false: the setup failed; the builder is closed and nothing is kept.
+	Ok            bool   `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteBuildRequest) Reset() {
+	*x = CompleteBuildRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteBuildRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteBuildRequest) ProtoMessage() {}
+
+func (x *CompleteBuildRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteBuildRequest.ProtoReflect.Descriptor instead.
+func (*CompleteBuildRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *CompleteBuildRequest) GetLease() string {
+	if x != nil {
+		return x.Lease
+	}
+	return ""
+}
+
+func (x *CompleteBuildRequest) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *CompleteBuildRequest) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type CompleteBuildResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Environment   *Environment           `protobuf:"bytes,1,opt,name=environment,proto3" json:"environment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteBuildResponse) Reset() {
+	*x = CompleteBuildResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteBuildResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteBuildResponse) ProtoMessage() {}
+
+func (x *CompleteBuildResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteBuildResponse.ProtoReflect.Descriptor instead.
+func (*CompleteBuildResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *CompleteBuildResponse) GetEnvironment() *Environment {
+	if x != nil {
+		return x.Environment
+	}
+	return nil
+}
+
 var File_forkbox_v1_forkbox_proto protoreflect.FileDescriptor
 
 const file_forkbox_v1_forkbox_proto_rawDesc = "" +
@@ -3827,7 +4876,95 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x06images\x18\x01 \x03(\v2\x11.forkbox.v1.ImageR\x06images\"(\n" +
 	"\x12RemoveImageRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x15\n" +
-	"\x13RemoveImageResponse2\xd5\f\n" +
+	"\x13RemoveImageResponse\"\x80\x01\n" +
+	"\tSetupStep\x12\x10\n" +
+	"\x03run\x18\x01 \x01(\tR\x03run\x12\x1d\n" +
+	"\n" +
+	"write_path\x18\x02 \x01(\tR\twritePath\x12#\n" +
+	"\rwrite_content\x18\x03 \x01(\fR\fwriteContent\x12\x1d\n" +
+	"\n" +
+	"write_mode\x18\x04 \x01(\rR\twriteMode\"\xc1\x03\n" +
+	"\x15EnvironmentDefinition\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05image\x18\x02 \x01(\tR\x05image\x123\n" +
+	"\tresources\x18\x03 \x01(\v2\x15.forkbox.v1.ResourcesR\tresources\x12<\n" +
+	"\x03env\x18\x04 \x03(\v2*.forkbox.v1.EnvironmentDefinition.EnvEntryR\x03env\x12\x10\n" +
+	"\x03cwd\x18\x05 \x01(\tR\x03cwd\x12\x18\n" +
+	"\aruntime\x18\x06 \x01(\tR\aruntime\x12+\n" +
+	"\x05steps\x18\a \x03(\v2\x15.forkbox.v1.SetupStepR\x05steps\x12&\n" +
+	"\x0fmax_age_seconds\x18\b \x01(\x03R\rmaxAgeSeconds\x12\x1b\n" +
+	"\tpool_size\x18\t \x01(\x05R\bpoolSize\x12\x1d\n" +
+	"\n" +
+	"setup_hash\x18\n" +
+	" \x01(\tR\tsetupHash\x12\x16\n" +
+	"\x06egress\x18\v \x01(\tR\x06egress\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb6\x02\n" +
+	"\vEnvironment\x12A\n" +
+	"\n" +
+	"definition\x18\x01 \x01(\v2!.forkbox.v1.EnvironmentDefinitionR\n" +
+	"definition\x12\x12\n" +
+	"\x04hash\x18\x02 \x01(\tR\x04hash\x12\x1e\n" +
+	"\n" +
+	"checkpoint\x18\x03 \x01(\tR\n" +
+	"checkpoint\x12'\n" +
+	"\x10built_at_unix_ms\x18\x04 \x01(\x03R\rbuiltAtUnixMs\x12\x19\n" +
+	"\bbuild_ms\x18\x05 \x01(\x01R\abuildMs\x12\x14\n" +
+	"\x05state\x18\x06 \x01(\tR\x05state\x12\x14\n" +
+	"\x05error\x18\a \x01(\tR\x05error\x12\x1d\n" +
+	"\n" +
+	"pool_ready\x18\b \x01(\x05R\tpoolReady\x12!\n" +
+	"\fcached_steps\x18\t \x01(\x05R\vcachedSteps\"\\\n" +
+	"\x17BuildEnvironmentRequest\x12A\n" +
+	"\n" +
+	"definition\x18\x01 \x01(\v2!.forkbox.v1.EnvironmentDefinitionR\n" +
+	"definition\"\xd9\x01\n" +
+	"\rBuildProgress\x12\x14\n" +
+	"\x05phase\x18\x01 \x01(\tR\x05phase\x12\x12\n" +
+	"\x04step\x18\x02 \x01(\x05R\x04step\x12\x14\n" +
+	"\x05steps\x18\x03 \x01(\x05R\x05steps\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\x12\x16\n" +
+	"\x06output\x18\x05 \x01(\fR\x06output\x12\x1b\n" +
+	"\texit_code\x18\x06 \x01(\x05R\bexitCode\x129\n" +
+	"\venvironment\x18\a \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment\"\xa7\x01\n" +
+	"\x19EnvironmentSandboxRequest\x12A\n" +
+	"\n" +
+	"definition\x18\x01 \x01(\v2!.forkbox.v1.EnvironmentDefinitionR\n" +
+	"definition\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x123\n" +
+	"\toverrides\x18\x03 \x01(\v2\x15.forkbox.v1.OverridesR\toverrides\"\xda\x01\n" +
+	"\x1aEnvironmentSandboxResponse\x12-\n" +
+	"\asandbox\x18\x01 \x01(\v2\x13.forkbox.v1.SandboxR\asandbox\x129\n" +
+	"\venvironment\x18\x02 \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment\x12\x1b\n" +
+	"\tfrom_pool\x18\x03 \x01(\bR\bfromPool\x12\x1f\n" +
+	"\vhandover_ms\x18\x04 \x01(\x01R\n" +
+	"handoverMs\x12\x14\n" +
+	"\x05built\x18\x05 \x01(\bR\x05built\"+\n" +
+	"\x15GetEnvironmentRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"S\n" +
+	"\x16GetEnvironmentResponse\x129\n" +
+	"\venvironment\x18\x01 \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment\"\x19\n" +
+	"\x17ListEnvironmentsRequest\"W\n" +
+	"\x18ListEnvironmentsResponse\x12;\n" +
+	"\fenvironments\x18\x01 \x03(\v2\x17.forkbox.v1.EnvironmentR\fenvironments\".\n" +
+	"\x18DeleteEnvironmentRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x1b\n" +
+	"\x19DeleteEnvironmentResponse\"V\n" +
+	"\x11BeginBuildRequest\x12A\n" +
+	"\n" +
+	"definition\x18\x01 \x01(\v2!.forkbox.v1.EnvironmentDefinitionR\n" +
+	"definition\"\x94\x01\n" +
+	"\x12BeginBuildResponse\x129\n" +
+	"\venvironment\x18\x01 \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment\x12-\n" +
+	"\abuilder\x18\x02 \x01(\v2\x13.forkbox.v1.SandboxR\abuilder\x12\x14\n" +
+	"\x05lease\x18\x03 \x01(\tR\x05lease\"R\n" +
+	"\x14CompleteBuildRequest\x12\x14\n" +
+	"\x05lease\x18\x01 \x01(\tR\x05lease\x12\x0e\n" +
+	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"R\n" +
+	"\x15CompleteBuildResponse\x129\n" +
+	"\venvironment\x18\x01 \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment2\xd5\f\n" +
 	"\x0eSandboxService\x12T\n" +
 	"\rCreateSandbox\x12 .forkbox.v1.CreateSandboxRequest\x1a!.forkbox.v1.CreateSandboxResponse\x12K\n" +
 	"\n" +
@@ -3856,7 +4993,16 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\vImportImage\x12\x1e.forkbox.v1.ImportImageRequest\x1a\x19.forkbox.v1.ImageProgress0\x01\x12K\n" +
 	"\n" +
 	"ListImages\x12\x1d.forkbox.v1.ListImagesRequest\x1a\x1e.forkbox.v1.ListImagesResponse\x12N\n" +
-	"\vRemoveImage\x12\x1e.forkbox.v1.RemoveImageRequest\x1a\x1f.forkbox.v1.RemoveImageResponseB5Z3github.com/forkbox/forkbox/api/forkbox/v1;forkboxv1b\x06proto3"
+	"\vRemoveImage\x12\x1e.forkbox.v1.RemoveImageRequest\x1a\x1f.forkbox.v1.RemoveImageResponse2\x8c\x05\n" +
+	"\x12EnvironmentService\x12T\n" +
+	"\x10BuildEnvironment\x12#.forkbox.v1.BuildEnvironmentRequest\x1a\x19.forkbox.v1.BuildProgress0\x01\x12c\n" +
+	"\x12EnvironmentSandbox\x12%.forkbox.v1.EnvironmentSandboxRequest\x1a&.forkbox.v1.EnvironmentSandboxResponse\x12W\n" +
+	"\x0eGetEnvironment\x12!.forkbox.v1.GetEnvironmentRequest\x1a\".forkbox.v1.GetEnvironmentResponse\x12]\n" +
+	"\x10ListEnvironments\x12#.forkbox.v1.ListEnvironmentsRequest\x1a$.forkbox.v1.ListEnvironmentsResponse\x12`\n" +
+	"\x11DeleteEnvironment\x12$.forkbox.v1.DeleteEnvironmentRequest\x1a%.forkbox.v1.DeleteEnvironmentResponse\x12K\n" +
+	"\n" +
+	"BeginBuild\x12\x1d.forkbox.v1.BeginBuildRequest\x1a\x1e.forkbox.v1.BeginBuildResponse\x12T\n" +
+	"\rCompleteBuild\x12 .forkbox.v1.CompleteBuildRequest\x1a!.forkbox.v1.CompleteBuildResponseB5Z3github.com/forkbox/forkbox/api/forkbox/v1;forkboxv1b\x06proto3"
 
 var (
 	file_forkbox_v1_forkbox_proto_rawDescOnce sync.Once
@@ -3870,83 +5016,101 @@ func file_forkbox_v1_forkbox_proto_rawDescGZIP() []byte {
 	return file_forkbox_v1_forkbox_proto_rawDescData
 }
 
-var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
+var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 83)
 var file_forkbox_v1_forkbox_proto_goTypes = []any{
-	(*Resources)(nil),                // 0: forkbox.v1.Resources
-	(*Sandbox)(nil),                  // 1: forkbox.v1.Sandbox
-	(*CreateSandboxRequest)(nil),     // 2: forkbox.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),    // 3: forkbox.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),        // 4: forkbox.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),       // 5: forkbox.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),     // 6: forkbox.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),    // 7: forkbox.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),     // 8: forkbox.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil),    // 9: forkbox.v1.DeleteSandboxResponse
-	(*ExecRequest)(nil),              // 10: forkbox.v1.ExecRequest
-	(*ExecResponse)(nil),             // 11: forkbox.v1.ExecResponse
-	(*ExecStarted)(nil),              // 12: forkbox.v1.ExecStarted
-	(*ExecExit)(nil),                 // 13: forkbox.v1.ExecExit
-	(*ReadFileRequest)(nil),          // 14: forkbox.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),         // 15: forkbox.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),         // 16: forkbox.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),        // 17: forkbox.v1.WriteFileResponse
-	(*ListFilesRequest)(nil),         // 18: forkbox.v1.ListFilesRequest
-	(*FileInfo)(nil),                 // 19: forkbox.v1.FileInfo
-	(*ListFilesResponse)(nil),        // 20: forkbox.v1.ListFilesResponse
-	(*EventsRequest)(nil),            // 21: forkbox.v1.EventsRequest
-	(*Event)(nil),                    // 22: forkbox.v1.Event
-	(*EventsResponse)(nil),           // 23: forkbox.v1.EventsResponse
-	(*PauseSandboxRequest)(nil),      // 24: forkbox.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),     // 25: forkbox.v1.PauseSandboxResponse
-	(*UnpauseSandboxRequest)(nil),    // 26: forkbox.v1.UnpauseSandboxRequest
-	(*UnpauseSandboxResponse)(nil),   // 27: forkbox.v1.UnpauseSandboxResponse
-	(*Checkpoint)(nil),               // 28: forkbox.v1.Checkpoint
-	(*CheckpointRequest)(nil),        // 29: forkbox.v1.CheckpointRequest
-	(*CheckpointResponse)(nil),       // 30: forkbox.v1.CheckpointResponse
-	(*ListCheckpointsRequest)(nil),   // 31: forkbox.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),  // 32: forkbox.v1.ListCheckpointsResponse
-	(*DeleteCheckpointRequest)(nil),  // 33: forkbox.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil), // 34: forkbox.v1.DeleteCheckpointResponse
-	(*Overrides)(nil),                // 35: forkbox.v1.Overrides
-	(*ForkRequest)(nil),              // 36: forkbox.v1.ForkRequest
-	(*ForkChild)(nil),                // 37: forkbox.v1.ForkChild
-	(*ForkResponse)(nil),             // 38: forkbox.v1.ForkResponse
-	(*RestoreSnapshotRequest)(nil),   // 39: forkbox.v1.RestoreSnapshotRequest
-	(*RestoreSnapshotResponse)(nil),  // 40: forkbox.v1.RestoreSnapshotResponse
-	(*ResumeRequest)(nil),            // 41: forkbox.v1.ResumeRequest
-	(*ReplayedExec)(nil),             // 42: forkbox.v1.ReplayedExec
-	(*ResumeResponse)(nil),           // 43: forkbox.v1.ResumeResponse
-	(*Credential)(nil),               // 44: forkbox.v1.Credential
-	(*SetCredentialRequest)(nil),     // 45: forkbox.v1.SetCredentialRequest
-	(*SetCredentialResponse)(nil),    // 46: forkbox.v1.SetCredentialResponse
-	(*ListCredentialsRequest)(nil),   // 47: forkbox.v1.ListCredentialsRequest
-	(*ListCredentialsResponse)(nil),  // 48: forkbox.v1.ListCredentialsResponse
-	(*DeleteCredentialRequest)(nil),  // 49: forkbox.v1.DeleteCredentialRequest
-	(*DeleteCredentialResponse)(nil), // 50: forkbox.v1.DeleteCredentialResponse
-	(*Image)(nil),                    // 51: forkbox.v1.Image
-	(*PullImageRequest)(nil),         // 52: forkbox.v1.PullImageRequest
-	(*ImportImageRequest)(nil),       // 53: forkbox.v1.ImportImageRequest
-	(*ImageProgress)(nil),            // 54: forkbox.v1.ImageProgress
-	(*ListImagesRequest)(nil),        // 55: forkbox.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),       // 56: forkbox.v1.ListImagesResponse
-	(*RemoveImageRequest)(nil),       // 57: forkbox.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),      // 58: forkbox.v1.RemoveImageResponse
-	nil,                              // 59: forkbox.v1.Sandbox.EnvEntry
-	nil,                              // 60: forkbox.v1.CreateSandboxRequest.EnvEntry
-	nil,                              // 61: forkbox.v1.ExecRequest.EnvEntry
-	nil,                              // 62: forkbox.v1.Overrides.EnvEntry
-	nil,                              // 63: forkbox.v1.ForkRequest.CredentialsEntry
-	nil,                              // 64: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	(*Resources)(nil),                  // 0: forkbox.v1.Resources
+	(*Sandbox)(nil),                    // 1: forkbox.v1.Sandbox
+	(*CreateSandboxRequest)(nil),       // 2: forkbox.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),      // 3: forkbox.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),          // 4: forkbox.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),         // 5: forkbox.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),       // 6: forkbox.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),      // 7: forkbox.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),       // 8: forkbox.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),      // 9: forkbox.v1.DeleteSandboxResponse
+	(*ExecRequest)(nil),                // 10: forkbox.v1.ExecRequest
+	(*ExecResponse)(nil),               // 11: forkbox.v1.ExecResponse
+	(*ExecStarted)(nil),                // 12: forkbox.v1.ExecStarted
+	(*ExecExit)(nil),                   // 13: forkbox.v1.ExecExit
+	(*ReadFileRequest)(nil),            // 14: forkbox.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),           // 15: forkbox.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),           // 16: forkbox.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),          // 17: forkbox.v1.WriteFileResponse
+	(*ListFilesRequest)(nil),           // 18: forkbox.v1.ListFilesRequest
+	(*FileInfo)(nil),                   // 19: forkbox.v1.FileInfo
+	(*ListFilesResponse)(nil),          // 20: forkbox.v1.ListFilesResponse
+	(*EventsRequest)(nil),              // 21: forkbox.v1.EventsRequest
+	(*Event)(nil),                      // 22: forkbox.v1.Event
+	(*EventsResponse)(nil),             // 23: forkbox.v1.EventsResponse
+	(*PauseSandboxRequest)(nil),        // 24: forkbox.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),       // 25: forkbox.v1.PauseSandboxResponse
+	(*UnpauseSandboxRequest)(nil),      // 26: forkbox.v1.UnpauseSandboxRequest
+	(*UnpauseSandboxResponse)(nil),     // 27: forkbox.v1.UnpauseSandboxResponse
+	(*Checkpoint)(nil),                 // 28: forkbox.v1.Checkpoint
+	(*CheckpointRequest)(nil),          // 29: forkbox.v1.CheckpointRequest
+	(*CheckpointResponse)(nil),         // 30: forkbox.v1.CheckpointResponse
+	(*ListCheckpointsRequest)(nil),     // 31: forkbox.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),    // 32: forkbox.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil),    // 33: forkbox.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil),   // 34: forkbox.v1.DeleteCheckpointResponse
+	(*Overrides)(nil),                  // 35: forkbox.v1.Overrides
+	(*ForkRequest)(nil),                // 36: forkbox.v1.ForkRequest
+	(*ForkChild)(nil),                  // 37: forkbox.v1.ForkChild
+	(*ForkResponse)(nil),               // 38: forkbox.v1.ForkResponse
+	(*RestoreSnapshotRequest)(nil),     // 39: forkbox.v1.RestoreSnapshotRequest
+	(*RestoreSnapshotResponse)(nil),    // 40: forkbox.v1.RestoreSnapshotResponse
+	(*ResumeRequest)(nil),              // 41: forkbox.v1.ResumeRequest
+	(*ReplayedExec)(nil),               // 42: forkbox.v1.ReplayedExec
+	(*ResumeResponse)(nil),             // 43: forkbox.v1.ResumeResponse
+	(*Credential)(nil),                 // 44: forkbox.v1.Credential
+	(*SetCredentialRequest)(nil),       // 45: forkbox.v1.SetCredentialRequest
+	(*SetCredentialResponse)(nil),      // 46: forkbox.v1.SetCredentialResponse
+	(*ListCredentialsRequest)(nil),     // 47: forkbox.v1.ListCredentialsRequest
+	(*ListCredentialsResponse)(nil),    // 48: forkbox.v1.ListCredentialsResponse
+	(*DeleteCredentialRequest)(nil),    // 49: forkbox.v1.DeleteCredentialRequest
+	(*DeleteCredentialResponse)(nil),   // 50: forkbox.v1.DeleteCredentialResponse
+	(*Image)(nil),                      // 51: forkbox.v1.Image
+	(*PullImageRequest)(nil),           // 52: forkbox.v1.PullImageRequest
+	(*ImportImageRequest)(nil),         // 53: forkbox.v1.ImportImageRequest
+	(*ImageProgress)(nil),              // 54: forkbox.v1.ImageProgress
+	(*ListImagesRequest)(nil),          // 55: forkbox.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),         // 56: forkbox.v1.ListImagesResponse
+	(*RemoveImageRequest)(nil),         // 57: forkbox.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),        // 58: forkbox.v1.RemoveImageResponse
+	(*SetupStep)(nil),                  // 59: forkbox.v1.SetupStep
+	(*EnvironmentDefinition)(nil),      // 60: forkbox.v1.EnvironmentDefinition
+	(*Environment)(nil),                // 61: forkbox.v1.Environment
+	(*BuildEnvironmentRequest)(nil),    // 62: forkbox.v1.BuildEnvironmentRequest
+	(*BuildProgress)(nil),              // 63: forkbox.v1.BuildProgress
+	(*EnvironmentSandboxRequest)(nil),  // 64: forkbox.v1.EnvironmentSandboxRequest
+	(*EnvironmentSandboxResponse)(nil), // 65: forkbox.v1.EnvironmentSandboxResponse
+	(*GetEnvironmentRequest)(nil),      // 66: forkbox.v1.GetEnvironmentRequest
+	(*GetEnvironmentResponse)(nil),     // 67: forkbox.v1.GetEnvironmentResponse
+	(*ListEnvironmentsRequest)(nil),    // 68: forkbox.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil),   // 69: forkbox.v1.ListEnvironmentsResponse
+	(*DeleteEnvironmentRequest)(nil),   // 70: forkbox.v1.DeleteEnvironmentRequest
+	(*DeleteEnvironmentResponse)(nil),  // 71: forkbox.v1.DeleteEnvironmentResponse
+	(*BeginBuildRequest)(nil),          // 72: forkbox.v1.BeginBuildRequest
+	(*BeginBuildResponse)(nil),         // 73: forkbox.v1.BeginBuildResponse
+	(*CompleteBuildRequest)(nil),       // 74: forkbox.v1.CompleteBuildRequest
+	(*CompleteBuildResponse)(nil),      // 75: forkbox.v1.CompleteBuildResponse
+	nil,                                // 76: forkbox.v1.Sandbox.EnvEntry
+	nil,                                // 77: forkbox.v1.CreateSandboxRequest.EnvEntry
+	nil,                                // 78: forkbox.v1.ExecRequest.EnvEntry
+	nil,                                // 79: forkbox.v1.Overrides.EnvEntry
+	nil,                                // 80: forkbox.v1.ForkRequest.CredentialsEntry
+	nil,                                // 81: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	nil,                                // 82: forkbox.v1.EnvironmentDefinition.EnvEntry
 }
 var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	0,  // 0: forkbox.v1.Sandbox.resources:type_name -> forkbox.v1.Resources
-	59, // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
+	76, // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
 	0,  // 2: forkbox.v1.CreateSandboxRequest.resources:type_name -> forkbox.v1.Resources
-	60, // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
+	77, // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
 	1,  // 4: forkbox.v1.CreateSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,  // 5: forkbox.v1.GetSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,  // 6: forkbox.v1.ListSandboxesResponse.sandboxes:type_name -> forkbox.v1.Sandbox
-	61, // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
+	78, // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
 	12, // 8: forkbox.v1.ExecResponse.started:type_name -> forkbox.v1.ExecStarted
 	13, // 9: forkbox.v1.ExecResponse.exit:type_name -> forkbox.v1.ExecExit
 	19, // 10: forkbox.v1.ListFilesResponse.files:type_name -> forkbox.v1.FileInfo
@@ -3956,14 +5120,14 @@ var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	28, // 14: forkbox.v1.CheckpointResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
 	28, // 15: forkbox.v1.ListCheckpointsResponse.checkpoints:type_name -> forkbox.v1.Checkpoint
 	0,  // 16: forkbox.v1.Overrides.resources:type_name -> forkbox.v1.Resources
-	62, // 17: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
+	79, // 17: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
 	35, // 18: forkbox.v1.ForkRequest.overrides:type_name -> forkbox.v1.Overrides
-	63, // 19: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
+	80, // 19: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
 	1,  // 20: forkbox.v1.ForkChild.sandbox:type_name -> forkbox.v1.Sandbox
 	28, // 21: forkbox.v1.ForkResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
 	37, // 22: forkbox.v1.ForkResponse.children:type_name -> forkbox.v1.ForkChild
 	35, // 23: forkbox.v1.RestoreSnapshotRequest.overrides:type_name -> forkbox.v1.Overrides
-	64, // 24: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	81, // 24: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
 	1,  // 25: forkbox.v1.RestoreSnapshotResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,  // 26: forkbox.v1.ResumeResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	28, // 27: forkbox.v1.ResumeResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
@@ -3973,59 +5137,89 @@ var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	44, // 31: forkbox.v1.ListCredentialsResponse.credentials:type_name -> forkbox.v1.Credential
 	51, // 32: forkbox.v1.ImageProgress.image:type_name -> forkbox.v1.Image
 	51, // 33: forkbox.v1.ListImagesResponse.images:type_name -> forkbox.v1.Image
-	2,  // 34: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
-	4,  // 35: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
-	6,  // 36: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
-	8,  // 37: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
-	10, // 38: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
-	14, // 39: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
-	16, // 40: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
-	18, // 41: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
-	21, // 42: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
-	24, // 43: forkbox.v1.SandboxService.PauseSandbox:input_type -> forkbox.v1.PauseSandboxRequest
-	26, // 44: forkbox.v1.SandboxService.UnpauseSandbox:input_type -> forkbox.v1.UnpauseSandboxRequest
-	29, // 45: forkbox.v1.SandboxService.Checkpoint:input_type -> forkbox.v1.CheckpointRequest
-	31, // 46: forkbox.v1.SandboxService.ListCheckpoints:input_type -> forkbox.v1.ListCheckpointsRequest
-	33, // 47: forkbox.v1.SandboxService.DeleteCheckpoint:input_type -> forkbox.v1.DeleteCheckpointRequest
-	36, // 48: forkbox.v1.SandboxService.Fork:input_type -> forkbox.v1.ForkRequest
-	39, // 49: forkbox.v1.SandboxService.RestoreSnapshot:input_type -> forkbox.v1.RestoreSnapshotRequest
-	41, // 50: forkbox.v1.SandboxService.Resume:input_type -> forkbox.v1.ResumeRequest
-	45, // 51: forkbox.v1.SandboxService.SetCredential:input_type -> forkbox.v1.SetCredentialRequest
-	47, // 52: forkbox.v1.SandboxService.ListCredentials:input_type -> forkbox.v1.ListCredentialsRequest
-	49, // 53: forkbox.v1.SandboxService.DeleteCredential:input_type -> forkbox.v1.DeleteCredentialRequest
-	52, // 54: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
-	53, // 55: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
-	55, // 56: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
-	57, // 57: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
-	3,  // 58: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
-	5,  // 59: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
-	7,  // 60: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
-	9,  // 61: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
-	11, // 62: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
-	15, // 63: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
-	17, // 64: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
-	20, // 65: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
-	23, // 66: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
-	25, // 67: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
-	27, // 68: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
-	30, // 69: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
-	32, // 70: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
-	34, // 71: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
-	38, // 72: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
-	40, // 73: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
-	43, // 74: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
-	46, // 75: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
-	48, // 76: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
-	50, // 77: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
-	54, // 78: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
-	54, // 79: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
-	56, // 80: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
-	58, // 81: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
-	58, // [58:82] is the sub-list for method output_type
-	34, // [34:58] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	0,  // 34: forkbox.v1.EnvironmentDefinition.resources:type_name -> forkbox.v1.Resources
+	82, // 35: forkbox.v1.EnvironmentDefinition.env:type_name -> forkbox.v1.EnvironmentDefinition.EnvEntry
+	59, // 36: forkbox.v1.EnvironmentDefinition.steps:type_name -> forkbox.v1.SetupStep
+	60, // 37: forkbox.v1.Environment.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	60, // 38: forkbox.v1.BuildEnvironmentRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	61, // 39: forkbox.v1.BuildProgress.environment:type_name -> forkbox.v1.Environment
+	60, // 40: forkbox.v1.EnvironmentSandboxRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	35, // 41: forkbox.v1.EnvironmentSandboxRequest.overrides:type_name -> forkbox.v1.Overrides
+	1,  // 42: forkbox.v1.EnvironmentSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	61, // 43: forkbox.v1.EnvironmentSandboxResponse.environment:type_name -> forkbox.v1.Environment
+	61, // 44: forkbox.v1.GetEnvironmentResponse.environment:type_name -> forkbox.v1.Environment
+	61, // 45: forkbox.v1.ListEnvironmentsResponse.environments:type_name -> forkbox.v1.Environment
+	60, // 46: forkbox.v1.BeginBuildRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	61, // 47: forkbox.v1.BeginBuildResponse.environment:type_name -> forkbox.v1.Environment
+	1,  // 48: forkbox.v1.BeginBuildResponse.builder:type_name -> forkbox.v1.Sandbox
+	61, // 49: forkbox.v1.CompleteBuildResponse.environment:type_name -> forkbox.v1.Environment
+	2,  // 50: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
+	4,  // 51: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
+	6,  // 52: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
+	8,  // 53: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
+	10, // 54: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
+	14, // 55: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
+	16, // 56: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
+	18, // 57: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
+	21, // 58: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
+	24, // 59: forkbox.v1.SandboxService.PauseSandbox:input_type -> forkbox.v1.PauseSandboxRequest
+	26, // 60: forkbox.v1.SandboxService.UnpauseSandbox:input_type -> forkbox.v1.UnpauseSandboxRequest
+	29, // 61: forkbox.v1.SandboxService.Checkpoint:input_type -> forkbox.v1.CheckpointRequest
+	31, // 62: forkbox.v1.SandboxService.ListCheckpoints:input_type -> forkbox.v1.ListCheckpointsRequest
+	33, // 63: forkbox.v1.SandboxService.DeleteCheckpoint:input_type -> forkbox.v1.DeleteCheckpointRequest
+	36, // 64: forkbox.v1.SandboxService.Fork:input_type -> forkbox.v1.ForkRequest
+	39, // 65: forkbox.v1.SandboxService.RestoreSnapshot:input_type -> forkbox.v1.RestoreSnapshotRequest
+	41, // 66: forkbox.v1.SandboxService.Resume:input_type -> forkbox.v1.ResumeRequest
+	45, // 67: forkbox.v1.SandboxService.SetCredential:input_type -> forkbox.v1.SetCredentialRequest
+	47, // 68: forkbox.v1.SandboxService.ListCredentials:input_type -> forkbox.v1.ListCredentialsRequest
+	49, // 69: forkbox.v1.SandboxService.DeleteCredential:input_type -> forkbox.v1.DeleteCredentialRequest
+	52, // 70: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
+	53, // 71: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
+	55, // 72: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
+	57, // 73: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
+	62, // 74: forkbox.v1.EnvironmentService.BuildEnvironment:input_type -> forkbox.v1.BuildEnvironmentRequest
+	64, // 75: forkbox.v1.EnvironmentService.EnvironmentSandbox:input_type -> forkbox.v1.EnvironmentSandboxRequest
+	66, // 76: forkbox.v1.EnvironmentService.GetEnvironment:input_type -> forkbox.v1.GetEnvironmentRequest
+	68, // 77: forkbox.v1.EnvironmentService.ListEnvironments:input_type -> forkbox.v1.ListEnvironmentsRequest
+	70, // 78: forkbox.v1.EnvironmentService.DeleteEnvironment:input_type -> forkbox.v1.DeleteEnvironmentRequest
+	72, // 79: forkbox.v1.EnvironmentService.BeginBuild:input_type -> forkbox.v1.BeginBuildRequest
+	74, // 80: forkbox.v1.EnvironmentService.CompleteBuild:input_type -> forkbox.v1.CompleteBuildRequest
+	3,  // 81: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
+	5,  // 82: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
+	7,  // 83: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
+	9,  // 84: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
+	11, // 85: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
+	15, // 86: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
+	17, // 87: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
+	20, // 88: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
+	23, // 89: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
+	25, // 90: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
+	27, // 91: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
+	30, // 92: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
+	32, // 93: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
+	34, // 94: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
+	38, // 95: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
+	40, // 96: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
+	43, // 97: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
+	46, // 98: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
+	48, // 99: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
+	50, // 100: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
+	54, // 101: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
+	54, // 102: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
+	56, // 103: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
+	58, // 104: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
+	63, // 105: forkbox.v1.EnvironmentService.BuildEnvironment:output_type -> forkbox.v1.BuildProgress
+	65, // 106: forkbox.v1.EnvironmentService.EnvironmentSandbox:output_type -> forkbox.v1.EnvironmentSandboxResponse
+	67, // 107: forkbox.v1.EnvironmentService.GetEnvironment:output_type -> forkbox.v1.GetEnvironmentResponse
+	69, // 108: forkbox.v1.EnvironmentService.ListEnvironments:output_type -> forkbox.v1.ListEnvironmentsResponse
+	71, // 109: forkbox.v1.EnvironmentService.DeleteEnvironment:output_type -> forkbox.v1.DeleteEnvironmentResponse
+	73, // 110: forkbox.v1.EnvironmentService.BeginBuild:output_type -> forkbox.v1.BeginBuildResponse
+	75, // 111: forkbox.v1.EnvironmentService.CompleteBuild:output_type -> forkbox.v1.CompleteBuildResponse
+	81, // [81:112] is the sub-list for method output_type
+	50, // [50:81] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_forkbox_v1_forkbox_proto_init() }
@@ -4045,9 +5239,9 @@ func file_forkbox_v1_forkbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkbox_v1_forkbox_proto_rawDesc), len(file_forkbox_v1_forkbox_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   65,
+			NumMessages:   83,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_forkbox_v1_forkbox_proto_goTypes,
 		DependencyIndexes: file_forkbox_v1_forkbox_proto_depIdxs,

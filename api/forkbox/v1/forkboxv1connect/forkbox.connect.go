@@ -29,6 +29,8 @@ const (
 	SandboxServiceName = "forkbox.v1.SandboxService"
 	// ImageServiceName is the fully-qualified name of the ImageService service.
 	ImageServiceName = "forkbox.v1.ImageService"
+	// EnvironmentServiceName is the fully-qualified name of the EnvironmentService service.
+	EnvironmentServiceName = "forkbox.v1.EnvironmentService"
 )
 
 // These constants are the fully-qualified names of the RPCs defined in this package. They're
@@ -104,6 +106,27 @@ const (
 	// ImageServiceRemoveImageProcedure is the fully-qualified name of the ImageService's RemoveImage
 	// RPC.
 	ImageServiceRemoveImageProcedure = "/forkbox.v1.ImageService/RemoveImage"
+	// EnvironmentServiceBuildEnvironmentProcedure is the fully-qualified name of the
+	// EnvironmentService's BuildEnvironment RPC.
+	EnvironmentServiceBuildEnvironmentProcedure = "/forkbox.v1.EnvironmentService/BuildEnvironment"
+	// EnvironmentServiceEnvironmentSandboxProcedure is the fully-qualified name of the
+	// EnvironmentService's EnvironmentSandbox RPC.
+	EnvironmentServiceEnvironmentSandboxProcedure = "/forkbox.v1.EnvironmentService/EnvironmentSandbox"
+	// EnvironmentServiceGetEnvironmentProcedure is the fully-qualified name of the EnvironmentService's
+	// GetEnvironment RPC.
+	EnvironmentServiceGetEnvironmentProcedure = "/forkbox.v1.EnvironmentService/GetEnvironment"
+	// EnvironmentServiceListEnvironmentsProcedure is the fully-qualified name of the
+	// EnvironmentService's ListEnvironments RPC.
+	EnvironmentServiceListEnvironmentsProcedure = "/forkbox.v1.EnvironmentService/ListEnvironments"
+	// EnvironmentServiceDeleteEnvironmentProcedure is the fully-qualified name of the
+	// EnvironmentService's DeleteEnvironment RPC.
+	EnvironmentServiceDeleteEnvironmentProcedure = "/forkbox.v1.EnvironmentService/DeleteEnvironment"
+	// EnvironmentServiceBeginBuildProcedure is the fully-qualified name of the EnvironmentService's
+	// BeginBuild RPC.
+	EnvironmentServiceBeginBuildProcedure = "/forkbox.v1.EnvironmentService/BeginBuild"
+	// EnvironmentServiceCompleteBuildProcedure is the fully-qualified name of the EnvironmentService's
+	// CompleteBuild RPC.
+	EnvironmentServiceCompleteBuildProcedure = "/forkbox.v1.EnvironmentService/CompleteBuild"
 )
 
 // SandboxServiceClient is a client for the forkbox.v1.SandboxService service.
@@ -846,4 +869,248 @@ func (UnimplementedImageServiceHandler) ListImages(context.Context, *connect.Req
 
 func (UnimplementedImageServiceHandler) RemoveImage(context.Context, *connect.Request[v1.RemoveImageRequest]) (*connect.Response[v1.RemoveImageResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.ImageService.RemoveImage is not implemented"))
+}
+
+// EnvironmentServiceClient is a client for the forkbox.v1.EnvironmentService service.
+type EnvironmentServiceClient interface {
+	// BuildEnvironment builds the definition (or finds it built) and streams
+	// progress per step. Concurrent builds of one hash wait for one build.
+	BuildEnvironment(context.Context, *connect.Request[v1.BuildEnvironmentRequest]) (*connect.ServerStreamForClient[v1.BuildProgress], error)
+	// EnvironmentSandbox hands over a sandbox of the environment: from its
+	// warm pool when there is one ready, else forked from its snapshot (built
+	// first if needed).
+	EnvironmentSandbox(context.Context, *connect.Request[v1.EnvironmentSandboxRequest]) (*connect.Response[v1.EnvironmentSandboxResponse], error)
+	GetEnvironment(context.Context, *connect.Request[v1.GetEnvironmentRequest]) (*connect.Response[v1.GetEnvironmentResponse], error)
+	ListEnvironments(context.Context, *connect.Request[v1.ListEnvironmentsRequest]) (*connect.Response[v1.ListEnvironmentsResponse], error)
+	DeleteEnvironment(context.Context, *connect.Request[v1.DeleteEnvironmentRequest]) (*connect.Response[v1.DeleteEnvironmentResponse], error)
+	// BeginBuild and CompleteBuild let a client run the setup itself (the
+	// TypeScript SDK's `setup: async (sb) => ...`). BeginBuild returns the
+	// snapshot if this hash is built, else a builder sandbox for the caller
+	// to set up; other callers of the same hash wait meanwhile.
+	BeginBuild(context.Context, *connect.Request[v1.BeginBuildRequest]) (*connect.Response[v1.BeginBuildResponse], error)
+	CompleteBuild(context.Context, *connect.Request[v1.CompleteBuildRequest]) (*connect.Response[v1.CompleteBuildResponse], error)
+}
+
+// NewEnvironmentServiceClient constructs a client for the forkbox.v1.EnvironmentService service. By
+// default, it uses the Connect protocol with the binary Protobuf Codec, asks for gzipped responses,
+// and sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply the
+// connect.WithGRPC() or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewEnvironmentServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) EnvironmentServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	environmentServiceMethods := v1.File_forkbox_v1_forkbox_proto.Services().ByName("EnvironmentService").Methods()
+	return &environmentServiceClient{
+		buildEnvironment: connect.NewClient[v1.BuildEnvironmentRequest, v1.BuildProgress](
+			httpClient,
+			baseURL+EnvironmentServiceBuildEnvironmentProcedure,
+			connect.WithSchema(environmentServiceMethods.ByName("BuildEnvironment")),
+			connect.WithClientOptions(opts...),
+		),
+		environmentSandbox: connect.NewClient[v1.EnvironmentSandboxRequest, v1.EnvironmentSandboxResponse](
+			httpClient,
+			baseURL+EnvironmentServiceEnvironmentSandboxProcedure,
+			connect.WithSchema(environmentServiceMethods.ByName("EnvironmentSandbox")),
+			connect.WithClientOptions(opts...),
+		),
+		getEnvironment: connect.NewClient[v1.GetEnvironmentRequest, v1.GetEnvironmentResponse](
+			httpClient,
+			baseURL+EnvironmentServiceGetEnvironmentProcedure,
+			connect.WithSchema(environmentServiceMethods.ByName("GetEnvironment")),
+			connect.WithClientOptions(opts...),
+		),
+		listEnvironments: connect.NewClient[v1.ListEnvironmentsRequest, v1.ListEnvironmentsResponse](
+			httpClient,
+			baseURL+EnvironmentServiceListEnvironmentsProcedure,
+			connect.WithSchema(environmentServiceMethods.ByName("ListEnvironments")),
+			connect.WithClientOptions(opts...),
+		),
+		deleteEnvironment: connect.NewClient[v1.DeleteEnvironmentRequest, v1.DeleteEnvironmentResponse](
+			httpClient,
+			baseURL+EnvironmentServiceDeleteEnvironmentProcedure,
+			connect.WithSchema(environmentServiceMethods.ByName("DeleteEnvironment")),
+			connect.WithClientOptions(opts...),
+		),
+		beginBuild: connect.NewClient[v1.BeginBuildRequest, v1.BeginBuildResponse](
+			httpClient,
+			baseURL+EnvironmentServiceBeginBuildProcedure,
+			connect.WithSchema(environmentServiceMethods.ByName("BeginBuild")),
+			connect.WithClientOptions(opts...),
+		),
+		completeBuild: connect.NewClient[v1.CompleteBuildRequest, v1.CompleteBuildResponse](
+			httpClient,
+			baseURL+EnvironmentServiceCompleteBuildProcedure,
+			connect.WithSchema(environmentServiceMethods.ByName("CompleteBuild")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// environmentServiceClient implements EnvironmentServiceClient.
+type environmentServiceClient struct {
+	buildEnvironment   *connect.Client[v1.BuildEnvironmentRequest, v1.BuildProgress]
+	environmentSandbox *connect.Client[v1.EnvironmentSandboxRequest, v1.EnvironmentSandboxResponse]
+	getEnvironment     *connect.Client[v1.GetEnvironmentRequest, v1.GetEnvironmentResponse]
+	listEnvironments   *connect.Client[v1.ListEnvironmentsRequest, v1.ListEnvironmentsResponse]
+	deleteEnvironment  *connect.Client[v1.DeleteEnvironmentRequest, v1.DeleteEnvironmentResponse]
+	beginBuild         *connect.Client[v1.BeginBuildRequest, v1.BeginBuildResponse]
+	completeBuild      *connect.Client[v1.CompleteBuildRequest, v1.CompleteBuildResponse]
+}
+
+// BuildEnvironment calls forkbox.v1.EnvironmentService.BuildEnvironment.
+func (c *environmentServiceClient) BuildEnvironment(ctx context.Context, req *connect.Request[v1.BuildEnvironmentRequest]) (*connect.ServerStreamForClient[v1.BuildProgress], error) {
+	return c.buildEnvironment.CallServerStream(ctx, req)
+}
+
+// EnvironmentSandbox calls forkbox.v1.EnvironmentService.EnvironmentSandbox.
+func (c *environmentServiceClient) EnvironmentSandbox(ctx context.Context, req *connect.Request[v1.EnvironmentSandboxRequest]) (*connect.Response[v1.EnvironmentSandboxResponse], error) {
+	return c.environmentSandbox.CallUnary(ctx, req)
+}
+
+// GetEnvironment calls forkbox.v1.EnvironmentService.GetEnvironment.
+func (c *environmentServiceClient) GetEnvironment(ctx context.Context, req *connect.Request[v1.GetEnvironmentRequest]) (*connect.Response[v1.GetEnvironmentResponse], error) {
+	return c.getEnvironment.CallUnary(ctx, req)
+}
+
+// ListEnvironments calls forkbox.v1.EnvironmentService.ListEnvironments.
+func (c *environmentServiceClient) ListEnvironments(ctx context.Context, req *connect.Request[v1.ListEnvironmentsRequest]) (*connect.Response[v1.ListEnvironmentsResponse], error) {
+	return c.listEnvironments.CallUnary(ctx, req)
+}
+
+// DeleteEnvironment calls forkbox.v1.EnvironmentService.DeleteEnvironment.
+func (c *environmentServiceClient) DeleteEnvironment(ctx context.Context, req *connect.Request[v1.DeleteEnvironmentRequest]) (*connect.Response[v1.DeleteEnvironmentResponse], error) {
+	return c.deleteEnvironment.CallUnary(ctx, req)
+}
+
+// BeginBuild calls forkbox.v1.EnvironmentService.BeginBuild.
+func (c *environmentServiceClient) BeginBuild(ctx context.Context, req *connect.Request[v1.BeginBuildRequest]) (*connect.Response[v1.BeginBuildResponse], error) {
+	return c.beginBuild.CallUnary(ctx, req)
+}
+
+// CompleteBuild calls forkbox.v1.EnvironmentService.CompleteBuild.
+func (c *environmentServiceClient) CompleteBuild(ctx context.Context, req *connect.Request[v1.CompleteBuildRequest]) (*connect.Response[v1.CompleteBuildResponse], error) {
+	return c.completeBuild.CallUnary(ctx, req)
+}
+
+// EnvironmentServiceHandler is an implementation of the forkbox.v1.EnvironmentService service.
+type EnvironmentServiceHandler interface {
+	// BuildEnvironment builds the definition (or finds it built) and streams
+	// progress per step. Concurrent builds of one hash wait for one build.
+	BuildEnvironment(context.Context, *connect.Request[v1.BuildEnvironmentRequest], *connect.ServerStream[v1.BuildProgress]) error
+	// EnvironmentSandbox hands over a sandbox of the environment: from its
+	// warm pool when there is one ready, else forked from its snapshot (built
+	// first if needed).
+	EnvironmentSandbox(context.Context, *connect.Request[v1.EnvironmentSandboxRequest]) (*connect.Response[v1.EnvironmentSandboxResponse], error)
+	GetEnvironment(context.Context, *connect.Request[v1.GetEnvironmentRequest]) (*connect.Response[v1.GetEnvironmentResponse], error)
+	ListEnvironments(context.Context, *connect.Request[v1.ListEnvironmentsRequest]) (*connect.Response[v1.ListEnvironmentsResponse], error)
+	DeleteEnvironment(context.Context, *connect.Request[v1.DeleteEnvironmentRequest]) (*connect.Response[v1.DeleteEnvironmentResponse], error)
+	// BeginBuild and CompleteBuild let a client run the setup itself (the
+	// TypeScript SDK's `setup: async (sb) => ...`). BeginBuild returns the
+	// snapshot if this hash is built, else a builder sandbox for the caller
+	// to set up; other callers of the same hash wait meanwhile.
+	BeginBuild(context.Context, *connect.Request[v1.BeginBuildRequest]) (*connect.Response[v1.BeginBuildResponse], error)
+	CompleteBuild(context.Context, *connect.Request[v1.CompleteBuildRequest]) (*connect.Response[v1.CompleteBuildResponse], error)
+}
+
+// NewEnvironmentServiceHandler builds an HTTP handler from the service implementation. It returns
+// the path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewEnvironmentServiceHandler(svc EnvironmentServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	environmentServiceMethods := v1.File_forkbox_v1_forkbox_proto.Services().ByName("EnvironmentService").Methods()
+	environmentServiceBuildEnvironmentHandler := connect.NewServerStreamHandler(
+		EnvironmentServiceBuildEnvironmentProcedure,
+		svc.BuildEnvironment,
+		connect.WithSchema(environmentServiceMethods.ByName("BuildEnvironment")),
+		connect.WithHandlerOptions(opts...),
+	)
+	environmentServiceEnvironmentSandboxHandler := connect.NewUnaryHandler(
+		EnvironmentServiceEnvironmentSandboxProcedure,
+		svc.EnvironmentSandbox,
+		connect.WithSchema(environmentServiceMethods.ByName("EnvironmentSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
+	environmentServiceGetEnvironmentHandler := connect.NewUnaryHandler(
+		EnvironmentServiceGetEnvironmentProcedure,
+		svc.GetEnvironment,
+		connect.WithSchema(environmentServiceMethods.ByName("GetEnvironment")),
+		connect.WithHandlerOptions(opts...),
+	)
+	environmentServiceListEnvironmentsHandler := connect.NewUnaryHandler(
+		EnvironmentServiceListEnvironmentsProcedure,
+		svc.ListEnvironments,
+		connect.WithSchema(environmentServiceMethods.ByName("ListEnvironments")),
+		connect.WithHandlerOptions(opts...),
+	)
+	environmentServiceDeleteEnvironmentHandler := connect.NewUnaryHandler(
+		EnvironmentServiceDeleteEnvironmentProcedure,
+		svc.DeleteEnvironment,
+		connect.WithSchema(environmentServiceMethods.ByName("DeleteEnvironment")),
+		connect.WithHandlerOptions(opts...),
+	)
+	environmentServiceBeginBuildHandler := connect.NewUnaryHandler(
+		EnvironmentServiceBeginBuildProcedure,
+		svc.BeginBuild,
+		connect.WithSchema(environmentServiceMethods.ByName("BeginBuild")),
+		connect.WithHandlerOptions(opts...),
+	)
+	environmentServiceCompleteBuildHandler := connect.NewUnaryHandler(
+		EnvironmentServiceCompleteBuildProcedure,
+		svc.CompleteBuild,
+		connect.WithSchema(environmentServiceMethods.ByName("CompleteBuild")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/forkbox.v1.EnvironmentService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case EnvironmentServiceBuildEnvironmentProcedure:
+			environmentServiceBuildEnvironmentHandler.ServeHTTP(w, r)
+		case EnvironmentServiceEnvironmentSandboxProcedure:
+			environmentServiceEnvironmentSandboxHandler.ServeHTTP(w, r)
+		case EnvironmentServiceGetEnvironmentProcedure:
+			environmentServiceGetEnvironmentHandler.ServeHTTP(w, r)
+		case EnvironmentServiceListEnvironmentsProcedure:
+			environmentServiceListEnvironmentsHandler.ServeHTTP(w, r)
+		case EnvironmentServiceDeleteEnvironmentProcedure:
+			environmentServiceDeleteEnvironmentHandler.ServeHTTP(w, r)
+		case EnvironmentServiceBeginBuildProcedure:
+			environmentServiceBeginBuildHandler.ServeHTTP(w, r)
+		case EnvironmentServiceCompleteBuildProcedure:
+			environmentServiceCompleteBuildHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedEnvironmentServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedEnvironmentServiceHandler struct{}
+
+func (UnimplementedEnvironmentServiceHandler) BuildEnvironment(context.Context, *connect.Request[v1.BuildEnvironmentRequest], *connect.ServerStream[v1.BuildProgress]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.EnvironmentService.BuildEnvironment is not implemented"))
+}
+
+func (UnimplementedEnvironmentServiceHandler) EnvironmentSandbox(context.Context, *connect.Request[v1.EnvironmentSandboxRequest]) (*connect.Response[v1.EnvironmentSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.EnvironmentService.EnvironmentSandbox is not implemented"))
+}
+
+func (UnimplementedEnvironmentServiceHandler) GetEnvironment(context.Context, *connect.Request[v1.GetEnvironmentRequest]) (*connect.Response[v1.GetEnvironmentResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.EnvironmentService.GetEnvironment is not implemented"))
+}
+
+func (UnimplementedEnvironmentServiceHandler) ListEnvironments(context.Context, *connect.Request[v1.ListEnvironmentsRequest]) (*connect.Response[v1.ListEnvironmentsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.EnvironmentService.ListEnvironments is not implemented"))
+}
+
+func (UnimplementedEnvironmentServiceHandler) DeleteEnvironment(context.Context, *connect.Request[v1.DeleteEnvironmentRequest]) (*connect.Response[v1.DeleteEnvironmentResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.EnvironmentService.DeleteEnvironment is not implemented"))
+}
+
+func (UnimplementedEnvironmentServiceHandler) BeginBuild(context.Context, *connect.Request[v1.BeginBuildRequest]) (*connect.Response[v1.BeginBuildResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.EnvironmentService.BeginBuild is not implemented"))
+}
+
+func (UnimplementedEnvironmentServiceHandler) CompleteBuild(context.Context, *connect.Request[v1.CompleteBuildRequest]) (*connect.Response[v1.CompleteBuildResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.EnvironmentService.CompleteBuild is not implemented"))
 }
