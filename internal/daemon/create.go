@@ -127,6 +127,8 @@ type launchSpec struct {
 	slotReserved bool
 	// event is extra data for its sandbox.created event.
 	event map[string]any
+	// pool is the environment whose warm pool it joins.
+	pool string
 }
 
 // launch records and starts a sandbox. On failure everything it made is torn
@@ -142,7 +144,7 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 	cfg.Snapshotter = d.cfg.Snapshotter
 	cfg.MachineID = randomHex(16)
 	sb := &store.Sandbox{ID: id, Name: l.name, State: store.StateCreating, Image: l.img.Name, ImageDigest: l.img.Digest,
-		Runtime: l.runtime, Config: cfg, AgentToken: randomHex(16), ParentID: l.parentID, FromCheckpoint: l.parentSnapshot}
+		Runtime: l.runtime, Config: cfg, AgentToken: randomHex(16), ParentID: l.parentID, FromCheckpoint: l.parentSnapshot, Pool: l.pool}
 
 	unlock := d.lock(id)
 	defer unlock()

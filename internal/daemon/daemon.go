@@ -76,6 +76,8 @@ type Daemon struct {
 	ipAlloc      sync.Mutex
 	pendingSlots int
 	sealer       *sealer
+	envOnce      sync.Once
+	envSt        *envState
 }
 
 func (c *Config) setDefaults() error {

@@ -39,6 +39,7 @@ func Handler(d *daemon.Daemon, log *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(forkboxv1connect.NewSandboxServiceHandler(&sandboxes{d: d}, opts...))
 	mux.Handle(forkboxv1connect.NewImageServiceHandler(&images{d: d}, opts...))
+	mux.Handle(forkboxv1connect.NewEnvironmentServiceHandler(&environments{d: d}, opts...))
 	return mux
 }
 

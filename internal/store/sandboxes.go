@@ -55,11 +55,14 @@ type Sandbox struct {
 	ParentID string
 	// FromCheckpoint is the checkpoint this sandbox started from.
 	FromCheckpoint string
-	CreatedAt      time.Time
+	// Pool is the environment whose warm pool holds this sandbox ("" when
+	// it is handed over or not pooled).
+	Pool      string
+	CreatedAt time.Time
 	UpdatedAt      time.Time
 }
 
-const sandboxCols = `id, name, state, image, image_digest, runtime, config, ip, agent_token, error, created_at, updated_at, parent_id, from_checkpoint`
+const sandboxCols = `id, name, state, image, image_digest, runtime, config, ip, agent_token, error, created_at, updated_at, parent_id, from_checkpoint, pool`
 
 // CreateSandbox records a new sandbox. A live sandbox with the same name is
 // an AlreadyExists error.
@@ -70,9 +73,9 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *Sandbox) error {
 	}
 	now := time.Now()
 	sb.CreatedAt, sb.UpdatedAt = now, now
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Name, sb.State, sb.Image, sb.ImageDigest, sb.Runtime, string(cfg), sb.IP, sb.AgentToken, sb.Error,
-		now.UnixMilli(), now.UnixMilli(), sb.ParentID, sb.FromCheckpoint)
+		now.UnixMilli(), now.UnixMilli(), sb.ParentID, sb.FromCheckpoint, sb.Pool)
 	if err != nil {
 		if strings.Contains(err.Error(), "UNIQUE constraint failed") {
 			return fmt.Errorf("a sandbox named %q already exists: %w", sb.Name, errdefs.ErrAlreadyExists)
@@ -155,7 +158,7 @@ func scanSandbox(r scanner) (*Sandbox, error) {
 	var cfg string
 	var created, updated int64
 	if err := r.Scan(&sb.ID, &sb.Name, &sb.State, &sb.Image, &sb.ImageDigest, &sb.Runtime, &cfg, &sb.IP,
-		&sb.AgentToken, &sb.Error, &created, &updated, &sb.ParentID, &sb.FromCheckpoint); err != nil {
+		&sb.AgentToken, &sb.Error, &created, &updated, &sb.ParentID, &sb.FromCheckpoint, &sb.Pool); err != nil {
 		return nil, err
 	}
 	if err := json.Unmarshal([]byte(cfg), &sb.Config); err != nil {
@@ -163,4 +166,32 @@ func scanSandbox(r scanner) (*Sandbox, error) {
 	}
 	sb.CreatedAt, sb.UpdatedAt = time.UnixMilli(created), time.UnixMilli(updated)
 	return &sb, nil
+}
+
+// TakeFromPool hands over one running sandbox of env's pool that started
+// from checkpoint: it leaves the pool. It returns nil when none is ready.
+func (s *Store) TakeFromPool(ctx context.Context, env, checkpoint string) (*Sandbox, error) {
+	row := s.db.QueryRowContext(ctx, `UPDATE sandboxes SET pool = '', updated_at = ? WHERE id = (
+		SELECT id FROM sandboxes WHERE pool = ? AND from_checkpoint = ? AND state = 'running' ORDER BY created_at LIMIT 1)
+		RETURNING `+sandboxCols, time.Now().UnixMilli(), env, checkpoint)
+	sb, err := scanSandbox(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	return sb, err
+}
+
+// Pooled returns the live sandboxes in env's pool.
+func (s *Store) Pooled(ctx context.Context, env string) ([]*Sandbox, error) {
+	all, err := s.ListSandboxes(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	var out []*Sandbox
+	for _, sb := range all {
+		if sb.Pool == env {
+			out = append(out, sb)
+		}
+	}
+	return out, nil
 }

@@ -77,6 +77,26 @@ var migrations = []string{
 		PRIMARY KEY (sandbox_id, name)
 	);`,
 	`ALTER TABLE checkpoints ADD COLUMN flush_ms REAL NOT NULL DEFAULT 0;`,
+	`ALTER TABLE sandboxes ADD COLUMN pool TEXT NOT NULL DEFAULT '';
+	CREATE TABLE environments (
+		name         TEXT PRIMARY KEY,
+		definition   TEXT NOT NULL,
+		hash         TEXT NOT NULL,
+		checkpoint   TEXT NOT NULL DEFAULT '',
+		built_at     INTEGER NOT NULL DEFAULT 0,
+		build_ms     REAL NOT NULL DEFAULT 0,
+		state        TEXT NOT NULL,
+		error        TEXT NOT NULL DEFAULT '',
+		cached_steps INTEGER NOT NULL DEFAULT 0,
+		updated_at   INTEGER NOT NULL
+	);
+	CREATE TABLE env_snapshots (
+		hash       TEXT PRIMARY KEY,
+		env        TEXT NOT NULL,
+		checkpoint TEXT NOT NULL,
+		steps      INTEGER NOT NULL,
+		created_at INTEGER NOT NULL
+	);`,
 }
 
 // Open opens (creating if needed) the database at path and migrates it.
