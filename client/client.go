@@ -40,6 +40,7 @@ type Client struct {
 	once   sync.Once
 	sbx    forkboxv1connect.SandboxServiceClient
 	images forkboxv1connect.ImageServiceClient
+	envs   forkboxv1connect.EnvironmentServiceClient
 }
 
 func (c *Client) init() {
@@ -74,6 +75,7 @@ func (c *Client) init() {
 		opts := []connect.ClientOption{connect.WithInterceptors(authInterceptor{c.Token})}
 		c.sbx = forkboxv1connect.NewSandboxServiceClient(hc, base, opts...)
 		c.images = forkboxv1connect.NewImageServiceClient(hc, base, opts...)
+		c.envs = forkboxv1connect.NewEnvironmentServiceClient(hc, base, opts...)
 	})
 }
 

@@ -226,17 +226,32 @@ func (d *Daemon) ListEnvironments(ctx context.Context) ([]*EnvStatus, error) {
 // DeleteEnvironment deletes an environment, its pool and its snapshots.
 // Sandboxes handed over from it are not affected.
 func (d *Daemon) DeleteEnvironment(ctx context.Context, name string) error {
-	pooled, err := d.store.Pooled(ctx, name)
-	if err != nil {
-		return err
-	}
 	cks, err := d.store.DeleteEnvironment(ctx, name)
 	if err != nil {
 		return err
 	}
-	for _, sb := range pooled {
-		d.Delete(ctx, sb.ID)
+	// A refill in flight sees the record gone and stops; then the pool is
+	// closed.
+	es := d.envs()
+	for i := 0; i < 600; i++ {
+		es.mu.Lock()
+		busy := es.filling[name]
+		es.mu.Unlock()
+		if !busy {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
+	pooled, err := d.store.Pooled(ctx, name)
+	if err != nil {
+		return err
+	}
+	for _, sb := range pooled {
+		if err := d.Delete(ctx, sb.ID); err != nil {
+			d.log.Warn("close pooled sandbox", "sandbox", sb.ID, "err", err)
+		}
+	}
+	d.log.Info("environment deleted", "environment", name, "pooled_closed", len(pooled), "snapshots", len(cks))
 	for _, ck := range cks {
 		if err := d.DeleteCheckpoint(ctx, ck); err != nil && !errdefs.IsNotFound(err) {
 			return err

@@ -140,6 +140,7 @@ func (d *daemon) cleanup() {
 		m.Destroy(ctx)
 	}
 	exec.Command("umount", "-l", filepath.Join(d.runDir, "netns")).Run()
+	removeCgroupParent(benchCgroupParent)
 	if d.log != nil {
 		d.log.Close()
 	}
@@ -162,4 +163,16 @@ func closeAll(ctx context.Context, sbs []*client.Sandbox) {
 		}()
 	}
 	wg.Wait()
+}
+
+// removeCgroupParent removes the daemon's (empty) parent cgroup from every
+// hierarchy; rmdir of a cgroup that still has children or tasks fails and is
+// left alone.
+func removeCgroupParent(name string) {
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", name))
+	for _, dir := range dirs {
+		if err := syscall.Rmdir(dir); err != nil && !os.IsNotExist(err) {
+			fmt.Fprintf(os.Stderr, "bench: remove cgroup %s: %v\n", dir, err)
+		}
+	}
 }

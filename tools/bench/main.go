@@ -189,7 +189,7 @@ func run(o options) (err error) {
 		return err
 	}
 	defer func() {
-		if o.keep || err != nil {
+		if o.keep || (err != nil && ctx.Err() == nil) {
 			fmt.Fprintln(os.Stderr, "bench: files kept in", dir)
 			return
 		}
@@ -243,6 +243,7 @@ func run(o options) (err error) {
 	}
 	rep.PeakUsedGiB, rep.BaseUsedGiB = mem.stop()
 	rep.DurationS = time.Since(began).Seconds()
+	rep.Targets = rep.targets()
 	if o.json {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")

@@ -83,7 +83,6 @@ func num(x float64) string {
 }
 
 func (r *Report) print(out io.Writer) {
-	r.Targets = r.targets()
 	w := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "forkbox bench — %s — daemon %s\n", r.Host, r.Daemon)
 	fmt.Fprintf(w, "all times in ms as p50 / p95; run took %.0f s; memory used %.1f GiB at start, peak %.1f GiB\n\n",

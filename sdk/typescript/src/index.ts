@@ -1,0 +1,19 @@
+// The forkbox TypeScript SDK: sandboxes, exec, forks, checkpoints, restore and
+// resume, credentials and environments, over the daemon's Connect API.
+export { Client, DEFAULT_SOCKET } from "./client.js";
+export type { ClientOptions, Resources, SandboxOptions, Overrides } from "./client.js";
+export { SandboxHandle, Credentials } from "./sandbox.js";
+export type { ForkOptions, ForkResult, ForkChild, CredentialOptions } from "./sandbox.js";
+export { ExecPromise } from "./exec.js";
+export type { ExecOptions, ExecResult } from "./exec.js";
+export { Environment } from "./environment.js";
+export type { EnvironmentOptions, Step, SetupFunction } from "./environment.js";
+export {
+  ForkboxError, ExecError, isForkboxError, isExecError, isNotFound, isInvalidArgument, isAlreadyExists,
+  isFailedPrecondition, isResourceExhausted, isUnavailable, isNotImplemented,
+} from "./errors.js";
+export type { ErrorCode } from "./errors.js";
+export type {
+  Sandbox as SandboxInfo, Checkpoint, Credential, Event, FileInfo, Image, ReplayedExec,
+  Environment as EnvironmentInfo, BuildProgress,
+} from "./gen/forkbox/v1/forkbox_pb.js";

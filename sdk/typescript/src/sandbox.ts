@@ -1,0 +1,233 @@
+// SandboxHandle: one live sandbox. It holds one of its client's concurrency
+// slots from the moment it is created (or forked, restored, resumed) until
+// close().
+import type {
+  Checkpoint, Credential, Event, FileInfo, ForkResponse, ReplayedExec, Sandbox as SandboxInfo,
+} from "./gen/forkbox/v1/forkbox_pb.js";
+import { ExecPromise, type ExecOptions } from "./exec.js";
+import { ForkboxError, rethrow } from "./errors.js";
+import type { Client, Overrides } from "./client.js";
+import { overridesProto } from "./client.js";
+
+/** Options of sb.forkMany(). */
+export interface ForkOptions {
+  /** Tag of the checkpoint the fork takes (stored in the ledger). */
+  tag?: string;
+  /** Number of children, 1 to 100 (default 1). */
+  count?: number;
+  /** Replace what children inherit. */
+  overrides?: Overrides;
+  /** Values for the source's per-fork credentials, by name. */
+  credentials?: Record<string, string>;
+  /** Fork from this existing checkpoint instead of taking a new one. */
+  fromCheckpoint?: string;
+  /** Start as many children as there are slots for; the rest fail with ResourceExhausted. */
+  bestEffort?: boolean;
+}
+
+/** One child of a fork: a sandbox, or the error that child got. */
+export interface ForkChild {
+  sandbox?: SandboxHandle;
+  error?: ForkboxError;
+  startMs: number;
+}
+
+/** The outcome of sb.forkMany(): per-child results. */
+export interface ForkResult {
+  checkpoint?: Checkpoint;
+  /** What the children start from: "filesystem". */
+  captured: string;
+  /** How long the source was frozen (freeze + snapshot + thaw). */
+  captureMs: number;
+  /** Writeback of the source's dirty data before the freeze (while it ran). */
+  flushMs: number;
+  totalMs: number;
+  children: ForkChild[];
+}
+
+/** How a credential reaches the sandbox. Neither env nor file: env = the name. */
+export interface CredentialOptions {
+  /** Injected as this environment variable into every exec. */
+  env?: string;
+  /** Written to /run/secrets/<file> (a tmpfs: never in a snapshot). */
+  file?: string;
+  /** Not copied to forks: each fork call must supply a value. */
+  perFork?: boolean;
+}
+
+/** A sandbox's credentials: values are stored sealed and never returned. */
+export class Credentials {
+  /** @internal */
+  constructor(private readonly sb: SandboxHandle) {}
+
+  async set(name: string, value: string, o: CredentialOptions = {}): Promise<Credential | undefined> {
+    const env = !o.env && !o.file ? name : o.env;
+    const r = await this.sb.client.rpc.sandboxes
+      .setCredential({ sandbox: this.sb.id, value, credential: { name, env, file: o.file, perFork: o.perFork } })
+      .catch(rethrow);
+    return r.credential;
+  }
+
+  async list(): Promise<Credential[]> {
+    const r = await this.sb.client.rpc.sandboxes.listCredentials({ sandbox: this.sb.id }).catch(rethrow);
+    return r.credentials;
+  }
+
+  async delete(name: string): Promise<void> {
+    await this.sb.client.rpc.sandboxes.deleteCredential({ sandbox: this.sb.id, name }).catch(rethrow);
+  }
+}
+
+/** A handle on one sandbox. */
+export class SandboxHandle {
+  readonly client: Client;
+  readonly id: string;
+  /** What the daemon knows of the sandbox (as of the last call that returned it). */
+  info: SandboxInfo;
+  readonly credentials: Credentials;
+  /** Set by client.resume(): the checkpoint restored and the execs replayed. */
+  resumed?: { checkpoint?: Checkpoint; replayed: ReplayedExec[] };
+  /** Set by env.sandbox(): how this sandbox was handed over. */
+  handover?: { built: boolean; fromPool: boolean; handoverMs: number };
+  private slot: boolean;
+  private closed = false;
+
+  /** @internal */
+  constructor(client: Client, info: SandboxInfo, holdsSlot: boolean) {
+    this.client = client;
+    this.id = info.id;
+    this.info = info;
+    this.slot = holdsSlot;
+    this.credentials = new Credentials(this);
+  }
+
+  get name(): string {
+    return this.info.name;
+  }
+
+  /**
+   * Runs a command: a string runs with /bin/sh -c, an array is argv. Await
+   * the result (rejects with ExecError on failure unless `nothrow`), or
+   * `.pipe(writable)` to stream its output.
+   */
+  exec(cmd: string | string[], opts?: ExecOptions): ExecPromise {
+    return new ExecPromise(this.client.rpc.sandboxes, this.id, cmd, opts);
+  }
+
+  /** Forks one child from the sandbox's current state (the source keeps running); throws that child's error. */
+  async fork(tag?: string): Promise<SandboxHandle> {
+    const res = await this.forkMany({ tag, count: 1 });
+    const child = res.children[0];
+    if (!child?.sandbox) throw child?.error ?? new ForkboxError("Internal", "fork returned no child");
+    return child.sandbox;
+  }
+
+  /** Checkpoints the sandbox and starts `count` children from it: per-child results. Needs `count` free slots. */
+  async forkMany(o: ForkOptions = {}): Promise<ForkResult> {
+    const want = Math.max(o.count ?? 1, 1);
+    // With bestEffort, only as many children as this client has slots for
+    // are asked of the daemon; the rest report ResourceExhausted.
+    const n = this.client.acquire(want, o.bestEffort);
+    let r: ForkResponse;
+    try {
+      r = await this.client.rpc.sandboxes.fork({
+        sandbox: this.id, tag: o.tag, count: n, overrides: overridesProto(o.overrides),
+        credentials: o.credentials, fromCheckpoint: o.fromCheckpoint, bestEffort: o.bestEffort,
+      });
+    } catch (err) {
+      this.client.release(n);
+      throw ForkboxError.from(err);
+    }
+    let started = 0;
+    const children = r.children.map((c): ForkChild => {
+      const child: ForkChild = { startMs: c.startMs };
+      if (c.sandbox) {
+        child.sandbox = new SandboxHandle(this.client, c.sandbox, this.client.limited);
+        started++;
+      }
+      if (c.error) child.error = ForkboxError.fromClassName(c.errorClass, c.error);
+      return child;
+    });
+    for (let i = n; i < want; i++) {
+      children.push({ startMs: 0, error: new ForkboxError("ResourceExhausted", "no free slot of this client (maxConcurrency)") });
+    }
+    this.client.release(n - started);
+    return { checkpoint: r.checkpoint, captured: r.captured, captureMs: r.captureMs, flushMs: r.flushMs, totalMs: r.totalMs, children };
+  }
+
+  /** Captures the sandbox's state under tag; records sandbox.checkpoint_created. */
+  async checkpoint(tag?: string): Promise<Checkpoint> {
+    const r = await this.client.rpc.sandboxes.checkpoint({ sandbox: this.id, tag }).catch(rethrow);
+    return r.checkpoint!;
+  }
+
+  /** The sandbox's checkpoints (forks' too), oldest first. */
+  async listCheckpoints(): Promise<Checkpoint[]> {
+    const r = await this.client.rpc.sandboxes.listCheckpoints({ sandbox: this.id }).catch(rethrow);
+    return r.checkpoints;
+  }
+
+  /** Freezes the sandbox in place (processes stop, memory kept). */
+  async pause(): Promise<void> {
+    const r = await this.client.rpc.sandboxes.pauseSandbox({ sandbox: this.id }).catch(rethrow);
+    if (r.sandbox) this.info = r.sandbox;
+  }
+
+  /** Thaws a paused sandbox. */
+  async unpause(): Promise<void> {
+    const r = await this.client.rpc.sandboxes.unpauseSandbox({ sandbox: this.id }).catch(rethrow);
+    if (r.sandbox) this.info = r.sandbox;
+  }
+
+  /** Same as unpause(). (client.resume(session) is the other resume: a closed session brought back.) */
+  resume(): Promise<void> {
+    return this.unpause();
+  }
+
+  /** Reads a file: bytes, or a string when an encoding is given. */
+  readFile(path: string): Promise<Uint8Array>;
+  readFile(path: string, encoding: BufferEncoding): Promise<string>;
+  async readFile(path: string, encoding?: BufferEncoding): Promise<Uint8Array | string> {
+    const r = await this.client.rpc.sandboxes.readFile({ sandbox: this.id, path }).catch(rethrow);
+    return encoding ? Buffer.from(r.data).toString(encoding) : r.data;
+  }
+
+  /** Writes a file (strings as UTF-8; mode default 0644). */
+  async writeFile(path: string, data: string | Uint8Array, opts: { mode?: number } = {}): Promise<void> {
+    const bytes = typeof data === "string" ? new TextEncoder().encode(data) : data;
+    await this.client.rpc.sandboxes.writeFile({ sandbox: this.id, path, data: bytes, mode: opts.mode }).catch(rethrow);
+  }
+
+  async listFiles(path: string): Promise<FileInfo[]> {
+    const r = await this.client.rpc.sandboxes.listFiles({ sandbox: this.id, path }).catch(rethrow);
+    return r.files;
+  }
+
+  /** The sandbox's ledger, oldest first. */
+  async events(): Promise<Event[]> {
+    return this.client.events(this.id);
+  }
+
+  /** Reloads `info`. */
+  async refresh(): Promise<SandboxInfo> {
+    const r = await this.client.rpc.sandboxes.getSandbox({ sandbox: this.id }).catch(rethrow);
+    this.info = r.sandbox!;
+    return this.info;
+  }
+
+  /** Closes the sandbox (nothing of it is left on the host) and frees its slot. A second close is a no-op. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    try {
+      await this.client.rpc.sandboxes.deleteSandbox({ sandbox: this.id });
+    } catch (err) {
+      const e = ForkboxError.from(err);
+      if (e.code !== "NotFound") throw e;
+    }
+    this.closed = true;
+    if (this.slot) {
+      this.slot = false;
+      this.client.release(1);
+    }
+  }
+}
