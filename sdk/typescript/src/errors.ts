@@ -37,6 +37,8 @@ const fromCode: Record<number, ErrorCode> = {
   [Code.Unauthenticated]: "Unauthenticated",
 };
 
+const unreachable = new Set(["ENOENT", "ECONNREFUSED", "ECONNRESET", "EPIPE", "EHOSTUNREACH", "ETIMEDOUT", "EACCES"]);
+
 const codes = new Set<string>(Object.values(fromCode));
 
 /** An error of one of forkbox's classes, as the daemon (or this SDK) gave it. */
@@ -59,6 +61,12 @@ export class ForkboxError extends Error {
   static from(err: unknown): ForkboxError {
     if (err instanceof ForkboxError) return err;
     if (err instanceof ConnectError) {
+      // The daemon could not be reached: connect-node reports it as Internal
+      // with the socket error as the cause.
+      const sys = (err.cause as { code?: unknown } | undefined)?.code;
+      if (typeof sys === "string" && unreachable.has(sys)) {
+        return new ForkboxError("Unavailable", `forkbox daemon unreachable: ${err.rawMessage}`, { cause: err });
+      }
       return new ForkboxError(fromCode[err.code] ?? "Unknown", err.rawMessage, { cause: err });
     }
     if (err instanceof Error && err.name === "AbortError") {

@@ -1,0 +1,150 @@
+// Memory checkpoints: Checkpoint saves a running container's memory,
+// processes, kernel and network-stack state to an image dir and stops it;
+// Restore starts a new container from such an image. One image can be
+// restored into any number of containers (a memory fork), including one that
+// takes the source's place.
+//
+// With --overlay2=none the rootfs content is not in the image: gVisor
+// re-opens the files it had open (and the cwd, mmaps, ...) by path under the
+// restoring bundle's root.path when the restored sandbox starts. So the
+// restoring bundle must present the same tree (a writable snapshot of the
+// source's upper over the same lowers is enough; it may be mounted at a
+// different host path) and the same mount destinations as the source's spec.
+
+package runsc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/runtime"
+)
+
+// CheckpointImageFile is the file runsc writes into an image dir (the
+// kernel state; memory pages go to pages files beside it). Its presence
+// tells a complete image from an empty or failed one.
+const CheckpointImageFile = "checkpoint.img"
+
+// Checkpoint saves container id (which must be running) to imageDir and
+// stops it: `runsc checkpoint --image-path imageDir id`. imageDir must be
+// absolute and empty or absent; it is created. After Checkpoint the
+// container is stopped but still known to runsc: Delete it before restoring
+// the image under the same id. A failed Checkpoint removes what it wrote to
+// imageDir; the container may then be stopped or still running (State
+// tells).
+func (r *Runsc) Checkpoint(ctx context.Context, id, imageDir string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	if !filepath.IsAbs(imageDir) {
+		return fmt.Errorf("runsc checkpoint %s: image dir %q must be absolute: %w", id, imageDir, errdefs.ErrInvalidArgument)
+	}
+	if ents, err := os.ReadDir(imageDir); err == nil && len(ents) > 0 {
+		return fmt.Errorf("runsc checkpoint %s: image dir %s is not empty: %w", id, imageDir, errdefs.ErrAlreadyExists)
+	}
+	st, err := r.State(ctx, id)
+	if err != nil {
+		return err
+	}
+	if st.Status != runtime.StatusRunning {
+		return fmt.Errorf("runsc checkpoint %s: container is %s, not running: %w", id, st.Status, errdefs.ErrFailedPrecondition)
+	}
+	if err := os.MkdirAll(imageDir, 0o700); err != nil {
+		return fmt.Errorf("runsc checkpoint %s: %v: %w", id, err, errdefs.ErrInternal)
+	}
+	t0 := time.Now()
+	if _, err := r.command(ctx, id, "checkpoint", "--image-path", imageDir, id); err != nil {
+		os.RemoveAll(imageDir)
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(imageDir, CheckpointImageFile)); err != nil {
+		os.RemoveAll(imageDir)
+		return fmt.Errorf("runsc checkpoint %s: no %s in the image: %v: %w", id, CheckpointImageFile, err, errdefs.ErrInternal)
+	}
+	r.log.Debug("container checkpointed", "sandbox", id, "image", imageDir, "took", time.Since(t0))
+	return nil
+}
+
+// Restore creates container id from bundle and starts it from the image in
+// imageDir, detached: `runsc restore --detach --image-path imageDir --bundle
+// bundle id`. The processes continue where the checkpoint left them; their
+// output goes to bundle/stdio.log as with Run. The bundle's spec must keep
+// the source's mount destinations and its root.path must show the source's
+// files at checkpoint time (see the package notes above); its hostname,
+// network namespace path, cgroup path and limits may differ, but gVisor keeps
+// the hostname and the network configuration (addresses, routes) from the
+// image. An id already known is AlreadyExists, a missing image NotFound; a
+// failed Restore leaves nothing behind.
+func (r *Runsc) Restore(ctx context.Context, id, bundle, imageDir string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	if !filepath.IsAbs(bundle) || !filepath.IsAbs(imageDir) {
+		return fmt.Errorf("runsc restore %s: bundle %q and image dir %q must be absolute: %w", id, bundle, imageDir, errdefs.ErrInvalidArgument)
+	}
+	if _, err := os.Stat(filepath.Join(imageDir, CheckpointImageFile)); err != nil {
+		return fmt.Errorf("runsc restore %s: image %s: %v: %w", id, imageDir, err, errdefs.ErrNotFound)
+	}
+	return r.detached(ctx, "restore", id, bundle, "--image-path", imageDir)
+}
+
+// detached runs `runsc VERB --detach [extra...] --bundle bundle id` with the
+// container's stdio on bundle/stdio.log, as Run does, and deletes whatever
+// runsc created if it fails.
+func (r *Runsc) detached(ctx context.Context, verb, id, bundle string, extra ...string) error {
+	if _, err := os.Stat(filepath.Join(bundle, "config.json")); err != nil {
+		return fmt.Errorf("runsc %s %s: bundle %s: %v: %w", verb, id, bundle, err, errdefs.ErrNotFound)
+	}
+	if _, err := r.State(ctx, id); err == nil {
+		return fmt.Errorf("runsc %s %s: container exists: %w", verb, id, errdefs.ErrAlreadyExists)
+	} else if !isNotFound(err) {
+		return err
+	}
+	logPath := filepath.Join(bundle, runtime.LogFileName)
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("runsc %s %s: open log: %v: %w", verb, id, err, errdefs.ErrInternal)
+	}
+	defer logf.Close()
+	start, _ := logf.Seek(0, io.SeekEnd)
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return fmt.Errorf("runsc %s %s: %v: %w", verb, id, err, errdefs.ErrInternal)
+	}
+	defer devnull.Close()
+
+	t0 := time.Now()
+	args := append(r.globalArgs(id), verb, "--detach")
+	args = append(append(args, extra...), "--bundle", bundle, id)
+	cmd := exec.CommandContext(ctx, r.opts.Binary, args...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.WaitDelay = 5 * time.Second
+	if runErr := cmd.Run(); runErr != nil {
+		msg := readFrom(logPath, start)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if derr := r.Delete(cctx, id, true); derr != nil {
+			r.log.Warn("cleanup after failed "+verb, "sandbox", id, "err", derr)
+		}
+		err := r.wrap(ctx, verb, id, runErr, msg)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			// A path the spec or the image needs is missing: the
+			// caller's input (or a rootfs that does not match the
+			// image), not an unknown container.
+			err = fmt.Errorf("%s: %w", strings.TrimSuffix(err.Error(), ": "+errdefs.ErrNotFound.Error()), errdefs.ErrFailedPrecondition)
+		}
+		return err
+	}
+	r.log.Debug("container "+verb+"d", "sandbox", id, "took", time.Since(t0))
+	return nil
+}
