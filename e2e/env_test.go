@@ -72,6 +72,10 @@ func TestEnvironmentHashChangeAndPrefixReuse(t *testing.T) {
 	first := envSandbox(t, env.c.Environment("e2e-prefix", envOpts(tokenStep)))
 	tok1 := mustSh(t, first.Sandbox, "cat /root/token")
 	info1, _ := env.c.GetEnvironment(ctx, "e2e-prefix")
+	evs, err := env.c.Events(ctx, "env:e2e-prefix")
+	if err != nil || !hasEvent(evs, "env.build_started") || !hasEvent(evs, "env.step") || !hasEvent(evs, "env.build_finished") {
+		t.Errorf("environment ledger: %v, %v", types(evs), err)
+	}
 
 	// Appending a step: a new hash, built from the snapshot after step 1.
 	second := envSandbox(t, env.c.Environment("e2e-prefix", envOpts(tokenStep, "echo two > /root/two")))

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/network"
@@ -111,8 +112,15 @@ func (d *Daemon) List(ctx context.Context, all bool) ([]*store.Sandbox, error) {
 	return d.store.ListSandboxes(ctx, all)
 }
 
-// Events returns a sandbox's ledger.
+// Events returns a sandbox's ledger, or an environment's with "env:<name>"
+// (its builds, steps and hand-overs).
 func (d *Daemon) Events(ctx context.Context, idOrName string) ([]*store.Event, error) {
+	if name, ok := strings.CutPrefix(idOrName, "env:"); ok {
+		if _, err := d.store.GetEnvironment(ctx, name); err != nil {
+			return nil, err
+		}
+		return d.store.Events(ctx, idOrName)
+	}
 	sb, err := d.store.GetSandbox(ctx, idOrName)
 	if err != nil {
 		return nil, err

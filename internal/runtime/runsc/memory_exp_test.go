@@ -3,6 +3,7 @@ package runsc
 import (
 	"context"
 	"os"
+	"strconv"
 	"path/filepath"
 	"testing"
 	"time"
@@ -75,3 +76,41 @@ func TestExpRootfs(t *testing.T) {
 		t.Logf("%s: counter=%d held=%d log tail=%q", b.rootfs, lastInt(filepath.Join(b.rootfs, "root/counter")), lastInt(filepath.Join(b.rootfs, "root/held.log")), log)
 	}
 }
+
+func TestExpAlive(t *testing.T) {
+	requireRunsc(t)
+	tmp := t.TempDir()
+	rt, _ := New(Options{Root: filepath.Join(tmp, "state"), LogDir: filepath.Join(tmp, "logs")})
+	ctx := context.Background()
+	srcRoot := filepath.Join(tmp, "src", "rootfs")
+	busyboxRootfs(t, srcRoot)
+	src := mfBundle(t, rt, filepath.Join(tmp, "src"), srcRoot, "srchost", testNetns(t), []string{"/bin/sh", "-c", mfCounter})
+	rt.Run(ctx, src.id, src.bundle)
+	time.Sleep(500 * time.Millisecond)
+	st, _ := rt.State(ctx, src.id)
+	t.Logf("before: %+v procs=%d", st, len(hostProcsWith(src.id)))
+	img := filepath.Join(tmp, "img")
+	if err := rt.Checkpoint(ctx, src.id, img); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 5; i++ {
+		st, err := rt.State(ctx, src.id)
+		b, perr := os.ReadFile("/proc/" + itoa(st.Pid) + "/stat")
+		t.Logf("after %d: %+v %v stat=%.60s %v procs=%v", i, st, err, b, perr, hostProcsWith(src.id))
+		time.Sleep(200 * time.Millisecond)
+	}
+	d := filepath.Join(tmp, "k")
+	os.MkdirAll(d, 0o755)
+	copyTree(t, srcRoot, filepath.Join(d, "rootfs"))
+	k := mfBundle(t, rt, d, filepath.Join(d, "rootfs"), "kid1", testNetns(t), []string{"/bin/sh", "-c", mfCounter})
+	if err := rt.Restore(ctx, k.id, k.bundle, img); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	log, _ := os.ReadFile(filepath.Join(k.bundle, "stdio.log"))
+	t.Logf("kid log head %.200q", log)
+	log, _ = os.ReadFile(filepath.Join(src.bundle, "stdio.log"))
+	t.Logf("src log tail %q", log[len(log)-60:])
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
