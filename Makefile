@@ -26,10 +26,12 @@ proto:
 setup:
 	./scripts/setup.sh
 
-# test is the full test suite (root: real runsc, btrfs, netns, nftables).
+# test is the full test suite (root: real runsc, btrfs, netns, nftables):
+# the Go packages and e2e, then the TypeScript SDK against a real daemon.
 test: setup
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 45m ./...
+	cd sdk/typescript && npm ci --no-audit --no-fund && npm test
 
 # bench measures start, exec, fork, fan-out and busy capture on this host with
 # a throwaway daemon (root). BENCH_FLAGS=--quick for a smoke run, --json for JSON.
