@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/forkbox/forkbox/client"
 	"github.com/forkbox/forkbox/errdefs"
@@ -355,4 +356,43 @@ func TestClientMaxConcurrency(t *testing.T) {
 		extra.Close(ctx)
 	}
 	kids[1].Close(ctx)
+}
+
+func TestCheckpointRetention(t *testing.T) {
+	ctx := context.Background()
+	env.extra = []string{"--checkpoint-retention", "2s"}
+	restartDaemon(t, syscall.SIGTERM)
+	defer func() {
+		env.extra = nil
+		restartDaemon(t, syscall.SIGTERM)
+	}()
+	live := newSandbox(t, clientOpts())
+	keep, err := live.Checkpoint(ctx, "of-a-live-sandbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, err := env.c.CreateSandbox(ctx, clientOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := gone.Checkpoint(ctx, "of-a-closed-sandbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone.Close(ctx)
+	for i := 0; i < 100; i++ {
+		if cks, _ := gone.ListCheckpoints(ctx); len(cks) == 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if cks, _ := gone.ListCheckpoints(ctx); len(cks) != 0 {
+		t.Errorf("the expired checkpoint of a closed sandbox is still listed: %v", cks)
+	}
+	if _, err := env.c.RestoreSnapshot(ctx, old.Id, client.Overrides{}, nil); !errdefs.IsNotFound(err) {
+		t.Errorf("restore of an expired checkpoint: got %v, want NotFound", err)
+	}
+	if cks, _ := live.ListCheckpoints(ctx); len(cks) != 1 || cks[0].Id != keep.Id {
+		t.Errorf("the checkpoint of a live sandbox was expired: %v", cks)
+	}
 }

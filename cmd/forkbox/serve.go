@@ -126,6 +126,7 @@ func (df *daemonFlags) register(cmd *cobra.Command) {
 	f.StringVar(&df.cfg.NetTable, "net-table", "", "nftables table of the sandbox network (default forkbox)")
 	f.StringVar(&df.cfg.VethPrefix, "veth-prefix", "", "prefix of host-side veth names, at most 5 bytes (default fbx)")
 	f.StringVar(&df.cfg.CgroupParent, "cgroup-parent", "forkbox", "cgroup under which sandboxes get theirs")
+	f.DurationVar(&df.cfg.CheckpointRetention, "checkpoint-retention", 0, "delete checkpoints of closed sandboxes once older than this (0 = keep)")
 	f.IntVar(&df.cfg.MaxSandboxes, "max-sandboxes", 100, "limit on live sandboxes")
 	f.StringVar(&df.level, "log-level", "info", "debug, info, warn or error")
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/image"
@@ -54,6 +55,9 @@ type Config struct {
 	// CgroupParent is the cgroup (below each hierarchy's root) under which
 	// sandboxes get theirs: <parent>/<sandbox id>. Default "forkbox".
 	CgroupParent string
+	// CheckpointRetention deletes the checkpoints of closed sandboxes once
+	// they are older (0 = keep until deleted).
+	CheckpointRetention time.Duration
 	// MaxSandboxes bounds live sandboxes (0 = 100).
 	MaxSandboxes int
 	Log          *slog.Logger
@@ -76,6 +80,7 @@ type Daemon struct {
 	ipAlloc      sync.Mutex
 	pendingSlots int
 	sealer       *sealer
+	stopJanitor  context.CancelFunc
 	envOnce      sync.Once
 	envSt        *envState
 }
@@ -155,6 +160,9 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	if err := d.reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
+	janitorCtx, stopJanitor := context.WithCancel(context.WithoutCancel(ctx))
+	d.stopJanitor = stopJanitor
+	d.startJanitor(janitorCtx)
 	if err := d.sweepOrphans(ctx); err != nil {
 		// Leftovers that cannot be removed now do not stop the daemon: they
 		// are logged, and tried again on the next start.
@@ -166,6 +174,9 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 // Close releases the daemon's handles. Sandboxes keep running: a restarted
 // daemon finds them again.
 func (d *Daemon) Close() error {
+	if d.stopJanitor != nil {
+		d.stopJanitor()
+	}
 	return errors.Join(d.snaps.Close(), d.store.Close())
 }
 

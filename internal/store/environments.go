@@ -139,3 +139,10 @@ func scanEnv(r scanner) (*Environment, error) {
 	}
 	return &e, nil
 }
+
+// IsEnvSnapshot reports whether a checkpoint is an environment's snapshot.
+func (s *Store) IsEnvSnapshot(ctx context.Context, checkpoint string) (bool, error) {
+	var n int
+	err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM env_snapshots WHERE checkpoint = ?`, checkpoint).Scan(&n)
+	return n > 0, err
+}

@@ -59,7 +59,7 @@ type Sandbox struct {
 	// it is handed over or not pooled).
 	Pool      string
 	CreatedAt time.Time
-	UpdatedAt      time.Time
+	UpdatedAt time.Time
 }
 
 const sandboxCols = `id, name, state, image, image_digest, runtime, config, ip, agent_token, error, created_at, updated_at, parent_id, from_checkpoint, pool`

@@ -14,6 +14,7 @@
 package runsc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -69,6 +71,13 @@ func (r *Runsc) Checkpoint(ctx context.Context, id, imageDir string) error {
 	if _, err := os.Stat(filepath.Join(imageDir, CheckpointImageFile)); err != nil {
 		os.RemoveAll(imageDir)
 		return fmt.Errorf("runsc checkpoint %s: no %s in the image: %v: %w", id, CheckpointImageFile, err, errdefs.ErrInternal)
+	}
+	// The sandbox process exits after the save, but runsc state keeps
+	// saying "running" while it is an unreaped zombie (its parent is
+	// whoever reaps orphans). Wait until it is a zombie or gone, so that
+	// "the container stopped" holds when we return.
+	if err := waitExited(ctx, st.Pid, 10*time.Second); err != nil {
+		return fmt.Errorf("runsc checkpoint %s: sandbox pid %d: %w", id, st.Pid, err)
 	}
 	r.log.Debug("container checkpointed", "sandbox", id, "image", imageDir, "took", time.Since(t0))
 	return nil
@@ -130,14 +139,18 @@ func (r *Runsc) detached(ctx context.Context, verb, id, bundle string, extra ...
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.WaitDelay = 5 * time.Second
 	if runErr := cmd.Run(); runErr != nil {
-		msg := readFrom(logPath, start)
+		msg := shortLines(readFrom(logPath, start), 400)
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		if derr := r.Delete(cctx, id, true); derr != nil {
 			r.log.Warn("cleanup after failed "+verb, "sandbox", id, "err", derr)
 		}
 		err := r.wrap(ctx, verb, id, runErr, msg)
-		if errors.Is(err, errdefs.ErrNotFound) {
+		if strings.Contains(msg, "does not match across checkpoint restore") {
+			// runsc's restore spec validation: Args, Cwd and the mount
+			// list (destination, type, options) must equal the source's.
+			err = fmt.Errorf("runsc %s %s: spec differs from the checkpointed one: %s: %w", verb, id, lastLines(msg, 2), errdefs.ErrFailedPrecondition)
+		} else if errors.Is(err, errdefs.ErrNotFound) {
 			// A path the spec or the image needs is missing: the
 			// caller's input (or a rootfs that does not match the
 			// image), not an unknown container.
@@ -147,4 +160,42 @@ func (r *Runsc) detached(ctx context.Context, verb, id, bundle string, extra ...
 	}
 	r.log.Debug("container "+verb+"d", "sandbox", id, "took", time.Since(t0))
 	return nil
+}
+
+// shortLines cuts every line of s to at most n bytes (runsc's spec
+// validation errors print whole mount lists on one line).
+func shortLines(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		if len(l) > n {
+			lines[i] = l[:n] + "…"
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+// waitExited waits until host pid is gone or a zombie.
+func waitExited(ctx context.Context, pid int, timeout time.Duration) error {
+	if pid <= 0 {
+		return nil
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			return nil
+		}
+		// "pid (comm) S ...": the state follows the last ')'.
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'Z' {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("still running after %v: %w", timeout, errdefs.ErrInternal)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
