@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -71,10 +72,14 @@ func main() {
 	if errors.As(err, &ee) {
 		os.Exit(ee.code)
 	}
+	msg := err.Error()
+	if errdefs.IsUnavailable(err) && strings.Contains(msg, "dial ") {
+		msg += "; is the daemon running? start it with `sudo forkbox serve`, or point --host at it"
+	}
 	if g.json {
-		printJSON(map[string]string{"error": err.Error(), "class": errdefs.ClassName(err)})
+		printJSON(map[string]string{"error": msg, "class": errdefs.ClassName(err)})
 	} else {
-		fmt.Fprintf(os.Stderr, "forkbox: %s (%s)\n", err, errdefs.ClassName(err))
+		fmt.Fprintf(os.Stderr, "forkbox: %s (%s)\n", msg, errdefs.ClassName(err))
 	}
 	os.Exit(1)
 }
