@@ -32,16 +32,16 @@ type EnvResult struct {
 	BuildMS     float64 `json:"build_ms"`
 	BuildCallMS float64 `json:"build_call_ms"`
 	// ForkRun is one later run of (b): env.Sandbox + task + close.
-	ForkRun      Summary `json:"fork_run"`
-	ForkTotalMS  float64 `json:"fork_total_ms"`
-	ForkOverOne  float64 `json:"fork_total_over_one_setup"`
+	ForkRun       Summary `json:"fork_run"`
+	ForkTotalMS   float64 `json:"fork_total_ms"`
+	ForkOverOne   float64 `json:"fork_total_over_one_setup"`
 	FreshOverFork float64 `json:"fresh_total_over_fork_total"`
 	// Pool hand-overs (c): daemon-side HandoverMS and the client's call.
-	PoolSize        int     `json:"pool_size"`
-	HandoverDaemon  Summary `json:"handover_daemon"`
-	HandoverClient  Summary `json:"handover_client"`
-	SkippedNotPool  int     `json:"skipped_not_from_pool"`
-	RefillWait      Summary `json:"refill_wait"`
+	PoolSize       int     `json:"pool_size"`
+	HandoverDaemon Summary `json:"handover_daemon"`
+	HandoverClient Summary `json:"handover_client"`
+	SkippedNotPool int     `json:"skipped_not_from_pool"`
+	RefillWait     Summary `json:"refill_wait"`
 }
 
 const envPoolSize = 3
@@ -67,39 +67,40 @@ func nonce() string {
 }
 
 // calibrate returns the loop count whose setup exec takes about target on
-// runtime rt: two timed runs, the second sized from the first, separate the
-// per-iteration cost from the exec's fixed cost.
+// runtime rt. Every probe runs in a fresh sandbox, as the measured runs do
+// (a warm sandbox runs the loop markedly faster): a short probe, one of a
+// quarter of the target, then one of the full target, each sized from the
+// one before; a last correction is applied without another probe.
 func (b *bench) calibrate(ctx context.Context, rt string, target time.Duration) (int, error) {
-	sb, err := b.create(ctx, rt)
-	if err != nil {
-		return 0, err
-	}
-	defer b.close(ctx, sb)
-	timed := func(k int) (float64, error) {
+	probe := func(k int) (float64, error) {
+		sb, err := b.create(ctx, rt)
+		if err != nil {
+			return 0, err
+		}
+		defer b.close(ctx, sb)
 		t := time.Now()
 		if err := sh(ctx, sb, envSetupCmd(nonce(), k)); err != nil {
 			return 0, fmt.Errorf("calibrate setup: %w", err)
 		}
 		return ms(time.Since(t)), nil
 	}
-	k1 := 20
-	t1, err := timed(k1)
-	if err != nil {
-		return 0, err
+	goal := ms(target)
+	k, prevT := 30, 0.0
+	for _, frac := range []float64{0, 0.25, 1} {
+		if frac > 0 {
+			// t scales with k; the exec's fixed cost is small beside it.
+			k = max(int(math.Round(float64(k)*goal*frac/prevT)), 1)
+		}
+		t, err := probe(k)
+		if err != nil {
+			return 0, err
+		}
+		prevT = max(t, 1)
+		progress("  calibration: %d iterations took %.2f s", k, t/1000)
 	}
-	k2 := max(k1*2, int(math.Ceil(float64(k1)*1000/max(t1, 1)))) // about 1 s
-	t2, err := timed(k2)
-	if err != nil {
-		return 0, err
-	}
-	per := (t2 - t1) / float64(k2-k1)
-	if per <= 0 {
-		per = t2 / float64(k2)
-	}
-	fixed := max(t2-per*float64(k2), 0)
-	k := int(math.Round((ms(target) - fixed) / per))
-	progress("  calibration: %.2f ms per iteration, %.0f ms fixed: %d iterations for %.1f s", per, fixed, max(k, 1), target.Seconds())
-	return max(k, 1), nil
+	k = max(int(math.Round(float64(k)*goal/prevT)), 1)
+	progress("  calibration: %d iterations for %.1f s", k, target.Seconds())
+	return k, nil
 }
 
 func (b *bench) measureEnv(ctx context.Context, rt string) (EnvResult, error) {

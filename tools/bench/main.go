@@ -1,8 +1,9 @@
 // Command bench measures forkbox on this host, in one run on one machine:
 // sandbox create and exec per runtime against a raw namespaced-start floor,
 // fork capture and fork-to-child-ready against the naive baseline (a fresh
-// sandbox plus the same setup), a fan-out fork of many children, and the
-// capture of a CPU-busy source. Every figure is a median and a p95 over
+// sandbox plus the same setup), a fan-out fork of many children, the
+// capture of a CPU-busy source, and environments (a calibrated setup done
+// fresh per run vs built once and forked per run, and warm-pool hand-overs). Every figure is a median and a p95 over
 // repeated runs, never a single timing.
 //
 // By default it starts a throwaway daemon of its own (own state dir, socket,
@@ -10,6 +11,7 @@
 // everything at the end, on Ctrl-C too; --host uses a running daemon.
 //
 //	go run ./tools/bench [--quick] [--json] [--sizes 1MB,100MB,1GB] [--runtimes gvisor,crun]
+//	go run ./tools/bench --sections env [--env-setup 10s] [--env-runs 10] [--env-samples 20]
 package main
 
 import (
@@ -46,6 +48,9 @@ type options struct {
 	keep         bool
 	sections     map[string]bool
 	logLevel     string
+	envSetup     time.Duration
+	envRuns      int
+	envSamples   int
 }
 
 func parseFlags(args []string) (options, error) {
@@ -62,9 +67,12 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.baselineReps, "baseline-reps", 3, "naive baseline repetitions (create + write) per size")
 	fs.IntVar(&o.floorReps, "floor-reps", 50, "raw namespaced starts")
 	fs.StringVar(&o.memory, "memory", "256Mi", "memory limit of every sandbox")
-	fs.BoolVar(&o.quick, "quick", false, "smoke run: sizes 1MB,10MB, 3 reps, fan-out 10")
+	fs.BoolVar(&o.quick, "quick", false, "smoke run: sizes 1MB,10MB, 3 reps, fan-out 10, env setup 2s x 3 runs, 5 hand-overs")
 	fs.BoolVar(&o.json, "json", false, "print the results as JSON")
-	fs.StringVar(&sections, "sections", "start,fork,fanout,busy", "sections to run")
+	fs.StringVar(&sections, "sections", "start,fork,fanout,busy,env", "sections to run")
+	fs.DurationVar(&o.envSetup, "env-setup", 10*time.Second, "environment setup work to calibrate for (env section)")
+	fs.IntVar(&o.envRuns, "env-runs", 10, "runs of fresh setup vs build once and fork (env section)")
+	fs.IntVar(&o.envSamples, "env-samples", 20, "warm-pool hand-over samples (env section)")
 	fs.StringVar(&o.logLevel, "daemon-log-level", "info", "log level of the throwaway daemon")
 	fs.BoolVar(&o.keep, "keep", false, "keep the throwaway daemon's directory (logs) after the run")
 	if err := fs.Parse(args); err != nil {
@@ -91,13 +99,22 @@ func parseFlags(args []string) (options, error) {
 		if !set["floor-reps"] {
 			o.floorReps = 10
 		}
+		if !set["env-setup"] {
+			o.envSetup = 2 * time.Second
+		}
+		if !set["env-runs"] {
+			o.envRuns = 3
+		}
+		if !set["env-samples"] {
+			o.envSamples = 5
+		}
 	}
 	o.sizes = splitList(sizes)
 	o.runtimes = splitList(runtimes)
 	o.sections = map[string]bool{}
 	for _, x := range splitList(sections) {
-		if x != "start" && x != "fork" && x != "fanout" && x != "busy" {
-			return o, fmt.Errorf("section %q: want start, fork, fanout or busy: %w", x, errdefs.ErrInvalidArgument)
+		if x != "start" && x != "fork" && x != "fanout" && x != "busy" && x != "env" {
+			return o, fmt.Errorf("section %q: want start, fork, fanout, busy or env: %w", x, errdefs.ErrInvalidArgument)
 		}
 		o.sections[x] = true
 	}
@@ -113,6 +130,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.reps < 1 || o.execReps < 1 || o.baselineReps < 1 || o.floorReps < 1 || o.fanout < 0 || o.fanout > 100 {
 		return o, fmt.Errorf("reps must be >= 1 and fanout 0..100: %w", errdefs.ErrInvalidArgument)
+	}
+	if o.envRuns < 2 || o.envSamples < 1 || o.envSetup < 100*time.Millisecond {
+		return o, fmt.Errorf("env-runs must be >= 2, env-samples >= 1 and env-setup >= 100ms: %w", errdefs.ErrInvalidArgument)
 	}
 	return o, nil
 }
@@ -308,6 +328,15 @@ func (b *bench) measureAll(ctx context.Context, rep *Report, rootfs string) erro
 			return err
 		}
 		rep.Busy = append(rep.Busy, r)
+	}
+	if o.sections["env"] && len(o.runtimes) > 0 {
+		rt := o.runtimes[0]
+		progress("environments on %s: setup of about %s, %d runs, %d pool hand-overs", rt, o.envSetup, o.envRuns, o.envSamples)
+		r, err := b.measureEnv(ctx, rt)
+		if err != nil {
+			return err
+		}
+		rep.Env = &r
 	}
 	return nil
 }

@@ -23,6 +23,7 @@ type Report struct {
 	Forks       []ForkResult    `json:"forks"`
 	Fanouts     []FanoutResult  `json:"fanouts"`
 	Busy        []BusyResult    `json:"busy_capture"`
+	Env         *EnvResult      `json:"environments,omitempty"`
 	BaseUsedGiB float64         `json:"mem_used_at_start_gib"`
 	PeakUsedGiB float64         `json:"mem_used_peak_gib"`
 	Targets     []Target        `json:"targets"`
@@ -41,6 +42,10 @@ const (
 	goalCaptureMS      = 30
 	goalCrunForkMS     = 100
 	goalFanoutGvisorMS = 30_000
+	// goalEnvOverSetup: build once + N forked runs within this factor of
+	// one setup.
+	goalEnvOverSetup = 1.2
+	goalHandoverMS   = 10
 )
 
 func (r *Report) targets() []Target {
@@ -59,6 +64,14 @@ func (r *Report) targets() []Target {
 	for _, f := range r.Fanouts {
 		if f.Runtime == "gvisor" && f.Count == 100 {
 			add("100 gVisor children (TotalMS)", goalFanoutGvisorMS, f.TotalMS)
+		}
+	}
+	if e := r.Env; e != nil {
+		add(fmt.Sprintf("env: build once + %d forked runs (%.1fx one setup of %s s)", e.Runs, goalEnvOverSetup, num(e.Setup.Median/1000)),
+			goalEnvOverSetup*e.Setup.Median, e.ForkTotalMS)
+		if e.HandoverDaemon.N > 0 {
+			add("env: pool hand-over p50, daemon-side (HandoverMS)", goalHandoverMS, e.HandoverDaemon.Median)
+			add("env: pool hand-over p50, client call", goalHandoverMS, e.HandoverClient.Median)
 		}
 	}
 	return ts
@@ -88,6 +101,34 @@ func (r *Report) print(out io.Writer) {
 	fmt.Fprintf(w, "all times in ms as p50 / p95; run took %.0f s; memory used %.1f GiB at start, peak %.1f GiB\n\n",
 		r.DurationS, r.BaseUsedGiB, r.PeakUsedGiB)
 
+	if len(r.Runtimes) > 0 {
+		r.printStart(w)
+	}
+	if len(r.Forks) > 0 {
+		r.printForks(w)
+	}
+	if len(r.Fanouts) > 0 {
+		r.printFanouts(w)
+	}
+	if len(r.Busy) > 0 {
+		r.printBusy(w)
+	}
+	if r.Env != nil {
+		r.Env.print(w)
+	}
+
+	fmt.Fprintln(w, "targets")
+	for _, t := range r.Targets {
+		verdict := "met"
+		if !t.Met {
+			verdict = fmt.Sprintf("MISSED by %s ms (%.1fx)", num(t.Got-t.Goal), t.Got/t.Goal)
+		}
+		fmt.Fprintf(w, "%s\t< %s\tgot %s\t%s\t\n", t.What, num(t.Goal), num(t.Got), verdict)
+	}
+	w.Flush()
+}
+
+func (r *Report) printStart(w io.Writer) {
 	fmt.Fprintf(w, "1. start and exec (raw floor: namespaced chroot /bin/true = %s, n=%d)\n", pp(r.Floor), r.Floor.N)
 	fmt.Fprintln(w, "runtime\tcreate+first exec\texec true\tcreate/floor\texec/floor\t")
 	var gv, cr *RuntimeResult
@@ -105,7 +146,9 @@ func (r *Report) print(out io.Writer) {
 			ratio(gv.ExecTrue.Median, cr.ExecTrue.Median))
 	}
 	fmt.Fprintln(w)
+}
 
+func (r *Report) printForks(w io.Writer) {
 	fmt.Fprintf(w, "2. fork of one child (n=%d each) vs naive baseline = fresh sandbox + same writes\n", firstN(r.Forks))
 	fmt.Fprintln(w, "runtime\tsize\tfiles\tcapture\tchild start\tcall→ready\tbaseline p50\tbaseline/fork\t")
 	for _, f := range r.Forks {
@@ -113,36 +156,28 @@ func (r *Report) print(out io.Writer) {
 			pp(f.ForkWall), num(f.Baseline.Median), f.Speedup)
 	}
 	fmt.Fprintln(w)
+}
 
-	if len(r.Fanouts) > 0 {
-		fmt.Fprintln(w, "3. fan-out: one fork call")
-		fmt.Fprintln(w, "runtime\tchildren\tstarted\tcapture\ttotal\tchild start\tclose all\t")
-		for _, f := range r.Fanouts {
-			fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t\n", f.Runtime, f.Count, f.Started, num(f.CaptureMS),
-				num(f.TotalMS), pp(f.ChildStart), num(f.CloseMS))
-			if f.FirstErr != "" {
-				fmt.Fprintf(w, "\t%d failed; first: %s\t\t\t\t\t\t\n", f.Failed, f.FirstErr)
-			}
+func (r *Report) printFanouts(w io.Writer) {
+	fmt.Fprintln(w, "3. fan-out: one fork call")
+	fmt.Fprintln(w, "runtime\tchildren\tstarted\tcapture\ttotal\tchild start\tclose all\t")
+	for _, f := range r.Fanouts {
+		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t\n", f.Runtime, f.Count, f.Started, num(f.CaptureMS),
+			num(f.TotalMS), pp(f.ChildStart), num(f.CloseMS))
+		if f.FirstErr != "" {
+			fmt.Fprintf(w, "\t%d failed; first: %s\t\t\t\t\t\t\n", f.Failed, f.FirstErr)
 		}
-		fmt.Fprintln(w)
 	}
+	fmt.Fprintln(w)
+}
 
+func (r *Report) printBusy(w io.Writer) {
 	fmt.Fprintln(w, "4. capture of a CPU-busy source (busy loops started with Start) vs the same source idle")
 	fmt.Fprintln(w, "runtime\tloops\tidle capture\tbusy capture\tbusy/idle\t")
 	for _, x := range r.Busy {
 		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%.1fx\t\n", x.Runtime, x.Loops, pp(x.Idle), pp(x.Busy), x.Ratio)
 	}
 	fmt.Fprintln(w)
-
-	fmt.Fprintln(w, "targets")
-	for _, t := range r.Targets {
-		verdict := "met"
-		if !t.Met {
-			verdict = fmt.Sprintf("MISSED by %s ms (%.1fx)", num(t.Got-t.Goal), t.Got/t.Goal)
-		}
-		fmt.Fprintf(w, "%s\t< %s\tgot %s\t%s\t\n", t.What, num(t.Goal), num(t.Got), verdict)
-	}
-	w.Flush()
 }
 
 func firstN(fs []ForkResult) int {
