@@ -160,6 +160,27 @@ func (s *Sandbox) Unpause(ctx context.Context) error {
 	return nil
 }
 
+// Hibernate saves the sandbox's memory and processes to disk and releases
+// them; the next exec (or Wake) restores it with its state intact.
+func (s *Sandbox) Hibernate(ctx context.Context) error {
+	resp, err := s.c.sbx.HibernateSandbox(ctx, connect.NewRequest(&v1.HibernateSandboxRequest{Sandbox: s.ID}))
+	if err != nil {
+		return errconnect.FromConnect(err)
+	}
+	s.Info = resp.Msg.Sandbox
+	return nil
+}
+
+// Wake restores a hibernated sandbox.
+func (s *Sandbox) Wake(ctx context.Context) error {
+	resp, err := s.c.sbx.WakeSandbox(ctx, connect.NewRequest(&v1.WakeSandboxRequest{Sandbox: s.ID}))
+	if err != nil {
+		return errconnect.FromConnect(err)
+	}
+	s.Info = resp.Msg.Sandbox
+	return nil
+}
+
 // RestoreSnapshot starts a new sandbox from a checkpoint, with a clean exec
 // history.
 func (c *Client) RestoreSnapshot(ctx context.Context, checkpoint string, o Overrides, credentials map[string]string) (*Sandbox, error) {

@@ -7,6 +7,8 @@
 //
 // Configuration comes from FORKBOX_AGENT_ADDR (default ":7077"),
 // FORKBOX_AGENT_TOKEN (required) and FORKBOX_MEMORY_LIMIT (bytes, 0 = off).
+// After a memory fork the daemon's fork notice replaces the token and the
+// agent runs /etc/forkbox/on-fork or /.forkbox/on-fork (see package agent).
 package main
 
 import (

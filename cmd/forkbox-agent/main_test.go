@@ -56,7 +56,7 @@ func TestInitInPIDNamespace(t *testing.T) {
 	need(t, err == nil && os.Geteuid() == 0, "needs root and unshare(1)")
 	bin := buildAgent(t)
 	addr := freePort(t)
-	cmd := exec.Command("unshare", "--pid", "--fork", "--mount", "--mount-proc", bin, "init")
+	cmd := exec.Command("unshare", "--pid", "--uts", "--fork", "--mount", "--mount-proc", bin, "init")
 	cmd.Env = append(os.Environ(), agent.EnvAddr+"="+addr, agent.EnvToken+"=tok", agent.EnvMemoryLimit+"=67108864")
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -71,6 +71,20 @@ func TestInitInPIDNamespace(t *testing.T) {
 	c := agent.NewClient(addr, "tok")
 	if err := agent.WaitReady(ctx, c); err != nil {
 		t.Fatal(err)
+	}
+	// A fork notice: new token, new hostname (set by init in its own UTS
+	// namespace); the old token is refused, the rest keeps working on the new.
+	reply, err := c.Forked(ctx, agent.ForkNotice{Token: "tok2", Reason: agent.ForkReasonFork,
+		Hostname: "forked-child", ParentID: "p", MachineID: "m", Time: time.Now()})
+	if err != nil {
+		t.Fatalf("forked: %v", err)
+	}
+	t.Logf("fork reply: %+v", reply)
+	if info, err := c.Ping(ctx); err != nil || info.Hostname != "forked-child" {
+		t.Errorf("ping after fork: got %+v, %v; want hostname forked-child", info, err)
+	}
+	if _, err := agent.NewClient(addr, "tok").Ping(ctx); err == nil {
+		t.Errorf("the old token still works after the fork notice")
 	}
 	var out strings.Builder
 	res, err := c.Exec(ctx, agent.ExecRequest{Shell: "echo $$ $PPID; cat /proc/1/oom_score_adj /proc/self/oom_score_adj; env | grep -c FORKBOX_; sleep 0.1 &"}, &out, nil)

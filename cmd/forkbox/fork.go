@@ -185,7 +185,27 @@ func checkpointCmds(g *globals) []*cobra.Command {
 			return sb.Unpause(cmd.Context())
 		},
 	}
-	return []*cobra.Command{ck, list, fork, restore, resume, pause, unpause}
+	hibernate := &cobra.Command{
+		Use: "hibernate SANDBOX", Short: "Save a sandbox's memory and processes to disk and release them (gvisor)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := g.client().Sandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return sb.Hibernate(cmd.Context())
+		},
+	}
+	wake := &cobra.Command{
+		Use: "wake SANDBOX", Short: "Restore a hibernated sandbox (an exec also wakes it)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := g.client().Sandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return sb.Wake(cmd.Context())
+		},
+	}
+	return []*cobra.Command{ck, list, fork, restore, resume, pause, unpause, hibernate, wake}
 }
 
 func credsCmd(g *globals) *cobra.Command {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -19,14 +20,16 @@ import (
 // it is safe for concurrent use.
 type Client struct {
 	addr  string
-	token string
+	token atomic.Pointer[string] // Forked replaces it
 	// DialTimeout bounds each connection attempt; default 2s.
 	DialTimeout time.Duration
 }
 
 // NewClient returns a client for the agent at addr ("10.0.0.2:7077").
 func NewClient(addr, token string) *Client {
-	return &Client{addr: addr, token: token, DialTimeout: 2 * time.Second}
+	c := &Client{addr: addr, DialTimeout: 2 * time.Second}
+	c.token.Store(&token)
+	return c
 }
 
 // call is one request in flight.
@@ -41,7 +44,7 @@ type call struct {
 // open dials the agent and buffers the header frame (not yet flushed).
 // The connection is closed when ctx ends.
 func (c *Client) open(ctx context.Context, req request) (*call, error) {
-	req.Token = c.token
+	req.Token = *c.token.Load()
 	d := net.Dialer{Timeout: c.DialTimeout}
 	conn, err := d.DialContext(ctx, "tcp", c.addr)
 	if err != nil {
@@ -150,6 +153,29 @@ func (c *Client) Ping(ctx context.Context) (PingInfo, error) {
 // Sync calls sync(2) in the sandbox.
 func (c *Client) Sync(ctx context.Context) error {
 	return c.simple(ctx, request{Op: opSync}, nil)
+}
+
+// Forked tells the agent that its sandbox's memory was restored from a
+// checkpoint (n.Reason "fork") or woken from hibernation ("wake"), and who it
+// is now. The agent swaps its token for n.Token, sets its hostname when it
+// is init, and runs the on-fork hook (up to 30 s; give ctx more) before it
+// answers. Once Forked returns, only n.Token is accepted: on success c uses
+// it from then on. A failing or missing hook is reported in the ForkReply,
+// not as an error.
+//
+// If the call fails after the agent received it (the reply was lost), the
+// token may or may not have been swapped: retry with a client holding the
+// new token when the old one gets Unauthenticated.
+func (c *Client) Forked(ctx context.Context, n ForkNotice) (ForkReply, error) {
+	var reply ForkReply
+	if err := c.simple(ctx, request{Op: opFork, Fork: &n}, &reply); err != nil {
+		return reply, err
+	}
+	if n.Token != "" {
+		tok := n.Token
+		c.token.Store(&tok)
+	}
+	return reply, nil
 }
 
 // Exec runs req and waits for it, writing its stdout and stderr to the

@@ -47,6 +47,7 @@ const (
 	opWrite = "write"
 	opList  = "list"
 	opSync  = "sync"
+	opFork  = "forked"
 )
 
 // request is the JSON header frame that opens every connection.
@@ -57,6 +58,7 @@ type request struct {
 	Path  string       `json:"path,omitempty"`
 	Mode  uint32       `json:"mode,omitempty"`
 	Size  int64        `json:"size,omitempty"`
+	Fork  *ForkNotice  `json:"fork,omitempty"`
 	// HasStdin says data frames for stdin follow, closed by an EOF frame.
 	HasStdin bool `json:"has_stdin,omitempty"`
 }
@@ -87,6 +89,52 @@ type ExecResult struct {
 	Duration  time.Duration `json:"duration"`
 	TimedOut  bool          `json:"timed_out,omitempty"`
 	OOMKilled bool          `json:"oom_killed,omitempty"`
+}
+
+// Reasons of a ForkNotice.
+const (
+	ForkReasonFork = "fork" // the sandbox's memory was restored from another's checkpoint
+	ForkReasonWake = "wake" // the sandbox was hibernated and woken
+)
+
+// ForkNotice tells an agent that it woke up in a restored copy of a
+// sandbox's memory, and who it is now. The daemon sends it to every child
+// right after a restore, and after a hibernate/wake cycle.
+type ForkNotice struct {
+	// Token is the agent's new token: once the agent has answered, only it is
+	// accepted. Required for reason "fork"; for "wake", empty keeps the
+	// current token.
+	Token string `json:"token,omitempty"`
+	// Hostname is the sandbox's hostname. An agent running as init sets it
+	// with sethostname(2); it is given to the hook as HOSTNAME.
+	Hostname string `json:"hostname,omitempty"`
+	// MachineID is the sandbox's new machine id (the daemon writes
+	// /etc/machine-id itself); given to the hook as FORKBOX_MACHINE_ID.
+	MachineID string `json:"machine_id,omitempty"`
+	// ParentID is the id of the sandbox whose memory this one holds; given to
+	// the hook as FORKBOX_PARENT_ID.
+	ParentID string `json:"parent_id,omitempty"`
+	// Reason is ForkReasonFork or ForkReasonWake; given to the hook as
+	// FORKBOX_FORK_REASON.
+	Reason string `json:"reason"`
+	// Time is the daemon's clock when it sent the notice.
+	Time time.Time `json:"time"`
+}
+
+// ForkReply is the agent's answer to a ForkNotice.
+type ForkReply struct {
+	// HookRan says an on-fork hook was found and started.
+	HookRan bool `json:"hook_ran"`
+	// HookExitCode is the hook's exit status, 128+signo if a signal killed it
+	// (137 when it was killed for running past its timeout).
+	HookExitCode int `json:"hook_exit_code"`
+	// HookOutput is the tail (at most MaxHookOutput bytes) of the hook's
+	// stdout and stderr, interleaved.
+	HookOutput string `json:"hook_output,omitempty"`
+	// ClockSkew is the daemon's time minus the agent's when the notice
+	// arrived: positive when the sandbox's clock is behind. Zero when the
+	// notice carries no time.
+	ClockSkew time.Duration `json:"clock_skew"`
 }
 
 // PingInfo is the agent's answer to Ping.

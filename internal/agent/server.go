@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -23,6 +24,7 @@ type Config struct {
 	// Addr is the TCP address to listen on (ListenAndServe only).
 	Addr string
 	// Token must open every request; an empty token is refused by NewServer.
+	// A fork notice replaces it (see Client.Forked).
 	Token string
 	// MemoryLimit is the sandbox's memory limit in bytes; 0 turns the
 	// watchdog off.
@@ -38,6 +40,12 @@ type Config struct {
 	Env []string
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+	// ForkHooks are the candidate on-fork hooks, in order: the first that is
+	// an executable regular file runs on every fork notice. Nil means
+	// DefaultForkHooks; an empty non-nil slice runs no hook.
+	ForkHooks []string
+	// ForkHookTimeout bounds the hook's run; default DefaultForkHookTimeout.
+	ForkHookTimeout time.Duration
 }
 
 // Server is the agent's request server.
@@ -48,6 +56,11 @@ type Server struct {
 	reaper      *reaper
 	watch       *watchdog
 	oomAdjusted bool
+
+	// token is the accepted token; a fork notice swaps it. forkMu orders
+	// fork notices.
+	token  atomic.Pointer[string]
+	forkMu sync.Mutex
 
 	mu    sync.Mutex
 	execs map[int]*execState
@@ -70,7 +83,16 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.ForkHooks == nil {
+		cfg.ForkHooks = DefaultForkHooks
+	}
+	if cfg.ForkHookTimeout <= 0 {
+		cfg.ForkHookTimeout = DefaultForkHookTimeout
+	}
 	s := &Server{cfg: cfg, log: cfg.Logger, baseEnv: baseEnv(cfg.Env), execs: map[int]*execState{}}
+	tok := cfg.Token
+	s.token.Store(&tok)
+	s.cfg.Token = "" // s.token is the only copy that counts
 	s.reaper = newReaper(cfg.Init, cfg.Logger)
 	s.watch = newWatchdog(s, cfg.MemoryLimit)
 	return s, nil
@@ -134,17 +156,24 @@ func (s *Server) handleConn(conn net.Conn) {
 		fw.writeError(fmt.Errorf("bad request header: %v: %w", err, errdefs.ErrInvalidArgument))
 		return
 	}
-	if subtle.ConstantTimeCompare([]byte(req.Token), []byte(s.cfg.Token)) != 1 {
+	received := time.Now()
+	if !s.tokenOK(req.Token) {
 		s.log.Warn("agent: bad token", "remote", conn.RemoteAddr().String())
 		fw.writeError(fmt.Errorf("bad token: %w", errdefs.ErrUnauthenticated))
 		return
 	}
-	if err := s.dispatch(rconn, fw, &req); err != nil {
+	if err := s.dispatch(rconn, fw, &req, received); err != nil {
 		fw.writeError(err)
 	}
 }
 
-func (s *Server) dispatch(conn net.Conn, fw *frameWriter, req *request) error {
+// tokenOK reports whether tok is the token accepted now.
+func (s *Server) tokenOK(tok string) bool {
+	return subtle.ConstantTimeCompare([]byte(tok), []byte(*s.token.Load())) == 1
+}
+
+// dispatch runs req; received is when its header arrived.
+func (s *Server) dispatch(conn net.Conn, fw *frameWriter, req *request, received time.Time) error {
 	switch req.Op {
 	case opPing:
 		host, _ := os.Hostname()
@@ -162,6 +191,8 @@ func (s *Server) dispatch(conn net.Conn, fw *frameWriter, req *request) error {
 		return s.handleWrite(conn, fw, req)
 	case opList:
 		return s.handleList(fw, req)
+	case opFork:
+		return s.handleForked(fw, req, received)
 	}
 	return fmt.Errorf("unknown op %q: %w", req.Op, errdefs.ErrNotImplemented)
 }

@@ -77,6 +77,9 @@ func (d *Daemon) teardown(ctx context.Context, sb *store.Sandbox) error {
 	if err := removeTree(d.bundleDir(sb.ID)); err != nil {
 		errs = append(errs, fmt.Errorf("bundle: %w", err))
 	}
+	if err := removeTree(d.hibernateDir(sb.ID)); err != nil {
+		errs = append(errs, fmt.Errorf("hibernation image: %w", err))
+	}
 	return errors.Join(errs...)
 }
 

@@ -28,11 +28,17 @@ const (
 	maxStdinBytes = 16 << 20
 )
 
-// running returns a sandbox that must be running.
+// running returns a sandbox that must be running; a hibernated one is
+// woken first (the next exec wakes it).
 func (d *Daemon) running(ctx context.Context, idOrName string) (*store.Sandbox, error) {
 	sb, err := d.store.GetSandbox(ctx, idOrName)
 	if err != nil {
 		return nil, err
+	}
+	if sb.State == store.StateHibernated {
+		if sb, err = d.Wake(ctx, sb.ID); err != nil {
+			return nil, err
+		}
 	}
 	if sb.State != store.StateRunning {
 		return nil, fmt.Errorf("sandbox %s is %s, not running: %w", sb.ID, sb.State, errdefs.ErrFailedPrecondition)

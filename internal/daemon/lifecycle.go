@@ -11,13 +11,17 @@ import (
 // listed here is a FailedPrecondition error.
 //
 //	creating ──► running ◄──► paused
-//	    │           │            │
-//	    ▼           ▼            ▼
+//	    │          ▲  │            │
+//	    │          │  ▼            │
+//	    │   hibernated ◄─ hibernating
+//	    ▼           │            ▼
 //	  failed ──► closing ──► closed
 var transitions = map[string][]string{
-	store.StateCreating: {store.StateRunning, store.StateFailed, store.StateClosing},
-	store.StateRunning:  {store.StateClosing, store.StateFailed, store.StateStopped, store.StatePaused},
-	store.StatePaused:   {store.StateRunning, store.StateClosing, store.StateFailed},
+	store.StateCreating:    {store.StateRunning, store.StateFailed, store.StateClosing},
+	store.StateRunning:     {store.StateClosing, store.StateFailed, store.StateStopped, store.StatePaused, store.StateHibernating},
+	store.StatePaused:      {store.StateRunning, store.StateClosing, store.StateFailed},
+	store.StateHibernating: {store.StateHibernated, store.StateRunning, store.StateFailed, store.StateClosing},
+	store.StateHibernated:  {store.StateRunning, store.StateClosing, store.StateFailed},
 	store.StateStopped:  {store.StateClosing},
 	store.StateFailed:   {store.StateClosing, store.StateClosed},
 	store.StateClosing:  {store.StateClosed},

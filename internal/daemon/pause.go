@@ -9,13 +9,13 @@ import (
 	"github.com/forkbox/forkbox/internal/store"
 )
 
-// live returns a sandbox that is running or paused.
+// live returns a sandbox that is running, paused or hibernated.
 func (d *Daemon) live(ctx context.Context, id string) (*store.Sandbox, error) {
 	sb, err := d.store.GetSandbox(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	if sb.State != store.StateRunning && sb.State != store.StatePaused {
+	if sb.State != store.StateRunning && sb.State != store.StatePaused && sb.State != store.StateHibernated {
 		return nil, fmt.Errorf("sandbox %s is %s: %w", sb.ID, sb.State, errdefs.ErrFailedPrecondition)
 	}
 	return sb, nil

@@ -30,6 +30,23 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 	}
 	var errs []error
 	for _, sb := range recs {
+		if sb.State == store.StateHibernating || sb.State == store.StateHibernated {
+			// A whole image is a hibernated sandbox (a crash may have come
+			// before the state was recorded); a running container means the
+			// checkpoint never finished.
+			if d.hibernationComplete(sb.ID) {
+				if sb.State == store.StateHibernating {
+					if rt, ok := d.runtimes[sb.Runtime]; ok {
+						rt.Delete(ctx, sb.ID, true)
+					}
+					d.store.SetSandboxState(ctx, sb.ID, store.StateHibernated, "")
+				}
+				d.log.Info("reconcile: sandbox hibernated", "sandbox", sb.ID)
+				continue
+			}
+			sb.State = store.StateRunning
+			d.store.SetSandboxState(ctx, sb.ID, store.StateRunning, "")
+		}
 		if (sb.State == store.StateRunning || sb.State == store.StatePaused) && d.alive(ctx, sb) {
 			d.store.AppendEvent(ctx, sb.ID, store.EventSandboxFound, nil)
 			d.log.Info("reconcile: sandbox still running", "sandbox", sb.ID)

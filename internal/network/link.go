@@ -164,14 +164,14 @@ func configureInside(ns netns.NsHandle, ip, gw netip.Addr, bits int) error {
 	if err != nil {
 		return fmt.Errorf("network: %s in netns: %v: %w", peerName, err, errdefs.ErrInternal)
 	}
-	if err := h.AddrAdd(eth, &netlink.Addr{IPNet: ipNet(ip, bits)}); err != nil {
+	if err := h.AddrReplace(eth, &netlink.Addr{IPNet: ipNet(ip, bits)}); err != nil {
 		return fmt.Errorf("network: add %s/%d to %s: %v: %w", ip, bits, peerName, err, errdefs.ErrInternal)
 	}
 	if err := h.LinkSetUp(eth); err != nil {
 		return fmt.Errorf("network: bring up %s: %v: %w", peerName, err, errdefs.ErrInternal)
 	}
 	route := &netlink.Route{LinkIndex: eth.Attrs().Index, Gw: net.IP(gw.AsSlice()), Scope: netlink.SCOPE_UNIVERSE}
-	if err := h.RouteAdd(route); err != nil {
+	if err := h.RouteReplace(route); err != nil {
 		return fmt.Errorf("network: default route via %s: %v: %w", gw, err, errdefs.ErrInternal)
 	}
 	return nil

@@ -196,3 +196,23 @@ func (m *Manager) List(ctx context.Context) ([]string, error) {
 	sort.Strings(out)
 	return out, nil
 }
+
+// Reconfigure gives sandbox id's eth0 its address and default route again.
+// gVisor takes them over when it starts (its netstack owns the interface),
+// so a sandbox restored from a memory image into its own netns needs them
+// put back first. Idempotent.
+func (m *Manager) Reconfigure(ctx context.Context, id string, ip netip.Addr) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	if err := m.checkIP(ip); err != nil {
+		return err
+	}
+	ns, err := netns.GetFromPath(m.NSPath(id))
+	if err != nil {
+		return fmt.Errorf("network: netns of %s: %v: %w", id, err, errdefs.ErrNotFound)
+	}
+	defer ns.Close()
+	m.forgetNeighbour(ip)
+	return configureInside(ns, ip, m.gateway, m.cfg.Subnet.Bits())
+}

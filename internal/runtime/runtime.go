@@ -62,3 +62,17 @@ type Runtime interface {
 // LogFileName is the file in the bundle dir that receives the container
 // init's stdout and stderr.
 const LogFileName = "stdio.log"
+
+// MemoryCheckpointer is the optional feature of runtimes that can save a
+// running container's memory and processes to an image and start
+// containers from it (gVisor). One image can be restored into several
+// containers: a memory fork.
+//   - Checkpoint stops the container once its image is complete; the
+//     caller deletes it before restoring under the same id.
+//   - Restore starts container id from bundle and the image, detached. The
+//     bundle's spec must keep the source's args, cwd and mount list; mount
+//     sources, hostname, netns, cgroups and resources may differ.
+type MemoryCheckpointer interface {
+	Checkpoint(ctx context.Context, id, imageDir string) error
+	Restore(ctx context.Context, id, bundle, imageDir string) error
+}

@@ -158,3 +158,19 @@ func (s *sandboxes) DeleteCredential(ctx context.Context, req *connect.Request[v
 	}
 	return connect.NewResponse(&v1.DeleteCredentialResponse{}), nil
 }
+
+func (s *sandboxes) HibernateSandbox(ctx context.Context, req *connect.Request[v1.HibernateSandboxRequest]) (*connect.Response[v1.HibernateSandboxResponse], error) {
+	sb, err := s.d.Hibernate(ctx, req.Msg.Sandbox)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&v1.HibernateSandboxResponse{Sandbox: toSandbox(sb)}), nil
+}
+
+func (s *sandboxes) WakeSandbox(ctx context.Context, req *connect.Request[v1.WakeSandboxRequest]) (*connect.Response[v1.WakeSandboxResponse], error) {
+	sb, err := s.d.Wake(ctx, req.Msg.Sandbox)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&v1.WakeSandboxResponse{Sandbox: toSandbox(sb)}), nil
+}

@@ -22,6 +22,8 @@ const (
 	EventCheckpointCreated = "sandbox.checkpoint_created"
 	EventForked            = "sandbox.forked"
 	EventPaused            = "sandbox.paused"
+	EventHibernated        = "sandbox.hibernated"
+	EventWoken             = "sandbox.woken"
 	EventUnpaused          = "sandbox.unpaused"
 	EventRestored          = "sandbox.restored"
 	EventResumed           = "sandbox.resumed"

@@ -18,6 +18,10 @@ const (
 	StateCreating = "creating"
 	StateRunning  = "running"
 	StatePaused   = "paused"
+	// StateHibernating and StateHibernated: memory and processes saved to
+	// disk, nothing running; the next exec wakes it.
+	StateHibernating = "hibernating"
+	StateHibernated  = "hibernated"
 	StateStopped  = "stopped"
 	StateFailed   = "failed"
 	StateClosing  = "closing"

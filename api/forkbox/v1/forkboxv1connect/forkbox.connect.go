@@ -71,6 +71,12 @@ const (
 	// SandboxServiceUnpauseSandboxProcedure is the fully-qualified name of the SandboxService's
 	// UnpauseSandbox RPC.
 	SandboxServiceUnpauseSandboxProcedure = "/forkbox.v1.SandboxService/UnpauseSandbox"
+	// SandboxServiceHibernateSandboxProcedure is the fully-qualified name of the SandboxService's
+	// HibernateSandbox RPC.
+	SandboxServiceHibernateSandboxProcedure = "/forkbox.v1.SandboxService/HibernateSandbox"
+	// SandboxServiceWakeSandboxProcedure is the fully-qualified name of the SandboxService's
+	// WakeSandbox RPC.
+	SandboxServiceWakeSandboxProcedure = "/forkbox.v1.SandboxService/WakeSandbox"
 	// SandboxServiceCheckpointProcedure is the fully-qualified name of the SandboxService's Checkpoint
 	// RPC.
 	SandboxServiceCheckpointProcedure = "/forkbox.v1.SandboxService/Checkpoint"
@@ -146,6 +152,10 @@ type SandboxServiceClient interface {
 	// Pause freezes a sandbox in place; ResumeSandbox thaws it.
 	PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error)
 	UnpauseSandbox(context.Context, *connect.Request[v1.UnpauseSandboxRequest]) (*connect.Response[v1.UnpauseSandboxResponse], error)
+	// Hibernate saves a sandbox's memory and processes to disk and releases
+	// them (gVisor); the next exec, or Wake, restores it with state intact.
+	HibernateSandbox(context.Context, *connect.Request[v1.HibernateSandboxRequest]) (*connect.Response[v1.HibernateSandboxResponse], error)
+	WakeSandbox(context.Context, *connect.Request[v1.WakeSandboxRequest]) (*connect.Response[v1.WakeSandboxResponse], error)
 	// Checkpoint captures a sandbox's state as an immutable snapshot and
 	// records sandbox.checkpoint_created in its ledger.
 	Checkpoint(context.Context, *connect.Request[v1.CheckpointRequest]) (*connect.Response[v1.CheckpointResponse], error)
@@ -242,6 +252,18 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("UnpauseSandbox")),
 			connect.WithClientOptions(opts...),
 		),
+		hibernateSandbox: connect.NewClient[v1.HibernateSandboxRequest, v1.HibernateSandboxResponse](
+			httpClient,
+			baseURL+SandboxServiceHibernateSandboxProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("HibernateSandbox")),
+			connect.WithClientOptions(opts...),
+		),
+		wakeSandbox: connect.NewClient[v1.WakeSandboxRequest, v1.WakeSandboxResponse](
+			httpClient,
+			baseURL+SandboxServiceWakeSandboxProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("WakeSandbox")),
+			connect.WithClientOptions(opts...),
+		),
 		checkpoint: connect.NewClient[v1.CheckpointRequest, v1.CheckpointResponse](
 			httpClient,
 			baseURL+SandboxServiceCheckpointProcedure,
@@ -312,6 +334,8 @@ type sandboxServiceClient struct {
 	events           *connect.Client[v1.EventsRequest, v1.EventsResponse]
 	pauseSandbox     *connect.Client[v1.PauseSandboxRequest, v1.PauseSandboxResponse]
 	unpauseSandbox   *connect.Client[v1.UnpauseSandboxRequest, v1.UnpauseSandboxResponse]
+	hibernateSandbox *connect.Client[v1.HibernateSandboxRequest, v1.HibernateSandboxResponse]
+	wakeSandbox      *connect.Client[v1.WakeSandboxRequest, v1.WakeSandboxResponse]
 	checkpoint       *connect.Client[v1.CheckpointRequest, v1.CheckpointResponse]
 	listCheckpoints  *connect.Client[v1.ListCheckpointsRequest, v1.ListCheckpointsResponse]
 	deleteCheckpoint *connect.Client[v1.DeleteCheckpointRequest, v1.DeleteCheckpointResponse]
@@ -378,6 +402,16 @@ func (c *sandboxServiceClient) UnpauseSandbox(ctx context.Context, req *connect.
 	return c.unpauseSandbox.CallUnary(ctx, req)
 }
 
+// HibernateSandbox calls forkbox.v1.SandboxService.HibernateSandbox.
+func (c *sandboxServiceClient) HibernateSandbox(ctx context.Context, req *connect.Request[v1.HibernateSandboxRequest]) (*connect.Response[v1.HibernateSandboxResponse], error) {
+	return c.hibernateSandbox.CallUnary(ctx, req)
+}
+
+// WakeSandbox calls forkbox.v1.SandboxService.WakeSandbox.
+func (c *sandboxServiceClient) WakeSandbox(ctx context.Context, req *connect.Request[v1.WakeSandboxRequest]) (*connect.Response[v1.WakeSandboxResponse], error) {
+	return c.wakeSandbox.CallUnary(ctx, req)
+}
+
 // Checkpoint calls forkbox.v1.SandboxService.Checkpoint.
 func (c *sandboxServiceClient) Checkpoint(ctx context.Context, req *connect.Request[v1.CheckpointRequest]) (*connect.Response[v1.CheckpointResponse], error) {
 	return c.checkpoint.CallUnary(ctx, req)
@@ -440,6 +474,10 @@ type SandboxServiceHandler interface {
 	// Pause freezes a sandbox in place; ResumeSandbox thaws it.
 	PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error)
 	UnpauseSandbox(context.Context, *connect.Request[v1.UnpauseSandboxRequest]) (*connect.Response[v1.UnpauseSandboxResponse], error)
+	// Hibernate saves a sandbox's memory and processes to disk and releases
+	// them (gVisor); the next exec, or Wake, restores it with state intact.
+	HibernateSandbox(context.Context, *connect.Request[v1.HibernateSandboxRequest]) (*connect.Response[v1.HibernateSandboxResponse], error)
+	WakeSandbox(context.Context, *connect.Request[v1.WakeSandboxRequest]) (*connect.Response[v1.WakeSandboxResponse], error)
 	// Checkpoint captures a sandbox's state as an immutable snapshot and
 	// records sandbox.checkpoint_created in its ledger.
 	Checkpoint(context.Context, *connect.Request[v1.CheckpointRequest]) (*connect.Response[v1.CheckpointResponse], error)
@@ -532,6 +570,18 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("UnpauseSandbox")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceHibernateSandboxHandler := connect.NewUnaryHandler(
+		SandboxServiceHibernateSandboxProcedure,
+		svc.HibernateSandbox,
+		connect.WithSchema(sandboxServiceMethods.ByName("HibernateSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceWakeSandboxHandler := connect.NewUnaryHandler(
+		SandboxServiceWakeSandboxProcedure,
+		svc.WakeSandbox,
+		connect.WithSchema(sandboxServiceMethods.ByName("WakeSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
 	sandboxServiceCheckpointHandler := connect.NewUnaryHandler(
 		SandboxServiceCheckpointProcedure,
 		svc.Checkpoint,
@@ -610,6 +660,10 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServicePauseSandboxHandler.ServeHTTP(w, r)
 		case SandboxServiceUnpauseSandboxProcedure:
 			sandboxServiceUnpauseSandboxHandler.ServeHTTP(w, r)
+		case SandboxServiceHibernateSandboxProcedure:
+			sandboxServiceHibernateSandboxHandler.ServeHTTP(w, r)
+		case SandboxServiceWakeSandboxProcedure:
+			sandboxServiceWakeSandboxHandler.ServeHTTP(w, r)
 		case SandboxServiceCheckpointProcedure:
 			sandboxServiceCheckpointHandler.ServeHTTP(w, r)
 		case SandboxServiceListCheckpointsProcedure:
@@ -679,6 +733,14 @@ func (UnimplementedSandboxServiceHandler) PauseSandbox(context.Context, *connect
 
 func (UnimplementedSandboxServiceHandler) UnpauseSandbox(context.Context, *connect.Request[v1.UnpauseSandboxRequest]) (*connect.Response[v1.UnpauseSandboxResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.UnpauseSandbox is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) HibernateSandbox(context.Context, *connect.Request[v1.HibernateSandboxRequest]) (*connect.Response[v1.HibernateSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.HibernateSandbox is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) WakeSandbox(context.Context, *connect.Request[v1.WakeSandboxRequest]) (*connect.Response[v1.WakeSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.WakeSandbox is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) Checkpoint(context.Context, *connect.Request[v1.CheckpointRequest]) (*connect.Response[v1.CheckpointResponse], error) {

@@ -1,0 +1,170 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/agent"
+	"github.com/forkbox/forkbox/internal/cgroups"
+	"github.com/forkbox/forkbox/internal/runtime"
+	"github.com/forkbox/forkbox/internal/store"
+)
+
+// Hibernation saves a sandbox's memory and processes to disk and stops it:
+// it holds no memory and no process until the next exec (or an explicit
+// wake) restores it, state intact. Its files stay where they always are, in
+// its writable layer on the host, and its network namespace and address are
+// kept, so it wakes as itself.
+
+// completeMarker is written into an image dir once the image is whole.
+const completeMarker = "complete"
+
+func (d *Daemon) hibernateDir(id string) string { return filepath.Join(d.cfg.StateDir, "hibernate", id) }
+
+// memoryRuntime returns the sandbox's runtime if it can checkpoint memory.
+func (d *Daemon) memoryRuntime(sb *store.Sandbox) (runtime.MemoryCheckpointer, runtime.Runtime, error) {
+	rt := d.runtimes[sb.Runtime]
+	mc, ok := rt.(runtime.MemoryCheckpointer)
+	if !ok {
+		return nil, nil, fmt.Errorf("sandbox %s runs on %s, which cannot checkpoint memory here (CRIU cannot dump on this kernel; use the gvisor runtime): %w",
+			sb.ID, sb.Runtime, errdefs.ErrFailedPrecondition)
+	}
+	return mc, rt, nil
+}
+
+// Hibernate saves a running (or paused) sandbox to disk and stops it.
+func (d *Daemon) Hibernate(ctx context.Context, idOrName string) (*store.Sandbox, error) {
+	sb, err := d.store.GetSandbox(ctx, idOrName)
+	if err != nil {
+		return nil, err
+	}
+	unlock := d.lock(sb.ID)
+	defer unlock()
+	if sb, err = d.store.GetSandbox(ctx, sb.ID); err != nil {
+		return nil, err
+	}
+	mc, rt, err := d.memoryRuntime(sb)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State == store.StatePaused {
+		if err := cgroups.Thaw(ctx, d.cgroupPath(sb.ID)); err != nil {
+			return nil, err
+		}
+		sb.State = store.StateRunning
+		d.store.SetSandboxState(ctx, sb.ID, store.StateRunning, "")
+	}
+	if err := checkTransition(sb.ID, sb.State, store.StateHibernating); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	dir := d.hibernateDir(sb.ID)
+	if err := removeTree(dir); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return nil, err
+	}
+	if err := d.store.SetSandboxState(ctx, sb.ID, store.StateHibernating, ""); err != nil {
+		return nil, err
+	}
+	// Files first: what the sandbox wrote is on the host before it stops.
+	if err := syncFS(d.rootfsDir(sb.ID)); err != nil {
+		d.store.SetSandboxState(ctx, sb.ID, store.StateRunning, "")
+		return nil, fmt.Errorf("flush before hibernating: %w", err)
+	}
+	if err := mc.Checkpoint(ctx, sb.ID, dir); err != nil {
+		d.store.SetSandboxState(context.WithoutCancel(ctx), sb.ID, store.StateRunning, "")
+		return nil, fmt.Errorf("hibernate: %w", err)
+	}
+	ctx = context.WithoutCancel(ctx)
+	if err := os.WriteFile(filepath.Join(dir, completeMarker), nil, 0o600); err != nil {
+		return nil, err
+	}
+	if err := rt.Delete(ctx, sb.ID, true); err != nil {
+		return nil, fmt.Errorf("hibernate: release the stopped container: %w", err)
+	}
+	if err := d.store.SetSandboxState(ctx, sb.ID, store.StateHibernated, ""); err != nil {
+		return nil, err
+	}
+	size := dirSize(dir)
+	d.store.AppendEvent(ctx, sb.ID, store.EventHibernated, map[string]any{"image_bytes": size, "ms": msSince(start)})
+	d.log.Info("sandbox hibernated", "sandbox", sb.ID, "image_bytes", size, "ms", msSince(start))
+	sb.State = store.StateHibernated
+	return sb, nil
+}
+
+// Wake restores a hibernated sandbox and returns once its agent answers.
+func (d *Daemon) Wake(ctx context.Context, idOrName string) (*store.Sandbox, error) {
+	sb, err := d.store.GetSandbox(ctx, idOrName)
+	if err != nil {
+		return nil, err
+	}
+	unlock := d.lock(sb.ID)
+	defer unlock()
+	if sb, err = d.store.GetSandbox(ctx, sb.ID); err != nil {
+		return nil, err
+	}
+	if sb.State == store.StateRunning {
+		return sb, nil
+	}
+	return sb, d.wakeLocked(ctx, sb)
+}
+
+func (d *Daemon) wakeLocked(ctx context.Context, sb *store.Sandbox) error {
+	if err := checkTransition(sb.ID, sb.State, store.StateRunning); err != nil || sb.State != store.StateHibernated {
+		return fmt.Errorf("sandbox %s is %s, not hibernated: %w", sb.ID, sb.State, errdefs.ErrFailedPrecondition)
+	}
+	mc, _, err := d.memoryRuntime(sb)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	dir := d.hibernateDir(sb.ID)
+	ctx = context.WithoutCancel(ctx)
+	if err := d.net.Reconfigure(ctx, sb.ID, netip.MustParseAddr(sb.IP)); err != nil {
+		return fmt.Errorf("wake: %w", err)
+	}
+	if err := mc.Restore(ctx, sb.ID, d.bundleDir(sb.ID), dir); err != nil {
+		return fmt.Errorf("wake: %w", err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	if err := agent.WaitReady(rctx, d.agent(sb)); err != nil {
+		return fmt.Errorf("woken sandbox's agent did not answer (%v): %w", err, errdefs.ErrUnavailable)
+	}
+	if err := d.store.SetSandboxState(ctx, sb.ID, store.StateRunning, ""); err != nil {
+		return err
+	}
+	sb.State = store.StateRunning
+	if err := removeTree(dir); err != nil {
+		d.log.Warn("remove hibernation image", "sandbox", sb.ID, "err", err)
+	}
+	d.store.AppendEvent(ctx, sb.ID, store.EventWoken, map[string]any{"ms": msSince(start)})
+	return nil
+}
+
+// hibernationComplete reports whether a sandbox has a whole hibernation image.
+func (d *Daemon) hibernationComplete(id string) bool {
+	_, err := os.Stat(filepath.Join(d.hibernateDir(id), completeMarker))
+	return err == nil
+}
+
+func dirSize(dir string) int64 {
+	var n int64
+	filepath.WalkDir(dir, func(_ string, e os.DirEntry, err error) error {
+		if err == nil && !e.IsDir() {
+			if in, err := e.Info(); err == nil {
+				n += in.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
+
