@@ -24,7 +24,9 @@ import (
 // completeMarker is written into an image dir once the image is whole.
 const completeMarker = "complete"
 
-func (d *Daemon) hibernateDir(id string) string { return filepath.Join(d.cfg.StateDir, "hibernate", id) }
+func (d *Daemon) hibernateDir(id string) string {
+	return filepath.Join(d.cfg.StateDir, "hibernate", id)
+}
 
 // memoryRuntime returns the sandbox's runtime if it can checkpoint memory.
 func (d *Daemon) memoryRuntime(sb *store.Sandbox) (runtime.MemoryCheckpointer, runtime.Runtime, error) {
@@ -167,4 +169,3 @@ func dirSize(dir string) int64 {
 	})
 	return n
 }
-

@@ -22,10 +22,10 @@ var transitions = map[string][]string{
 	store.StatePaused:      {store.StateRunning, store.StateClosing, store.StateFailed},
 	store.StateHibernating: {store.StateHibernated, store.StateRunning, store.StateFailed, store.StateClosing},
 	store.StateHibernated:  {store.StateRunning, store.StateClosing, store.StateFailed},
-	store.StateStopped:  {store.StateClosing},
-	store.StateFailed:   {store.StateClosing, store.StateClosed},
-	store.StateClosing:  {store.StateClosed},
-	store.StateClosed:   {},
+	store.StateStopped:     {store.StateClosing},
+	store.StateFailed:      {store.StateClosing, store.StateClosed},
+	store.StateClosing:     {store.StateClosed},
+	store.StateClosed:      {},
 }
 
 // checkTransition returns nil if a sandbox may go from one state to another.

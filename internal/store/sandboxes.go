@@ -22,10 +22,10 @@ const (
 	// disk, nothing running; the next exec wakes it.
 	StateHibernating = "hibernating"
 	StateHibernated  = "hibernated"
-	StateStopped  = "stopped"
-	StateFailed   = "failed"
-	StateClosing  = "closing"
-	StateClosed   = "closed"
+	StateStopped     = "stopped"
+	StateFailed      = "failed"
+	StateClosing     = "closing"
+	StateClosed      = "closed"
 )
 
 // SandboxConfig is what a sandbox was created with; it is stored as JSON.
