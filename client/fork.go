@@ -38,6 +38,9 @@ type ForkOptions struct {
 	FromCheckpoint string
 	// BestEffort starts as many children as there are slots for.
 	BestEffort bool
+	// Memory forks memory and processes too (gVisor): children continue the
+	// source's processes.
+	Memory bool
 }
 
 // ForkChild is one child: a sandbox, or the error that child got.
@@ -80,7 +83,7 @@ func (s *Sandbox) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) 
 		return nil, err
 	}
 	resp, err := s.c.sbx.Fork(ctx, connect.NewRequest(&v1.ForkRequest{Sandbox: s.ID, Tag: o.Tag, Count: int32(o.Count),
-		Overrides: o.Overrides.proto(), Credentials: o.Credentials, FromCheckpoint: o.FromCheckpoint, BestEffort: o.BestEffort}))
+		Overrides: o.Overrides.proto(), Credentials: o.Credentials, FromCheckpoint: o.FromCheckpoint, BestEffort: o.BestEffort, Memory: o.Memory}))
 	if err != nil {
 		s.c.release(n)
 		return nil, errconnect.FromConnect(err)
@@ -115,9 +118,18 @@ func (s *Sandbox) ForkOne(ctx context.Context, tag string) (*Sandbox, error) {
 	return res.Children[0].Sandbox, nil
 }
 
-// Checkpoint captures the sandbox under tag.
+// Checkpoint captures the sandbox's filesystem under tag.
 func (s *Sandbox) Checkpoint(ctx context.Context, tag string) (*Checkpoint, error) {
-	resp, err := s.c.sbx.Checkpoint(ctx, connect.NewRequest(&v1.CheckpointRequest{Sandbox: s.ID, Tag: tag}))
+	return s.checkpoint(ctx, tag, false)
+}
+
+// CheckpointMemory captures memory and processes too (gVisor).
+func (s *Sandbox) CheckpointMemory(ctx context.Context, tag string) (*Checkpoint, error) {
+	return s.checkpoint(ctx, tag, true)
+}
+
+func (s *Sandbox) checkpoint(ctx context.Context, tag string, memory bool) (*Checkpoint, error) {
+	resp, err := s.c.sbx.Checkpoint(ctx, connect.NewRequest(&v1.CheckpointRequest{Sandbox: s.ID, Tag: tag, Memory: memory}))
 	if err != nil {
 		return nil, errconnect.FromConnect(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 func checkpointCmds(g *globals) []*cobra.Command {
 	var tag string
+	var memory bool
 	ck := &cobra.Command{
 		Use:   "checkpoint SANDBOX [--tag TAG]",
 		Short: "Capture a sandbox as an immutable snapshot",
@@ -24,6 +25,9 @@ func checkpointCmds(g *globals) []*cobra.Command {
 				return err
 			}
 			c, err := sb.Checkpoint(cmd.Context(), tag)
+			if memory {
+				c, err = sb.CheckpointMemory(cmd.Context(), tag)
+			}
 			if err != nil {
 				return err
 			}
@@ -35,6 +39,7 @@ func checkpointCmds(g *globals) []*cobra.Command {
 		},
 	}
 	ck.Flags().StringVar(&tag, "tag", "", "tag stored in the ledger")
+	ck.Flags().BoolVar(&memory, "live", false, "capture memory and processes too (gvisor)")
 
 	list := &cobra.Command{
 		Use:   "checkpoints SANDBOX",
@@ -115,6 +120,7 @@ func checkpointCmds(g *globals) []*cobra.Command {
 	f.StringVar(&o.Overrides.Name, "name", "", "name of the child (count 1)")
 	f.StringVar(&o.FromCheckpoint, "from-checkpoint", "", "fork from this existing checkpoint")
 	f.BoolVar(&o.BestEffort, "best-effort", false, "start as many children as there are slots for")
+	f.BoolVar(&o.Memory, "live", false, "fork memory and processes too (gvisor): children continue the source's processes")
 
 	var rname string
 	restore := &cobra.Command{

@@ -23,6 +23,12 @@ const maxTagBytes = 256
 // Checkpoint captures a live sandbox's filesystem as an immutable snapshot
 // and records sandbox.checkpoint_created in its ledger before returning.
 func (d *Daemon) Checkpoint(ctx context.Context, idOrName, tag string) (*store.Checkpoint, error) {
+	return d.CheckpointWith(ctx, idOrName, tag, false)
+}
+
+// CheckpointWith is Checkpoint, with memory and processes too when memory
+// is set (gVisor only; the source is restored in place).
+func (d *Daemon) CheckpointWith(ctx context.Context, idOrName, tag string, memory bool) (*store.Checkpoint, error) {
 	if len(tag) > maxTagBytes {
 		return nil, fmt.Errorf("tag is %d bytes, more than %d: %w", len(tag), maxTagBytes, errdefs.ErrInvalidArgument)
 	}
@@ -34,6 +40,12 @@ func (d *Daemon) Checkpoint(ctx context.Context, idOrName, tag string) (*store.C
 	defer unlock()
 	if sb, err = d.live(ctx, sb.ID); err != nil {
 		return nil, err
+	}
+	if memory {
+		if sb.State == store.StateHibernated {
+			return nil, fmt.Errorf("sandbox %s is hibernated: wake it to take a memory checkpoint: %w", sb.ID, errdefs.ErrFailedPrecondition)
+		}
+		return d.checkpointMemoryLocked(ctx, sb, tag)
 	}
 	return d.checkpointLocked(ctx, sb, tag)
 }
@@ -115,7 +127,7 @@ func (d *Daemon) DeleteCheckpoint(ctx context.Context, id string) error {
 	if err := d.snaps.Remove(ctx, ck.ID); err != nil && !errdefs.IsNotFound(err) {
 		return err
 	}
-	return nil
+	return removeTree(d.memImageDir(ck.ID))
 }
 
 // syncFS writes back the dirty data of the filesystem holding dir.

@@ -129,6 +129,9 @@ type launchSpec struct {
 	event map[string]any
 	// pool is the environment whose warm pool it joins.
 	pool string
+	// memory, when set, is a memory checkpoint to restore: the sandbox
+	// continues the checkpointed processes.
+	memory *store.Checkpoint
 }
 
 // launch records and starts a sandbox. On failure everything it made is torn
@@ -182,7 +185,12 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 			return nil, err
 		}
 	}
-	if err := d.start(ctx, sb, l.img, l.parentSnapshot); err != nil {
+	if l.memory != nil {
+		err = d.startFromMemory(ctx, sb, l.img, l.memory)
+	} else {
+		err = d.start(ctx, sb, l.img, l.parentSnapshot)
+	}
+	if err != nil {
 		return nil, err
 	}
 	if err := d.injectCredentialFiles(ctx, sb); err != nil {
@@ -274,24 +282,9 @@ func (d *Daemon) reserve(ctx context.Context, sb *store.Sandbox, slotReserved bo
 // Each step registers its undo; teardown finds them all by ID as well, so a
 // crash in the middle is cleaned by reconcile.
 func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, parentSnapshot string) error {
-	if err := d.snaps.Prepare(ctx, sb.ID, parentSnapshot); err != nil {
-		return fmt.Errorf("prepare rootfs: %w", err)
-	}
-	mounts, err := d.snaps.Mounts(ctx, sb.ID, img.Layers)
+	nw, err := d.prepare(ctx, sb, img, parentSnapshot)
 	if err != nil {
-		return fmt.Errorf("rootfs mounts: %w", err)
-	}
-	rootfs := d.rootfsDir(sb.ID)
-	if err := os.MkdirAll(rootfs, 0o700); err != nil {
-		return fmt.Errorf("bundle: %w", err)
-	}
-	if err := mount.All(ctx, mounts, rootfs); err != nil {
-		return fmt.Errorf("mount rootfs: %w", err)
-	}
-	ip := netip.MustParseAddr(sb.IP)
-	nw, err := d.net.Setup(ctx, sb.ID, ip, network.Egress(sb.Config.Egress))
-	if err != nil {
-		return fmt.Errorf("network: %w", err)
+		return err
 	}
 	if err := d.writeBundle(sb, img, nw); err != nil {
 		return err
@@ -306,6 +299,30 @@ func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, 
 		return fmt.Errorf("sandbox agent did not answer within %s (%v); its output: %q: %w", readyTimeout, err, d.initOutput(sb.ID), errdefs.ErrUnavailable)
 	}
 	return nil
+}
+
+// prepare makes a sandbox's writable layer (from parentSnapshot, if set),
+// mounts its rootfs and sets up its network.
+func (d *Daemon) prepare(ctx context.Context, sb *store.Sandbox, img image.Image, parentSnapshot string) (*network.Network, error) {
+	if err := d.snaps.Prepare(ctx, sb.ID, parentSnapshot); err != nil {
+		return nil, fmt.Errorf("prepare rootfs: %w", err)
+	}
+	mounts, err := d.snaps.Mounts(ctx, sb.ID, img.Layers)
+	if err != nil {
+		return nil, fmt.Errorf("rootfs mounts: %w", err)
+	}
+	rootfs := d.rootfsDir(sb.ID)
+	if err := os.MkdirAll(rootfs, 0o700); err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	if err := mount.All(ctx, mounts, rootfs); err != nil {
+		return nil, fmt.Errorf("mount rootfs: %w", err)
+	}
+	nw, err := d.net.Setup(ctx, sb.ID, netip.MustParseAddr(sb.IP), network.Egress(sb.Config.Egress))
+	if err != nil {
+		return nil, fmt.Errorf("network: %w", err)
+	}
+	return nw, nil
 }
 
 // agent returns a client for a sandbox's agent.

@@ -36,6 +36,9 @@ type ForkOptions struct {
 	Credentials    map[string]string
 	FromCheckpoint string
 	BestEffort     bool
+	// Memory forks memory and processes too (gVisor): children continue
+	// the source's processes.
+	Memory bool
 }
 
 // ForkChild is one child's outcome: a sandbox or an error.
@@ -136,6 +139,14 @@ func (d *Daemon) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) {
 		return nil, fmt.Errorf("sandbox %s is %s: there is nothing to snapshot (fork from one of its checkpoints, or restore one): %w",
 			src.ID, src.State, errdefs.ErrFailedPrecondition)
 	}
+	if o.Memory && ck == nil {
+		if src.State == store.StateHibernated {
+			return nil, fmt.Errorf("sandbox %s is hibernated: wake it for a memory fork: %w", src.ID, errdefs.ErrFailedPrecondition)
+		}
+		if _, _, err := d.memoryRuntime(src); err != nil {
+			return nil, err
+		}
+	}
 	cfgBase := src.Config
 	if ck != nil {
 		cfgBase = ck.Config
@@ -159,11 +170,15 @@ func (d *Daemon) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) {
 	used := 0
 	defer func() { d.releaseSlots(granted - used) }()
 
-	res := &ForkResult{Captured: KindFilesystem}
+	res := &ForkResult{}
 	if ck == nil {
 		unlock := d.lock(src.ID)
 		if src, err = d.live(ctx, src.ID); err == nil {
-			ck, err = d.checkpointLocked(ctx, src, o.Tag)
+			if o.Memory {
+				ck, err = d.checkpointMemoryLocked(ctx, src, o.Tag)
+			} else {
+				ck, err = d.checkpointLocked(ctx, src, o.Tag)
+			}
 		}
 		unlock()
 		if err != nil {
@@ -171,7 +186,11 @@ func (d *Daemon) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) {
 		}
 		res.CaptureMS = ck.CaptureMS
 	}
-	res.Checkpoint = ck
+	res.Checkpoint, res.Captured = ck, ck.Kind
+	var mem *store.Checkpoint
+	if ck.Kind == KindMemory {
+		mem = ck
+	}
 	res.Children = make([]ForkChild, o.Count)
 	sem := make(chan struct{}, forkParallelism)
 	var wg sync.WaitGroup
@@ -192,7 +211,7 @@ func (d *Daemon) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) {
 				name = "fork-" + src.Name + "-" + randomHex(3)
 			}
 			sb, err := d.launch(ctx, launchSpec{name: name, runtime: ck.Runtime, cfg: cfg, img: img,
-				parentSnapshot: ck.ID, parentID: src.ID, creds: creds, slotReserved: true,
+				parentSnapshot: ck.ID, parentID: src.ID, creds: creds, slotReserved: true, memory: mem,
 				event: map[string]any{"forked_from": src.ID, "checkpoint": ck.ID, "tag": ck.Tag}})
 			res.Children[i] = ForkChild{Sandbox: sb, Err: err, StartMS: msSince(t)}
 		}()

@@ -162,6 +162,12 @@ func (d *Daemon) sweepOrphans(ctx context.Context) error {
 			}
 		}
 	}
+	mems, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "memimages"))
+	for _, e := range mems {
+		if _, err := d.store.GetCheckpoint(ctx, e.Name()); errdefs.IsNotFound(err) {
+			errs = append(errs, removeTree(d.memImageDir(e.Name())))
+		}
+	}
 	entries, _ := os.ReadDir(d.bundlesDir())
 	for _, e := range entries {
 		if !live[e.Name()] {

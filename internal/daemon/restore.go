@@ -39,7 +39,7 @@ func (d *Daemon) RestoreSnapshot(ctx context.Context, checkpoint string, o Overr
 		name = "restore-" + ck.ID[len("ck-"):]
 	}
 	return d.launch(ctx, launchSpec{name: name, runtime: ck.Runtime, cfg: cfg, img: img, parentSnapshot: ck.ID,
-		parentID: ck.SandboxID, creds: creds, event: map[string]any{"restored_from": ck.ID, "tag": ck.Tag}})
+		parentID: ck.SandboxID, creds: creds, memory: memoryOf(ck), event: map[string]any{"restored_from": ck.ID, "tag": ck.Tag}})
 }
 
 // Replayed is the outcome of one exec replayed by Resume.
@@ -89,7 +89,7 @@ func (d *Daemon) Resume(ctx context.Context, session string) (*store.Sandbox, *s
 		return nil, nil, nil, err
 	}
 	sb, err := d.launch(ctx, launchSpec{name: old.Name, runtime: ck.Runtime, cfg: ck.Config, img: img, parentSnapshot: ck.ID,
-		parentID: old.ID, creds: creds, event: map[string]any{"resumed_from": old.ID, "checkpoint": ck.ID}})
+		parentID: old.ID, creds: creds, memory: memoryOf(ck), event: map[string]any{"resumed_from": old.ID, "checkpoint": ck.ID}})
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -167,4 +167,12 @@ func (d *Daemon) replay(ctx context.Context, sb *store.Sandbox, e *store.Event) 
 	res, err := d.Exec(ctx, sb.ID, o, io.Discard, io.Discard)
 	r.ExitCode, r.Err = res.ExitCode, err
 	return r, true
+}
+
+// memoryOf returns ck if it holds memory (its children restore it).
+func memoryOf(ck *store.Checkpoint) *store.Checkpoint {
+	if ck.Kind == KindMemory {
+		return ck
+	}
+	return nil
 }

@@ -51,7 +51,7 @@ func (s *sandboxes) UnpauseSandbox(ctx context.Context, req *connect.Request[v1.
 }
 
 func (s *sandboxes) Checkpoint(ctx context.Context, req *connect.Request[v1.CheckpointRequest]) (*connect.Response[v1.CheckpointResponse], error) {
-	ck, err := s.d.Checkpoint(ctx, req.Msg.Sandbox, req.Msg.Tag)
+	ck, err := s.d.CheckpointWith(ctx, req.Msg.Sandbox, req.Msg.Tag, req.Msg.Memory)
 	if err != nil {
 		return nil, err
 	}
@@ -80,7 +80,7 @@ func (s *sandboxes) DeleteCheckpoint(ctx context.Context, req *connect.Request[v
 func (s *sandboxes) Fork(ctx context.Context, req *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
 	m := req.Msg
 	res, err := s.d.Fork(ctx, daemon.ForkOptions{Source: m.Sandbox, Tag: m.Tag, Count: int(m.Count), Overrides: fromOverrides(m.Overrides),
-		Credentials: m.Credentials, FromCheckpoint: m.FromCheckpoint, BestEffort: m.BestEffort})
+		Credentials: m.Credentials, FromCheckpoint: m.FromCheckpoint, BestEffort: m.BestEffort, Memory: m.Memory})
 	if err != nil {
 		return nil, err
 	}

@@ -2050,9 +2050,12 @@ func (x *Checkpoint) GetFlushMs() float64 {
 }
 
 type CheckpointRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
-	Tag           string                 `protobuf:"bytes,2,opt,name=tag,proto3" json:"tag,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Tag     string                 `protobuf:"bytes,2,opt,name=tag,proto3" json:"tag,omitempty"`
+	// Capture memory and processes too (gVisor); the source stops for the
+	// checkpoint and is restored in place.
+	Memory        bool `protobuf:"varint,3,opt,name=memory,proto3" json:"memory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2099,6 +2102,13 @@ func (x *CheckpointRequest) GetTag() string {
 		return x.Tag
 	}
 	return ""
+}
+
+func (x *CheckpointRequest) GetMemory() bool {
+	if x != nil {
+		return x.Memory
+	}
+	return false
 }
 
 type CheckpointResponse struct {
@@ -2406,7 +2416,10 @@ type ForkRequest struct {
 	FromCheckpoint string `protobuf:"bytes,6,opt,name=from_checkpoint,json=fromCheckpoint,proto3" json:"from_checkpoint,omitempty"`
 	// Start as many children as there are slots for, instead of failing the
 	// whole call when fewer than count are free.
-	BestEffort    bool `protobuf:"varint,7,opt,name=best_effort,json=bestEffort,proto3" json:"best_effort,omitempty"`
+	BestEffort bool `protobuf:"varint,7,opt,name=best_effort,json=bestEffort,proto3" json:"best_effort,omitempty"`
+	// Fork memory and processes too (gVisor): children continue the source's
+	// processes. A runtime that cannot is a FailedPrecondition error.
+	Memory        bool `protobuf:"varint,8,opt,name=memory,proto3" json:"memory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2490,6 +2503,13 @@ func (x *ForkRequest) GetBestEffort() bool {
 	return false
 }
 
+func (x *ForkRequest) GetMemory() bool {
+	if x != nil {
+		return x.Memory
+	}
+	return false
+}
+
 type ForkChild struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -2563,7 +2583,7 @@ func (x *ForkChild) GetStartMs() float64 {
 type ForkResponse struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Checkpoint *Checkpoint            `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
-	// What the children start from: "filesystem".
+	// What the children start from: "filesystem" or "filesystem+memory".
 	Captured      string       `protobuf:"bytes,2,opt,name=captured,proto3" json:"captured,omitempty"`
 	CaptureMs     float64      `protobuf:"fixed64,3,opt,name=capture_ms,json=captureMs,proto3" json:"capture_ms,omitempty"`
 	FlushMs       float64      `protobuf:"fixed64,6,opt,name=flush_ms,json=flushMs,proto3" json:"flush_ms,omitempty"`
@@ -4930,10 +4950,11 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\n" +
 	"capture_ms\x18\t \x01(\x01R\tcaptureMs\x12\x19\n" +
 	"\bflush_ms\x18\n" +
-	" \x01(\x01R\aflushMs\"?\n" +
+	" \x01(\x01R\aflushMs\"W\n" +
 	"\x11CheckpointRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x10\n" +
-	"\x03tag\x18\x02 \x01(\tR\x03tag\"L\n" +
+	"\x03tag\x18\x02 \x01(\tR\x03tag\x12\x16\n" +
+	"\x06memory\x18\x03 \x01(\bR\x06memory\"L\n" +
 	"\x12CheckpointResponse\x126\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\v2\x16.forkbox.v1.CheckpointR\n" +
@@ -4955,7 +4976,7 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x04name\x18\x05 \x01(\tR\x04name\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xda\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf2\x02\n" +
 	"\vForkRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x10\n" +
 	"\x03tag\x18\x02 \x01(\tR\x03tag\x12\x14\n" +
@@ -4964,7 +4985,8 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\vcredentials\x18\x05 \x03(\v2(.forkbox.v1.ForkRequest.CredentialsEntryR\vcredentials\x12'\n" +
 	"\x0ffrom_checkpoint\x18\x06 \x01(\tR\x0efromCheckpoint\x12\x1f\n" +
 	"\vbest_effort\x18\a \x01(\bR\n" +
-	"bestEffort\x1a>\n" +
+	"bestEffort\x12\x16\n" +
+	"\x06memory\x18\b \x01(\bR\x06memory\x1a>\n" +
 	"\x10CredentialsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8c\x01\n" +

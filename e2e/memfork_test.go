@@ -1,0 +1,140 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/forkbox/forkbox/client"
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+// TestMemoryFork: a process holding state only in memory continues in each
+// child from the source's value; children diverge; a server listening in
+// the source answers in each child; the source keeps running.
+func TestMemoryFork(t *testing.T) {
+	ctx := context.Background()
+	o := clientOpts()
+	o.Name = "memsrc"
+	src := newSandbox(t, o)
+	mustSh(t, src, "mkdir -p /www && echo served-by-memsrc > /www/index.html")
+	if _, err := src.Start(ctx, client.ExecOptions{Shell: counterLoop}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Start(ctx, client.ExecOptions{Shell: "httpd -f -p 8080 -h /www"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	tok, _ := readCounter(t, src)
+
+	res, err := src.Fork(ctx, client.ForkOptions{Tag: "live", Count: 2, Memory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kids := res.Sandboxes()
+	closeAll(t, kids)
+	if res.Captured != "filesystem+memory" || res.Checkpoint.Kind != "filesystem+memory" || len(kids) != 2 {
+		t.Fatalf("memory fork: captured %q, %d children: %+v", res.Captured, len(kids), res.Children)
+	}
+	_, atFork := readCounter(t, src)
+	for i, k := range kids {
+		ktok, n := readCounter(t, k)
+		if ktok != tok {
+			t.Errorf("child %d: token %s, want the source's %s (memory not carried)", i, ktok, tok)
+		}
+		if n < 1 || n > atFork+40 {
+			t.Errorf("child %d: counter %d; the source was near %d at the fork", i, n, atFork)
+		}
+		if host := strings.TrimSpace(mustSh(t, k, "hostname")); host != k.Info.Name {
+			t.Errorf("child %d: hostname %q, want %q", i, host, k.Info.Name)
+		}
+		// The listening socket listens in each child, at the child's address.
+		resp, err := http.Get(fmt.Sprintf("http://%s:8080/index.html", k.Info.Ip))
+		if err != nil {
+			t.Errorf("child %d: server from the source does not answer: %v", i, err)
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(body) != "served-by-memsrc\n" {
+			t.Errorf("child %d: server answered %q", i, body)
+		}
+	}
+	// Children diverge: each one's own writes, and its counter runs on.
+	for i, k := range kids {
+		mustSh(t, k, fmt.Sprintf("echo child-%d > /www/who", i))
+	}
+	for i, k := range kids {
+		if out := mustSh(t, k, "cat /www/who"); out != fmt.Sprintf("child-%d\n", i) {
+			t.Errorf("child %d sees %q", i, out)
+		}
+	}
+	if _, _, r := sh(t, src, "cat /www/who"); r.ExitCode == 0 {
+		t.Errorf("a child's write reached the source")
+	}
+	// The source keeps running with its own state.
+	stok, n1 := readCounter(t, src)
+	time.Sleep(200 * time.Millisecond)
+	if _, n2 := readCounter(t, src); stok != tok || n2 <= n1 {
+		t.Errorf("the source after the fork: token %s (was %s), counter %d -> %d", stok, tok, n1, n2)
+	}
+	// Each child has its own agent token now: the ledger says it was told.
+	for i, k := range kids {
+		evs, _ := k.Events(ctx)
+		if !hasEvent(evs, "sandbox.fork_notified") {
+			t.Errorf("child %d: no sandbox.fork_notified in %v", i, types(evs))
+		}
+	}
+}
+
+func TestMemoryForkOfPausedAndRestore(t *testing.T) {
+	ctx := context.Background()
+	src := newSandbox(t, clientOpts())
+	if _, err := src.Start(ctx, client.ExecOptions{Shell: counterLoop}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	tok, _ := readCounter(t, src)
+	if err := src.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := src.Fork(ctx, client.ForkOptions{Memory: true})
+	if err != nil || res.Children[0].Err != nil {
+		t.Fatalf("memory fork of a paused sandbox: %v %+v", err, res)
+	}
+	closeAll(t, res.Sandboxes())
+	if ktok, _ := readCounter(t, res.Children[0].Sandbox); ktok != tok {
+		t.Errorf("child of a paused source: token %s, want %s", ktok, tok)
+	}
+	if err := src.Refresh(ctx); err != nil || src.Info.State != "paused" {
+		t.Errorf("source after a memory fork while paused: %q %v", src.Info.GetState(), err)
+	}
+	// RestoreSnapshot of a memory checkpoint resumes the processes too.
+	r, err := env.c.RestoreSnapshot(ctx, res.Checkpoint.Id, client.Overrides{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeAll(t, []*client.Sandbox{r})
+	if rtok, _ := readCounter(t, r); rtok != tok {
+		t.Errorf("restore of a memory checkpoint: token %s, want %s", rtok, tok)
+	}
+	src.Unpause(ctx)
+}
+
+func TestMemoryForkNeedsGVisor(t *testing.T) {
+	curRuntime = "crun"
+	defer func() { curRuntime = "gvisor" }()
+	sb := newSandbox(t, clientOpts())
+	before := countSandboxes(t)
+	_, err := sb.Fork(context.Background(), client.ForkOptions{Memory: true})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "CRIU") {
+		t.Errorf("memory fork under crun: got %v, want FailedPrecondition with the reason", err)
+	}
+	if n := countSandboxes(t); n != before {
+		t.Errorf("a refused memory fork made sandboxes")
+	}
+}

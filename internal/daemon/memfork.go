@@ -1,0 +1,196 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/agent"
+	"github.com/forkbox/forkbox/internal/cgroups"
+	"github.com/forkbox/forkbox/internal/image"
+	"github.com/forkbox/forkbox/internal/runtime/spec"
+	"github.com/forkbox/forkbox/internal/store"
+)
+
+// Memory checkpoints (gVisor): the sandbox's memory and processes are saved
+// with its filesystem, and sandboxes started from the checkpoint continue
+// the source's processes where they were. The source stops for the
+// checkpoint (gVisor cannot leave it running), its writable layer is
+// snapshotted while nothing runs, and it is restored in place at once: it
+// keeps its ID, address and token.
+//
+// A child restores the same memory image over its own writable snapshot,
+// in its own netns with its own address (gVisor reads the netns again on
+// restore), with its own hostname and machine-id. Its agent wakes with the
+// source's token and is told at once that it was forked: it takes a new
+// token and runs the user's on-fork hook. What a memory fork cannot change
+// are values already in process memory (seeds, tokens, UUIDs, open
+// connections): see the agent's package doc.
+
+// KindMemory is what a memory checkpoint captures.
+const KindMemory = "filesystem+memory"
+
+const memImageSub = "mem"
+
+func (d *Daemon) memImageDir(ckID string) string { return filepath.Join(d.cfg.StateDir, "memimages", ckID) }
+
+// checkpointMemoryLocked takes a memory checkpoint of sb (running or
+// paused; the caller holds its lock) and restores the source in place.
+func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, tag string) (*store.Checkpoint, error) {
+	mc, rt, err := d.memoryRuntime(sb)
+	if err != nil {
+		return nil, err
+	}
+	wasPaused := sb.State == store.StatePaused
+	if wasPaused {
+		if err := cgroups.Thaw(ctx, d.cgroupPath(sb.ID)); err != nil {
+			return nil, err
+		}
+	}
+	id := newID("ck-")
+	dir := d.memImageDir(id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	flushStart := time.Now()
+	if err := syncFS(d.rootfsDir(sb.ID)); err != nil {
+		return nil, fmt.Errorf("flush before checkpoint: %w", err)
+	}
+	flushMS := msSince(flushStart)
+	// The spec children adapt: kept with the image, as the source's bundle
+	// goes when the source closes.
+	cfgJSON, err := os.ReadFile(filepath.Join(d.bundleDir(sb.ID), "config.json"))
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, "config.json"), cfgJSON, 0o600)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("keep the source's spec: %w", err)
+	}
+	start := time.Now()
+	if err := mc.Checkpoint(ctx, sb.ID, filepath.Join(dir, memImageSub)); err != nil {
+		removeTree(dir)
+		return nil, fmt.Errorf("memory checkpoint: %w", err)
+	}
+	ctx = context.WithoutCancel(ctx)
+	// Nothing runs now: the snapshot matches the memory image exactly.
+	commitErr := d.snaps.Commit(ctx, id, sb.ID)
+	captureMS := msSince(start)
+	if err := d.restoreInPlace(ctx, sb, rt.Delete, mc.Restore, filepath.Join(dir, memImageSub)); err != nil {
+		d.store.SetSandboxState(ctx, sb.ID, store.StateFailed, err.Error())
+		return nil, fmt.Errorf("memory checkpoint: the source could not be restored (it can be resumed from its last checkpoint): %w", err)
+	}
+	if wasPaused {
+		cgroups.Freeze(ctx, d.cgroupPath(sb.ID))
+	}
+	if commitErr != nil {
+		removeTree(dir)
+		return nil, fmt.Errorf("snapshot: %w", commitErr)
+	}
+	ck := &store.Checkpoint{ID: id, SandboxID: sb.ID, Tag: tag, Kind: KindMemory, Image: sb.Image, ImageDigest: sb.ImageDigest,
+		Runtime: sb.Runtime, Config: sb.Config, CaptureMS: captureMS, FlushMS: flushMS, Size: -1}
+	if err := d.store.AddCheckpoint(ctx, ck); err != nil {
+		d.snaps.Remove(ctx, id)
+		removeTree(dir)
+		return nil, err
+	}
+	d.log.Info("memory checkpoint", "sandbox", sb.ID, "checkpoint", id, "capture_ms", captureMS, "source_downtime_ms", msSince(start))
+	return ck, nil
+}
+
+// restoreInPlace brings a checkpointed source back as itself.
+func (d *Daemon) restoreInPlace(ctx context.Context, sb *store.Sandbox,
+	del func(context.Context, string, bool) error, restore func(context.Context, string, string, string) error, image string) error {
+	if err := del(ctx, sb.ID, true); err != nil {
+		return err
+	}
+	if err := d.net.Reconfigure(ctx, sb.ID, netip.MustParseAddr(sb.IP)); err != nil {
+		return err
+	}
+	if err := restore(ctx, sb.ID, d.bundleDir(sb.ID), image); err != nil {
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	return agent.WaitReady(rctx, d.agent(sb))
+}
+
+// startFromMemory starts sb by restoring a memory checkpoint over its own
+// writable snapshot, netns and identity, and tells its agent it was forked.
+func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img image.Image, ck *store.Checkpoint) error {
+	mc, _, err := d.memoryRuntime(sb)
+	if err != nil {
+		return err
+	}
+	src, err := d.store.GetSandbox(ctx, ck.SandboxID)
+	if err != nil {
+		return err
+	}
+	dir := d.memImageDir(ck.ID)
+	s, err := spec.ReadBundle(dir)
+	if err != nil {
+		return fmt.Errorf("the memory checkpoint's spec: %w", err)
+	}
+	nw, err := d.prepare(ctx, sb, img, ck.ID)
+	if err != nil {
+		return err
+	}
+	// The spec must keep the source's args, cwd and mount list; sources,
+	// hostname, netns, cgroup and limits are the child's.
+	bundle := d.bundleDir(sb.ID)
+	srcBundle := d.bundleDir(ck.SandboxID)
+	if _, err := spec.WriteEtcFiles(bundle, spec.EtcFiles{Hostname: sb.Config.Hostname, Hosts: []string{nw.IP.String() + "\t" + sb.Config.Hostname}}); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "etc", "machine-id"), []byte(sb.Config.MachineID+"\n"), 0o444); err != nil {
+		return err
+	}
+	s.Root.Path = d.rootfsDir(sb.ID)
+	s.Hostname = sb.Config.Hostname
+	for i := range s.Mounts {
+		if rest, ok := strings.CutPrefix(s.Mounts[i].Source, srcBundle+"/"); ok {
+			s.Mounts[i].Source = filepath.Join(bundle, rest)
+		}
+	}
+	for i := range s.Linux.Namespaces {
+		if s.Linux.Namespaces[i].Type == "network" {
+			s.Linux.Namespaces[i].Path = nw.NSPath
+		}
+	}
+	s.Linux.CgroupsPath = d.cgroupPath(sb.ID)
+	if r := s.Linux.Resources; r != nil && r.Memory != nil && r.Memory.Limit != nil {
+		lim := hostMemoryLimit(sb.Runtime, sb.Config.MemoryBytes)
+		r.Memory.Limit = &lim
+	}
+	if err := spec.WriteBundle(bundle, s); err != nil {
+		return err
+	}
+	if err := mc.Restore(ctx, sb.ID, bundle, filepath.Join(dir, memImageSub)); err != nil {
+		return fmt.Errorf("restore the memory image: %w", err)
+	}
+	// The child's agent wakes with the source's token: reach it with that,
+	// and give it its own.
+	addr := netip.AddrPortFrom(nw.IP, agentPort).String()
+	c := agent.NewClient(addr, src.AgentToken)
+	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	if err := agent.WaitReady(rctx, c); err != nil {
+		return fmt.Errorf("restored agent did not answer (%v); its output: %q: %w", err, d.initOutput(sb.ID), errdefs.ErrUnavailable)
+	}
+	reply, err := c.Forked(ctx, agent.ForkNotice{Token: sb.AgentToken, Hostname: sb.Config.Hostname, MachineID: sb.Config.MachineID,
+		ParentID: ck.SandboxID, Reason: agent.ForkReasonFork, Time: time.Now()})
+	if err != nil {
+		return fmt.Errorf("tell the child it was forked: %w", err)
+	}
+	data := map[string]any{"hook_ran": reply.HookRan, "clock_skew_ms": reply.ClockSkew.Milliseconds()}
+	if reply.HookRan {
+		data["hook_exit_code"] = reply.HookExitCode
+		data["hook_output"] = reply.HookOutput
+	}
+	d.store.AppendEvent(ctx, sb.ID, "sandbox.fork_notified", data)
+	return nil
+}
