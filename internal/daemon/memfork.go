@@ -37,7 +37,9 @@ const KindMemory = "filesystem+memory"
 
 const memImageSub = "mem"
 
-func (d *Daemon) memImageDir(ckID string) string { return filepath.Join(d.cfg.StateDir, "memimages", ckID) }
+func (d *Daemon) memImageDir(ckID string) string {
+	return filepath.Join(d.cfg.StateDir, "memimages", ckID)
+}
 
 // checkpointMemoryLocked takes a memory checkpoint of sb (running or
 // paused; the caller holds its lock) and restores the source in place.
