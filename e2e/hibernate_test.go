@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -101,4 +102,36 @@ func TestHibernateNeedsGVisor(t *testing.T) {
 		t.Errorf("hibernate under crun: got %v, want FailedPrecondition saying why", err)
 	}
 	mustSh(t, sb, "true")
+}
+
+func TestIdleHibernation(t *testing.T) {
+	ctx := context.Background()
+	env.extra = []string{"--idle-hibernate", "1s"}
+	restartDaemon(t, syscall.SIGTERM)
+	defer func() {
+		env.extra = nil
+		restartDaemon(t, syscall.SIGTERM)
+	}()
+	sb := newSandbox(t, clientOpts())
+	mustSh(t, sb, "echo before-idle > /root/f")
+	// A long exec keeps it awake while it runs.
+	if _, _, r := sh(t, sb, "sleep 2; echo done"); r.ExitCode != 0 {
+		t.Fatalf("long exec: %+v", r)
+	}
+	if err := sb.Refresh(ctx); err != nil || sb.Info.State != "running" {
+		t.Fatalf("hibernated while busy: %q %v", sb.Info.GetState(), err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if err := sb.Refresh(ctx); err == nil && sb.Info.State == "hibernated" {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if sb.Info.State != "hibernated" {
+		t.Fatalf("idle sandbox not hibernated: %s", sb.Info.State)
+	}
+	if out := mustSh(t, sb, "cat /root/f"); out != "before-idle\n" {
+		t.Errorf("after waking from idle hibernation: %q", out)
+	}
 }

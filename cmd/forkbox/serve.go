@@ -127,6 +127,7 @@ func (df *daemonFlags) register(cmd *cobra.Command) {
 	f.StringVar(&df.cfg.VethPrefix, "veth-prefix", "", "prefix of host-side veth names, at most 5 bytes (default fbx)")
 	f.StringVar(&df.cfg.CgroupParent, "cgroup-parent", "forkbox", "cgroup under which sandboxes get theirs")
 	f.DurationVar(&df.cfg.CheckpointRetention, "checkpoint-retention", 0, "delete checkpoints of closed sandboxes once older than this (0 = keep)")
+	f.DurationVar(&df.cfg.IdleHibernate, "idle-hibernate", 0, "hibernate gvisor sandboxes idle for this long; the next exec wakes them (0 = never)")
 	f.IntVar(&df.cfg.MaxSandboxes, "max-sandboxes", 100, "limit on live sandboxes")
 	f.StringVar(&df.level, "log-level", "info", "debug, info, warn or error")
 }

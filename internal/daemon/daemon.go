@@ -58,6 +58,8 @@ type Config struct {
 	// CheckpointRetention deletes the checkpoints of closed sandboxes once
 	// they are older (0 = keep until deleted).
 	CheckpointRetention time.Duration
+	// IdleHibernate hibernates a sandbox idle for this long (0 = never).
+	IdleHibernate time.Duration
 	// MaxSandboxes bounds live sandboxes (0 = 100).
 	MaxSandboxes int
 	Log          *slog.Logger
@@ -81,6 +83,8 @@ type Daemon struct {
 	pendingSlots int
 	sealer       *sealer
 	stopJanitor  context.CancelFunc
+	actOnce      sync.Once
+	activity     *activity
 	envOnce      sync.Once
 	envSt        *envState
 }
@@ -163,6 +167,7 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	janitorCtx, stopJanitor := context.WithCancel(context.WithoutCancel(ctx))
 	d.stopJanitor = stopJanitor
 	d.startJanitor(janitorCtx)
+	d.startIdleHibernation(janitorCtx)
 	if err := d.sweepOrphans(ctx); err != nil {
 		// Leftovers that cannot be removed now do not stop the daemon: they
 		// are logged, and tried again on the next start.

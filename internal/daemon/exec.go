@@ -85,6 +85,7 @@ func (d *Daemon) Exec(ctx context.Context, idOrName string, o ExecOptions, stdou
 	if err != nil {
 		return ExecResult{}, err
 	}
+	defer d.busy(sb.ID)()
 	execID := newID("ex-")
 	if _, err := d.store.AppendEvent(ctx, sb.ID, store.EventExecStarted, execEventData(execID, &o)); err != nil {
 		return ExecResult{}, err
@@ -125,6 +126,7 @@ func (d *Daemon) Start(ctx context.Context, idOrName string, o ExecOptions) (int
 	if err != nil {
 		return 0, err
 	}
+	defer d.busy(sb.ID)()
 	execID := newID("ex-")
 	data := execEventData(execID, &o)
 	data["background"] = true
@@ -201,6 +203,7 @@ func (d *Daemon) ReadFile(ctx context.Context, idOrName, path string) ([]byte, e
 	if err != nil {
 		return nil, err
 	}
+	defer d.busy(sb.ID)()
 	return d.agent(sb).ReadFile(ctx, path)
 }
 
@@ -210,6 +213,7 @@ func (d *Daemon) WriteFile(ctx context.Context, idOrName, path string, data []by
 	if err != nil {
 		return err
 	}
+	defer d.busy(sb.ID)()
 	if mode == 0 {
 		mode = 0o644
 	}
@@ -230,5 +234,6 @@ func (d *Daemon) ListFiles(ctx context.Context, idOrName, path string) ([]agent.
 	if err != nil {
 		return nil, err
 	}
+	defer d.busy(sb.ID)()
 	return d.agent(sb).ListFiles(ctx, path)
 }

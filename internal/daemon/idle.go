@@ -1,0 +1,92 @@
+package daemon
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/forkbox/forkbox/internal/store"
+)
+
+// Idle hibernation: with Config.IdleHibernate set, a running sandbox (on a
+// runtime that can checkpoint memory) that has had no exec, file operation
+// or wake for that long, and has none in flight, is hibernated; its next
+// exec wakes it. Activity is tracked in memory: after a daemon restart every
+// sandbox starts a new idle period.
+
+type activity struct {
+	mu       sync.Mutex
+	last     map[string]time.Time
+	inFlight map[string]int
+}
+
+func (d *Daemon) act() *activity {
+	d.actOnce.Do(func() { d.activity = &activity{last: map[string]time.Time{}, inFlight: map[string]int{}} })
+	return d.activity
+}
+
+// busy marks an operation on sandbox id; call the returned func when done.
+func (d *Daemon) busy(id string) func() {
+	a := d.act()
+	a.mu.Lock()
+	a.inFlight[id]++
+	a.last[id] = time.Now()
+	a.mu.Unlock()
+	return func() {
+		a.mu.Lock()
+		a.inFlight[id]--
+		a.last[id] = time.Now()
+		a.mu.Unlock()
+	}
+}
+
+// idleFor returns how long sandbox id has been idle (0 if busy).
+func (d *Daemon) idleFor(id string, now time.Time) time.Duration {
+	a := d.act()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.inFlight[id] > 0 {
+		return 0
+	}
+	last, ok := a.last[id]
+	if !ok {
+		a.last[id] = now
+		return 0
+	}
+	return now.Sub(last)
+}
+
+func (d *Daemon) startIdleHibernation(ctx context.Context) {
+	if d.cfg.IdleHibernate <= 0 {
+		return
+	}
+	every := max(min(d.cfg.IdleHibernate/2, 30*time.Second), 100*time.Millisecond)
+	go func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-t.C:
+				live, err := d.store.ListSandboxes(ctx, false)
+				if err != nil {
+					continue
+				}
+				for _, sb := range live {
+					if sb.State != store.StateRunning || sb.Pool != "" || d.idleFor(sb.ID, now) < d.cfg.IdleHibernate {
+						continue
+					}
+					if _, _, err := d.memoryRuntime(sb); err != nil {
+						continue
+					}
+					if _, err := d.Hibernate(ctx, sb.ID); err != nil {
+						d.log.Warn("idle hibernation", "sandbox", sb.ID, "err", err)
+						continue
+					}
+					d.store.AppendEvent(ctx, sb.ID, "sandbox.idle_hibernated", map[string]any{"idle_ms": d.cfg.IdleHibernate.Milliseconds()})
+				}
+			}
+		}
+	}()
+}
