@@ -5,17 +5,14 @@ package crun
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
-	"github.com/forkbox/forkbox/internal/runtime"
+	"github.com/forkbox/forkbox/internal/runtime/ocicli"
 )
 
 // PidFileName is the file in the bundle dir where crun writes the init's
@@ -27,37 +24,18 @@ const PidFileName = "init.pid"
 // nothing blocks once the crun CLI exits. On failure everything crun created
 // is deleted again.
 func (c *Crun) Run(ctx context.Context, id, bundle string) (err error) {
-	if err := validID(id); err != nil {
+	if err := ocicli.CheckNew(ctx, c.State, "crun", "run", id, bundle); err != nil {
 		return err
 	}
-	if !filepath.IsAbs(bundle) {
-		return fmt.Errorf("crun run %s: bundle %q must be absolute: %w", id, bundle, errdefs.ErrInvalidArgument)
-	}
-	if _, err := os.Stat(filepath.Join(bundle, "config.json")); err != nil {
-		return fmt.Errorf("crun run %s: bundle %s: %v: %w", id, bundle, err, errdefs.ErrNotFound)
-	}
-	if _, err := c.State(ctx, id); err == nil {
-		return fmt.Errorf("crun run %s: container exists: %w", id, errdefs.ErrAlreadyExists)
-	} else if !isNotFound(err) {
-		return err
-	}
-
-	logPath := filepath.Join(bundle, runtime.LogFileName)
-	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	stdio, err := ocicli.OpenStdio(bundle)
 	if err != nil {
-		return fmt.Errorf("crun run %s: open log: %v: %w", id, err, errdefs.ErrInternal)
+		return fmt.Errorf("crun run %s: %w", id, err)
 	}
-	defer logf.Close()
-	start, _ := logf.Seek(0, io.SeekEnd)
-	devnull, err := os.Open(os.DevNull)
-	if err != nil {
-		return fmt.Errorf("crun run %s: %v: %w", id, err, errdefs.ErrInternal)
-	}
-	defer devnull.Close()
+	defer stdio.Close()
 
 	// crun writes its own errors to --log instead of stderr when given one.
 	var global []string
-	errPath, errStart := logPath, start
+	errPath, errStart := stdio.LogPath, stdio.Start
 	if c.opts.LogDir != "" {
 		errPath = filepath.Join(c.opts.LogDir, id+".log")
 		global = []string{"--log", errPath}
@@ -70,7 +48,7 @@ func (c *Crun) Run(ctx context.Context, id, bundle string) (err error) {
 
 	t0 := time.Now()
 	cmd := c.cmd(ctx, global, "run", "--detach", "--bundle", bundle, "--pid-file", filepath.Join(bundle, PidFileName), id)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, logf, logf
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdio.Null, stdio.Log, stdio.Log
 	// Own process group: a terminal's ^C to the daemon must not reach the
 	// container init crun leaves behind.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -79,43 +57,14 @@ func (c *Crun) Run(ctx context.Context, id, bundle string) (err error) {
 		runErr = cmd.Wait()
 	}
 	if runErr != nil {
-		msg := readFrom(errPath, errStart)
-		// Use a fresh context: the caller's may be the reason we failed.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		if derr := c.Delete(cctx, id, true); derr != nil {
-			c.log.Warn("cleanup after failed run", "sandbox", id, "err", derr)
-		}
-		err := c.wrap(ctx, "run", id, runErr, msg)
-		if errors.Is(err, errdefs.ErrNotFound) {
-			// Something the spec names is missing (args[0], a mount source):
-			// the caller's input, not an unknown container.
-			err = fmt.Errorf("%s: %w", strings.TrimSuffix(err.Error(), ": "+errdefs.ErrNotFound.Error()), errdefs.ErrInvalidArgument)
-		}
-		return err
+		msg := ocicli.ReadFrom(errPath, errStart)
+		ocicli.CleanupFailed(ctx, c.log, c.Delete, "run", id)
+		// NotFound here is something the spec names (args[0], a mount
+		// source): the caller's input, not an unknown container.
+		return ocicli.Reclass(c.wrap(ctx, "run", id, runErr, msg), errdefs.ErrNotFound, errdefs.ErrInvalidArgument)
 	}
 	c.log.Debug("container running", "sandbox", id, "took", time.Since(t0))
 	return nil
-}
-
-// readFrom returns what was appended to path after offset (at most 4 KiB
-// from the end).
-func readFrom(path string, off int64) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil || fi.Size() < off {
-		return ""
-	}
-	if fi.Size()-off > 4096 {
-		off = fi.Size() - 4096
-	}
-	b := make([]byte, fi.Size()-off)
-	n, _ := f.ReadAt(b, off)
-	return string(b[:n])
 }
 
 // Delete implements runtime.Runtime: `crun delete [--force]`. An unknown id
@@ -123,25 +72,8 @@ func readFrom(path string, off int64) string {
 // with force it first SIGKILLs every process in the cgroup. The init
 // (reparented to the host's init when crun exited) is reaped by the host.
 func (c *Crun) Delete(ctx context.Context, id string, force bool) error {
-	if err := validID(id); err != nil {
-		return err
-	}
-	args := []string{"delete"}
-	if force {
-		args = append(args, "--force")
-	}
 	t0 := time.Now()
-	_, err := c.command(ctx, id, append(args, id)...)
-	if err != nil && isNotFound(err) {
-		// Unknown id. Make sure no state entry is left behind by a
-		// half-created container either.
-		if _, serr := c.State(ctx, id); serr == nil {
-			return err
-		}
-		os.RemoveAll(filepath.Join(c.opts.Root, id)) // crun's own dir, if only partly written
-		return nil
-	}
-	if err != nil {
+	if err := c.Tool.Delete(ctx, id, force); err != nil {
 		return err
 	}
 	c.log.Debug("container deleted", "sandbox", id, "took", time.Since(t0))

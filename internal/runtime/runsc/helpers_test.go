@@ -1,136 +1,49 @@
-// Test helpers: prerequisites, a busybox rootfs, a netns, bundles, and
+// Test helpers on top of the shared fixtures in runtime/testsuite: the
+// runsc prerequisites, a fixture that keeps the *Runsc (for Checkpoint and
+// Restore), a veth pair into a test netns, a TCP dial from a netns, and
 // checks for host state left behind by a sandbox.
 
 package runsc
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
+	"io"
+	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/forkbox/forkbox/internal/runtime/spec"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/forkbox/forkbox/internal/runtime/spec"
+	"github.com/forkbox/forkbox/internal/runtime/testsuite"
 )
 
-// need skips (or, with CI=true, fails) when a prerequisite is missing.
-func need(t *testing.T, ok bool, why string) {
-	t.Helper()
-	if ok {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("prerequisite missing: %s", why)
-	}
-	t.Skipf("prerequisite missing: %s", why)
-}
-
+// requireRunsc checks root, busybox and runsc, plus the cgroup v1 memory
+// controller these tests read limits from.
 func requireRunsc(t *testing.T) {
 	t.Helper()
-	need(t, os.Geteuid() == 0, "must run as root")
-	_, err := exec.LookPath("runsc")
-	need(t, err == nil, "runsc not in PATH")
-	_, err = os.Stat("/bin/busybox")
-	need(t, err == nil, "/bin/busybox (busybox-static) missing")
-	_, err = os.Stat("/sys/fs/cgroup/memory")
-	need(t, err == nil, "cgroup v1 memory controller not mounted")
+	testsuite.RequireRoot(t, "runsc")
+	_, err := os.Stat("/sys/fs/cgroup/memory")
+	testsuite.Need(t, err == nil, "cgroup v1 memory controller not mounted")
 }
 
-func randID(prefix string) string {
-	b := make([]byte, 4)
-	rand.Read(b)
-	return prefix + hex.EncodeToString(b)
-}
-
-// busyboxRootfs builds DIR/{bin/busybox + relative applet links, etc, tmp,
-// proc, sys, dev}.
-func busyboxRootfs(t *testing.T, dir string) {
-	t.Helper()
-	for _, d := range []string{"bin", "etc", "tmp", "proc", "sys", "dev", "root"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	os.Chmod(filepath.Join(dir, "tmp"), 0o1777)
-	b, err := os.ReadFile("/bin/busybox")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "bin/busybox"), b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("/bin/busybox", "--list").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, app := range strings.Fields(string(out)) {
-		if app == "busybox" {
-			continue
-		}
-		os.Symlink("busybox", filepath.Join(dir, "bin", app))
-	}
-}
-
-// testNetns creates a named netns with lo up, deleted in Cleanup. It returns
-// its path.
-func testNetns(t *testing.T) string {
-	t.Helper()
-	name := randID("fbxtest-")
-	goruntime.LockOSThread()
-	defer goruntime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	ns, err := netns.NewNamed(name) // unshares this thread into it
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netns.Set(orig); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close(); netns.DeleteNamed(name) })
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	lo, err := h.LinkByName("lo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.LinkSetUp(lo); err != nil {
-		t.Fatal(err)
-	}
-	return filepath.Join("/run/netns", name)
-}
-
+// fixture is a testsuite.Fixture whose runtime is a *Runsc.
 type fixture struct {
-	rt     *Runsc
-	id     string
-	bundle string
-	rootfs string
-	cgroup string // cgroupsPath in the spec
-	netns  string // netns path in the spec
+	*testsuite.Fixture
+	rt *Runsc
 }
 
-// newFixture prepares a rootfs, netns, bundle and driver for one container
-// and registers the cleanup of all of it.
+// newFixture starts a runsc driver from o (state root and log dir in a
+// temp dir unless set) and prepares a rootfs, netns and bundle for one
+// container with testsuite.NewFixture, which registers the cleanup.
 func newFixture(t *testing.T, o Options, so spec.SpecOptions) *fixture {
 	t.Helper()
 	requireRunsc(t)
 	tmp := t.TempDir()
-	f := &fixture{id: randID("fbxtest-"), bundle: filepath.Join(tmp, "bundle"), rootfs: filepath.Join(tmp, "rootfs")}
-	busyboxRootfs(t, f.rootfs)
-	f.cgroup = "/forkbox-test/" + f.id
 	if o.Root == "" {
 		o.Root = filepath.Join(tmp, "state")
 	}
@@ -141,40 +54,8 @@ func newFixture(t *testing.T, o Options, so spec.SpecOptions) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.rt = rt
-	mounts, err := spec.WriteEtcFiles(f.bundle, spec.EtcFiles{Hostname: f.id, Nameservers: []string{"127.0.0.53"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	so.Rootfs, so.Hostname, so.CgroupsPath = f.rootfs, f.id, f.cgroup
-	f.netns = testNetns(t)
-	so.NetNSPath = f.netns
-	if err := spec.PrepareRootfs(f.rootfs); err != nil {
-		t.Fatal(err)
-	}
-	so.Mounts = append(so.Mounts, mounts...)
-	s, err := spec.NewSpec(so)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := spec.WriteBundle(f.bundle, s); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := rt.Delete(ctx, f.id, true); err != nil {
-			t.Errorf("cleanup delete: %v", err)
-		}
-		for _, c := range cgroupControllers {
-			os.Remove(filepath.Join("/sys/fs/cgroup", c, f.cgroup))
-			os.Remove(filepath.Join("/sys/fs/cgroup", c, "forkbox-test"))
-		}
-	})
-	return f
+	return &fixture{Fixture: testsuite.NewFixture(t, rt, so), rt: rt}
 }
-
-var cgroupControllers = []string{"memory", "cpu", "pids", "cpuacct", "cpuset", "freezer", "blkio", "devices", "systemd", "unified"}
 
 // hostProcsWith returns the host pids whose cmdline mentions s.
 func hostProcsWith(s string) []string {
@@ -192,18 +73,80 @@ func hostProcsWith(s string) []string {
 	return pids
 }
 
-// waitLog waits until the bundle's stdio log contains s and returns it.
-func waitLog(t *testing.T, bundle, s string, timeout time.Duration) string {
+// veth puts eth0 (sbAddr) in the netns at sbPath and its peer0 (peerAddr)
+// in a new test netns, returned as a handle closed in Cleanup.
+func veth(t *testing.T, sbPath, sbAddr, peerAddr string) netns.NsHandle {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		b, _ := os.ReadFile(filepath.Join(bundle, "stdio.log"))
-		if strings.Contains(string(b), s) {
-			return string(b)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("stdio.log has no %q after %v; it has %q", s, timeout, b)
-		}
-		time.Sleep(5 * time.Millisecond)
+	peer := testsuite.Netns(t)
+	sbNS, err := netns.GetFromPath(sbPath)
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer sbNS.Close()
+	peerNS, err := netns.GetFromPath(peer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { peerNS.Close() })
+	hs, _ := netlink.NewHandleAt(sbNS)
+	defer hs.Close()
+	if err := hs.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "peer0", PeerNamespace: netlink.NsFd(peerNS)}); err != nil {
+		t.Fatalf("veth: %v", err)
+	}
+	hp, _ := netlink.NewHandleAt(peerNS)
+	defer hp.Close()
+	for _, c := range []struct {
+		h          *netlink.Handle
+		name, addr string
+	}{{hs, "eth0", sbAddr}, {hp, "peer0", peerAddr}} {
+		l, err := c.h.LinkByName(c.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, _ := netlink.ParseAddr(c.addr)
+		if err := c.h.AddrAdd(l, a); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.h.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return peerNS
+}
+
+// tryDial connects to addr from inside ns, retrying until timeout, and
+// returns what the server sends.
+func tryDial(ns netns.NsHandle, addr string, timeout time.Duration) (string, error) {
+	type result struct {
+		s   string
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		goruntime.LockOSThread() // the thread stays in ns and dies with the goroutine
+		if err := netns.Set(ns); err != nil {
+			ch <- result{err: err}
+			return
+		}
+		deadline := time.Now().Add(timeout)
+		for {
+			c, err := net.DialTimeout("tcp", addr, time.Second)
+			if err == nil {
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				b, err := io.ReadAll(c)
+				c.Close()
+				if err == nil && len(b) > 0 {
+					ch <- result{s: string(b)}
+					return
+				}
+			}
+			if time.Now().After(deadline) {
+				ch <- result{err: err}
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	r := <-ch
+	return r.s, r.err
 }

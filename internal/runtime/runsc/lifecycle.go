@@ -5,124 +5,90 @@ package runsc
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
-	"github.com/forkbox/forkbox/internal/runtime"
+	"github.com/forkbox/forkbox/internal/runtime/ocicli"
 )
 
 // Run implements runtime.Runtime: `runsc run --detach`, with the init's
 // stdio on bundle/stdio.log and stdin on /dev/null. No pipe is handed to
 // runsc, so nothing blocks once the runsc CLI exits. On failure everything
 // runsc created is deleted again.
-func (r *Runsc) Run(ctx context.Context, id, bundle string) (err error) {
-	if err := validID(id); err != nil {
-		return err
-	}
-	if !filepath.IsAbs(bundle) {
-		return fmt.Errorf("runsc run %s: bundle %q must be absolute: %w", id, bundle, errdefs.ErrInvalidArgument)
-	}
-	if _, err := os.Stat(filepath.Join(bundle, "config.json")); err != nil {
-		return fmt.Errorf("runsc run %s: bundle %s: %v: %w", id, bundle, err, errdefs.ErrNotFound)
-	}
-	if _, err := r.State(ctx, id); err == nil {
-		return fmt.Errorf("runsc run %s: container exists: %w", id, errdefs.ErrAlreadyExists)
-	} else if !isNotFound(err) {
-		return err
-	}
+func (r *Runsc) Run(ctx context.Context, id, bundle string) error {
+	// A missing path the spec names (args[0], a mount source) is the
+	// caller's input, not an unknown container.
+	return r.detached(ctx, "run", id, bundle, errdefs.ErrInvalidArgument)
+}
 
-	logPath := filepath.Join(bundle, runtime.LogFileName)
-	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("runsc run %s: open log: %v: %w", id, err, errdefs.ErrInternal)
+// detached runs `runsc VERB --detach [extra...] --bundle bundle id` with the
+// container's stdio on bundle/stdio.log, and deletes whatever runsc created
+// if it fails. A NotFound from runsc becomes missingClass.
+func (r *Runsc) detached(ctx context.Context, verb, id, bundle string, missingClass error, extra ...string) error {
+	if err := ocicli.CheckNew(ctx, r.State, "runsc", verb, id, bundle); err != nil {
+		return err
 	}
-	defer logf.Close()
-	start, _ := logf.Seek(0, io.SeekEnd)
-	devnull, err := os.Open(os.DevNull)
+	stdio, err := ocicli.OpenStdio(bundle)
 	if err != nil {
-		return fmt.Errorf("runsc run %s: %v: %w", id, err, errdefs.ErrInternal)
+		return fmt.Errorf("runsc %s %s: %w", verb, id, err)
 	}
-	defer devnull.Close()
+	defer stdio.Close()
 
 	t0 := time.Now()
-	cmd := exec.CommandContext(ctx, r.opts.Binary,
-		append(r.globalArgs(id), "run", "--detach", "--bundle", bundle, id)...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, logf, logf
+	args := append(r.globalArgs(id), verb, "--detach")
+	args = append(append(args, extra...), "--bundle", bundle, id)
+	cmd := exec.CommandContext(ctx, r.opts.Binary, args...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdio.Null, stdio.Log, stdio.Log
 	// Own process group: a terminal's ^C to the daemon must not reach the
 	// sandbox processes runsc leaves behind.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.WaitDelay = 5 * time.Second
 	if runErr := cmd.Run(); runErr != nil {
-		msg := readFrom(logPath, start)
-		// Use a fresh context: the caller's may be the reason we failed.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		if derr := r.Delete(cctx, id, true); derr != nil {
-			r.log.Warn("cleanup after failed run", "sandbox", id, "err", derr)
+		msg := shortLines(ocicli.ReadFrom(stdio.LogPath, stdio.Start), 400)
+		ocicli.CleanupFailed(ctx, r.log, r.Delete, verb, id)
+		if strings.Contains(msg, "does not match across checkpoint restore") {
+			// runsc's restore spec validation: Args, Cwd and the mount
+			// list (destination, type, options) must equal the source's.
+			return fmt.Errorf("runsc %s %s: spec differs from the checkpointed one: %s: %w", verb, id, ocicli.LastLines(msg, 2), errdefs.ErrFailedPrecondition)
 		}
-		err := r.wrap(ctx, "run", id, runErr, msg)
-		if errors.Is(err, errdefs.ErrNotFound) {
-			// Something the spec names is missing (args[0], a mount source):
-			// the caller's input, not an unknown container.
-			err = fmt.Errorf("%s: %w", strings.TrimSuffix(err.Error(), ": "+errdefs.ErrNotFound.Error()), errdefs.ErrInvalidArgument)
-		}
-		return err
+		return ocicli.Reclass(r.wrap(ctx, verb, id, runErr, msg), errdefs.ErrNotFound, missingClass)
 	}
-	r.log.Debug("container running", "sandbox", id, "took", time.Since(t0))
+	done := "container running"
+	if verb == "restore" {
+		done = "container restored"
+	}
+	r.log.Debug(done, "sandbox", id, "took", time.Since(t0))
 	return nil
 }
 
-// readFrom returns what was appended to path after offset (at most 4 KiB
-// from the end).
-func readFrom(path string, off int64) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
+// shortLines cuts every line of s to at most n bytes (runsc's spec
+// validation errors print whole mount lists on one line).
+func shortLines(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		if len(l) > n {
+			lines[i] = l[:n] + "…"
+		}
 	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return ""
-	}
-	if fi.Size()-off > 4096 {
-		off = fi.Size() - 4096
-	}
-	b := make([]byte, fi.Size()-off)
-	n, _ := f.ReadAt(b, off)
-	return string(b[:n])
+	return strings.Join(lines, "\n")
 }
 
 // Delete implements runtime.Runtime: `runsc delete [--force]`. An unknown id
 // is not an error. runsc removes the sandbox's cgroups and state entry and
 // reaps its sandbox and gofer processes.
 func (r *Runsc) Delete(ctx context.Context, id string, force bool) error {
-	if err := validID(id); err != nil {
-		return err
-	}
-	args := []string{"delete"}
-	if force {
-		args = append(args, "--force")
-	}
 	t0 := time.Now()
-	_, err := r.command(ctx, "", append(args, id)...)
-	if err != nil && isNotFound(err) {
-		// runsc says "does not exist" both for unknown ids and for some
-		// half-created ones; make sure no state entry is left behind.
-		if _, serr := r.State(ctx, id); serr == nil {
-			return err
+	err := r.Tool.Delete(ctx, id, force)
+	if err != nil && !errdefs.IsNotFound(err) && !force {
+		// runsc-only: it refuses to delete a running container without
+		// --force in words the shared rules do not class as FailedPrecondition.
+		if m := strings.ToLower(err.Error()); strings.Contains(m, "running") || strings.Contains(m, "not stopped") {
+			return fmt.Errorf("%v: %w", err, errdefs.ErrFailedPrecondition)
 		}
-		return nil
-	}
-	if err != nil && !force && (strings.Contains(strings.ToLower(err.Error()), "running") || strings.Contains(strings.ToLower(err.Error()), "not stopped")) {
-		return fmt.Errorf("%v: %w", err, errdefs.ErrFailedPrecondition)
 	}
 	if err != nil {
 		return err

@@ -16,15 +16,10 @@ package runsc
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -103,75 +98,9 @@ func (r *Runsc) Restore(ctx context.Context, id, bundle, imageDir string) error 
 	if _, err := os.Stat(filepath.Join(imageDir, CheckpointImageFile)); err != nil {
 		return fmt.Errorf("runsc restore %s: image %s: %v: %w", id, imageDir, err, errdefs.ErrNotFound)
 	}
-	return r.detached(ctx, "restore", id, bundle, "--image-path", imageDir)
-}
-
-// detached runs `runsc VERB --detach [extra...] --bundle bundle id` with the
-// container's stdio on bundle/stdio.log, as Run does, and deletes whatever
-// runsc created if it fails.
-func (r *Runsc) detached(ctx context.Context, verb, id, bundle string, extra ...string) error {
-	if _, err := os.Stat(filepath.Join(bundle, "config.json")); err != nil {
-		return fmt.Errorf("runsc %s %s: bundle %s: %v: %w", verb, id, bundle, err, errdefs.ErrNotFound)
-	}
-	if _, err := r.State(ctx, id); err == nil {
-		return fmt.Errorf("runsc %s %s: container exists: %w", verb, id, errdefs.ErrAlreadyExists)
-	} else if !isNotFound(err) {
-		return err
-	}
-	logPath := filepath.Join(bundle, runtime.LogFileName)
-	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("runsc %s %s: open log: %v: %w", verb, id, err, errdefs.ErrInternal)
-	}
-	defer logf.Close()
-	start, _ := logf.Seek(0, io.SeekEnd)
-	devnull, err := os.Open(os.DevNull)
-	if err != nil {
-		return fmt.Errorf("runsc %s %s: %v: %w", verb, id, err, errdefs.ErrInternal)
-	}
-	defer devnull.Close()
-
-	t0 := time.Now()
-	args := append(r.globalArgs(id), verb, "--detach")
-	args = append(append(args, extra...), "--bundle", bundle, id)
-	cmd := exec.CommandContext(ctx, r.opts.Binary, args...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.WaitDelay = 5 * time.Second
-	if runErr := cmd.Run(); runErr != nil {
-		msg := shortLines(readFrom(logPath, start), 400)
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		if derr := r.Delete(cctx, id, true); derr != nil {
-			r.log.Warn("cleanup after failed "+verb, "sandbox", id, "err", derr)
-		}
-		err := r.wrap(ctx, verb, id, runErr, msg)
-		if strings.Contains(msg, "does not match across checkpoint restore") {
-			// runsc's restore spec validation: Args, Cwd and the mount
-			// list (destination, type, options) must equal the source's.
-			err = fmt.Errorf("runsc %s %s: spec differs from the checkpointed one: %s: %w", verb, id, lastLines(msg, 2), errdefs.ErrFailedPrecondition)
-		} else if errors.Is(err, errdefs.ErrNotFound) {
-			// A path the spec or the image needs is missing: the
-			// caller's input (or a rootfs that does not match the
-			// image), not an unknown container.
-			err = fmt.Errorf("%s: %w", strings.TrimSuffix(err.Error(), ": "+errdefs.ErrNotFound.Error()), errdefs.ErrFailedPrecondition)
-		}
-		return err
-	}
-	r.log.Debug("container "+verb+"d", "sandbox", id, "took", time.Since(t0))
-	return nil
-}
-
-// shortLines cuts every line of s to at most n bytes (runsc's spec
-// validation errors print whole mount lists on one line).
-func shortLines(s string, n int) string {
-	lines := strings.Split(s, "\n")
-	for i, l := range lines {
-		if len(l) > n {
-			lines[i] = l[:n] + "…"
-		}
-	}
-	return strings.Join(lines, "\n")
+	// A path the spec or the image needs is missing: the caller's input
+	// (or a rootfs that does not match the image), not an unknown container.
+	return r.detached(ctx, "restore", id, bundle, errdefs.ErrFailedPrecondition, "--image-path", imageDir)
 }
 
 // waitExited waits until host pid is gone or a zombie.

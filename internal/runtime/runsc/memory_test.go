@@ -9,12 +9,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,7 +19,7 @@ import (
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
-	"github.com/vishvananda/netlink"
+	"github.com/forkbox/forkbox/internal/runtime/testsuite"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -48,34 +45,34 @@ func TestMemoryFork(t *testing.T) {
 	}
 	ctx := context.Background()
 	lower := filepath.Join(tmp, "lower")
-	busyboxRootfs(t, lower)
+	testsuite.BusyboxRootfs(t, lower)
 	args := []string{"/bin/sh", "-c", mfScript}
 
 	// Source: an overlay of the image over its own upper, in a netns
 	// whose eth0 is 10.231.20.2.
 	srcUpper := filepath.Join(tmp, "src", "upper")
-	src := mfBundle(t, rt, filepath.Join(tmp, "src"), mfOverlay(t, lower, filepath.Join(tmp, "src")), "fbx-src", testNetns(t), args)
-	srcPeer := mfVeth(t, src.netns, "10.231.20.2/24", "10.231.20.1/24")
-	if err := rt.Run(ctx, src.id, src.bundle); err != nil {
+	src := mfBundle(t, rt, filepath.Join(tmp, "src"), mfOverlay(t, lower, filepath.Join(tmp, "src")), "fbx-src", testsuite.Netns(t), args)
+	srcPeer := veth(t, src.NetNS, "10.231.20.2/24", "10.231.20.1/24")
+	if err := rt.Run(ctx, src.ID, src.Bundle); err != nil {
 		t.Fatalf("run: %v", err)
 	}
-	waitLog(t, src.bundle, "tick=10 ", 20*time.Second)
+	src.WaitLog(t, "tick=10 ", 20*time.Second)
 	if got := mfDial(t, srcPeer, "10.231.20.2:8080"); got != "hello\n" {
 		t.Fatalf("source: read %q, want hello", got)
 	}
 
 	img := filepath.Join(tmp, "image")
 	t0 := time.Now()
-	if err := rt.Checkpoint(ctx, src.id, img); err != nil {
+	if err := rt.Checkpoint(ctx, src.ID, img); err != nil {
 		t.Fatalf("checkpoint: %v", err)
 	}
 	t.Logf("checkpoint: %v", time.Since(t0))
-	if err := rt.Checkpoint(ctx, src.id, img); !errors.Is(err, errdefs.ErrAlreadyExists) {
+	if err := rt.Checkpoint(ctx, src.ID, img); !errors.Is(err, errdefs.ErrAlreadyExists) {
 		t.Errorf("checkpoint into a used image dir: got %v, want AlreadyExists", err)
 	}
-	n := lastInt(filepath.Join(src.bundle, "stdio.log"))
+	n := lastInt(filepath.Join(src.Bundle, "stdio.log"))
 	time.Sleep(200 * time.Millisecond)
-	if m := lastInt(filepath.Join(src.bundle, "stdio.log")); m != n {
+	if m := lastInt(filepath.Join(src.Bundle, "stdio.log")); m != n {
 		t.Fatalf("source still counting after checkpoint: %d → %d", n, m)
 	}
 	if c := lastInt(filepath.Join(srcUpper, "root/counter")); c != n {
@@ -86,7 +83,7 @@ func TestMemoryFork(t *testing.T) {
 	// stand-in for a btrfs snapshot) mounted over the same lower at
 	// another path, a hostname of its own and a netns with another IP.
 	type kid struct {
-		*mfBox
+		*testsuite.Fixture
 		upper string
 		peer  netns.NsHandle
 		ip    string
@@ -99,39 +96,39 @@ func TestMemoryFork(t *testing.T) {
 		}
 		copyTree(t, srcUpper, filepath.Join(dir, "upper"))
 		k := kid{upper: filepath.Join(dir, "upper"), ip: fmt.Sprintf("10.231.%d.2", 21+i)}
-		k.mfBox = mfBundle(t, rt, dir, mfOverlay(t, lower, dir), fmt.Sprintf("fbx-kid%d", i), testNetns(t), args)
-		k.peer = mfVeth(t, k.netns, k.ip+"/24", fmt.Sprintf("10.231.%d.1/24", 21+i))
+		k.Fixture = mfBundle(t, rt, dir, mfOverlay(t, lower, dir), fmt.Sprintf("fbx-kid%d", i), testsuite.Netns(t), args)
+		k.peer = veth(t, k.NetNS, k.ip+"/24", fmt.Sprintf("10.231.%d.1/24", 21+i))
 		t0 := time.Now()
-		if err := rt.Restore(ctx, k.id, k.bundle, img); err != nil {
+		if err := rt.Restore(ctx, k.ID, k.Bundle, img); err != nil {
 			t.Fatalf("restore kid%d: %v", i, err)
 		}
 		t.Logf("restore kid%d: %v", i, time.Since(t0))
 		kids = append(kids, k)
 	}
-	if err := rt.Restore(ctx, kids[0].id, kids[0].bundle, img); !errors.Is(err, errdefs.ErrAlreadyExists) {
+	if err := rt.Restore(ctx, kids[0].ID, kids[0].Bundle, img); !errors.Is(err, errdefs.ErrAlreadyExists) {
 		t.Errorf("restore onto a live id: got %v, want AlreadyExists", err)
 	}
 	// The source takes its own place again: same id, bundle and rootfs.
-	if err := rt.Delete(ctx, src.id, true); err != nil {
+	if err := rt.Delete(ctx, src.ID, true); err != nil {
 		t.Fatal(err)
 	}
 	t0 = time.Now()
-	if err := rt.Restore(ctx, src.id, src.bundle, img); err != nil {
+	if err := rt.Restore(ctx, src.ID, src.Bundle, img); err != nil {
 		t.Fatalf("restore source: %v", err)
 	}
 	t.Logf("restore source: %v", time.Since(t0))
 
 	// Diverge: each child gets its own role, written inside it.
 	for i, k := range kids {
-		mfExec(t, rt, k.id, "sh", "-c", fmt.Sprintf("echo r%d > /root/role", i))
+		mfExec(t, rt, k.ID, "sh", "-c", fmt.Sprintf("echo r%d > /root/role", i))
 	}
 	want := n + 20
-	all := append([]*mfBox{src}, kids[0].mfBox, kids[1].mfBox)
+	all := []*testsuite.Fixture{src, kids[0].Fixture, kids[1].Fixture}
 	for _, b := range all {
-		waitLog(t, b.bundle, fmt.Sprintf("tick=%d ", want), 20*time.Second)
+		b.WaitLog(t, fmt.Sprintf("tick=%d ", want), 20*time.Second)
 	}
 	for i, b := range all {
-		log, _ := os.ReadFile(filepath.Join(b.bundle, "stdio.log"))
+		log, _ := os.ReadFile(filepath.Join(b.Bundle, "stdio.log"))
 		role := ""
 		upper := srcUpper
 		if i > 0 {
@@ -139,26 +136,26 @@ func TestMemoryFork(t *testing.T) {
 			upper = kids[i-1].upper
 			// A child's log starts where the source stopped.
 			if first := firstTick(string(log)); first != n+1 {
-				t.Errorf("%s: first tick %d, want %d (source stopped at %d)", b.hostname, first, n+1, n)
+				t.Errorf("%s: first tick %d, want %d (source stopped at %d)", b.Hostname, first, n+1, n)
 			}
 			if got := mfDial(t, kids[i-1].peer, kids[i-1].ip+":8080"); got != "hello\n" {
-				t.Errorf("%s: read %q from %s, want hello", b.hostname, got, kids[i-1].ip)
+				t.Errorf("%s: read %q from %s, want hello", b.Hostname, got, kids[i-1].ip)
 			}
 		}
 		last := lastLine(string(log))
-		if wantSuffix := fmt.Sprintf("host=%s role=%s", b.hostname, role); !strings.HasSuffix(last, wantSuffix) {
-			t.Errorf("%s: last line %q, want suffix %q", b.hostname, last, wantSuffix)
+		if wantSuffix := fmt.Sprintf("host=%s role=%s", b.Hostname, role); !strings.HasSuffix(last, wantSuffix) {
+			t.Errorf("%s: last line %q, want suffix %q", b.Hostname, last, wantSuffix)
 		}
 		// The writes (fresh opens and the held descriptor) go to this
 		// container's own upper.
 		c, h := lastInt(filepath.Join(upper, "root/counter")), lastInt(filepath.Join(upper, "root/held.log"))
 		if c < want || h < want {
-			t.Errorf("%s: upper counter=%d held=%d, want ≥ %d", b.hostname, c, h, want)
+			t.Errorf("%s: upper counter=%d held=%d, want ≥ %d", b.Hostname, c, h, want)
 		}
 		if i > 0 {
 			r, _ := os.ReadFile(filepath.Join(upper, "root/role"))
 			if strings.TrimSpace(string(r)) != role {
-				t.Errorf("%s: upper root/role = %q, want %q", b.hostname, r, role)
+				t.Errorf("%s: upper root/role = %q, want %q", b.Hostname, r, role)
 			}
 		}
 	}
@@ -215,48 +212,14 @@ func lastLine(log string) string {
 	return lines[len(lines)-1]
 }
 
-// mfBox is one container of a memory-fork test: its own bundle dir (etc
-// files, config.json, stdio.log) beside a rootfs dir.
-type mfBox struct {
-	id, bundle, rootfs, netns, hostname string
-}
-
-// mfBundle writes a bundle for rootfs (which must exist) with args, the
-// given hostname and netns, and registers the container's deletion.
-func mfBundle(t *testing.T, rt *Runsc, dir, rootfs, hostname, netnsPath string, args []string) *mfBox {
+// mfBundle writes a bundle in dir/bundle for rootfs (which must exist)
+// with args, the given hostname and netns, and registers the container's
+// deletion.
+func mfBundle(t *testing.T, rt *Runsc, dir, rootfs, hostname, netnsPath string, args []string) *testsuite.Fixture {
 	t.Helper()
-	b := &mfBox{id: randID("fbxmf-"), bundle: filepath.Join(dir, "bundle"), rootfs: rootfs, netns: netnsPath, hostname: hostname}
-	mounts, err := spec.WriteEtcFiles(b.bundle, spec.EtcFiles{Hostname: hostname})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := spec.PrepareRootfs(rootfs); err != nil {
-		t.Fatal(err)
-	}
-	s, err := spec.NewSpec(spec.SpecOptions{
-		Rootfs: rootfs, Hostname: hostname, Args: args, NetNSPath: netnsPath,
-		CgroupsPath: "/forkbox-test/" + b.id, Mounts: mounts,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := spec.WriteBundle(b.bundle, s); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { mfDelete(t, rt, b.id) })
-	return b
-}
-
-func mfDelete(t *testing.T, rt *Runsc, id string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := rt.Delete(ctx, id, true); err != nil {
-		t.Errorf("cleanup delete %s: %v", id, err)
-	}
-	for _, c := range cgroupControllers {
-		os.Remove(filepath.Join("/sys/fs/cgroup", c, "forkbox-test", id))
-		os.Remove(filepath.Join("/sys/fs/cgroup", c, "forkbox-test"))
-	}
+	f := &testsuite.Fixture{RT: rt, ID: testsuite.RandID("fbxmf-"), Bundle: filepath.Join(dir, "bundle"), Rootfs: rootfs, NetNS: netnsPath, Hostname: hostname}
+	f.WriteBundle(t, spec.SpecOptions{Args: args})
+	return f
 }
 
 // copyTree copies src to dst with cp -a (the test's stand-in for a btrfs
@@ -280,47 +243,6 @@ func lastInt(path string) int {
 	return 0
 }
 
-// mfVeth puts eth0 (sbAddr) in the netns at sbPath and its peer (peerAddr)
-// in a new peer netns, returned as a handle.
-func mfVeth(t *testing.T, sbPath, sbAddr, peerAddr string) netns.NsHandle {
-	t.Helper()
-	peer := testNetns(t)
-	sbNS, err := netns.GetFromPath(sbPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sbNS.Close()
-	peerNS, err := netns.GetFromPath(peer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { peerNS.Close() })
-	hs, _ := netlink.NewHandleAt(sbNS)
-	defer hs.Close()
-	if err := hs.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "peer0", PeerNamespace: netlink.NsFd(peerNS)}); err != nil {
-		t.Fatal(err)
-	}
-	hp, _ := netlink.NewHandleAt(peerNS)
-	defer hp.Close()
-	for _, c := range []struct {
-		h          *netlink.Handle
-		name, addr string
-	}{{hs, "eth0", sbAddr}, {hp, "peer0", peerAddr}} {
-		l, err := c.h.LinkByName(c.name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		a, _ := netlink.ParseAddr(c.addr)
-		if err := c.h.AddrAdd(l, a); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.h.LinkSetUp(l); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return peerNS
-}
-
 // mfDial connects to addr from ns (retrying for 10 s) and returns what the
 // server sends.
 func mfDial(t *testing.T, ns netns.NsHandle, addr string) string {
@@ -330,39 +252,4 @@ func mfDial(t *testing.T, ns netns.NsHandle, addr string) string {
 		t.Errorf("dial %s: %v", addr, err)
 	}
 	return s
-}
-
-func tryDial(ns netns.NsHandle, addr string, timeout time.Duration) (string, error) {
-	type result struct {
-		s   string
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		goruntime.LockOSThread()
-		if err := netns.Set(ns); err != nil {
-			ch <- result{err: err}
-			return
-		}
-		deadline := time.Now().Add(timeout)
-		for {
-			c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
-			if err == nil {
-				c.SetDeadline(time.Now().Add(2 * time.Second))
-				b, err := io.ReadAll(c)
-				c.Close()
-				if err == nil && len(b) > 0 {
-					ch <- result{s: string(b)}
-					return
-				}
-			}
-			if time.Now().After(deadline) {
-				ch <- result{err: err}
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}()
-	r := <-ch
-	return r.s, r.err
 }

@@ -11,20 +11,16 @@ package runsc
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/runtime"
+	"github.com/forkbox/forkbox/internal/runtime/ocicli"
 )
 
 // Options configure the runsc driver. Zero values take the defaults noted.
@@ -46,6 +42,9 @@ type Options struct {
 
 // Runsc is the runsc driver. The zero value is not usable; call New.
 type Runsc struct {
+	// Tool implements State, List, Kill, Pause, Resume and the runsc
+	// command of Delete.
+	ocicli.Tool
 	opts Options
 	log  *slog.Logger
 }
@@ -89,7 +88,13 @@ func New(o Options) (*Runsc, error) {
 			return nil, fmt.Errorf("runsc: %v: %w", err, errdefs.ErrInternal)
 		}
 	}
-	return &Runsc{opts: o, log: o.Log.With("runtime", "runsc")}, nil
+	r := &Runsc{opts: o, log: o.Log.With("runtime", "runsc")}
+	// The shared calls pass no id to r.command, so that only run, restore
+	// and checkpoint write a per-container runsc --log.
+	r.Tool = ocicli.Tool{Runtime: "runsc", Command: func(ctx context.Context, _ string, args ...string) ([]byte, error) {
+		return r.command(ctx, "", args...)
+	}}
+	return r, nil
 }
 
 // Name implements runtime.Runtime.
@@ -128,130 +133,18 @@ func (r *Runsc) command(ctx context.Context, id string, args ...string) ([]byte,
 	return stdout.Bytes(), nil
 }
 
+// errs classifies runsc's messages. Unlike crun, runsc's NotFound rule
+// comes before AlreadyExists (kept as it was), and runsc words an illegal
+// transition its own way.
+var errs = ocicli.Errors{Runtime: "runsc", Rules: []ocicli.Rule{
+	ocicli.NotFound,
+	ocicli.AlreadyExists,
+	ocicli.Precondition("cannot pause", "cannot resume", "invalid state", "is in state"),
+}}
+
 // wrap turns a failed runsc command into an error of the right class.
 func (r *Runsc) wrap(ctx context.Context, verb, id string, err error, stderr string) error {
-	if ctx.Err() != nil {
-		return fmt.Errorf("runsc %s %s: %w", verb, id, ctx.Err())
-	}
-	msg := strings.TrimSpace(stderr)
-	if msg == "" {
-		msg = err.Error()
-	}
-	return fmt.Errorf("runsc %s %s: %s: %w", verb, id, lastLines(msg, 5), classify(msg))
+	return errs.Wrap(ctx, verb, id, err, stderr)
 }
 
-func classify(msg string) error {
-	m := strings.ToLower(msg)
-	switch {
-	case strings.Contains(m, "does not exist") || strings.Contains(m, "no such file") || strings.Contains(m, "not found"):
-		return errdefs.ErrNotFound
-	case strings.Contains(m, "already exists"):
-		return errdefs.ErrAlreadyExists
-	case strings.Contains(m, "not running") || strings.Contains(m, "not paused") ||
-		strings.Contains(m, "cannot pause") || strings.Contains(m, "cannot resume") ||
-		strings.Contains(m, "invalid state") || strings.Contains(m, "is in state"):
-		return errdefs.ErrFailedPrecondition
-	}
-	return errdefs.ErrInternal
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(s, "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, " | ")
-}
-
-// validID rejects ids runsc would refuse or that could escape the root.
-func validID(id string) error {
-	if id == "" || len(id) > 128 || strings.ContainsAny(id, "/\\ \t\n\x00") || id == "." || id == ".." {
-		return fmt.Errorf("runsc: container id %q is not valid: %w", id, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
-
-// ociState is `runsc state` / `runsc list --format json` output.
-type ociState struct {
-	ID     string `json:"id"`
-	Pid    int    `json:"pid"`
-	Status string `json:"status"`
-	Bundle string `json:"bundle"`
-}
-
-func (s ociState) state() runtime.State {
-	return runtime.State{ID: s.ID, Status: s.Status, Pid: s.Pid, Bundle: s.Bundle}
-}
-
-// State implements runtime.Runtime.
-func (r *Runsc) State(ctx context.Context, id string) (runtime.State, error) {
-	if err := validID(id); err != nil {
-		return runtime.State{}, err
-	}
-	out, err := r.command(ctx, "", "state", id)
-	if err != nil {
-		return runtime.State{}, err
-	}
-	var s ociState
-	if err := json.Unmarshal(out, &s); err != nil {
-		return runtime.State{}, fmt.Errorf("runsc state %s: decode %q: %v: %w", id, out, err, errdefs.ErrInternal)
-	}
-	return s.state(), nil
-}
-
-// List implements runtime.Runtime.
-func (r *Runsc) List(ctx context.Context) ([]runtime.State, error) {
-	out, err := r.command(ctx, "", "list", "--format", "json")
-	if err != nil {
-		return nil, err
-	}
-	var ss []ociState
-	if t := bytes.TrimSpace(out); len(t) > 0 && !bytes.Equal(t, []byte("null")) {
-		if err := json.Unmarshal(t, &ss); err != nil {
-			return nil, fmt.Errorf("runsc list: decode: %v: %w", err, errdefs.ErrInternal)
-		}
-	}
-	states := make([]runtime.State, 0, len(ss))
-	for _, s := range ss {
-		states = append(states, s.state())
-	}
-	return states, nil
-}
-
-// Kill implements runtime.Runtime.
-func (r *Runsc) Kill(ctx context.Context, id string, sig syscall.Signal, all bool) error {
-	if err := validID(id); err != nil {
-		return err
-	}
-	args := []string{"kill"}
-	if all {
-		args = append(args, "--all")
-	}
-	_, err := r.command(ctx, "", append(args, id, strconv.Itoa(int(sig)))...)
-	return err
-}
-
-// Pause implements runtime.Runtime.
-func (r *Runsc) Pause(ctx context.Context, id string) error {
-	return r.transition(ctx, id, "pause", runtime.StatusRunning)
-}
-
-// Resume implements runtime.Runtime.
-func (r *Runsc) Resume(ctx context.Context, id string) error {
-	return r.transition(ctx, id, "resume", runtime.StatusPaused)
-}
-
-func (r *Runsc) transition(ctx context.Context, id, verb, want string) error {
-	st, err := r.State(ctx, id)
-	if err != nil {
-		return err
-	}
-	if st.Status != want {
-		return fmt.Errorf("runsc %s %s: container is %s, not %s: %w", verb, id, st.Status, want, errdefs.ErrFailedPrecondition)
-	}
-	_, err = r.command(ctx, "", verb, id)
-	return err
-}
-
-// isNotFound reports whether err is runsc saying the container is unknown.
-func isNotFound(err error) bool { return errors.Is(err, errdefs.ErrNotFound) }
+func validID(id string) error { return ocicli.ValidID("runsc", id) }

@@ -16,6 +16,7 @@ import (
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
+	"github.com/forkbox/forkbox/internal/runtime/testsuite"
 )
 
 func readTrim(t *testing.T, p string) string {
@@ -38,12 +39,12 @@ func TestLifecycle(t *testing.T) {
 	rt := f.rt
 
 	t0 := time.Now()
-	if err := rt.Run(ctx, f.id, f.bundle); err != nil {
+	if err := rt.Run(ctx, f.ID, f.Bundle); err != nil {
 		t.Fatalf("run: %v", err)
 	}
 	t.Logf("run → running: %v", time.Since(t0))
 
-	st, err := rt.State(ctx, f.id)
+	st, err := rt.State(ctx, f.ID)
 	if err != nil {
 		t.Fatalf("state: %v", err)
 	}
@@ -52,84 +53,84 @@ func TestLifecycle(t *testing.T) {
 	}
 	// The sandbox joined the spec's netns (no nsenter needed).
 	var nsSt syscall.Stat_t
-	if err := syscall.Stat(f.netns, &nsSt); err != nil {
+	if err := syscall.Stat(f.NetNS, &nsSt); err != nil {
 		t.Fatal(err)
 	}
 	if link, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", st.Pid)); err != nil || link != fmt.Sprintf("net:[%d]", nsSt.Ino) {
 		t.Errorf("sandbox pid %d netns = %q, %v; want net:[%d]", st.Pid, link, err, nsSt.Ino)
 	}
-	if err := rt.Run(ctx, f.id, f.bundle); !errdefs.IsAlreadyExists(err) {
+	if err := rt.Run(ctx, f.ID, f.Bundle); !errdefs.IsAlreadyExists(err) {
 		t.Errorf("second run: got %v, want AlreadyExists", err)
 	}
 
 	// Writes of the sandbox reach the host rootfs (--overlay2=none), and
 	// stdout reaches the bundle's log.
-	log := waitLog(t, f.bundle, "written", 10*time.Second)
-	if got := readTrim(t, filepath.Join(f.rootfs, "tmp/x")); got != "hi" {
+	log := f.WaitLog(t, "written", 10*time.Second)
+	if got := readTrim(t, filepath.Join(f.Rootfs, "tmp/x")); got != "hi" {
 		t.Errorf("host rootfs tmp/x = %q, want %q", got, "hi")
 	}
-	if !strings.Contains(log, "host="+f.id) {
-		t.Errorf("log %q: want hostname %s", log, f.id)
+	if !strings.Contains(log, "host="+f.Hostname) {
+		t.Errorf("log %q: want hostname %s", log, f.Hostname)
 	}
 
 	// Cgroup limits land in the v1 controllers at the spec's cgroupsPath.
 	for file, want := range map[string]string{
-		"memory/" + f.cgroup + "/memory.limit_in_bytes": "67108864",
-		"cpu/" + f.cgroup + "/cpu.cfs_quota_us":         "50000",
-		"cpu/" + f.cgroup + "/cpu.cfs_period_us":        "100000",
-		"pids/" + f.cgroup + "/pids.max":                "100",
+		"memory/" + f.Cgroup + "/memory.limit_in_bytes": "67108864",
+		"cpu/" + f.Cgroup + "/cpu.cfs_quota_us":         "50000",
+		"cpu/" + f.Cgroup + "/cpu.cfs_period_us":        "100000",
+		"pids/" + f.Cgroup + "/pids.max":                "100",
 	} {
 		if got := readTrim(t, filepath.Join("/sys/fs/cgroup", file)); got != want {
 			t.Errorf("%s = %q, want %q", file, got, want)
 		}
 	}
-	procs := hostProcsWith(f.id)
+	procs := hostProcsWith(f.ID)
 	t.Logf("host processes for the sandbox: %d: %q", len(procs), procs)
 
 	list, err := rt.List(ctx)
 	if err != nil {
 		t.Fatalf("list: %v", err)
 	}
-	if !slices.ContainsFunc(list, func(s runtime.State) bool { return s.ID == f.id }) {
-		t.Errorf("list = %+v, want %s in it", list, f.id)
+	if !slices.ContainsFunc(list, func(s runtime.State) bool { return s.ID == f.ID }) {
+		t.Errorf("list = %+v, want %s in it", list, f.ID)
 	}
 
-	if err := rt.Resume(ctx, f.id); !errdefs.IsFailedPrecondition(err) {
+	if err := rt.Resume(ctx, f.ID); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("resume running: got %v, want FailedPrecondition", err)
 	}
 	t0 = time.Now()
-	if err := rt.Pause(ctx, f.id); err != nil {
+	if err := rt.Pause(ctx, f.ID); err != nil {
 		t.Fatalf("pause: %v", err)
 	}
 	t.Logf("pause: %v", time.Since(t0))
-	if st, _ := rt.State(ctx, f.id); st.Status != runtime.StatusPaused {
+	if st, _ := rt.State(ctx, f.ID); st.Status != runtime.StatusPaused {
 		t.Errorf("after pause: status %q, want paused", st.Status)
 	}
 	t0 = time.Now()
-	if err := rt.Resume(ctx, f.id); err != nil {
+	if err := rt.Resume(ctx, f.ID); err != nil {
 		t.Fatalf("resume: %v", err)
 	}
 	t.Logf("resume: %v", time.Since(t0))
-	if st, _ := rt.State(ctx, f.id); st.Status != runtime.StatusRunning {
+	if st, _ := rt.State(ctx, f.ID); st.Status != runtime.StatusRunning {
 		t.Errorf("after resume: status %q, want running", st.Status)
 	}
 
 	t0 = time.Now()
-	if err := rt.Kill(ctx, f.id, syscall.SIGKILL, true); err != nil {
+	if err := rt.Kill(ctx, f.ID, syscall.SIGKILL, true); err != nil {
 		t.Fatalf("kill: %v", err)
 	}
-	if err := rt.Delete(ctx, f.id, true); err != nil {
+	if err := rt.Delete(ctx, f.ID, true); err != nil {
 		t.Fatalf("delete: %v", err)
 	}
 	t.Logf("kill + delete: %v", time.Since(t0))
 
-	if _, err := rt.State(ctx, f.id); !errdefs.IsNotFound(err) {
+	if _, err := rt.State(ctx, f.ID); !errdefs.IsNotFound(err) {
 		t.Errorf("state after delete: got %v, want NotFound", err)
 	}
-	if err := rt.Delete(ctx, f.id, false); err != nil {
+	if err := rt.Delete(ctx, f.ID, false); err != nil {
 		t.Errorf("second delete: got %v, want nil", err)
 	}
-	if err := rt.Kill(ctx, f.id, syscall.SIGTERM, false); !errdefs.IsNotFound(err) {
+	if err := rt.Kill(ctx, f.ID, syscall.SIGTERM, false); !errdefs.IsNotFound(err) {
 		t.Errorf("kill after delete: got %v, want NotFound", err)
 	}
 	assertNoTrace(t, f)
@@ -141,7 +142,7 @@ func assertNoTrace(t *testing.T, f *fixture) {
 	t.Helper()
 	var procs []string
 	for i := 0; i < 100; i++ { // the sandbox may take a moment to be reaped
-		if procs = hostProcsWith(f.id); len(procs) == 0 {
+		if procs = hostProcsWith(f.ID); len(procs) == 0 {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -149,15 +150,12 @@ func assertNoTrace(t *testing.T, f *fixture) {
 	if len(procs) > 0 {
 		t.Errorf("processes left: %q", procs)
 	}
-	for _, c := range cgroupControllers {
-		p := filepath.Join("/sys/fs/cgroup", c, f.cgroup)
-		if _, err := os.Stat(p); err == nil {
-			t.Errorf("cgroup dir left: %s", p)
-		}
+	for _, p := range testsuite.CgroupDirs(f.Cgroup) {
+		t.Errorf("cgroup dir left: %s", p)
 	}
 	ents, _ := os.ReadDir(f.rt.Root())
 	for _, e := range ents {
-		if strings.Contains(e.Name(), f.id) {
+		if strings.Contains(e.Name(), f.ID) {
 			t.Errorf("state entry left: %s", filepath.Join(f.rt.Root(), e.Name()))
 		}
 	}
@@ -165,12 +163,12 @@ func assertNoTrace(t *testing.T, f *fixture) {
 
 func TestRunFailureLeavesNothing(t *testing.T) {
 	f := newFixture(t, Options{}, spec.SpecOptions{Args: []string{"/no/such/binary"}})
-	err := f.rt.Run(context.Background(), f.id, f.bundle)
+	err := f.rt.Run(context.Background(), f.ID, f.Bundle)
 	if err == nil {
 		t.Fatal("run of a missing binary succeeded")
 	}
 	t.Logf("run error: %v", err)
-	if _, err := f.rt.State(context.Background(), f.id); !errdefs.IsNotFound(err) {
+	if _, err := f.rt.State(context.Background(), f.ID); !errdefs.IsNotFound(err) {
 		t.Errorf("state after failed run: got %v, want NotFound", err)
 	}
 	assertNoTrace(t, f)

@@ -34,10 +34,10 @@ func TestWriteVisibility(t *testing.T) {
 				Args: []string{"/bin/sh", "-c", visibilityScript},
 			})
 			// A file the sandbox reads (so gVisor caches it) then overwrites.
-			if err := os.WriteFile(filepath.Join(f.rootfs, "old"), []byte("old\n"), 0o644); err != nil {
+			if err := os.WriteFile(filepath.Join(f.Rootfs, "old"), []byte("old\n"), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			if err := f.rt.Run(context.Background(), f.id, f.bundle); err != nil {
+			if err := f.rt.Run(context.Background(), f.ID, f.Bundle); err != nil {
 				t.Fatalf("run: %v", err)
 			}
 			checks := []struct{ step, file, want string }{
@@ -46,29 +46,29 @@ func TestWriteVisibility(t *testing.T) {
 				{"step3", "tmp/t", "tmp"},
 			}
 			for _, c := range checks {
-				waitLog(t, f.bundle, c.step, 10*time.Second)
-				b, err := os.ReadFile(filepath.Join(f.rootfs, c.file))
+				f.WaitLog(t, c.step, 10*time.Second)
+				b, err := os.ReadFile(filepath.Join(f.Rootfs, c.file))
 				if got := string(b); err != nil || got != c.want+"\n" {
 					t.Errorf("after %s: host %s = %q, %v; want %q", c.step, c.file, got, err, c.want)
 				}
 			}
 			t3 := time.Now()
-			waitLog(t, f.bundle, "step4", 60*time.Second)
+			f.WaitLog(t, "step4", 60*time.Second)
 			t4 := time.Now()
-			fi, err := os.Stat(filepath.Join(f.rootfs, "big"))
+			fi, err := os.Stat(filepath.Join(f.Rootfs, "big"))
 			if err != nil || fi.Size() != 100<<20 {
 				t.Errorf("after dd: host big: %v, %v; want 100 MiB", fi, err)
 			}
-			waitLog(t, f.bundle, "step5", 60*time.Second)
+			f.WaitLog(t, "step5", 60*time.Second)
 			// Busybox dd prints no timing; the host-side gaps between steps
 			// are close enough (5 ms polling).
 			t.Logf("file-access=%s: dd 100 MiB write %v, read %v", access, t4.Sub(t3), time.Since(t4))
 
 			// The other way: host changes while the sandbox runs (after it
 			// looked both files up).
-			os.WriteFile(filepath.Join(f.rootfs, "x"), []byte("host\n"), 0o644)
-			os.WriteFile(filepath.Join(f.rootfs, "fromhost"), []byte("yes\n"), 0o644)
-			log := waitLog(t, f.bundle, "step6", 10*time.Second)
+			os.WriteFile(filepath.Join(f.Rootfs, "x"), []byte("host\n"), 0o644)
+			os.WriteFile(filepath.Join(f.Rootfs, "fromhost"), []byte("yes\n"), 0o644)
+			log := f.WaitLog(t, "step6", 10*time.Second)
 			seen := regexp.MustCompile(`saw=.*`).FindString(log)
 			t.Logf("file-access=%s: host writes seen by the sandbox: %q (want saw=yes x=host)", access, seen)
 			if access == "shared" && seen != "saw=yes x=host" {

@@ -143,9 +143,20 @@ func NewFixture(tb testing.TB, rt runtime.Runtime, so spec.SpecOptions, hooks ..
 	tmp := tb.TempDir()
 	f := &Fixture{RT: rt, ID: RandID("fbxsuite-"), Bundle: filepath.Join(tmp, "bundle"), Rootfs: filepath.Join(tmp, "rootfs")}
 	f.Hostname = "host-" + f.ID[len(f.ID)-8:]
-	f.Cgroup = CgroupParent + "/" + f.ID
 	BusyboxRootfs(tb, f.Rootfs)
 	f.NetNS = Netns(tb)
+	f.WriteBundle(tb, so, hooks...)
+	return f
+}
+
+// WriteBundle writes f.Bundle for a container with f's id, rootfs (which
+// must exist), hostname and netns from so (Rootfs, Hostname, CgroupsPath,
+// NetNSPath and the /etc mounts are filled in; f.Cgroup is set under
+// CgroupParent), applies hooks to the spec, and registers the container's
+// deletion and its cgroup dirs' removal in Cleanup.
+func (f *Fixture) WriteBundle(tb testing.TB, so spec.SpecOptions, hooks ...func(*specs.Spec)) {
+	tb.Helper()
+	f.Cgroup = CgroupParent + "/" + f.ID
 	mounts, err := spec.WriteEtcFiles(f.Bundle, spec.EtcFiles{Hostname: f.Hostname})
 	if err != nil {
 		tb.Fatal(err)
@@ -166,7 +177,6 @@ func NewFixture(tb testing.TB, rt runtime.Runtime, so spec.SpecOptions, hooks ..
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { f.remove(tb, f.ID) })
-	return f
 }
 
 // remove force-deletes container id and its cgroup dirs.
