@@ -37,13 +37,18 @@ var env struct {
 	extra    []string // extra serve flags
 }
 
-const (
-	bridge       = "fbxe2e0"
-	netTable     = "forkbox_e2e"
-	vethPrefix   = "fbe"
-	subnet       = "10.213.0.0/24"
-	gateway      = "10.213.0.1"
-	cgroupParent = "forkbox-e2e"
+// The host names of this run carry a random suffix, so that two runs on
+// one host (two developers, or a run beside CI) never touch each other's
+// bridge, nftables table, veths, subnet or cgroups.
+var (
+	runID        = fmt.Sprintf("%04x", os.Getpid()&0xffff)
+	bridge       = "fbxe2e" + runID
+	netTable     = "forkbox_e2e_" + runID
+	vethPrefix   = "e" + runID
+	third        = 100 + os.Getpid()%150
+	subnet       = fmt.Sprintf("10.213.%d.0/24", third)
+	gateway      = fmt.Sprintf("10.213.%d.1", third)
+	cgroupParent = "forkbox-e2e-" + runID
 )
 
 // prerequisites says what this machine lacks for the suite, or "".
