@@ -68,3 +68,24 @@ func seq(a, b int) []float64 {
 	}
 	return out
 }
+
+func TestMemLimit(t *testing.T) {
+	for in, want := range map[int64]string{10_000_000: "276Mi", 256_000_000: "745Mi", 1_000_000_000: "2164Mi"} {
+		if got := memLimit(in); got != want {
+			t.Errorf("memLimit(%d) = %s, want %s", in, got, want)
+		}
+	}
+}
+
+func TestParseFlagsMemory(t *testing.T) {
+	o, err := parseFlags([]string{"--quick"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.sections["memory"] || len(o.memSizes) != 1 || o.memSizes[0] != "10MB" || o.memReps != 3 || o.memFanout != 3 {
+		t.Errorf("--quick: memory section %v, sizes %v, reps %d, fan-out %d", o.sections["memory"], o.memSizes, o.memReps, o.memFanout)
+	}
+	if _, err := parseFlags([]string{"--mem-sizes", "x"}); err == nil {
+		t.Error("--mem-sizes x: no error")
+	}
+}

@@ -3,7 +3,10 @@
 // fork capture and fork-to-child-ready against the naive baseline (a fresh
 // sandbox plus the same setup), a fan-out fork of many children, the
 // capture of a CPU-busy source, and environments (a calibrated setup done
-// fresh per run vs built once and forked per run, and warm-pool hand-overs). Every figure is a median and a p95 over
+// fresh per run vs built once and forked per run, and warm-pool hand-overs),
+// and memory forks on gVisor (memory checkpoint, per-child restore and a
+// memory fan-out of sources holding resident memory, beside the filesystem
+// fork of the same source). Every figure is a median and a p95 over
 // repeated runs, never a single timing.
 //
 // By default it starts a throwaway daemon of its own (own state dir, socket,
@@ -12,6 +15,7 @@
 //
 //	go run ./tools/bench [--quick] [--json] [--sizes 1MB,100MB,1GB] [--runtimes gvisor,crun]
 //	go run ./tools/bench --sections env [--env-setup 10s] [--env-runs 10] [--env-samples 20]
+//	go run ./tools/bench --sections memory [--mem-sizes 10MB,256MB,1GB] [--mem-reps 5] [--mem-fanout 10]
 package main
 
 import (
@@ -51,11 +55,14 @@ type options struct {
 	envSetup     time.Duration
 	envRuns      int
 	envSamples   int
+	memSizes     []string
+	memReps      int
+	memFanout    int
 }
 
 func parseFlags(args []string) (options, error) {
 	var o options
-	var sizes, runtimes, sections string
+	var sizes, runtimes, sections, memSizes string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.StringVar(&o.host, "host", "", "use this running daemon (unix:///path or http://host:port) instead of a throwaway one")
 	fs.StringVar(&o.token, "token", os.Getenv("FORKBOX_TOKEN"), "bearer token for a TCP --host")
@@ -67,19 +74,27 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.baselineReps, "baseline-reps", 3, "naive baseline repetitions (create + write) per size")
 	fs.IntVar(&o.floorReps, "floor-reps", 50, "raw namespaced starts")
 	fs.StringVar(&o.memory, "memory", "256Mi", "memory limit of every sandbox")
-	fs.BoolVar(&o.quick, "quick", false, "smoke run: sizes 1MB,10MB, 3 reps, fan-out 10, env setup 2s x 3 runs, 5 hand-overs")
+	fs.BoolVar(&o.quick, "quick", false, "smoke run: sizes 1MB,10MB, 3 reps, fan-out 10, env setup 2s x 3 runs, 5 hand-overs, memory 10MB x 3 reps, memory fan-out 3")
 	fs.BoolVar(&o.json, "json", false, "print the results as JSON")
-	fs.StringVar(&sections, "sections", "start,fork,fanout,busy,env", "sections to run")
+	fs.StringVar(&sections, "sections", "start,fork,fanout,busy,env,memory", "sections to run")
 	fs.DurationVar(&o.envSetup, "env-setup", 10*time.Second, "environment setup work to calibrate for (env section)")
 	fs.IntVar(&o.envRuns, "env-runs", 10, "runs of fresh setup vs build once and fork (env section)")
 	fs.IntVar(&o.envSamples, "env-samples", 20, "warm-pool hand-over samples (env section)")
-	fs.StringVar(&o.logLevel, "daemon-log-level", "info", "log level of the throwaway daemon")
+	fs.StringVar(&memSizes, "mem-sizes", "10MB,256MB,1GB", "resident memory of the memory section's sources (gVisor)")
+	fs.IntVar(&o.memReps, "mem-reps", 5, "memory checkpoints, memory forks and filesystem forks per size (memory section)")
+	fs.IntVar(&o.memFanout, "mem-fanout", 10, "children of the memory fan-out fork, when the host's memory holds them (0 skips it)")
+	fs.StringVar(&o.logLevel, "daemon-log-level", "info", "log level of the throwaway daemon (debug when the memory section runs)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the throwaway daemon's directory (logs) after the run")
 	if err := fs.Parse(args); err != nil {
 		return o, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if !set["daemon-log-level"] && strings.Contains(sections, "memory") {
+		// The memory section reads the child's `runsc restore` time from
+		// the daemon's debug log.
+		o.logLevel = "debug"
+	}
 	if o.quick {
 		if !set["sizes"] {
 			sizes = "1MB,10MB"
@@ -108,17 +123,27 @@ func parseFlags(args []string) (options, error) {
 		if !set["env-samples"] {
 			o.envSamples = 5
 		}
+		if !set["mem-sizes"] {
+			memSizes = "10MB"
+		}
+		if !set["mem-reps"] {
+			o.memReps = 3
+		}
+		if !set["mem-fanout"] {
+			o.memFanout = 3
+		}
 	}
 	o.sizes = splitList(sizes)
 	o.runtimes = splitList(runtimes)
+	o.memSizes = splitList(memSizes)
 	o.sections = map[string]bool{}
 	for _, x := range splitList(sections) {
-		if x != "start" && x != "fork" && x != "fanout" && x != "busy" && x != "env" {
-			return o, fmt.Errorf("section %q: want start, fork, fanout, busy or env: %w", x, errdefs.ErrInvalidArgument)
+		if x != "start" && x != "fork" && x != "fanout" && x != "busy" && x != "env" && x != "memory" {
+			return o, fmt.Errorf("section %q: want start, fork, fanout, busy, env or memory: %w", x, errdefs.ErrInvalidArgument)
 		}
 		o.sections[x] = true
 	}
-	for _, s := range o.sizes {
+	for _, s := range append(append([]string(nil), o.sizes...), o.memSizes...) {
 		if _, err := parseSize(s); err != nil {
 			return o, err
 		}
@@ -130,6 +155,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.reps < 1 || o.execReps < 1 || o.baselineReps < 1 || o.floorReps < 1 || o.fanout < 0 || o.fanout > 100 {
 		return o, fmt.Errorf("reps must be >= 1 and fanout 0..100: %w", errdefs.ErrInvalidArgument)
+	}
+	if o.memReps < 1 || o.memFanout < 0 || o.memFanout > 100 {
+		return o, fmt.Errorf("mem-reps must be >= 1 and mem-fanout 0..100: %w", errdefs.ErrInvalidArgument)
 	}
 	if o.envRuns < 2 || o.envSamples < 1 || o.envSetup < 100*time.Millisecond {
 		return o, fmt.Errorf("env-runs must be >= 2, env-samples >= 1 and env-setup >= 100ms: %w", errdefs.ErrInvalidArgument)
@@ -235,6 +263,7 @@ func run(o options) (err error) {
 			return err
 		}
 		b.c = &client.Client{Socket: d.socket}
+		b.daemonLog, b.stateDir = d.log.Name(), d.stateDir
 		rep.Daemon = "throwaway (" + d.socket + ")"
 	}
 	defer b.closeLeft()
@@ -254,6 +283,12 @@ func run(o options) (err error) {
 		return fmt.Errorf("import busybox: %w", err)
 	}
 	b.image = im.Name
+	if b.memorySection() {
+		progress("building the memory section's allocator")
+		if b.memhog, err = buildMemhog(ctx, dir); err != nil {
+			return err
+		}
+	}
 	rootfs := filepath.Join(dir, "rootfs")
 	if err := unpackRootfs(img, rootfs); err != nil {
 		return fmt.Errorf("unpack rootfs for the floor: %w", err)
@@ -338,7 +373,31 @@ func (b *bench) measureAll(ctx context.Context, rep *Report, rootfs string) erro
 		}
 		rep.Env = &r
 	}
+	if b.memorySection() {
+		for _, s := range o.memSizes {
+			size, _ := parseSize(s)
+			progress("memory forks on gvisor: %s resident", s)
+			r, err := b.measureMemory(ctx, s, size)
+			if err != nil {
+				return err
+			}
+			rep.Memory = append(rep.Memory, r)
+		}
+	}
 	return nil
+}
+
+// memorySection says whether the memory section runs: it is gVisor only.
+func (b *bench) memorySection() bool {
+	if !b.opts.sections["memory"] || len(b.opts.memSizes) == 0 {
+		return false
+	}
+	for _, rt := range b.opts.runtimes {
+		if rt == "gvisor" {
+			return true
+		}
+	}
+	return false
 }
 
 func hostInfo() string {

@@ -16,6 +16,10 @@ type bench struct {
 	c     *client.Client
 	image string
 	opts  options
+	// memhog is the allocator binary of the memory section; daemonLog and
+	// stateDir are the throwaway daemon's (empty with --host).
+	memhog              []byte
+	daemonLog, stateDir string
 
 	mu   sync.Mutex
 	live map[string]*client.Sandbox

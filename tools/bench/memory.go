@@ -1,0 +1,329 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/forkbox/forkbox/client"
+)
+
+// MemoryResult is section 6 for one resident size (gVisor): memory
+// checkpoints, memory forks (one child, then a fan-out) and the filesystem
+// fork of the same source beside them.
+type MemoryResult struct {
+	Size  string `json:"size"`
+	Bytes int64  `json:"bytes"`
+	// Limit is the sandboxes' memory limit (size*2 + 256Mi).
+	Limit   string  `json:"limit"`
+	SetupMS float64 `json:"setup_ms"`
+	// ImageBytes is the first memory checkpoint's files under the
+	// daemon's memimages/ (throwaway daemon only; 0 unknown).
+	ImageBytes int64 `json:"image_bytes"`
+	// Checkpoint is Checkpoint.CaptureMs of CheckpointMemory (runsc
+	// checkpoint + snapshot); CheckpointCall the client's call; Downtime the
+	// daemon's logged source_downtime_ms (checkpoint until the source is
+	// restored in place; throwaway daemon only).
+	Checkpoint     Summary `json:"checkpoint"`
+	CheckpointCall Summary `json:"checkpoint_call"`
+	Downtime       Summary `json:"source_downtime"`
+	// Memory forks of one child: ForkResult.CaptureMS, ForkChild.StartMS
+	// and the client's fork call until the child is ready.
+	ForkCapture Summary `json:"mem_fork_capture"`
+	ChildStart  Summary `json:"mem_child_start"`
+	ForkWall    Summary `json:"mem_fork_wall"`
+	// ForkDowntime is the source's logged downtime in a memory fork;
+	// ChildRestore the child's `runsc restore` (daemon debug log only).
+	ForkDowntime Summary `json:"mem_fork_source_downtime"`
+	ChildRestore Summary `json:"mem_child_runsc_restore"`
+	// Filesystem forks of one child of the same source.
+	FSCapture    Summary    `json:"fs_fork_capture"`
+	FSChildStart Summary    `json:"fs_child_start"`
+	FSForkWall   Summary    `json:"fs_fork_wall"`
+	Fanout       *MemFanout `json:"fanout,omitempty"`
+	FanoutSkip   string     `json:"fanout_skipped,omitempty"`
+	// Checks of "the allocator still runs and beats": sources after a
+	// checkpoint, children after a memory fork. Failures are counted.
+	Checks   int    `json:"alive_checks"`
+	Failures int    `json:"failures"`
+	FirstErr string `json:"first_error,omitempty"`
+}
+
+// MemFanout is one memory fork of many children.
+type MemFanout struct {
+	Count      int     `json:"count"`
+	Started    int     `json:"started"`
+	Alive      int     `json:"alive"`
+	CaptureMS  float64 `json:"capture_ms"`
+	TotalMS    float64 `json:"total_ms"`
+	WallMS     float64 `json:"wall_ms"`
+	ChildStart Summary `json:"child_start"`
+	// Restore is each child's `runsc restore` (daemon debug log only).
+	Restore Summary `json:"runsc_restore"`
+	CloseMS float64 `json:"close_ms"`
+}
+
+// memLimit is the sandbox memory limit for a source holding size bytes.
+func memLimit(size int64) string {
+	return fmt.Sprintf("%dMi", (2*size+(1<<20)-1)>>20+256)
+}
+
+func (r *MemoryResult) fail(what string, err error) {
+	r.Failures++
+	if r.FirstErr == "" {
+		r.FirstErr = fmt.Sprintf("%s: %v", what, err)
+	}
+	progress("  FAILED %s: %v", what, err)
+}
+
+// check records whether sb's allocator still runs.
+func (r *MemoryResult) check(ctx context.Context, sb *client.Sandbox, what string) bool {
+	r.Checks++
+	if err := sh(ctx, sb, aliveCmd); err != nil {
+		r.fail(what+": allocator not running", err)
+		return false
+	}
+	return true
+}
+
+// memSource creates a gVisor sandbox whose allocator holds size bytes.
+func (b *bench) memSource(ctx context.Context, size int64, limit string) (*client.Sandbox, error) {
+	sb, err := b.c.CreateSandbox(ctx, client.CreateOptions{Image: b.image, Runtime: "gvisor",
+		Resources: client.Resources{Memory: limit}})
+	if err != nil {
+		return nil, fmt.Errorf("create gvisor sandbox (%s): %w", limit, err)
+	}
+	b.track(sb)
+	if err := sb.WriteFile(ctx, memhogPath, b.memhog, 0o755); err != nil {
+		return sb, fmt.Errorf("write the allocator: %w", err)
+	}
+	if _, err := sb.Start(ctx, client.ExecOptions{Shell: fmt.Sprintf("exec %s %d >/dev/null 2>&1", memhogPath, size)}); err != nil {
+		return sb, fmt.Errorf("start the allocator: %w", err)
+	}
+	deadline := time.Now().Add(2*time.Minute + time.Duration(size>>20)*50*time.Millisecond)
+	for {
+		err := sh(ctx, sb, "test -f "+memhogReady)
+		if err == nil {
+			return sb, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return sb, fmt.Errorf("the allocator of %d bytes did not get ready: %w", size, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (b *bench) measureMemory(ctx context.Context, label string, size int64) (MemoryResult, error) {
+	o := b.opts
+	r := MemoryResult{Size: label, Bytes: size, Limit: memLimit(size)}
+	t := time.Now()
+	src, err := b.memSource(ctx, size, r.Limit)
+	if src != nil {
+		defer b.close(ctx, src)
+	}
+	if err != nil {
+		return r, err
+	}
+	r.SetupMS = ms(time.Since(t))
+	if !r.check(ctx, src, "source before any checkpoint") {
+		return r, fmt.Errorf("%s source: %s", label, r.FirstErr)
+	}
+
+	progress("  %s: %d memory checkpoints", label, o.memReps)
+	var caps, calls, downs []float64
+	for i := range o.memReps {
+		t := time.Now()
+		ck, err := src.CheckpointMemory(ctx, fmt.Sprintf("bench-memck-%d", i))
+		call := ms(time.Since(t))
+		if err != nil {
+			r.fail("memory checkpoint", err)
+			continue
+		}
+		caps, calls = append(caps, ck.CaptureMs), append(calls, call)
+		if d, ok := b.loggedDowntime(ck.Id); ok {
+			downs = append(downs, d)
+		}
+		if i == 0 {
+			r.ImageBytes = b.imageBytes(ck.Id)
+		}
+		r.check(ctx, src, "source after a memory checkpoint")
+		b.deleteCheckpoint(ctx, ck)
+	}
+	r.Checkpoint, r.CheckpointCall, r.Downtime = summarize(caps), summarize(calls), summarize(downs)
+
+	progress("  %s: %d memory forks of one child", label, o.memReps)
+	var fcaps, starts, walls, fdowns, restores []float64
+	for i := range o.memReps {
+		t := time.Now()
+		res, err := src.Fork(ctx, client.ForkOptions{Tag: fmt.Sprintf("bench-memfork-%d", i), Count: 1, Memory: true})
+		wall := ms(time.Since(t))
+		if err != nil {
+			r.fail("memory fork", err)
+			continue
+		}
+		kids := res.Sandboxes()
+		b.track(kids...)
+		if c := res.Children[0]; c.Err != nil {
+			r.fail("memory fork child", c.Err)
+		} else {
+			fcaps, starts, walls = append(fcaps, res.CaptureMS), append(starts, c.StartMS), append(walls, wall)
+			if d, ok := b.loggedRestore(c.Sandbox.ID); ok {
+				restores = append(restores, d)
+			}
+			r.check(ctx, c.Sandbox, "memory-forked child")
+		}
+		if res.Checkpoint != nil {
+			if d, ok := b.loggedDowntime(res.Checkpoint.Id); ok {
+				fdowns = append(fdowns, d)
+			}
+		}
+		b.close(ctx, kids...)
+		b.deleteCheckpoint(ctx, res.Checkpoint)
+	}
+	r.ForkCapture, r.ChildStart, r.ForkWall = summarize(fcaps), summarize(starts), summarize(walls)
+	r.ForkDowntime, r.ChildRestore = summarize(fdowns), summarize(restores)
+	r.check(ctx, src, "source after the memory forks")
+
+	b.memFanout(ctx, &r, src)
+
+	progress("  %s: %d filesystem forks of one child", label, o.memReps)
+	fcaps, starts, walls = nil, nil, nil
+	for i := range o.memReps {
+		c, s, w, err := b.forkOnce(ctx, src, fmt.Sprintf("bench-memfs-%d", i))
+		if err != nil {
+			r.fail("filesystem fork", err)
+			continue
+		}
+		fcaps, starts, walls = append(fcaps, c), append(starts, s), append(walls, w)
+	}
+	r.FSCapture, r.FSChildStart, r.FSForkWall = summarize(fcaps), summarize(starts), summarize(walls)
+	return r, nil
+}
+
+// memFanout forks o.memFanout children at once, when the host's available
+// memory holds them all (each restores the source's resident memory).
+func (b *bench) memFanout(ctx context.Context, r *MemoryResult, src *client.Sandbox) {
+	n := b.opts.memFanout
+	if n <= 0 {
+		r.FanoutSkip = "--mem-fanout 0"
+		return
+	}
+	// Per child: the resident size plus ~150 MB of sentry, agent and page
+	// tables; 2 GiB kept for the host, the image's page cache and the rest.
+	need := float64(n)*(float64(r.Bytes)+150e6)/(1<<30) + 2
+	if avail := meminfo()["MemAvailable"]; avail < need {
+		r.FanoutSkip = fmt.Sprintf("%d children need about %.1f GiB, %.1f GiB available", n, need, avail)
+		progress("  %s: fan-out skipped: %s", r.Size, r.FanoutSkip)
+		return
+	}
+	progress("  %s: one memory fork of %d children", r.Size, n)
+	f := &MemFanout{Count: n}
+	r.Fanout = f
+	t := time.Now()
+	res, err := src.Fork(ctx, client.ForkOptions{Tag: "bench-memfanout", Count: n, Memory: true})
+	f.WallMS = ms(time.Since(t))
+	if err != nil {
+		r.fail("memory fan-out", err)
+		return
+	}
+	kids := res.Sandboxes()
+	b.track(kids...)
+	f.CaptureMS, f.TotalMS = res.CaptureMS, res.TotalMS
+	var starts, restores []float64
+	for _, c := range res.Children {
+		if c.Err != nil {
+			r.fail("memory fan-out child", c.Err)
+			continue
+		}
+		f.Started++
+		starts = append(starts, c.StartMS)
+		if d, ok := b.loggedRestore(c.Sandbox.ID); ok {
+			restores = append(restores, d)
+		}
+		if r.check(ctx, c.Sandbox, "fan-out child") {
+			f.Alive++
+		}
+	}
+	f.ChildStart, f.Restore = summarize(starts), summarize(restores)
+	t = time.Now()
+	b.close(ctx, kids...)
+	f.CloseMS = ms(time.Since(t))
+	b.deleteCheckpoint(ctx, res.Checkpoint)
+}
+
+var (
+	downtimeRE = regexp.MustCompile(`msg="memory checkpoint" .*checkpoint=(\S+) .*source_downtime_ms=([0-9.]+)`)
+	restoreRE  = regexp.MustCompile(`msg="container restored" .*sandbox=(\S+) .*took=(\S+)`)
+)
+
+// loggedDowntime finds the source downtime the throwaway daemon logged for
+// memory checkpoint id.
+func (b *bench) loggedDowntime(id string) (float64, bool) {
+	m := b.findLog(downtimeRE, id)
+	if m == nil {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(m[2], 64)
+	return v, err == nil
+}
+
+// loggedRestore finds the `runsc restore` time of sandbox id in the
+// throwaway daemon's debug log.
+func (b *bench) loggedRestore(id string) (float64, bool) {
+	m := b.findLog(restoreRE, id)
+	if m == nil {
+		return 0, false
+	}
+	d, err := time.ParseDuration(m[2])
+	return ms(d), err == nil
+}
+
+// findLog returns the submatches of the last line of the throwaway
+// daemon's log that re matches with key as its first group.
+func (b *bench) findLog(re *regexp.Regexp, key string) []string {
+	if b.daemonLog == "" {
+		return nil
+	}
+	f, err := os.Open(b.daemonLog)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var found []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.Contains(line, key) {
+			continue
+		}
+		if m := re.FindStringSubmatch(line); m != nil && m[1] == key {
+			found = m
+		}
+	}
+	return found
+}
+
+// imageBytes is the size of the files of memory checkpoint id on disk.
+func (b *bench) imageBytes(id string) int64 {
+	if b.stateDir == "" {
+		return 0
+	}
+	var n int64
+	filepath.WalkDir(filepath.Join(b.stateDir, "memimages", id), func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if info, err := d.Info(); err == nil {
+				n += info.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}

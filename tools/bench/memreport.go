@@ -1,0 +1,54 @@
+package main
+
+import (
+	"fmt"
+	"io"
+)
+
+// printMemory writes section 6.
+func printMemory(w io.Writer, ms []MemoryResult) {
+	fmt.Fprintf(w, "6. memory forks on gVisor: a source whose process holds N of resident memory (n=%d each; limit = 2N + 256Mi)\n", ms[0].Checkpoint.N)
+	fmt.Fprintln(w, "   memory checkpoint (CheckpointMemory): runsc checkpoint + snapshot; the source stops, then is restored in place")
+	fmt.Fprintln(w, "resident\tsetup\timage MB\tcheckpoint (CaptureMs)\tsource downtime\tcall\t")
+	for _, m := range ms {
+		img := "-"
+		if m.ImageBytes > 0 {
+			img = num(float64(m.ImageBytes) / 1e6)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t\n", m.Size, num(m.SetupMS), img, pp(m.Checkpoint), pp(m.Downtime), pp(m.CheckpointCall))
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "   one child: memory fork (children continue the allocator) vs filesystem fork of the same source")
+	fmt.Fprintln(w, "   (source downtime from the daemon's log; runsc restore = the child's `runsc restore` from its debug log, within child start)")
+	fmt.Fprintln(w, "resident\tmem capture\tsource downtime\tmem child start\trunsc restore\tmem call→ready\tfs capture\tfs child start\tfs call→ready\t")
+	for _, m := range ms {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", m.Size, pp(m.ForkCapture), pp(m.ForkDowntime), pp(m.ChildStart),
+			pp(m.ChildRestore), pp(m.ForkWall), pp(m.FSCapture), pp(m.FSChildStart), pp(m.FSForkWall))
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "   fan-out: one memory fork call")
+	fmt.Fprintln(w, "resident\tchildren\tstarted\talive\tcapture\ttotal\tchild start\trunsc restore\tclose all\t")
+	for _, m := range ms {
+		f := m.Fanout
+		if f == nil {
+			fmt.Fprintf(w, "%s\tskipped: %s\t\t\t\t\t\t\t\t\n", m.Size, m.FanoutSkip)
+			continue
+		}
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n", m.Size, f.Count, f.Started, f.Alive, num(f.CaptureMS),
+			num(f.TotalMS), pp(f.ChildStart), pp(f.Restore), num(f.CloseMS))
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "   allocator still running and beating (source after each checkpoint/fork, every memory-forked child)")
+	fmt.Fprintln(w, "resident\tchecks\tfailures\tfirst failure\t")
+	for _, m := range ms {
+		first := "-"
+		if m.FirstErr != "" {
+			first = m.FirstErr
+			if len(first) > 200 {
+				first = first[:200] + "…"
+			}
+		}
+		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t\n", m.Size, m.Checks, m.Failures, first)
+	}
+	fmt.Fprintln(w)
+}
