@@ -3,7 +3,7 @@
 # builds forkbox, starts a throwaway daemon, prepares a sandbox once (tens of
 # seconds of real work), forks N children from it, runs a task in each, and
 # prints what forking saved against N fresh setups. Leaves nothing behind.
-#   usage: sudo ./scripts/demo.sh [-n RUNS] [--runtime gvisor|crun]
+#   usage (as root): ./scripts/demo.sh [-n RUNS] [--runtime gvisor|crun]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh

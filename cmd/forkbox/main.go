@@ -74,7 +74,7 @@ func main() {
 	}
 	msg := err.Error()
 	if errdefs.IsUnavailable(err) && strings.Contains(msg, "dial ") {
-		msg += "; is the daemon running? start it with `sudo forkbox serve`, or point --host at it"
+		msg += "; is the daemon running? start it (as root) with `forkbox serve`, or point --host at it"
 	}
 	if g.json {
 		printJSON(map[string]string{"error": msg, "class": errdefs.ClassName(err)})
