@@ -78,11 +78,17 @@ func (r *ForkResult) Sandboxes() []*Sandbox {
 // sandbox keeps running. With Client.MaxConcurrency set, the children need
 // that many free slots of this client.
 func (s *Sandbox) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) {
-	n := max(o.Count, 1)
-	if err := s.c.acquire(n); err != nil {
+	want := max(o.Count, 1)
+	n := want
+	if o.BestEffort {
+		n = s.c.acquireUpTo(want)
+		if n == 0 {
+			return nil, s.c.acquire(1) // the ResourceExhausted error
+		}
+	} else if err := s.c.acquire(n); err != nil {
 		return nil, err
 	}
-	resp, err := s.c.sbx.Fork(ctx, connect.NewRequest(&v1.ForkRequest{Sandbox: s.ID, Tag: o.Tag, Count: int32(o.Count),
+	resp, err := s.c.sbx.Fork(ctx, connect.NewRequest(&v1.ForkRequest{Sandbox: s.ID, Tag: o.Tag, Count: int32(n),
 		Overrides: o.Overrides.proto(), Credentials: o.Credentials, FromCheckpoint: o.FromCheckpoint, BestEffort: o.BestEffort, Memory: o.Memory}))
 	if err != nil {
 		s.c.release(n)
@@ -103,6 +109,10 @@ func (s *Sandbox) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) 
 		res.Children = append(res.Children, fc)
 	}
 	s.c.release(n - started)
+	for i := n; i < want; i++ {
+		res.Children = append(res.Children, ForkChild{Err: fmt.Errorf("child %d of %d: no free slot of this client (MaxConcurrency %d): %w",
+			i+1, want, s.c.MaxConcurrency, errdefs.ErrResourceExhausted)})
+	}
 	return res, nil
 }
 
@@ -290,6 +300,18 @@ func (c *Client) acquire(n int) error {
 	}
 	c.inUse += n
 	return nil
+}
+
+// acquireUpTo takes as many of want slots as are free, and says how many.
+func (c *Client) acquireUpTo(want int) int {
+	if c.MaxConcurrency <= 0 {
+		return want
+	}
+	c.slotMu.Lock()
+	defer c.slotMu.Unlock()
+	n := min(want, max(c.MaxConcurrency-c.inUse, 0))
+	c.inUse += n
+	return n
 }
 
 func (c *Client) release(n int) {

@@ -94,9 +94,14 @@ func (s *Sandbox) Refresh(ctx context.Context) error {
 // Close closes the sandbox: nothing of it is left on the host.
 func (s *Sandbox) Close(ctx context.Context) error {
 	_, err := s.c.sbx.DeleteSandbox(ctx, connect.NewRequest(&v1.DeleteSandboxRequest{Sandbox: s.ID}))
-	if s.slot && (err == nil || errdefs.IsNotFound(errconnect.FromConnect(err))) {
+	if err == nil || errdefs.IsNotFound(errconnect.FromConnect(err)) {
+		s.c.slotMu.Lock()
+		held := s.slot
 		s.slot = false
-		s.c.release(1)
+		s.c.slotMu.Unlock()
+		if held {
+			s.c.release(1)
+		}
 	}
 	return errconnect.FromConnect(err)
 }

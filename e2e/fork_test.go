@@ -396,3 +396,30 @@ func TestCheckpointRetention(t *testing.T) {
 		t.Errorf("the checkpoint of a live sandbox was expired: %v", cks)
 	}
 }
+
+// TestResumeKeepsCredentials: resume brings back the same session, so its
+// credentials (per-fork ones too) come back as they were.
+func TestResumeKeepsCredentials(t *testing.T) {
+	ctx := context.Background()
+	o := clientOpts()
+	o.Name = "cred-session"
+	sb, err := env.c.CreateSandbox(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Credentials().Set(ctx, "session", "per-fork-value", client.CredentialOptions{Env: "SESSION", PerFork: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.Checkpoint(ctx, "c"); err != nil {
+		t.Fatal(err)
+	}
+	sb.Close(ctx)
+	res, err := env.c.Resume(ctx, "cred-session")
+	if err != nil {
+		t.Fatalf("resume of a session with a per-fork credential: %v", err)
+	}
+	closeAll(t, []*client.Sandbox{res.Sandbox})
+	if out := mustSh(t, res.Sandbox, "echo $SESSION"); out != "per-fork-value\n" {
+		t.Errorf("resumed session's credential: %q", out)
+	}
+}

@@ -24,9 +24,11 @@ func checkpointCmds(g *globals) []*cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := sb.Checkpoint(cmd.Context(), tag)
+			var c *client.Checkpoint
 			if memory {
 				c, err = sb.CheckpointMemory(cmd.Context(), tag)
+			} else {
+				c, err = sb.Checkpoint(cmd.Context(), tag)
 			}
 			if err != nil {
 				return err
@@ -91,7 +93,39 @@ func checkpointCmds(g *globals) []*cobra.Command {
 				return err
 			}
 			if g.json {
-				return printJSON(res)
+				type child struct {
+					Sandbox    *client.Info `json:"sandbox,omitempty"`
+					Error      string       `json:"error,omitempty"`
+					ErrorClass string       `json:"error_class,omitempty"`
+					StartMS    float64      `json:"start_ms"`
+				}
+				out := struct {
+					Checkpoint *client.Checkpoint `json:"checkpoint"`
+					Captured   string             `json:"captured"`
+					CaptureMS  float64            `json:"capture_ms"`
+					FlushMS    float64            `json:"flush_ms"`
+					TotalMS    float64            `json:"total_ms"`
+					Children   []child            `json:"children"`
+				}{res.Checkpoint, res.Captured, res.CaptureMS, res.FlushMS, res.TotalMS, nil}
+				failed := 0
+				for _, c := range res.Children {
+					ch := child{StartMS: c.StartMS}
+					if c.Sandbox != nil {
+						ch.Sandbox = c.Sandbox.Info
+					}
+					if c.Err != nil {
+						failed++
+						ch.Error, ch.ErrorClass = c.Err.Error(), errdefs.ClassName(c.Err)
+					}
+					out.Children = append(out.Children, ch)
+				}
+				if err := printJSON(out); err != nil {
+					return err
+				}
+				if failed > 0 {
+					return exitError{1}
+				}
+				return nil
 			}
 			fmt.Printf("checkpoint %s (%s): frozen %.1f ms after %.0f ms of writeback; total %.0f ms\n",
 				res.Checkpoint.Id, res.Captured, res.CaptureMS, res.FlushMS, res.TotalMS)

@@ -114,8 +114,18 @@ func (d *Daemon) GetCheckpoint(ctx context.Context, id string) (*store.Checkpoin
 }
 
 // DeleteCheckpoint deletes a checkpoint and its snapshot. Sandboxes started
-// from it are unaffected (their layers are independent copies).
+// from it are unaffected (their layers are independent copies). An
+// environment's snapshot is deleted with its environment, not here.
 func (d *Daemon) DeleteCheckpoint(ctx context.Context, id string) error {
+	if env, err := d.store.IsEnvSnapshot(ctx, id); err != nil {
+		return err
+	} else if env {
+		return fmt.Errorf("checkpoint %s is an environment's snapshot: delete the environment instead: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	return d.deleteCheckpoint(ctx, id)
+}
+
+func (d *Daemon) deleteCheckpoint(ctx context.Context, id string) error {
 	ck, err := d.store.GetCheckpoint(ctx, id)
 	if err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/cgroups"
 	"github.com/forkbox/forkbox/internal/mount"
 	"github.com/forkbox/forkbox/internal/store"
 )
@@ -48,6 +49,7 @@ func (d *Daemon) Delete(ctx context.Context, idOrName string) error {
 		return err
 	}
 	_, err = d.store.AppendEvent(ctx, sb.ID, store.EventSandboxClosed, nil)
+	d.forget(sb.ID)
 	d.log.Info("sandbox closed", "sandbox", sb.ID)
 	return err
 }
@@ -56,6 +58,8 @@ func (d *Daemon) Delete(ctx context.Context, idOrName string) error {
 // idempotent, so it also cleans half-made sandboxes after a crash.
 func (d *Daemon) teardown(ctx context.Context, sb *store.Sandbox) error {
 	var errs []error
+	// A paused sandbox is frozen, and frozen tasks (cgroup v1) ignore SIGKILL.
+	_ = cgroups.Thaw(ctx, d.cgroupPath(sb.ID))
 	if rt, ok := d.runtimes[sb.Runtime]; ok {
 		_ = rt.Kill(ctx, sb.ID, syscall.SIGKILL, true)
 		if err := rt.Delete(ctx, sb.ID, true); err != nil {

@@ -162,22 +162,25 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 	for k, v := range l.event {
 		ev[k] = v
 	}
-	if _, err := d.store.AppendEvent(ctx, id, store.EventSandboxCreated, ev); err != nil {
-		return nil, err
-	}
 	defer func() {
 		if err != nil {
-			// Everything this call made is torn down; the record stays, closed, with the reason.
+			// Everything this call made is torn down; the record stays, with
+			// the reason: closed, or failed if something could not be
+			// removed (so its address is not handed out again).
 			cctx := context.WithoutCancel(ctx)
 			log.Warn("start failed, cleaning up", "err", err)
 			_ = d.store.SetSandboxState(cctx, id, store.StateFailed, err.Error())
 			_, _ = d.store.AppendEvent(cctx, id, store.EventSandboxFailed, map[string]any{"error": err.Error()})
 			if cerr := d.teardown(cctx, sb); cerr != nil {
-				log.Error("cleanup after failed start", "err", cerr)
+				log.Error("cleanup after failed start; the sandbox stays failed until closed", "err", cerr)
+				return
 			}
 			_ = d.store.SetSandboxState(cctx, id, store.StateClosed, err.Error())
 		}
 	}()
+	if _, err := d.store.AppendEvent(ctx, id, store.EventSandboxCreated, ev); err != nil {
+		return nil, err
+	}
 	for _, c := range l.creds {
 		cc := *c
 		cc.SandboxID = id

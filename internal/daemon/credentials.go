@@ -127,6 +127,11 @@ func (d *Daemon) SetCredential(ctx context.Context, idOrName string, c Credentia
 	if sb, err = d.live(ctx, sb.ID); err != nil {
 		return nil, err
 	}
+	if c.File != "" && sb.State != store.StateRunning {
+		// The file goes to the sandbox's tmpfs through its agent (a
+		// hibernated one would wake with the old tmpfs).
+		return nil, fmt.Errorf("sandbox %s is %s: a file credential needs it running: %w", sb.ID, sb.State, errdefs.ErrFailedPrecondition)
+	}
 	existing, err := d.store.Credentials(ctx, sb.ID)
 	if err != nil {
 		return nil, err
@@ -162,19 +167,33 @@ func (d *Daemon) DeleteCredential(ctx context.Context, idOrName, name string) er
 	if err != nil {
 		return err
 	}
+	unlock := d.lock(sb.ID)
+	defer unlock()
+	if sb, err = d.store.GetSandbox(ctx, sb.ID); err != nil {
+		return err
+	}
 	creds, err := d.store.Credentials(ctx, sb.ID)
 	if err != nil {
 		return err
 	}
-	if err := d.store.DeleteCredential(ctx, sb.ID, name); err != nil {
-		return err
-	}
 	for _, c := range creds {
-		if c.Name == name && c.File != "" && sb.State == store.StateRunning {
-			_, _ = d.agent(sb).Exec(ctx, agent.ExecRequest{Argv: []string{"rm", "-f", secretsDir + "/" + c.File}}, io.Discard, io.Discard)
+		if c.Name != name || c.File == "" || sb.State == store.StateClosed {
+			continue
+		}
+		// The file must go before the record: a credential the daemon
+		// forgot must not stay readable in the sandbox.
+		if sb.State != store.StateRunning {
+			return fmt.Errorf("sandbox %s is %s: removing a file credential needs it running: %w", sb.ID, sb.State, errdefs.ErrFailedPrecondition)
+		}
+		res, err := d.agent(sb).Exec(ctx, agent.ExecRequest{Argv: []string{"rm", "-f", secretsDir + "/" + c.File}}, io.Discard, io.Discard)
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("rm exited %d: %w", res.ExitCode, errdefs.ErrInternal)
+		}
+		if err != nil {
+			return fmt.Errorf("remove credential file: %w", err)
 		}
 	}
-	return nil
+	return d.store.DeleteCredential(ctx, sb.ID, name)
 }
 
 // credentialEnv returns the env variables the sandbox's credentials add to

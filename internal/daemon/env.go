@@ -158,6 +158,9 @@ func (d *Daemon) defineEnv(ctx context.Context, def *EnvDefinition) (*store.Envi
 			if err != nil {
 				return nil, err
 			}
+			if ck != "" && !d.checkpointExists(ctx, ck) {
+				ck = ""
+			}
 			rec.Checkpoint, rec.BuiltAt, rec.State = ck, at, store.EnvNew
 			if ck != "" {
 				rec.State = store.EnvReady
@@ -247,13 +250,20 @@ func (d *Daemon) DeleteEnvironment(ctx context.Context, name string) error {
 		return err
 	}
 	for _, sb := range pooled {
+		if claimed, err := d.store.ClaimFromPool(ctx, sb.ID, name); err != nil || !claimed {
+			continue // handed over meanwhile: it is its user's now
+		}
 		if err := d.Delete(ctx, sb.ID); err != nil {
 			d.log.Warn("close pooled sandbox", "sandbox", sb.ID, "err", err)
 		}
 	}
 	d.log.Info("environment deleted", "environment", name, "pooled_closed", len(pooled), "snapshots", len(cks))
 	for _, ck := range cks {
-		if err := d.DeleteCheckpoint(ctx, ck); err != nil && !errdefs.IsNotFound(err) {
+		// Another environment with the same definition may use it.
+		if used, err := d.store.IsEnvSnapshot(ctx, ck); err != nil || used {
+			continue
+		}
+		if err := d.deleteCheckpoint(ctx, ck); err != nil && !errdefs.IsNotFound(err) {
 			return err
 		}
 	}

@@ -21,7 +21,7 @@ func (d *Daemon) BuildEnvironment(ctx context.Context, def EnvDefinition, force 
 	if err != nil {
 		return nil, false, err
 	}
-	if rec.State == store.EnvReady && rec.Checkpoint != "" && !force {
+	if rec.State == store.EnvReady && rec.Checkpoint != "" && !force && d.checkpointExists(ctx, rec.Checkpoint) {
 		progress(EnvProgress{Phase: "cached", Steps: len(def.Steps), Message: "already built: " + rec.Checkpoint})
 		st, err := d.envStatus(ctx, rec)
 		return st, false, err
@@ -83,12 +83,15 @@ func (d *Daemon) build(ctx context.Context, def EnvDefinition, hash string, forc
 	}
 	defer func() {
 		if err != nil {
-			// The old snapshot (if any) keeps serving.
-			prev.State, prev.Error = store.EnvFailed, err.Error()
-			if prev.Checkpoint != "" {
-				prev.State = store.EnvReady
+			// The old snapshot (if any) keeps serving. The record is left
+			// alone if it changed meanwhile (redefined or deleted).
+			if cur, gerr := d.store.GetEnvironment(ctx, def.Name); gerr == nil && cur.Hash == prev.Hash {
+				cur.State, cur.Error = store.EnvFailed, err.Error()
+				if cur.Checkpoint != "" && d.checkpointExists(ctx, cur.Checkpoint) {
+					cur.State = store.EnvReady
+				}
+				d.store.PutEnvironment(ctx, cur)
 			}
-			d.store.PutEnvironment(ctx, &prev)
 			d.envEvent(ctx, def.Name, "env.build_failed", map[string]any{"hash": hash, "error": err.Error()})
 		}
 	}()
@@ -214,4 +217,12 @@ func (w *progressWriter) Write(p []byte) (int, error) {
 		w.buf = w.buf[len(w.buf)-32<<10:]
 	}
 	return len(p), nil
+}
+
+// checkpointExists reports whether a checkpoint is still there (it may
+// have been deleted under an environment that points at it: then the
+// environment is built again).
+func (d *Daemon) checkpointExists(ctx context.Context, id string) bool {
+	_, err := d.store.GetCheckpoint(ctx, id)
+	return err == nil
 }

@@ -143,7 +143,10 @@ func (d *Daemon) refillPool(name string) {
 			n := 0
 			for _, sb := range pooled {
 				if sb.FromCheckpoint != rec.Checkpoint || n >= size {
-					d.Delete(ctx, sb.ID)
+					// Claimed first: a hand-over may have taken it meanwhile.
+					if claimed, err := d.store.ClaimFromPool(ctx, sb.ID, name); err == nil && claimed {
+						d.Delete(ctx, sb.ID)
+					}
 					continue
 				}
 				n++

@@ -28,22 +28,37 @@ const (
 	maxStdinBytes = 16 << 20
 )
 
-// running returns a sandbox that must be running; a hibernated one is
-// woken first (the next exec wakes it).
-func (d *Daemon) running(ctx context.Context, idOrName string) (*store.Sandbox, error) {
+// running returns a sandbox that must be running, marked busy (call done
+// when the operation ends) so that idle hibernation leaves it alone. A
+// hibernated sandbox is woken first: the next exec wakes it.
+func (d *Daemon) running(ctx context.Context, idOrName string) (_ *store.Sandbox, done func(), err error) {
 	sb, err := d.store.GetSandbox(ctx, idOrName)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	done = d.busy(sb.ID)
+	defer func() {
+		if err != nil {
+			done()
+		}
+	}()
+	if sb.State == store.StateHibernating {
+		// A hibernation in progress holds the lock: wait for it, then wake.
+		unlock := d.lock(sb.ID)
+		unlock()
+		if sb, err = d.store.GetSandbox(ctx, sb.ID); err != nil {
+			return nil, nil, err
+		}
 	}
 	if sb.State == store.StateHibernated {
 		if sb, err = d.Wake(ctx, sb.ID); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if sb.State != store.StateRunning {
-		return nil, fmt.Errorf("sandbox %s is %s, not running: %w", sb.ID, sb.State, errdefs.ErrFailedPrecondition)
+		return nil, nil, fmt.Errorf("sandbox %s is %s, not running: %w", sb.ID, sb.State, errdefs.ErrFailedPrecondition)
 	}
-	return sb, nil
+	return sb, done, nil
 }
 
 func checkExec(o *ExecOptions) error {
@@ -81,11 +96,11 @@ func (d *Daemon) Exec(ctx context.Context, idOrName string, o ExecOptions, stdou
 	if err := checkExec(&o); err != nil {
 		return ExecResult{}, err
 	}
-	sb, err := d.running(ctx, idOrName)
+	sb, done, err := d.running(ctx, idOrName)
 	if err != nil {
 		return ExecResult{}, err
 	}
-	defer d.busy(sb.ID)()
+	defer done()
 	execID := newID("ex-")
 	if _, err := d.store.AppendEvent(ctx, sb.ID, store.EventExecStarted, execEventData(execID, &o)); err != nil {
 		return ExecResult{}, err
@@ -122,11 +137,11 @@ func (d *Daemon) Start(ctx context.Context, idOrName string, o ExecOptions) (int
 	if err := checkExec(&o); err != nil {
 		return 0, err
 	}
-	sb, err := d.running(ctx, idOrName)
+	sb, done, err := d.running(ctx, idOrName)
 	if err != nil {
 		return 0, err
 	}
-	defer d.busy(sb.ID)()
+	defer done()
 	execID := newID("ex-")
 	data := execEventData(execID, &o)
 	data["background"] = true
@@ -199,21 +214,21 @@ func execEventData(id string, o *ExecOptions) map[string]any {
 
 // ReadFile reads a file in a sandbox.
 func (d *Daemon) ReadFile(ctx context.Context, idOrName, path string) ([]byte, error) {
-	sb, err := d.running(ctx, idOrName)
+	sb, done, err := d.running(ctx, idOrName)
 	if err != nil {
 		return nil, err
 	}
-	defer d.busy(sb.ID)()
+	defer done()
 	return d.agent(sb).ReadFile(ctx, path)
 }
 
 // WriteFile writes a file in a sandbox.
 func (d *Daemon) WriteFile(ctx context.Context, idOrName, path string, data []byte, mode uint32) error {
-	sb, err := d.running(ctx, idOrName)
+	sb, done, err := d.running(ctx, idOrName)
 	if err != nil {
 		return err
 	}
-	defer d.busy(sb.ID)()
+	defer done()
 	if mode == 0 {
 		mode = 0o644
 	}
@@ -230,10 +245,10 @@ func (d *Daemon) WriteFile(ctx context.Context, idOrName, path string, data []by
 
 // ListFiles lists a directory in a sandbox.
 func (d *Daemon) ListFiles(ctx context.Context, idOrName, path string) ([]agent.FileInfo, error) {
-	sb, err := d.running(ctx, idOrName)
+	sb, done, err := d.running(ctx, idOrName)
 	if err != nil {
 		return nil, err
 	}
-	defer d.busy(sb.ID)()
+	defer done()
 	return d.agent(sb).ListFiles(ctx, path)
 }

@@ -41,6 +41,16 @@ func (d *Daemon) memoryRuntime(sb *store.Sandbox) (runtime.MemoryCheckpointer, r
 
 // Hibernate saves a running (or paused) sandbox to disk and stops it.
 func (d *Daemon) Hibernate(ctx context.Context, idOrName string) (*store.Sandbox, error) {
+	return d.hibernate(ctx, idOrName, false)
+}
+
+// hibernateIfIdle hibernates a sandbox only if, under its lock, it is
+// still idle for the configured time (an exec may have just started).
+func (d *Daemon) hibernateIfIdle(ctx context.Context, id string) (*store.Sandbox, error) {
+	return d.hibernate(ctx, id, true)
+}
+
+func (d *Daemon) hibernate(ctx context.Context, idOrName string, onlyIfIdle bool) (*store.Sandbox, error) {
 	sb, err := d.store.GetSandbox(ctx, idOrName)
 	if err != nil {
 		return nil, err
@@ -49,6 +59,9 @@ func (d *Daemon) Hibernate(ctx context.Context, idOrName string) (*store.Sandbox
 	defer unlock()
 	if sb, err = d.store.GetSandbox(ctx, sb.ID); err != nil {
 		return nil, err
+	}
+	if onlyIfIdle && (sb.State != store.StateRunning || d.idleFor(sb.ID, time.Now()) < d.cfg.IdleHibernate) {
+		return sb, nil
 	}
 	mc, rt, err := d.memoryRuntime(sb)
 	if err != nil {
@@ -80,11 +93,12 @@ func (d *Daemon) Hibernate(ctx context.Context, idOrName string) (*store.Sandbox
 		d.store.SetSandboxState(ctx, sb.ID, store.StateRunning, "")
 		return nil, fmt.Errorf("flush before hibernating: %w", err)
 	}
+	// From here on nothing may stop half-way because a caller went away.
+	ctx = context.WithoutCancel(ctx)
 	if err := mc.Checkpoint(ctx, sb.ID, dir); err != nil {
-		d.store.SetSandboxState(context.WithoutCancel(ctx), sb.ID, store.StateRunning, "")
+		d.recordAfterFailedCheckpoint(ctx, sb, rt)
 		return nil, fmt.Errorf("hibernate: %w", err)
 	}
-	ctx = context.WithoutCancel(ctx)
 	if err := os.WriteFile(filepath.Join(dir, completeMarker), nil, 0o600); err != nil {
 		return nil, err
 	}
@@ -168,4 +182,14 @@ func dirSize(dir string) int64 {
 		return nil
 	})
 	return n
+}
+
+// recordAfterFailedCheckpoint records what a failed memory checkpoint left:
+// running if the container still runs, failed otherwise.
+func (d *Daemon) recordAfterFailedCheckpoint(ctx context.Context, sb *store.Sandbox, rt runtime.Runtime) {
+	if st, err := rt.State(ctx, sb.ID); err == nil && st.Status == runtime.StatusRunning {
+		d.store.SetSandboxState(ctx, sb.ID, store.StateRunning, "")
+		return
+	}
+	d.store.SetSandboxState(ctx, sb.ID, store.StateFailed, "a memory checkpoint failed and stopped the sandbox")
 }

@@ -80,7 +80,7 @@ func (d *Daemon) startIdleHibernation(ctx context.Context) {
 					if _, _, err := d.memoryRuntime(sb); err != nil {
 						continue
 					}
-					if _, err := d.Hibernate(ctx, sb.ID); err != nil {
+					if _, err := d.hibernateIfIdle(ctx, sb.ID); err != nil {
 						d.log.Warn("idle hibernation", "sandbox", sb.ID, "err", err)
 						continue
 					}
@@ -89,4 +89,16 @@ func (d *Daemon) startIdleHibernation(ctx context.Context) {
 			}
 		}
 	}()
+}
+
+// forget drops the in-memory state of a closed sandbox.
+func (d *Daemon) forget(id string) {
+	a := d.act()
+	a.mu.Lock()
+	delete(a.last, id)
+	delete(a.inFlight, id)
+	a.mu.Unlock()
+	d.mu.Lock()
+	delete(d.locks, id)
+	d.mu.Unlock()
 }

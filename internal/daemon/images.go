@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -20,6 +21,9 @@ func (d *Daemon) PullImage(ctx context.Context, ref string, insecure bool, progr
 func (d *Daemon) ImportImage(ctx context.Context, path, name string, progress func(image.Progress)) (image.Image, error) {
 	if !filepath.IsAbs(path) {
 		return image.Image{}, fmt.Errorf("archive path %q must be absolute (it is read by the daemon): %w", path, errdefs.ErrInvalidArgument)
+	}
+	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
+		return image.Image{}, fmt.Errorf("archive %s is not a regular file: %w", path, errdefs.ErrInvalidArgument)
 	}
 	return d.images.Import(ctx, path, name, progress)
 }

@@ -73,32 +73,44 @@ func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, 
 	if err != nil {
 		return nil, fmt.Errorf("keep the source's spec: %w", err)
 	}
+	// Nothing here may stop half-way because a caller went away.
+	ctx = context.WithoutCancel(ctx)
 	start := time.Now()
 	if err := mc.Checkpoint(ctx, sb.ID, filepath.Join(dir, memImageSub)); err != nil {
 		removeTree(dir)
+		d.recordAfterFailedCheckpoint(ctx, sb, rt)
+		if wasPaused {
+			cgroups.Freeze(ctx, d.cgroupPath(sb.ID))
+		}
 		return nil, fmt.Errorf("memory checkpoint: %w", err)
 	}
-	ctx = context.WithoutCancel(ctx)
-	// Nothing runs now: the snapshot matches the memory image exactly.
-	commitErr := d.snaps.Commit(ctx, id, sb.ID)
+	// Nothing runs now: the snapshot matches the memory image exactly, and
+	// it is recorded before the source is brought back, so a failure (or a
+	// crash) there leaves a checkpoint to resume the source from.
+	var ck *store.Checkpoint
+	err = d.snaps.Commit(ctx, id, sb.ID)
 	captureMS := msSince(start)
-	if err := d.restoreInPlace(ctx, sb, rt.Delete, mc.Restore, filepath.Join(dir, memImageSub)); err != nil {
-		d.store.SetSandboxState(ctx, sb.ID, store.StateFailed, err.Error())
-		return nil, fmt.Errorf("memory checkpoint: the source could not be restored (it can be resumed from its last checkpoint): %w", err)
+	if err == nil {
+		ck = &store.Checkpoint{ID: id, SandboxID: sb.ID, Tag: tag, Kind: KindMemory, Image: sb.Image, ImageDigest: sb.ImageDigest,
+			Runtime: sb.Runtime, Config: sb.Config, CaptureMS: captureMS, FlushMS: flushMS, Size: -1}
+		if err = d.store.AddCheckpoint(ctx, ck); err != nil {
+			d.snaps.Remove(ctx, id)
+		}
+	}
+	if err != nil {
+		removeTree(dir)
+	}
+	if rerr := d.restoreInPlace(ctx, sb, rt.Delete, mc.Restore, filepath.Join(dir, memImageSub)); rerr != nil {
+		d.store.SetSandboxState(ctx, sb.ID, store.StateFailed, rerr.Error())
+		return nil, fmt.Errorf("memory checkpoint: the source could not be restored (resume it from its last checkpoint): %w", rerr)
 	}
 	if wasPaused {
-		cgroups.Freeze(ctx, d.cgroupPath(sb.ID))
+		if ferr := cgroups.Freeze(ctx, d.cgroupPath(sb.ID)); ferr != nil {
+			d.store.SetSandboxState(ctx, sb.ID, store.StateRunning, "")
+		}
 	}
-	if commitErr != nil {
-		removeTree(dir)
-		return nil, fmt.Errorf("snapshot: %w", commitErr)
-	}
-	ck := &store.Checkpoint{ID: id, SandboxID: sb.ID, Tag: tag, Kind: KindMemory, Image: sb.Image, ImageDigest: sb.ImageDigest,
-		Runtime: sb.Runtime, Config: sb.Config, CaptureMS: captureMS, FlushMS: flushMS, Size: -1}
-	if err := d.store.AddCheckpoint(ctx, ck); err != nil {
-		d.snaps.Remove(ctx, id)
-		removeTree(dir)
-		return nil, err
+	if err != nil {
+		return nil, fmt.Errorf("memory checkpoint: %w", err)
 	}
 	d.log.Info("memory checkpoint", "sandbox", sb.ID, "checkpoint", id, "capture_ms", captureMS, "source_downtime_ms", msSince(start))
 	return ck, nil

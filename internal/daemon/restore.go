@@ -80,13 +80,21 @@ func (d *Daemon) Resume(ctx context.Context, session string) (*store.Sandbox, *s
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	creds, err := d.inheritedCredentials(ctx, old.ID, nil)
+	// The same session: its credentials come back as they were, per-fork
+	// ones included.
+	creds, err := d.store.Credentials(ctx, old.ID)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	img, err := d.checkpointImage(ctx, ck.Image, ck.ImageDigest)
 	if err != nil {
 		return nil, nil, nil, err
+	}
+	if old.State == store.StateFailed {
+		// A crashed session still holds its name, address and host state.
+		if err := d.Delete(ctx, old.ID); err != nil {
+			return nil, nil, nil, fmt.Errorf("clean up the crashed session first: %w", err)
+		}
 	}
 	sb, err := d.launch(ctx, launchSpec{name: old.Name, runtime: ck.Runtime, cfg: ck.Config, img: img, parentSnapshot: ck.ID,
 		parentID: old.ID, creds: creds, memory: memoryOf(ck), event: map[string]any{"resumed_from": old.ID, "checkpoint": ck.ID}})

@@ -55,7 +55,7 @@ func (d *Daemon) expireCheckpoints(ctx context.Context) (int, error) {
 		if err != nil || sb.State != store.StateClosed {
 			continue
 		}
-		if err := d.DeleteCheckpoint(ctx, ck.ID); err != nil {
+		if err := d.deleteCheckpoint(ctx, ck.ID); err != nil {
 			return n, err
 		}
 		n++

@@ -199,9 +199,14 @@ func (m *Manager) addElements(veth string, ip netip.Addr, egress Egress) error {
 	if err := c.SetAddElements(m.portsSet(), []nftables.SetElement{{Key: portKey(veth, ip)}}); err != nil {
 		return fmt.Errorf("network: nft element: %v: %w", err, errdefs.ErrInternal)
 	}
-	if egress == EgressAll {
-		a := ip.As4()
-		if err := c.SetAddElements(m.egressAllSet(), []nftables.SetElement{{Key: a[:]}}); err != nil {
+	a := ip.As4()
+	if err := c.SetAddElements(m.egressAllSet(), []nftables.SetElement{{Key: a[:]}}); err != nil {
+		return fmt.Errorf("network: nft element: %v: %w", err, errdefs.ErrInternal)
+	}
+	if egress != EgressAll {
+		// Added then deleted in one transaction: the address is surely not
+		// in egress_all, even if an earlier holder's teardown failed.
+		if err := c.SetDeleteElements(m.egressAllSet(), []nftables.SetElement{{Key: a[:]}}); err != nil {
 			return fmt.Errorf("network: nft element: %v: %w", err, errdefs.ErrInternal)
 		}
 	}

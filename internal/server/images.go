@@ -7,6 +7,7 @@ import (
 	"connectrpc.com/connect"
 
 	v1 "github.com/forkbox/forkbox/api/forkbox/v1"
+	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/daemon"
 	"github.com/forkbox/forkbox/internal/image"
 )
@@ -39,6 +40,11 @@ func (s *images) PullImage(ctx context.Context, req *connect.Request[v1.PullImag
 }
 
 func (s *images) ImportImage(ctx context.Context, req *connect.Request[v1.ImportImageRequest], stream *connect.ServerStream[v1.ImageProgress]) error {
+	if remote(ctx) {
+		// The path is read by the daemon, as root, on its host: only local
+		// callers may name one.
+		return errdefs.FromClassName("PermissionDenied", "ImportImage reads a path on the daemon's host: use the local socket, or push the image to a registry and pull it")
+	}
 	img, err := s.d.ImportImage(ctx, req.Msg.Path, req.Msg.Name, progressSender(stream))
 	if err != nil {
 		return err

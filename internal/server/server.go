@@ -59,6 +59,12 @@ func Listen(d *daemon.Daemon, socket, tcpAddr, token string, log *slog.Logger) (
 	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
 		return nil, err
 	}
+	// Another daemon answering on the socket keeps it: two daemons must not
+	// share a state.
+	if c, err := net.DialTimeout("unix", socket, time.Second); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("a daemon is already listening on %s: %w", socket, errdefs.ErrAlreadyExists)
+	}
 	_ = os.Remove(socket)
 	ul, err := net.Listen("unix", socket)
 	if err != nil {
@@ -73,7 +79,7 @@ func Listen(d *daemon.Daemon, socket, tcpAddr, token string, log *slog.Logger) (
 	if tcpAddr != "" {
 		if token == "" {
 			s.srv.Close()
-			return nil, fmt.Errorf("a TCP listener needs a token (--token or FORKBOX_TOKEN): %w", errdefs.ErrInvalidArgument)
+			return nil, fmt.Errorf("a TCP listener needs a token (--api-token or FORKBOX_API_TOKEN): %w", errdefs.ErrInvalidArgument)
 		}
 		tl, err := net.Listen("tcp", tcpAddr)
 		if err != nil {
@@ -107,9 +113,14 @@ func requireToken(token string, next http.Handler) http.Handler {
 			fmt.Fprintln(w, `{"code":"unauthenticated","message":"missing or wrong bearer token"}`)
 			return
 		}
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), remoteKey{}, true)))
 	})
 }
+
+type remoteKey struct{}
+
+// remote reports whether a request came over TCP (not the local socket).
+func remote(ctx context.Context) bool { return ctx.Value(remoteKey{}) != nil }
 
 // errorInterceptor converts every error leaving a handler to a Connect error
 // of its class: the single boundary where classes become codes.

@@ -140,9 +140,11 @@ func scanEnv(r scanner) (*Environment, error) {
 	return &e, nil
 }
 
-// IsEnvSnapshot reports whether a checkpoint is an environment's snapshot.
+// IsEnvSnapshot reports whether a checkpoint is an environment's snapshot:
+// the current one of an environment, or a built step of one.
 func (s *Store) IsEnvSnapshot(ctx context.Context, checkpoint string) (bool, error) {
 	var n int
-	err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM env_snapshots WHERE checkpoint = ?`, checkpoint).Scan(&n)
+	err := s.db.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM env_snapshots WHERE checkpoint = ?) +
+		(SELECT count(*) FROM environments WHERE checkpoint = ?)`, checkpoint, checkpoint).Scan(&n)
 	return n > 0, err
 }

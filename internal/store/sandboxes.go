@@ -199,3 +199,15 @@ func (s *Store) Pooled(ctx context.Context, env string) ([]*Sandbox, error) {
 	}
 	return out, nil
 }
+
+// ClaimFromPool takes sandbox id out of env's pool; it reports false when
+// the sandbox is no longer in that pool (a hand-over took it).
+func (s *Store) ClaimFromPool(ctx context.Context, id, env string) (bool, error) {
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET pool = '', updated_at = ? WHERE id = ? AND pool = ?`,
+		time.Now().UnixMilli(), id, env)
+	if err != nil {
+		return false, fmt.Errorf("store: claim from pool: %w", err)
+	}
+	n, _ := res.RowsAffected()
+	return n == 1, nil
+}

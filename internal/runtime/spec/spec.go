@@ -51,10 +51,14 @@ type SpecOptions struct {
 	MaskedPaths   []string
 }
 
-// DefaultCapabilities is Docker's default capability set.
+// DefaultCapabilities is Docker's default capability set without
+// CAP_NET_RAW: with raw packets a sandbox could forge the Ethernet source of
+// another sandbox on the shared bridge (the bridge rules check addresses,
+// not MACs). gVisor gives no raw sockets anyway (runsc runs without
+// --net-raw); under crun this drops ping.
 var DefaultCapabilities = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
-	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
 	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
 }
 
