@@ -36,10 +36,10 @@ func (d *Daemon) running(ctx context.Context, idOrName string) (_ *store.Sandbox
 	if err != nil {
 		return nil, nil, err
 	}
-	done = d.busy(sb.ID)
+	release := d.busy(sb.ID)
 	defer func() {
 		if err != nil {
-			done()
+			release()
 		}
 	}()
 	if sb.State == store.StateHibernating {
@@ -58,7 +58,7 @@ func (d *Daemon) running(ctx context.Context, idOrName string) (_ *store.Sandbox
 	if sb.State != store.StateRunning {
 		return nil, nil, fmt.Errorf("sandbox %s is %s, not running: %w", sb.ID, sb.State, errdefs.ErrFailedPrecondition)
 	}
-	return sb, done, nil
+	return sb, release, nil
 }
 
 func checkExec(o *ExecOptions) error {

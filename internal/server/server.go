@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -35,6 +36,11 @@ func Handler(d *daemon.Daemon, log *slog.Logger) http.Handler {
 	opts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(MaxRequestBytes),
 		connect.WithInterceptors(errorInterceptor{log: log}),
+		// A bug must cost one request an Internal error, not the daemon.
+		connect.WithRecover(func(ctx context.Context, spec connect.Spec, _ http.Header, p any) error {
+			log.Error("panic in handler", "procedure", spec.Procedure, "panic", p, "stack", string(debug.Stack()))
+			return connect.NewError(connect.CodeInternal, fmt.Errorf("internal error in %s (see the daemon log)", spec.Procedure))
+		}),
 	}
 	mux := http.NewServeMux()
 	mux.Handle(forkboxv1connect.NewSandboxServiceHandler(&sandboxes{d: d}, opts...))
