@@ -76,10 +76,16 @@ func (d *Daemon) checkpointLocked(ctx context.Context, sb *store.Sandbox, tag st
 			}
 		}()
 	}
+	// What the ledger holds now is what the frozen snapshot holds: an exec
+	// recorded from here on runs after the thaw, and Resume replays it.
+	seq, err := d.store.LastSeq(ctx, sb.ID)
+	if err != nil {
+		return nil, err
+	}
 	if err := d.snaps.Commit(ctx, id, sb.ID); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
-	ck = &store.Checkpoint{ID: id, SandboxID: sb.ID, Tag: tag, Kind: KindFilesystem, Image: sb.Image,
+	ck = &store.Checkpoint{ID: id, SandboxID: sb.ID, Tag: tag, Kind: KindFilesystem, Image: sb.Image, LedgerSeq: seq,
 		ImageDigest: sb.ImageDigest, Runtime: sb.Runtime, Config: sb.Config, CaptureMS: msSince(start), FlushMS: flushMS, Size: -1}
 	if err := d.store.AddCheckpoint(ctx, ck); err != nil {
 		d.snaps.Remove(context.WithoutCancel(ctx), id)

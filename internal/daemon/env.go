@@ -100,12 +100,14 @@ type envState struct {
 	mu      sync.Mutex
 	builds  map[string]*buildCall // by full hash
 	leases  map[string]*lease
-	filling map[string]bool // pools being refilled, by env name
+	filling map[string]bool      // pools being refilled, by env name
+	rebuilt map[string]time.Time // last scheduled rebuild, by env name
 }
 
 func (d *Daemon) envs() *envState {
 	d.envOnce.Do(func() {
-		d.envSt = &envState{builds: map[string]*buildCall{}, leases: map[string]*lease{}, filling: map[string]bool{}}
+		d.envSt = &envState{builds: map[string]*buildCall{}, leases: map[string]*lease{}, filling: map[string]bool{},
+			rebuilt: map[string]time.Time{}}
 	})
 	return d.envSt
 }

@@ -101,8 +101,17 @@ func (d *Daemon) startFromEnv(ctx context.Context, rec *store.Environment, o Ove
 }
 
 // rebuildInBackground rebuilds an environment whose snapshot is too old;
-// the old snapshot serves until the new one is ready.
+// the old snapshot serves until the new one is ready. A failed rebuild is
+// not retried before half the max age (at least a minute) has passed.
 func (d *Daemon) rebuildInBackground(def EnvDefinition) {
+	es := d.envs()
+	es.mu.Lock()
+	if last, ok := es.rebuilt[def.Name]; ok && time.Since(last) < max(def.MaxAge/2, time.Minute) {
+		es.mu.Unlock()
+		return
+	}
+	es.rebuilt[def.Name] = time.Now()
+	es.mu.Unlock()
 	go func() {
 		ctx := context.Background()
 		if _, _, err := d.BuildEnvironment(ctx, def, true, nil); err != nil {

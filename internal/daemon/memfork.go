@@ -76,6 +76,11 @@ func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, 
 	// Nothing here may stop half-way because a caller went away.
 	ctx = context.WithoutCancel(ctx)
 	start := time.Now()
+	seq, err := d.store.LastSeq(ctx, sb.ID)
+	if err != nil {
+		removeTree(dir)
+		return nil, err
+	}
 	if err := mc.Checkpoint(ctx, sb.ID, filepath.Join(dir, memImageSub)); err != nil {
 		removeTree(dir)
 		d.recordAfterFailedCheckpoint(ctx, sb, rt)
@@ -91,7 +96,7 @@ func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, 
 	err = d.snaps.Commit(ctx, id, sb.ID)
 	captureMS := msSince(start)
 	if err == nil {
-		ck = &store.Checkpoint{ID: id, SandboxID: sb.ID, Tag: tag, Kind: KindMemory, Image: sb.Image, ImageDigest: sb.ImageDigest,
+		ck = &store.Checkpoint{ID: id, SandboxID: sb.ID, Tag: tag, Kind: KindMemory, LedgerSeq: seq, Image: sb.Image, ImageDigest: sb.ImageDigest,
 			Runtime: sb.Runtime, Config: sb.Config, CaptureMS: captureMS, FlushMS: flushMS, Size: -1}
 		if err = d.store.AddCheckpoint(ctx, ck); err != nil {
 			d.snaps.Remove(ctx, id)

@@ -28,8 +28,10 @@ type Checkpoint struct {
 	// FlushMS is the writeback of the sandbox's dirty data before the
 	// freeze (the sandbox keeps running meanwhile).
 	FlushMS float64
-	// LedgerSeq is the sequence number of the source's checkpoint_created
-	// event: execs after it are what Resume replays.
+	// LedgerSeq is the last ledger event of the source that the snapshot
+	// holds the effects of (taken while it was frozen; 0 = the
+	// checkpoint_created event's own): execs after it are what Resume
+	// replays.
 	LedgerSeq int64
 	CreatedAt time.Time
 }
@@ -55,7 +57,9 @@ func (s *Store) AddCheckpoint(ctx context.Context, ck *Checkpoint) error {
 	if err != nil {
 		return fmt.Errorf("store: checkpoint event: %w", err)
 	}
-	ck.LedgerSeq, _ = res.LastInsertId()
+	if ck.LedgerSeq == 0 {
+		ck.LedgerSeq, _ = res.LastInsertId()
+	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO checkpoints (`+checkpointCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		ck.ID, ck.SandboxID, ck.Tag, ck.Kind, ck.Image, ck.ImageDigest, ck.Runtime, string(cfg), ck.Size, ck.CaptureMS,
 		ck.LedgerSeq, ck.CreatedAt.UnixMilli(), ck.FlushMS); err != nil {

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -82,4 +83,14 @@ func (s *Store) Events(ctx context.Context, sandboxID string) ([]*Event, error) 
 		out = append(out, &e)
 	}
 	return out, rows.Err()
+}
+
+// LastSeq returns the sequence number of a sandbox's newest ledger event
+// (0 when it has none).
+func (s *Store) LastSeq(ctx context.Context, sandboxID string) (int64, error) {
+	var seq sql.NullInt64
+	if err := s.db.QueryRowContext(ctx, `SELECT MAX(seq) FROM events WHERE sandbox_id = ?`, sandboxID).Scan(&seq); err != nil {
+		return 0, fmt.Errorf("store: last seq: %w", err)
+	}
+	return seq.Int64, nil
 }
