@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/forkbox/forkbox/client"
@@ -194,12 +193,7 @@ func TestTCPNeedsToken(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	env.extra = []string{"--tcp", addr, "--api-token", "s3cret"}
-	restartDaemon(t, syscall.SIGTERM)
-	defer func() {
-		env.extra = nil
-		restartDaemon(t, syscall.SIGTERM)
-	}()
+	withDaemonFlags(t, "--tcp", addr, "--api-token", "s3cret")
 	ctx := context.Background()
 	anon := &client.Client{URL: "http://" + addr}
 	if _, err := anon.ListSandboxes(ctx, false); !errdefs.IsUnauthenticated(err) {

@@ -360,12 +360,7 @@ func TestClientMaxConcurrency(t *testing.T) {
 
 func TestCheckpointRetention(t *testing.T) {
 	ctx := context.Background()
-	env.extra = []string{"--checkpoint-retention", "2s"}
-	restartDaemon(t, syscall.SIGTERM)
-	defer func() {
-		env.extra = nil
-		restartDaemon(t, syscall.SIGTERM)
-	}()
+	withDaemonFlags(t, "--checkpoint-retention", "2s")
 	live := newSandbox(t, clientOpts())
 	keep, err := live.Checkpoint(ctx, "of-a-live-sandbox")
 	if err != nil {

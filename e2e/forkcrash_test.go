@@ -16,12 +16,7 @@ import (
 // other 2 ResourceExhausted.
 func TestForkSlotLimitHalfway(t *testing.T) {
 	ctx := context.Background()
-	env.extra = []string{"--max-sandboxes", "5"}
-	restartDaemon(t, syscall.SIGTERM)
-	defer func() {
-		env.extra = nil
-		restartDaemon(t, syscall.SIGTERM)
-	}()
+	withDaemonFlags(t, "--max-sandboxes", "5")
 	src := newSandbox(t, clientOpts())
 	mustSh(t, src, "echo shared > /root/f")
 	before := countSandboxes(t)

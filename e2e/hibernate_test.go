@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -106,12 +105,7 @@ func TestHibernateNeedsGVisor(t *testing.T) {
 
 func TestIdleHibernation(t *testing.T) {
 	ctx := context.Background()
-	env.extra = []string{"--idle-hibernate", "1s"}
-	restartDaemon(t, syscall.SIGTERM)
-	defer func() {
-		env.extra = nil
-		restartDaemon(t, syscall.SIGTERM)
-	}()
+	withDaemonFlags(t, "--idle-hibernate", "1s")
 	sb := newSandbox(t, clientOpts())
 	mustSh(t, sb, "echo before-idle > /root/f")
 	// A long exec keeps it awake while it runs.

@@ -278,3 +278,15 @@ func cgroupDirs() []string {
 	}
 	return append(out, parents...)
 }
+
+// withDaemonFlags restarts the daemon with extra serve flags for the rest of
+// the test, and with the usual ones after it.
+func withDaemonFlags(t *testing.T, flags ...string) {
+	t.Helper()
+	env.extra = flags
+	restartDaemon(t, syscall.SIGTERM)
+	t.Cleanup(func() {
+		env.extra = nil
+		restartDaemon(t, syscall.SIGTERM)
+	})
+}

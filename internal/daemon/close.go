@@ -20,15 +20,11 @@ import (
 // Delete closes a sandbox: its processes, container, network, rootfs mount,
 // writable layer and bundle are removed, and the ledger records it.
 func (d *Daemon) Delete(ctx context.Context, idOrName string) error {
-	sb, err := d.store.GetSandbox(ctx, idOrName)
+	sb, unlock, err := d.locked(ctx, idOrName)
 	if err != nil {
 		return err
 	}
-	unlock := d.lock(sb.ID)
 	defer unlock()
-	if sb, err = d.store.GetSandbox(ctx, sb.ID); err != nil {
-		return err
-	}
 	if sb.State == store.StateClosed {
 		return fmt.Errorf("sandbox %s is already closed: %w", sb.ID, errdefs.ErrNotFound)
 	}

@@ -163,15 +163,11 @@ func (d *Daemon) ListCredentials(ctx context.Context, idOrName string) ([]*store
 
 // DeleteCredential removes a credential (and its file, if the sandbox runs).
 func (d *Daemon) DeleteCredential(ctx context.Context, idOrName, name string) error {
-	sb, err := d.store.GetSandbox(ctx, idOrName)
+	sb, unlock, err := d.locked(ctx, idOrName)
 	if err != nil {
 		return err
 	}
-	unlock := d.lock(sb.ID)
 	defer unlock()
-	if sb, err = d.store.GetSandbox(ctx, sb.ID); err != nil {
-		return err
-	}
 	creds, err := d.store.Credentials(ctx, sb.ID)
 	if err != nil {
 		return err

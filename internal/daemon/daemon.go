@@ -208,3 +208,19 @@ func (d *Daemon) lock(id string) func() {
 	l.Lock()
 	return l.Unlock
 }
+
+// locked resolves a sandbox, takes its lock and reads its record again
+// under the lock (another operation may have changed it meanwhile). The
+// caller calls unlock.
+func (d *Daemon) locked(ctx context.Context, idOrName string) (_ *store.Sandbox, unlock func(), err error) {
+	sb, err := d.store.GetSandbox(ctx, idOrName)
+	if err != nil {
+		return nil, nil, err
+	}
+	unlock = d.lock(sb.ID)
+	if sb, err = d.store.GetSandbox(ctx, sb.ID); err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return sb, unlock, nil
+}

@@ -51,15 +51,11 @@ func (d *Daemon) hibernateIfIdle(ctx context.Context, id string) (*store.Sandbox
 }
 
 func (d *Daemon) hibernate(ctx context.Context, idOrName string, onlyIfIdle bool) (*store.Sandbox, error) {
-	sb, err := d.store.GetSandbox(ctx, idOrName)
+	sb, unlock, err := d.locked(ctx, idOrName)
 	if err != nil {
 		return nil, err
 	}
-	unlock := d.lock(sb.ID)
 	defer unlock()
-	if sb, err = d.store.GetSandbox(ctx, sb.ID); err != nil {
-		return nil, err
-	}
 	if onlyIfIdle && (sb.State != store.StateRunning || d.idleFor(sb.ID, time.Now()) < d.cfg.IdleHibernate) {
 		return sb, nil
 	}
@@ -117,15 +113,11 @@ func (d *Daemon) hibernate(ctx context.Context, idOrName string, onlyIfIdle bool
 
 // Wake restores a hibernated sandbox and returns once its agent answers.
 func (d *Daemon) Wake(ctx context.Context, idOrName string) (*store.Sandbox, error) {
-	sb, err := d.store.GetSandbox(ctx, idOrName)
+	sb, unlock, err := d.locked(ctx, idOrName)
 	if err != nil {
 		return nil, err
 	}
-	unlock := d.lock(sb.ID)
 	defer unlock()
-	if sb, err = d.store.GetSandbox(ctx, sb.ID); err != nil {
-		return nil, err
-	}
 	if sb.State == store.StateRunning {
 		return sb, nil
 	}

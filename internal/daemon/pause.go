@@ -33,15 +33,11 @@ func (d *Daemon) Unpause(ctx context.Context, idOrName string) (*store.Sandbox, 
 }
 
 func (d *Daemon) setPaused(ctx context.Context, idOrName string, pause bool) (*store.Sandbox, error) {
-	sb, err := d.store.GetSandbox(ctx, idOrName)
+	sb, unlock, err := d.locked(ctx, idOrName)
 	if err != nil {
 		return nil, err
 	}
-	unlock := d.lock(sb.ID)
 	defer unlock()
-	if sb, err = d.store.GetSandbox(ctx, sb.ID); err != nil {
-		return nil, err
-	}
 	to, ev := store.StateRunning, store.EventUnpaused
 	if pause {
 		to, ev = store.StatePaused, store.EventPaused
