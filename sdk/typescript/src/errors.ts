@@ -37,7 +37,7 @@ const fromCode: Record<number, ErrorCode> = {
   [Code.Unauthenticated]: "Unauthenticated",
 };
 
-const unreachable = new Set(["ENOENT", "ECONNREFUSED", "ECONNRESET", "EPIPE", "EHOSTUNREACH", "ETIMEDOUT", "EACCES"]);
+const unreachable = new Set(["ENOENT", "ECONNREFUSED", "ECONNRESET", "EPIPE", "EHOSTUNREACH", "ETIMEDOUT"]);
 
 const codes = new Set<string>(Object.values(fromCode));
 
@@ -64,6 +64,11 @@ export class ForkboxError extends Error {
       // The daemon could not be reached: connect-node reports it as Internal
       // with the socket error as the cause.
       const sys = (err.cause as { code?: unknown } | undefined)?.code;
+      if (sys === "EACCES") {
+        // The socket exists but this process may not connect to it: not a
+        // daemon outage, and retrying will not help.
+        return new ForkboxError("PermissionDenied", `permission denied connecting to the forkbox daemon: ${err.rawMessage}`, { cause: err });
+      }
       if (typeof sys === "string" && unreachable.has(sys)) {
         return new ForkboxError("Unavailable", `forkbox daemon unreachable: ${err.rawMessage}`, { cause: err });
       }
@@ -116,4 +121,5 @@ export const isAlreadyExists = is("AlreadyExists");
 export const isFailedPrecondition = is("FailedPrecondition");
 export const isResourceExhausted = is("ResourceExhausted");
 export const isUnavailable = is("Unavailable");
+export const isPermissionDenied = is("PermissionDenied");
 export const isNotImplemented = is("NotImplemented");

@@ -4,13 +4,13 @@ export { Client, DEFAULT_SOCKET } from "./client.js";
 export type { ClientOptions, Resources, SandboxOptions, Overrides } from "./client.js";
 export { SandboxHandle, Credentials } from "./sandbox.js";
 export type { ForkOptions, ForkResult, ForkChild, CredentialOptions } from "./sandbox.js";
-export { ExecPromise } from "./exec.js";
+export { ExecPromise, DEFAULT_MAX_OUTPUT_BYTES } from "./exec.js";
 export type { ExecOptions, ExecResult } from "./exec.js";
 export { Environment } from "./environment.js";
 export type { EnvironmentOptions, Step, SetupFunction } from "./environment.js";
 export {
   ForkboxError, ExecError, isForkboxError, isExecError, isNotFound, isInvalidArgument, isAlreadyExists,
-  isFailedPrecondition, isResourceExhausted, isUnavailable, isNotImplemented,
+  isFailedPrecondition, isResourceExhausted, isUnavailable, isNotImplemented, isPermissionDenied,
 } from "./errors.js";
 export type { ErrorCode } from "./errors.js";
 export type {
