@@ -282,11 +282,34 @@ func (c *Client) WriteFile(ctx context.Context, path string, data []byte, mode o
 	return cl.result(ctx, opWrite, nil, nil)
 }
 
-// ListFiles returns the entries of the directory at the absolute path.
+// ListFiles returns the entries of the directory at the absolute path,
+// sorted by name.
 func (c *Client) ListFiles(ctx context.Context, path string) ([]FileInfo, error) {
+	cl, err := c.open(ctx, request{Op: opList, Path: path, Stream: true})
+	if err != nil {
+		return nil, err
+	}
+	defer cl.close()
+	_ = cl.bw.Flush() // a write error shows up as a read error
+	ents := []FileInfo{}
 	var res listResult
-	err := c.simple(ctx, request{Op: opList, Path: path}, &res)
-	return res.Entries, err
+	err = cl.result(ctx, opList, func(_ byte, p []byte) error {
+		var batch []FileInfo
+		if err := json.Unmarshal(p, &batch); err != nil {
+			return fmt.Errorf("agent list %s: decode entries: %v: %w", path, err, errdefs.ErrInternal)
+		}
+		ents = append(ents, batch...)
+		return nil
+	}, &res)
+	if err != nil {
+		return nil, err
+	}
+	// An agent that does not stream sends every entry in the result.
+	ents = append(ents, res.Entries...)
+	if res.Count != 0 && res.Count != len(ents) {
+		return nil, fmt.Errorf("agent list %s: got %d entries, agent sent %d: %w", path, len(ents), res.Count, errdefs.ErrInternal)
+	}
+	return ents, nil
 }
 
 // Retry interval and per-attempt bound of WaitReady.

@@ -18,8 +18,11 @@
 // The client opens with a header frame ('H', JSON: token, op and arguments),
 // then data frames ('D') for stdin or file content, closed by an EOF frame
 // ('C'). The server answers with data frames (stream 1 stdout, 2 stderr, 0
-// file content) as they are produced, then exactly one result frame ('R',
-// JSON) or error frame ('E', JSON {class, message}) and closes. A client that
+// file content, or for a list asked with "stream": true, JSON arrays of
+// entries) as they are produced, then exactly one result frame ('R', JSON)
+// or error frame ('E', JSON {class, message}) and closes. Before an error
+// frame the server reads the rest of the request's body (bounded), so that
+// closing does not reset the connection and lose the error. A client that
 // goes away (or sends a kill frame 'K') while an exec runs gets the exec's
 // process group killed. A token mismatch is answered with an Unauthenticated
 // error frame and the connection is closed.

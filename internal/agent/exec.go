@@ -63,8 +63,9 @@ func (s *Server) removeExec(e *execState) {
 }
 
 // handleExec runs req in the foreground, streaming its output over fw, and
-// answers with its ExecResult.
-func (s *Server) handleExec(conn net.Conn, fw *frameWriter, hdr *request) error {
+// answers with its ExecResult. Until the process started, the caller drains
+// stdin on error; from then on readClient reads it.
+func (s *Server) handleExec(body *reqBody, fw *frameWriter, hdr *request) error {
 	req := hdr.Exec
 	if req == nil {
 		return fmt.Errorf("exec: missing exec: %w", errdefs.ErrInvalidArgument)
@@ -115,7 +116,8 @@ func (s *Server) handleExec(conn net.Conn, fw *frameWriter, hdr *request) error 
 	pumps.Add(2)
 	go s.pump(&pumps, fw, streamStdout, outR)
 	go s.pump(&pumps, fw, streamStderr, errR)
-	go s.readClient(conn, st, stdinW)
+	stdinDone := make(chan struct{})
+	go s.readClient(body.handOff(), st, stdinW, stdinDone)
 	stdinW = nil // readClient owns it now
 
 	if req.Timeout > 0 {
@@ -136,7 +138,18 @@ func (s *Server) handleExec(conn net.Conn, fw *frameWriter, hdr *request) error 
 	res := ExecResult{Pid: pid, Duration: dur, TimedOut: st.timedOut.Load(), OOMKilled: st.oomKilled.Load()}
 	res.ExitCode, res.Signal = exitStatus(ws)
 	log.Debug("exec finished", "exit_code", res.ExitCode, "signal", res.Signal, "duration", dur)
-	return fw.writeJSON(frameResult, res)
+	err = fw.writeJSON(frameResult, res)
+	if hdr.HasStdin {
+		// Stdin the process did not read is still coming: wait for its end,
+		// or closing the connection resets it and can lose the result.
+		t := time.NewTimer(drainTimeout)
+		defer t.Stop()
+		select {
+		case <-stdinDone:
+		case <-t.C:
+		}
+	}
+	return err
 }
 
 // exitStatus returns the exit code (128+signo when killed) and signal name.
@@ -174,8 +187,12 @@ func (s *Server) pump(wg *sync.WaitGroup, fw *frameWriter, stream byte, r *os.Fi
 }
 
 // readClient feeds stdin frames to the process and kills it if the client
-// asks to or goes away before the exec ended.
-func (s *Server) readClient(conn net.Conn, st *execState, stdinW *os.File) {
+// asks to or goes away before the exec ended. It closes stdinDone once the
+// client's stdin ended (EOF frame) or the connection failed.
+func (s *Server) readClient(conn net.Conn, st *execState, stdinW *os.File, stdinDone chan<- struct{}) {
+	var doneOnce sync.Once
+	done := func() { doneOnce.Do(func() { close(stdinDone) }) }
+	defer done()
 	defer func() {
 		if stdinW != nil {
 			stdinW.Close()
@@ -200,6 +217,7 @@ func (s *Server) readClient(conn net.Conn, st *execState, stdinW *os.File) {
 				stdinW.Close()
 				stdinW = nil
 			}
+			done()
 		case frameKill:
 			st.killGroup()
 		}

@@ -3,11 +3,11 @@ package agent
 import (
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/forkbox/forkbox/errdefs"
 )
@@ -31,23 +31,22 @@ func checkPath(p string) (string, error) {
 	return filepath.Clean(p), nil
 }
 
-// handleRead streams a file's content as data frames, then a result.
+// handleRead streams a file's content as data frames, then a result. Only
+// regular files are read: the file is opened without blocking, so a FIFO
+// (or a device) is refused instead of hanging the request.
 func (s *Server) handleRead(fw *frameWriter, hdr *request) error {
 	p, err := checkPath(hdr.Path)
 	if err != nil {
 		return err
 	}
-	f, err := os.Open(p)
+	f, err := openRegular(p)
 	if err != nil {
-		return osErr("read", p, err)
+		return err
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
 		return osErr("stat", p, err)
-	}
-	if fi.IsDir() {
-		return fmt.Errorf("read %s: is a directory: %w", p, errdefs.ErrInvalidArgument)
 	}
 	if fi.Size() > MaxFileSize {
 		return fmt.Errorf("read %s: %d bytes, limit %d: %w", p, fi.Size(), MaxFileSize, errdefs.ErrResourceExhausted)
@@ -77,9 +76,39 @@ func (s *Server) handleRead(fw *frameWriter, hdr *request) error {
 	}{total})
 }
 
+// openRegular opens the regular file p for reading. It opens with
+// O_NONBLOCK, so that opening a FIFO without a writer does not block,
+// refuses anything but a regular file, then clears O_NONBLOCK.
+func openRegular(p string) (*os.File, error) {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, osErr("read", p, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, osErr("stat", p, err)
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+	case unix.S_IFDIR:
+		unix.Close(fd)
+		return nil, fmt.Errorf("read %s: is a directory: %w", p, errdefs.ErrInvalidArgument)
+	default:
+		unix.Close(fd)
+		return nil, fmt.Errorf("read %s: not a regular file: %w", p, errdefs.ErrInvalidArgument)
+	}
+	if err := unix.SetNonblock(fd, false); err != nil {
+		unix.Close(fd)
+		return nil, osErr("read", p, err)
+	}
+	return os.NewFile(uintptr(fd), p), nil
+}
+
 // handleWrite receives a file's content as data frames closed by an EOF
-// frame and puts it in place atomically (temp file + rename).
-func (s *Server) handleWrite(conn net.Conn, fw *frameWriter, hdr *request) error {
+// frame and puts it in place atomically (temp file + rename). On error the
+// caller drains the unread rest of the body.
+func (s *Server) handleWrite(body *reqBody, fw *frameWriter, hdr *request) error {
 	p, err := checkPath(hdr.Path)
 	if err != nil {
 		return err
@@ -105,27 +134,20 @@ func (s *Server) handleWrite(conn net.Conn, fw *frameWriter, hdr *request) error
 	if err != nil {
 		return osErr("create", dir, err)
 	}
-	ok, drained := false, false
+	ok := false
 	defer func() {
 		if !ok {
 			tmp.Close()
 			os.Remove(tmp.Name())
 		}
 	}()
-	defer func() {
-		if !drained {
-			drainUntilEOF(conn)
-		}
-	}()
 	var total int64
 	for {
-		f, err := readFrame(conn)
+		f, err := body.next()
 		if err != nil {
-			drained = true
 			return fmt.Errorf("write %s: read content: %v: %w", p, err, errdefs.ErrUnavailable)
 		}
 		if f.typ == frameEOF {
-			drained = true
 			break
 		}
 		if f.typ != frameData {
@@ -150,49 +172,4 @@ func (s *Server) handleWrite(conn net.Conn, fw *frameWriter, hdr *request) error
 	}
 	ok = true
 	return fw.writeJSON(frameResult, struct{}{})
-}
-
-// drainUntilEOF discards the rest of a request the agent refused, so that
-// closing the connection does not reset it before the client read the error.
-func drainUntilEOF(conn net.Conn) {
-	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	defer conn.SetReadDeadline(time.Time{})
-	for {
-		f, err := readFrame(conn)
-		if err != nil || f.typ == frameEOF {
-			return
-		}
-	}
-}
-
-// handleList answers with the entries of a directory (not following
-// symlinks of the entries).
-func (s *Server) handleList(fw *frameWriter, hdr *request) error {
-	p, err := checkPath(hdr.Path)
-	if err != nil {
-		return err
-	}
-	fi, err := os.Stat(p)
-	if err != nil {
-		return osErr("list", p, err)
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("list %s: not a directory: %w", p, errdefs.ErrInvalidArgument)
-	}
-	ents, err := os.ReadDir(p)
-	if err != nil {
-		return osErr("list", p, err)
-	}
-	res := listResult{Entries: make([]FileInfo, 0, len(ents))}
-	for _, e := range ents {
-		info, err := e.Info()
-		if err != nil {
-			continue // removed meanwhile
-		}
-		res.Entries = append(res.Entries, FileInfo{
-			Name: e.Name(), Size: info.Size(), Mode: info.Mode(),
-			IsDir: info.IsDir(), ModTime: info.ModTime(),
-		})
-	}
-	return fw.writeJSON(frameResult, res)
 }

@@ -129,6 +129,7 @@ func (s *Server) startProcess(req *ExecRequest, files [3]*os.File) (int, <-chan 
 	if err != nil {
 		return 0, nil, osErr("exec", bin, err)
 	}
+	s.watch.started(pid)
 	if s.oomAdjusted {
 		// The agent runs at -1000, which children inherit; user processes get 0.
 		_ = os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte("0"), 0)

@@ -61,6 +61,8 @@ type request struct {
 	Fork  *ForkNotice  `json:"fork,omitempty"`
 	// HasStdin says data frames for stdin follow, closed by an EOF frame.
 	HasStdin bool `json:"has_stdin,omitempty"`
+	// Stream asks a list for its entries as data frames (see handleList).
+	Stream bool `json:"stream,omitempty"`
 }
 
 // ExecRequest describes one command to run in the sandbox.
@@ -156,8 +158,11 @@ type startResult struct {
 	Pid int `json:"pid"`
 }
 
+// listResult is a list's result frame. A streamed list sends its entries
+// in data frames (JSON arrays of FileInfo) and only their count here.
 type listResult struct {
 	Entries []FileInfo `json:"entries"`
+	Count   int        `json:"count,omitempty"`
 }
 
 // frameWriter writes frames to w; safe for concurrent use.

@@ -157,12 +157,16 @@ func (s *Server) handleConn(conn net.Conn) {
 		return
 	}
 	received := time.Now()
+	body := newReqBody(rconn, &req)
 	if !s.tokenOK(req.Token) {
 		s.log.Warn("agent: bad token", "remote", conn.RemoteAddr().String())
+		body.drain()
 		fw.writeError(fmt.Errorf("bad token: %w", errdefs.ErrUnauthenticated))
 		return
 	}
-	if err := s.dispatch(rconn, fw, &req, received); err != nil {
+	if err := s.dispatch(body, fw, &req, received); err != nil {
+		// Read the rest of the body first, or the error may be lost.
+		body.drain()
 		fw.writeError(err)
 	}
 }
@@ -172,8 +176,9 @@ func (s *Server) tokenOK(tok string) bool {
 	return subtle.ConstantTimeCompare([]byte(tok), []byte(*s.token.Load())) == 1
 }
 
-// dispatch runs req; received is when its header arrived.
-func (s *Server) dispatch(conn net.Conn, fw *frameWriter, req *request, received time.Time) error {
+// dispatch runs req; received is when its header arrived. Handlers of ops
+// with a body read it from body; on error the caller drains what is left.
+func (s *Server) dispatch(body *reqBody, fw *frameWriter, req *request, received time.Time) error {
 	switch req.Op {
 	case opPing:
 		host, _ := os.Hostname()
@@ -182,13 +187,13 @@ func (s *Server) dispatch(conn net.Conn, fw *frameWriter, req *request, received
 		unix.Sync()
 		return fw.writeJSON(frameResult, struct{}{})
 	case opExec:
-		return s.handleExec(conn, fw, req)
+		return s.handleExec(body, fw, req)
 	case opStart:
 		return s.handleStart(fw, req)
 	case opRead:
 		return s.handleRead(fw, req)
 	case opWrite:
-		return s.handleWrite(conn, fw, req)
+		return s.handleWrite(body, fw, req)
 	case opList:
 		return s.handleList(fw, req)
 	case opFork:

@@ -5,19 +5,32 @@ import (
 	"context"
 	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 )
 
-// watchInterval is how often the watchdog polls while any exec runs.
-const watchInterval = 10 * time.Millisecond
+// Poll intervals of the watchdog: while any process but the agent lives (or
+// an exec runs), and when there is none.
+const (
+	watchInterval = 10 * time.Millisecond
+	idleInterval  = 100 * time.Millisecond
+)
 
 // watchdog enforces the sandbox's memory limit: gVisor has no OOM killer
-// inside the sandbox, and the host cgroup's kills the whole sentry. While any
-// exec runs it sums the resident memory of every process but the agent (in
-// non-init mode: of the agent's descendants only) and, above the limit,
-// SIGKILLs the largest and marks the exec it belongs to as OOM-killed.
+// inside the sandbox, and the host cgroup's kills the whole sentry. Whenever
+// a limit is set it sums the resident memory of every process but the agent
+// and, above the limit, SIGKILLs the largest and marks the exec it belongs
+// to as OOM-killed. It polls every watchInterval while there is any such
+// process, so background execs and processes that outlive their exec are
+// watched too, and every idleInterval otherwise; starting a process wakes
+// it at once.
+//
+// In non-init mode (tests, an agent that is not PID 1) it counts only the
+// agent's descendants and the members of the process groups of the
+// processes it started, which covers orphans those left behind unless they
+// left their group.
 type watchdog struct {
 	s      *Server
 	limit  int64
@@ -25,44 +38,69 @@ type watchdog struct {
 	wake   chan struct{}
 	killed map[int]bool // pids killed and not yet gone; not counted again
 	page   int64
+
+	// groups are the process groups of the processes the agent started
+	// (non-init mode only), each with the scan generation current when it
+	// was added; a group is forgotten by the first scan that started after
+	// it was added and found no member.
+	mu     sync.Mutex
+	groups map[int]uint64
+	gen    uint64
 }
 
 func newWatchdog(s *Server, limit int64) *watchdog {
 	return &watchdog{s: s, limit: limit, wake: make(chan struct{}, 1),
-		killed: map[int]bool{}, page: int64(os.Getpagesize())}
+		killed: map[int]bool{}, page: int64(os.Getpagesize()), groups: map[int]uint64{}}
 }
 
+// begin makes the watchdog poll fast until end, whatever it finds.
 func (w *watchdog) begin() {
-	if w.active.Add(1) == 1 {
-		select {
-		case w.wake <- struct{}{}:
-		default:
-		}
-	}
+	w.active.Add(1)
+	w.poke()
 }
 
 func (w *watchdog) end() { w.active.Add(-1) }
+
+// started tells the watchdog about a process the agent started, the leader
+// of a new process group.
+func (w *watchdog) started(pid int) {
+	if w.limit <= 0 {
+		return
+	}
+	if !w.s.cfg.Init {
+		w.mu.Lock()
+		w.groups[pid] = w.gen
+		w.mu.Unlock()
+	}
+	w.poke()
+}
+
+// poke wakes the watchdog for a poll now.
+func (w *watchdog) poke() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
 
 func (w *watchdog) run(ctx context.Context) {
 	if w.limit <= 0 {
 		return
 	}
-	t := time.NewTicker(watchInterval)
+	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
-		if w.active.Load() <= 0 {
-			select {
-			case <-ctx.Done():
-				return
-			case <-w.wake:
-			}
-		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-w.wake:
 		}
-		w.check()
+		d := idleInterval
+		if w.check() || w.active.Load() > 0 {
+			d = watchInterval
+		}
+		t.Reset(d)
 	}
 }
 
@@ -71,16 +109,37 @@ type procStat struct {
 	rss        int64 // bytes
 }
 
-// check runs one poll.
-func (w *watchdog) check() {
+// check runs one poll and reports whether it found any process to watch.
+func (w *watchdog) check() bool {
+	var groups map[int]bool
+	var gen uint64
+	if !w.s.cfg.Init {
+		w.mu.Lock()
+		w.gen++
+		gen = w.gen
+		groups = make(map[int]bool, len(w.groups))
+		for g := range w.groups {
+			groups[g] = true
+		}
+		w.mu.Unlock()
+	}
 	procs := scanProcs(w.page)
 	self := os.Getpid()
 	var sum int64
-	victim, max := 0, int64(-1)
+	victim, max, watched := 0, int64(-1), 0
+	live := map[int]bool{} // process groups with members (non-init mode)
 	for pid, p := range procs {
-		if pid == self || (!w.s.cfg.Init && !descendant(procs, pid, self)) {
+		if pid == self {
 			continue
 		}
+		if !w.s.cfg.Init {
+			if groups[p.pgrp] {
+				live[p.pgrp] = true
+			} else if !descendant(procs, pid, self) {
+				continue
+			}
+		}
+		watched++
 		if w.killed[pid] {
 			continue
 		}
@@ -94,14 +153,24 @@ func (w *watchdog) check() {
 			delete(w.killed, pid)
 		}
 	}
+	if !w.s.cfg.Init {
+		w.mu.Lock()
+		for g, added := range w.groups {
+			if added < gen && !live[g] {
+				delete(w.groups, g)
+			}
+		}
+		w.mu.Unlock()
+	}
 	if sum <= w.limit || victim == 0 {
-		return
+		return watched > 0
 	}
 	_ = syscall.Kill(victim, syscall.SIGKILL)
 	w.killed[victim] = true
 	owner := w.owner(procs, victim)
 	w.s.log.Warn("memory limit exceeded: killed largest process",
 		"pid", victim, "rss", max, "total", sum, "limit", w.limit, "exec", owner)
+	return true
 }
 
 // owner marks and returns the exec whose process tree pid belongs to: the
