@@ -129,6 +129,15 @@ func (m *Manager) ensureTables() error {
 	c.AddRule(rule(inetTable, forward, iifBr, ctEstablished(), accept))
 	c.AddRule(rule(inetTable, forward, oifBr, ctEstablished(), accept))
 	c.AddRule(rule(inetTable, forward, oifBr, drop))
+	// Egress "all" is the outside world, not link-local services such as a
+	// cloud's instance metadata at 169.254.169.254.
+	linkLocalDst := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ipv4},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{169, 254}},
+	}
+	c.AddRule(rule(inetTable, forward, iifBr, linkLocalDst, drop))
 	c.AddRule(rule(inetTable, forward, iifBr, inEgressAll, accept))
 	c.AddRule(rule(inetTable, forward, iifBr, drop))
 	// postrouting: masquerade egress "all" sandboxes leaving by another link.
