@@ -272,10 +272,11 @@ func (d *Daemon) reserve(ctx context.Context, sb *store.Sandbox, slotReserved bo
 			addrs = append(addrs, a)
 		}
 	}
-	ip, err := d.net.Allocate(addrs)
+	ip, err := d.net.AllocateAfter(addrs, d.lastIP)
 	if err != nil {
 		return err
 	}
+	d.lastIP = ip
 	sb.IP = ip.String()
 	return d.store.CreateSandbox(ctx, sb)
 }

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
@@ -81,6 +82,7 @@ type Daemon struct {
 	// pendingSlots are slots reserved for children not yet recorded.
 	ipAlloc      sync.Mutex
 	pendingSlots int
+	lastIP       netip.Addr
 	sealer       *sealer
 	stopJanitor  context.CancelFunc
 	actOnce      sync.Once

@@ -1,6 +1,7 @@
 package network
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -67,10 +68,28 @@ func (m *Manager) ensureBridge() error {
 			return fmt.Errorf("network: add %s to %s: %v: %w", want.IPNet, name, err, errdefs.ErrInternal)
 		}
 	}
+	// A bridge without a MAC of its own takes the lowest of its ports', so
+	// its MAC changes as sandboxes come and go, and the sandboxes' cached
+	// entry for the gateway goes stale: their replies to the host are lost
+	// until it expires (seen as ~25 s stalls under churn). A fixed, locally
+	// administered MAC derived from the name keeps it stable.
+	if mac := bridgeMAC(name); !bytes.Equal(link.Attrs().HardwareAddr, mac) {
+		if err := netlink.LinkSetHardwareAddr(link, mac); err != nil {
+			return fmt.Errorf("network: set the MAC of %s: %v: %w", name, err, errdefs.ErrInternal)
+		}
+	}
 	if err := netlink.LinkSetUp(link); err != nil {
 		return fmt.Errorf("network: bring up %s: %v: %w", name, err, errdefs.ErrInternal)
 	}
 	return nil
+}
+
+// bridgeMAC is a stable, locally administered unicast MAC for a bridge.
+func bridgeMAC(name string) net.HardwareAddr {
+	sum := sha256.Sum256([]byte("forkbox-bridge:" + name))
+	mac := net.HardwareAddr(sum[:6])
+	mac[0] = (mac[0] | 0x02) &^ 0x01
+	return mac
 }
 
 func (m *Manager) deleteBridge() error {

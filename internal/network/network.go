@@ -167,17 +167,36 @@ func (m *Manager) Destroy(ctx context.Context) error {
 // skipping the network address, the gateway and the broadcast address.
 // It fails with ResourceExhausted when the subnet is full.
 func (m *Manager) Allocate(used []netip.Addr) (netip.Addr, error) {
+	return m.AllocateAfter(used, netip.Addr{})
+}
+
+// AllocateAfter is Allocate starting after the address last given out, and
+// wrapping around: an address just freed is not handed out again while
+// others are free, so nothing on the host (neighbour entries, conntrack,
+// packets in flight) still points at the sandbox that had it.
+func (m *Manager) AllocateAfter(used []netip.Addr, last netip.Addr) (netip.Addr, error) {
 	taken := make(map[netip.Addr]bool, len(used))
 	for _, a := range used {
 		taken[a] = true
 	}
-	for a := m.gateway.Next(); a.IsValid() && m.cfg.Subnet.Contains(a); a = a.Next() {
+	first := m.gateway.Next()
+	var free []netip.Addr // in order, for the wrap-around
+	for a := first; a.IsValid() && m.cfg.Subnet.Contains(a); a = a.Next() {
 		if !m.cfg.Subnet.Contains(a.Next()) { // a is the broadcast address
 			break
 		}
-		if !taken[a] {
+		if taken[a] {
+			continue
+		}
+		if !last.IsValid() || a.Compare(last) > 0 {
 			return a, nil
 		}
+		if len(free) == 0 {
+			free = append(free, a)
+		}
+	}
+	if len(free) > 0 {
+		return free[0], nil
 	}
 	return netip.Addr{}, fmt.Errorf("network: no free address in %s: %w", m.cfg.Subnet, errdefs.ErrResourceExhausted)
 }

@@ -265,3 +265,56 @@ func BenchmarkSetupTeardown(b *testing.B) {
 		}
 	}
 }
+
+func TestAllocateAfterRoundRobin(t *testing.T) {
+	m := &Manager{cfg: Config{Subnet: netip.MustParsePrefix("10.231.9.0/29")}, gateway: netip.MustParseAddr("10.231.9.1")}
+	a := func(s string) netip.Addr { return netip.MustParseAddr(s) }
+	cases := []struct {
+		used []netip.Addr
+		last netip.Addr
+		want string
+	}{
+		{nil, netip.Addr{}, "10.231.9.2"},
+		{nil, a("10.231.9.2"), "10.231.9.3"}, // .2 was just freed: not reused at once
+		{[]netip.Addr{a("10.231.9.3")}, a("10.231.9.2"), "10.231.9.4"},
+		{nil, a("10.231.9.6"), "10.231.9.2"}, // wraps around
+		{[]netip.Addr{a("10.231.9.2")}, a("10.231.9.6"), "10.231.9.3"},
+	}
+	for _, c := range cases {
+		got, err := m.AllocateAfter(c.used, c.last)
+		if err != nil || got.String() != c.want {
+			t.Errorf("AllocateAfter(%v, %v) = %v, %v; want %s", c.used, c.last, got, err, c.want)
+		}
+	}
+}
+
+// TestBridgeMACIsStable: the bridge keeps one MAC while ports come and go
+// (a MAC borrowed from a port changes, and sandboxes' gateway entries go
+// stale).
+func TestBridgeMACIsStable(t *testing.T) {
+	m := newTestManager(t, 16)
+	mac := func() string {
+		l, err := netlink.LinkByName(m.cfg.Bridge)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.Attrs().HardwareAddr.String()
+	}
+	want := bridgeMAC(m.cfg.Bridge).String()
+	if got := mac(); got != want {
+		t.Fatalf("bridge MAC %s, want %s", got, want)
+	}
+	a := setup(t, m, "mac-a", EgressNone)
+	b := setup(t, m, "mac-b", EgressNone)
+	if got := mac(); got != want {
+		t.Errorf("with ports: bridge MAC %s, want %s", got, want)
+	}
+	for _, n := range []*Network{a, b} {
+		if err := m.Teardown(context.Background(), n.ID); err != nil {
+			t.Fatal(err)
+		}
+		if got := mac(); got != want {
+			t.Errorf("after removing %s: bridge MAC %s, want %s", n.ID, got, want)
+		}
+	}
+}

@@ -32,9 +32,14 @@ type EnvResult struct {
 	BuildMS     float64 `json:"build_ms"`
 	BuildCallMS float64 `json:"build_call_ms"`
 	// ForkRun is one later run of (b): env.Sandbox + task + close.
-	ForkRun       Summary `json:"fork_run"`
-	ForkTotalMS   float64 `json:"fork_total_ms"`
-	ForkOverOne   float64 `json:"fork_total_over_one_setup"`
+	ForkRun     Summary `json:"fork_run"`
+	ForkTotalMS float64 `json:"fork_total_ms"`
+	ForkOverOne float64 `json:"fork_total_over_one_setup"`
+	// ConcTotalMS is (b) again with the runs after the build started
+	// concurrently, envParallel at a time, as an orchestrator fanning out
+	// N runs would; ConcOverOne its ratio to one setup.
+	ConcTotalMS   float64 `json:"concurrent_total_ms"`
+	ConcOverOne   float64 `json:"concurrent_total_over_one_setup"`
 	FreshOverFork float64 `json:"fresh_total_over_fork_total"`
 	// Pool hand-overs (c): daemon-side HandoverMS and the client's call.
 	PoolSize       int     `json:"pool_size"`
@@ -184,6 +189,11 @@ func (b *bench) measureEnv(ctx context.Context, rt string) (EnvResult, error) {
 	progress("  (b) total %.1f s (build %.1f s)", r.ForkTotalMS/1000, r.BuildMS/1000)
 	b.deleteEnv(ctx, name)
 
+	// (b2) the same, with the runs after the build fanned out.
+	if err := b.measureEnvConcurrent(ctx, rt, setup, task, &r); err != nil {
+		return r, err
+	}
+
 	return r, b.measurePool(ctx, rt, &r)
 }
 
@@ -260,4 +270,55 @@ func (b *bench) deleteEnv(ctx context.Context, name string) {
 			progress("delete environment %s: %v", name, err)
 		}
 	}
+}
+
+// envParallel is how many forked runs (b2) starts at once.
+const envParallel = 4
+
+// measureEnvConcurrent is (b2): build once (the first env.Sandbox call),
+// then the other runs concurrently, envParallel at a time.
+func (b *bench) measureEnvConcurrent(ctx context.Context, rt, setup, task string, r *EnvResult) error {
+	o := b.opts
+	progress("  (b2) build once, then %d runs %d at a time", o.envRuns-1, envParallel)
+	name := "bench-envc-" + nonce()
+	env := b.c.Environment(name, client.EnvironmentOptions{Image: b.image, Runtime: rt,
+		Resources: client.Resources{Memory: o.memory}, Setup: []*client.SetupStep{client.Run(setup)}})
+	defer b.deleteEnv(ctx, name)
+	run := func() error {
+		es, err := env.Sandbox(ctx, client.Overrides{})
+		if err != nil {
+			return fmt.Errorf("environment sandbox: %w", err)
+		}
+		b.track(es.Sandbox)
+		err = sh(ctx, es.Sandbox, task)
+		b.close(ctx, es.Sandbox)
+		return err
+	}
+	t := time.Now()
+	if err := run(); err != nil {
+		return err
+	}
+	progress("  (b2) built and first run in %.1f s", ms(time.Since(t))/1000)
+	sem := make(chan struct{}, envParallel)
+	errs := make(chan error, o.envRuns)
+	for range o.envRuns - 1 {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			errs <- run()
+		}()
+	}
+	for range envParallel {
+		sem <- struct{}{}
+	}
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return fmt.Errorf("environment run: %w", err)
+		}
+	}
+	r.ConcTotalMS = ms(time.Since(t))
+	r.ConcOverOne = ratio(r.ConcTotalMS, r.Setup.Median)
+	progress("  (b2) total %.1f s", r.ConcTotalMS/1000)
+	return nil
 }

@@ -15,6 +15,8 @@ func (e *EnvResult) print(w io.Writer) {
 		e.Runs, e.FreshTotalMS/1000, pp(e.FreshRun), ratio(e.FreshTotalMS, e.Setup.Median))
 	fmt.Fprintf(w, "(b) build once (%.1f s; first call %.1f s), then env.Sandbox + task + close\t%d\t%.1f\t%s\t%.2fx\t\n",
 		e.BuildMS/1000, e.BuildCallMS/1000, e.Runs, e.ForkTotalMS/1000, pp(e.ForkRun), e.ForkOverOne)
+	fmt.Fprintf(w, "(b2) the same, the runs after the build %d at a time\t%d\t%.1f\t\t%.2fx\t\n",
+		envParallel, e.Runs, e.ConcTotalMS/1000, e.ConcOverOne)
 	fmt.Fprintf(w, "(a)/(b)\t\t%.1fx\t\t\t\n", e.FreshOverFork)
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "   (c) warm pool of %d: hand-overs from a full pool (n=%d; %d not from the pool, skipped)\n",
