@@ -192,11 +192,17 @@ func dial(path, addr string) error {
 	return nil
 }
 
-func nftRuleset(tb testing.TB) string {
+// nftTables returns the inet and bridge tables of that name, as nft lists them.
+func nftTables(tb testing.TB, table string) string {
 	tb.Helper()
-	out, err := exec.Command("nft", "list", "ruleset").CombinedOutput()
-	if err != nil {
-		tb.Skipf("nft CLI: %v: %s", err, out)
+	var out []byte
+	for _, fam := range []string{"inet", "bridge"} {
+		b, err := exec.Command("nft", "list", "table", fam, table).CombinedOutput()
+		if err != nil {
+			tb.Fatalf("nft list table %s %s: %v: %s", fam, table, err, b)
+		}
+		out = append(out, b...)
 	}
 	return string(out)
 }
+

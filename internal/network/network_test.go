@@ -91,7 +91,7 @@ func TestIsolation(t *testing.T) {
 		}
 	}
 
-	rs := nftRuleset(t)
+	rs := nftTables(t, m.cfg.Table)
 	if !strings.Contains(rs, "masquerade") {
 		t.Errorf("ruleset has no masquerade rule:\n%s", rs)
 	}
@@ -236,13 +236,15 @@ func TestListFindsOrphanVeth(t *testing.T) {
 func TestNewIdempotent(t *testing.T) {
 	m := newTestManager(t, 10)
 	a := setup(t, m, "a", EgressAll)
-	before := nftRuleset(t)
+	// Only this manager's tables: other tests and daemons on the host
+	// change theirs meanwhile.
+	before := nftTables(t, m.cfg.Table)
 	m2, err := New(context.Background(), m.cfg)
 	if err != nil {
 		t.Fatalf("second New: %v", err)
 	}
 	defer m2.Close()
-	if after := nftRuleset(t); after != before {
+	if after := nftTables(t, m.cfg.Table); after != before {
 		t.Fatalf("ruleset changed by a second New:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 	if err := dial("", net.JoinHostPort(a.IP.String(), "1")); err == nil || !strings.Contains(err.Error(), "refused") {
