@@ -116,6 +116,10 @@ type ExecOptions struct {
 	Timeout time.Duration
 	// NonReplayable execs are skipped when the session is resumed.
 	NonReplayable bool
+	// AutoResume unpauses a paused sandbox and runs the command, instead
+	// of failing with FailedPrecondition. (A hibernated sandbox is always
+	// woken by an exec.)
+	AutoResume bool
 	// Stdout and Stderr receive the output as it is produced (nil: dropped).
 	Stdout, Stderr io.Writer
 }
@@ -131,6 +135,19 @@ type ExecResult struct {
 
 // Exec runs a command and waits for it, streaming its output.
 func (s *Sandbox) Exec(ctx context.Context, o ExecOptions) (*ExecResult, error) {
+	res, err := s.exec(ctx, o)
+	if err != nil && o.AutoResume && errdefs.IsFailedPrecondition(err) {
+		if info, ierr := s.c.Sandbox(ctx, s.ID); ierr == nil && info.Info.State == "paused" {
+			if uerr := s.Unpause(ctx); uerr != nil {
+				return nil, uerr
+			}
+			return s.exec(ctx, o)
+		}
+	}
+	return res, err
+}
+
+func (s *Sandbox) exec(ctx context.Context, o ExecOptions) (*ExecResult, error) {
 	stream, err := s.c.sbx.Exec(ctx, connect.NewRequest(&v1.ExecRequest{
 		Sandbox: s.ID, Argv: o.Argv, Shell: o.Shell, Env: o.Env, Cwd: o.Cwd, Stdin: o.Stdin,
 		TimeoutMs: o.Timeout.Milliseconds(), NonReplayable: o.NonReplayable,

@@ -60,10 +60,13 @@ func TestPauseUsesNoCPU(t *testing.T) {
 		if _, err := sb.Exec(ctx, client.ExecOptions{Shell: "true"}); !errdefs.IsFailedPrecondition(err) {
 			t.Errorf("exec while paused: got %v", err)
 		}
-		if err := sb.Unpause(ctx); err != nil {
-			t.Fatal(err)
+		// The SDK can resume it for the exec when asked to.
+		if res, err := sb.Exec(ctx, client.ExecOptions{Shell: "true", AutoResume: true}); err != nil || res.ExitCode != 0 {
+			t.Fatalf("exec with AutoResume on a paused sandbox: %+v, %v", res, err)
 		}
-		mustSh(t, sb, "true")
+		if err := sb.Refresh(ctx); err != nil || sb.Info.State != "running" {
+			t.Errorf("after an auto-resumed exec: state %q, %v", sb.Info.GetState(), err)
+		}
 		u0 := cpuUsage(t, sb.ID)
 		time.Sleep(500 * time.Millisecond)
 		if used := cpuUsage(t, sb.ID) - u0; used < 100*time.Millisecond {
