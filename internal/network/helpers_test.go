@@ -205,4 +205,3 @@ func nftTables(tb testing.TB, table string) string {
 	}
 	return string(out)
 }
-
