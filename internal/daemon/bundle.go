@@ -66,19 +66,11 @@ func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Net
 	if cwd == "" {
 		cwd = "/"
 	}
-	etc, err := spec.WriteEtcFiles(dir, spec.EtcFiles{Hostname: sb.Config.Hostname, Hosts: []string{nw.IP.String() + "\t" + sb.Config.Hostname}})
+	ident, err := writeIdentity(dir, sb, nw)
 	if err != nil {
-		return fmt.Errorf("bundle: %w", err)
+		return err
 	}
-	// Identity files live in the bundle, outside the writable layer: a
-	// snapshot never carries them, so every sandbox (forks included) gets
-	// its own hostname and machine-id.
-	machineID := filepath.Join(dir, "etc", "machine-id")
-	if err := os.WriteFile(machineID, []byte(sb.Config.MachineID+"\n"), 0o444); err != nil {
-		return fmt.Errorf("bundle: %w", err)
-	}
-	mounts := append(etc,
-		specs.Mount{Destination: "/etc/machine-id", Type: "bind", Source: machineID, Options: []string{"rbind", "ro"}},
+	mounts := append(ident,
 		specs.Mount{Destination: "/.forkbox/agent", Type: "bind", Source: d.cfg.AgentPath,
 			Options: []string{"rbind", "ro", "nosuid", "nodev"}},
 		specs.Mount{Destination: secretsDir, Type: "tmpfs", Source: "tmpfs",
@@ -107,4 +99,20 @@ func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Net
 		return err
 	}
 	return spec.WriteBundle(dir, s)
+}
+
+// writeIdentity writes a sandbox's identity files (hostname, hosts,
+// resolv.conf, machine-id) into its bundle and returns their bind mounts.
+// They live outside the writable layer: a snapshot never carries them, so
+// every sandbox (forks included) gets its own hostname and machine-id.
+func writeIdentity(bundle string, sb *store.Sandbox, nw *network.Network) ([]specs.Mount, error) {
+	etc, err := spec.WriteEtcFiles(bundle, spec.EtcFiles{Hostname: sb.Config.Hostname, Hosts: []string{nw.IP.String() + "\t" + sb.Config.Hostname}})
+	if err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	machineID := filepath.Join(bundle, "etc", "machine-id")
+	if err := os.WriteFile(machineID, []byte(sb.Config.MachineID+"\n"), 0o444); err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	return append(etc, specs.Mount{Destination: "/etc/machine-id", Type: "bind", Source: machineID, Options: []string{"rbind", "ro"}}), nil
 }

@@ -3,13 +3,11 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
-	"github.com/forkbox/forkbox/internal/agent"
 	"github.com/forkbox/forkbox/internal/cgroups"
 	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/store"
@@ -135,16 +133,8 @@ func (d *Daemon) wakeLocked(ctx context.Context, sb *store.Sandbox) error {
 	start := time.Now()
 	dir := d.hibernateDir(sb.ID)
 	ctx = context.WithoutCancel(ctx)
-	if err := d.net.Reconfigure(ctx, sb.ID, netip.MustParseAddr(sb.IP)); err != nil {
+	if err := d.restoreAsItself(ctx, sb, mc, dir); err != nil {
 		return fmt.Errorf("wake: %w", err)
-	}
-	if err := mc.Restore(ctx, sb.ID, d.bundleDir(sb.ID), dir); err != nil {
-		return fmt.Errorf("wake: %w", err)
-	}
-	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
-	defer cancel()
-	if err := agent.WaitReady(rctx, d.agent(sb)); err != nil {
-		return fmt.Errorf("woken sandbox's agent did not answer (%v): %w", err, errdefs.ErrUnavailable)
 	}
 	if err := d.store.SetSandboxState(ctx, sb.ID, store.StateRunning, ""); err != nil {
 		return err

@@ -13,6 +13,7 @@ import (
 	"github.com/forkbox/forkbox/internal/agent"
 	"github.com/forkbox/forkbox/internal/cgroups"
 	"github.com/forkbox/forkbox/internal/image"
+	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
 	"github.com/forkbox/forkbox/internal/store"
 )
@@ -105,7 +106,11 @@ func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, 
 	if err != nil {
 		removeTree(dir)
 	}
-	if rerr := d.restoreInPlace(ctx, sb, rt.Delete, mc.Restore, filepath.Join(dir, memImageSub)); rerr != nil {
+	if rerr := rt.Delete(ctx, sb.ID, true); rerr != nil {
+		d.store.SetSandboxState(ctx, sb.ID, store.StateFailed, rerr.Error())
+		return nil, fmt.Errorf("memory checkpoint: the stopped source could not be released: %w", rerr)
+	}
+	if rerr := d.restoreAsItself(ctx, sb, mc, filepath.Join(dir, memImageSub)); rerr != nil {
 		d.store.SetSandboxState(ctx, sb.ID, store.StateFailed, rerr.Error())
 		return nil, fmt.Errorf("memory checkpoint: the source could not be restored (resume it from its last checkpoint): %w", rerr)
 	}
@@ -121,16 +126,14 @@ func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, 
 	return ck, nil
 }
 
-// restoreInPlace brings a checkpointed source back as itself.
-func (d *Daemon) restoreInPlace(ctx context.Context, sb *store.Sandbox,
-	del func(context.Context, string, bool) error, restore func(context.Context, string, string, string) error, image string) error {
-	if err := del(ctx, sb.ID, true); err != nil {
-		return err
-	}
+// restoreAsItself restores sb from a memory image into its own bundle,
+// netns and address (gVisor took the address over: it is put back first),
+// and waits for its agent. Used by wake and by a memory checkpoint's source.
+func (d *Daemon) restoreAsItself(ctx context.Context, sb *store.Sandbox, mc runtime.MemoryCheckpointer, image string) error {
 	if err := d.net.Reconfigure(ctx, sb.ID, netip.MustParseAddr(sb.IP)); err != nil {
 		return err
 	}
-	if err := restore(ctx, sb.ID, d.bundleDir(sb.ID), image); err != nil {
+	if err := mc.Restore(ctx, sb.ID, d.bundleDir(sb.ID), image); err != nil {
 		return err
 	}
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
@@ -162,10 +165,7 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 	// hostname, netns, cgroup and limits are the child's.
 	bundle := d.bundleDir(sb.ID)
 	srcBundle := d.bundleDir(ck.SandboxID)
-	if _, err := spec.WriteEtcFiles(bundle, spec.EtcFiles{Hostname: sb.Config.Hostname, Hosts: []string{nw.IP.String() + "\t" + sb.Config.Hostname}}); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(bundle, "etc", "machine-id"), []byte(sb.Config.MachineID+"\n"), 0o444); err != nil {
+	if _, err := writeIdentity(bundle, sb, nw); err != nil {
 		return err
 	}
 	s.Root.Path = d.rootfsDir(sb.ID)
