@@ -85,6 +85,12 @@ func wrap(op, path string, err error) error {
 
 // createSubvolume creates an empty subvolume at path.
 func createSubvolume(path string) error {
+	return volIoctl(path, iocSubvolCreate, "create subvolume")
+}
+
+// volIoctl runs a subvolume ioctl that names path's last element, on its
+// parent directory.
+func volIoctl(path string, req uintptr, op string) error {
 	dir, name := filepath.Split(filepath.Clean(path))
 	if len(name) > volNameMax {
 		return fmt.Errorf("subvolume name %q too long: %w", name, errdefs.ErrInvalidArgument)
@@ -96,8 +102,8 @@ func createSubvolume(path string) error {
 	defer unix.Close(fd)
 	var a volArgs
 	copy(a.name[:], name)
-	if err := ioctl(fd, iocSubvolCreate, unsafe.Pointer(&a)); err != nil {
-		return wrap("create subvolume", path, err)
+	if err := ioctl(fd, req, unsafe.Pointer(&a)); err != nil {
+		return wrap(op, path, err)
 	}
 	return nil
 }
@@ -176,18 +182,7 @@ func deleteSubvolume(path string) error {
 	if err := setReadonly(path, false); err != nil {
 		return err
 	}
-	dir, name := filepath.Split(filepath.Clean(path))
-	fd, err := openDir(dir)
-	if err != nil {
-		return wrap("open", dir, err)
-	}
-	defer unix.Close(fd)
-	var a volArgs
-	copy(a.name[:], name)
-	if err := ioctl(fd, iocSnapDestroy, unsafe.Pointer(&a)); err != nil {
-		return wrap("delete subvolume", path, err)
-	}
-	return nil
+	return volIoctl(path, iocSnapDestroy, "delete subvolume")
 }
 
 // removePath deletes path whether it is a subvolume or a plain directory
