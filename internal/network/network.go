@@ -21,8 +21,12 @@
 //     IPv4 and ARP frames whose source address is not the one registered for
 //     the port they arrive on, and all IPv6 frames from sandbox ports.
 //
-// IPv4 forwarding (net.ipv4.ip_forward) is switched on the first time a
-// sandbox with egress "all" is set up, and never switched off.
+// IPv4 forwarding (net.ipv4.ip_forward) is host-wide. It is switched on the
+// first time a sandbox with egress "all" is set up, and must stay on while
+// such sandboxes run. The value it had before is recorded under
+// /run/forkbox/ip_forward.d, with one holder file per Manager (per nftables
+// table) that needed it; Destroy drops its holder and, when no holder is
+// left, puts the recorded value back (see forward.go).
 package network
 
 import (
@@ -30,7 +34,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"os"
 	"sync"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -155,12 +158,14 @@ func (m *Manager) Gateway() netip.Addr { return m.gateway }
 func (m *Manager) Close() error { return nil }
 
 // Destroy removes the bridge, the nftables tables and the netns directory's
-// mount. Sandbox networks should be torn down first. Meant for tests.
+// mount, and gives up this Manager's hold on IPv4 forwarding (restoring the
+// host's previous value when it was the last holder). Sandbox networks
+// should be torn down first. The daemon's uninstall and tests call it.
 func (m *Manager) Destroy(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return joinErrs(m.deleteTables(), m.deleteBridge(), releaseNetnsDir(m.cfg.NetnsDir))
+	return joinErrs(m.deleteTables(), m.deleteBridge(), releaseNetnsDir(m.cfg.NetnsDir), m.releaseForwarding())
 }
 
 // Allocate returns the first address of the subnet that is not in used,
@@ -206,27 +211,5 @@ func (m *Manager) checkIP(ip netip.Addr) error {
 	if !ip.Is4() || !m.cfg.Subnet.Contains(ip) || ip == m.cfg.Subnet.Addr() || ip == m.gateway || !m.cfg.Subnet.Contains(ip.Next()) {
 		return fmt.Errorf("network: address %s is not a host address of %s other than the gateway: %w", ip, m.cfg.Subnet, errdefs.ErrInvalidArgument)
 	}
-	return nil
-}
-
-// enableForwarding turns on IPv4 forwarding, needed for egress "all".
-func (m *Manager) enableForwarding() error {
-	m.forwardMu.Lock()
-	defer m.forwardMu.Unlock()
-	if m.forwardOn {
-		return nil
-	}
-	const p = "/proc/sys/net/ipv4/ip_forward"
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return fmt.Errorf("network: read %s: %v: %w", p, err, errdefs.ErrInternal)
-	}
-	if len(b) > 0 && b[0] != '1' {
-		if err := os.WriteFile(p, []byte("1\n"), 0o644); err != nil {
-			return fmt.Errorf("network: enable ip_forward: %v: %w", err, errdefs.ErrInternal)
-		}
-		m.log.Info("enabled net.ipv4.ip_forward for sandbox egress")
-	}
-	m.forwardOn = true
 	return nil
 }

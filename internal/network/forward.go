@@ -1,0 +1,123 @@
+package network
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+// IPv4 forwarding is one host-wide switch shared by every forkbox network on
+// the host (a daemon, a second daemon with its own table, tests). The state
+// that restores it lives in forwardDir, outside any one daemon's run
+// directory, so that it survives daemon restarts (a tmpfs: a reboot resets
+// both the switch and the record):
+//
+//	forwardDir/prev          the value before forkbox switched it on; absent
+//	                         if it was already on (then nothing is restored)
+//	forwardDir/holder-TABLE  one per Manager that needs forwarding
+//	forwardDir/lock          flock'd around every change
+//
+// The last holder to let go restores prev.
+var (
+	forwardDir  = "/run/forkbox/ip_forward.d"
+	forwardPath = "/proc/sys/net/ipv4/ip_forward"
+)
+
+// withForwardLock runs f holding the host-wide forwarding lock.
+func withForwardLock(f func() error) error {
+	if err := os.MkdirAll(forwardDir, 0o755); err != nil {
+		return fmt.Errorf("network: create %s: %v: %w", forwardDir, err, errdefs.ErrInternal)
+	}
+	lf, err := os.OpenFile(filepath.Join(forwardDir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return fmt.Errorf("network: forwarding lock: %v: %w", err, errdefs.ErrInternal)
+	}
+	defer lf.Close()
+	if err := unix.Flock(int(lf.Fd()), unix.LOCK_EX); err != nil {
+		return fmt.Errorf("network: forwarding lock: %v: %w", err, errdefs.ErrInternal)
+	}
+	defer unix.Flock(int(lf.Fd()), unix.LOCK_UN)
+	return f()
+}
+
+func (m *Manager) holderPath() string {
+	return filepath.Join(forwardDir, "holder-"+m.cfg.Table)
+}
+
+// enableForwarding turns on IPv4 forwarding, needed for egress "all", and
+// registers this Manager as a holder. The value it replaces is recorded.
+func (m *Manager) enableForwarding() error {
+	m.forwardMu.Lock()
+	defer m.forwardMu.Unlock()
+	if m.forwardOn {
+		return nil
+	}
+	err := withForwardLock(func() error {
+		if err := os.WriteFile(m.holderPath(), nil, 0o644); err != nil {
+			return fmt.Errorf("network: record forwarding holder: %v: %w", err, errdefs.ErrInternal)
+		}
+		b, err := os.ReadFile(forwardPath)
+		if err != nil {
+			return fmt.Errorf("network: read %s: %v: %w", forwardPath, err, errdefs.ErrInternal)
+		}
+		prev := strings.TrimSpace(string(b))
+		if prev == "1" {
+			return nil
+		}
+		// Record first: a crash between the two writes leaves a record
+		// that restores what the host had, never a lost value.
+		if err := os.WriteFile(filepath.Join(forwardDir, "prev"), []byte(prev+"\n"), 0o644); err != nil {
+			return fmt.Errorf("network: record ip_forward: %v: %w", err, errdefs.ErrInternal)
+		}
+		if err := os.WriteFile(forwardPath, []byte("1\n"), 0o644); err != nil {
+			return fmt.Errorf("network: enable ip_forward: %v: %w", err, errdefs.ErrInternal)
+		}
+		m.log.Info("enabled net.ipv4.ip_forward for sandbox egress; it is restored when the last forkbox network is destroyed")
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	m.forwardOn = true
+	return nil
+}
+
+// releaseForwarding drops this Manager's hold on IPv4 forwarding. When no
+// holder is left, the value recorded before forkbox switched it on is put
+// back. A Manager that never held it changes nothing.
+func (m *Manager) releaseForwarding() error {
+	m.forwardMu.Lock()
+	defer m.forwardMu.Unlock()
+	m.forwardOn = false
+	if _, err := os.Stat(m.holderPath()); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return withForwardLock(func() error {
+		if err := os.Remove(m.holderPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("network: drop forwarding holder: %v: %w", err, errdefs.ErrInternal)
+		}
+		holders, err := filepath.Glob(filepath.Join(forwardDir, "holder-*"))
+		if err != nil || len(holders) > 0 {
+			return err
+		}
+		prevPath := filepath.Join(forwardDir, "prev")
+		prev, err := os.ReadFile(prevPath)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // forwarding was on before forkbox
+		}
+		if err != nil {
+			return fmt.Errorf("network: read %s: %v: %w", prevPath, err, errdefs.ErrInternal)
+		}
+		if err := os.WriteFile(forwardPath, prev, 0o644); err != nil {
+			return fmt.Errorf("network: restore ip_forward: %v: %w", err, errdefs.ErrInternal)
+		}
+		m.log.Info("restored net.ipv4.ip_forward", "value", strings.TrimSpace(string(prev)))
+		return os.Remove(prevPath)
+	})
+}
