@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -73,7 +74,7 @@ func main() {
 		os.Exit(ee.code)
 	}
 	msg := err.Error()
-	if errdefs.IsUnavailable(err) && strings.Contains(msg, "dial ") {
+	if daemonUnreachable(err, g.host) {
 		msg += "; is the daemon running? start it (as root) with `forkbox serve`, or point --host at it"
 	}
 	if g.json {
@@ -82,4 +83,41 @@ func main() {
 		fmt.Fprintf(os.Stderr, "forkbox: %s (%s)\n", msg, errdefs.ClassName(err))
 	}
 	os.Exit(1)
+}
+
+// daemonUnreachable reports whether err is the client's own failure to dial
+// the daemon at host (the --host value; "" is the default socket), as
+// opposed to an error the daemon returned. An Unavailable error from the
+// daemon, such as a sandbox's agent not answering, may mention a dial too,
+// but not one to the daemon's own address: the transport's error starts
+// with "dial unix <socket>:" or "dial tcp <addr>:<port>:" (or "dial tcp:
+// lookup <host>" when the name does not resolve).
+func daemonUnreachable(err error, host string) bool {
+	if !errdefs.IsUnavailable(err) {
+		return false
+	}
+	msg := err.Error()
+	if host == "" || strings.HasPrefix(host, "unix://") {
+		sock := strings.TrimPrefix(host, "unix://")
+		if sock == "" {
+			sock = client.DefaultSocket
+		}
+		return strings.HasPrefix(msg, "dial unix "+sock+":")
+	}
+	u, perr := url.Parse(host)
+	if perr != nil || u.Host == "" {
+		return false
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"https": "443"}[u.Scheme]
+		if port == "" {
+			port = "80"
+		}
+	}
+	if strings.HasPrefix(msg, "dial tcp: lookup "+u.Hostname()) {
+		return true
+	}
+	first, _, _ := strings.Cut(msg, ": ")
+	return strings.HasPrefix(first, "dial tcp ") && strings.HasSuffix(first, ":"+port)
 }
