@@ -1,16 +1,15 @@
 package daemon
 
 import (
-	"os"
-
 	"context"
 	"errors"
 	"fmt"
-	"golang.org/x/sys/unix"
+	"os"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/forkbox/forkbox/errdefs"
-	"github.com/forkbox/forkbox/internal/cgroups"
 	"github.com/forkbox/forkbox/internal/store"
 )
 
@@ -67,11 +66,11 @@ func (d *Daemon) checkpointLocked(ctx context.Context, sb *store.Sandbox, tag st
 	start := time.Now()
 	if sb.State == store.StateRunning {
 		cg := d.cgroupPath(sb.ID)
-		if err := cgroups.Freeze(ctx, cg); err != nil {
+		if err := d.host.Freeze(ctx, cg); err != nil {
 			return nil, fmt.Errorf("freeze for checkpoint: %w", err)
 		}
 		defer func() {
-			if terr := cgroups.Thaw(context.WithoutCancel(ctx), cg); terr != nil {
+			if terr := d.host.Thaw(context.WithoutCancel(ctx), cg); terr != nil {
 				err = errors.Join(err, fmt.Errorf("thaw after checkpoint: %w", terr))
 			}
 		}()
@@ -88,8 +87,7 @@ func (d *Daemon) checkpointLocked(ctx context.Context, sb *store.Sandbox, tag st
 	ck = &store.Checkpoint{ID: id, SandboxID: sb.ID, Tag: tag, Kind: KindFilesystem, Image: sb.Image, LedgerSeq: seq,
 		ImageDigest: sb.ImageDigest, Runtime: sb.Runtime, Config: sb.Config, CaptureMS: msSince(start), FlushMS: flushMS, Size: -1}
 	if err := d.store.AddCheckpoint(ctx, ck); err != nil {
-		d.snaps.Remove(context.WithoutCancel(ctx), id)
-		return nil, err
+		return nil, errors.Join(err, d.snaps.Remove(context.WithoutCancel(ctx), id))
 	}
 	d.log.Info("checkpoint", "sandbox", sb.ID, "checkpoint", id, "tag", tag, "capture_ms", ck.CaptureMS, "flush_ms", flushMS)
 	return ck, nil
@@ -139,7 +137,7 @@ func (d *Daemon) deleteCheckpoint(ctx context.Context, id string) error {
 	if err := d.store.DeleteCheckpoint(ctx, ck.ID); err != nil {
 		return err
 	}
-	d.store.AppendEvent(ctx, ck.SandboxID, "sandbox.checkpoint_deleted", map[string]any{"snapshot": ck.ID, "tag": ck.Tag})
+	d.note(ctx, ck.SandboxID, store.EventCheckpointDeleted, map[string]any{"snapshot": ck.ID, "tag": ck.Tag})
 	if err := d.snaps.Remove(ctx, ck.ID); err != nil && !errdefs.IsNotFound(err) {
 		return err
 	}

@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
-	"github.com/forkbox/forkbox/internal/cgroups"
-	"github.com/forkbox/forkbox/internal/mount"
 	"github.com/forkbox/forkbox/internal/store"
 )
 
@@ -29,19 +27,16 @@ func (d *Daemon) Delete(ctx context.Context, idOrName string) error {
 		return fmt.Errorf("sandbox %s is already closed: %w", sb.ID, errdefs.ErrNotFound)
 	}
 	if sb.State != store.StateClosing {
-		if err := checkTransition(sb.ID, sb.State, store.StateClosing); err != nil {
-			return err
-		}
-		if err := d.store.SetSandboxState(ctx, sb.ID, store.StateClosing, sb.Error); err != nil {
+		if err := d.setState(ctx, sb, store.StateClosing, sb.Error); err != nil {
 			return err
 		}
 	}
 	ctx = context.WithoutCancel(ctx)
 	if err := d.teardown(ctx, sb); err != nil {
-		d.store.SetSandboxState(ctx, sb.ID, store.StateFailed, err.Error())
+		d.recordState(ctx, sb, store.StateFailed, err.Error())
 		return fmt.Errorf("close %s: %w", sb.ID, err)
 	}
-	if err := d.store.SetSandboxState(ctx, sb.ID, store.StateClosed, sb.Error); err != nil {
+	if err := d.setState(ctx, sb, store.StateClosed, sb.Error); err != nil {
 		return err
 	}
 	_, err = d.store.AppendEvent(ctx, sb.ID, store.EventSandboxClosed, nil)
@@ -54,8 +49,10 @@ func (d *Daemon) Delete(ctx context.Context, idOrName string) error {
 // idempotent, so it also cleans half-made sandboxes after a crash.
 func (d *Daemon) teardown(ctx context.Context, sb *store.Sandbox) error {
 	var errs []error
-	// A paused sandbox is frozen, and frozen tasks (cgroup v1) ignore SIGKILL.
-	_ = cgroups.Thaw(ctx, d.cgroupPath(sb.ID))
+	// A paused sandbox is frozen, and frozen tasks (cgroup v1) ignore
+	// SIGKILL. Neither step's error matters: a sandbox that is not frozen,
+	// or not running, is what they make; Delete below reports what is left.
+	_ = d.host.Thaw(ctx, d.cgroupPath(sb.ID))
 	if rt, ok := d.runtimes[sb.Runtime]; ok {
 		_ = rt.Kill(ctx, sb.ID, syscall.SIGKILL, true)
 		if err := rt.Delete(ctx, sb.ID, true); err != nil {
@@ -65,7 +62,7 @@ func (d *Daemon) teardown(ctx context.Context, sb *store.Sandbox) error {
 	if err := d.net.Teardown(ctx, sb.ID); err != nil {
 		errs = append(errs, fmt.Errorf("network: %w", err))
 	}
-	if err := mount.Unmount(ctx, d.rootfsDir(sb.ID)); err != nil {
+	if err := d.host.Unmount(ctx, d.rootfsDir(sb.ID)); err != nil {
 		errs = append(errs, fmt.Errorf("unmount rootfs: %w", err))
 	}
 	if err := d.snaps.Remove(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
@@ -83,8 +80,6 @@ func (d *Daemon) teardown(ctx context.Context, sb *store.Sandbox) error {
 	return errors.Join(errs...)
 }
 
-// removeTree deletes a directory by renaming it to a tombstone first, so a
-// crash never leaves a half-deleted directory under its live name.
 // killProcs SIGKILLs every process listed in a cgroup.procs file.
 func killProcs(procsFile string) {
 	b, err := os.ReadFile(procsFile)
@@ -98,6 +93,8 @@ func killProcs(procsFile string) {
 	}
 }
 
+// removeTree deletes a directory by renaming it to a tombstone first, so a
+// crash never leaves a half-deleted directory under its live name.
 func removeTree(dir string) error {
 	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
 		return nil

@@ -7,14 +7,11 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"path/filepath"
-	"regexp"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/agent"
 	"github.com/forkbox/forkbox/internal/image"
-	"github.com/forkbox/forkbox/internal/mount"
 	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/store"
 )
@@ -32,12 +29,8 @@ type CreateOptions struct {
 	Runtime string
 }
 
-var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
-var envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
 const (
 	agentPort    = 7077
-	maxEnvBytes  = 256 << 10
 	readyTimeout = 30 * time.Second
 )
 
@@ -47,48 +40,16 @@ func newID(prefix string) string {
 	return prefix + hex.EncodeToString(b)
 }
 
-// validate checks options and fills in defaults; it changes nothing.
+// validate checks options and fills in defaults; it changes nothing. The
+// options are checked by the same rules as a fork's or restore's overrides.
 func (d *Daemon) validate(ctx context.Context, o *CreateOptions) (*store.SandboxConfig, image.Image, error) {
-	var cfg store.SandboxConfig
 	if o.Image == "" {
 		return nil, image.Image{}, fmt.Errorf("an image is required: %w", errdefs.ErrInvalidArgument)
 	}
-	if o.Name != "" && !nameRE.MatchString(o.Name) {
-		return nil, image.Image{}, fmt.Errorf("name %q: use 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit: %w", o.Name, errdefs.ErrInvalidArgument)
-	}
-	var err error
-	if cfg.CPU, err = ParseCPU(o.CPU); err != nil {
+	cfg, err := withOverrides(defaultConfig(), Overrides{Name: o.Name, CPU: o.CPU, Memory: o.Memory, Pids: o.Pids,
+		Env: o.Env, Cwd: o.Cwd, Egress: o.Egress})
+	if err != nil {
 		return nil, image.Image{}, err
-	}
-	if cfg.MemoryBytes, err = ParseMemory(o.Memory); err != nil {
-		return nil, image.Image{}, err
-	}
-	if cfg.Pids, err = ParsePids(o.Pids); err != nil {
-		return nil, image.Image{}, err
-	}
-	cfg.CPUString, cfg.MemoryStr = o.CPU, o.Memory
-	size := 0
-	for k, v := range o.Env {
-		if !envKeyRE.MatchString(k) {
-			return nil, image.Image{}, fmt.Errorf("env name %q is not a valid variable name: %w", k, errdefs.ErrInvalidArgument)
-		}
-		size += len(k) + len(v)
-	}
-	if size > maxEnvBytes {
-		return nil, image.Image{}, fmt.Errorf("env is %d bytes, more than %d: %w", size, maxEnvBytes, errdefs.ErrResourceExhausted)
-	}
-	cfg.Env = o.Env
-	if o.Cwd != "" && !filepath.IsAbs(o.Cwd) {
-		return nil, image.Image{}, fmt.Errorf("cwd %q must be absolute: %w", o.Cwd, errdefs.ErrInvalidArgument)
-	}
-	cfg.Cwd = o.Cwd
-	switch o.Egress {
-	case "", "none":
-		cfg.Egress = "none"
-	case "all":
-		cfg.Egress = "all"
-	default:
-		return nil, image.Image{}, fmt.Errorf("egress %q: want none or all: %w", o.Egress, errdefs.ErrInvalidArgument)
 	}
 	if o.Runtime == "" {
 		o.Runtime = d.cfg.DefaultRuntime
@@ -169,13 +130,13 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 			// removed (so its address is not handed out again).
 			cctx := context.WithoutCancel(ctx)
 			log.Warn("start failed, cleaning up", "err", err)
-			_ = d.store.SetSandboxState(cctx, id, store.StateFailed, err.Error())
-			_, _ = d.store.AppendEvent(cctx, id, store.EventSandboxFailed, map[string]any{"error": err.Error()})
+			d.recordState(cctx, sb, store.StateFailed, err.Error())
+			d.note(cctx, id, store.EventSandboxFailed, map[string]any{"error": err.Error()})
 			if cerr := d.teardown(cctx, sb); cerr != nil {
 				log.Error("cleanup after failed start; the sandbox stays failed until closed", "err", cerr)
 				return
 			}
-			_ = d.store.SetSandboxState(cctx, id, store.StateClosed, err.Error())
+			d.recordState(cctx, sb, store.StateClosed, err.Error())
 		}
 	}()
 	if _, err := d.store.AppendEvent(ctx, id, store.EventSandboxCreated, ev); err != nil {
@@ -199,15 +160,11 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 	if err := d.injectCredentialFiles(ctx, sb); err != nil {
 		return nil, err
 	}
-	if err := checkTransition(id, sb.State, store.StateRunning); err != nil {
+	if err := d.setState(ctx, sb, store.StateRunning, ""); err != nil {
 		return nil, err
 	}
-	if err := d.store.SetSandboxState(ctx, id, store.StateRunning, ""); err != nil {
-		return nil, err
-	}
-	sb.State = store.StateRunning
 	readyMS := msSince(start)
-	d.store.AppendEvent(ctx, id, store.EventSandboxReady, map[string]any{"ready_ms": readyMS})
+	d.note(ctx, id, store.EventSandboxReady, map[string]any{"ready_ms": readyMS})
 	log.Info("sandbox ready", "ready_ms", readyMS)
 	return sb, nil
 }
@@ -283,8 +240,9 @@ func (d *Daemon) reserve(ctx context.Context, sb *store.Sandbox, slotReserved bo
 
 // start builds the sandbox's rootfs, network and container, and waits for
 // its agent. parentSnapshot, if set, is the committed snapshot to start from.
-// Each step registers its undo; teardown finds them all by ID as well, so a
-// crash in the middle is cleaned by reconcile.
+// It undoes nothing itself: every step makes something teardown finds by the
+// sandbox's ID, so launch's failure path (and reconcile, after a crash in the
+// middle) removes whatever was made.
 func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, parentSnapshot string) error {
 	nw, err := d.prepare(ctx, sb, img, parentSnapshot)
 	if err != nil {
@@ -319,7 +277,7 @@ func (d *Daemon) prepare(ctx context.Context, sb *store.Sandbox, img image.Image
 	if err := os.MkdirAll(rootfs, 0o700); err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
-	if err := mount.All(ctx, mounts, rootfs); err != nil {
+	if err := d.host.MountAll(ctx, mounts, rootfs); err != nil {
 		return nil, fmt.Errorf("mount rootfs: %w", err)
 	}
 	nw, err := d.net.Setup(ctx, sb.ID, netip.MustParseAddr(sb.IP), network.Egress(sb.Config.Egress))
@@ -327,9 +285,4 @@ func (d *Daemon) prepare(ctx context.Context, sb *store.Sandbox, img image.Image
 		return nil, fmt.Errorf("network: %w", err)
 	}
 	return nw, nil
-}
-
-// agent returns a client for a sandbox's agent.
-func (d *Daemon) agent(sb *store.Sandbox) *agent.Client {
-	return agent.NewClient(netip.AddrPortFrom(netip.MustParseAddr(sb.IP), agentPort).String(), sb.AgentToken)
 }

@@ -18,7 +18,6 @@ import (
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/image"
-	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/snapshot"
 	"github.com/forkbox/forkbox/internal/store"
@@ -73,7 +72,8 @@ type Daemon struct {
 	store    *store.Store
 	images   *image.Store
 	snaps    snapshot.Snapshotter
-	net      *network.Manager
+	net      netManager
+	host     hostOps
 	runtimes map[string]runtime.Runtime
 
 	mu    sync.Mutex // guards locks
@@ -126,11 +126,22 @@ func (c *Config) setDefaults() error {
 }
 
 // New opens the daemon's state, sets up its host resources and reconciles.
-func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
+func New(ctx context.Context, cfg Config) (*Daemon, error) {
+	return open(ctx, cfg, parts{})
+}
+
+// open is New with some parts given (unit tests give fakes).
+func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	d := &Daemon{cfg: cfg, log: cfg.Log, locks: map[string]*sync.Mutex{}, runtimes: map[string]runtime.Runtime{}}
+	d := &Daemon{cfg: cfg, log: cfg.Log, locks: map[string]*sync.Mutex{}, runtimes: p.runtimes, snaps: p.snaps, net: p.net, host: p.host}
+	if d.runtimes == nil {
+		d.runtimes = map[string]runtime.Runtime{}
+	}
+	if d.host == nil {
+		d.host = realHost{}
+	}
 	var undo undoStack
 	defer func() {
 		if err != nil {
@@ -153,15 +164,21 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 		return nil, err
 	}
 	d.images.SetInUse(d.layersInUse)
-	if d.snaps, err = openSnapshotter(ctx, cfg, d.log); err != nil {
-		return nil, err
+	if d.snaps == nil {
+		if d.snaps, err = openSnapshotter(ctx, cfg, d.log); err != nil {
+			return nil, err
+		}
 	}
 	undo.push(func(context.Context) error { return d.snaps.Close() })
-	if d.net, err = newNetwork(ctx, cfg, d.log); err != nil {
-		return nil, err
+	if d.net == nil {
+		if d.net, err = newNetwork(ctx, cfg, d.log); err != nil {
+			return nil, err
+		}
 	}
-	if err := d.openRuntimes(cfg); err != nil {
-		return nil, err
+	if p.runtimes == nil {
+		if err := d.openRuntimes(cfg); err != nil {
+			return nil, err
+		}
 	}
 	if err := d.reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)

@@ -88,16 +88,8 @@ func (d *Daemon) startFromEnv(ctx context.Context, rec *store.Environment, o Ove
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := childConfig(ck.Config, o)
-	if err != nil {
-		return nil, err
-	}
-	img, err := d.checkpointImage(ctx, ck.Image, ck.ImageDigest)
-	if err != nil {
-		return nil, err
-	}
-	return d.launch(ctx, launchSpec{name: o.Name, runtime: ck.Runtime, cfg: cfg, img: img, parentSnapshot: ck.ID,
-		parentID: ck.SandboxID, pool: pool, event: map[string]any{"environment": rec.Name, "checkpoint": ck.ID}})
+	return d.startFromCheckpoint(ctx, startOptions{checkpoint: ck, overrides: o, pool: pool,
+		event: map[string]any{"environment": rec.Name, "checkpoint": ck.ID}})
 }
 
 // rebuildInBackground rebuilds an environment whose snapshot is too old;

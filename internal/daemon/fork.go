@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
-	"github.com/forkbox/forkbox/internal/image"
 	"github.com/forkbox/forkbox/internal/store"
 )
 
@@ -16,16 +15,6 @@ const MaxForkCount = 100
 
 // forkParallelism is how many children start at once.
 const forkParallelism = 4
-
-// Overrides replace what a child inherits; zero fields are inherited.
-type Overrides struct {
-	CPU, Memory string
-	Pids        int64
-	Env         map[string]string
-	Cwd         string
-	Egress      string
-	Name        string
-}
 
 // ForkOptions is one fork call.
 type ForkOptions struct {
@@ -57,53 +46,6 @@ type ForkResult struct {
 	TotalMS    float64
 }
 
-// childConfig applies overrides to an inherited config.
-func childConfig(base store.SandboxConfig, o Overrides) (store.SandboxConfig, error) {
-	cfg := base
-	var err error
-	if o.CPU != "" {
-		if cfg.CPU, err = ParseCPU(o.CPU); err != nil {
-			return cfg, err
-		}
-		cfg.CPUString = o.CPU
-	}
-	if o.Memory != "" {
-		if cfg.MemoryBytes, err = ParseMemory(o.Memory); err != nil {
-			return cfg, err
-		}
-		cfg.MemoryStr = o.Memory
-	}
-	if o.Pids != 0 {
-		if cfg.Pids, err = ParsePids(o.Pids); err != nil {
-			return cfg, err
-		}
-	}
-	if len(o.Env) > 0 {
-		env := map[string]string{}
-		for k, v := range base.Env {
-			env[k] = v
-		}
-		for k, v := range o.Env {
-			if !envKeyRE.MatchString(k) {
-				return cfg, fmt.Errorf("env name %q is not a valid variable name: %w", k, errdefs.ErrInvalidArgument)
-			}
-			env[k] = v
-		}
-		cfg.Env = env
-	}
-	if o.Cwd != "" {
-		cfg.Cwd = o.Cwd
-	}
-	switch o.Egress {
-	case "":
-	case "none", "all":
-		cfg.Egress = o.Egress
-	default:
-		return cfg, fmt.Errorf("egress %q: want none or all: %w", o.Egress, errdefs.ErrInvalidArgument)
-	}
-	return cfg, nil
-}
-
 // Fork checkpoints the source (or uses an existing checkpoint of it) and
 // starts Count children from that snapshot. The source keeps running. One
 // child failing does not fail the others. There is no fallback: without a
@@ -119,9 +61,6 @@ func (d *Daemon) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) {
 	if o.Overrides.Name != "" && o.Count > 1 {
 		return nil, fmt.Errorf("a name override needs count 1 (names are unique): %w", errdefs.ErrInvalidArgument)
 	}
-	if o.Overrides.Name != "" && !nameRE.MatchString(o.Overrides.Name) {
-		return nil, fmt.Errorf("name %q is not valid: %w", o.Overrides.Name, errdefs.ErrInvalidArgument)
-	}
 	src, err := d.store.GetSandbox(ctx, o.Source)
 	if err != nil {
 		return nil, err
@@ -135,9 +74,8 @@ func (d *Daemon) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) {
 		if ck.SandboxID != src.ID {
 			return nil, fmt.Errorf("checkpoint %s is not of sandbox %s: %w", ck.ID, src.ID, errdefs.ErrInvalidArgument)
 		}
-	} else if src.State != store.StateRunning && src.State != store.StatePaused {
-		return nil, fmt.Errorf("sandbox %s is %s: there is nothing to snapshot (fork from one of its checkpoints, or restore one): %w",
-			src.ID, src.State, errdefs.ErrFailedPrecondition)
+	} else if err := requireState(src, "fork (fork from one of its checkpoints, or restore one)", store.StateRunning, store.StatePaused); err != nil {
+		return nil, err
 	}
 	if o.Memory && ck == nil {
 		if src.State == store.StateHibernated {
@@ -147,19 +85,16 @@ func (d *Daemon) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) {
 			return nil, err
 		}
 	}
-	cfgBase := src.Config
+	// The children's start is checked now, against what the checkpoint
+	// will hold, so that nothing is captured for children that cannot start.
+	base := &store.Checkpoint{Config: src.Config, Runtime: src.Runtime, Image: src.Image, ImageDigest: src.ImageDigest}
 	if ck != nil {
-		cfgBase = ck.Config
+		base = ck
 	}
-	cfg, err := childConfig(cfgBase, o.Overrides)
-	if err != nil {
+	if _, _, err := d.checkStart(ctx, base.Config, base.Runtime, base.Image, base.ImageDigest, o.Overrides); err != nil {
 		return nil, err
 	}
 	creds, err := d.inheritedCredentials(ctx, src.ID, o.Credentials)
-	if err != nil {
-		return nil, err
-	}
-	img, err := d.checkpointImage(ctx, src.Image, src.ImageDigest)
 	if err != nil {
 		return nil, err
 	}
@@ -187,10 +122,6 @@ func (d *Daemon) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) {
 		res.CaptureMS = ck.CaptureMS
 	}
 	res.Checkpoint, res.Captured = ck, ck.Kind
-	var mem *store.Checkpoint
-	if ck.Kind == KindMemory {
-		mem = ck
-	}
 	res.Children = make([]ForkChild, o.Count)
 	sem := make(chan struct{}, forkParallelism)
 	var wg sync.WaitGroup
@@ -206,12 +137,8 @@ func (d *Daemon) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) {
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			t := time.Now()
-			name := o.Overrides.Name
-			if name == "" {
-				name = "fork-" + src.Name + "-" + randomHex(3)
-			}
-			sb, err := d.launch(ctx, launchSpec{name: name, runtime: ck.Runtime, cfg: cfg, img: img,
-				parentSnapshot: ck.ID, parentID: src.ID, creds: creds, slotReserved: true, memory: mem,
+			sb, err := d.startFromCheckpoint(ctx, startOptions{checkpoint: ck, overrides: o.Overrides,
+				defaultName: "fork-" + src.Name + "-" + randomHex(3), parentID: src.ID, creds: creds, slotReserved: true,
 				event: map[string]any{"forked_from": src.ID, "checkpoint": ck.ID, "tag": ck.Tag}})
 			res.Children[i] = ForkChild{Sandbox: sb, Err: err, StartMS: msSince(t)}
 		}()
@@ -223,20 +150,7 @@ func (d *Daemon) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) {
 			ids = append(ids, c.Sandbox.ID)
 		}
 	}
-	d.store.AppendEvent(ctx, src.ID, store.EventForked, map[string]any{"checkpoint": ck.ID, "tag": ck.Tag, "children": ids, "requested": o.Count})
+	d.note(ctx, src.ID, store.EventForked, map[string]any{"checkpoint": ck.ID, "tag": ck.Tag, "children": ids, "requested": o.Count})
 	res.TotalMS = msSince(start)
 	return res, nil
-}
-
-// checkpointImage returns the image a checkpoint's children mount under
-// their writable layer: it must still be in the store.
-func (d *Daemon) checkpointImage(ctx context.Context, name, digest string) (image.Image, error) {
-	img, err := d.images.Get(ctx, digest)
-	if err != nil {
-		if errdefs.IsNotFound(err) {
-			return image.Image{}, fmt.Errorf("the image %s (%s) of this snapshot was removed: %w", name, digest, errdefs.ErrFailedPrecondition)
-		}
-		return image.Image{}, err
-	}
-	return img, nil
 }

@@ -2,13 +2,14 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
-	"github.com/forkbox/forkbox/internal/cgroups"
 	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/store"
 )
@@ -39,74 +40,86 @@ func (d *Daemon) memoryRuntime(sb *store.Sandbox) (runtime.MemoryCheckpointer, r
 
 // Hibernate saves a running (or paused) sandbox to disk and stops it.
 func (d *Daemon) Hibernate(ctx context.Context, idOrName string) (*store.Sandbox, error) {
-	return d.hibernate(ctx, idOrName, false)
+	sb, _, err := d.hibernate(ctx, idOrName, false)
+	return sb, err
 }
 
 // hibernateIfIdle hibernates a sandbox only if, under its lock, it is
-// still idle for the configured time (an exec may have just started).
-func (d *Daemon) hibernateIfIdle(ctx context.Context, id string) (*store.Sandbox, error) {
-	return d.hibernate(ctx, id, true)
+// still idle for the configured time (an exec may have just started); done
+// reports whether it did.
+func (d *Daemon) hibernateIfIdle(ctx context.Context, id string) (done bool, err error) {
+	_, done, err = d.hibernate(ctx, id, true)
+	return done, err
 }
 
-func (d *Daemon) hibernate(ctx context.Context, idOrName string, onlyIfIdle bool) (*store.Sandbox, error) {
+func (d *Daemon) hibernate(ctx context.Context, idOrName string, onlyIfIdle bool) (_ *store.Sandbox, done bool, err error) {
 	sb, unlock, err := d.locked(ctx, idOrName)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer unlock()
 	if onlyIfIdle && (sb.State != store.StateRunning || d.idleFor(sb.ID, time.Now()) < d.cfg.IdleHibernate) {
-		return sb, nil
+		return sb, false, nil
 	}
 	mc, rt, err := d.memoryRuntime(sb)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	if sb.State == store.StatePaused {
-		if err := cgroups.Thaw(ctx, d.cgroupPath(sb.ID)); err != nil {
-			return nil, err
-		}
-		sb.State = store.StateRunning
-		d.store.SetSandboxState(ctx, sb.ID, store.StateRunning, "")
+	if err := requireState(sb, "hibernate", store.StateRunning, store.StatePaused); err != nil {
+		return nil, false, err
 	}
-	if err := checkTransition(sb.ID, sb.State, store.StateHibernating); err != nil {
-		return nil, err
-	}
+	from, cg := sb.State, d.cgroupPath(sb.ID)
 	start := time.Now()
 	dir := d.hibernateDir(sb.ID)
 	if err := removeTree(dir); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	if err := d.store.SetSandboxState(ctx, sb.ID, store.StateHibernating, ""); err != nil {
-		return nil, err
+	// Recorded first: after a crash, reconcile finds a whole image (the
+	// sandbox is hibernated) or a running container (it never was).
+	if err := d.setState(ctx, sb, store.StateHibernating, ""); err != nil {
+		return nil, false, err
 	}
+	var undo undoStack
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, undo.run(context.WithoutCancel(ctx)))
+		}
+	}()
+	undo.push(func(ctx context.Context) error { return d.afterFailedCheckpoint(ctx, sb, rt, from) })
+	if from == store.StatePaused {
+		// gVisor checkpoints a running sandbox.
+		if err := d.host.Thaw(ctx, cg); err != nil {
+			return nil, false, err
+		}
+		undo.push(func(ctx context.Context) error { return d.host.Freeze(ctx, cg) })
+	}
+	undo.push(func(context.Context) error { return removeTree(dir) })
 	// Files first: what the sandbox wrote is on the host before it stops.
 	if err := syncFS(d.rootfsDir(sb.ID)); err != nil {
-		d.store.SetSandboxState(ctx, sb.ID, store.StateRunning, "")
-		return nil, fmt.Errorf("flush before hibernating: %w", err)
+		return nil, false, fmt.Errorf("flush before hibernating: %w", err)
 	}
 	// From here on nothing may stop half-way because a caller went away.
 	ctx = context.WithoutCancel(ctx)
 	if err := mc.Checkpoint(ctx, sb.ID, dir); err != nil {
-		d.recordAfterFailedCheckpoint(ctx, sb, rt)
-		return nil, fmt.Errorf("hibernate: %w", err)
+		return nil, false, fmt.Errorf("hibernate: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, completeMarker), nil, 0o600); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if err := rt.Delete(ctx, sb.ID, true); err != nil {
-		return nil, fmt.Errorf("hibernate: release the stopped container: %w", err)
+		return nil, false, fmt.Errorf("hibernate: release the stopped container: %w", err)
 	}
-	if err := d.store.SetSandboxState(ctx, sb.ID, store.StateHibernated, ""); err != nil {
-		return nil, err
+	if err := d.setState(ctx, sb, store.StateHibernated, ""); err != nil {
+		return nil, false, err
 	}
+	undo.release()
 	size := dirSize(dir)
-	d.store.AppendEvent(ctx, sb.ID, store.EventHibernated, map[string]any{"image_bytes": size, "ms": msSince(start)})
+	d.note(ctx, sb.ID, store.EventHibernated, map[string]any{"image_bytes": size, "ms": msSince(start)})
 	d.log.Info("sandbox hibernated", "sandbox", sb.ID, "image_bytes", size, "ms", msSince(start))
-	sb.State = store.StateHibernated
-	return sb, nil
+	return sb, true, nil
 }
 
 // Wake restores a hibernated sandbox and returns once its agent answers.
@@ -123,8 +136,8 @@ func (d *Daemon) Wake(ctx context.Context, idOrName string) (*store.Sandbox, err
 }
 
 func (d *Daemon) wakeLocked(ctx context.Context, sb *store.Sandbox) error {
-	if err := checkTransition(sb.ID, sb.State, store.StateRunning); err != nil || sb.State != store.StateHibernated {
-		return fmt.Errorf("sandbox %s is %s, not hibernated: %w", sb.ID, sb.State, errdefs.ErrFailedPrecondition)
+	if err := requireState(sb, "wake", store.StateHibernated); err != nil {
+		return err
 	}
 	mc, _, err := d.memoryRuntime(sb)
 	if err != nil {
@@ -136,14 +149,11 @@ func (d *Daemon) wakeLocked(ctx context.Context, sb *store.Sandbox) error {
 	if err := d.restoreAsItself(ctx, sb, mc, dir); err != nil {
 		return fmt.Errorf("wake: %w", err)
 	}
-	if err := d.store.SetSandboxState(ctx, sb.ID, store.StateRunning, ""); err != nil {
+	if err := d.setState(ctx, sb, store.StateRunning, ""); err != nil {
 		return err
 	}
-	sb.State = store.StateRunning
-	if err := removeTree(dir); err != nil {
-		d.log.Warn("remove hibernation image", "sandbox", sb.ID, "err", err)
-	}
-	d.store.AppendEvent(ctx, sb.ID, store.EventWoken, map[string]any{"ms": msSince(start)})
+	d.bestEffort(ctx, "remove hibernation image", removeTree(dir), slog.String("sandbox", sb.ID))
+	d.note(ctx, sb.ID, store.EventWoken, map[string]any{"ms": msSince(start)})
 	return nil
 }
 
@@ -166,12 +176,14 @@ func dirSize(dir string) int64 {
 	return n
 }
 
-// recordAfterFailedCheckpoint records what a failed memory checkpoint left:
-// running if the container still runs, failed otherwise.
-func (d *Daemon) recordAfterFailedCheckpoint(ctx context.Context, sb *store.Sandbox, rt runtime.Runtime) {
+// afterFailedCheckpoint records what a failed memory checkpoint left: back
+// (the state before it) if the container still runs, failed otherwise.
+func (d *Daemon) afterFailedCheckpoint(ctx context.Context, sb *store.Sandbox, rt runtime.Runtime, back store.State) error {
 	if st, err := rt.State(ctx, sb.ID); err == nil && st.Status == runtime.StatusRunning {
-		d.store.SetSandboxState(ctx, sb.ID, store.StateRunning, "")
-		return
+		if sb.State == back {
+			return nil
+		}
+		return d.setState(ctx, sb, back, "")
 	}
-	d.store.SetSandboxState(ctx, sb.ID, store.StateFailed, "a memory checkpoint failed and stopped the sandbox")
+	return d.setState(ctx, sb, store.StateFailed, "a memory checkpoint failed and stopped the sandbox")
 }

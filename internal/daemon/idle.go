@@ -80,11 +80,14 @@ func (d *Daemon) startIdleHibernation(ctx context.Context) {
 					if _, _, err := d.memoryRuntime(sb); err != nil {
 						continue
 					}
-					if _, err := d.hibernateIfIdle(ctx, sb.ID); err != nil {
+					done, err := d.hibernateIfIdle(ctx, sb.ID)
+					if err != nil {
 						d.log.Warn("idle hibernation", "sandbox", sb.ID, "err", err)
 						continue
 					}
-					d.store.AppendEvent(ctx, sb.ID, "sandbox.idle_hibernated", map[string]any{"idle_ms": d.cfg.IdleHibernate.Milliseconds()})
+					if done {
+						d.note(ctx, sb.ID, store.EventIdleHibernated, map[string]any{"idle_ms": d.cfg.IdleHibernate.Milliseconds()})
+					}
 				}
 			}
 		}

@@ -2,7 +2,9 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -11,7 +13,6 @@ import (
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/agent"
-	"github.com/forkbox/forkbox/internal/cgroups"
 	"github.com/forkbox/forkbox/internal/image"
 	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
@@ -44,22 +45,41 @@ func (d *Daemon) memImageDir(ckID string) string {
 
 // checkpointMemoryLocked takes a memory checkpoint of sb (running or
 // paused; the caller holds its lock) and restores the source in place.
-func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, tag string) (*store.Checkpoint, error) {
+func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, tag string) (_ *store.Checkpoint, err error) {
 	mc, rt, err := d.memoryRuntime(sb)
 	if err != nil {
 		return nil, err
 	}
-	wasPaused := sb.State == store.StatePaused
-	if wasPaused {
-		if err := cgroups.Thaw(ctx, d.cgroupPath(sb.ID)); err != nil {
+	var undo undoStack
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, undo.run(context.WithoutCancel(ctx)))
+		}
+	}()
+	if sb.State == store.StatePaused {
+		// gVisor checkpoints a running sandbox: thawed for it, frozen
+		// again after it, whatever happens (unless the source failed).
+		cg := d.cgroupPath(sb.ID)
+		if err := d.host.Thaw(ctx, cg); err != nil {
 			return nil, err
 		}
+		defer func() {
+			if sb.State != store.StatePaused {
+				return
+			}
+			if ferr := d.host.Freeze(context.WithoutCancel(ctx), cg); ferr != nil {
+				// It runs: recorded so, rather than paused in name only.
+				d.bestEffort(ctx, "freeze again after a memory checkpoint", ferr, slog.String("sandbox", sb.ID))
+				d.recordState(context.WithoutCancel(ctx), sb, store.StateRunning, "")
+			}
+		}()
 	}
 	id := newID("ck-")
 	dir := d.memImageDir(id)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
+	undo.push(func(context.Context) error { return removeTree(dir) })
 	flushStart := time.Now()
 	if err := syncFS(d.rootfsDir(sb.ID)); err != nil {
 		return nil, fmt.Errorf("flush before checkpoint: %w", err)
@@ -79,48 +99,39 @@ func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, 
 	start := time.Now()
 	seq, err := d.store.LastSeq(ctx, sb.ID)
 	if err != nil {
-		removeTree(dir)
 		return nil, err
 	}
 	if err := mc.Checkpoint(ctx, sb.ID, filepath.Join(dir, memImageSub)); err != nil {
-		removeTree(dir)
-		d.recordAfterFailedCheckpoint(ctx, sb, rt)
-		if wasPaused {
-			cgroups.Freeze(ctx, d.cgroupPath(sb.ID))
-		}
+		d.bestEffort(ctx, "record the source after a failed memory checkpoint", d.afterFailedCheckpoint(ctx, sb, rt, sb.State), slog.String("sandbox", sb.ID))
 		return nil, fmt.Errorf("memory checkpoint: %w", err)
 	}
 	// Nothing runs now: the snapshot matches the memory image exactly, and
 	// it is recorded before the source is brought back, so a failure (or a
 	// crash) there leaves a checkpoint to resume the source from.
 	var ck *store.Checkpoint
-	err = d.snaps.Commit(ctx, id, sb.ID)
+	captureErr := d.snaps.Commit(ctx, id, sb.ID)
 	captureMS := msSince(start)
-	if err == nil {
+	if captureErr == nil {
+		undo.push(func(ctx context.Context) error { return d.snaps.Remove(ctx, id) })
 		ck = &store.Checkpoint{ID: id, SandboxID: sb.ID, Tag: tag, Kind: KindMemory, LedgerSeq: seq, Image: sb.Image, ImageDigest: sb.ImageDigest,
 			Runtime: sb.Runtime, Config: sb.Config, CaptureMS: captureMS, FlushMS: flushMS, Size: -1}
-		if err = d.store.AddCheckpoint(ctx, ck); err != nil {
-			d.snaps.Remove(ctx, id)
-		}
+		captureErr = d.store.AddCheckpoint(ctx, ck)
 	}
-	if err != nil {
-		removeTree(dir)
+	if captureErr == nil {
+		undo.release() // the checkpoint owns its snapshot and image now
 	}
+	// The source is brought back in any case (from the image, which the
+	// undo stack removes only after this).
 	if rerr := rt.Delete(ctx, sb.ID, true); rerr != nil {
-		d.store.SetSandboxState(ctx, sb.ID, store.StateFailed, rerr.Error())
-		return nil, fmt.Errorf("memory checkpoint: the stopped source could not be released: %w", rerr)
+		d.recordState(ctx, sb, store.StateFailed, rerr.Error())
+		return nil, errors.Join(captureErr, fmt.Errorf("memory checkpoint: the stopped source could not be released: %w", rerr))
 	}
 	if rerr := d.restoreAsItself(ctx, sb, mc, filepath.Join(dir, memImageSub)); rerr != nil {
-		d.store.SetSandboxState(ctx, sb.ID, store.StateFailed, rerr.Error())
-		return nil, fmt.Errorf("memory checkpoint: the source could not be restored (resume it from its last checkpoint): %w", rerr)
+		d.recordState(ctx, sb, store.StateFailed, rerr.Error())
+		return nil, errors.Join(captureErr, fmt.Errorf("memory checkpoint: the source could not be restored (resume it from its last checkpoint): %w", rerr))
 	}
-	if wasPaused {
-		if ferr := cgroups.Freeze(ctx, d.cgroupPath(sb.ID)); ferr != nil {
-			d.store.SetSandboxState(ctx, sb.ID, store.StateRunning, "")
-		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("memory checkpoint: %w", err)
+	if captureErr != nil {
+		return nil, fmt.Errorf("memory checkpoint: %w", captureErr)
 	}
 	d.log.Info("memory checkpoint", "sandbox", sb.ID, "checkpoint", id, "capture_ms", captureMS, "source_downtime_ms", msSince(start))
 	return ck, nil
@@ -193,8 +204,7 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 	}
 	// The child's agent wakes with the source's token: reach it with that,
 	// and give it its own.
-	addr := netip.AddrPortFrom(nw.IP, agentPort).String()
-	c := agent.NewClient(addr, src.AgentToken)
+	c := d.agentWithToken(sb, src.AgentToken)
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	if err := agent.WaitReady(rctx, c); err != nil {
@@ -210,6 +220,6 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 		data["hook_exit_code"] = reply.HookExitCode
 		data["hook_output"] = reply.HookOutput
 	}
-	d.store.AppendEvent(ctx, sb.ID, "sandbox.fork_notified", data)
+	d.note(ctx, sb.ID, store.EventForkNotified, data)
 	return nil
 }

@@ -2,10 +2,7 @@ package daemon
 
 import (
 	"context"
-	"fmt"
 
-	"github.com/forkbox/forkbox/errdefs"
-	"github.com/forkbox/forkbox/internal/cgroups"
 	"github.com/forkbox/forkbox/internal/store"
 )
 
@@ -15,8 +12,8 @@ func (d *Daemon) live(ctx context.Context, id string) (*store.Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	if sb.State != store.StateRunning && sb.State != store.StatePaused && sb.State != store.StateHibernated {
-		return nil, fmt.Errorf("sandbox %s is %s: %w", sb.ID, sb.State, errdefs.ErrFailedPrecondition)
+	if err := requireState(sb, "use", store.StateRunning, store.StatePaused, store.StateHibernated); err != nil {
+		return nil, err
 	}
 	return sb, nil
 }
@@ -38,28 +35,24 @@ func (d *Daemon) setPaused(ctx context.Context, idOrName string, pause bool) (*s
 		return nil, err
 	}
 	defer unlock()
-	to, ev := store.StateRunning, store.EventUnpaused
+	from, to, ev := sb.State, store.StateRunning, store.EventUnpaused
 	if pause {
 		to, ev = store.StatePaused, store.EventPaused
 	}
-	if err := checkTransition(sb.ID, sb.State, to); err != nil {
-		return nil, err
-	}
 	// Recorded first: a crash between the two is reconciled from the
 	// freezer's actual state on the next start.
-	if err := d.store.SetSandboxState(ctx, sb.ID, to, ""); err != nil {
+	if err := d.setState(ctx, sb, to, ""); err != nil {
 		return nil, err
 	}
 	if pause {
-		err = cgroups.Freeze(ctx, d.cgroupPath(sb.ID))
+		err = d.host.Freeze(ctx, d.cgroupPath(sb.ID))
 	} else {
-		err = cgroups.Thaw(ctx, d.cgroupPath(sb.ID))
+		err = d.host.Thaw(ctx, d.cgroupPath(sb.ID))
 	}
 	if err != nil {
-		d.store.SetSandboxState(context.WithoutCancel(ctx), sb.ID, sb.State, "")
+		d.recordState(context.WithoutCancel(ctx), sb, from, "")
 		return nil, err
 	}
-	d.store.AppendEvent(ctx, sb.ID, ev, nil)
-	sb.State = to
+	d.note(ctx, sb.ID, ev, nil)
 	return sb, nil
 }

@@ -3,6 +3,8 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,19 +12,24 @@ import (
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/agent"
-	"github.com/forkbox/forkbox/internal/cgroups"
 	"github.com/forkbox/forkbox/internal/mount"
+	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/snapshot"
 	"github.com/forkbox/forkbox/internal/store"
 )
 
 // reconcile makes the host agree with the store after a start or a crash:
-//   - a sandbox recorded running whose container runs and whose agent
-//     answers is kept;
+//   - a sandbox recorded running, paused or degraded whose container runs
+//     and whose agent answers (or that is frozen, when paused) is kept;
+//   - one whose runtime reports it running but that cannot be confirmed
+//     healthy (its agent is slow, its freezer unreadable), or whose runtime
+//     binary is missing, is kept and recorded degraded with the reason:
+//     never torn down on a guess; a later reconcile or a close deals with it;
+//   - a hibernated sandbox with a whole image stays hibernated;
 //   - any other sandbox that is not closed (creating, closing, failed, or
-//     running but dead) is torn down and recorded closed;
+//     whose container is gone) is torn down and recorded closed;
 //   - containers, netns, mounts, writable layers, cgroups and bundles that
-//     belong to no live sandbox are removed.
+//     belong to no live sandbox are removed (sweepOrphans).
 func (d *Daemon) reconcile(ctx context.Context) error {
 	recs, err := d.store.ListSandboxes(ctx, false)
 	if err != nil {
@@ -30,77 +37,140 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 	}
 	var errs []error
 	for _, sb := range recs {
-		if sb.State == store.StateHibernating || sb.State == store.StateHibernated {
-			// A whole image is a hibernated sandbox (a crash may have come
-			// before the state was recorded); a running container means the
-			// checkpoint never finished.
-			if d.hibernationComplete(sb.ID) {
-				if sb.State == store.StateHibernating {
-					if rt, ok := d.runtimes[sb.Runtime]; ok {
-						rt.Delete(ctx, sb.ID, true)
-					}
-					d.store.SetSandboxState(ctx, sb.ID, store.StateHibernated, "")
-				}
-				d.log.Info("reconcile: sandbox hibernated", "sandbox", sb.ID)
-				continue
-			}
-			sb.State = store.StateRunning
-			d.store.SetSandboxState(ctx, sb.ID, store.StateRunning, "")
-		}
-		if (sb.State == store.StateRunning || sb.State == store.StatePaused) && d.alive(ctx, sb) {
-			d.store.AppendEvent(ctx, sb.ID, store.EventSandboxFound, nil)
-			d.log.Info("reconcile: sandbox still running", "sandbox", sb.ID)
-			continue
-		}
-		d.log.Warn("reconcile: cleaning sandbox", "sandbox", sb.ID, "state", sb.State)
-		if sb.State == store.StateRunning || sb.State == store.StatePaused {
-			d.store.AppendEvent(ctx, sb.ID, store.EventSandboxLost, map[string]any{"reason": "not running after daemon restart"})
-		}
-		if err := d.teardown(ctx, sb); err != nil {
-			errs = append(errs, err)
-			d.store.SetSandboxState(ctx, sb.ID, store.StateFailed, err.Error())
-			continue
-		}
-		msg := sb.Error
-		if msg == "" {
-			msg = "cleaned by reconcile (was " + sb.State + ")"
-		}
-		d.store.SetSandboxState(ctx, sb.ID, store.StateClosed, msg)
-		d.store.AppendEvent(ctx, sb.ID, store.EventSandboxClosed, map[string]any{"reason": msg})
+		errs = append(errs, d.reconcileOne(ctx, sb))
 	}
 	return errors.Join(errs...)
 }
 
-// alive reports whether a sandbox's container runs and its agent answers.
-func (d *Daemon) alive(ctx context.Context, sb *store.Sandbox) bool {
+func (d *Daemon) reconcileOne(ctx context.Context, sb *store.Sandbox) error {
+	log := d.log.With(slog.String("sandbox", sb.ID))
+	if sb.State == store.StateHibernating || sb.State == store.StateHibernated {
+		// A whole image is a hibernated sandbox (a crash may have come
+		// before the state was recorded); otherwise the checkpoint never
+		// finished and the container may still run.
+		if d.hibernationComplete(sb.ID) {
+			if sb.State == store.StateHibernating {
+				if rt, ok := d.runtimes[sb.Runtime]; ok {
+					d.bestEffort(ctx, "reconcile: release a hibernated container", rt.Delete(ctx, sb.ID, true), slog.String("sandbox", sb.ID))
+				}
+				if err := d.setState(ctx, sb, store.StateHibernated, ""); err != nil {
+					return err
+				}
+			}
+			log.Info("reconcile: sandbox hibernated")
+			return nil
+		}
+		if err := d.setState(ctx, sb, store.StateRunning, ""); err != nil {
+			return err
+		}
+	}
+	switch sb.State {
+	case store.StateRunning, store.StatePaused, store.StateDegraded:
+		h := d.checkHealth(ctx, sb)
+		switch {
+		case h.ok:
+			if sb.State != h.state {
+				if err := d.setState(ctx, sb, h.state, ""); err != nil {
+					return err
+				}
+			}
+			d.note(ctx, sb.ID, store.EventSandboxFound, nil)
+			log.Info("reconcile: sandbox still running", slog.String("state", string(sb.State)))
+			return nil
+		case h.reason != "":
+			if sb.State != store.StateDegraded {
+				if err := d.setState(ctx, sb, store.StateDegraded, h.reason); err != nil {
+					return err
+				}
+				d.note(ctx, sb.ID, store.EventSandboxDegraded, map[string]any{"reason": h.reason})
+			}
+			log.Warn("reconcile: sandbox kept, degraded", slog.String("reason", h.reason))
+			return nil
+		}
+		d.note(ctx, sb.ID, store.EventSandboxLost, map[string]any{"reason": "not running after daemon restart"})
+	}
+	return d.cleanLost(ctx, sb)
+}
+
+// cleanLost tears down a sandbox that reconcile found not live, and records
+// it closed (or failed, if something could not be removed).
+func (d *Daemon) cleanLost(ctx context.Context, sb *store.Sandbox) error {
+	was := sb.State
+	d.log.Warn("reconcile: cleaning sandbox", slog.String("sandbox", sb.ID), slog.String("state", string(was)))
+	if sb.State != store.StateClosing {
+		if err := d.setState(ctx, sb, store.StateClosing, sb.Error); err != nil {
+			return err
+		}
+	}
+	if err := d.teardown(ctx, sb); err != nil {
+		d.recordState(ctx, sb, store.StateFailed, err.Error())
+		return err
+	}
+	msg := sb.Error
+	if msg == "" {
+		msg = "cleaned by reconcile (was " + string(was) + ")"
+	}
+	if err := d.setState(ctx, sb, store.StateClosed, msg); err != nil {
+		return err
+	}
+	d.note(ctx, sb.ID, store.EventSandboxClosed, map[string]any{"reason": msg})
+	return nil
+}
+
+// reconcileAgentTimeout bounds how long reconcile waits for an agent.
+const reconcileAgentTimeout = 3 * time.Second
+
+// health is what reconcile learnt of a recorded-live sandbox: ok with the
+// state it is in (running or paused); or, not ok, a reason to keep it
+// degraded; or neither: its container is gone.
+type health struct {
+	ok     bool
+	state  store.State
+	reason string
+}
+
+// checkHealth checks a sandbox's container, freezer and agent. The freezer is
+// the truth for paused: a crash may have come between recording a pause
+// (or unpause) and acting on it.
+func (d *Daemon) checkHealth(ctx context.Context, sb *store.Sandbox) health {
 	rt, ok := d.runtimes[sb.Runtime]
 	if !ok {
-		return false
+		return health{reason: fmt.Sprintf("its runtime %s is not available on this daemon (is its binary missing?)", sb.Runtime)}
 	}
 	st, err := rt.State(ctx, sb.ID)
-	if err != nil || (st.Status != "running" && st.Status != "paused") {
-		return false
+	if errdefs.IsNotFound(err) {
+		return health{}
 	}
-	// The freezer is the truth for paused: a crash may have come between
-	// recording a pause (or unpause) and acting on it.
-	frozen, err := cgroups.Frozen(d.cgroupPath(sb.ID))
 	if err != nil {
-		return false
+		return health{reason: fmt.Sprintf("its runtime %s could not report its state: %v", sb.Runtime, err)}
 	}
-	if sb.State == store.StatePaused {
+	if st.Status != runtime.StatusRunning && st.Status != runtime.StatusPaused {
+		return health{}
+	}
+	cg := d.cgroupPath(sb.ID)
+	frozen, err := d.host.Frozen(cg)
+	if err != nil {
+		return health{reason: fmt.Sprintf("its cgroup freezer could not be read: %v", err)}
+	}
+	if sb.State == store.StatePaused || (sb.State == store.StateDegraded && frozen) {
 		if !frozen {
-			err = cgroups.Freeze(ctx, d.cgroupPath(sb.ID))
+			if err := d.host.Freeze(ctx, cg); err != nil {
+				return health{reason: fmt.Sprintf("it is recorded paused but could not be frozen: %v", err)}
+			}
 		}
-		return err == nil
+		return health{ok: true, state: store.StatePaused}
 	}
 	if frozen {
-		if err := cgroups.Thaw(ctx, d.cgroupPath(sb.ID)); err != nil {
-			return false
+		if err := d.host.Thaw(ctx, cg); err != nil {
+			return health{reason: fmt.Sprintf("it is recorded running but could not be thawed: %v", err)}
 		}
 	}
-	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	pctx, cancel := context.WithTimeout(ctx, reconcileAgentTimeout)
 	defer cancel()
-	return agent.WaitReady(pctx, d.agent(sb)) == nil
+	if err := agent.WaitReady(pctx, d.agent(sb)); err != nil {
+		return health{reason: fmt.Sprintf("its runtime reports it running but its agent did not answer within %s: %v", reconcileAgentTimeout, err)}
+	}
+	return health{ok: true, state: store.StateRunning}
 }
 
 // sweepOrphans removes host state whose sandbox is not live: state of this
@@ -143,7 +213,7 @@ func (d *Daemon) sweepOrphans(ctx context.Context) error {
 		rel, _ := filepath.Rel(d.bundlesDir(), mp)
 		if id, _, _ := strings.Cut(rel, "/"); !live[id] {
 			d.log.Warn("reconcile: unmounting orphan", "mount", mp)
-			errs = append(errs, mount.Unmount(ctx, mp))
+			errs = append(errs, d.host.Unmount(ctx, mp))
 		}
 	}
 	infos, err := d.snaps.List(ctx)

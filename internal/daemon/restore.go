@@ -19,27 +19,15 @@ func (d *Daemon) RestoreSnapshot(ctx context.Context, checkpoint string, o Overr
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := childConfig(ck.Config, o)
-	if err != nil {
+	if _, err := withOverrides(ck.Config, o); err != nil {
 		return nil, err
-	}
-	if o.Name != "" && !nameRE.MatchString(o.Name) {
-		return nil, fmt.Errorf("name %q is not valid: %w", o.Name, errdefs.ErrInvalidArgument)
 	}
 	creds, err := d.inheritedCredentials(ctx, ck.SandboxID, credentials)
 	if err != nil {
 		return nil, err
 	}
-	img, err := d.checkpointImage(ctx, ck.Image, ck.ImageDigest)
-	if err != nil {
-		return nil, err
-	}
-	name := o.Name
-	if name == "" {
-		name = "restore-" + ck.ID[len("ck-"):]
-	}
-	return d.launch(ctx, launchSpec{name: name, runtime: ck.Runtime, cfg: cfg, img: img, parentSnapshot: ck.ID,
-		parentID: ck.SandboxID, creds: creds, memory: memoryOf(ck), event: map[string]any{"restored_from": ck.ID, "tag": ck.Tag}})
+	return d.startFromCheckpoint(ctx, startOptions{checkpoint: ck, overrides: o, defaultName: "restore-" + ck.ID[len("ck-"):],
+		creds: creds, event: map[string]any{"restored_from": ck.ID, "tag": ck.Tag}})
 }
 
 // Replayed is the outcome of one exec replayed by Resume.
@@ -64,9 +52,8 @@ func (d *Daemon) Resume(ctx context.Context, session string) (*store.Sandbox, *s
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	if old.State != store.StateClosed && old.State != store.StateFailed {
-		return nil, nil, nil, fmt.Errorf("session %s is %s: only a closed or crashed session can be resumed (fork it instead): %w",
-			old.ID, old.State, errdefs.ErrFailedPrecondition)
+	if err := requireState(old, "resume (fork a live session instead)", store.StateClosed, store.StateFailed); err != nil {
+		return nil, nil, nil, err
 	}
 	cks, err := d.store.ListCheckpoints(ctx, old.ID)
 	if err != nil {
@@ -86,8 +73,7 @@ func (d *Daemon) Resume(ctx context.Context, session string) (*store.Sandbox, *s
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	img, err := d.checkpointImage(ctx, ck.Image, ck.ImageDigest)
-	if err != nil {
+	if _, _, err := d.checkStart(ctx, ck.Config, ck.Runtime, ck.Image, ck.ImageDigest, Overrides{}); err != nil {
 		return nil, nil, nil, err
 	}
 	if old.State == store.StateFailed {
@@ -96,8 +82,8 @@ func (d *Daemon) Resume(ctx context.Context, session string) (*store.Sandbox, *s
 			return nil, nil, nil, fmt.Errorf("clean up the crashed session first: %w", err)
 		}
 	}
-	sb, err := d.launch(ctx, launchSpec{name: old.Name, runtime: ck.Runtime, cfg: ck.Config, img: img, parentSnapshot: ck.ID,
-		parentID: old.ID, creds: creds, memory: memoryOf(ck), event: map[string]any{"resumed_from": old.ID, "checkpoint": ck.ID}})
+	sb, err := d.startFromCheckpoint(ctx, startOptions{checkpoint: ck, defaultName: old.Name, parentID: old.ID, creds: creds,
+		event: map[string]any{"resumed_from": old.ID, "checkpoint": ck.ID}})
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -115,9 +101,9 @@ func (d *Daemon) Resume(ctx context.Context, session string) (*store.Sandbox, *s
 		if r.SkipReason != "" {
 			data["skip_reason"] = r.SkipReason
 		}
-		d.store.AppendEvent(ctx, sb.ID, store.EventExecReplayed, data)
+		d.note(ctx, sb.ID, store.EventExecReplayed, data)
 	}
-	d.store.AppendEvent(ctx, sb.ID, store.EventResumed, map[string]any{"session": old.ID, "checkpoint": ck.ID, "replayed": len(out)})
+	d.note(ctx, sb.ID, store.EventResumed, map[string]any{"session": old.ID, "checkpoint": ck.ID, "replayed": len(out)})
 	return sb, ck, out, nil
 }
 
@@ -175,12 +161,4 @@ func (d *Daemon) replay(ctx context.Context, sb *store.Sandbox, e *store.Event) 
 	res, err := d.Exec(ctx, sb.ID, o, io.Discard, io.Discard)
 	r.ExitCode, r.Err = res.ExitCode, err
 	return r, true
-}
-
-// memoryOf returns ck if it holds memory (its children restore it).
-func memoryOf(ck *store.Checkpoint) *store.Checkpoint {
-	if ck.Kind == KindMemory {
-		return ck
-	}
-	return nil
 }

@@ -20,7 +20,7 @@ func toSandbox(sb *store.Sandbox) *v1.Sandbox {
 	cpu := sb.Config.CPUString
 	mem := sb.Config.MemoryStr
 	return &v1.Sandbox{
-		Id: sb.ID, Name: sb.Name, State: sb.State, Image: sb.Image, ImageDigest: sb.ImageDigest,
+		Id: sb.ID, Name: sb.Name, State: string(sb.State), Image: sb.Image, ImageDigest: sb.ImageDigest,
 		Resources:       &v1.Resources{Cpu: cpu, Memory: mem, Pids: sb.Config.Pids},
 		Env:             sb.Config.Env,
 		Cwd:             sb.Config.Cwd,

@@ -16,14 +16,20 @@ const (
 	EventSandboxClosed  = "sandbox.closed"
 	EventSandboxLost    = "sandbox.lost"
 	EventSandboxFound   = "sandbox.recovered"
-	EventExecStarted    = "exec.started"
-	EventExecFinished   = "exec.finished"
-	EventFileWritten    = "file.written"
+	// EventSandboxDegraded: kept after a restart without being confirmed
+	// healthy (see StateDegraded); data has the reason.
+	EventSandboxDegraded = "sandbox.degraded"
+	EventExecStarted     = "exec.started"
+	EventExecFinished    = "exec.finished"
+	EventFileWritten     = "file.written"
 
 	EventCheckpointCreated = "sandbox.checkpoint_created"
 	EventForked            = "sandbox.forked"
 	EventPaused            = "sandbox.paused"
 	EventHibernated        = "sandbox.hibernated"
+	EventIdleHibernated    = "sandbox.idle_hibernated"
+	EventForkNotified      = "sandbox.fork_notified"
+	EventCheckpointDeleted = "sandbox.checkpoint_deleted"
 	EventWoken             = "sandbox.woken"
 	EventUnpaused          = "sandbox.unpaused"
 	EventRestored          = "sandbox.restored"

@@ -12,20 +12,28 @@ import (
 	"github.com/forkbox/forkbox/errdefs"
 )
 
-// Sandbox states, as recorded. The lifecycle state machine lives in the
-// daemon; the store only records.
+// State is a sandbox's lifecycle state, as recorded. The state machine
+// (which moves are allowed) lives in the daemon; the store only records,
+// and changes a state only from the one the caller read (SwapSandboxState).
+type State string
+
+// Sandbox states.
 const (
-	StateCreating = "creating"
-	StateRunning  = "running"
-	StatePaused   = "paused"
+	StateCreating State = "creating"
+	StateRunning  State = "running"
+	StatePaused   State = "paused"
 	// StateHibernating and StateHibernated: memory and processes saved to
 	// disk, nothing running; the next exec wakes it.
-	StateHibernating = "hibernating"
-	StateHibernated  = "hibernated"
-	StateStopped     = "stopped"
-	StateFailed      = "failed"
-	StateClosing     = "closing"
-	StateClosed      = "closed"
+	StateHibernating State = "hibernating"
+	StateHibernated  State = "hibernated"
+	// StateDegraded: after a daemon restart the sandbox's runtime reported
+	// it running (or its runtime binary was missing) but it could not be
+	// confirmed healthy. It is kept, never torn down, with the reason in
+	// Error; a later reconcile or an explicit close deals with it.
+	StateDegraded State = "degraded"
+	StateFailed   State = "failed"
+	StateClosing  State = "closing"
+	StateClosed   State = "closed"
 )
 
 // SandboxConfig is what a sandbox was created with; it is stored as JSON.
@@ -47,7 +55,7 @@ type SandboxConfig struct {
 type Sandbox struct {
 	ID          string
 	Name        string
-	State       string
+	State       State
 	Image       string
 	ImageDigest string
 	Runtime     string
@@ -124,17 +132,29 @@ func (s *Store) ListSandboxes(ctx context.Context, all bool) ([]*Sandbox, error)
 	return out, rows.Err()
 }
 
-// SetSandboxState records a new state (and error text, "" to clear).
-func (s *Store) SetSandboxState(ctx context.Context, id, state, errText string) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, error = ?, updated_at = ? WHERE id = ?`,
-		state, errText, time.Now().UnixMilli(), id)
+// SwapSandboxState records state to (and error text, "" to clear) only if
+// the sandbox is still in state from (compare-and-set). A sandbox in another
+// state is a FailedPrecondition error naming both; an unknown one NotFound.
+// Whether the move is allowed is the daemon's to decide (its state machine
+// is the only caller).
+func (s *Store) SwapSandboxState(ctx context.Context, id string, from, to State, errText string) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, error = ?, updated_at = ? WHERE id = ? AND state = ?`,
+		to, errText, time.Now().UnixMilli(), id, from)
 	if err != nil {
 		return fmt.Errorf("store: set state: %w", err)
 	}
-	if n, _ := res.RowsAffected(); n == 0 {
+	if n, _ := res.RowsAffected(); n == 1 {
+		return nil
+	}
+	var now State
+	err = s.db.QueryRowContext(ctx, `SELECT state FROM sandboxes WHERE id = ?`, id).Scan(&now)
+	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
-	return nil
+	if err != nil {
+		return fmt.Errorf("store: set state: %w", err)
+	}
+	return fmt.Errorf("sandbox %s is %s, not %s, so it cannot become %s: %w", id, now, from, to, errdefs.ErrFailedPrecondition)
 }
 
 // UsedIPs returns the addresses held by sandboxes that are not closed.

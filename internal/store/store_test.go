@@ -35,7 +35,7 @@ func TestSandboxesAndLedger(t *testing.T) {
 	if _, err := s.AppendEvent(ctx, "sb-1", EventSandboxCreated, map[string]any{"image": "img"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetSandboxState(ctx, "sb-1", StateClosed, ""); err != nil {
+	if err := s.SwapSandboxState(ctx, "sb-1", StateCreating, StateClosed, ""); err != nil {
 		t.Fatal(err)
 	}
 	// A closed sandbox frees its name.

@@ -1,0 +1,78 @@
+package daemon
+
+import (
+	"context"
+	"net/netip"
+
+	"github.com/forkbox/forkbox/internal/agent"
+	"github.com/forkbox/forkbox/internal/cgroups"
+	"github.com/forkbox/forkbox/internal/mount"
+	"github.com/forkbox/forkbox/internal/network"
+	"github.com/forkbox/forkbox/internal/runtime"
+	"github.com/forkbox/forkbox/internal/snapshot"
+	"github.com/forkbox/forkbox/internal/store"
+)
+
+// The daemon's engine logic reaches the host through a few narrow parts,
+// so that it can be tested without root: New opens the real ones; unit tests
+// give fakes (and the naive snapshotter) to open.
+
+// netManager is the sandbox network as the daemon uses it: a
+// *network.Manager.
+type netManager interface {
+	AllocateAfter(used []netip.Addr, last netip.Addr) (netip.Addr, error)
+	Setup(ctx context.Context, id string, ip netip.Addr, egress network.Egress) (*network.Network, error)
+	Reconfigure(ctx context.Context, id string, ip netip.Addr) error
+	Teardown(ctx context.Context, id string) error
+	List(ctx context.Context) ([]string, error)
+	Destroy(ctx context.Context) error
+}
+
+// hostOps are the host operations besides storage, network and runtime:
+// mounting a sandbox's rootfs, its cgroup freezer, and where its agent
+// listens. realHost performs them.
+type hostOps interface {
+	MountAll(ctx context.Context, mounts []mount.Mount, target string) error
+	Unmount(ctx context.Context, target string) error
+	Freeze(ctx context.Context, cgroup string) error
+	Thaw(ctx context.Context, cgroup string) error
+	Frozen(cgroup string) (bool, error)
+	// AgentAddr is the address of the agent of the sandbox with this ID
+	// and address.
+	AgentAddr(id string, ip netip.Addr) string
+}
+
+// realHost mounts with package mount, freezes with package cgroups, and
+// reaches agents on their sandbox's address.
+type realHost struct{}
+
+func (realHost) MountAll(ctx context.Context, m []mount.Mount, target string) error {
+	return mount.All(ctx, m, target)
+}
+func (realHost) Unmount(ctx context.Context, target string) error { return mount.Unmount(ctx, target) }
+func (realHost) Freeze(ctx context.Context, cg string) error      { return cgroups.Freeze(ctx, cg) }
+func (realHost) Thaw(ctx context.Context, cg string) error        { return cgroups.Thaw(ctx, cg) }
+func (realHost) Frozen(cg string) (bool, error)                   { return cgroups.Frozen(cg) }
+func (realHost) AgentAddr(_ string, ip netip.Addr) string {
+	return netip.AddrPortFrom(ip, agentPort).String()
+}
+
+// parts are what open builds a daemon from; nil fields are opened from the
+// config (the real ones).
+type parts struct {
+	snaps    snapshot.Snapshotter
+	net      netManager
+	runtimes map[string]runtime.Runtime
+	host     hostOps
+}
+
+// agent returns a client for a sandbox's agent.
+func (d *Daemon) agent(sb *store.Sandbox) *agent.Client {
+	return d.agentWithToken(sb, sb.AgentToken)
+}
+
+// agentWithToken is agent with another token (a memory-forked child's
+// agent wakes with its source's).
+func (d *Daemon) agentWithToken(sb *store.Sandbox, token string) *agent.Client {
+	return agent.NewClient(d.host.AgentAddr(sb.ID, netip.MustParseAddr(sb.IP)), token)
+}
