@@ -6,9 +6,12 @@ import { createClient, type Client as ConnectClient, type Interceptor } from "@c
 import { createConnectTransport } from "@connectrpc/connect-node";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import {
-  EnvironmentService, ImageService, SandboxService,
-  type Event, type Image, type ImageProgress, type OverridesSchema, type Sandbox as SandboxInfo,
+  EnvironmentService, ImageService, SandboxService, type OverridesSchema, type ImageProgress as ImageProgressMessage,
 } from "./gen/forkbox/v1/forkbox_pb.js";
+import {
+  checkpointFrom, eventFrom, imageFrom, replayedFrom, imageProgressFrom, sandboxFrom,
+  type Event, type Image, type ImageProgress, type SandboxInfo,
+} from "./types.js";
 import { ForkboxError, rethrow } from "./errors.js";
 import { SandboxHandle } from "./sandbox.js";
 import { Environment, type EnvironmentOptions } from "./environment.js";
@@ -143,7 +146,7 @@ export class Client {
   /** Live sandboxes (all: closed ones too). */
   async listSandboxes(all = false): Promise<SandboxInfo[]> {
     const r = await this.rpc.sandboxes.listSandboxes({ all }).catch(rethrow);
-    return r.sandboxes;
+    return r.sandboxes.map(sandboxFrom);
   }
 
   /** Starts a new sandbox from a checkpoint, with a clean exec history. */
@@ -170,7 +173,7 @@ export class Client {
     try {
       const r = await this.rpc.sandboxes.resume({ session });
       const sb = new SandboxHandle(this, r.sandbox!, this.limited);
-      sb.resumed = { checkpoint: r.checkpoint, replayed: r.replayed };
+      sb.resumed = { checkpoint: r.checkpoint && checkpointFrom(r.checkpoint), replayed: r.replayed.map(replayedFrom) };
       return sb;
     } catch (err) {
       this.release(1);
@@ -186,7 +189,7 @@ export class Client {
   /** A sandbox's ledger (closed sandboxes too), oldest first. */
   async events(idOrName: string): Promise<Event[]> {
     const r = await this.rpc.sandboxes.events({ sandbox: idOrName }).catch(rethrow);
-    return r.events;
+    return r.events.map(eventFrom);
   }
 
   /**
@@ -210,13 +213,14 @@ export class Client {
 
   async listImages(): Promise<Image[]> {
     const r = await this.rpc.images.listImages({}).catch(rethrow);
-    return r.images;
+    return r.images.map(imageFrom);
   }
 
-  private async drain(stream: AsyncIterable<ImageProgress>, onProgress?: (p: ImageProgress) => void): Promise<Image> {
+  private async drain(stream: AsyncIterable<ImageProgressMessage>, onProgress?: (p: ImageProgress) => void): Promise<Image> {
     let img: Image | undefined;
     try {
-      for await (const p of stream) {
+      for await (const msg of stream) {
+        const p = imageProgressFrom(msg);
         if (p.image) img = p.image;
         onProgress?.(p);
       }

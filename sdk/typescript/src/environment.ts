@@ -5,9 +5,8 @@
 // builder sandbox (BeginBuild / CompleteBuild).
 import { createHash } from "node:crypto";
 import type { MessageInitShape } from "@bufbuild/protobuf";
-import type {
-  BuildProgress, Environment as EnvironmentInfo, EnvironmentDefinitionSchema, SetupStepSchema,
-} from "./gen/forkbox/v1/forkbox_pb.js";
+import type { EnvironmentDefinitionSchema, SetupStepSchema } from "./gen/forkbox/v1/forkbox_pb.js";
+import { buildProgressFrom, environmentFrom, type BuildProgress, type EnvironmentInfo } from "./types.js";
 import { ForkboxError, rethrow } from "./errors.js";
 import { SandboxHandle } from "./sandbox.js";
 import type { Client, Overrides, Resources } from "./client.js";
@@ -83,7 +82,8 @@ export class Environment {
     let env: EnvironmentInfo | undefined;
     let built = false;
     try {
-      for await (const p of this.client.rpc.environments.buildEnvironment({ definition: this.definition })) {
+      for await (const msg of this.client.rpc.environments.buildEnvironment({ definition: this.definition })) {
+        const p = buildProgressFrom(msg);
         if (p.phase === "step" || p.phase === "create") built = true;
         if (p.environment) env = p.environment;
         onProgress?.(p);
@@ -120,7 +120,7 @@ export class Environment {
   /** The environment as the daemon knows it (NotFound before its first build). */
   async info(): Promise<EnvironmentInfo> {
     const r = await this.client.rpc.environments.getEnvironment({ name: this.name }).catch(rethrow);
-    return r.environment!;
+    return environmentFrom(r.environment!);
   }
 
   /** Deletes the environment (its snapshot and pool). */
@@ -137,7 +137,7 @@ export class Environment {
   private async runSetup(): Promise<{ environment: EnvironmentInfo; built: boolean }> {
     const rpc = this.client.rpc.environments;
     const begin = await rpc.beginBuild({ definition: this.definition }).catch(rethrow);
-    if (begin.environment && !begin.builder) return { environment: begin.environment, built: false };
+    if (begin.environment && !begin.builder) return { environment: environmentFrom(begin.environment), built: false };
     if (!begin.builder || !begin.lease) throw new ForkboxError("Internal", "BeginBuild returned neither an environment nor a builder");
     const builder = new SandboxHandle(this.client, begin.builder, false);
     try {
@@ -148,6 +148,6 @@ export class Environment {
       throw err;
     }
     const done = await rpc.completeBuild({ lease: begin.lease, ok: true }).catch(rethrow);
-    return { environment: done.environment!, built: true };
+    return { environment: environmentFrom(done.environment!), built: true };
   }
 }

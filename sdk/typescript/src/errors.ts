@@ -52,6 +52,11 @@ export class ForkboxError extends Error {
     this.code = code;
   }
 
+  /** What JSON.stringify(err) gives (an Error's message is not an own enumerable field). */
+  toJSON(): { name: string; code: ErrorCode; message: string } {
+    return { name: this.name, code: this.code, message: this.message };
+  }
+
   /** Builds an error from a class name as the daemon spells it (ForkChild.error_class). */
   static fromClassName(name: string, message: string): ForkboxError {
     return new ForkboxError(codes.has(name) ? (name as ErrorCode) : "Unknown", message);
@@ -104,6 +109,11 @@ export class ExecError extends Error {
     super(`command ${JSON.stringify(command)} ${why}${tail ? `: ${tail}` : ""}`);
     this.result = result;
     this.exitCode = result.exitCode;
+  }
+
+  /** What JSON.stringify(err) gives. */
+  toJSON(): { name: string; message: string; exitCode: number; result: ExecResult } {
+    return { name: this.name, message: this.message, exitCode: this.exitCode, result: this.result };
   }
 }
 

@@ -14,6 +14,6 @@ export {
 } from "./errors.js";
 export type { ErrorCode } from "./errors.js";
 export type {
-  Sandbox as SandboxInfo, Checkpoint, Credential, Event, FileInfo, Image, ReplayedExec,
-  Environment as EnvironmentInfo, BuildProgress,
-} from "./gen/forkbox/v1/forkbox_pb.js";
+  SandboxInfo, Checkpoint, Credential, Event, FileInfo, Image, ImageProgress, ReplayedExec,
+  EnvironmentInfo, EnvironmentDefinition, SetupStepInfo, BuildProgress,
+} from "./types.js";

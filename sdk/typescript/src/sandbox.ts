@@ -1,9 +1,11 @@
 // SandboxHandle: one live sandbox. It holds one of its client's concurrency
 // slots from the moment it is created (or forked, restored, resumed) until
 // close().
-import type {
-  Checkpoint, Credential, Event, FileInfo, ForkResponse, ReplayedExec, Sandbox as SandboxInfo,
-} from "./gen/forkbox/v1/forkbox_pb.js";
+import type { ForkResponse, Sandbox as SandboxMessage } from "./gen/forkbox/v1/forkbox_pb.js";
+import {
+  checkpointFrom, credentialFrom, fileInfoFrom, sandboxFrom,
+  type Checkpoint, type Credential, type Event, type FileInfo, type ReplayedExec, type SandboxInfo,
+} from "./types.js";
 import { ExecPromise, type ExecOptions } from "./exec.js";
 import { ForkboxError, rethrow } from "./errors.js";
 import type { Client, Overrides } from "./client.js";
@@ -65,12 +67,12 @@ export class Credentials {
     const r = await this.sb.client.rpc.sandboxes
       .setCredential({ sandbox: this.sb.id, value, credential: { name, env, file: o.file, perFork: o.perFork } })
       .catch(rethrow);
-    return r.credential;
+    return r.credential && credentialFrom(r.credential);
   }
 
   async list(): Promise<Credential[]> {
     const r = await this.sb.client.rpc.sandboxes.listCredentials({ sandbox: this.sb.id }).catch(rethrow);
-    return r.credentials;
+    return r.credentials.map(credentialFrom);
   }
 
   async delete(name: string): Promise<void> {
@@ -93,10 +95,10 @@ export class SandboxHandle {
   private closed = false;
 
   /** @internal */
-  constructor(client: Client, info: SandboxInfo, holdsSlot: boolean) {
+  constructor(client: Client, info: SandboxMessage, holdsSlot: boolean) {
     this.client = client;
     this.id = info.id;
-    this.info = info;
+    this.info = sandboxFrom(info);
     this.slot = holdsSlot;
     this.credentials = new Credentials(this);
   }
@@ -152,31 +154,31 @@ export class SandboxHandle {
       children.push({ startMs: 0, error: new ForkboxError("ResourceExhausted", "no free slot of this client (maxConcurrency)") });
     }
     this.client.release(n - started);
-    return { checkpoint: r.checkpoint, captured: r.captured, captureMs: r.captureMs, flushMs: r.flushMs, totalMs: r.totalMs, children };
+    return { checkpoint: r.checkpoint && checkpointFrom(r.checkpoint), captured: r.captured, captureMs: r.captureMs, flushMs: r.flushMs, totalMs: r.totalMs, children };
   }
 
   /** Captures the sandbox's state under tag; records sandbox.checkpoint_created. */
   async checkpoint(tag?: string): Promise<Checkpoint> {
     const r = await this.client.rpc.sandboxes.checkpoint({ sandbox: this.id, tag }).catch(rethrow);
-    return r.checkpoint!;
+    return checkpointFrom(r.checkpoint!);
   }
 
   /** The sandbox's checkpoints (forks' too), oldest first. */
   async listCheckpoints(): Promise<Checkpoint[]> {
     const r = await this.client.rpc.sandboxes.listCheckpoints({ sandbox: this.id }).catch(rethrow);
-    return r.checkpoints;
+    return r.checkpoints.map(checkpointFrom);
   }
 
   /** Freezes the sandbox in place (processes stop, memory kept). */
   async pause(): Promise<void> {
     const r = await this.client.rpc.sandboxes.pauseSandbox({ sandbox: this.id }).catch(rethrow);
-    if (r.sandbox) this.info = r.sandbox;
+    if (r.sandbox) this.info = sandboxFrom(r.sandbox);
   }
 
   /** Thaws a paused sandbox. */
   async unpause(): Promise<void> {
     const r = await this.client.rpc.sandboxes.unpauseSandbox({ sandbox: this.id }).catch(rethrow);
-    if (r.sandbox) this.info = r.sandbox;
+    if (r.sandbox) this.info = sandboxFrom(r.sandbox);
   }
 
   /** Same as unpause(). (client.resume(session) is the other resume: a closed session brought back.) */
@@ -200,7 +202,7 @@ export class SandboxHandle {
 
   async listFiles(path: string): Promise<FileInfo[]> {
     const r = await this.client.rpc.sandboxes.listFiles({ sandbox: this.id, path }).catch(rethrow);
-    return r.files;
+    return r.files.map(fileInfoFrom);
   }
 
   /** The sandbox's ledger, oldest first. */
@@ -208,10 +210,15 @@ export class SandboxHandle {
     return this.client.events(this.id);
   }
 
+  /** What JSON.stringify(handle) gives: the sandbox's data, not its connection. */
+  toJSON(): { id: string; name: string; info: SandboxInfo; resumed?: SandboxHandle["resumed"]; handover?: SandboxHandle["handover"] } {
+    return { id: this.id, name: this.name, info: this.info, resumed: this.resumed, handover: this.handover };
+  }
+
   /** Reloads `info`. */
   async refresh(): Promise<SandboxInfo> {
     const r = await this.client.rpc.sandboxes.getSandbox({ sandbox: this.id }).catch(rethrow);
-    this.info = r.sandbox!;
+    this.info = sandboxFrom(r.sandbox!);
     return this.info;
   }
 
