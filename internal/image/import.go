@@ -45,8 +45,14 @@ func (s *Store) Import(ctx context.Context, path, name string, progress func(Pro
 	var out Image
 	switch {
 	case has(entries, "oci-layout") && has(entries, "index.json"):
+		if entries["index.json"] > s.limits.ManifestBytes {
+			return Image{}, exhausted("archive's index.json", s.limits.ManifestBytes)
+		}
 		out, err = s.importOCI(ctx, path, name, progress)
 	case has(entries, "manifest.json"):
+		if entries["manifest.json"] > s.limits.ManifestBytes {
+			return Image{}, exhausted("archive's manifest.json", s.limits.ManifestBytes)
+		}
 		out, err = s.importDocker(ctx, path, name, entries, progress)
 	default:
 		return Image{}, fmt.Errorf("import %s: neither an OCI layout nor a docker archive: %w", path, errdefs.ErrInvalidArgument)
@@ -105,8 +111,11 @@ func (s *Store) importOCI(ctx context.Context, archive, want string, progress fu
 		return Image{}, fmt.Errorf("temp dir: %v: %w", err, errdefs.ErrInternal)
 	}
 	defer removeAll(dir)
-	if err := extractFiles(ctx, archive, dir); err != nil {
+	if err := extractFiles(ctx, archive, dir, s.limits.PathBytes); err != nil {
 		return Image{}, err
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "index.json")); err == nil && fi.Size() > s.limits.ManifestBytes {
+		return Image{}, exhausted("archive's index.json", s.limits.ManifestBytes)
 	}
 	idx, err := layout.ImageIndexFromPath(dir)
 	if err != nil {
@@ -152,42 +161,92 @@ func (s *Store) importOCI(ctx context.Context, archive, want string, progress fu
 			return Image{}, err
 		}
 	}
+	// ggcr's layout reader trusts blob names: each document is checked
+	// against its descriptor's size (bounded) and digest before it is read.
 	var img v1.Image
 	if d.MediaType.IsIndex() {
+		if err := s.checkBlob(dir, d, s.limits.ManifestBytes, "nested index"); err != nil {
+			return Image{}, err
+		}
 		child, err := idx.ImageIndex(d.Digest)
 		if err != nil {
 			return Image{}, fmt.Errorf("read nested index: %v: %w", err, errdefs.ErrInvalidArgument)
 		}
-		img, err = pickPlatform(child)
+		cd, err := pickPlatform(child)
 		if err != nil {
 			return Image{}, err
 		}
-	} else if img, err = idx.Image(d.Digest); err != nil {
+		d = cd
+		idx = child
+	}
+	if err := s.checkBlob(dir, d, s.limits.ManifestBytes, "image manifest"); err != nil {
+		return Image{}, err
+	}
+	if img, err = idx.Image(d.Digest); err != nil {
 		return Image{}, fmt.Errorf("read image: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	m, err := img.Manifest()
+	if err != nil {
+		return Image{}, fmt.Errorf("read image manifest: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if err := s.checkBlob(dir, m.Config, s.limits.ConfigBytes, "image config"); err != nil {
+		return Image{}, err
 	}
 	return s.store(ctx, n, img, false, nil, progress)
 }
 
-func pickPlatform(idx v1.ImageIndex) (v1.Image, error) {
+// pickPlatform returns the descriptor of idx's image for this platform.
+func pickPlatform(idx v1.ImageIndex) (v1.Descriptor, error) {
 	im, err := idx.IndexManifest()
 	if err != nil {
-		return nil, fmt.Errorf("read index: %v: %w", err, errdefs.ErrInvalidArgument)
+		return v1.Descriptor{}, fmt.Errorf("read index: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
 	for _, d := range im.Manifests {
 		if d.MediaType.IsImage() && (d.Platform == nil || d.Platform.Satisfies(platform)) {
-			return idx.Image(d.Digest)
+			return d, nil
 		}
 	}
-	return nil, fmt.Errorf("no image for %s/%s: %w", platform.OS, platform.Architecture, errdefs.ErrNotFound)
+	return v1.Descriptor{}, fmt.Errorf("no image for %s/%s: %w", platform.OS, platform.Architecture, errdefs.ErrNotFound)
 }
 
-// extractFiles copies the regular files of an archive into dir.
-func extractFiles(ctx context.Context, archive, dir string) error {
+// checkBlob checks the blob of d in the OCI layout at dir: at most max
+// bytes, of d's size and digest.
+func (s *Store) checkBlob(dir string, d v1.Descriptor, max int64, what string) error {
+	if d.Digest.Algorithm != "sha256" || !validDiffID(d.Digest.String()) {
+		return fmt.Errorf("%s: unsupported digest %q: %w", what, d.Digest, errdefs.ErrInvalidArgument)
+	}
+	if d.Size > max {
+		return exhausted(what, max)
+	}
+	f, err := os.Open(filepath.Join(dir, "blobs", "sha256", d.Digest.Hex))
+	if err != nil {
+		return fmt.Errorf("%s %s: missing from the archive: %w", what, d.Digest, errdefs.ErrInvalidArgument)
+	}
+	defer f.Close()
+	b, err := readAllLimited(context.Background(), f, max, what)
+	if err != nil {
+		return err
+	}
+	if err := checkDigest(b, d.Digest, d.Size); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
+}
+
+// extractFiles copies the regular files of an archive into dir. Together
+// they may not hold more bytes than the archive itself (which only a sparse
+// entry could do).
+func extractFiles(ctx context.Context, archive, dir string, maxPath int) error {
 	f, err := os.Open(archive)
 	if err != nil {
 		return fmt.Errorf("open %s: %v: %w", archive, err, errdefs.ErrInvalidArgument)
 	}
 	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("stat %s: %v: %w", archive, err, errdefs.ErrInvalidArgument)
+	}
+	left := fi.Size()
 	tr := tar.NewReader(f)
 	for {
 		if err := ctx.Err(); err != nil {
@@ -203,17 +262,26 @@ func extractFiles(ctx context.Context, archive, dir string) error {
 		if hdr.Typeflag != tar.TypeReg && hdr.Typeflag != tar.TypeRegA {
 			continue
 		}
-		rel, err := clean(hdr.Name)
+		rel, err := cleanName(hdr.Name, maxPath)
 		if err != nil {
 			return fmt.Errorf("archive entry %q: %w", hdr.Name, err)
 		}
+		if rel == "." {
+			continue
+		}
+		if left -= hdr.Size; hdr.Size < 0 || left < 0 {
+			return fmt.Errorf("archive entry %q: entries hold more bytes than the archive: %w", hdr.Name, errdefs.ErrInvalidArgument)
+		}
+		// Only regular files are written here, so no path can lead
+		// through a symlink; a file where a directory must go is a
+		// malformed archive.
 		dst := filepath.Join(dir, rel)
 		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
-			return fmt.Errorf("mkdir: %v: %w", err, errdefs.ErrInternal)
+			return fmt.Errorf("archive entry %q: %v: %w", hdr.Name, err, errdefs.ErrInvalidArgument)
 		}
 		out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 		if err != nil {
-			return fmt.Errorf("create: %v: %w", err, errdefs.ErrInternal)
+			return fmt.Errorf("archive entry %q: %v: %w", hdr.Name, err, errdefs.ErrInvalidArgument)
 		}
 		_, err = io.Copy(out, tr)
 		if cerr := out.Close(); err == nil {
@@ -258,6 +326,12 @@ func (s *Store) importDocker(ctx context.Context, archive, want string, entries 
 		if n, err = normalize(tagName); err != nil {
 			return Image{}, err
 		}
+	}
+	if got := entries[path.Clean(m[pick].Config)]; got > s.limits.ConfigBytes {
+		return Image{}, exhausted("image config", s.limits.ConfigBytes)
+	}
+	if got := len(m[pick].Layers); got > s.limits.Layers {
+		return Image{}, exhausted(fmt.Sprintf("image's %d layers", got), int64(s.limits.Layers))
 	}
 	var tag *name.Tag
 	if len(m) > 1 {

@@ -3,18 +3,31 @@
 // every layer exactly once into a directory that is shared read-only by all
 // images and sandboxes as an overlayfs lower directory.
 //
-// On-disk layout under the root directory:
+// On-disk layout under the root directory (0700, as is every directory in
+// it: layers hold the images' setuid files and must not be reachable by host
+// users other than root; overlayfs reads lowers with the mounter's
+// credentials, so sandboxes do not need the path to be traversable):
 //
 //	index.json        all image records (name → digest, layer diff IDs, config),
 //	                  rewritten atomically (temp file + rename)
-//	l/<12 hex>        one unpacked layer; the name is the first 12 hex digits
-//	                  of the layer's diff ID (sha256 of the uncompressed tar).
-//	                  Short on purpose: the paths become overlay "lowerdir="
-//	                  mount options, which must fit in one page (4096 bytes).
-//	l/<12 hex>.diffid the full diff ID, to detect (astronomically unlikely)
-//	                  prefix collisions
+//	l/<64 hex>        one unpacked layer, named by the full hex of its diff ID
+//	                  (sha256 of the uncompressed tar), so no two layers can
+//	                  share a directory. Long overlay lowerdir= lists are no
+//	                  concern: internal/mount passes lowers one by one when
+//	                  they do not fit a page.
+//	l/<64 hex>.diffid "<diff ID> <size>", written before the directory is
+//	                  renamed into place
 //	tmp/              layers being unpacked, archives being read, and
 //	                  tombstones (rm-*) of layers being deleted; emptied by Open
+//
+// Stores written before layers were named by the full digest used the first
+// 12 hex digits (l/<12 hex> and l/<12 hex>.diffid). Open migrates them in
+// place (see migrate.go): each is renamed to its full name, so no layer is
+// unpacked again and nothing needs the network.
+//
+// Images are hostile input: every layer entry is confined to its layer
+// directory and every document and stream is bounded (Limits); see
+// unpack.go for what an unpacked layer keeps of its tar entries.
 //
 // OCI whiteouts are converted to overlayfs form when a layer is unpacked, so
 // the layer directories can be stacked by the kernel directly.
@@ -85,8 +98,9 @@ type record struct {
 // Store is an image store rooted at one directory. It is safe for concurrent
 // use by one process.
 type Store struct {
-	root string
-	log  *slog.Logger
+	root   string
+	log    *slog.Logger
+	limits Limits
 
 	mu     sync.Mutex        // guards images, pinned and index.json
 	images map[string]record // by name
@@ -102,9 +116,10 @@ type layerLock struct {
 	refs int
 }
 
-// Open opens (creating if needed) the store at root and removes what a crash
-// may have left in root/tmp.
-func Open(ctx context.Context, root string, log *slog.Logger) (*Store, error) {
+// Open opens (creating if needed) the store at root, migrates an older
+// layout, and removes what a crash may have left in root/tmp (even when
+// that is not a directory any more).
+func Open(ctx context.Context, root string, log *slog.Logger, opts ...Option) (*Store, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -118,16 +133,18 @@ func Open(ctx context.Context, root string, log *slog.Logger) (*Store, error) {
 		images:     map[string]record{},
 		pinned:     map[string]int{},
 		layerLocks: map[string]*layerLock{},
+		limits:     DefaultLimits,
 	}
-	for _, d := range []string{s.layersDir(), s.tmpDir()} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, fmt.Errorf("create %s: %v: %w", d, err, errdefs.ErrInternal)
+	for _, o := range opts {
+		o(s)
+	}
+	for _, d := range []string{root, s.layersDir(), s.tmpDir()} {
+		if err := ensurePrivateDir(d); err != nil {
+			return nil, err
 		}
 	}
-	// The layer dirs must be traversable by sandboxes' users.
-	_ = os.Chmod(s.layersDir(), 0o755)
-	if err := os.Chmod(root, 0o711); err != nil {
-		return nil, fmt.Errorf("chmod %s: %v: %w", root, err, errdefs.ErrInternal)
+	if err := s.migrate(ctx); err != nil {
+		return nil, err
 	}
 	left, _ := os.ReadDir(s.tmpDir())
 	for _, e := range left {
@@ -169,11 +186,26 @@ func (s *Store) indexPath() string { return filepath.Join(s.root, "index.json") 
 
 // layerDir is where the layer with diff ID "sha256:<hex>" is unpacked.
 func (s *Store) layerDir(diffID string) string {
-	h := strings.TrimPrefix(diffID, "sha256:")
-	if len(h) > 12 {
-		h = h[:12]
+	return filepath.Join(s.layersDir(), strings.TrimPrefix(diffID, "sha256:"))
+}
+
+// ensurePrivateDir makes d a directory of mode 0700, replacing whatever else
+// is there (a store damaged by an older version could have a device node in
+// place of tmp/, which would otherwise stop every later start).
+func ensurePrivateDir(d string) error {
+	fi, err := os.Lstat(d)
+	if err == nil && !fi.IsDir() {
+		if err := os.Remove(d); err != nil {
+			return fmt.Errorf("replace %s (a %v, not a directory): %v: %w", d, fi.Mode().Type(), err, errdefs.ErrInternal)
+		}
 	}
-	return filepath.Join(s.layersDir(), h)
+	if err := os.MkdirAll(d, 0o700); err != nil {
+		return fmt.Errorf("create %s: %v: %w", d, err, errdefs.ErrInternal)
+	}
+	if err := os.Chmod(d, 0o700); err != nil {
+		return fmt.Errorf("chmod %s: %v: %w", d, err, errdefs.ErrInternal)
+	}
+	return nil
 }
 
 func (s *Store) toImage(r record) Image {
@@ -314,9 +346,16 @@ func (s *Store) gcLocked(ctx context.Context) {
 	for d := range s.pinned {
 		keep[filepath.Base(s.layerDir(d))] = true
 	}
+	// Sandboxes mounted before the layout migration name their lowers by
+	// the old 12-digit prefix: keep the layers those prefixes now lead to.
+	oldInUse := map[string]bool{}
 	if s.inUse != nil {
 		for p := range s.inUse() {
-			keep[filepath.Base(p)] = true
+			b := filepath.Base(p)
+			keep[b] = true
+			if len(b) == oldNameLen {
+				oldInUse[b] = true
+			}
 		}
 	}
 	ents, err := os.ReadDir(s.layersDir())
@@ -326,7 +365,7 @@ func (s *Store) gcLocked(ctx context.Context) {
 	}
 	for _, e := range ents {
 		base := strings.TrimSuffix(e.Name(), ".diffid")
-		if keep[base] {
+		if keep[base] || (len(base) > oldNameLen && oldInUse[base[:oldNameLen]]) {
 			continue
 		}
 		src := filepath.Join(s.layersDir(), e.Name())

@@ -60,6 +60,17 @@ func newStore(t *testing.T) (*Store, *countHandler) {
 	return s, h
 }
 
+// mustDiffID reads the diff ID recorded for the layer dir l.
+func mustDiffID(t *testing.T, l string) string {
+	t.Helper()
+	b, err := os.ReadFile(l + ".diffid")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _, _ := strings.Cut(string(b), " ")
+	return id
+}
+
 func TestPullFromRegistry(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := context.Background()
@@ -95,8 +106,8 @@ func TestPullFromRegistry(t *testing.T) {
 	if fi, err := os.Stat(filepath.Join(l, "tmp")); err != nil || fi.Mode()&os.ModeSticky == 0 || fi.Mode().Perm() != 0o777 {
 		t.Errorf("tmp mode: %v %v", fi.Mode(), err)
 	}
-	if len(filepath.Base(l)) != 12 {
-		t.Errorf("layer dir %q: want 12-char name", l)
+	if got, want := filepath.Base(l), strings.TrimPrefix(mustDiffID(t, l), "sha256:"); got != want {
+		t.Errorf("layer dir %q: want the full diff ID %s", l, want)
 	}
 	for _, key := range []string{ref, img.Digest, img.Digest[:7+12]} {
 		got, err := s.Get(ctx, key)

@@ -121,7 +121,6 @@ func TestUnpackRejectsEscapes(t *testing.T) {
 	}{
 		{"dotdot", []*tar.Header{{Typeflag: tar.TypeReg, Name: "../evil"}}},
 		{"dotdot inside", []*tar.Header{{Typeflag: tar.TypeReg, Name: "a/../../evil"}}},
-		{"absolute", []*tar.Header{{Typeflag: tar.TypeReg, Name: "/evil"}}},
 		{"through symlink", []*tar.Header{
 			{Typeflag: tar.TypeSymlink, Name: "out", Linkname: "OUTSIDE"},
 			{Typeflag: tar.TypeReg, Name: "out/evil", Linkname: "x"},
@@ -141,7 +140,7 @@ func TestUnpackRejectsEscapes(t *testing.T) {
 					h.Linkname = outside
 				}
 			}
-			err := unpackTar(context.Background(), bytes.NewReader(tarOf(t, tc.hdrs...)), dir)
+			err := unpackTar(context.Background(), bytes.NewReader(tarOf(t, tc.hdrs...)), dir, testLimits)
 			if !errdefs.IsInvalidArgument(err) {
 				t.Errorf("got %v, want InvalidArgument", err)
 			}
@@ -166,13 +165,13 @@ func TestUnpackEntryKinds(t *testing.T) {
 			PAXRecords: map[string]string{"SCHILY.xattr.user.test": "v"}},
 		&tar.Header{Typeflag: tar.TypeLink, Name: "./dir/hard", Linkname: "dir/suid"},
 		&tar.Header{Typeflag: tar.TypeSymlink, Name: "./dir/sym", Linkname: "/etc/passwd"},
-		&tar.Header{Typeflag: tar.TypeChar, Name: "./null", Devmajor: 1, Devminor: 3, Mode: 0o666},
+		&tar.Header{Typeflag: tar.TypeChar, Name: "./null", Devmajor: 1, Devminor: 3, Mode: 0o666}, // not created
 		&tar.Header{Typeflag: tar.TypeFifo, Name: "./fifo", Mode: 0o600},
 		&tar.Header{Typeflag: tar.TypeReg, Name: "implicit/parent/file", Linkname: "y"},
 		&tar.Header{Typeflag: tar.TypeReg, Name: "replaced", Linkname: "old"},
 		&tar.Header{Typeflag: tar.TypeSymlink, Name: "replaced", Linkname: "dir"},
 	)
-	if err := unpackTar(context.Background(), bytes.NewReader(data), dir); err != nil {
+	if err := unpackTar(context.Background(), bytes.NewReader(data), dir, testLimits); err != nil {
 		t.Fatal(err)
 	}
 	var st, st2 unix.Stat_t
@@ -190,8 +189,8 @@ func TestUnpackEntryKinds(t *testing.T) {
 	if l, _ := os.Readlink(p("dir/sym")); l != "/etc/passwd" {
 		t.Errorf("symlink -> %q", l)
 	}
-	if unix.Lstat(p("null"), &st); st.Mode&unix.S_IFMT != unix.S_IFCHR || unix.Major(st.Rdev) != 1 || unix.Minor(st.Rdev) != 3 {
-		t.Errorf("null: mode %o rdev %d", st.Mode, st.Rdev)
+	if err := unix.Lstat(p("null"), &st); err == nil {
+		t.Errorf("null: mode %o rdev %d, want no device node on the host", st.Mode, st.Rdev)
 	}
 	if unix.Lstat(p("fifo"), &st); st.Mode&unix.S_IFMT != unix.S_IFIFO {
 		t.Errorf("fifo: mode %o", st.Mode)
@@ -303,7 +302,7 @@ func BenchmarkUnpack50MB(b *testing.B) {
 	for i := 0; b.Loop(); i++ {
 		dir := filepath.Join(root, "l", string(rune('a'+i%26))+time.Now().Format("150405.000000000"))
 		os.MkdirAll(dir, 0o755)
-		if err := unpackTar(context.Background(), bytes.NewReader(data), dir); err != nil {
+		if err := unpackTar(context.Background(), bytes.NewReader(data), dir, testLimits); err != nil {
 			b.Fatal(err)
 		}
 		b.StopTimer()
