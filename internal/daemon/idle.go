@@ -69,29 +69,37 @@ func (d *Daemon) startIdleHibernation(ctx context.Context) {
 			case <-ctx.Done():
 				return
 			case now := <-t.C:
-				live, err := d.store.ListSandboxes(ctx, false)
-				if err != nil {
-					continue
-				}
-				for _, sb := range live {
-					if sb.State != store.StateRunning || sb.Pool != "" || d.idleFor(sb.ID, now) < d.cfg.IdleHibernate {
-						continue
-					}
-					if _, _, err := d.memoryRuntime(sb); err != nil {
-						continue
-					}
-					done, err := d.hibernateIfIdle(ctx, sb.ID)
-					if err != nil {
-						d.log.Warn("idle hibernation", "sandbox", sb.ID, "err", err)
-						continue
-					}
-					if done {
-						d.note(ctx, sb.ID, store.EventIdleHibernated, map[string]any{"idle_ms": d.cfg.IdleHibernate.Milliseconds()})
-					}
-				}
+				d.hibernateIdle(ctx, now)
 			}
 		}
 	}()
+}
+
+// hibernateIdle hibernates every sandbox idle at now for the configured
+// time; a sandbox it skipped (busy again, or not running under its lock)
+// gets no event.
+func (d *Daemon) hibernateIdle(ctx context.Context, now time.Time) {
+	live, err := d.store.ListSandboxes(ctx, false)
+	if err != nil {
+		d.bestEffort(ctx, "idle hibernation: list sandboxes", err)
+		return
+	}
+	for _, sb := range live {
+		if sb.State != store.StateRunning || sb.Pool != "" || d.idleFor(sb.ID, now) < d.cfg.IdleHibernate {
+			continue
+		}
+		if _, _, err := d.memoryRuntime(sb); err != nil {
+			continue
+		}
+		done, err := d.hibernateIfIdle(ctx, sb.ID)
+		if err != nil {
+			d.log.Warn("idle hibernation", "sandbox", sb.ID, "err", err)
+			continue
+		}
+		if done {
+			d.note(ctx, sb.ID, store.EventIdleHibernated, map[string]any{"idle_ms": d.cfg.IdleHibernate.Milliseconds()})
+		}
+	}
 }
 
 // forget drops the in-memory state of a closed sandbox.

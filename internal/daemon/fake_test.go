@@ -1,0 +1,530 @@
+package daemon
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/agent"
+	"github.com/forkbox/forkbox/internal/image"
+	"github.com/forkbox/forkbox/internal/mount"
+	"github.com/forkbox/forkbox/internal/network"
+	"github.com/forkbox/forkbox/internal/runtime"
+	"github.com/forkbox/forkbox/internal/runtime/spec"
+	"github.com/forkbox/forkbox/internal/snapshot/naive"
+	"github.com/forkbox/forkbox/internal/testimage"
+)
+
+// The fake host: a runtime whose "containers" are in-process agent servers
+// on loopback, a network that only allocates addresses, mounts that are only
+// recorded, and a freezer that is a map. With the naive snapshotter and the
+// real store and image store, the daemon's engine logic runs without root.
+
+// world is the fake host's state, shared by its parts.
+type world struct {
+	t   testing.TB
+	mu  sync.Mutex
+	ctr map[string]*container // by sandbox ID
+	// mounts and frozen are keyed by target dir and cgroup path.
+	mounts map[string][]mount.Mount
+	frozen map[string]bool
+	netns  map[string]netip.Addr
+	// Faults to inject.
+	checkpointErr   error // Checkpoint fails; the container keeps running unless checkpointStops
+	checkpointStops bool
+	restoreErr      error
+	frozenErr       error
+}
+
+// container is one fake container: an agent server while it runs.
+type container struct {
+	status string
+	token  string
+	addr   string
+	stop   func()
+}
+
+func newWorld(t testing.TB) *world {
+	w := &world{t: t, ctr: map[string]*container{}, mounts: map[string][]mount.Mount{}, frozen: map[string]bool{}, netns: map[string]netip.Addr{}}
+	t.Cleanup(w.close)
+	return w
+}
+
+func (w *world) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, c := range w.ctr {
+		c.halt()
+	}
+}
+
+// serveAgent starts an in-process agent with token on a loopback port.
+func (w *world) serveAgent(c *container) error {
+	srv, err := agent.NewServer(agent.Config{Token: c.token, LogDir: w.t.TempDir(), Env: []string{"PATH=/usr/bin:/bin"},
+		ForkHooks: []string{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.Serve(ctx, ln)
+	}()
+	c.addr, c.status = ln.Addr().String(), runtime.StatusRunning
+	c.stop = func() { cancel(); <-done }
+	return nil
+}
+
+// halt stops a container's agent; the caller holds w.mu.
+func (c *container) halt() {
+	if c.stop != nil {
+		c.stop()
+		c.stop = nil
+	}
+}
+
+// silence stops a container's agent but leaves the runtime reporting it
+// running (a hung or slow agent).
+func (w *world) silence(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.ctr[id].halt()
+}
+
+// revive starts a silenced container's agent again.
+func (w *world) revive(id string) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.serveAgent(w.ctr[id])
+}
+
+// crash makes a container gone, as if its processes died with the daemon.
+func (w *world) crash(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.ctr[id].halt()
+	delete(w.ctr, id)
+}
+
+func (w *world) status(id string) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if c, ok := w.ctr[id]; ok {
+		return c.status
+	}
+	return ""
+}
+
+// hostOps.
+
+func (w *world) MountAll(_ context.Context, m []mount.Mount, target string) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.mounts[target] = m
+	return nil
+}
+
+func (w *world) Unmount(_ context.Context, target string) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.mounts, target)
+	return nil
+}
+
+func (w *world) Freeze(_ context.Context, cg string) error { return w.setFrozen(cg, true) }
+func (w *world) Thaw(_ context.Context, cg string) error   { return w.setFrozen(cg, false) }
+
+func (w *world) setFrozen(cg string, v bool) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.frozen[cg] = v
+	return nil
+}
+
+func (w *world) Frozen(cg string) (bool, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.frozen[cg], w.frozenErr
+}
+
+func (w *world) AgentAddr(id string, _ netip.Addr) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if c, ok := w.ctr[id]; ok && c.stop != nil {
+		return c.addr
+	}
+	return "127.0.0.1:1" // nothing listens
+}
+
+// fakeNet allocates addresses and records namespaces; it sets up nothing.
+type fakeNet struct{ w *world }
+
+func (n fakeNet) AllocateAfter(used []netip.Addr, last netip.Addr) (netip.Addr, error) {
+	taken := map[netip.Addr]bool{}
+	for _, a := range used {
+		taken[a] = true
+	}
+	for i := 2; i < 255; i++ {
+		a := netip.AddrFrom4([4]byte{10, 201, 0, byte(i)})
+		if !taken[a] && a != last {
+			return a, nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("fake subnet full: %w", errdefs.ErrResourceExhausted)
+}
+
+func (n fakeNet) Setup(_ context.Context, id string, ip netip.Addr, egress network.Egress) (*network.Network, error) {
+	n.w.mu.Lock()
+	defer n.w.mu.Unlock()
+	n.w.netns[id] = ip
+	return &network.Network{ID: id, NSPath: "/nonexistent/netns/" + id, IP: ip, Gateway: netip.MustParseAddr("10.201.0.1"), PrefixLen: 24, Egress: egress}, nil
+}
+
+func (n fakeNet) Reconfigure(_ context.Context, id string, ip netip.Addr) error {
+	n.w.mu.Lock()
+	defer n.w.mu.Unlock()
+	if _, ok := n.w.netns[id]; !ok {
+		return fmt.Errorf("netns of %s: %w", id, errdefs.ErrNotFound)
+	}
+	n.w.netns[id] = ip
+	return nil
+}
+
+func (n fakeNet) Teardown(_ context.Context, id string) error {
+	n.w.mu.Lock()
+	defer n.w.mu.Unlock()
+	delete(n.w.netns, id)
+	return nil
+}
+
+func (n fakeNet) List(context.Context) ([]string, error) {
+	n.w.mu.Lock()
+	defer n.w.mu.Unlock()
+	var ids []string
+	for id := range n.w.netns {
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+func (n fakeNet) Destroy(context.Context) error { return nil }
+
+// fakeRuntime runs containers as in-process agents. memRuntime adds memory
+// checkpoints (as gVisor has).
+type fakeRuntime struct {
+	w    *world
+	name string
+}
+
+type memRuntime struct{ fakeRuntime }
+
+var (
+	_ runtime.Runtime            = fakeRuntime{}
+	_ runtime.MemoryCheckpointer = memRuntime{}
+)
+
+func (r fakeRuntime) Name() string { return r.name }
+
+func (r fakeRuntime) Run(_ context.Context, id, bundle string) error {
+	s, err := spec.ReadBundle(bundle)
+	if err != nil {
+		return err
+	}
+	token := ""
+	for _, kv := range s.Process.Env {
+		if v, ok := strings.CutPrefix(kv, agent.EnvToken+"="); ok {
+			token = v
+		}
+	}
+	return r.start(id, token)
+}
+
+func (r fakeRuntime) start(id, token string) error {
+	r.w.mu.Lock()
+	defer r.w.mu.Unlock()
+	if _, ok := r.w.ctr[id]; ok {
+		return fmt.Errorf("container %s: %w", id, errdefs.ErrAlreadyExists)
+	}
+	c := &container{token: token}
+	if err := r.w.serveAgent(c); err != nil {
+		return err
+	}
+	r.w.ctr[id] = c
+	return nil
+}
+
+func (r fakeRuntime) State(_ context.Context, id string) (runtime.State, error) {
+	r.w.mu.Lock()
+	defer r.w.mu.Unlock()
+	c, ok := r.w.ctr[id]
+	if !ok {
+		return runtime.State{}, fmt.Errorf("container %s: %w", id, errdefs.ErrNotFound)
+	}
+	return runtime.State{ID: id, Status: c.status}, nil
+}
+
+func (r fakeRuntime) Kill(_ context.Context, id string, _ syscall.Signal, _ bool) error {
+	r.w.mu.Lock()
+	defer r.w.mu.Unlock()
+	c, ok := r.w.ctr[id]
+	if !ok {
+		return fmt.Errorf("container %s: %w", id, errdefs.ErrNotFound)
+	}
+	c.halt()
+	c.status = runtime.StatusStopped
+	return nil
+}
+
+func (r fakeRuntime) Delete(_ context.Context, id string, _ bool) error {
+	r.w.mu.Lock()
+	defer r.w.mu.Unlock()
+	if c, ok := r.w.ctr[id]; ok {
+		c.halt()
+		delete(r.w.ctr, id)
+	}
+	return nil
+}
+
+func (r fakeRuntime) List(context.Context) ([]runtime.State, error) {
+	r.w.mu.Lock()
+	defer r.w.mu.Unlock()
+	var out []runtime.State
+	for id, c := range r.w.ctr {
+		out = append(out, runtime.State{ID: id, Status: c.status})
+	}
+	return out, nil
+}
+
+func (r fakeRuntime) Pause(context.Context, string) error  { return nil }
+func (r fakeRuntime) Resume(context.Context, string) error { return nil }
+
+const fakeTokenFile = "token"
+
+// Checkpoint writes the agent's token as the "memory image" and stops the
+// container (as runsc does once the image is complete).
+func (r memRuntime) Checkpoint(_ context.Context, id, imageDir string) error {
+	r.w.mu.Lock()
+	defer r.w.mu.Unlock()
+	c, ok := r.w.ctr[id]
+	if !ok {
+		return fmt.Errorf("container %s: %w", id, errdefs.ErrNotFound)
+	}
+	if r.w.checkpointErr != nil {
+		if r.w.checkpointStops {
+			c.halt()
+			c.status = runtime.StatusStopped
+		}
+		return r.w.checkpointErr
+	}
+	if err := os.MkdirAll(imageDir, 0o700); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(imageDir, fakeTokenFile), []byte(c.token), 0o600); err != nil {
+		return err
+	}
+	c.halt()
+	c.status = runtime.StatusStopped
+	return nil
+}
+
+// Restore starts the container's agent with the token of the image: the
+// processes continue as they were.
+func (r memRuntime) Restore(_ context.Context, id, _ string, imageDir string) error {
+	if err := r.w.restoreErr; err != nil {
+		return err
+	}
+	tok, err := os.ReadFile(filepath.Join(imageDir, fakeTokenFile))
+	if err != nil {
+		return fmt.Errorf("fake restore: %w", err)
+	}
+	return r.start(id, string(tok))
+}
+
+// harness is a daemon on the fake host.
+type harness struct {
+	t   *testing.T
+	d   *Daemon
+	w   *world
+	cfg Config
+	img image.Image
+}
+
+// newHarness opens a daemon on a fresh state dir with the fake host, the
+// naive snapshotter and one small image, "unit:1".
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	dir := t.TempDir()
+	agentBin := filepath.Join(dir, "forkbox-agent")
+	if err := os.WriteFile(agentBin, nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, w: newWorld(t), cfg: Config{StateDir: filepath.Join(dir, "state"), RunDir: filepath.Join(dir, "run"),
+		AgentPath: agentBin, DefaultRuntime: RuntimeGVisor, Snapshotter: "copy", CgroupParent: "forkbox-unit-" + randomHex(4),
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}}
+	t.Cleanup(func() {
+		if h.d != nil {
+			h.d.Close()
+		}
+	})
+	h.reopen(h.runtimes(RuntimeGVisor, RuntimeCrun))
+	h.img = h.importImage("unit:1")
+	return h
+}
+
+// runtimes returns fake runtimes under these names (gvisor can checkpoint
+// memory, crun cannot).
+func (h *harness) runtimes(names ...string) map[string]runtime.Runtime {
+	m := map[string]runtime.Runtime{}
+	for _, n := range names {
+		if n == RuntimeGVisor {
+			m[n] = memRuntime{fakeRuntime{w: h.w, name: n}}
+		} else {
+			m[n] = fakeRuntime{w: h.w, name: n}
+		}
+	}
+	return m
+}
+
+// reopen closes the daemon (if open) and opens it again on the same state
+// and fake host, as a daemon restart does: reconcile runs.
+func (h *harness) reopen(rts map[string]runtime.Runtime) {
+	h.t.Helper()
+	if h.d != nil {
+		if err := h.d.Close(); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	snaps, err := naive.Open(ctx, filepath.Join(h.cfg.StateDir, "snapshots"), h.cfg.Log)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	d, err := open(ctx, h.cfg, parts{snaps: snaps, net: fakeNet{h.w}, runtimes: rts, host: h.w})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.d = d
+}
+
+// importImage imports a one-layer image owned by the test's user (so that
+// unpacking needs no root).
+func (h *harness) importImage(ref string) image.Image {
+	h.t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	uid, gid := os.Getuid(), os.Getgid()
+	for _, e := range []struct {
+		name, body string
+		dir        bool
+	}{{name: "etc/", dir: true}, {name: "etc/os-release", body: "ID=unit\n"}, {name: "root/", dir: true}} {
+		hdr := &tar.Header{Name: e.name, Mode: 0o644, Uid: uid, Gid: gid, Typeflag: tar.TypeReg, Size: int64(len(e.body))}
+		if e.dir {
+			hdr.Mode, hdr.Typeflag, hdr.Size = 0o755, tar.TypeDir, 0
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			h.t.Fatal(err)
+		}
+		tw.Write([]byte(e.body))
+	}
+	tw.Close()
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf.Bytes())), nil })
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	path := filepath.Join(h.t.TempDir(), "img.tar")
+	if err := testimage.WriteOCIArchive(img, ref, path); err != nil {
+		h.t.Fatal(err)
+	}
+	got, err := h.d.images.Import(context.Background(), path, "", nil)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return got
+}
+
+// upper returns the directory of a sandbox's writable layer, as the
+// snapshotter describes its mount.
+func (h *harness) upper(id string) string {
+	h.t.Helper()
+	ms, err := h.d.snaps.Mounts(context.Background(), id, h.img.Layers)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	for _, m := range ms {
+		for _, o := range m.Options {
+			if v, ok := strings.CutPrefix(o, "upperdir="); ok {
+				return v
+			}
+		}
+		if m.Type == "bind" {
+			return m.Source
+		}
+	}
+	h.t.Fatalf("no upper dir in %+v", ms)
+	return ""
+}
+
+// create creates a sandbox or fails the test.
+func (h *harness) create(o CreateOptions) string {
+	h.t.Helper()
+	if o.Image == "" {
+		o.Image = "unit:1"
+	}
+	sb, err := h.d.Create(context.Background(), o)
+	if err != nil {
+		h.t.Fatalf("create: %v", err)
+	}
+	return sb.ID
+}
+
+// events returns the types of a sandbox's ledger events.
+func (h *harness) events(id string) []string {
+	h.t.Helper()
+	evs, err := h.d.store.Events(context.Background(), id)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var out []string
+	for _, e := range evs {
+		out = append(out, e.Type)
+	}
+	return out
+}
+
+// liveCount is how many sandboxes are not closed.
+func (h *harness) liveCount() int {
+	h.t.Helper()
+	live, err := h.d.store.ListSandboxes(context.Background(), false)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return len(live)
+}
+
+var errInjected = errors.New("injected fault")

@@ -1,0 +1,237 @@
+package daemon
+
+import (
+	"context"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/agent"
+	"github.com/forkbox/forkbox/internal/store"
+)
+
+func TestPauseUnpause(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	id := h.create(CreateOptions{Name: "p"})
+	cg := h.d.cgroupPath(id)
+	if sb, err := h.d.Pause(ctx, id); err != nil || sb.State != store.StatePaused {
+		t.Fatalf("pause: %v, %v", sb, err)
+	}
+	if f, _ := h.w.Frozen(cg); !f {
+		t.Error("paused but not frozen")
+	}
+	if _, err := h.d.Pause(ctx, id); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("pause twice: got %v, want FailedPrecondition", err)
+	}
+	if sb, err := h.d.Unpause(ctx, id); err != nil || sb.State != store.StateRunning {
+		t.Fatalf("unpause: %v, %v", sb, err)
+	}
+	if f, _ := h.w.Frozen(cg); f {
+		t.Error("unpaused but frozen")
+	}
+}
+
+// setState refuses a move the table does not allow, and a move from a state
+// the sandbox is no longer in (another operation changed it meanwhile).
+func TestSetState(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	id := h.create(CreateOptions{Name: "s"})
+	sb := h.state(id)
+	if err := h.d.setState(ctx, sb, store.StateCreating, ""); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("running -> creating: got %v, want FailedPrecondition", err)
+	}
+	stale := *sb
+	if err := h.d.setState(ctx, sb, store.StatePaused, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.d.setState(ctx, &stale, store.StateHibernating, ""); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("stale running -> hibernating: got %v, want FailedPrecondition", err)
+	}
+	if got := h.state(id).State; got != store.StatePaused {
+		t.Errorf("after a stale change: %s, want paused", got)
+	}
+}
+
+func TestHibernateWake(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	id := h.create(CreateOptions{Name: "h"})
+	sb, err := h.d.Hibernate(ctx, id)
+	if err != nil || sb.State != store.StateHibernated {
+		t.Fatalf("hibernate: %v, %v", sb, err)
+	}
+	if h.w.status(id) != "" || !h.d.hibernationComplete(id) {
+		t.Errorf("hibernated: container %q, image complete %v; want none, true", h.w.status(id), h.d.hibernationComplete(id))
+	}
+	if sb, err = h.d.Wake(ctx, id); err != nil || sb.State != store.StateRunning {
+		t.Fatalf("wake: %v, %v", sb, err)
+	}
+	if err := agent.WaitReady(ctx, h.d.agent(sb)); err != nil {
+		t.Errorf("woken agent: %v", err)
+	}
+	if _, err := os.Stat(h.d.hibernateDir(id)); !os.IsNotExist(err) {
+		t.Errorf("hibernation image left after wake (%v)", err)
+	}
+}
+
+// A failed hibernation is undone: back to the state it came from (frozen
+// again if it was paused) when the container still runs, failed when the
+// checkpoint stopped it; no partial image is left.
+func TestHibernateFailureIsUndone(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		pause, stops  bool
+		want          store.State
+		wantFrozen    bool
+		wantContainer string
+	}{
+		{"running and still running", false, false, store.StateRunning, false, "running"},
+		{"paused and still running", true, false, store.StatePaused, true, "running"},
+		{"checkpoint stopped it", false, true, store.StateFailed, false, "stopped"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			ctx := context.Background()
+			id := h.create(CreateOptions{Name: "h"})
+			if tc.pause {
+				if _, err := h.d.Pause(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h.w.checkpointErr, h.w.checkpointStops = errInjected, tc.stops
+			if _, err := h.d.Hibernate(ctx, id); err == nil {
+				t.Fatal("hibernate with a failing checkpoint: got nil error")
+			}
+			if got := h.state(id).State; got != tc.want {
+				t.Errorf("state %s, want %s", got, tc.want)
+			}
+			if f, _ := h.w.Frozen(h.d.cgroupPath(id)); f != tc.wantFrozen {
+				t.Errorf("frozen %v, want %v", f, tc.wantFrozen)
+			}
+			if got := h.w.status(id); got != tc.wantContainer {
+				t.Errorf("container %q, want %q", got, tc.wantContainer)
+			}
+			if _, err := os.Stat(h.d.hibernateDir(id)); !os.IsNotExist(err) {
+				t.Errorf("partial hibernation image left (%v)", err)
+			}
+		})
+	}
+}
+
+// Idle hibernation records its event only for sandboxes it hibernated.
+func TestIdleHibernationEvent(t *testing.T) {
+	h := newHarness(t)
+	h.d.cfg.IdleHibernate = time.Hour
+	ctx := context.Background()
+	id := h.create(CreateOptions{Name: "idle"})
+	h.d.busy(id)() // active just now
+	// The sweep's clock says idle, but under the lock it is not: skipped.
+	h.d.hibernateIdle(ctx, time.Now().Add(2*time.Hour))
+	if got := h.state(id).State; got != store.StateRunning {
+		t.Fatalf("skipped sandbox: %s, want running", got)
+	}
+	if evs := h.events(id); slices.Contains(evs, store.EventIdleHibernated) {
+		t.Fatalf("skipped sandbox has %s: %v", store.EventIdleHibernated, evs)
+	}
+	a := h.d.act()
+	a.mu.Lock()
+	a.last[id] = time.Now().Add(-2 * time.Hour)
+	a.mu.Unlock()
+	h.d.hibernateIdle(ctx, time.Now())
+	if got := h.state(id).State; got != store.StateHibernated {
+		t.Fatalf("idle sandbox: %s, want hibernated", got)
+	}
+	if evs := h.events(id); !slices.Contains(evs, store.EventIdleHibernated) {
+		t.Fatalf("idle sandbox ledger %v: want %s", evs, store.EventIdleHibernated)
+	}
+}
+
+// A memory fork restores the source in place and starts children that
+// continue its processes; each child's agent takes its own token.
+func TestMemoryFork(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	src := h.create(CreateOptions{Name: "src"})
+	if _, err := h.d.Pause(ctx, src); err != nil {
+		t.Fatal(err)
+	}
+	res, err := h.d.Fork(ctx, ForkOptions{Source: src, Count: 2, Memory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Captured != KindMemory {
+		t.Fatalf("captured %q, want %q", res.Captured, KindMemory)
+	}
+	if sb := h.state(src); sb.State != store.StatePaused || h.w.status(src) != "running" {
+		t.Errorf("source after a memory fork: %s, container %q; want paused, running", sb.State, h.w.status(src))
+	}
+	if f, _ := h.w.Frozen(h.d.cgroupPath(src)); !f {
+		t.Error("paused source not frozen again after the memory checkpoint")
+	}
+	for i, c := range res.Children {
+		if c.Err != nil {
+			t.Fatalf("child %d: %v", i, c.Err)
+		}
+		if err := agent.WaitReady(ctx, h.d.agent(c.Sandbox)); err != nil {
+			t.Errorf("child %d agent with its own token: %v", i, err)
+		}
+		if evs := h.events(c.Sandbox.ID); !slices.Contains(evs, store.EventForkNotified) {
+			t.Errorf("child %d ledger %v: want %s", i, evs, store.EventForkNotified)
+		}
+	}
+	if err := agent.WaitReady(ctx, h.d.agent(h.state(src))); err != nil {
+		t.Errorf("source agent after the checkpoint: %v", err)
+	}
+}
+
+// When the source cannot be brought back after its memory checkpoint, it
+// is recorded failed and the checkpoint is kept to resume it from.
+func TestMemoryCheckpointSourceRestoreFails(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	src := h.create(CreateOptions{Name: "src"})
+	h.w.restoreErr = errInjected
+	if _, err := h.d.CheckpointWith(ctx, src, "m", true); err == nil {
+		t.Fatal("got nil error")
+	}
+	if sb := h.state(src); sb.State != store.StateFailed {
+		t.Errorf("source: %s, want failed", sb.State)
+	}
+	cks, err := h.d.ListCheckpoints(ctx, src)
+	if err != nil || len(cks) != 1 || cks[0].Kind != KindMemory {
+		t.Fatalf("checkpoints %v, %v; want the memory checkpoint kept", cks, err)
+	}
+	if _, err := os.Stat(h.d.memImageDir(cks[0].ID)); err != nil {
+		t.Errorf("memory image of the kept checkpoint: %v", err)
+	}
+	h.w.restoreErr = nil
+	sb, ck, _, err := h.d.Resume(ctx, src)
+	if err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if sb.State != store.StateRunning || ck.ID != cks[0].ID || sb.Name != "src" {
+		t.Errorf("resumed: %s from %s named %q; want running from %s named src", sb.State, ck.ID, sb.Name, cks[0].ID)
+	}
+}
+
+// A memory checkpoint that fails while the container keeps running leaves
+// the source as it was and no image behind.
+func TestMemoryCheckpointFailureIsUndone(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	src := h.create(CreateOptions{Name: "src"})
+	h.w.checkpointErr = errInjected
+	if _, err := h.d.CheckpointWith(ctx, src, "m", true); err == nil {
+		t.Fatal("got nil error")
+	}
+	if sb := h.state(src); sb.State != store.StateRunning {
+		t.Errorf("source: %s, want running", sb.State)
+	}
+	if ents, _ := os.ReadDir(h.d.memImageDir("")); len(ents) != 0 {
+		t.Errorf("memory images left: %v", ents)
+	}
+}

@@ -1,0 +1,131 @@
+package daemon
+
+import (
+	"context"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/forkbox/forkbox/internal/store"
+)
+
+func (h *harness) state(id string) *store.Sandbox {
+	h.t.Helper()
+	sb, err := h.d.Get(context.Background(), id)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return sb
+}
+
+// After a restart, reconcile keeps what it cannot confirm (an agent that
+// does not answer, a runtime binary that is missing) as degraded, with the
+// reason, and never tears it down; it cleans what is really gone; a later
+// reconcile brings a degraded sandbox back; a close removes it.
+func TestReconcileDegraded(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	slow := h.create(CreateOptions{Name: "slow"})
+	gone := h.create(CreateOptions{Name: "gone"})
+	paused := h.create(CreateOptions{Name: "paused"})
+	if _, err := h.d.Pause(ctx, paused); err != nil {
+		t.Fatal(err)
+	}
+	slowUpper := h.upper(slow)
+
+	h.w.silence(slow)
+	h.w.crash(gone)
+	h.reopen(h.runtimes(RuntimeGVisor, RuntimeCrun))
+
+	sb := h.state(slow)
+	if sb.State != store.StateDegraded || !strings.Contains(sb.Error, "agent did not answer") {
+		t.Errorf("silent agent: state %s %q; want degraded, naming the agent", sb.State, sb.Error)
+	}
+	if h.w.status(slow) != "running" {
+		t.Errorf("silent agent: container %q, want left running", h.w.status(slow))
+	}
+	if _, err := os.Stat(slowUpper); err != nil {
+		t.Errorf("silent agent: writable layer removed: %v", err)
+	}
+	if evs := h.events(slow); !slices.Contains(evs, store.EventSandboxDegraded) {
+		t.Errorf("silent agent ledger %v: want %s", evs, store.EventSandboxDegraded)
+	}
+	if sb := h.state(gone); sb.State != store.StateClosed {
+		t.Errorf("dead container: state %s, want closed", sb.State)
+	}
+	if evs := h.events(gone); !slices.Contains(evs, store.EventSandboxLost) || !slices.Contains(evs, store.EventSandboxClosed) {
+		t.Errorf("dead container ledger %v: want lost and closed", evs)
+	}
+	if sb := h.state(paused); sb.State != store.StatePaused {
+		t.Errorf("paused: state %s, want paused", sb.State)
+	}
+
+	// The agent answers again: the next reconcile finds it.
+	if err := h.w.revive(slow); err != nil {
+		t.Fatal(err)
+	}
+	h.reopen(h.runtimes(RuntimeGVisor, RuntimeCrun))
+	if sb := h.state(slow); sb.State != store.StateRunning || sb.Error != "" {
+		t.Errorf("revived: state %s %q, want running, no error", sb.State, sb.Error)
+	}
+
+	// The gvisor binary is missing: kept, degraded, running and paused alike.
+	h.cfg.DefaultRuntime = RuntimeCrun
+	h.reopen(h.runtimes(RuntimeCrun))
+	for _, id := range []string{slow, paused} {
+		sb := h.state(id)
+		if sb.State != store.StateDegraded || !strings.Contains(sb.Error, "runtime gvisor is not available") {
+			t.Errorf("%s without its runtime: state %s %q; want degraded, naming the runtime", id, sb.State, sb.Error)
+		}
+		if h.w.status(id) != "running" {
+			t.Errorf("%s without its runtime: container %q, want left running", id, h.w.status(id))
+		}
+	}
+	// A degraded sandbox refuses work that needs it healthy.
+	if _, err := h.d.Checkpoint(ctx, slow, ""); err == nil {
+		t.Error("checkpoint of a degraded sandbox: got nil, want an error")
+	}
+
+	// The binary is back: both return to what the host says they are.
+	h.reopen(h.runtimes(RuntimeGVisor, RuntimeCrun))
+	if sb := h.state(slow); sb.State != store.StateRunning {
+		t.Errorf("runtime back: slow is %s, want running", sb.State)
+	}
+	if sb := h.state(paused); sb.State != store.StatePaused {
+		t.Errorf("runtime back: paused is %s, want paused (it is frozen)", sb.State)
+	}
+
+	// An explicit close deals with a degraded sandbox.
+	h.reopen(h.runtimes(RuntimeCrun))
+	if err := h.d.Delete(ctx, slow); err != nil {
+		t.Fatal(err)
+	}
+	if sb := h.state(slow); sb.State != store.StateClosed {
+		t.Errorf("closed degraded sandbox: %s, want closed", sb.State)
+	}
+	if _, err := os.Stat(slowUpper); !os.IsNotExist(err) {
+		t.Errorf("closed degraded sandbox: writable layer left (%v)", err)
+	}
+}
+
+// A sandbox recorded paused whose freezer a crash left thawed is frozen
+// again; one recorded running but frozen is thawed.
+func TestReconcileFreezerIsTheTruth(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	p := h.create(CreateOptions{Name: "p"})
+	r := h.create(CreateOptions{Name: "r"})
+	if _, err := h.d.Pause(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	h.w.Thaw(ctx, h.d.cgroupPath(p))
+	h.w.Freeze(ctx, h.d.cgroupPath(r))
+	h.reopen(h.runtimes(RuntimeGVisor, RuntimeCrun))
+	if f, _ := h.w.Frozen(h.d.cgroupPath(p)); !f || h.state(p).State != store.StatePaused {
+		t.Errorf("recorded paused: frozen %v state %s; want frozen, paused", f, h.state(p).State)
+	}
+	if f, _ := h.w.Frozen(h.d.cgroupPath(r)); f || h.state(r).State != store.StateRunning {
+		t.Errorf("recorded running: frozen %v state %s; want thawed, running", f, h.state(r).State)
+	}
+}
