@@ -32,7 +32,9 @@ func (d *Daemon) Uninstall(ctx context.Context, purge bool) error {
 		}
 	}
 	for _, root := range cgroupRoots() {
-		os.Remove(filepath.Join(root, d.cfg.CgroupParent))
+		if err := os.Remove(filepath.Join(root, d.cfg.CgroupParent)); !os.IsNotExist(err) {
+			d.bestEffort(ctx, "uninstall: remove the cgroup parent", err)
+		}
 	}
 	errs = append(errs, os.RemoveAll(d.cfg.RunDir))
 	if purge {

@@ -1,7 +1,7 @@
 // Package runtime defines how forkbox drives an OCI runtime binary (gVisor
-// runsc by default, crun later): the Runtime interface and the container
-// states it reports. Implementations live in subpackages (runtime/runsc); the
-// OCI spec and bundle builder lives in runtime/spec.
+// runsc by default, or crun): the Runtime interface and the container
+// states it reports. Implementations live in subpackages (runtime/runsc,
+// runtime/crun); the OCI spec and bundle builder lives in runtime/spec.
 //
 // Vocabulary: a container is the OCI runtime's view of one sandbox; its id is
 // the sandbox ID. A bundle is a directory holding config.json (whose
