@@ -110,8 +110,12 @@ func (w streamWriter) Write(p []byte) (int, error) {
 
 func (s *sandboxes) Exec(ctx context.Context, req *connect.Request[v1.ExecRequest], stream *connect.ServerStream[v1.ExecResponse]) error {
 	m := req.Msg
+	timeout, err := execTimeout(m.TimeoutMs)
+	if err != nil {
+		return err
+	}
 	o := daemon.ExecOptions{ExecRequest: agent.ExecRequest{Argv: m.Argv, Shell: m.Shell, Env: m.Env, Cwd: m.Cwd, Stdin: m.Stdin,
-		Timeout: time.Duration(m.TimeoutMs) * time.Millisecond}, NonReplayable: m.NonReplayable}
+		Timeout: timeout}, NonReplayable: m.NonReplayable}
 	if m.Background {
 		pid, err := s.d.Start(ctx, m.Sandbox, o)
 		if err != nil {
