@@ -188,50 +188,53 @@ func TestMemoryFork(t *testing.T) {
 	}
 }
 
-// When the source cannot be brought back after its memory checkpoint, it
-// is recorded failed and the checkpoint is kept to resume it from.
-func TestMemoryCheckpointSourceRestoreFails(t *testing.T) {
-	h := newHarness(t)
-	ctx := context.Background()
-	src := h.create(CreateOptions{Name: "src"})
-	h.w.restoreErr = errInjected
-	if _, err := h.d.CheckpointWith(ctx, src, "m", true); err == nil {
-		t.Fatal("got nil error")
-	}
-	if sb := h.state(src); sb.State != store.StateFailed {
-		t.Errorf("source: %s, want failed", sb.State)
-	}
-	cks, err := h.d.ListCheckpoints(ctx, src)
-	if err != nil || len(cks) != 1 || cks[0].Kind != KindMemory {
-		t.Fatalf("checkpoints %v, %v; want the memory checkpoint kept", cks, err)
-	}
-	if _, err := os.Stat(h.d.memImageDir(cks[0].ID)); err != nil {
-		t.Errorf("memory image of the kept checkpoint: %v", err)
-	}
-	h.w.restoreErr = nil
-	sb, ck, _, err := h.d.Resume(ctx, src)
-	if err != nil {
-		t.Fatalf("resume: %v", err)
-	}
-	if sb.State != store.StateRunning || ck.ID != cks[0].ID || sb.Name != "src" {
-		t.Errorf("resumed: %s from %s named %q; want running from %s named src", sb.State, ck.ID, sb.Name, cks[0].ID)
-	}
-}
-
-// A memory checkpoint that fails while the container keeps running leaves
-// the source as it was and no image behind.
-func TestMemoryCheckpointFailureIsUndone(t *testing.T) {
-	h := newHarness(t)
-	ctx := context.Background()
-	src := h.create(CreateOptions{Name: "src"})
-	h.w.checkpointErr = errInjected
-	if _, err := h.d.CheckpointWith(ctx, src, "m", true); err == nil {
-		t.Fatal("got nil error")
-	}
-	if sb := h.state(src); sb.State != store.StateRunning {
-		t.Errorf("source: %s, want running", sb.State)
-	}
-	if ents, _ := os.ReadDir(h.d.memImageDir("")); len(ents) != 0 {
-		t.Errorf("memory images left: %v", ents)
+// A failed memory checkpoint: when the checkpoint itself fails and the
+// source keeps running, the source is as it was and no image is left; when
+// the source cannot be brought back afterwards, it is recorded failed and
+// the checkpoint is kept to resume it from.
+func TestMemoryCheckpointFailure(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		inject func(w *world)
+		want   store.State
+		kept   bool
+	}{
+		{"checkpoint fails", func(w *world) { w.checkpointErr = errInjected }, store.StateRunning, false},
+		{"source restore fails", func(w *world) { w.restoreErr = errInjected }, store.StateFailed, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			ctx := context.Background()
+			src := h.create(CreateOptions{Name: "src"})
+			tc.inject(h.w)
+			if _, err := h.d.CheckpointWith(ctx, src, "m", true); err == nil {
+				t.Fatal("got nil error")
+			}
+			if sb := h.state(src); sb.State != tc.want {
+				t.Errorf("source: %s, want %s", sb.State, tc.want)
+			}
+			cks, err := h.d.ListCheckpoints(ctx, src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			images, _ := os.ReadDir(h.d.memImageDir(""))
+			if !tc.kept {
+				if len(cks) != 0 || len(images) != 0 {
+					t.Errorf("left: checkpoints %v, memory images %v; want none", cks, images)
+				}
+				return
+			}
+			if len(cks) != 1 || cks[0].Kind != KindMemory || len(images) != 1 {
+				t.Fatalf("checkpoints %v, memory images %v; want the memory checkpoint kept", cks, images)
+			}
+			h.w.restoreErr = nil
+			sb, ck, _, err := h.d.Resume(ctx, src)
+			if err != nil {
+				t.Fatalf("resume: %v", err)
+			}
+			if sb.State != store.StateRunning || ck.ID != cks[0].ID || sb.Name != "src" {
+				t.Errorf("resumed: %s from %s named %q; want running from %s named src", sb.State, ck.ID, sb.Name, cks[0].ID)
+			}
+		})
 	}
 }

@@ -76,11 +76,7 @@ func TestStartValidation(t *testing.T) {
 func TestRefusedChildGivesItsSlotBack(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	src := h.create(CreateOptions{Name: "src"})
-	ck, err := h.d.Checkpoint(ctx, src, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ck := h.checkpoint(h.create(CreateOptions{Name: "src"}))
 	if _, err := h.d.reserveSlots(ctx, 1, false); err != nil {
 		t.Fatal(err)
 	}
@@ -116,11 +112,7 @@ func TestWithOverrides(t *testing.T) {
 func TestStartRefusesMissingRuntime(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	src := h.create(CreateOptions{Name: "src"})
-	ck, err := h.d.Checkpoint(ctx, src, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ck := h.checkpoint(h.create(CreateOptions{Name: "src"}))
 	ck.Runtime = "kata"
 	live := h.liveCount()
 	if _, err := h.d.startFromCheckpoint(ctx, startOptions{checkpoint: ck}); !errdefs.IsFailedPrecondition(err) {
@@ -129,4 +121,14 @@ func TestStartRefusesMissingRuntime(t *testing.T) {
 	if h.liveCount() != live {
 		t.Fatal("a refused start recorded a sandbox")
 	}
+}
+
+// checkpoint takes a filesystem checkpoint of a sandbox or fails the test.
+func (h *harness) checkpoint(id string) *store.Checkpoint {
+	h.t.Helper()
+	ck, err := h.d.Checkpoint(context.Background(), id, "")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return ck
 }
