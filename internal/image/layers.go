@@ -92,6 +92,16 @@ func (s *Store) store(ctx context.Context, name string, img v1.Image, uncompress
 		}
 		diffIDs[i] = h.String()
 	}
+	// Some sources derive diff IDs from the blobs (an uncompressed layer's
+	// digest is its diff ID): the config must say the same.
+	if len(cf.RootFS.DiffIDs) != len(diffIDs) {
+		return Image{}, fmt.Errorf("image config lists %d diff IDs for %d layers: %w", len(cf.RootFS.DiffIDs), len(diffIDs), errdefs.ErrInvalidArgument)
+	}
+	for i, h := range cf.RootFS.DiffIDs {
+		if h.String() != diffIDs[i] {
+			return Image{}, fmt.Errorf("layer %d: config's diff ID %s, layer's %s: %w", i, h, diffIDs[i], errdefs.ErrInvalidArgument)
+		}
+	}
 	unpin := s.pin(diffIDs)
 	defer func() {
 		unpin()
@@ -210,7 +220,7 @@ func (s *Store) ensureLayer(ctx context.Context, diffID string, l v1.Layer, unco
 	}
 	h := sha256.New()
 	cr := &countReader{r: io.TeeReader(newLimitReader(ctx, rc, b.max, b.what), h)}
-	lim := layerLimits{bytes: b.max, entries: s.limits.LayerEntries, path: s.limits.PathBytes}
+	lim := layerLimits{bytes: b.max, what: b.what, entries: s.limits.LayerEntries, path: s.limits.PathBytes}
 	if err := unpackTar(ctx, cr, tmp, lim); err != nil {
 		if ne := (net.Error)(nil); errors.As(cr.err, &ne) {
 			return 0, fmt.Errorf("fetch layer %s: %v: %w", diffID, cr.err, errdefs.ErrUnavailable)

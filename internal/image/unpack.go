@@ -41,7 +41,8 @@ import (
 
 // layerLimits bound one layer's unpack.
 type layerLimits struct {
-	bytes   int64 // file data written
+	bytes   int64  // file data written
+	what    string // which limit bytes is, for errors ("layer")
 	entries int
 	path    int
 }
@@ -241,7 +242,11 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 // file creates a regular file from the entry's data, within the byte budget.
 func (u *unpacker) file(hdr *tar.Header, r io.Reader, pfd int, base, rel string) error {
 	if hdr.Size < 0 || hdr.Size > u.lim.bytes-u.written {
-		return exhausted("layer's file data", u.lim.bytes)
+		what := u.lim.what
+		if what == "" {
+			what = "layer"
+		}
+		return exhausted("file data of the "+what, u.lim.bytes)
 	}
 	fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
