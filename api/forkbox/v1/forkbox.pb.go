@@ -32,7 +32,14 @@ type Resources struct {
 	// Memory, as bytes or with a binary suffix: "512Mi", "1Gi".
 	Memory string `protobuf:"bytes,2,opt,name=memory,proto3" json:"memory,omitempty"`
 	// Maximum number of processes.
-	Pids          int64 `protobuf:"varint,3,opt,name=pids,proto3" json:"pids,omitempty"`
+	Pids int64 `protobuf:"varint,3,opt,name=pids,proto3" json:"pids,omitempty"`
+	// Disk: the most bytes the sandbox's writable layer may hold, as bytes or
+	// with a suffix: "2Gi", "500Mi". Writes past it fail inside the sandbox
+	// with EDQUOT ("Disk quota exceeded"). Counts only what the sandbox
+	// writes itself: a fork does not start charged for its checkpoint's
+	// data. Empty: the daemon's default (forkbox serve --default-disk);
+	// "0": no limit of its own. Forks inherit it.
+	Disk          string `protobuf:"bytes,4,opt,name=disk,proto3" json:"disk,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -86,6 +93,13 @@ func (x *Resources) GetPids() int64 {
 		return x.Pids
 	}
 	return 0
+}
+
+func (x *Resources) GetDisk() string {
+	if x != nil {
+		return x.Disk
+	}
+	return ""
 }
 
 type Sandbox struct {
@@ -4798,11 +4812,12 @@ var File_forkbox_v1_forkbox_proto protoreflect.FileDescriptor
 const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\n" +
 	"\x18forkbox/v1/forkbox.proto\x12\n" +
-	"forkbox.v1\"I\n" +
+	"forkbox.v1\"]\n" +
 	"\tResources\x12\x10\n" +
 	"\x03cpu\x18\x01 \x01(\tR\x03cpu\x12\x16\n" +
 	"\x06memory\x18\x02 \x01(\tR\x06memory\x12\x12\n" +
-	"\x04pids\x18\x03 \x01(\x03R\x04pids\"\xf5\x04\n" +
+	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12\x12\n" +
+	"\x04disk\x18\x04 \x01(\tR\x04disk\"\xf5\x04\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
