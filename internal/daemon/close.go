@@ -6,12 +6,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
-	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/cgroups"
 	"github.com/forkbox/forkbox/internal/store"
 )
 
@@ -68,7 +66,7 @@ func (d *Daemon) teardown(ctx context.Context, sb *store.Sandbox) error {
 	if err := d.snaps.Remove(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
 		errs = append(errs, fmt.Errorf("remove writable layer: %w", err))
 	}
-	if err := removeCgroups(d.cgroupPath(sb.ID)); err != nil {
+	if err := cgroups.Remove(ctx, d.cgroupPath(sb.ID)); err != nil {
 		errs = append(errs, err)
 	}
 	if err := removeTree(d.bundleDir(sb.ID)); err != nil {
@@ -78,19 +76,6 @@ func (d *Daemon) teardown(ctx context.Context, sb *store.Sandbox) error {
 		errs = append(errs, fmt.Errorf("hibernation image: %w", err))
 	}
 	return errors.Join(errs...)
-}
-
-// killProcs SIGKILLs every process listed in a cgroup.procs file.
-func killProcs(procsFile string) {
-	b, err := os.ReadFile(procsFile)
-	if err != nil {
-		return
-	}
-	for _, f := range strings.Fields(string(b)) {
-		if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
-			syscall.Kill(pid, syscall.SIGKILL)
-		}
-	}
 }
 
 // removeTree deletes a directory by renaming it to a tombstone first, so a
@@ -104,30 +89,4 @@ func removeTree(dir string) error {
 		return err
 	}
 	return os.RemoveAll(tomb)
-}
-
-// removeCgroups removes a sandbox's cgroup directories on v1 (one per
-// controller) and v2, if the runtime left any. Processes still in them are
-// killed first (they belong to a sandbox that is being closed).
-func removeCgroups(path string) error {
-	var errs []error
-	for _, root := range cgroupRoots() {
-		dir := filepath.Join(root, path)
-		if _, err := os.Stat(dir); err != nil {
-			continue
-		}
-		var err error
-		for i := 0; i < 50; i++ {
-			killProcs(filepath.Join(dir, "cgroup.procs"))
-			if err = os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) {
-				err = nil
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("cgroup %s: %w", dir, err))
-		}
-	}
-	return errors.Join(errs...)
 }

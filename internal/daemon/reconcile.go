@@ -12,6 +12,7 @@ import (
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/agent"
+	"github.com/forkbox/forkbox/internal/cgroups"
 	"github.com/forkbox/forkbox/internal/mount"
 	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/snapshot"
@@ -244,18 +245,12 @@ func (d *Daemon) sweepOrphans(ctx context.Context) error {
 			errs = append(errs, removeTree(filepath.Join(d.bundlesDir(), e.Name())))
 		}
 	}
-	for _, root := range cgroupRoots() {
-		cg, _ := os.ReadDir(filepath.Join(root, d.cfg.CgroupParent))
-		for _, e := range cg {
-			if e.IsDir() && orphan(e.Name()) {
-				errs = append(errs, removeCgroups(d.cgroupPath(e.Name())))
-			}
+	for _, name := range cgroups.Children(d.cfg.CgroupParent) {
+		if orphan(name) {
+			errs = append(errs, cgroups.Remove(ctx, d.cgroupPath(name)))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func cgroupRoots() []string {
-	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
-	return append(roots, "/sys/fs/cgroup")
-}
+func cgroupRoots() []string { return cgroups.Roots() }
