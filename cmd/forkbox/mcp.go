@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/spf13/cobra"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/mcpserver"
+)
+
+func mcpCmd(g *globals) *cobra.Command {
+	var addr, token string
+	cmd := &cobra.Command{
+		Use:   "mcp [--http ADDR]",
+		Short: "Serve the Model Context Protocol (tools: create, exec, fork, ...) over stdio, or streamable HTTP",
+		Long: `mcp serves forkbox to MCP clients (agents, IDEs): tools to create sandboxes,
+exec in them, read and write files, fork, checkpoint, list, restore and close
+them, and each sandbox's ledger as the resource forkbox://sandboxes/{id}/ledger.
+It talks to the daemon like the other commands (--host, --token).
+
+By default it speaks MCP on stdin/stdout, for clients that start it as a
+subprocess. With --http ADDR it serves streamable HTTP on ADDR instead;
+requests must then carry "Authorization: Bearer <token>" when a token is set
+(--api-token, FORKBOX_API_TOKEN, else the --token of the daemon), and a
+non-loopback address needs one.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s := mcpserver.New(g.client())
+			if addr == "" {
+				return serveStdio(cmd.Context(), s)
+			}
+			if token == "" {
+				token = g.token
+			}
+			return serveMCPHTTP(cmd.Context(), s, addr, token)
+		},
+	}
+	cmd.Flags().StringVar(&addr, "http", "", "serve streamable HTTP on this address (host:port) instead of stdio")
+	cmd.Flags().StringVar(&token, "api-token", os.Getenv("FORKBOX_API_TOKEN"), "bearer token required of HTTP clients (default: --token)")
+	return cmd
+}
+
+func serveStdio(ctx context.Context, s *mcp.Server) error {
+	err := s.Run(ctx, &mcp.StdioTransport{})
+	// The client closing stdin, or a signal, ends the session normally.
+	if ctx.Err() != nil || errors.Is(err, mcp.ErrConnectionClosed) {
+		return nil
+	}
+	return err
+}
+
+func serveMCPHTTP(ctx context.Context, s *mcp.Server, addr, token string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %v: %w", addr, err, errdefs.ErrInvalidArgument)
+	}
+	if token == "" && !loopback(ln.Addr()) {
+		ln.Close()
+		return fmt.Errorf("--http %s is not a loopback address: it needs a token (--api-token or FORKBOX_API_TOKEN): %w", addr, errdefs.ErrInvalidArgument)
+	}
+	srv := &http.Server{Handler: mcpserver.HTTPHandler(s, token), ReadHeaderTimeout: 10 * time.Second}
+	slog.Info("MCP listening on streamable HTTP", "addr", "http://"+ln.Addr().String(), "token", token != "")
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+		<-errc
+		return nil
+	}
+}
+
+func loopback(a net.Addr) bool {
+	t, ok := a.(*net.TCPAddr)
+	return ok && t.IP.IsLoopback()
+}
