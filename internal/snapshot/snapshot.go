@@ -59,6 +59,9 @@ type Info struct {
 	Created time.Time `json:"created"`
 	// Labels are free-form metadata set by the caller (sandbox id, ...).
 	Labels map[string]string `json:"labels,omitempty"`
+	// DiskLimit is the disk limit of an active snapshot in bytes, as set
+	// by WithDiskLimit (0: none). Committed snapshots have none.
+	DiskLimit int64 `json:"disk_limit,omitempty"`
 }
 
 // Snapshotter stores active and committed snapshots.
@@ -80,6 +83,17 @@ type Snapshotter interface {
 	// Prepare creates the active snapshot key: an empty writable layer
 	// when parent is "", otherwise a writable copy of the committed
 	// snapshot parent.
+	//
+	// With WithDiskLimit(n), n > 0, the snapshot may hold at most about n
+	// bytes of its own: a write through its mounts that would go past the
+	// limit fails with EDQUOT (or ENOSPC), inside a sandbox as on the
+	// host. Only what is written into key counts, never the data it shares
+	// with parent, so a snapshot prepared from a committed snapshot of any
+	// size starts at zero, and removing parent later does not charge key
+	// for the data they shared. The limit is enforced by the filesystem at
+	// allocation time: a write may go past it by up to one allocation
+	// unit per writer before EDQUOT. An implementation that cannot enforce
+	// a limit fails Prepare with FailedPrecondition and creates nothing.
 	Prepare(ctx context.Context, key, parent string, opts ...Opt) error
 
 	// Mounts returns the mounts that make the root filesystem of active
@@ -92,7 +106,9 @@ type Snapshotter interface {
 	// Commit captures the current content of active snapshot key as the
 	// committed snapshot name. Unlike containerd, key stays active and
 	// usable: a fork checkpoints a live sandbox. The caller stops writers
-	// (freezes the sandbox) first.
+	// (freezes the sandbox) first. A committed snapshot never changes, so
+	// it has no disk limit; WithDiskLimit is an InvalidArgument here. key
+	// keeps its own limit. Commit is O(1) with or without limits on btrfs.
 	Commit(ctx context.Context, name, key string, opts ...Opt) error
 
 	// Stat returns the snapshot key.
@@ -113,6 +129,13 @@ type Snapshotter interface {
 	// Close releases the Snapshotter. It leaves snapshots and any
 	// backing filesystem in place.
 	Close() error
+}
+
+// WithDiskLimit limits the bytes an active snapshot made by Prepare may
+// hold of its own (see Prepare); 0 means no limit, a negative value is an
+// InvalidArgument.
+func WithDiskLimit(bytes int64) Opt {
+	return func(in *Info) { in.DiskLimit = bytes }
 }
 
 // Opt sets options on Prepare and Commit.

@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -38,6 +39,9 @@ type Options struct {
 	LoopSize int64
 	// Log receives notices; nil means slog.Default().
 	Log *slog.Logger
+	// Quota is how disk limits are accounted once the first one is set
+	// (see quota.go); the zero value is simple quotas.
+	Quota QuotaMode
 }
 
 // Snapshotter is the btrfs snapshotter. It implements snapshot.Snapshotter.
@@ -70,7 +74,7 @@ func Open(ctx context.Context, root string, opts Options) (*Snapshotter, error) 
 			return nil, err
 		}
 	}
-	st, err := storage.Open(ctx, root, backend{}, log)
+	st, err := storage.Open(ctx, root, &backend{root: root, quota: opts.Quota}, log)
 	if err != nil {
 		return nil, err
 	}
@@ -203,17 +207,38 @@ func Supported(ctx context.Context) error {
 }
 
 // backend does the storage work with subvolumes.
-type backend struct{}
+type backend struct {
+	root  string
+	quota QuotaMode
 
-func (backend) Create(_ context.Context, dst string) error { return createSubvolume(dst) }
+	mu         sync.Mutex
+	quotaReady bool // quotas enabled on the filesystem
+}
 
-func (backend) Clone(_ context.Context, src, dst string, readonly bool) error {
+func (*backend) Create(_ context.Context, dst string) error { return createSubvolume(dst) }
+
+func (*backend) Clone(_ context.Context, src, dst string, readonly bool) error {
 	return snapshotSubvolume(src, dst, readonly)
 }
 
-func (backend) Unseal(_ context.Context, dir string) error { return setReadonly(dir, false) }
+func (*backend) Unseal(_ context.Context, dir string) error { return setReadonly(dir, false) }
 
-func (backend) Delete(_ context.Context, dir string) error { return removePath(dir) }
+func (*backend) Delete(_ context.Context, dir string) error { return removePath(dir) }
+
+// Limit enables quotas on the filesystem the first time, then limits
+// subvolume dir's exclusive bytes.
+func (b *backend) Limit(_ context.Context, dir string, bytes int64) error {
+	b.mu.Lock()
+	if !b.quotaReady {
+		if err := enableQuota(b.root, b.quota); err != nil {
+			b.mu.Unlock()
+			return err
+		}
+		b.quotaReady = true
+	}
+	b.mu.Unlock()
+	return setLimit(dir, bytes)
+}
 
 // LoopDevices returns the loop devices attached to root's image file.
 func LoopDevices(root string) []string {

@@ -87,6 +87,14 @@ func (backend) Clone(ctx context.Context, src, dst string, readonly bool) error 
 // Unseal does nothing; see Clone.
 func (backend) Unseal(context.Context, string) error { return nil }
 
+// Limit refuses: plain directories have no per-directory limit this
+// backend could set on any host filesystem (project quotas need ext4 or XFS
+// mounted with them), and a limit that is not enforced must not be
+// accepted.
+func (backend) Limit(context.Context, string, int64) error {
+	return fmt.Errorf("the copy snapshotter cannot limit a sandbox's disk use (use the btrfs snapshotter): %w", errdefs.ErrFailedPrecondition)
+}
+
 func (backend) Delete(_ context.Context, dir string) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("remove %s: %v: %w", dir, err, errdefs.ErrInternal)

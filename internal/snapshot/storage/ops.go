@@ -22,6 +22,10 @@ func (s *Store) Prepare(ctx context.Context, key, parent string, opts ...snapsho
 	if err := s.checkFree(key); err != nil {
 		return err
 	}
+	info, err := newInfo(key, parent, snapshot.KindActive, opts)
+	if err != nil {
+		return err
+	}
 	dst := filepath.Join(s.root, dirActive, key)
 	if parent == "" {
 		if err := s.backend.Create(ctx, dst); err != nil {
@@ -40,11 +44,16 @@ func (s *Store) Prepare(ctx context.Context, key, parent string, opts ...snapsho
 		}
 	}
 	defer s.undoOnError(ctx, &retErr, dst)
-	if err := resetWork(dst); err != nil {
-		return fmt.Errorf("prepare %q: %v: %w", key, err, errdefs.ErrInternal)
+	if info.DiskLimit > 0 {
+		if err := s.backend.Limit(ctx, dst, info.DiskLimit); err != nil {
+			return fmt.Errorf("prepare %q: disk limit: %w", key, err)
+		}
 	}
-	if err := s.writeMeta(newInfo(key, parent, snapshot.KindActive, opts)); err != nil {
-		return fmt.Errorf("prepare %q: metadata: %v: %w", key, err, errdefs.ErrInternal)
+	if err := resetWork(dst); err != nil {
+		return fmt.Errorf("prepare %q: %v: %w", key, err, ioClass(err))
+	}
+	if err := s.writeMeta(info); err != nil {
+		return fmt.Errorf("prepare %q: metadata: %v: %w", key, err, ioClass(err))
 	}
 	return nil
 }
@@ -66,6 +75,10 @@ func (s *Store) Commit(ctx context.Context, name, key string, opts ...snapshot.O
 	if err := s.checkFree(name); err != nil {
 		return err
 	}
+	cinfo, err := newInfo(name, "", snapshot.KindCommitted, opts)
+	if err != nil {
+		return err
+	}
 	dir, info, err := s.find(key)
 	if err != nil {
 		return fmt.Errorf("commit %q: %w", name, err)
@@ -78,8 +91,9 @@ func (s *Store) Commit(ctx context.Context, name, key string, opts ...snapshot.O
 		return fmt.Errorf("commit %q from %q: %w", name, key, err)
 	}
 	defer s.undoOnError(ctx, &retErr, dst)
-	if err := s.writeMeta(newInfo(name, info.Parent, snapshot.KindCommitted, opts)); err != nil {
-		return fmt.Errorf("commit %q: metadata: %v: %w", name, err, errdefs.ErrInternal)
+	cinfo.Parent = info.Parent
+	if err := s.writeMeta(cinfo); err != nil {
+		return fmt.Errorf("commit %q: metadata: %v: %w", name, err, ioClass(err))
 	}
 	return nil
 }

@@ -57,6 +57,10 @@ type Backend interface {
 	// Delete removes dir and everything in it. It is called on sealed
 	// directories too.
 	Delete(ctx context.Context, dir string) error
+	// Limit limits the bytes that dir, made by Create or by a writable
+	// Clone, may hold of its own (see snapshot.Snapshotter.Prepare). A
+	// backend that cannot enforce limits returns FailedPrecondition.
+	Limit(ctx context.Context, dir string, bytes int64) error
 }
 
 const (
@@ -320,12 +324,27 @@ func resetWork(dir string) error {
 	return os.MkdirAll(filepath.Join(dir, "upper"), 0o755)
 }
 
-func newInfo(key, parent string, kind snapshot.Kind, opts []snapshot.Opt) snapshot.Info {
+func newInfo(key, parent string, kind snapshot.Kind, opts []snapshot.Opt) (snapshot.Info, error) {
 	info := snapshot.Info{Key: key, Parent: parent, Kind: kind, Created: time.Now().UTC()}
 	for _, o := range opts {
 		o(&info)
 	}
-	return info
+	switch {
+	case info.DiskLimit < 0:
+		return info, fmt.Errorf("snapshot %q: disk limit %d: %w", key, info.DiskLimit, errdefs.ErrInvalidArgument)
+	case info.DiskLimit > 0 && kind == snapshot.KindCommitted:
+		return info, fmt.Errorf("snapshot %q: a committed snapshot takes no disk limit: %w", key, errdefs.ErrInvalidArgument)
+	}
+	return info, nil
+}
+
+// ioClass is the class of an error from writing the store's own files: a
+// full filesystem (or quota) is ResourceExhausted, anything else Internal.
+func ioClass(err error) error {
+	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+		return errdefs.ErrResourceExhausted
+	}
+	return errdefs.ErrInternal
 }
 
 // Stat implements snapshot.Snapshotter.

@@ -121,6 +121,8 @@ func testErrorClasses(t *testing.T, ctx context.Context, s snapshot.Snapshotter,
 		{"Mounts committed", func() error { _, err := s.Mounts(ctx, "c", nil); return err }(), errdefs.ErrFailedPrecondition},
 		{"Mounts missing", func() error { _, err := s.Mounts(ctx, "nope", nil); return err }(), errdefs.ErrNotFound},
 		{"Mounts relative lower", func() error { _, err := s.Mounts(ctx, "a", []string{"rel"}); return err }(), errdefs.ErrInvalidArgument},
+		{"Prepare negative disk limit", s.Prepare(ctx, "b", "", snapshot.WithDiskLimit(-1)), errdefs.ErrInvalidArgument},
+		{"Commit with disk limit", s.Commit(ctx, "d", "a", snapshot.WithDiskLimit(1<<20)), errdefs.ErrInvalidArgument},
 		{"Remove missing", s.Remove(ctx, "nope"), errdefs.ErrNotFound},
 		{"Remove bad key", s.Remove(ctx, "a/b"), errdefs.ErrInvalidArgument},
 	} {

@@ -1,6 +1,7 @@
 // Package testsuite is the conformance suite that every snapshot.Snapshotter
 // implementation runs: overlay mounts over real lower directories, commit
-// and fork divergence, whiteouts, error classes, removal, restart and usage.
+// and fork divergence, whiteouts, error classes, removal, restart, usage
+// and disk limits.
 package testsuite
 
 import (
@@ -34,6 +35,7 @@ func Run(t *testing.T, open Opener) {
 		{"Many", testMany},
 		{"Usage", testUsage},
 		{"NoLowers", testNoLowers},
+		{"DiskLimit", testDiskLimit},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := filepath.Join(t.TempDir(), "snapshots")
