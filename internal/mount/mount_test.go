@@ -158,3 +158,38 @@ func TestParseMountinfo(t *testing.T) {
 		t.Errorf("entry 1: got %+v", got[1])
 	}
 }
+
+func TestRestrict(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	mkfile(t, filepath.Join(dir, "f"), "kept")
+	t.Cleanup(func() { _ = UnmountAll(ctx, dir) })
+	for i := 0; i < 2; i++ { // idempotent: the second call stacks nothing
+		if err := Restrict(ctx, dir); err != nil {
+			t.Fatalf("Restrict #%d: %v", i+1, err)
+		}
+	}
+	infos, err := List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	for _, in := range infos {
+		if in.Mountpoint != dir {
+			continue
+		}
+		n++
+		for _, want := range []string{"rw", "nosuid", "nodev", "noatime"} {
+			if !strings.Contains(","+in.Options+",", ","+want+",") {
+				t.Errorf("options of %s: got %s, want %s", dir, in.Options, want)
+			}
+		}
+	}
+	if n != 1 {
+		t.Errorf("mounts on %s: got %d, want 1", dir, n)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "f")); err != nil || string(b) != "kept" {
+		t.Errorf("content through the bind mount: got %q, %v, want kept", b, err)
+	}
+}

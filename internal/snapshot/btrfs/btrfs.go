@@ -6,7 +6,9 @@
 // next to it (<root>.img), attaches it to a loop device that frees itself on
 // unmount, formats it with mkfs.btrfs once, and mounts it at root. Close
 // leaves it mounted, so a restarted daemon finds it in place; Detach unmounts
-// it and frees the loop device.
+// it and frees the loop device. The pool is mounted nosuid and nodev (a
+// root already on btrfs gets a nosuid,nodev bind mount on itself), and its
+// root directory is 0700.
 package btrfs
 
 import (
@@ -74,6 +76,15 @@ func Open(ctx context.Context, root string, opts Options) (*Snapshotter, error) 
 			return nil, err
 		}
 	}
+	// Whatever mounted the pool (this process, an earlier version, or the
+	// host when root is on a btrfs of its own), setuid files and device
+	// nodes in sandboxes' layers must mean nothing on the host side.
+	if err := mount.Restrict(ctx, root); err != nil {
+		return nil, fmt.Errorf("snapshot pool: %w", err)
+	}
+	if err := os.Chmod(root, 0o700); err != nil {
+		return nil, fmt.Errorf("snapshot pool: %v: %w", err, errdefs.ErrInternal)
+	}
 	st, err := storage.Open(ctx, root, &backend{root: root, quota: opts.Quota}, log)
 	if err != nil {
 		return nil, err
@@ -138,7 +149,7 @@ func mountImage(ctx context.Context, root string, size int64, log *slog.Logger) 
 			return err
 		}
 	}
-	if err := mount.All(ctx, []mount.Mount{{Type: "btrfs", Source: dev, Options: []string{"noatime"}}}, root); err != nil {
+	if err := mount.All(ctx, []mount.Mount{{Type: "btrfs", Source: dev, Options: []string{"noatime", "nosuid", "nodev"}}}, root); err != nil {
 		return fmt.Errorf("mount btrfs image: %w", err)
 	}
 	log.InfoContext(ctx, "mounted loop-backed btrfs for snapshots",
