@@ -368,6 +368,17 @@ func TestLedgerResource(t *testing.T) {
 	if len(events) != 1 || events[0].Type != "sandbox.created" || events[0].Data["image"] != "img" {
 		t.Errorf("got %+v, want the sandbox.created event", events)
 	}
+	res, err = cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: SandboxesURI})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sandboxes []Sandbox
+	if err := json.Unmarshal([]byte(res.Contents[0].Text), &sandboxes); err != nil {
+		t.Fatal(err)
+	}
+	if len(sandboxes) != 1 || sandboxes[0].Name != "box" {
+		t.Errorf("got %+v, want the one sandbox", sandboxes)
+	}
 	_, err = cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: "forkbox://sandboxes/nope/ledger"})
 	if err == nil || !strings.Contains(err.Error(), "not found") {
 		t.Errorf("ledger of an unknown sandbox: got %v, want resource not found", err)
