@@ -41,20 +41,25 @@ func (r *layerRoot) Close() error {
 	return r.root.Close()
 }
 
+// useOpenat2 is false only in tests of the fallback walk.
+var useOpenat2 = true
+
 const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
 
 // openDir opens the directory rel ("." is the root) as an O_PATH fd, or
 // creates it and its missing parents (mode 0755) when create is set.
 func (r *layerRoot) openDir(rel string, create bool) (int, error) {
-	fd, err := unix.Openat2(r.fd, rel, &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
-		Resolve: resolveFlags,
-	})
-	if err == nil {
-		return fd, nil
-	}
-	if !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOSYS) {
-		return -1, dirErr(rel, err)
+	if useOpenat2 {
+		fd, err := unix.Openat2(r.fd, rel, &unix.OpenHow{
+			Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+			Resolve: resolveFlags,
+		})
+		if err == nil {
+			return fd, nil
+		}
+		if !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOSYS) {
+			return -1, dirErr(rel, err)
+		}
 	}
 	// Missing (or no openat2): walk it one component at a time.
 	cur, err := unix.Dup(r.fd)

@@ -24,8 +24,15 @@ import (
 func FuzzUnpack(f *testing.F) {
 	needRoot(f)
 	lim := layerLimits{bytes: 1 << 20, entries: 256, path: 4096}
+	// One tree per worker process; each input gets a fresh layer dir in it.
+	parent, layer, _ := sandboxDirs(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		parent, layer, _ := sandboxDirs(t)
+		if err := os.RemoveAll(layer); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(layer, 0o755); err != nil {
+			t.Fatal(err)
+		}
 		before := treeState(t, parent, layer)
 		err := unpackTar(context.Background(), bytes.NewReader(data), layer, lim)
 		if err != nil && !errdefs.IsInvalidArgument(err) && !errdefs.IsResourceExhausted(err) {

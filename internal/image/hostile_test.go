@@ -248,6 +248,19 @@ func diffStates(t testing.TB, before, after map[string]string) {
 
 func TestHostileLayers(t *testing.T) {
 	needRoot(t)
+	testHostileLayers(t)
+}
+
+// TestHostileLayersWithoutOpenat2 runs the battery with the walk that
+// stands in for openat2 on kernels older than 5.6.
+func TestHostileLayersWithoutOpenat2(t *testing.T) {
+	needRoot(t)
+	useOpenat2 = false
+	defer func() { useOpenat2 = true }()
+	testHostileLayers(t)
+}
+
+func testHostileLayers(t *testing.T) {
 	for _, tc := range hostileCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			parent, layer, canary := sandboxDirs(t)

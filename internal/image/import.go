@@ -165,7 +165,7 @@ func (s *Store) importOCI(ctx context.Context, archive, want string, progress fu
 	// against its descriptor's size (bounded) and digest before it is read.
 	var img v1.Image
 	if d.MediaType.IsIndex() {
-		if err := s.checkBlob(dir, d, s.limits.ManifestBytes, "nested index"); err != nil {
+		if err := s.checkBlob(ctx, dir, d, s.limits.ManifestBytes, "nested index"); err != nil {
 			return Image{}, err
 		}
 		child, err := idx.ImageIndex(d.Digest)
@@ -179,7 +179,7 @@ func (s *Store) importOCI(ctx context.Context, archive, want string, progress fu
 		d = cd
 		idx = child
 	}
-	if err := s.checkBlob(dir, d, s.limits.ManifestBytes, "image manifest"); err != nil {
+	if err := s.checkBlob(ctx, dir, d, s.limits.ManifestBytes, "image manifest"); err != nil {
 		return Image{}, err
 	}
 	if img, err = idx.Image(d.Digest); err != nil {
@@ -189,7 +189,7 @@ func (s *Store) importOCI(ctx context.Context, archive, want string, progress fu
 	if err != nil {
 		return Image{}, fmt.Errorf("read image manifest: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
-	if err := s.checkBlob(dir, m.Config, s.limits.ConfigBytes, "image config"); err != nil {
+	if err := s.checkBlob(ctx, dir, m.Config, s.limits.ConfigBytes, "image config"); err != nil {
 		return Image{}, err
 	}
 	return s.store(ctx, n, img, false, nil, progress)
@@ -211,7 +211,7 @@ func pickPlatform(idx v1.ImageIndex) (v1.Descriptor, error) {
 
 // checkBlob checks the blob of d in the OCI layout at dir: at most max
 // bytes, of d's size and digest.
-func (s *Store) checkBlob(dir string, d v1.Descriptor, max int64, what string) error {
+func (s *Store) checkBlob(ctx context.Context, dir string, d v1.Descriptor, max int64, what string) error {
 	if d.Digest.Algorithm != "sha256" || !validDiffID(d.Digest.String()) {
 		return fmt.Errorf("%s: unsupported digest %q: %w", what, d.Digest, errdefs.ErrInvalidArgument)
 	}
@@ -223,7 +223,7 @@ func (s *Store) checkBlob(dir string, d v1.Descriptor, max int64, what string) e
 		return fmt.Errorf("%s %s: missing from the archive: %w", what, d.Digest, errdefs.ErrInvalidArgument)
 	}
 	defer f.Close()
-	b, err := readAllLimited(context.Background(), f, max, what)
+	b, err := readAllLimited(ctx, f, max, what)
 	if err != nil {
 		return err
 	}
