@@ -104,7 +104,9 @@ func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Net
 // writeIdentity writes a sandbox's identity files (hostname, hosts,
 // resolv.conf, machine-id) into its bundle and returns their bind mounts.
 // They live outside the writable layer: a snapshot never carries them, so
-// every sandbox (forks included) gets its own hostname and machine-id.
+// every sandbox (forks included) gets its own hostname and machine-id. As
+// they are also outside its disk limit, they are bound read-only (see
+// spec.WriteEtcFiles): a sandbox cannot grow them.
 func writeIdentity(bundle string, sb *store.Sandbox, nw *network.Network) ([]specs.Mount, error) {
 	etc, err := spec.WriteEtcFiles(bundle, spec.EtcFiles{Hostname: sb.Config.Hostname, Hosts: []string{nw.IP.String() + "\t" + sb.Config.Hostname}})
 	if err != nil {
@@ -114,5 +116,5 @@ func writeIdentity(bundle string, sb *store.Sandbox, nw *network.Network) ([]spe
 	if err := os.WriteFile(machineID, []byte(sb.Config.MachineID+"\n"), 0o444); err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
-	return append(etc, specs.Mount{Destination: "/etc/machine-id", Type: "bind", Source: machineID, Options: []string{"rbind", "ro"}}), nil
+	return append(etc, specs.Mount{Destination: "/etc/machine-id", Type: "bind", Source: machineID, Options: append([]string(nil), spec.EtcMountOptions...)}), nil
 }

@@ -56,8 +56,18 @@ type EtcFiles struct {
 
 // WriteEtcFiles writes dir/etc/{hostname,hosts,resolv.conf} (each atomically)
 // and returns the bind mounts that place them in the sandbox. Pass the mounts
-// to SpecOptions.Mounts. The files are writable from inside, as in Docker;
-// writes there are not part of the rootfs and so not of a snapshot.
+// to SpecOptions.Mounts.
+//
+// The mounts are read-only (EROFS inside), unlike Docker's: the files live
+// in the bundle directory on the host's state filesystem, outside the
+// sandbox's writable layer and so outside its disk limit, and a tenant who
+// could write them could fill the filesystem that holds every other
+// sandbox and the ledger. Keeping them out of the layer is what gives every
+// sandbox its own identity: a snapshot never carries them, so a fork (and
+// a memory fork, whose restored spec points at the child's own bundle)
+// gets the files the daemon writes for it, never its parent's. A program
+// that must change name resolution can use its own files (HOSTALIASES,
+// LOCALDOMAIN, RES_OPTIONS) or ask for it in the sandbox's config.
 func WriteEtcFiles(dir string, f EtcFiles) ([]specs.Mount, error) {
 	if strings.ContainsAny(f.Hostname, "/ \t\n\x00") {
 		return nil, fmt.Errorf("etc files: hostname %q is not valid: %w", f.Hostname, errdefs.ErrInvalidArgument)
@@ -98,11 +108,15 @@ func WriteEtcFiles(dir string, f EtcFiles) ([]specs.Mount, error) {
 			Destination: "/etc/" + fl.name,
 			Type:        "bind",
 			Source:      filepath.Join(etc, fl.name),
-			Options:     []string{"rbind", "rprivate"},
+			Options:     append([]string(nil), EtcMountOptions...),
 		})
 	}
 	return mounts, nil
 }
+
+// EtcMountOptions are the options of the identity files' bind mounts:
+// read-only, nothing executable, no devices or setuid (see WriteEtcFiles).
+var EtcMountOptions = []string{"rbind", "rprivate", "ro", "nosuid", "nodev", "noexec"}
 
 func writeFileAtomic(dir, name string, data []byte, mode os.FileMode) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
