@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/env"
 	"github.com/forkbox/forkbox/internal/image"
 	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/snapshot"
@@ -87,8 +88,7 @@ type Daemon struct {
 	stopJanitor  context.CancelFunc
 	actOnce      sync.Once
 	activity     *activity
-	envOnce      sync.Once
-	envSt        *envState
+	envs         *env.Manager
 }
 
 func (c *Config) setDefaults() error {
@@ -183,6 +183,7 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 	if err := d.reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
+	d.envs = env.New(ctx, envSandboxes{d}, d.store, d.log)
 	janitorCtx, stopJanitor := context.WithCancel(context.WithoutCancel(ctx))
 	d.stopJanitor = stopJanitor
 	d.startJanitor(janitorCtx)
@@ -198,6 +199,9 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 // Close releases the daemon's handles. Sandboxes keep running: a restarted
 // daemon finds them again.
 func (d *Daemon) Close() error {
+	if d.envs != nil {
+		d.envs.Close() // first: its goroutines use the store
+	}
 	if d.stopJanitor != nil {
 		d.stopJanitor()
 	}
