@@ -46,6 +46,7 @@ def b64encode(b: bytes) -> str:
 @dataclass
 class Resources:
     """A sandbox's limits: CPU cores ("1", "0.5"), memory ("512Mi", "1Gi"), processes."""
+
     cpu: str = ""
     memory: str = ""
     pids: int = 0
@@ -58,8 +59,13 @@ class Resources:
         unknown = set(v) - {"cpu", "memory", "pids"}
         if unknown:
             from .errors import InvalidArgumentError
-            raise InvalidArgumentError(f"resources: unknown keys {sorted(unknown)} (want cpu, memory, pids)")
-        return cls(cpu=str(v.get("cpu", "")), memory=str(v.get("memory", "")), pids=int(v.get("pids", 0)))
+
+            raise InvalidArgumentError(
+                f"resources: unknown keys {sorted(unknown)} (want cpu, memory, pids)"
+            )
+        return cls(
+            cpu=str(v.get("cpu", "")), memory=str(v.get("memory", "")), pids=int(v.get("pids", 0))
+        )
 
     def to_json(self) -> Json:
         return {"cpu": self.cpu, "memory": self.memory, "pids": str(self.pids)}
@@ -73,6 +79,7 @@ class Resources:
 @dataclass
 class Overrides:
     """What a child (or a restored sandbox) gets instead of what it inherits."""
+
     resources: Optional[Resources] = None
     #: Merged over the inherited env.
     env: Optional[Dict[str, str]] = None
@@ -88,9 +95,15 @@ class Overrides:
         unknown = set(v) - {"resources", "env", "cwd", "egress", "name"}
         if unknown:
             from .errors import InvalidArgumentError
+
             raise InvalidArgumentError(f"overrides: unknown keys {sorted(unknown)}")
-        return cls(resources=Resources.of(v.get("resources")), env=v.get("env"),
-                   cwd=v.get("cwd", ""), egress=v.get("egress", ""), name=v.get("name", ""))
+        return cls(
+            resources=Resources.of(v.get("resources")),
+            env=v.get("env"),
+            cwd=v.get("cwd", ""),
+            egress=v.get("egress", ""),
+            name=v.get("name", ""),
+        )
 
     def to_json(self) -> Json:
         d: Json = {"cwd": self.cwd, "egress": self.egress, "name": self.name}
@@ -104,6 +117,7 @@ class Overrides:
 @dataclass
 class SandboxInfo:
     """What the daemon knows of a sandbox."""
+
     id: str
     name: str
     #: created, running, paused, hibernated, stopped, failed, closed.
@@ -131,20 +145,32 @@ class SandboxInfo:
     @classmethod
     def from_json(cls, d: Json) -> "SandboxInfo":
         return cls(
-            id=d.get("id", ""), name=d.get("name", ""), state=d.get("state", ""),
-            image=d.get("image", ""), image_digest=d.get("imageDigest", ""),
-            resources=Resources.from_json(d.get("resources")), env=dict(d.get("env") or {}),
-            cwd=d.get("cwd", ""), egress=d.get("egress", ""), runtime=d.get("runtime", ""),
-            hostname=d.get("hostname", ""), ip=d.get("ip", ""), created_at=_time(d.get("createdAtUnixMs")),
-            snapshotter=d.get("snapshotter", ""), error=d.get("error", ""),
-            from_checkpoint=d.get("fromCheckpoint", ""), parent_id=d.get("parentId", ""),
-            credentials=list(d.get("credentials") or []), machine_id=d.get("machineId", ""),
+            id=d.get("id", ""),
+            name=d.get("name", ""),
+            state=d.get("state", ""),
+            image=d.get("image", ""),
+            image_digest=d.get("imageDigest", ""),
+            resources=Resources.from_json(d.get("resources")),
+            env=dict(d.get("env") or {}),
+            cwd=d.get("cwd", ""),
+            egress=d.get("egress", ""),
+            runtime=d.get("runtime", ""),
+            hostname=d.get("hostname", ""),
+            ip=d.get("ip", ""),
+            created_at=_time(d.get("createdAtUnixMs")),
+            snapshotter=d.get("snapshotter", ""),
+            error=d.get("error", ""),
+            from_checkpoint=d.get("fromCheckpoint", ""),
+            parent_id=d.get("parentId", ""),
+            credentials=list(d.get("credentials") or []),
+            machine_id=d.get("machineId", ""),
         )
 
 
 @dataclass
 class ExecResult:
     """How a command ended, and what it printed (the last max_output_bytes of each stream)."""
+
     exit_code: int
     #: The signal that ended it ("SIGKILL"), or "".
     signal: str = ""
@@ -160,12 +186,15 @@ class ExecResult:
     @property
     def ok(self) -> bool:
         """The command exited 0, by itself."""
-        return self.exit_code == 0 and not self.signal and not self.timed_out and not self.oom_killed
+        return (
+            self.exit_code == 0 and not self.signal and not self.timed_out and not self.oom_killed
+        )
 
 
 @dataclass
 class ExecChunk:
     """A piece of a command's output, as it was produced."""
+
     #: "stdout" or "stderr".
     stream: str
     data: bytes
@@ -185,13 +214,19 @@ class FileInfo:
 
     @classmethod
     def from_json(cls, d: Json) -> "FileInfo":
-        return cls(name=d.get("name", ""), size=_int(d.get("size")), mode=_int(d.get("mode")),
-                   is_dir=bool(d.get("dir", False)), modified_at=_time(d.get("mtimeUnixMs")))
+        return cls(
+            name=d.get("name", ""),
+            size=_int(d.get("size")),
+            mode=_int(d.get("mode")),
+            is_dir=bool(d.get("dir", False)),
+            modified_at=_time(d.get("mtimeUnixMs")),
+        )
 
 
 @dataclass
 class Event:
     """One entry of a sandbox's ledger."""
+
     seq: int
     sandbox_id: str
     #: "sandbox.created", "exec.finished", "sandbox.checkpoint_created", ...
@@ -206,13 +241,19 @@ class Event:
             data = json.loads(d.get("dataJson") or "{}")
         except ValueError:
             data = {}
-        return cls(seq=_int(d.get("seq")), sandbox_id=d.get("sandboxId", ""), type=d.get("type", ""),
-                   time=_time(d.get("timeUnixMs")), data=data if isinstance(data, dict) else {})
+        return cls(
+            seq=_int(d.get("seq")),
+            sandbox_id=d.get("sandboxId", ""),
+            type=d.get("type", ""),
+            time=_time(d.get("timeUnixMs")),
+            data=data if isinstance(data, dict) else {},
+        )
 
 
 @dataclass
 class Checkpoint:
     """An immutable capture of a sandbox (its ID, "ck-…", is what restore takes)."""
+
     id: str
     sandbox_id: str = ""
     sandbox_name: str = ""
@@ -230,15 +271,24 @@ class Checkpoint:
 
     @classmethod
     def from_json(cls, d: Json) -> "Checkpoint":
-        return cls(id=d.get("id", ""), sandbox_id=d.get("sandboxId", ""), sandbox_name=d.get("sandboxName", ""),
-                   tag=d.get("tag", ""), created_at=_time(d.get("createdAtUnixMs")), size=_int(d.get("size")),
-                   kind=d.get("kind", ""), image=d.get("image", ""), capture_ms=_float(d.get("captureMs")),
-                   flush_ms=_float(d.get("flushMs")))
+        return cls(
+            id=d.get("id", ""),
+            sandbox_id=d.get("sandboxId", ""),
+            sandbox_name=d.get("sandboxName", ""),
+            tag=d.get("tag", ""),
+            created_at=_time(d.get("createdAtUnixMs")),
+            size=_int(d.get("size")),
+            kind=d.get("kind", ""),
+            image=d.get("image", ""),
+            capture_ms=_float(d.get("captureMs")),
+            flush_ms=_float(d.get("flushMs")),
+        )
 
 
 @dataclass
 class Credential:
     """A credential's description (its value is never returned)."""
+
     name: str
     #: Injected as this environment variable into every exec ("" = not).
     env: str = ""
@@ -250,13 +300,19 @@ class Credential:
 
     @classmethod
     def from_json(cls, d: Json) -> "Credential":
-        return cls(name=d.get("name", ""), env=d.get("env", ""), file=d.get("file", ""),
-                   per_fork=bool(d.get("perFork", False)), updated_at=_time(d.get("updatedAtUnixMs")))
+        return cls(
+            name=d.get("name", ""),
+            env=d.get("env", ""),
+            file=d.get("file", ""),
+            per_fork=bool(d.get("perFork", False)),
+            updated_at=_time(d.get("updatedAtUnixMs")),
+        )
 
 
 @dataclass
 class ForkChild:
     """One child of a fork: a sandbox, or the error that child got."""
+
     sandbox: Optional["Sandbox"] = None
     error: Optional["ForkboxError"] = None
     start_ms: float = 0.0
@@ -269,6 +325,7 @@ class ForkChild:
 @dataclass
 class ForkResult:
     """The outcome of ``sb.fork(tag, count=N)``: per-child results."""
+
     checkpoint: Optional[Checkpoint]
     #: What the children start from: "filesystem" or "filesystem+memory".
     captured: str
@@ -301,14 +358,21 @@ class ReplayedExec:
 
     @classmethod
     def from_json(cls, d: Json) -> "ReplayedExec":
-        return cls(exec_id=d.get("execId", ""), argv=list(d.get("argv") or []), shell=d.get("shell", ""),
-                   skipped=bool(d.get("skipped", False)), skip_reason=d.get("skipReason", ""),
-                   exit_code=_int(d.get("exitCode")), error=d.get("error", ""))
+        return cls(
+            exec_id=d.get("execId", ""),
+            argv=list(d.get("argv") or []),
+            shell=d.get("shell", ""),
+            skipped=bool(d.get("skipped", False)),
+            skip_reason=d.get("skipReason", ""),
+            exit_code=_int(d.get("exitCode")),
+            error=d.get("error", ""),
+        )
 
 
 @dataclass
 class Resumed:
     """What client.resume() did: the checkpoint restored and the execs replayed."""
+
     checkpoint: Optional[Checkpoint]
     replayed: List[ReplayedExec]
 
@@ -316,6 +380,7 @@ class Resumed:
 @dataclass
 class Handover:
     """How env.sandbox() handed a sandbox over."""
+
     #: This call built the environment.
     built: bool
     #: The sandbox came from the warm pool.
@@ -333,8 +398,13 @@ class Image:
 
     @classmethod
     def from_json(cls, d: Json) -> "Image":
-        return cls(name=d.get("name", ""), digest=d.get("digest", ""), size=_int(d.get("size")),
-                   layers=_int(d.get("layers")), created_at=_time(d.get("createdAtUnixMs")))
+        return cls(
+            name=d.get("name", ""),
+            digest=d.get("digest", ""),
+            size=_int(d.get("size")),
+            layers=_int(d.get("layers")),
+            created_at=_time(d.get("createdAtUnixMs")),
+        )
 
 
 @dataclass
@@ -348,13 +418,18 @@ class ImageProgress:
     @classmethod
     def from_json(cls, d: Json) -> "ImageProgress":
         img = d.get("image")
-        return cls(phase=d.get("phase", ""), done=_int(d.get("done")), total=_int(d.get("total")),
-                   image=Image.from_json(img) if img else None)
+        return cls(
+            phase=d.get("phase", ""),
+            done=_int(d.get("done")),
+            total=_int(d.get("total")),
+            image=Image.from_json(img) if img else None,
+        )
 
 
 @dataclass
 class WriteFile:
     """A setup step that writes a file (strings as UTF-8; mode 0 = 0644)."""
+
     path: str
     content: Union[str, bytes]
     mode: int = 0
@@ -375,7 +450,11 @@ def step_to_json(s: Union[Step, Mapping[str, Any]]) -> Json:
 
 def _step_from_json(d: Json) -> Step:
     if d.get("writePath"):
-        return WriteFile(path=d["writePath"], content=b64decode(d.get("writeContent")), mode=_int(d.get("writeMode")))
+        return WriteFile(
+            path=d["writePath"],
+            content=b64decode(d.get("writeContent")),
+            mode=_int(d.get("writeMode")),
+        )
     return d.get("run", "")
 
 
@@ -397,16 +476,25 @@ class EnvironmentDefinition:
     @classmethod
     def from_json(cls, d: Optional[Json]) -> "EnvironmentDefinition":
         d = d or {}
-        return cls(name=d.get("name", ""), image=d.get("image", ""), resources=Resources.from_json(d.get("resources")),
-                   env=dict(d.get("env") or {}), cwd=d.get("cwd", ""), runtime=d.get("runtime", ""),
-                   steps=[_step_from_json(s) for s in d.get("steps") or []],
-                   max_age_seconds=_int(d.get("maxAgeSeconds")), pool_size=_int(d.get("poolSize")),
-                   setup_hash=d.get("setupHash", ""), egress=d.get("egress", ""))
+        return cls(
+            name=d.get("name", ""),
+            image=d.get("image", ""),
+            resources=Resources.from_json(d.get("resources")),
+            env=dict(d.get("env") or {}),
+            cwd=d.get("cwd", ""),
+            runtime=d.get("runtime", ""),
+            steps=[_step_from_json(s) for s in d.get("steps") or []],
+            max_age_seconds=_int(d.get("maxAgeSeconds")),
+            pool_size=_int(d.get("poolSize")),
+            setup_hash=d.get("setupHash", ""),
+            egress=d.get("egress", ""),
+        )
 
 
 @dataclass
 class EnvironmentInfo:
     """An environment as the daemon knows it."""
+
     definition: EnvironmentDefinition
     #: Hash of the definition (image digest, steps, resources, ...).
     hash: str
@@ -427,15 +515,23 @@ class EnvironmentInfo:
 
     @classmethod
     def from_json(cls, d: Json) -> "EnvironmentInfo":
-        return cls(definition=EnvironmentDefinition.from_json(d.get("definition")), hash=d.get("hash", ""),
-                   checkpoint=d.get("checkpoint", ""), built_at=_time(d.get("builtAtUnixMs")),
-                   build_ms=_float(d.get("buildMs")), state=d.get("state", ""), error=d.get("error", ""),
-                   pool_ready=_int(d.get("poolReady")), cached_steps=_int(d.get("cachedSteps")))
+        return cls(
+            definition=EnvironmentDefinition.from_json(d.get("definition")),
+            hash=d.get("hash", ""),
+            checkpoint=d.get("checkpoint", ""),
+            built_at=_time(d.get("builtAtUnixMs")),
+            build_ms=_float(d.get("buildMs")),
+            state=d.get("state", ""),
+            error=d.get("error", ""),
+            pool_ready=_int(d.get("poolReady")),
+            cached_steps=_int(d.get("cachedSteps")),
+        )
 
 
 @dataclass
 class BuildProgress:
     """One message of a step build's progress."""
+
     #: "cached", "create", "step", "checkpoint", "done", "wait".
     phase: str
     step: int = 0
@@ -450,9 +546,15 @@ class BuildProgress:
     @classmethod
     def from_json(cls, d: Json) -> "BuildProgress":
         env = d.get("environment")
-        return cls(phase=d.get("phase", ""), step=_int(d.get("step")), steps=_int(d.get("steps")),
-                   message=d.get("message", ""), output=b64decode(d.get("output")), exit_code=_int(d.get("exitCode")),
-                   environment=EnvironmentInfo.from_json(env) if env else None)
+        return cls(
+            phase=d.get("phase", ""),
+            step=_int(d.get("step")),
+            steps=_int(d.get("steps")),
+            message=d.get("message", ""),
+            output=b64decode(d.get("output")),
+            exit_code=_int(d.get("exitCode")),
+            environment=EnvironmentInfo.from_json(env) if env else None,
+        )
 
 
 @dataclass

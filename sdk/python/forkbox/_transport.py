@@ -78,7 +78,8 @@ def _unreachable(where: str, err: BaseException) -> ForkboxError:
         # The socket exists but this process may not connect to it: not an
         # outage, and retrying will not help.
         return error_class("PermissionDenied")(
-            f"permission denied connecting to the forkbox daemon at {where}: {err}")
+            f"permission denied connecting to the forkbox daemon at {where}: {err}"
+        )
     return error_class("Unavailable")(f"forkbox daemon unreachable at {where}: {err}")
 
 
@@ -110,13 +111,18 @@ def _end_stream_error(payload: bytes) -> Optional[ForkboxError]:
 class Transport:
     """Connect calls to one daemon, over a unix socket or TCP."""
 
-    def __init__(self, socket_path: Optional[str] = None, url: Optional[str] = None,
-                 token: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        socket_path: Optional[str] = None,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+    ) -> None:
         if url:
             u = urlsplit(url)
             if u.scheme not in ("http", "https") or not u.hostname:
                 raise error_class("InvalidArgument")(
-                    f"url {url!r}: want http://host:port or https://host:port")
+                    f"url {url!r}: want http://host:port or https://host:port"
+                )
             self._tls = u.scheme == "https"
             self._host = u.hostname
             self._port = u.port
@@ -164,14 +170,18 @@ class Transport:
             c.close()
 
     def _headers(self, content_type: str) -> Dict[str, str]:
-        h = {"Content-Type": content_type, "Connect-Protocol-Version": "1",
-             "User-Agent": "forkbox-python"}
+        h = {
+            "Content-Type": content_type,
+            "Connect-Protocol-Version": "1",
+            "User-Agent": "forkbox-python",
+        }
         if self._token:
             h["Authorization"] = f"Bearer {self._token}"
         return h
 
-    def _send(self, path: str, body: bytes, content_type: str
-              ) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    def _send(
+        self, path: str, body: bytes, content_type: str
+    ) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """Posts body; retries once on a fresh connection when a pooled one
         turns out closed by the daemon before it answered."""
         headers = self._headers(content_type)
@@ -245,8 +255,9 @@ class ServerStream:
     message as a dict and raises the call's error, if it ended with one.
     close() ends the call early (the daemon sees the client go away)."""
 
-    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse,
-                 where: str) -> None:
+    def __init__(
+        self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, where: str
+    ) -> None:
         self._conn = conn
         self._resp = resp
         self._where = where
@@ -259,18 +270,24 @@ class ServerStream:
                 head = self._read(5)
                 if not head:
                     raise error_class("Unavailable")(
-                        "the stream ended without an end-of-stream message (the connection was cut)")
+                        "the stream ended without an end-of-stream message "
+                        "(the connection was cut)"
+                    )
                 if len(head) < 5:
                     raise error_class("Unavailable")("the stream was cut inside a message header")
                 flags, size = struct.unpack(">BI", head)
                 if size > MAX_MESSAGE_BYTES:
-                    raise error_class("ResourceExhausted")(f"stream message of {size} bytes is over the bound")
+                    raise error_class("ResourceExhausted")(
+                        f"stream message of {size} bytes is over the bound"
+                    )
                 payload = self._read(size) if size else b""
                 if len(payload) < size:
                     raise error_class("Unavailable")("the stream was cut inside a message")
                 if flags & _FLAG_COMPRESSED:
                     if not self._gzip:
-                        raise error_class("Internal")("compressed stream message without gzip encoding")
+                        raise error_class("Internal")(
+                            "compressed stream message without gzip encoding"
+                        )
                     payload = gzip.decompress(payload)
                 if flags & _FLAG_END_STREAM:
                     err = _end_stream_error(payload)

@@ -20,12 +20,40 @@ import asyncio
 import functools
 import inspect
 from concurrent.futures import ThreadPoolExecutor
-from typing import (IO, Any, AsyncIterator, Callable, Generator, List, Mapping, Optional, Sequence, TypeVar,
-                    Union, overload)
+from typing import (
+    IO,
+    Any,
+    AsyncIterator,
+    Callable,
+    Generator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    TypeVar,
+    Union,
+    overload,
+)
 
-from ._models import (BuildProgress, BuildResult, Checkpoint, Credential, EnvironmentInfo, Event, ExecChunk,
-                      ExecResult, FileInfo, ForkChild, ForkResult, Image, ImageProgress, Overrides, Resources,
-                      SandboxInfo, Step)
+from ._models import (
+    BuildProgress,
+    BuildResult,
+    Checkpoint,
+    Credential,
+    EnvironmentInfo,
+    Event,
+    ExecChunk,
+    ExecResult,
+    FileInfo,
+    ForkChild,
+    ForkResult,
+    Image,
+    ImageProgress,
+    Overrides,
+    Resources,
+    SandboxInfo,
+    Step,
+)
 from .client import Client
 from .environment import Environment, _begin
 from .execution import DEFAULT_MAX_OUTPUT_BYTES, Execution
@@ -105,9 +133,18 @@ class AsyncCredentials:
         self._c = sb.sync.credentials
         self._runner = sb._runner
 
-    async def set(self, name: str, value: str, *, env: Optional[str] = None, file: Optional[str] = None,
-                  per_fork: bool = False) -> Credential:
-        return await self._runner.run(self._c.set, name, value, env=env, file=file, per_fork=per_fork)
+    async def set(
+        self,
+        name: str,
+        value: str,
+        *,
+        env: Optional[str] = None,
+        file: Optional[str] = None,
+        per_fork: bool = False,
+    ) -> Credential:
+        return await self._runner.run(
+            self._c.set, name, value, env=env, file=file, per_fork=per_fork
+        )
 
     async def list(self) -> List[Credential]:
         return await self._runner.run(self._c.list)
@@ -131,39 +168,96 @@ class AsyncSandbox:
     handover = property(lambda self: self.sync.handover)
     closed = property(lambda self: self.sync.closed)
 
-    def exec(self, cmd: Union[str, Sequence[str]], *, env: Optional[Mapping[str, str]] = None,
-             cwd: Optional[str] = None, stdin: Union[str, bytes, None] = None, timeout: Optional[float] = None,
-             non_replayable: bool = False,
-             max_output_bytes: Optional[int] = DEFAULT_MAX_OUTPUT_BYTES) -> AsyncExecution:
+    def exec(
+        self,
+        cmd: Union[str, Sequence[str]],
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Union[str, bytes, None] = None,
+        timeout: Optional[float] = None,
+        non_replayable: bool = False,
+        max_output_bytes: Optional[int] = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> AsyncExecution:
         """Starts a command (without blocking the loop); await the result."""
-        return AsyncExecution(self.sync.exec(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
-                                             non_replayable=non_replayable, max_output_bytes=max_output_bytes),
-                              self._runner)
+        return AsyncExecution(
+            self.sync.exec(
+                cmd,
+                env=env,
+                cwd=cwd,
+                stdin=stdin,
+                timeout=timeout,
+                non_replayable=non_replayable,
+                max_output_bytes=max_output_bytes,
+            ),
+            self._runner,
+        )
 
     @overload
-    async def fork(self, tag: Optional[str] = None, *, count: None = None,
-                   overrides: Union[Overrides, Mapping[str, Any], None] = None,
-                   credentials: Optional[Mapping[str, str]] = None, from_checkpoint: Optional[str] = None,
-                   best_effort: bool = False, memory: bool = False) -> "AsyncSandbox": ...
+    async def fork(
+        self,
+        tag: Optional[str] = None,
+        *,
+        count: None = None,
+        overrides: Union[Overrides, Mapping[str, Any], None] = None,
+        credentials: Optional[Mapping[str, str]] = None,
+        from_checkpoint: Optional[str] = None,
+        best_effort: bool = False,
+        memory: bool = False,
+    ) -> "AsyncSandbox":
+        ...
 
     @overload
-    async def fork(self, tag: Optional[str] = None, *, count: int,
-                   overrides: Union[Overrides, Mapping[str, Any], None] = None,
-                   credentials: Optional[Mapping[str, str]] = None, from_checkpoint: Optional[str] = None,
-                   best_effort: bool = False, memory: bool = False) -> ForkResult: ...
+    async def fork(
+        self,
+        tag: Optional[str] = None,
+        *,
+        count: int,
+        overrides: Union[Overrides, Mapping[str, Any], None] = None,
+        credentials: Optional[Mapping[str, str]] = None,
+        from_checkpoint: Optional[str] = None,
+        best_effort: bool = False,
+        memory: bool = False,
+    ) -> ForkResult:
+        ...
 
-    async def fork(self, tag: Optional[str] = None, *, count: Optional[int] = None,
-                   overrides: Union[Overrides, Mapping[str, Any], None] = None,
-                   credentials: Optional[Mapping[str, str]] = None, from_checkpoint: Optional[str] = None,
-                   best_effort: bool = False, memory: bool = False) -> Union["AsyncSandbox", ForkResult]:
+    async def fork(
+        self,
+        tag: Optional[str] = None,
+        *,
+        count: Optional[int] = None,
+        overrides: Union[Overrides, Mapping[str, Any], None] = None,
+        credentials: Optional[Mapping[str, str]] = None,
+        from_checkpoint: Optional[str] = None,
+        best_effort: bool = False,
+        memory: bool = False,
+    ) -> Union["AsyncSandbox", ForkResult]:
         """As Sandbox.fork(): one child as an AsyncSandbox, or with ``count``
         a ForkResult whose children's ``sandbox`` are AsyncSandbox."""
-        r = await self._runner.run(self.sync.fork, tag, count=count, overrides=overrides, credentials=credentials,
-                                   from_checkpoint=from_checkpoint, best_effort=best_effort, memory=memory)
+        r = await self._runner.run(
+            self.sync.fork,
+            tag,
+            count=count,
+            overrides=overrides,
+            credentials=credentials,
+            from_checkpoint=from_checkpoint,
+            best_effort=best_effort,
+            memory=memory,
+        )
         if isinstance(r, Sandbox):
             return AsyncSandbox(r, self._runner)
-        r.children = [ForkChild(sandbox=AsyncSandbox(c.sandbox, self._runner) if c.sandbox else None,  # type: ignore[arg-type]
-                                error=c.error, start_ms=c.start_ms) for c in r.children]
+        r.children = [
+            ForkChild(
+                sandbox=(
+                    AsyncSandbox(c.sandbox, self._runner)  # type: ignore[arg-type]
+                    if c.sandbox
+                    else None
+                ),
+                error=c.error,
+                start_ms=c.start_ms,
+            )
+            for c in r.children
+        ]
         return r
 
     async def checkpoint(self, tag: Optional[str] = None, *, memory: bool = False) -> Checkpoint:
@@ -224,15 +318,23 @@ class AsyncEnvironment:
         self._runner = runner
         self.name = sync.name
 
-    async def build(self, on_progress: Optional[Callable[[BuildProgress], None]] = None) -> BuildResult:
+    async def build(
+        self, on_progress: Optional[Callable[[BuildProgress], None]] = None
+    ) -> BuildResult:
         if self.sync._def.setup_fn is not None:
             return await self._run_setup()
         return await self._runner.run(self.sync.build, on_progress)
 
-    async def sandbox(self, overrides: Union[Overrides, Mapping[str, Any], None] = None) -> AsyncSandbox:
+    async def sandbox(
+        self, overrides: Union[Overrides, Mapping[str, Any], None] = None
+    ) -> AsyncSandbox:
         """As Environment.sandbox(); a client-run setup runs on the event loop."""
-        built_here = (await self._run_setup()).built if self.sync._def.setup_fn is not None else False
-        return AsyncSandbox(await self._runner.run(self.sync._hand_over, overrides, built_here), self._runner)
+        built_here = (
+            (await self._run_setup()).built if self.sync._def.setup_fn is not None else False
+        )
+        return AsyncSandbox(
+            await self._runner.run(self.sync._hand_over, overrides, built_here), self._runner
+        )
 
     async def info(self) -> EnvironmentInfo:
         return await self._runner.run(self.sync.info)
@@ -242,31 +344,47 @@ class AsyncEnvironment:
 
     async def _run_setup(self) -> BuildResult:
         call = self.sync._call
-        env, builder, lease = _begin(await self._runner.run(call, "BeginBuild", {"definition": self.sync._def.json}))
+        env, builder, lease = _begin(
+            await self._runner.run(call, "BeginBuild", {"definition": self.sync._def.json})
+        )
         if env is not None:
             return BuildResult(environment=env, built=False)
         assert builder is not None and self.sync._def.setup_fn is not None
         try:
-            r = self.sync._def.setup_fn(AsyncSandbox(Sandbox(self.sync.client, builder, False), self._runner))
+            r = self.sync._def.setup_fn(
+                AsyncSandbox(Sandbox(self.sync.client, builder, False), self._runner)
+            )
             if inspect.isawaitable(r):
                 await r
         except BaseException as e:
             try:
-                await self._runner.run(call, "CompleteBuild",
-                                       {"lease": lease, "ok": False, "error": str(e) or type(e).__name__})
+                await self._runner.run(
+                    call,
+                    "CompleteBuild",
+                    {"lease": lease, "ok": False, "error": str(e) or type(e).__name__},
+                )
             except Exception:
                 pass
             raise
         done = await self._runner.run(call, "CompleteBuild", {"lease": lease, "ok": True})
-        return BuildResult(environment=EnvironmentInfo.from_json(done.get("environment") or {}), built=True)
+        return BuildResult(
+            environment=EnvironmentInfo.from_json(done.get("environment") or {}), built=True
+        )
 
 
 class AsyncClient:
     """The asyncio client; the same options as Client, plus ``workers``: the
     size of the thread pool blocking calls run in."""
 
-    def __init__(self, *, socket: Optional[str] = None, url: Optional[str] = None, token: Optional[str] = None,
-                 max_concurrency: int = 0, workers: int = 32) -> None:
+    def __init__(
+        self,
+        *,
+        socket: Optional[str] = None,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+        max_concurrency: int = 0,
+        workers: int = 32,
+    ) -> None:
         self.sync = Client(socket=socket, url=url, token=token, max_concurrency=max_concurrency)
         self._runner = _Runner(workers)
 
@@ -281,11 +399,29 @@ class AsyncClient:
     def _wrap(self, sb: Sandbox) -> AsyncSandbox:
         return AsyncSandbox(sb, self._runner)
 
-    async def sandbox(self, *, image: str, resources: Union[Resources, Mapping[str, Any], None] = None,
-                      name: Optional[str] = None, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
-                      egress: Optional[str] = None, runtime: Optional[str] = None) -> AsyncSandbox:
-        return self._wrap(await self._runner.run(self.sync.sandbox, image=image, resources=resources, name=name,
-                                                 env=env, cwd=cwd, egress=egress, runtime=runtime))
+    async def sandbox(
+        self,
+        *,
+        image: str,
+        resources: Union[Resources, Mapping[str, Any], None] = None,
+        name: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        egress: Optional[str] = None,
+        runtime: Optional[str] = None,
+    ) -> AsyncSandbox:
+        return self._wrap(
+            await self._runner.run(
+                self.sync.sandbox,
+                image=image,
+                resources=resources,
+                name=name,
+                env=env,
+                cwd=cwd,
+                egress=egress,
+                runtime=runtime,
+            )
+        )
 
     async def get_sandbox(self, id_or_name: str) -> AsyncSandbox:
         return self._wrap(await self._runner.run(self.sync.get_sandbox, id_or_name))
@@ -293,11 +429,21 @@ class AsyncClient:
     async def list_sandboxes(self, all: bool = False) -> List[SandboxInfo]:
         return await self._runner.run(self.sync.list_sandboxes, all)
 
-    async def restore_snapshot(self, checkpoint_id: str, *,
-                               overrides: Union[Overrides, Mapping[str, Any], None] = None,
-                               credentials: Optional[Mapping[str, str]] = None) -> AsyncSandbox:
-        return self._wrap(await self._runner.run(self.sync.restore_snapshot, checkpoint_id, overrides=overrides,
-                                                 credentials=credentials))
+    async def restore_snapshot(
+        self,
+        checkpoint_id: str,
+        *,
+        overrides: Union[Overrides, Mapping[str, Any], None] = None,
+        credentials: Optional[Mapping[str, str]] = None,
+    ) -> AsyncSandbox:
+        return self._wrap(
+            await self._runner.run(
+                self.sync.restore_snapshot,
+                checkpoint_id,
+                overrides=overrides,
+                credentials=credentials,
+            )
+        )
 
     async def resume(self, session: str) -> AsyncSandbox:
         return self._wrap(await self._runner.run(self.sync.resume, session))
@@ -308,26 +454,62 @@ class AsyncClient:
     async def events(self, id_or_name: str) -> List[Event]:
         return await self._runner.run(self.sync.events, id_or_name)
 
-    def environment(self, name: str, *, image: str,
-                    setup: Union[Sequence[Union[Step, Mapping[str, Any]]], Callable[[AsyncSandbox], Any], None] = None,
-                    resources: Union[Resources, Mapping[str, Any], None] = None,
-                    env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
-                    runtime: Optional[str] = None, egress: Optional[str] = None,
-                    max_age: Union[int, float, str, None] = None, pool_size: int = 0) -> AsyncEnvironment:
-        return AsyncEnvironment(self.sync.environment(name, image=image, setup=setup, resources=resources, env=env,
-                                                      cwd=cwd, runtime=runtime, egress=egress, max_age=max_age,
-                                                      pool_size=pool_size), self._runner)
+    def environment(
+        self,
+        name: str,
+        *,
+        image: str,
+        setup: Union[
+            Sequence[Union[Step, Mapping[str, Any]]], Callable[[AsyncSandbox], Any], None
+        ] = None,
+        resources: Union[Resources, Mapping[str, Any], None] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        runtime: Optional[str] = None,
+        egress: Optional[str] = None,
+        max_age: Union[int, float, str, None] = None,
+        pool_size: int = 0,
+    ) -> AsyncEnvironment:
+        return AsyncEnvironment(
+            self.sync.environment(
+                name,
+                image=image,
+                setup=setup,
+                resources=resources,
+                env=env,
+                cwd=cwd,
+                runtime=runtime,
+                egress=egress,
+                max_age=max_age,
+                pool_size=pool_size,
+            ),
+            self._runner,
+        )
 
     async def list_environments(self) -> List[EnvironmentInfo]:
         return await self._runner.run(self.sync.list_environments)
 
-    async def import_image(self, path: str, *, name: Optional[str] = None,
-                           on_progress: Optional[Callable[[ImageProgress], None]] = None) -> Image:
-        return await self._runner.run(self.sync.import_image, path, name=name, on_progress=on_progress)
+    async def import_image(
+        self,
+        path: str,
+        *,
+        name: Optional[str] = None,
+        on_progress: Optional[Callable[[ImageProgress], None]] = None,
+    ) -> Image:
+        return await self._runner.run(
+            self.sync.import_image, path, name=name, on_progress=on_progress
+        )
 
-    async def pull_image(self, ref: str, *, insecure: bool = False,
-                         on_progress: Optional[Callable[[ImageProgress], None]] = None) -> Image:
-        return await self._runner.run(self.sync.pull_image, ref, insecure=insecure, on_progress=on_progress)
+    async def pull_image(
+        self,
+        ref: str,
+        *,
+        insecure: bool = False,
+        on_progress: Optional[Callable[[ImageProgress], None]] = None,
+    ) -> Image:
+        return await self._runner.run(
+            self.sync.pull_image, ref, insecure=insecure, on_progress=on_progress
+        )
 
     async def list_images(self) -> List[Image]:
         return await self._runner.run(self.sync.list_images)
@@ -342,4 +524,3 @@ class AsyncClient:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
-

@@ -7,8 +7,19 @@ import os
 import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from ._models import (Checkpoint, EnvironmentInfo, Event, Image, ImageProgress, Overrides, ReplayedExec, Resources,
-                      Resumed, SandboxInfo, Step)
+from ._models import (
+    Checkpoint,
+    EnvironmentInfo,
+    Event,
+    Image,
+    ImageProgress,
+    Overrides,
+    ReplayedExec,
+    Resources,
+    Resumed,
+    SandboxInfo,
+    Step,
+)
 from ._transport import Transport
 from .environment import Environment
 from .errors import ResourceExhaustedError, UnavailableError
@@ -34,12 +45,18 @@ class Client:
     or call close(), to drop its idle connections.
     """
 
-    def __init__(self, *, socket: Optional[str] = None, url: Optional[str] = None, token: Optional[str] = None,
-                 max_concurrency: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        socket: Optional[str] = None,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+        max_concurrency: int = 0,
+    ) -> None:
         if not socket and not url:
             host = os.environ.get("FORKBOX_HOST", "")
             if host.startswith("unix://"):
-                socket = host[len("unix://"):]
+                socket = host[len("unix://") :]
             elif host:
                 url = host
             else:
@@ -59,17 +76,31 @@ class Client:
     def _handle(self, info: Dict[str, Any]) -> Sandbox:
         return Sandbox(self, SandboxInfo.from_json(info or {}), self._limited)
 
-    def sandbox(self, *, image: str, resources: Union[Resources, Mapping[str, Any], None] = None,
-                name: Optional[str] = None, env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
-                egress: Optional[str] = None, runtime: Optional[str] = None) -> Sandbox:
+    def sandbox(
+        self,
+        *,
+        image: str,
+        resources: Union[Resources, Mapping[str, Any], None] = None,
+        name: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        egress: Optional[str] = None,
+        runtime: Optional[str] = None,
+    ) -> Sandbox:
         """Creates a sandbox and returns once it is ready for exec. Holds a
         slot until close(). ``resources`` is a Resources or a dict
         ``{"cpu": "1", "memory": "512Mi"}``; ``egress`` "none" (default) or
         "all"; ``runtime`` "gvisor" (default) or "crun"."""
         self._acquire(1)
         try:
-            msg: Dict[str, Any] = {"image": image, "name": name or "", "env": dict(env or {}), "cwd": cwd or "",
-                                   "egress": egress or "", "runtime": runtime or ""}
+            msg: Dict[str, Any] = {
+                "image": image,
+                "name": name or "",
+                "env": dict(env or {}),
+                "cwd": cwd or "",
+                "egress": egress or "",
+                "runtime": runtime or "",
+            }
             res = Resources.of(resources)
             if res is not None:
                 msg["resources"] = res.to_json()
@@ -89,12 +120,20 @@ class Client:
         r = self._call("ListSandboxes", {"all": all})
         return [SandboxInfo.from_json(s) for s in r.get("sandboxes") or []]
 
-    def restore_snapshot(self, checkpoint_id: str, *, overrides: Union[Overrides, Mapping[str, Any], None] = None,
-                         credentials: Optional[Mapping[str, str]] = None) -> Sandbox:
+    def restore_snapshot(
+        self,
+        checkpoint_id: str,
+        *,
+        overrides: Union[Overrides, Mapping[str, Any], None] = None,
+        credentials: Optional[Mapping[str, str]] = None,
+    ) -> Sandbox:
         """Starts a new sandbox from a checkpoint, with a clean exec history."""
         self._acquire(1)
         try:
-            msg: Dict[str, Any] = {"checkpoint": checkpoint_id, "credentials": dict(credentials or {})}
+            msg: Dict[str, Any] = {
+                "checkpoint": checkpoint_id,
+                "credentials": dict(credentials or {}),
+            }
             ov = Overrides.of(overrides)
             if ov is not None:
                 msg["overrides"] = ov.to_json()
@@ -117,8 +156,10 @@ class Client:
             raise
         sb = self._handle(r.get("sandbox") or {})
         ck = r.get("checkpoint")
-        sb.resumed = Resumed(checkpoint=Checkpoint.from_json(ck) if ck else None,
-                             replayed=[ReplayedExec.from_json(x) for x in r.get("replayed") or []])
+        sb.resumed = Resumed(
+            checkpoint=Checkpoint.from_json(ck) if ck else None,
+            replayed=[ReplayedExec.from_json(x) for x in r.get("replayed") or []],
+        )
         return sb
 
     def delete_checkpoint(self, checkpoint_id: str) -> None:
@@ -131,12 +172,22 @@ class Client:
 
     # ------------------------------------------------------------ environments
 
-    def environment(self, name: str, *, image: str,
-                    setup: Union[Sequence[Union[Step, Mapping[str, Any]]], Callable[[Sandbox], Any], None] = None,
-                    resources: Union[Resources, Mapping[str, Any], None] = None,
-                    env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
-                    runtime: Optional[str] = None, egress: Optional[str] = None,
-                    max_age: Union[int, float, str, None] = None, pool_size: int = 0) -> Environment:
+    def environment(
+        self,
+        name: str,
+        *,
+        image: str,
+        setup: Union[
+            Sequence[Union[Step, Mapping[str, Any]]], Callable[[Sandbox], Any], None
+        ] = None,
+        resources: Union[Resources, Mapping[str, Any], None] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        runtime: Optional[str] = None,
+        egress: Optional[str] = None,
+        max_age: Union[int, float, str, None] = None,
+        pool_size: int = 0,
+    ) -> Environment:
         """An environment: image + resources + setup, built once into a warm
         snapshot; ``env.sandbox()`` hands over a fork of it. ``setup`` is a
         list of steps (shell strings, ``WriteFile``) run by the daemon, or a
@@ -144,8 +195,19 @@ class Client:
         its source text is part of the environment's hash. ``max_age``:
         seconds or "30m", "12h", "7d". Nothing is called until sandbox() or
         build()."""
-        return Environment(self, name, image=image, setup=setup, resources=resources, env=env, cwd=cwd,
-                           runtime=runtime, egress=egress, max_age=max_age, pool_size=pool_size)
+        return Environment(
+            self,
+            name,
+            image=image,
+            setup=setup,
+            resources=resources,
+            env=env,
+            cwd=cwd,
+            runtime=runtime,
+            egress=egress,
+            max_age=max_age,
+            pool_size=pool_size,
+        )
 
     def list_environments(self) -> List[EnvironmentInfo]:
         r = self._transport.unary("EnvironmentService", "ListEnvironments", {})
@@ -153,14 +215,24 @@ class Client:
 
     # ------------------------------------------------------------ images
 
-    def import_image(self, path: str, *, name: Optional[str] = None,
-                     on_progress: Optional[Callable[[ImageProgress], None]] = None) -> Image:
+    def import_image(
+        self,
+        path: str,
+        *,
+        name: Optional[str] = None,
+        on_progress: Optional[Callable[[ImageProgress], None]] = None,
+    ) -> Image:
         """Imports an oci-archive or docker-archive at a path on the daemon's
         host (local socket only)."""
         return self._drain("ImportImage", {"path": path, "name": name or ""}, on_progress)
 
-    def pull_image(self, ref: str, *, insecure: bool = False,
-                   on_progress: Optional[Callable[[ImageProgress], None]] = None) -> Image:
+    def pull_image(
+        self,
+        ref: str,
+        *,
+        insecure: bool = False,
+        on_progress: Optional[Callable[[ImageProgress], None]] = None,
+    ) -> Image:
         """Pulls an image from a registry."""
         return self._drain("PullImage", {"ref": ref, "insecure": insecure}, on_progress)
 
@@ -171,8 +243,12 @@ class Client:
     def remove_image(self, name: str) -> None:
         self._transport.unary("ImageService", "RemoveImage", {"name": name})
 
-    def _drain(self, method: str, msg: Dict[str, Any],
-               on_progress: Optional[Callable[[ImageProgress], None]]) -> Image:
+    def _drain(
+        self,
+        method: str,
+        msg: Dict[str, Any],
+        on_progress: Optional[Callable[[ImageProgress], None]],
+    ) -> Image:
         img: Optional[Image] = None
         for m in self._transport.stream("ImageService", method, msg):
             p = ImageProgress.from_json(m)
@@ -206,7 +282,9 @@ class Client:
                 n = min(n, free)
             if n > free:
                 raise ResourceExhaustedError(
-                    f"{n} sandbox slots needed, {free} of this client's {self.max_concurrency} free (max_concurrency)")
+                    f"{n} sandbox slots needed, {free} of this client's "
+                    f"{self.max_concurrency} free (max_concurrency)"
+                )
             self._in_use += n
             return n
 

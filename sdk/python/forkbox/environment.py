@@ -18,8 +18,17 @@ import marshal
 import re
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
-from ._models import (BuildProgress, BuildResult, EnvironmentInfo, Handover, Overrides, Resources, SandboxInfo,
-                      Step, step_to_json)
+from ._models import (
+    BuildProgress,
+    BuildResult,
+    EnvironmentInfo,
+    Handover,
+    Overrides,
+    Resources,
+    SandboxInfo,
+    Step,
+    step_to_json,
+)
 from .errors import InternalError, InvalidArgumentError, UnavailableError
 
 if TYPE_CHECKING:
@@ -56,16 +65,32 @@ def setup_source(fn: Callable[..., Any]) -> bytes:
 class _Definition:
     """The definition both the sync and the asyncio environments send."""
 
-    def __init__(self, name: str, image: str, *, setup: Union[Sequence[Any], Callable[..., Any], None],
-                 resources: Union[Resources, Mapping[str, Any], None], env: Optional[Mapping[str, str]],
-                 cwd: Optional[str], runtime: Optional[str], egress: Optional[str],
-                 max_age: Union[int, float, str, None], pool_size: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        image: str,
+        *,
+        setup: Union[Sequence[Any], Callable[..., Any], None],
+        resources: Union[Resources, Mapping[str, Any], None],
+        env: Optional[Mapping[str, str]],
+        cwd: Optional[str],
+        runtime: Optional[str],
+        egress: Optional[str],
+        max_age: Union[int, float, str, None],
+        pool_size: int,
+    ) -> None:
         res = Resources.of(resources)
         self.name = name
         self.setup_fn: Optional[Callable[..., Any]] = None
         self.json: Dict[str, Any] = {
-            "name": name, "image": image, "env": dict(env or {}), "cwd": cwd or "", "runtime": runtime or "",
-            "egress": egress or "", "maxAgeSeconds": str(max_age_seconds(max_age)), "poolSize": pool_size,
+            "name": name,
+            "image": image,
+            "env": dict(env or {}),
+            "cwd": cwd or "",
+            "runtime": runtime or "",
+            "egress": egress or "",
+            "maxAgeSeconds": str(max_age_seconds(max_age)),
+            "poolSize": pool_size,
         }
         if res is not None:
             self.json["resources"] = res.to_json()
@@ -95,16 +120,37 @@ def _begin(begin: Dict[str, Any]) -> Tuple[Optional[EnvironmentInfo], Optional[S
 class Environment:
     """An environment of a client. Nothing is called until sandbox() or build()."""
 
-    def __init__(self, client: "Client", name: str, *, image: str,
-                 setup: Union[Sequence[Union[Step, Mapping[str, Any]]], Callable[["Sandbox"], Any], None] = None,
-                 resources: Union[Resources, Mapping[str, Any], None] = None,
-                 env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None, runtime: Optional[str] = None,
-                 egress: Optional[str] = None, max_age: Union[int, float, str, None] = None,
-                 pool_size: int = 0) -> None:
+    def __init__(
+        self,
+        client: "Client",
+        name: str,
+        *,
+        image: str,
+        setup: Union[
+            Sequence[Union[Step, Mapping[str, Any]]], Callable[["Sandbox"], Any], None
+        ] = None,
+        resources: Union[Resources, Mapping[str, Any], None] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        runtime: Optional[str] = None,
+        egress: Optional[str] = None,
+        max_age: Union[int, float, str, None] = None,
+        pool_size: int = 0,
+    ) -> None:
         self.client = client
         self.name = name
-        self._def = _Definition(name, image, setup=setup, resources=resources, env=env, cwd=cwd, runtime=runtime,
-                                egress=egress, max_age=max_age, pool_size=pool_size)
+        self._def = _Definition(
+            name,
+            image,
+            setup=setup,
+            resources=resources,
+            env=env,
+            cwd=cwd,
+            runtime=runtime,
+            egress=egress,
+            max_age=max_age,
+            pool_size=pool_size,
+        )
 
     def _call(self, method: str, message: Dict[str, Any]) -> Dict[str, Any]:
         return self.client._transport.unary("EnvironmentService", method, message)
@@ -117,8 +163,9 @@ class Environment:
             return self._run_setup()
         env: Optional[EnvironmentInfo] = None
         built = False
-        for m in self.client._transport.stream("EnvironmentService", "BuildEnvironment",
-                                               {"definition": self._def.json}):
+        for m in self.client._transport.stream(
+            "EnvironmentService", "BuildEnvironment", {"definition": self._def.json}
+        ):
             p = BuildProgress.from_json(m)
             if p.phase in ("step", "create"):
                 built = True
@@ -138,23 +185,33 @@ class Environment:
         built_here = self._run_setup().built if self._def.setup_fn is not None else False
         return self._hand_over(overrides, built_here)
 
-    def _hand_over(self, overrides: Union[Overrides, Mapping[str, Any], None], built_here: bool) -> "Sandbox":
+    def _hand_over(
+        self, overrides: Union[Overrides, Mapping[str, Any], None], built_here: bool
+    ) -> "Sandbox":
         """EnvironmentSandbox, once a client-run setup (if any) has run."""
         from .sandbox import Sandbox
+
         self.client._acquire(1)
         try:
             r = self._call("EnvironmentSandbox", self._def.overrides(overrides))
         except BaseException:
             self.client._release(1)
             raise
-        sb = Sandbox(self.client, SandboxInfo.from_json(r.get("sandbox") or {}), self.client._limited)
-        sb.handover = Handover(built=bool(r.get("built")) or built_here, from_pool=bool(r.get("fromPool")),
-                               handover_ms=float(r.get("handoverMs", 0)))
+        sb = Sandbox(
+            self.client, SandboxInfo.from_json(r.get("sandbox") or {}), self.client._limited
+        )
+        sb.handover = Handover(
+            built=bool(r.get("built")) or built_here,
+            from_pool=bool(r.get("fromPool")),
+            handover_ms=float(r.get("handoverMs", 0)),
+        )
         return sb
 
     def info(self) -> EnvironmentInfo:
         """The environment as the daemon knows it (NotFoundError before its first build)."""
-        return EnvironmentInfo.from_json(self._call("GetEnvironment", {"name": self.name}).get("environment") or {})
+        return EnvironmentInfo.from_json(
+            self._call("GetEnvironment", {"name": self.name}).get("environment") or {}
+        )
 
     def delete(self) -> None:
         """Deletes the environment (its snapshot and pool)."""
@@ -162,6 +219,7 @@ class Environment:
 
     def _run_setup(self) -> BuildResult:
         from .sandbox import Sandbox
+
         env, builder, lease = _begin(self._call("BeginBuild", {"definition": self._def.json}))
         if env is not None:
             return BuildResult(environment=env, built=False)
@@ -170,12 +228,17 @@ class Environment:
             self._def.setup_fn(Sandbox(self.client, builder, False))
         except BaseException as e:
             try:
-                self._call("CompleteBuild", {"lease": lease, "ok": False, "error": str(e) or type(e).__name__})
+                self._call(
+                    "CompleteBuild",
+                    {"lease": lease, "ok": False, "error": str(e) or type(e).__name__},
+                )
             except Exception:
                 pass
             raise
         done = self._call("CompleteBuild", {"lease": lease, "ok": True})
-        return BuildResult(environment=EnvironmentInfo.from_json(done.get("environment") or {}), built=True)
+        return BuildResult(
+            environment=EnvironmentInfo.from_json(done.get("environment") or {}), built=True
+        )
 
     def __repr__(self) -> str:
         return f"<Environment {self.name!r}>"

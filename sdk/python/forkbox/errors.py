@@ -38,16 +38,19 @@ class ForkboxError(Exception):
 
 class InvalidArgumentError(ForkboxError):
     """Bad input: a malformed resource string, a path that escapes, ..."""
+
     code = "InvalidArgument"
 
 
 class NotFoundError(ForkboxError):
     """No such sandbox, checkpoint, image, environment, file, ..."""
+
     code = "NotFound"
 
 
 class AlreadyExistsError(ForkboxError):
     """A name already taken (a live sandbox's name, ...)."""
+
     code = "AlreadyExists"
 
 
@@ -55,26 +58,31 @@ class FailedPreconditionError(ForkboxError):
     """The call is not allowed in the current state (exec on a paused
     sandbox, a fork without the per-fork credentials, resume with no
     checkpoint, a failed environment step, ...)."""
+
     code = "FailedPrecondition"
 
 
 class UnavailableError(ForkboxError):
     """The daemon (or a sandbox's agent) cannot be reached right now."""
+
     code = "Unavailable"
 
 
 class ResourceExhaustedError(ForkboxError):
     """No free slot: the client's max_concurrency, or the daemon's limit."""
+
     code = "ResourceExhausted"
 
 
 class PermissionDeniedError(ForkboxError):
     """Not allowed: e.g. this process may not open the daemon's socket."""
+
     code = "PermissionDenied"
 
 
 class UnauthenticatedError(ForkboxError):
     """A missing or wrong bearer token (TCP)."""
+
     code = "Unauthenticated"
 
 
@@ -84,17 +92,20 @@ class DeadlineExceededError(ForkboxError):
 
 class CanceledError(ForkboxError):
     """The call was canceled (e.g. Execution.cancel())."""
+
     code = "Canceled"
 
 
 class UnimplementedError(ForkboxError):
     """The daemon does not implement this (class "NotImplemented"; named so
     as not to shadow Python's NotImplementedError)."""
+
     code = "NotImplemented"
 
 
 class InternalError(ForkboxError):
     """A bug in the daemon (see its log)."""
+
     code = "Internal"
 
 
@@ -103,10 +114,21 @@ class UnknownError(ForkboxError):
 
 
 _BY_NAME: Dict[str, Type[ForkboxError]] = {
-    c.code: c for c in (
-        InvalidArgumentError, NotFoundError, AlreadyExistsError, FailedPreconditionError,
-        UnavailableError, ResourceExhaustedError, PermissionDeniedError, UnauthenticatedError,
-        DeadlineExceededError, CanceledError, UnimplementedError, InternalError, UnknownError,
+    c.code: c
+    for c in (
+        InvalidArgumentError,
+        NotFoundError,
+        AlreadyExistsError,
+        FailedPreconditionError,
+        UnavailableError,
+        ResourceExhaustedError,
+        PermissionDeniedError,
+        UnauthenticatedError,
+        DeadlineExceededError,
+        CanceledError,
+        UnimplementedError,
+        InternalError,
+        UnknownError,
     )
 }
 
@@ -133,8 +155,14 @@ _CONNECT_CODES = {
 # HTTP statuses of responses without a Connect error body (a proxy, ...),
 # as the Connect protocol maps them.
 _HTTP_STATUS = {
-    400: "Internal", 401: "Unauthenticated", 403: "PermissionDenied", 404: "NotImplemented",
-    429: "Unavailable", 502: "Unavailable", 503: "Unavailable", 504: "Unavailable",
+    400: "Internal",
+    401: "Unauthenticated",
+    403: "PermissionDenied",
+    404: "NotImplemented",
+    429: "Unavailable",
+    502: "Unavailable",
+    503: "Unavailable",
+    504: "Unavailable",
 }
 
 

@@ -12,7 +12,20 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
-from typing import IO, Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (
+    IO,
+    Any,
+    Callable,
+    Deque,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 from ._models import ExecChunk, ExecResult, b64decode, b64encode
 from ._transport import ServerStream, Transport
@@ -40,7 +53,7 @@ class TailBuffer:
         if self.max is not None and len(data) >= self.max:
             # This chunk alone fills the buffer: keep its tail.
             self.truncated = self.truncated or len(data) > self.max or self.size > 0
-            self.chunks = deque([(seq, data[len(data) - self.max:])] if self.max > 0 else [])
+            self.chunks = deque([(seq, data[len(data) - self.max :])] if self.max > 0 else [])
             self.size = self.max
             return
         self.chunks.append((seq, data))
@@ -91,12 +104,25 @@ class Execution:
     ``pipe(writer)`` to copy its output as it comes, ``for chunk in
     stream()`` to read it."""
 
-    def __init__(self, transport: Transport, sandbox_id: str, cmd: Union[str, Sequence[str]], *,
-                 env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
-                 stdin: Union[str, bytes, None] = None, timeout: Optional[float] = None,
-                 non_replayable: bool = False, max_output_bytes: Optional[int] = DEFAULT_MAX_OUTPUT_BYTES) -> None:
-        if max_output_bytes is not None and (not isinstance(max_output_bytes, int) or max_output_bytes < 0):
-            raise InvalidArgumentError(f"max_output_bytes must be a non-negative int or None, got {max_output_bytes!r}")
+    def __init__(
+        self,
+        transport: Transport,
+        sandbox_id: str,
+        cmd: Union[str, Sequence[str]],
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Union[str, bytes, None] = None,
+        timeout: Optional[float] = None,
+        non_replayable: bool = False,
+        max_output_bytes: Optional[int] = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> None:
+        if max_output_bytes is not None and (
+            not isinstance(max_output_bytes, int) or max_output_bytes < 0
+        ):
+            raise InvalidArgumentError(
+                f"max_output_bytes must be a non-negative int or None, got {max_output_bytes!r}"
+            )
         if isinstance(cmd, str):
             self.command = cmd
             req: Dict[str, Any] = {"sandbox": sandbox_id, "shell": cmd}
@@ -109,7 +135,9 @@ class Execution:
         if cwd:
             req["cwd"] = cwd
         if stdin is not None:
-            req["stdin"] = b64encode(stdin.encode("utf-8") if isinstance(stdin, str) else bytes(stdin))
+            req["stdin"] = b64encode(
+                stdin.encode("utf-8") if isinstance(stdin, str) else bytes(stdin)
+            )
         if timeout:
             req["timeoutMs"] = str(int(timeout * 1000))
         if non_replayable:
@@ -126,8 +154,9 @@ class Execution:
         self._error: Optional[BaseException] = None
         self._stream: Optional[ServerStream] = None
         self._canceled = False
-        self._thread = threading.Thread(target=self._run, args=(transport, req),
-                                        name=f"forkbox-exec-{sandbox_id}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(transport, req), name=f"forkbox-exec-{sandbox_id}", daemon=True
+        )
         self._thread.start()
 
     # ------------------------------------------------------------ reader
@@ -151,11 +180,16 @@ class Execution:
             if exit_msg is None:
                 raise UnavailableError("exec stream ended without an exit status")
             self._result = ExecResult(
-                exit_code=int(exit_msg.get("exitCode", 0)), signal=exit_msg.get("signal", ""),
-                duration_ms=float(exit_msg.get("durationMs", 0)), timed_out=bool(exit_msg.get("timedOut", False)),
+                exit_code=int(exit_msg.get("exitCode", 0)),
+                signal=exit_msg.get("signal", ""),
+                duration_ms=float(exit_msg.get("durationMs", 0)),
+                timed_out=bool(exit_msg.get("timedOut", False)),
                 oom_killed=bool(exit_msg.get("oomKilled", False)),
-                stdout=self._out.text(), stderr=self._err.text(),
-                stdout_truncated=self._out.truncated, stderr_truncated=self._err.truncated)
+                stdout=self._out.text(),
+                stderr=self._err.text(),
+                stdout_truncated=self._out.truncated,
+                stderr_truncated=self._err.truncated,
+            )
         except ForkboxError as e:
             self._error = CanceledError("exec canceled") if self._canceled else e
         except BaseException as e:  # a writer given to pipe() failed, ...
@@ -196,6 +230,7 @@ class Execution:
         Output that came before the call is replayed from what the result
         keeps of it (the last max_output_bytes). Writers are not closed."""
         import sys
+
         if stderr is None and stdout is sys.stdout:
             stderr = sys.stderr
         with self._lock:

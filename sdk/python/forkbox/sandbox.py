@@ -4,11 +4,22 @@ client's concurrency slots until close()."""
 
 from __future__ import annotations
 
-from typing import (TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Union,
-                    overload)
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Union, overload
 
-from ._models import (Checkpoint, Credential, Event, FileInfo, ForkChild, ForkResult, Handover,
-                      Overrides, Resumed, SandboxInfo, b64decode, b64encode)
+from ._models import (
+    Checkpoint,
+    Credential,
+    Event,
+    FileInfo,
+    ForkChild,
+    ForkResult,
+    Handover,
+    Overrides,
+    Resumed,
+    SandboxInfo,
+    b64decode,
+    b64encode,
+)
 from .errors import InternalError, NotFoundError, ResourceExhaustedError, from_class_name
 from .execution import DEFAULT_MAX_OUTPUT_BYTES, Execution
 
@@ -22,8 +33,15 @@ class Credentials:
     def __init__(self, sb: "Sandbox") -> None:
         self._sb = sb
 
-    def set(self, name: str, value: str, *, env: Optional[str] = None, file: Optional[str] = None,
-            per_fork: bool = False) -> Credential:
+    def set(
+        self,
+        name: str,
+        value: str,
+        *,
+        env: Optional[str] = None,
+        file: Optional[str] = None,
+        per_fork: bool = False,
+    ) -> Credential:
         """Sets a credential. It reaches every exec as the environment
         variable ``env``, and/or the file ``/run/secrets/<file>`` (a tmpfs:
         never in a snapshot); with neither, as the variable ``name``. Forks
@@ -32,7 +50,9 @@ class Credentials:
         if not env and not file:
             env = name
         cred = {"name": name, "env": env or "", "file": file or "", "perFork": per_fork}
-        r = self._sb._call("SetCredential", {"sandbox": self._sb.id, "value": value, "credential": cred})
+        r = self._sb._call(
+            "SetCredential", {"sandbox": self._sb.id, "value": value, "credential": cred}
+        )
         return Credential.from_json(r.get("credential") or {})
 
     def list(self) -> List[Credential]:
@@ -46,8 +66,8 @@ class Credentials:
 class Sandbox:
     """A handle on one sandbox. Use it as a context manager to close it::
 
-        with client.sandbox(image="...") as sb:
-            sb.exec("make").wait()
+    with client.sandbox(image="...") as sb:
+        sb.exec("make").wait()
     """
 
     def __init__(self, client: "Client", info: SandboxInfo, holds_slot: bool) -> None:
@@ -76,10 +96,17 @@ class Sandbox:
 
     # ------------------------------------------------------------ exec
 
-    def exec(self, cmd: Union[str, Sequence[str]], *, env: Optional[Mapping[str, str]] = None,
-             cwd: Optional[str] = None, stdin: Union[str, bytes, None] = None, timeout: Optional[float] = None,
-             non_replayable: bool = False,
-             max_output_bytes: Optional[int] = DEFAULT_MAX_OUTPUT_BYTES) -> Execution:
+    def exec(
+        self,
+        cmd: Union[str, Sequence[str]],
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Union[str, bytes, None] = None,
+        timeout: Optional[float] = None,
+        non_replayable: bool = False,
+        max_output_bytes: Optional[int] = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> Execution:
         """Starts a command and returns at once: a string runs with
         ``/bin/sh -c``, a list is argv. ``.wait()`` for the result (raises
         ExecError when it fails), ``.pipe(sys.stdout)`` to stream its output,
@@ -88,25 +115,59 @@ class Sandbox:
         ``timeout`` (seconds) kills the command; ``non_replayable`` keeps it
         out of client.resume()'s replay; the result keeps the last
         ``max_output_bytes`` of each stream (None: all)."""
-        return Execution(self.client._transport, self.id, cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
-                         non_replayable=non_replayable, max_output_bytes=max_output_bytes)
+        return Execution(
+            self.client._transport,
+            self.id,
+            cmd,
+            env=env,
+            cwd=cwd,
+            stdin=stdin,
+            timeout=timeout,
+            non_replayable=non_replayable,
+            max_output_bytes=max_output_bytes,
+        )
 
     # ------------------------------------------------------------ fork
 
     @overload
-    def fork(self, tag: Optional[str] = None, *, count: None = None, overrides: Union[Overrides, Mapping[str, Any], None] = None,
-             credentials: Optional[Mapping[str, str]] = None, from_checkpoint: Optional[str] = None,
-             best_effort: bool = False, memory: bool = False) -> "Sandbox": ...
+    def fork(
+        self,
+        tag: Optional[str] = None,
+        *,
+        count: None = None,
+        overrides: Union[Overrides, Mapping[str, Any], None] = None,
+        credentials: Optional[Mapping[str, str]] = None,
+        from_checkpoint: Optional[str] = None,
+        best_effort: bool = False,
+        memory: bool = False,
+    ) -> "Sandbox":
+        ...
 
     @overload
-    def fork(self, tag: Optional[str] = None, *, count: int, overrides: Union[Overrides, Mapping[str, Any], None] = None,
-             credentials: Optional[Mapping[str, str]] = None, from_checkpoint: Optional[str] = None,
-             best_effort: bool = False, memory: bool = False) -> ForkResult: ...
+    def fork(
+        self,
+        tag: Optional[str] = None,
+        *,
+        count: int,
+        overrides: Union[Overrides, Mapping[str, Any], None] = None,
+        credentials: Optional[Mapping[str, str]] = None,
+        from_checkpoint: Optional[str] = None,
+        best_effort: bool = False,
+        memory: bool = False,
+    ) -> ForkResult:
+        ...
 
-    def fork(self, tag: Optional[str] = None, *, count: Optional[int] = None,
-             overrides: Union[Overrides, Mapping[str, Any], None] = None,
-             credentials: Optional[Mapping[str, str]] = None, from_checkpoint: Optional[str] = None,
-             best_effort: bool = False, memory: bool = False) -> Union["Sandbox", ForkResult]:
+    def fork(
+        self,
+        tag: Optional[str] = None,
+        *,
+        count: Optional[int] = None,
+        overrides: Union[Overrides, Mapping[str, Any], None] = None,
+        credentials: Optional[Mapping[str, str]] = None,
+        from_checkpoint: Optional[str] = None,
+        best_effort: bool = False,
+        memory: bool = False,
+    ) -> Union["Sandbox", ForkResult]:
         """Checkpoints the sandbox (``tag`` is stored in its ledger) and starts
         children from it; the source keeps running.
 
@@ -123,7 +184,12 @@ class Sandbox:
         and memory too (gVisor)."""
         want = max(count if count is not None else 1, 1)
         n = self.client._acquire(want, best_effort)
-        msg: Dict[str, Any] = {"sandbox": self.id, "count": n, "bestEffort": best_effort, "memory": memory}
+        msg: Dict[str, Any] = {
+            "sandbox": self.id,
+            "count": n,
+            "bestEffort": best_effort,
+            "memory": memory,
+        }
         if tag:
             msg["tag"] = tag
         ov = Overrides.of(overrides)
@@ -143,23 +209,36 @@ class Sandbox:
         for c in r.get("children") or []:
             child = ForkChild(start_ms=float(c.get("startMs", 0)))
             if c.get("sandbox"):
-                child.sandbox = Sandbox(self.client, SandboxInfo.from_json(c["sandbox"]), self.client._limited)
+                child.sandbox = Sandbox(
+                    self.client, SandboxInfo.from_json(c["sandbox"]), self.client._limited
+                )
                 started += 1
             if c.get("error"):
                 child.error = from_class_name(c.get("errorClass", ""), c["error"])
             children.append(child)
         for _ in range(n, want):
-            children.append(ForkChild(error=ResourceExhaustedError("no free slot of this client (max_concurrency)")))
+            children.append(
+                ForkChild(
+                    error=ResourceExhaustedError("no free slot of this client (max_concurrency)")
+                )
+            )
         self.client._release(n - started)
         ck = r.get("checkpoint")
-        result = ForkResult(checkpoint=Checkpoint.from_json(ck) if ck else None, captured=r.get("captured", ""),
-                            capture_ms=float(r.get("captureMs", 0)), flush_ms=float(r.get("flushMs", 0)),
-                            total_ms=float(r.get("totalMs", 0)), children=children)
+        result = ForkResult(
+            checkpoint=Checkpoint.from_json(ck) if ck else None,
+            captured=r.get("captured", ""),
+            capture_ms=float(r.get("captureMs", 0)),
+            flush_ms=float(r.get("flushMs", 0)),
+            total_ms=float(r.get("totalMs", 0)),
+            children=children,
+        )
         if count is not None:
             return result
         first = children[0] if children else None
         if first is None or first.sandbox is None:
-            raise (first.error if first and first.error else InternalError("fork returned no child"))
+            raise (
+                first.error if first and first.error else InternalError("fork returned no child")
+            )
         return first.sandbox
 
     # ------------------------------------------------------------ checkpoints
@@ -206,7 +285,9 @@ class Sandbox:
     def write_file(self, path: str, data: Union[str, bytes], *, mode: int = 0) -> None:
         """Writes a file (a str as UTF-8; mode 0 means 0644)."""
         b = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-        self._call("WriteFile", {"sandbox": self.id, "path": path, "data": b64encode(b), "mode": mode})
+        self._call(
+            "WriteFile", {"sandbox": self.id, "path": path, "data": b64encode(b), "mode": mode}
+        )
 
     def list_files(self, path: str) -> List[FileInfo]:
         r = self._call("ListFiles", {"sandbox": self.id, "path": path})

@@ -38,9 +38,18 @@ import forkbox  # noqa: E402
 BIN = REPO / "bin" / "forkbox"
 RUN_ID = f"{os.getpid() & 0xffff:04x}"
 NET_FLAGS = [
-    "--bridge", f"fbxpy{RUN_ID}", "--net-table", f"forkbox_py_{RUN_ID}", "--veth-prefix", f"p{RUN_ID}",
-    "--subnet", f"10.218.{1 + os.getpid() % 250}.0/24", "--cgroup-parent", f"forkbox-py-{RUN_ID}",
-    "--btrfs-size", "8Gi",
+    "--bridge",
+    f"fbxpy{RUN_ID}",
+    "--net-table",
+    f"forkbox_py_{RUN_ID}",
+    "--veth-prefix",
+    f"p{RUN_ID}",
+    "--subnet",
+    f"10.218.{1 + os.getpid() % 250}.0/24",
+    "--cgroup-parent",
+    f"forkbox-py-{RUN_ID}",
+    "--btrfs-size",
+    "8Gi",
 ]
 READY_SECONDS = 60.0
 #: The daemon's own bound on live sandboxes: small, so that a test can make
@@ -133,8 +142,13 @@ def _teardown(d: Daemon) -> None:
         c.close()
     if os.environ.get("FORKBOX_PY_LOG"):
         sys.stderr.write(d.tail(1 << 20))
-    r = subprocess.run([str(BIN), "uninstall", "--purge", *d.flags], stdin=subprocess.DEVNULL,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    r = subprocess.run(
+        [str(BIN), "uninstall", "--purge", *d.flags],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     if r.returncode != 0:
         sys.stderr.write(f"forkbox uninstall: {r.stderr}\n")
     shutil.rmtree(d.dir, ignore_errors=True)
@@ -147,22 +161,61 @@ def daemon() -> Iterator[Daemon]:
         if os.environ.get("CI") == "true":
             pytest.fail(f"prerequisite missing in CI: {why}")
         pytest.skip(why)
-    subprocess.run(["make", "-s", "build"], cwd=REPO, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["make", "-s", "build"],
+        cwd=REPO,
+        check=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
     tmp = Path(tempfile.mkdtemp(prefix="forkbox-py-"))
     sock = str(tmp / "forkbox.sock")
-    flags = ["--state-dir", str(tmp / "state"), "--run-dir", str(tmp / "run"), "--socket", sock, *NET_FLAGS]
-    d = Daemon(dir=tmp, socket=sock, log=tmp / "daemon.log", flags=flags,
-               tcp_url=f"http://127.0.0.1:{_free_port()}", token=secrets.token_hex(16))
+    flags = [
+        "--state-dir",
+        str(tmp / "state"),
+        "--run-dir",
+        str(tmp / "run"),
+        "--socket",
+        sock,
+        *NET_FLAGS,
+    ]
+    d = Daemon(
+        dir=tmp,
+        socket=sock,
+        log=tmp / "daemon.log",
+        flags=flags,
+        tcp_url=f"http://127.0.0.1:{_free_port()}",
+        token=secrets.token_hex(16),
+    )
     with open(d.log, "ab") as out:
         d.proc = subprocess.Popen(
-            [str(BIN), "serve", *flags, "--tcp", d.tcp_url[len("http://"):], "--api-token", d.token,
-             "--max-sandboxes", str(MAX_SANDBOXES), "--log-level", "debug"],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+            [
+                str(BIN),
+                "serve",
+                *flags,
+                "--tcp",
+                d.tcp_url[len("http://") :],
+                "--api-token",
+                d.token,
+                "--max-sandboxes",
+                str(MAX_SANDBOXES),
+                "--log-level",
+                "debug",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+        )
     try:
         _wait_ready(d)
         archive = tmp / "busybox.tar"
-        subprocess.run(["go", "run", "./tools/mkimage", "-o", str(archive)], cwd=REPO, check=True,
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            ["go", "run", "./tools/mkimage", "-o", str(archive)],
+            cwd=REPO,
+            check=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
         d.image = d.client().import_image(str(archive)).name
         yield d
     finally:

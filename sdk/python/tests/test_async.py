@@ -43,8 +43,14 @@ def test_async_exec_stream_and_parallel_pipes(daemon: Daemon, image: str) -> Non
                 # Both commands run at once: each waits for the other's marker file.
                 out = Capture()
                 a, b = await asyncio.gather(
-                    sb.exec("touch /tmp/a; until [ -f /tmp/b ]; do sleep 0.05; done; echo A", timeout=60).pipe(out),
-                    sb.exec("touch /tmp/b; until [ -f /tmp/a ]; do sleep 0.05; done; echo B", timeout=60).pipe(out),
+                    sb.exec(
+                        "touch /tmp/a; until [ -f /tmp/b ]; do sleep 0.05; done; echo A",
+                        timeout=60,
+                    ).pipe(out),
+                    sb.exec(
+                        "touch /tmp/b; until [ -f /tmp/a ]; do sleep 0.05; done; echo B",
+                        timeout=60,
+                    ).pipe(out),
                 )
                 assert (a.stdout, b.stdout) == ("A\n", "B\n")
                 assert sorted(out.text().split()) == ["A", "B"]
@@ -69,7 +75,9 @@ def test_async_fork_checkpoint_restore_credentials(daemon: Daemon, image: str) -
                 a, b = await asyncio.gather(sb.fork("track-a"), sb.fork("track-b"))
                 assert isinstance(a, forkbox.AsyncSandbox) and a.id != b.id
                 async with a, b:
-                    ra, rb = await asyncio.gather(a.exec("cat /root/s; echo $API_KEY"), b.exec("cat /root/s"))
+                    ra, rb = await asyncio.gather(
+                        a.exec("cat /root/s; echo $API_KEY"), b.exec("cat /root/s")
+                    )
                     assert (ra.stdout, rb.stdout) == ("base\nk1\n", "base\n")
                 res = await sb.fork("many", count=2)
                 assert isinstance(res, forkbox.ForkResult) and len(res.sandboxes) == 2
@@ -111,9 +119,12 @@ def test_async_environment_with_async_setup(daemon: Daemon, image: str) -> None:
             env = client.environment("py-async-env", image=image, resources=RES, setup=setup)
             first, second = await asyncio.gather(env.sandbox(), env.sandbox())
             async with first, second:
-                assert sorted([first.handover.built, second.handover.built]) == [False, True]  # type: ignore
+                built = [first.handover.built, second.handover.built]  # type: ignore[union-attr]
+                assert sorted(built) == [False, True]
                 for sb in (first, second):
-                    assert (await sb.exec("cat /site/numpy.version /site/by")).stdout == "1.26.4\nasync-setup"
+                    assert (
+                        await sb.exec("cat /site/numpy.version /site/by")
+                    ).stdout == "1.26.4\nasync-setup"
             assert len(runs) == 1
             info = await env.info()
             assert info.state == "ready"
@@ -130,7 +141,9 @@ def test_async_max_concurrency(daemon: Daemon, image: str) -> None:
                 with pytest.raises(forkbox.ResourceExhaustedError):
                     await sb.fork(count=2)
                 res = await sb.fork(count=2, best_effort=True)
-                assert len(res.sandboxes) == 1 and isinstance(res.errors[0], forkbox.ResourceExhaustedError)
+                assert len(res.sandboxes) == 1 and isinstance(
+                    res.errors[0], forkbox.ResourceExhaustedError
+                )
                 assert client.slots_in_use == 2
                 await res.sandboxes[0].close()
             finally:

@@ -16,12 +16,22 @@ from conftest import RES, Daemon
 
 
 def test_steps_build_once_then_fork(client: forkbox.Client, image: str) -> None:
-    env = client.environment("py-steps", image=image, resources=RES, env={"MODE": "steps"},
-                             setup=["mkdir -p /app && echo hello > /app/hello",
-                                    forkbox.WriteFile("/app/cfg.json", '{"a":1}')])
+    env = client.environment(
+        "py-steps",
+        image=image,
+        resources=RES,
+        env={"MODE": "steps"},
+        setup=[
+            "mkdir -p /app && echo hello > /app/hello",
+            forkbox.WriteFile("/app/cfg.json", '{"a":1}'),
+        ],
+    )
     with env.sandbox() as a:
         assert a.handover is not None and a.handover.built
-        assert a.exec("cat /app/hello /app/cfg.json; echo $MODE").wait().stdout == 'hello\n{"a":1}steps\n'
+        assert (
+            a.exec("cat /app/hello /app/cfg.json; echo $MODE").wait().stdout
+            == 'hello\n{"a":1}steps\n'
+        )
         a.exec("echo mine > /app/hello").wait()
         with env.sandbox() as b:
             assert b.handover is not None and not b.handover.built
@@ -40,7 +50,9 @@ def test_steps_build_once_then_fork(client: forkbox.Client, image: str) -> None:
 
 
 def test_failing_step_is_a_typed_error(client: forkbox.Client, image: str) -> None:
-    env = client.environment("py-badstep", image=image, resources=RES, setup=["echo no >&2; exit 7"])
+    env = client.environment(
+        "py-badstep", image=image, resources=RES, setup=["echo no >&2; exit 7"]
+    )
     with pytest.raises(forkbox.FailedPreconditionError, match="exited 7"):
         env.sandbox()
 
@@ -64,7 +76,8 @@ def test_setup_callable_runs_once_for_concurrent_callers(daemon: Daemon, image: 
         a, b = pool.map(get, [daemon.client(), daemon.client()])
     try:
         assert len(runs) == 1
-        assert sorted([a.handover.built, b.handover.built]) == [False, True]  # type: ignore[union-attr]
+        built = [a.handover.built, b.handover.built]  # type: ignore[union-attr]
+        assert sorted(built) == [False, True]
         for sb in (a, b):
             assert sb.exec("cat /site/numpy.version /site/by").wait().stdout == "1.26.4\nsetup-fn"
         with get(daemon.client()) as c:
@@ -73,10 +86,14 @@ def test_setup_callable_runs_once_for_concurrent_callers(daemon: Daemon, image: 
     finally:
         a.close()
         b.close()
-    assert not any(s.id == runs[0] for s in daemon.client().list_sandboxes()), "builder sandbox left running"
+    assert not any(
+        s.id == runs[0] for s in daemon.client().list_sandboxes()
+    ), "builder sandbox left running"
 
 
-def test_raising_setup_fails_the_build_and_the_next_call_retries(client: forkbox.Client, image: str) -> None:
+def test_raising_setup_fails_the_build_and_the_next_call_retries(
+    client: forkbox.Client, image: str
+) -> None:
     attempts = []
 
     def flaky(sb: forkbox.Sandbox) -> None:
@@ -97,7 +114,9 @@ def test_raising_setup_fails_the_build_and_the_next_call_retries(client: forkbox
 
 
 def test_warm_pool_handover(client: forkbox.Client, image: str) -> None:
-    env = client.environment("py-pool", image=image, resources=RES, pool_size=1, setup=["echo pooled > /root/p"])
+    env = client.environment(
+        "py-pool", image=image, resources=RES, pool_size=1, setup=["echo pooled > /root/p"]
+    )
     try:
         env.sandbox().close()
         # The pool refills in the background: wait for it, bounded.

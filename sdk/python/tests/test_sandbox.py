@@ -22,8 +22,14 @@ def test_create_exec_close(client: forkbox.Client, image: str) -> None:
         assert sb.info.created_at is not None and sb.info.created_at.tzinfo is not None
         r = sb.exec("echo $GREETING; echo oops >&2").wait()
         assert isinstance(r, forkbox.ExecResult)
-        assert (r.exit_code, r.stdout, r.stderr, r.timed_out, r.oom_killed, r.ok) == (0, "hi\n", "oops\n",
-                                                                                     False, False, True)
+        assert (r.exit_code, r.stdout, r.stderr, r.timed_out, r.oom_killed, r.ok) == (
+            0,
+            "hi\n",
+            "oops\n",
+            False,
+            False,
+            True,
+        )
         assert r.duration_ms >= 0
         assert sb.exec(["echo", "a b", "c"]).wait().stdout == "a b c\n"
         assert sb.exec("cat", stdin="from stdin").wait().stdout == "from stdin"
@@ -85,7 +91,9 @@ def test_stream_and_pipe(client: forkbox.Client, image: str) -> None:
 
         chunks = list(sb.exec(cmd).stream())
         assert len(chunks) >= 3
-        assert "".join(c.text for c in chunks if c.stream == "stdout") == "line 1\nline 2\nline 3\n"
+        assert (
+            "".join(c.text for c in chunks if c.stream == "stdout") == "line 1\nline 2\nline 3\n"
+        )
         assert [c.text for c in chunks if c.stream == "stderr"] == ["bad\n"]
 
         # A text writer works too; pipe() after the end replays what the result kept.
@@ -104,14 +112,20 @@ def test_stream_and_pipe(client: forkbox.Client, image: str) -> None:
 
         # The result keeps the tail; pipe() gets every byte.
         big = Capture()
-        r = sb.exec("head -c 1000000 /dev/zero | tr '\\0' x", max_output_bytes=1000).pipe(big).wait()
+        r = (
+            sb.exec("head -c 1000000 /dev/zero | tr '\\0' x", max_output_bytes=1000)
+            .pipe(big)
+            .wait()
+        )
         assert len(b"".join(big.chunks)) == 1_000_000
         assert (r.stdout, r.stdout_truncated) == ("x" * 1000, True)
         with pytest.raises(forkbox.InvalidArgumentError):
             sb.exec("true", max_output_bytes=-1)
 
 
-def test_pipe_to_sys_stdout(client: forkbox.Client, image: str, capfd: pytest.CaptureFixture[str]) -> None:
+def test_pipe_to_sys_stdout(
+    client: forkbox.Client, image: str, capfd: pytest.CaptureFixture[str]
+) -> None:
     with client.sandbox(image=image, resources=RES, name="py-sysout") as sb:
         sb.exec("echo to-stdout; echo to-stderr >&2").pipe(sys.stdout).wait()
     got = capfd.readouterr()
@@ -188,7 +202,10 @@ def test_fork_count_per_child_results(client: forkbox.Client, image: str) -> Non
             for c in res.children:
                 assert c.ok and c.start_ms > 0
                 assert c.sandbox is not None
-                assert c.sandbox.exec("echo $ROLE; cat /root/state").wait().stdout == "worker\nshared\n"
+                assert (
+                    c.sandbox.exec("echo $ROLE; cat /root/state").wait().stdout
+                    == "worker\nshared\n"
+                )
         finally:
             for c in res.sandboxes:
                 c.close()
@@ -198,7 +215,9 @@ def test_fork_count_per_child_results(client: forkbox.Client, image: str) -> Non
         one.sandboxes[0].close()
 
 
-def test_fork_one_child_failing_does_not_fail_the_others(client: forkbox.Client, image: str) -> None:
+def test_fork_one_child_failing_does_not_fail_the_others(
+    client: forkbox.Client, image: str
+) -> None:
     # The daemon's bound on live sandboxes (--max-sandboxes) leaves room for
     # `free` children: with best_effort those start and the rest fail, each
     # with its own ResourceExhausted error.
@@ -266,14 +285,20 @@ def test_credentials(client: forkbox.Client, image: str) -> None:
         sb.credentials.set("token", "parent-token", file="token", per_fork=True)
         sb.credentials.set("OTHER", "x", env="OTHER_ENV")
         assert sorted(c.name for c in sb.credentials.list()) == ["API_KEY", "OTHER", "token"]
-        assert sb.exec("echo $API_KEY $OTHER_ENV; cat /run/secrets/token").wait().stdout == "s3cret x\nparent-token"
+        assert (
+            sb.exec("echo $API_KEY $OTHER_ENV; cat /run/secrets/token").wait().stdout
+            == "s3cret x\nparent-token"
+        )
         sb.credentials.delete("OTHER")
         assert sorted(c.name for c in sb.credentials.list()) == ["API_KEY", "token"]
         assert "s3cret" not in repr(sb.refresh())
         with pytest.raises(forkbox.FailedPreconditionError):
             sb.fork("no-token")
         with sb.fork("with-token", credentials={"token": "child-token"}) as child:
-            assert child.exec("echo $API_KEY; cat /run/secrets/token").wait().stdout == "s3cret\nchild-token"
+            assert (
+                child.exec("echo $API_KEY; cat /run/secrets/token").wait().stdout
+                == "s3cret\nchild-token"
+            )
 
 
 def test_pause_unpause(client: forkbox.Client, image: str) -> None:

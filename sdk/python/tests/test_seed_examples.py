@@ -29,8 +29,10 @@ def basic_usage(client: forkbox.Client, stdout: IO[Any], name: str = "my-job") -
             # Run different workloads in parallel on the same base state
             runs = [
                 sb.exec("tar tzf /app/deps.tgz && echo 'tests: 1 passed'").pipe(stdout),
-                fork.exec("mkdir -p /app/dist && cp /app/a /app/dist/bundle.js && echo built $(cat /app/dist/bundle.js)")
-                .pipe(stdout),
+                fork.exec(
+                    "mkdir -p /app/dist && cp /app/a /app/dist/bundle.js"
+                    " && echo built $(cat /app/dist/bundle.js)"
+                ).pipe(stdout),
             ]
             for run in runs:
                 run.wait()
@@ -38,7 +40,9 @@ def basic_usage(client: forkbox.Client, stdout: IO[Any], name: str = "my-job") -
 
 # "Branching experiments". pip install → commands that write version files;
 # python3 -c 'import X; print(X.__version__)' → cat of that file.
-def branching_experiments(client: forkbox.Client, stdout: IO[Any], name: str = "python-base") -> None:
+def branching_experiments(
+    client: forkbox.Client, stdout: IO[Any], name: str = "python-base"
+) -> None:
     def setup(sb: forkbox.Sandbox) -> None:
         sb.exec("mkdir -p /site && echo 1.26.4 > /site/numpy.version").wait()
 
@@ -57,12 +61,18 @@ def branching_experiments(client: forkbox.Client, stdout: IO[Any], name: str = "
                 fork.exec(probe).pipe(stdout).wait()
 
         with ThreadPoolExecutor() as pool:
-            a = pool.submit(track, "track-a",
-                            "test -f /site/numpy.version && echo 2.2.3 > /site/pandas.version",
-                            "cat /site/pandas.version")
-            b = pool.submit(track, "track-b",
-                            "test -f /site/numpy.version && echo 2.5.1+cpu > /site/torch.version",
-                            "cat /site/torch.version")
+            a = pool.submit(
+                track,
+                "track-a",
+                "test -f /site/numpy.version && echo 2.2.3 > /site/pandas.version",
+                "cat /site/pandas.version",
+            )
+            b = pool.submit(
+                track,
+                "track-b",
+                "test -f /site/numpy.version && echo 2.5.1+cpu > /site/torch.version",
+                "cat /site/torch.version",
+            )
             a.result()
             b.result()
 
@@ -83,8 +93,10 @@ async def basic_usage_async(client: forkbox.AsyncClient, stdout: IO[Any]) -> Non
             # Run different workloads in parallel on the same base state
             await asyncio.gather(
                 sb.exec("tar tzf /app/deps.tgz && echo 'tests: 1 passed'").pipe(stdout),
-                fork.exec("mkdir -p /app/dist && cp /app/a /app/dist/bundle.js && echo built $(cat /app/dist/bundle.js)")
-                .pipe(stdout),
+                fork.exec(
+                    "mkdir -p /app/dist && cp /app/a /app/dist/bundle.js"
+                    " && echo built $(cat /app/dist/bundle.js)"
+                ).pipe(stdout),
             )
         finally:
             await fork.close()
@@ -116,10 +128,16 @@ async def branching_experiments_async(client: forkbox.AsyncClient, stdout: IO[An
                 await fork.close()
 
         await asyncio.gather(
-            track(fork_a, "test -f /site/numpy.version && echo 2.2.3 > /site/pandas.version",
-                  "cat /site/pandas.version"),
-            track(fork_b, "test -f /site/numpy.version && echo 2.5.1+cpu > /site/torch.version",
-                  "cat /site/torch.version"),
+            track(
+                fork_a,
+                "test -f /site/numpy.version && echo 2.2.3 > /site/pandas.version",
+                "cat /site/pandas.version",
+            ),
+            track(
+                fork_b,
+                "test -f /site/numpy.version && echo 2.5.1+cpu > /site/torch.version",
+                "cat /site/torch.version",
+            ),
         )
     finally:
         await sb.close()
@@ -136,7 +154,10 @@ def test_basic_usage(daemon: Daemon, image: str) -> None:
     basic_usage(client, stdout)
     assert lines(stdout) == ["app/a", "built console", "tests: 1 passed"]
     events = client.events("my-job")
-    assert any(e.type == "sandbox.checkpoint_created" and e.data.get("tag") == "after-install" for e in events)
+    assert any(
+        e.type == "sandbox.checkpoint_created" and e.data.get("tag") == "after-install"
+        for e in events
+    )
     assert client.list_sandboxes() == [], "the example leaves no sandbox"
     assert client.slots_in_use == 0
 
@@ -153,9 +174,15 @@ def test_branching_experiments(daemon: Daemon) -> None:
     assert lines(again) == ["2.2.3", "2.5.1+cpu"]
     env = [e for e in client.list_environments() if e.name == "python-base"]
     assert env and env[-1].state == "ready"
-    builders = [s for s in client.list_sandboxes(all=True)
-                if s.name.startswith("build-python-base-") and not s.name.startswith("build-python-base-async")]
-    assert len(builders) == 1, f"want the setup run once, got builders {[s.name for s in builders]}"
+    builders = [
+        s
+        for s in client.list_sandboxes(all=True)
+        if s.name.startswith("build-python-base-")
+        and not s.name.startswith("build-python-base-async")
+    ]
+    assert (
+        len(builders) == 1
+    ), f"want the setup run once, got builders {[s.name for s in builders]}"
     assert client.slots_in_use == 0
 
 

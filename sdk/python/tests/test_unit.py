@@ -22,13 +22,13 @@ import pytest
 
 import forkbox
 from forkbox._models import Event, FileInfo, SandboxInfo, step_to_json
-from forkbox._transport import Transport
 from forkbox.environment import _Definition, max_age_seconds
 from forkbox.errors import from_class_name, from_connect_code
 from forkbox.execution import TailBuffer, merged
 
 
 # ---------------------------------------------------------------- TailBuffer
+
 
 def test_tail_keeps_everything_under_the_bound() -> None:
     t = TailBuffer(10)
@@ -83,46 +83,75 @@ def test_merged_restores_arrival_order() -> None:
     out.push(0, b"a")
     err.push(1, b"b")
     out.push(2, b"c")
-    assert [(c.stream, c.data) for c in merged(out, err)] == [("stdout", b"a"), ("stderr", b"b"), ("stdout", b"c")]
+    assert [(c.stream, c.data) for c in merged(out, err)] == [
+        ("stdout", b"a"),
+        ("stderr", b"b"),
+        ("stdout", b"c"),
+    ]
 
 
 # ---------------------------------------------------------------- models and errors
 
+
 def test_models_convert_proto_json() -> None:
-    info = SandboxInfo.from_json({"id": "sb-1", "name": "n", "state": "running", "createdAtUnixMs": "1700000000123",
-                                  "resources": {"cpu": "1", "memory": "512Mi", "pids": "1024"},
-                                  "credentials": ["A"], "env": {"K": "V"}})
+    info = SandboxInfo.from_json(
+        {
+            "id": "sb-1",
+            "name": "n",
+            "state": "running",
+            "createdAtUnixMs": "1700000000123",
+            "resources": {"cpu": "1", "memory": "512Mi", "pids": "1024"},
+            "credentials": ["A"],
+            "env": {"K": "V"},
+        }
+    )
     assert info.created_at == datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=timezone.utc)
     assert info.resources == forkbox.Resources(cpu="1", memory="512Mi", pids=1024)
     assert (info.credentials, info.env, info.parent_id) == (["A"], {"K": "V"}, "")
-    ev = Event.from_json({"seq": "3", "type": "sandbox.checkpoint_created", "timeUnixMs": "1000",
-                          "dataJson": '{"tag": "t"}'})
-    assert (ev.seq, ev.data, ev.time) == (3, {"tag": "t"}, datetime(1970, 1, 1, 0, 0, 1, tzinfo=timezone.utc))
+    ev = Event.from_json(
+        {
+            "seq": "3",
+            "type": "sandbox.checkpoint_created",
+            "timeUnixMs": "1000",
+            "dataJson": '{"tag": "t"}',
+        }
+    )
+    assert (ev.seq, ev.data, ev.time) == (
+        3,
+        {"tag": "t"},
+        datetime(1970, 1, 1, 0, 0, 1, tzinfo=timezone.utc),
+    )
     f = FileInfo.from_json({"name": "d", "dir": True, "size": "0"})
     assert f.is_dir and f.modified_at is None
     assert step_to_json("make") == {"run": "make"}
-    assert step_to_json(forkbox.WriteFile("/a", "hi", 0o600)) == {"writePath": "/a", "writeContent": "aGk=",
-                                                                   "writeMode": 0o600}
+    assert step_to_json(forkbox.WriteFile("/a", "hi", 0o600)) == {
+        "writePath": "/a",
+        "writeContent": "aGk=",
+        "writeMode": 0o600,
+    }
     assert forkbox.Resources.of({"cpu": "2"}) == forkbox.Resources(cpu="2")
     with pytest.raises(forkbox.InvalidArgumentError):
         forkbox.Resources.of({"memroy": "1Gi"})
 
 
-@pytest.mark.parametrize("code,cls", [
-    ("not_found", forkbox.NotFoundError),
-    ("already_exists", forkbox.AlreadyExistsError),
-    ("invalid_argument", forkbox.InvalidArgumentError),
-    ("failed_precondition", forkbox.FailedPreconditionError),
-    ("resource_exhausted", forkbox.ResourceExhaustedError),
-    ("unavailable", forkbox.UnavailableError),
-    ("permission_denied", forkbox.PermissionDeniedError),
-    ("unauthenticated", forkbox.UnauthenticatedError),
-    ("deadline_exceeded", forkbox.DeadlineExceededError),
-    ("canceled", forkbox.CanceledError),
-    ("unimplemented", forkbox.UnimplementedError),
-    ("internal", forkbox.InternalError),
-    ("something_new", forkbox.UnknownError),
-])
+@pytest.mark.parametrize(
+    "code,cls",
+    [
+        ("not_found", forkbox.NotFoundError),
+        ("already_exists", forkbox.AlreadyExistsError),
+        ("invalid_argument", forkbox.InvalidArgumentError),
+        ("failed_precondition", forkbox.FailedPreconditionError),
+        ("resource_exhausted", forkbox.ResourceExhaustedError),
+        ("unavailable", forkbox.UnavailableError),
+        ("permission_denied", forkbox.PermissionDeniedError),
+        ("unauthenticated", forkbox.UnauthenticatedError),
+        ("deadline_exceeded", forkbox.DeadlineExceededError),
+        ("canceled", forkbox.CanceledError),
+        ("unimplemented", forkbox.UnimplementedError),
+        ("internal", forkbox.InternalError),
+        ("something_new", forkbox.UnknownError),
+    ],
+)
 def test_connect_codes_map_to_error_classes(code: str, cls: type) -> None:
     e = from_connect_code(code, "msg")
     assert type(e) is cls, f"got {type(e).__name__}, want {cls.__name__}"
@@ -133,7 +162,14 @@ def test_connect_codes_map_to_error_classes(code: str, cls: type) -> None:
 
 
 def test_max_age_and_setup_hash() -> None:
-    assert [max_age_seconds(v) for v in (None, 90, "90", "30m", "12h", "7d")] == [0, 90, 90, 1800, 43200, 604800]
+    assert [max_age_seconds(v) for v in (None, 90, "90", "30m", "12h", "7d")] == [
+        0,
+        90,
+        90,
+        1800,
+        43200,
+        604800,
+    ]
     with pytest.raises(forkbox.InvalidArgumentError):
         max_age_seconds("soon")
 
@@ -143,7 +179,9 @@ def test_max_age_and_setup_hash() -> None:
     def two(sb: forkbox.Sandbox) -> None:
         sb.exec("echo two").wait()
 
-    kw = dict(resources=None, env=None, cwd=None, runtime=None, egress=None, max_age=None, pool_size=0)
+    kw = dict(
+        resources=None, env=None, cwd=None, runtime=None, egress=None, max_age=None, pool_size=0
+    )
     h1 = _Definition("e", "img", setup=one, **kw).json["setupHash"]
     assert h1 == _Definition("e", "img", setup=one, **kw).json["setupHash"]
     assert h1 != _Definition("e", "img", setup=two, **kw).json["setupHash"]
@@ -152,6 +190,7 @@ def test_max_age_and_setup_hash() -> None:
 
 
 # ---------------------------------------------------------------- transport against a fake server
+
 
 def envelope(flags: int, doc: Dict) -> bytes:
     payload = json.dumps(doc).encode()
@@ -215,7 +254,11 @@ S = "/forkbox.v1.SandboxService/"
 
 
 def test_unary_call_and_token(fake: FakeServer) -> None:
-    fake.routes[S + "GetSandbox"] = (200, "application/json", b'{"sandbox": {"id": "sb-1", "name": "x"}}')
+    fake.routes[S + "GetSandbox"] = (
+        200,
+        "application/json",
+        b'{"sandbox": {"id": "sb-1", "name": "x"}}',
+    )
     c = forkbox.Client(socket=fake.path, token="T0K")
     sb = c.get_sandbox("x")
     assert (sb.id, sb.name) == ("sb-1", "x")
@@ -230,7 +273,11 @@ def test_unary_call_and_token(fake: FakeServer) -> None:
 
 
 def test_unary_errors(fake: FakeServer) -> None:
-    fake.routes[S + "GetSandbox"] = (404, "application/json", b'{"code": "not_found", "message": "sandbox \\"x\\": not found"}')
+    fake.routes[S + "GetSandbox"] = (
+        404,
+        "application/json",
+        b'{"code": "not_found", "message": "sandbox \\"x\\": not found"}',
+    )
     fake.routes[S + "ListSandboxes"] = (502, "text/plain", b"bad gateway")
     c = forkbox.Client(socket=fake.path)
     with pytest.raises(forkbox.NotFoundError, match='sandbox "x": not found'):
@@ -240,8 +287,9 @@ def test_unary_errors(fake: FakeServer) -> None:
 
 
 def test_stream_messages_then_end_stream_error(fake: FakeServer) -> None:
-    body = (envelope(0, {"phase": "unpack", "done": "1", "total": "2"})
-            + envelope(2, {"error": {"code": "resource_exhausted", "message": "disk full"}}))
+    body = envelope(0, {"phase": "unpack", "done": "1", "total": "2"}) + envelope(
+        2, {"error": {"code": "resource_exhausted", "message": "disk full"}}
+    )
     fake.routes["/forkbox.v1.ImageService/ImportImage"] = (200, "application/connect+json", body)
     seen: List[forkbox.ImageProgress] = []
     with pytest.raises(forkbox.ResourceExhaustedError, match="disk full"):
@@ -250,17 +298,27 @@ def test_stream_messages_then_end_stream_error(fake: FakeServer) -> None:
     _, headers, req = fake.requests[-1]
     assert headers["Content-Type"] == "application/connect+json"
     flags, size = struct.unpack(">BI", req[:5])
-    assert (flags, json.loads(req[5:5 + size])) == (0, {"path": "/x.tar", "name": ""})
+    assert (flags, json.loads(req[5 : 5 + size])) == (0, {"path": "/x.tar", "name": ""})
 
 
 def test_exec_stream_and_cut_stream(fake: FakeServer) -> None:
-    ok = (envelope(0, {"stdout": "aGkK"}) + envelope(0, {"stderr": "b29wcwo="})
-          + envelope(0, {"exit": {"exitCode": 3, "durationMs": 1.5}}) + envelope(2, {}))
+    ok = (
+        envelope(0, {"stdout": "aGkK"})
+        + envelope(0, {"stderr": "b29wcwo="})
+        + envelope(0, {"exit": {"exitCode": 3, "durationMs": 1.5}})
+        + envelope(2, {})
+    )
     fake.routes[S + "Exec"] = (200, "application/connect+json", ok)
     c = forkbox.Client(socket=fake.path)
     sb = forkbox.Sandbox(c, SandboxInfo(id="sb-1", name="x", state="running"), False)
     r = sb.exec("echo hi; echo oops >&2; exit 3").wait(check=False)
-    assert (r.stdout, r.stderr, r.exit_code, r.duration_ms, r.ok) == ("hi\n", "oops\n", 3, 1.5, False)
+    assert (r.stdout, r.stderr, r.exit_code, r.duration_ms, r.ok) == (
+        "hi\n",
+        "oops\n",
+        3,
+        1.5,
+        False,
+    )
     with pytest.raises(forkbox.ExecError) as ei:
         sb.exec("x").wait()
     assert ei.value.exit_code == 3 and "exited with code 3: oops" in str(ei.value)
@@ -282,10 +340,19 @@ def test_forbidden_socket_is_permission_denied(fake: FakeServer) -> None:
     os.chmod(fake.dir, 0o755)
     os.chmod(fake.path, 0o600)  # root's only: nobody gets EACCES on connect
     pkg = str(Path(forkbox.__file__).parent.parent)
-    script = ("import sys; sys.path.insert(0, %r); import forkbox\n"
-              "try:\n    forkbox.Client(socket=%r).list_sandboxes(); print('ok')\n"
-              "except forkbox.ForkboxError as e:\n    print(type(e).__name__)\n") % (pkg, fake.path)
-    r = subprocess.run([sys.executable, "-c", script], user=65534, group=65534, capture_output=True, text=True,
-                       cwd="/", env={"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"})
+    script = (
+        "import sys; sys.path.insert(0, %r); import forkbox\n"
+        "try:\n    forkbox.Client(socket=%r).list_sandboxes(); print('ok')\n"
+        "except forkbox.ForkboxError as e:\n    print(type(e).__name__)\n"
+    ) % (pkg, fake.path)
+    r = subprocess.run(
+        [sys.executable, "-c", script],
+        user=65534,
+        group=65534,
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"},
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "PermissionDeniedError"
