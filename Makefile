@@ -27,11 +27,13 @@ setup:
 	./scripts/setup.sh
 
 # test is the full test suite (root: real runsc, btrfs, netns, nftables):
-# the Go packages and e2e, then the TypeScript SDK against a real daemon.
+# the Go packages and e2e, then the TypeScript and Python SDKs against a real
+# daemon (Python: Debian's python3 with python3-pytest, from setup.sh).
 test: setup
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 45m ./...
 	cd sdk/typescript && npm ci --no-audit --no-fund && npm test
+	cd sdk/python && /usr/bin/python3 -m pytest -q
 
 # bench measures start, exec, fork, fan-out and busy capture on this host with
 # a throwaway daemon (root). BENCH_FLAGS=--quick for a smoke run, --json for JSON.
