@@ -61,6 +61,9 @@ type Config struct {
 	CheckpointRetention time.Duration
 	// IdleHibernate hibernates a sandbox idle for this long (0 = never).
 	IdleHibernate time.Duration
+	// DefaultDisk is the disk limit of a sandbox that asks for none (0 =
+	// none); see quota.go.
+	DefaultDisk int64
 	// MaxSandboxes bounds live sandboxes (0 = 100).
 	MaxSandboxes int
 	Log          *slog.Logger

@@ -43,6 +43,8 @@ type SandboxConfig struct {
 	MemoryBytes int64             `json:"memory_bytes,omitempty"`
 	MemoryStr   string            `json:"memory_string,omitempty"`
 	Pids        int64             `json:"pids,omitempty"`
+	DiskBytes   int64             `json:"disk_bytes,omitempty"`
+	DiskStr     string            `json:"disk_string,omitempty"`
 	Env         map[string]string `json:"env,omitempty"`
 	Cwd         string            `json:"cwd,omitempty"`
 	Egress      string            `json:"egress"`
