@@ -53,7 +53,7 @@ func (c *Client) Environment(name string, o EnvironmentOptions) *Environment {
 	c.init()
 	return &Environment{c: c, def: &v1.EnvironmentDefinition{Name: name, Image: o.Image, Env: o.Env, Cwd: o.Cwd,
 		Runtime: o.Runtime, Egress: o.Egress, Steps: o.Setup, MaxAgeSeconds: int64(o.MaxAge / time.Second), PoolSize: int32(o.PoolSize),
-		Resources: &v1.Resources{Cpu: o.Resources.CPU, Memory: o.Resources.Memory, Pids: o.Resources.Pids}}}
+		Resources: o.Resources.proto()}}
 }
 
 // BuildProgress is one progress event of a build.

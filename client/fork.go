@@ -24,7 +24,7 @@ type Overrides struct {
 }
 
 func (o Overrides) proto() *v1.Overrides {
-	return &v1.Overrides{Resources: &v1.Resources{Cpu: o.Resources.CPU, Memory: o.Resources.Memory, Pids: o.Resources.Pids},
+	return &v1.Overrides{Resources: o.Resources.proto(),
 		Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Name: o.Name}
 }
 

@@ -18,6 +18,15 @@ type Resources struct {
 	CPU    string `json:"cpu,omitempty"`
 	Memory string `json:"memory,omitempty"`
 	Pids   int64  `json:"pids,omitempty"`
+	// Disk is the most its writable layer may hold ("2Gi"; "0" = no
+	// limit; "" = the daemon's default). Past it, writes inside the
+	// sandbox fail with EDQUOT. A fork counts only what it writes itself,
+	// and inherits its parent's limit unless overridden.
+	Disk string `json:"disk,omitempty"`
+}
+
+func (r Resources) proto() *v1.Resources {
+	return &v1.Resources{Cpu: r.CPU, Memory: r.Memory, Pids: r.Pids, Disk: r.Disk}
 }
 
 // CreateOptions describe a new sandbox. Image is required.
@@ -52,7 +61,7 @@ func (c *Client) CreateSandbox(ctx context.Context, o CreateOptions) (*Sandbox, 
 	}
 	resp, err := c.sbx.CreateSandbox(ctx, connect.NewRequest(&v1.CreateSandboxRequest{
 		Image: o.Image, Name: o.Name, Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Runtime: o.Runtime,
-		Resources: &v1.Resources{Cpu: o.Resources.CPU, Memory: o.Resources.Memory, Pids: o.Resources.Pids},
+		Resources: o.Resources.proto(),
 	}))
 	if err != nil {
 		c.release(1)

@@ -70,7 +70,7 @@ func checkpointCmds(g *globals) []*cobra.Command {
 
 	var o client.ForkOptions
 	var env, creds []string
-	var cpu, mem string
+	var cpu, mem, disk string
 	fork := &cobra.Command{
 		Use:   "fork SANDBOX [--count N] [--tag TAG] [--env K=V]...",
 		Short: "Checkpoint a sandbox and start children from it; it keeps running",
@@ -83,7 +83,7 @@ func checkpointCmds(g *globals) []*cobra.Command {
 			if o.Credentials, err = parseEnv(creds); err != nil {
 				return err
 			}
-			o.Overrides.Resources = client.Resources{CPU: cpu, Memory: mem}
+			o.Overrides.Resources = client.Resources{CPU: cpu, Memory: mem, Disk: disk}
 			sb, err := g.client().Sandbox(cmd.Context(), args[0])
 			if err != nil {
 				return err
@@ -151,6 +151,7 @@ func checkpointCmds(g *globals) []*cobra.Command {
 	f.StringArrayVar(&creds, "credential", nil, "NAME=VALUE for a per-fork credential, repeatable")
 	f.StringVar(&cpu, "cpu", "", "CPU override")
 	f.StringVar(&mem, "memory", "", "memory override")
+	f.StringVar(&disk, "disk", "", "disk limit override, e.g. 2Gi; 0 = no limit (default: the parent's)")
 	f.StringVar(&o.Overrides.Name, "name", "", "name of the child (count 1)")
 	f.StringVar(&o.FromCheckpoint, "from-checkpoint", "", "fork from this existing checkpoint")
 	f.BoolVar(&o.BestEffort, "best-effort", false, "start as many children as there are slots for")

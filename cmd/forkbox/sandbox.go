@@ -55,6 +55,7 @@ func createCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.Resources.CPU, "cpu", "", "CPU cores, e.g. 1 or 0.5 (default 1)")
 	f.StringVar(&o.Resources.Memory, "memory", "", "memory, e.g. 512Mi or 2Gi (default 512Mi)")
 	f.Int64Var(&o.Resources.Pids, "pids", 0, "process limit (default 1024)")
+	f.StringVar(&o.Resources.Disk, "disk", "", "most the sandbox may write to disk, e.g. 2Gi; 0 = no limit (default: the daemon's --default-disk)")
 	f.StringArrayVar(&env, "env", nil, "KEY=VALUE, repeatable")
 	f.StringVar(&o.Cwd, "cwd", "", "working directory of execs")
 	f.StringVar(&o.Egress, "egress", "none", "outbound network: none or all")

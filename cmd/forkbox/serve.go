@@ -26,8 +26,8 @@ func envOr(k, def string) string {
 
 // daemonFlags are the flags that say where a daemon keeps its state.
 type daemonFlags struct {
-	cfg                            daemon.Config
-	socket, tcp, token, level, btr string
+	cfg                                  daemon.Config
+	socket, tcp, token, level, btr, disk string
 }
 
 func (df *daemonFlags) config() (daemon.Config, error) {
@@ -44,6 +44,11 @@ func (df *daemonFlags) config() (daemon.Config, error) {
 		}
 		cfg.BtrfsSize = n
 	}
+	n, err := daemon.ParseDisk(df.disk)
+	if err != nil {
+		return cfg, fmt.Errorf("--default-disk: %w", err)
+	}
+	cfg.DefaultDisk = n
 	return cfg, nil
 }
 
@@ -115,6 +120,7 @@ func (df *daemonFlags) register(cmd *cobra.Command) {
 	f.StringVar(&df.socket, "socket", envOr("FORKBOX_SOCKET", client.DefaultSocket), "unix socket of the API")
 	f.StringVar(&df.tcp, "tcp", "", "also listen on this TCP address (needs --token)")
 	f.StringVar(&df.token, "api-token", os.Getenv("FORKBOX_API_TOKEN"), "bearer token required on the TCP listener")
+	f.StringVar(&df.disk, "default-disk", "10Gi", "disk limit of a sandbox that asks for none (0 = none)")
 	f.StringVar(&df.cfg.AgentPath, "agent", "", "forkbox-agent binary (default: next to this binary)")
 	f.StringVar(&df.cfg.RuntimeBinary, "runsc", "", "runsc binary (default: from PATH)")
 	f.StringVar(&df.cfg.CrunBinary, "crun", "", "crun binary (default: from PATH)")
