@@ -70,7 +70,7 @@ func FuzzCleanName(f *testing.F) {
 				t.Fatalf("cleanName(%q) = %q: whiteout %q with children", n, rel, p)
 			}
 		}
-		if len(rel) > len(n) {
+		if rel != "." && len(rel) > len(n) {
 			t.Fatalf("cleanName(%q) = %q: longer than the name", n, rel)
 		}
 	})
@@ -88,7 +88,10 @@ func TestWriteFuzzCorpus(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tc := range hostileCases() {
-		data := tarOf(t, resolve(tc.hdrs, "../canary")...)
+		data := tc.raw
+		if data == nil {
+			data = tarOf(t, resolve(tc.hdrs, "../canary")...)
+		}
 		if len(data) > 32<<10 {
 			continue // the byte-limit cases: too big to mutate usefully
 		}

@@ -30,6 +30,7 @@ const canaryPath = "@CANARY@"
 type hostileCase struct {
 	name  string
 	hdrs  []*tar.Header
+	raw   []byte // the layer, when tar.Writer cannot write it (hdrs is nil)
 	lim   *layerLimits
 	want  func(error) bool
 	check func(t *testing.T, layer string)
@@ -143,11 +144,41 @@ func hostileCases() []hostileCase {
 		{name: "empty symlink target", hdrs: hs(sym("s", "")), want: invalid},
 		{name: "too many entries", hdrs: hs(reg("1", ""), reg("2", ""), reg("3", ""), reg("4", ""), reg("5", ""), reg("6", "")), lim: &small, want: overLimit},
 		{name: "file over the byte limit", hdrs: hs(reg("big", strings.Repeat("x", 1<<20+1))), lim: &small, want: overLimit},
+		{name: "sparse bomb", raw: sparseBomb(1 << 30), want: overLimit},
+		{name: "sparse file within limits", raw: sparseBomb(64 << 10), check: isFile("sparse", "x"+strings.Repeat("\x00", 64<<10-1))},
 		{name: "files over the byte limit together", hdrs: hs(reg("a", strings.Repeat("x", 600<<10)), reg("b", strings.Repeat("x", 600<<10))), lim: &small, want: overLimit},
 	}
 }
 
 func hs(h ...*tar.Header) []*tar.Header { return h }
+
+// sparseBomb is a tar (old GNU sparse format, which tar.Writer cannot
+// write) of one file "sparse" of logical size size: a one-block fragment
+// ("x" and zeros) and a hole. Its stream is 2.5 KiB, whatever size is.
+func sparseBomb(size int64) []byte {
+	h := make([]byte, 512)
+	octal := func(b []byte, v int64) { copy(b, fmt.Sprintf("%0*o\x00", len(b)-1, v)) }
+	copy(h[0:], "sparse")
+	octal(h[100:108], 0o644)
+	octal(h[108:116], 0)
+	octal(h[116:124], 0)
+	octal(h[124:136], 512) // bytes stored in the archive
+	octal(h[136:148], 0)
+	h[156] = 'S'
+	copy(h[257:], "ustar  \x00")
+	octal(h[386:398], 0)   // fragment offset
+	octal(h[398:410], 512) // fragment length
+	octal(h[483:495], size)
+	copy(h[148:156], "        ")
+	var sum int64
+	for _, c := range h {
+		sum += int64(c)
+	}
+	copy(h[148:156], fmt.Sprintf("%06o\x00 ", sum))
+	data := make([]byte, 512)
+	data[0] = 'x'
+	return append(append(h, data...), make([]byte, 1024)...)
+}
 
 // resolve puts the canary's absolute path into a case's headers.
 func resolve(hdrs []*tar.Header, canary string) []*tar.Header {
@@ -268,7 +299,10 @@ func testHostileLayers(t *testing.T) {
 			if tc.lim != nil {
 				lim = *tc.lim
 			}
-			data := tarOf(t, resolve(tc.hdrs, canary)...)
+			data := tc.raw
+			if data == nil {
+				data = tarOf(t, resolve(tc.hdrs, canary)...)
+			}
 			before := treeState(t, parent, layer)
 			err := unpackTar(context.Background(), bytes.NewReader(data), layer, lim)
 			switch {

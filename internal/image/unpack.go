@@ -202,7 +202,9 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 		if err := unix.Mkdirat(pfd, base, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("mkdir: %v: %w", err, errdefs.ErrInternal)
 		}
-	case tar.TypeReg, tar.TypeRegA:
+	case tar.TypeReg, tar.TypeRegA, tar.TypeGNUSparse:
+		// archive/tar expands a sparse file's holes: it is written whole,
+		// and its logical size counts against the limit.
 		if err := u.replace(pfd, rel, base, false); err != nil {
 			return err
 		}
@@ -350,7 +352,8 @@ func (u *unpacker) attrs(hdr *tar.Header, pfd int, base, rel string) error {
 		return nil
 	}
 	// After chown, which clears set-id bits and file capabilities.
-	if hdr.Typeflag == tar.TypeDir || hdr.Typeflag == tar.TypeReg || hdr.Typeflag == tar.TypeRegA {
+	switch hdr.Typeflag {
+	case tar.TypeDir, tar.TypeReg, tar.TypeRegA, tar.TypeGNUSparse:
 		if err := u.xattrs(hdr, pfd, base); err != nil {
 			return err
 		}
