@@ -40,6 +40,13 @@ export interface Resources {
   cpu?: string;
   memory?: string;
   pids?: number;
+  /**
+   * The most the sandbox's writable layer may hold ("2Gi"; "0" = no limit;
+   * unset = the daemon's default). Past it, writes inside the sandbox fail
+   * with EDQUOT. A fork counts only what it writes itself, and inherits its
+   * parent's limit unless overridden.
+   */
+  disk?: string;
 }
 
 export interface SandboxOptions {
@@ -66,7 +73,7 @@ export interface Overrides {
 
 /** @internal */
 export function resourcesProto(r?: Resources) {
-  return r ? { cpu: r.cpu ?? "", memory: r.memory ?? "", pids: BigInt(r.pids ?? 0) } : undefined;
+  return r ? { cpu: r.cpu ?? "", memory: r.memory ?? "", pids: BigInt(r.pids ?? 0), disk: r.disk ?? "" } : undefined;
 }
 
 /** @internal */
