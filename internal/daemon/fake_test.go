@@ -46,6 +46,9 @@ type world struct {
 	mounts map[string][]mount.Mount
 	frozen map[string]bool
 	netns  map[string]netip.Addr
+	// dying containers are reported running once more, then stopped (a
+	// killed sandbox whose processes are not reaped yet).
+	dying map[string]bool
 	// Faults to inject.
 	checkpointErr   error // Checkpoint fails; the container keeps running unless checkpointStops
 	checkpointStops bool
@@ -62,7 +65,8 @@ type container struct {
 }
 
 func newWorld(t testing.TB) *world {
-	w := &world{t: t, ctr: map[string]*container{}, mounts: map[string][]mount.Mount{}, frozen: map[string]bool{}, netns: map[string]netip.Addr{}}
+	w := &world{t: t, ctr: map[string]*container{}, mounts: map[string][]mount.Mount{}, frozen: map[string]bool{}, netns: map[string]netip.Addr{},
+		dying: map[string]bool{}}
 	t.Cleanup(w.close)
 	return w
 }
@@ -118,6 +122,14 @@ func (w *world) revive(id string) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.serveAgent(w.ctr[id])
+}
+
+// kill stops a container's agent; the runtime reports it running once
+// more, then stopped.
+func (w *world) kill(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.dying[id] = true
 }
 
 // crash makes a container gone, as if its processes died with the daemon.
@@ -282,7 +294,13 @@ func (r fakeRuntime) State(_ context.Context, id string) (runtime.State, error) 
 	if !ok {
 		return runtime.State{}, fmt.Errorf("container %s: %w", id, errdefs.ErrNotFound)
 	}
-	return runtime.State{ID: id, Status: c.status}, nil
+	st := runtime.State{ID: id, Status: c.status}
+	if r.w.dying[id] {
+		delete(r.w.dying, id)
+		c.halt()
+		c.status = runtime.StatusStopped
+	}
+	return st, nil
 }
 
 func (r fakeRuntime) Kill(_ context.Context, id string, _ syscall.Signal, _ bool) error {

@@ -145,7 +145,7 @@ func (d *Daemon) checkHealth(ctx context.Context, sb *store.Sandbox) health {
 	if err != nil {
 		return health{reason: fmt.Sprintf("its runtime %s could not report its state: %v", sb.Runtime, err)}
 	}
-	if st.Status != runtime.StatusRunning && st.Status != runtime.StatusPaused {
+	if !alive(st) {
 		return health{}
 	}
 	cg := d.cgroupPath(sb.ID)
@@ -169,9 +169,20 @@ func (d *Daemon) checkHealth(ctx context.Context, sb *store.Sandbox) health {
 	pctx, cancel := context.WithTimeout(ctx, reconcileAgentTimeout)
 	defer cancel()
 	if err := agent.WaitReady(pctx, d.agent(sb)); err != nil {
+		// A sandbox whose processes were killed just before may still be
+		// reported running until they are reaped: asked again after the
+		// wait, the runtime tells a dead sandbox from a slow agent.
+		if st, serr := rt.State(ctx, sb.ID); errdefs.IsNotFound(serr) || (serr == nil && !alive(st)) {
+			return health{}
+		}
 		return health{reason: fmt.Sprintf("its runtime reports it running but its agent did not answer within %s: %v", reconcileAgentTimeout, err)}
 	}
 	return health{ok: true, state: store.StateRunning}
+}
+
+// alive reports whether a container's processes run (frozen or not).
+func alive(st runtime.State) bool {
+	return st.Status == runtime.StatusRunning || st.Status == runtime.StatusPaused
 }
 
 // sweepOrphans removes host state whose sandbox is not live: state of this

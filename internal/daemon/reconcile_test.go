@@ -28,6 +28,7 @@ func TestReconcileDegraded(t *testing.T) {
 	ctx := context.Background()
 	slow := h.create(CreateOptions{Name: "slow"})
 	gone := h.create(CreateOptions{Name: "gone"})
+	dying := h.create(CreateOptions{Name: "dying"})
 	paused := h.create(CreateOptions{Name: "paused"})
 	if _, err := h.d.Pause(ctx, paused); err != nil {
 		t.Fatal(err)
@@ -36,6 +37,7 @@ func TestReconcileDegraded(t *testing.T) {
 
 	h.w.silence(slow)
 	h.w.crash(gone)
+	h.w.kill(dying)
 	h.reopen(h.runtimes(RuntimeGVisor, RuntimeCrun))
 
 	sb := h.state(slow)
@@ -51,8 +53,10 @@ func TestReconcileDegraded(t *testing.T) {
 	if evs := h.events(slow); !slices.Contains(evs, store.EventSandboxDegraded) {
 		t.Errorf("silent agent ledger %v: want %s", evs, store.EventSandboxDegraded)
 	}
-	if sb := h.state(gone); sb.State != store.StateClosed {
-		t.Errorf("dead container: state %s, want closed", sb.State)
+	for _, id := range []string{gone, dying} {
+		if sb := h.state(id); sb.State != store.StateClosed {
+			t.Errorf("%s: state %s, want closed", id, sb.State)
+		}
 	}
 	if evs := h.events(gone); !slices.Contains(evs, store.EventSandboxLost) || !slices.Contains(evs, store.EventSandboxClosed) {
 		t.Errorf("dead container ledger %v: want lost and closed", evs)

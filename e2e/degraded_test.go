@@ -1,0 +1,53 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// A daemon restarted without the runsc binary keeps its gVisor sandboxes:
+// they are degraded (visible, with the reason), their processes and files
+// untouched; a restart with the binary back finds them running.
+func TestRestartWithoutRuntimeKeepsSandboxes(t *testing.T) {
+	ctx := context.Background()
+	sb := newSandbox(t, clientOpts())
+	mustSh(t, sb, "echo kept > /root/state")
+
+	withDaemonFlags(t, "--runsc", "/nonexistent/runsc", "--runtime", "crun")
+	if err := sb.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if sb.Info.State != "degraded" || !strings.Contains(sb.Info.Error, "runtime gvisor") {
+		t.Errorf("without runsc: state %q, error %q; want degraded, naming the runtime", sb.Info.State, sb.Info.Error)
+	}
+	if len(runscPids(sb.ID)) == 0 {
+		t.Error("without runsc: the sandbox's runsc processes were killed")
+	}
+	list, err := env.c.ListSandboxes(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, s := range list {
+		found = found || (s.Id == sb.ID && s.State == "degraded")
+	}
+	if !found {
+		t.Errorf("list does not show %s as degraded", sb.ID)
+	}
+	evs, _ := sb.Events(ctx)
+	if !hasEvent(evs, "sandbox.degraded") {
+		t.Errorf("ledger %v: want sandbox.degraded", types(evs))
+	}
+
+	// The usual flags again: reconcile finds it healthy.
+	env.extra = nil
+	restartDaemon(t, syscall.SIGTERM)
+	if err := sb.Refresh(ctx); err != nil || sb.Info.State != "running" {
+		t.Fatalf("runsc back: state %q, %v; want running", sb.Info.GetState(), err)
+	}
+	if out := mustSh(t, sb, "cat /root/state"); out != "kept\n" {
+		t.Errorf("runsc back: /root/state = %q, want kept", out)
+	}
+}
