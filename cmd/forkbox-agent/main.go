@@ -6,7 +6,13 @@
 //	/.forkbox/agent version  print the version
 //
 // Configuration comes from FORKBOX_AGENT_ADDR (default ":7077"),
-// FORKBOX_AGENT_TOKEN (required) and FORKBOX_MEMORY_LIMIT (bytes, 0 = off).
+// FORKBOX_AGENT_TOKEN (required; erased from the environment block at
+// start), FORKBOX_MEMORY_LIMIT (bytes, 0 = off) and FORKBOX_PIDS_LIMIT
+// (RLIMIT_NPROC of every process it starts, 0 = none). The helper mode
+//
+//	/.forkbox/agent exec-limited N BIN ARGV...
+//
+// is how the agent applies that limit between fork and exec.
 // After a memory fork the daemon's fork notice replaces the token and the
 // agent runs /etc/forkbox/on-fork or /.forkbox/on-fork (see package agent).
 package main
@@ -25,7 +31,15 @@ func main() {
 	if len(os.Args) > 1 {
 		mode = os.Args[1]
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if mode == agent.HelperExecLimited {
+		// Between the agent's fork and the user's command: no logger, no
+		// config; the error goes to the command's stderr.
+		err := agent.ExecLimited(os.Args[2:])
+		fmt.Fprintf(os.Stderr, "forkbox-agent: %v\n", err)
+		os.Exit(127)
+	}
+	// The agent's log goes to init's stderr, a file on the host: bounded.
+	log := slog.New(slog.NewTextHandler(agent.NewCappedWriter(os.Stderr, agent.MaxLogBytes), &slog.HandlerOptions{Level: slog.LevelInfo}))
 	slog.SetDefault(log)
 	switch mode {
 	case "version":
@@ -43,6 +57,13 @@ func main() {
 	}
 	// "init" acts as init only when it really is PID 1.
 	cfg.Init = mode == "init" && os.Getpid() == 1
+	if cfg.Init {
+		// Nothing of the agent's goes to stdout; what the runtime gave it
+		// there is a host file.
+		if err := agent.StdoutToNull(); err != nil {
+			log.Warn("agent: stdout to /dev/null", "err", err)
+		}
+	}
 	cfg.Logger = log
 	if err := agent.Run(context.Background(), cfg); err != nil {
 		log.Error("agent", "err", err)

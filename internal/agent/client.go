@@ -178,6 +178,24 @@ func (c *Client) Forked(ctx context.Context, n ForkNotice) (ForkReply, error) {
 	return reply, nil
 }
 
+// RotateToken replaces the agent's token with tok and nothing else (no
+// hook, no hostname). The daemon calls it on a memory checkpoint's source
+// once it is restored in place: its children woke up holding the source's
+// token, and each got its own with Forked; the source must stop accepting
+// the one they know. Once RotateToken returns, only tok is accepted and c
+// uses it. If the call fails after the agent received it, the token may
+// or may not have been replaced (see Forked).
+func (c *Client) RotateToken(ctx context.Context, tok string) error {
+	if tok == "" {
+		return fmt.Errorf("agent rotate: empty token: %w", errdefs.ErrInvalidArgument)
+	}
+	if err := c.simple(ctx, request{Op: opRotate, NewToken: tok}, nil); err != nil {
+		return err
+	}
+	c.token.Store(&tok)
+	return nil
+}
+
 // Exec runs req and waits for it, writing its stdout and stderr to the
 // writers (either may be nil) as output arrives. Cancelling ctx kills the
 // process group and returns a Canceled or DeadlineExceeded error.

@@ -98,12 +98,11 @@ func (s *Server) handleExec(body *reqBody, fw *frameWriter, hdr *request) error 
 	s.watch.begin()
 	defer s.watch.end()
 	start := time.Now()
-	pid, done, err := s.startProcess(req, [3]*os.File{stdinR, outW, errW})
+	st, done, err := s.startProcess(req, [3]*os.File{stdinR, outW, errW})
 	if err != nil {
 		return err
 	}
-	st := &execState{pid: pid}
-	s.addExec(st)
+	pid := st.pid
 	defer s.removeExec(st)
 	stdinR.Close()
 	outW.Close()
@@ -247,18 +246,17 @@ func (s *Server) handleStart(fw *frameWriter, hdr *request) error {
 	defer tmp.Close()
 	s.watch.begin()
 	start := time.Now()
-	pid, done, err := s.startProcess(req, [3]*os.File{devnull, tmp, tmp})
+	st, done, err := s.startProcess(req, [3]*os.File{devnull, tmp, tmp})
 	if err != nil {
 		s.watch.end()
 		os.Remove(tmp.Name())
 		return err
 	}
+	pid := st.pid
 	logPath := filepath.Join(s.cfg.LogDir, "exec-"+strconv.Itoa(pid)+".log")
 	if err := os.Rename(tmp.Name(), logPath); err != nil {
 		s.log.Warn("rename exec log", "exec", pid, "err", err)
 	}
-	st := &execState{pid: pid}
-	s.addExec(st)
 	var timer *time.Timer
 	if req.Timeout > 0 {
 		timer = time.AfterFunc(req.Timeout, func() {

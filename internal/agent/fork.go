@@ -88,6 +88,22 @@ func (s *Server) handleForked(fw *frameWriter, req *request, received time.Time)
 	return fw.writeJSON(frameResult, reply)
 }
 
+// handleRotate installs req.NewToken as the only accepted token.
+func (s *Server) handleRotate(fw *frameWriter, req *request) error {
+	if req.NewToken == "" {
+		return fmt.Errorf("rotate: empty token: %w", errdefs.ErrInvalidArgument)
+	}
+	s.forkMu.Lock()
+	defer s.forkMu.Unlock()
+	if !s.tokenOK(req.Token) {
+		return fmt.Errorf("rotate: token already replaced: %w", errdefs.ErrUnauthenticated)
+	}
+	tok := req.NewToken
+	s.token.Store(&tok)
+	s.log.Info("agent token rotated")
+	return fw.writeJSON(frameResult, struct{}{})
+}
+
 // findHook returns the first executable regular file of the hook paths, or
 // "".
 func (s *Server) findHook() string {
@@ -134,13 +150,11 @@ func (s *Server) runHook(path string, n *ForkNotice) (int, string, error) {
 	defer outR.Close()
 	s.watch.begin()
 	defer s.watch.end()
-	pid, done, err := s.startProcess(req, [3]*os.File{devnull, outW, outW})
+	st, done, err := s.startProcess(req, [3]*os.File{devnull, outW, outW})
 	outW.Close()
 	if err != nil {
 		return 0, "", err
 	}
-	st := &execState{pid: pid}
-	s.addExec(st)
 	defer s.removeExec(st)
 	timeout := s.cfg.ForkHookTimeout
 	timer := time.AfterFunc(timeout, func() {

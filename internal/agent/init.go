@@ -19,18 +19,26 @@ const (
 	EnvAddr        = "FORKBOX_AGENT_ADDR"
 	EnvToken       = "FORKBOX_AGENT_TOKEN"
 	EnvMemoryLimit = "FORKBOX_MEMORY_LIMIT"
+	EnvPidsLimit   = "FORKBOX_PIDS_LIMIT"
 )
 
 // ConfigFromEnv reads the agent's configuration from the FORKBOX_*
-// environment variables, then unsets them.
+// environment variables, then unsets them. The token's bytes in the
+// process's environment block are overwritten (see takeEnv), so that
+// /proc/1/environ does not show it.
 func ConfigFromEnv() (Config, error) {
-	cfg := Config{Addr: os.Getenv(EnvAddr), Token: os.Getenv(EnvToken)}
-	if v := os.Getenv(EnvMemoryLimit); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 0 {
-			return cfg, fmt.Errorf("%s=%q: %w", EnvMemoryLimit, v, errdefs.ErrInvalidArgument)
+	cfg := Config{Addr: os.Getenv(EnvAddr), Token: takeEnv(EnvToken)}
+	for _, l := range []struct {
+		name string
+		v    *int64
+	}{{EnvMemoryLimit, &cfg.MemoryLimit}, {EnvPidsLimit, &cfg.PidsLimit}} {
+		if v := os.Getenv(l.name); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				return cfg, fmt.Errorf("%s=%q: %w", l.name, v, errdefs.ErrInvalidArgument)
+			}
+			*l.v = n
 		}
-		cfg.MemoryLimit = n
 	}
 	for _, kv := range os.Environ() {
 		if len(kv) > 8 && kv[:8] == "FORKBOX_" {
@@ -66,6 +74,11 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	if cfg.Init {
+		// No tenant process may read the agent's memory, environment or
+		// file descriptors (its token, its host log).
+		if err := hideInit(); err != nil {
+			return err
+		}
 		// The agent must survive memory pressure; user processes are reset to 0.
 		if err := os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0); err != nil {
 			s.log.Info("cannot set oom_score_adj", "err", err)

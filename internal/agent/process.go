@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/forkbox/forkbox/errdefs"
 )
 
@@ -91,31 +93,39 @@ func lookPath(file, path string) (string, error) {
 }
 
 // startProcess forks req in its own process group with stdio from files,
-// registered with the reaper.
-func (s *Server) startProcess(req *ExecRequest, files [3]*os.File) (int, <-chan syscall.WaitStatus, error) {
+// registered with the reaper and, as an exec, with the server: both before
+// the watchdog can see the pid, so a kill is always attributed to it. The
+// caller removes the returned exec (removeExec) once it is done with it.
+func (s *Server) startProcess(req *ExecRequest, files [3]*os.File) (*execState, <-chan syscall.WaitStatus, error) {
 	argv, err := req.argv()
 	if err != nil {
-		return 0, nil, err
+		return nil, nil, err
 	}
 	env, envMap, err := mergeEnv(s.baseEnv, req.Env)
 	if err != nil {
-		return 0, nil, err
+		return nil, nil, err
 	}
 	bin, err := lookPath(argv[0], envMap["PATH"])
 	if err != nil {
-		return 0, nil, err
+		return nil, nil, err
 	}
 	cwd := req.Cwd
 	if cwd == "" {
 		cwd = "/"
 	}
 	if !filepath.IsAbs(cwd) {
-		return 0, nil, fmt.Errorf("cwd %q: must be absolute: %w", cwd, errdefs.ErrInvalidArgument)
+		return nil, nil, fmt.Errorf("cwd %q: must be absolute: %w", cwd, errdefs.ErrInvalidArgument)
 	}
 	if fi, err := os.Stat(cwd); err != nil {
-		return 0, nil, osErr("cwd", cwd, err)
+		return nil, nil, osErr("cwd", cwd, err)
 	} else if !fi.IsDir() {
-		return 0, nil, fmt.Errorf("cwd %q: not a directory: %w", cwd, errdefs.ErrInvalidArgument)
+		return nil, nil, fmt.Errorf("cwd %q: not a directory: %w", cwd, errdefs.ErrInvalidArgument)
+	}
+	if s.cfg.PidsLimit > 0 {
+		// The helper sets RLIMIT_NPROC, then execs bin in place: the
+		// process (pid, group, stdio) stays the one started here.
+		argv = append([]string{s.cfg.Helper, HelperExecLimited, strconv.FormatInt(s.cfg.PidsLimit, 10), bin}, argv...)
+		bin = s.cfg.Helper
 	}
 	attr := &syscall.ProcAttr{
 		Dir:   cwd,
@@ -123,16 +133,46 @@ func (s *Server) startProcess(req *ExecRequest, files [3]*os.File) (int, <-chan 
 		Files: []uintptr{files[0].Fd(), files[1].Fd(), files[2].Fd()},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	}
+	// The watchdog kills under forkMu (see watchdog.check): it cannot
+	// kill the child between the fork and its registration as an exec.
+	var st *execState
 	pid, ch, err := s.reaper.spawn(func() (int, error) {
-		return syscall.ForkExec(bin, argv, attr)
+		pid, err := syscall.ForkExec(bin, argv, attr)
+		if err == nil {
+			st = &execState{pid: pid}
+			s.addExec(st)
+		}
+		return pid, err
 	})
 	if err != nil {
-		return 0, nil, osErr("exec", bin, err)
+		return nil, nil, osErr("exec", bin, err)
 	}
 	s.watch.started(pid)
 	if s.oomAdjusted {
 		// The agent runs at -1000, which children inherit; user processes get 0.
 		_ = os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte("0"), 0)
 	}
-	return pid, ch, nil
+	return st, ch, nil
+}
+
+// HelperExecLimited is the agent's helper mode that applies limits between
+// fork and exec (see Config.PidsLimit and ExecLimited).
+const HelperExecLimited = "exec-limited"
+
+// ExecLimited is the helper: args are [nproc, bin, argv...]. It sets
+// RLIMIT_NPROC to nproc (soft and hard) and execs bin with argv and the
+// current environment. It returns only on error.
+func ExecLimited(args []string) error {
+	if len(args) < 3 {
+		return fmt.Errorf("%s: want NPROC BIN ARGV...: %w", HelperExecLimited, errdefs.ErrInvalidArgument)
+	}
+	n, err := strconv.ParseUint(args[0], 10, 64)
+	if err != nil || n == 0 {
+		return fmt.Errorf("%s: bad limit %q: %w", HelperExecLimited, args[0], errdefs.ErrInvalidArgument)
+	}
+	if err := unix.Setrlimit(unix.RLIMIT_NPROC, &unix.Rlimit{Cur: n, Max: n}); err != nil {
+		return fmt.Errorf("%s: setrlimit(RLIMIT_NPROC, %d): %v", HelperExecLimited, n, err)
+	}
+	err = syscall.Exec(args[1], args[2:], os.Environ())
+	return osErr("exec", args[1], err)
 }

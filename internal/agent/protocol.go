@@ -48,6 +48,8 @@ const (
 	opList  = "list"
 	opSync  = "sync"
 	opFork  = "forked"
+	// opRotate replaces the token (request.NewToken) and does nothing else.
+	opRotate = "rotate"
 )
 
 // request is the JSON header frame that opens every connection.
@@ -59,6 +61,8 @@ type request struct {
 	Mode  uint32       `json:"mode,omitempty"`
 	Size  int64        `json:"size,omitempty"`
 	Fork  *ForkNotice  `json:"fork,omitempty"`
+	// NewToken is the token a rotate request installs.
+	NewToken string `json:"new_token,omitempty"`
 	// HasStdin says data frames for stdin follow, closed by an EOF frame.
 	HasStdin bool `json:"has_stdin,omitempty"`
 	// Stream asks a list for its entries as data frames (see handleList).

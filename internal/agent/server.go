@@ -33,6 +33,15 @@ type Config struct {
 	// child and the watchdog counts every process. When false (tests, or an
 	// agent that is not init) it reaps and watches its own descendants only.
 	Init bool
+	// PidsLimit, if positive, becomes the RLIMIT_NPROC (soft and hard) of
+	// every process the agent starts, set between fork and exec by Helper.
+	// The kernel (gVisor's sentry too) then refuses a fork with EAGAIN once
+	// the user owns that many tasks. The daemon sets it under gVisor, where
+	// the host pids cgroup counts the runtime's own tasks (see doc.go).
+	PidsLimit int64
+	// Helper is the agent binary, run as "Helper exec-limited N bin argv..."
+	// to apply PidsLimit; default os.Executable().
+	Helper string
 	// LogDir holds background execs' output; default /tmp/.forkbox.
 	LogDir string
 	// Env is the base environment of user processes (KEY=VALUE); default
@@ -88,6 +97,13 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	if cfg.ForkHookTimeout <= 0 {
 		cfg.ForkHookTimeout = DefaultForkHookTimeout
+	}
+	if cfg.PidsLimit > 0 && cfg.Helper == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("agent: pids limit: own binary: %v: %w", err, errdefs.ErrInternal)
+		}
+		cfg.Helper = exe
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, baseEnv: baseEnv(cfg.Env), execs: map[int]*execState{}}
 	tok := cfg.Token
@@ -198,6 +214,8 @@ func (s *Server) dispatch(body *reqBody, fw *frameWriter, req *request, received
 		return s.handleList(fw, req)
 	case opFork:
 		return s.handleForked(fw, req, received)
+	case opRotate:
+		return s.handleRotate(fw, req)
 	}
 	return fmt.Errorf("unknown op %q: %w", req.Op, errdefs.ErrNotImplemented)
 }

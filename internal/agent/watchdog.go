@@ -162,12 +162,20 @@ func (w *watchdog) check() bool {
 		}
 		w.mu.Unlock()
 	}
+	if os.Getenv("WDDEBUG") != "" && watched > 0 {
+		w.s.log.Info("wd", "watched", watched, "sum", sum, "groups", groups, "live", live)
+	}
 	if sum <= w.limit || victim == 0 {
 		return watched > 0
 	}
+	// A fork registers its exec under forkMu (shared): with it held here,
+	// a victim forked after the scan began is registered by now, so the
+	// kill is attributed to its exec.
+	w.s.reaper.forkMu.Lock()
 	_ = syscall.Kill(victim, syscall.SIGKILL)
 	w.killed[victim] = true
 	owner := w.owner(procs, victim)
+	w.s.reaper.forkMu.Unlock()
 	w.s.log.Warn("memory limit exceeded: killed largest process",
 		"pid", victim, "rss", max, "total", sum, "limit", w.limit, "exec", owner)
 	return true
