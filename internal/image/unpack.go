@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path"
 	"strings"
@@ -78,7 +79,7 @@ func unpackTar(ctx context.Context, r io.Reader, dir string, lim layerLimits) er
 	tr := tar.NewReader(r)
 	for {
 		if err := ctx.Err(); err != nil {
-			return err
+			return readErr("unpack layer", err)
 		}
 		hdr, err := tr.Next()
 		if err == io.EOF {
@@ -115,12 +116,20 @@ func unpackTar(ctx context.Context, r io.Reader, dir string, lim layerLimits) er
 	return nil
 }
 
-// readErr keeps the class of a read error (a limit, a cancelled context, a
-// network failure classified upstream) and calls anything else a malformed
-// layer.
+// readErr keeps the class of a read error (a limit, a network failure
+// classified upstream), classifies a cancelled context or a network error,
+// and calls anything else a malformed layer.
 func readErr(what string, err error) error {
-	if isClassified(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	var ne net.Error
+	switch {
+	case isClassified(err):
 		return fmt.Errorf("%s: %w", what, err)
+	case errors.Is(err, context.Canceled):
+		return fmt.Errorf("%s: %v: %w", what, err, errdefs.ErrCanceled)
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%s: %v: %w", what, err, errdefs.ErrDeadlineExceeded)
+	case errors.As(err, &ne):
+		return fmt.Errorf("%s: %v: %w", what, err, errdefs.ErrUnavailable)
 	}
 	return fmt.Errorf("%s: %v: %w", what, err, errdefs.ErrInvalidArgument)
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -308,5 +309,16 @@ func BenchmarkUnpack50MB(b *testing.B) {
 		b.StopTimer()
 		os.RemoveAll(dir)
 		b.StartTimer()
+	}
+}
+
+// TestUnpackCanceled: a cancelled unpack is Canceled, not a bad layer.
+func TestUnpackCanceled(t *testing.T) {
+	needRoot(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := unpackTar(ctx, bytes.NewReader(tarOf(t, reg("f", "x"))), t.TempDir(), testLimits)
+	if !errors.Is(err, errdefs.ErrCanceled) {
+		t.Errorf("got %v (class %v), want Canceled", err, errdefs.Class(err))
 	}
 }
