@@ -145,8 +145,9 @@ class Transport:
     def _new_connection(self) -> http.client.HTTPConnection:
         if self._socket is not None:
             return _UnixConnection(self._socket)
-        cls = _TLSConnection if self._tls else _TCPConnection
-        return cls(self._host, self._port, timeout=CONNECT_TIMEOUT)
+        if self._tls:
+            return _TLSConnection(self._host, self._port, timeout=CONNECT_TIMEOUT)
+        return _TCPConnection(self._host, self._port, timeout=CONNECT_TIMEOUT)
 
     def _take(self) -> Tuple[http.client.HTTPConnection, bool]:
         with self._lock:
@@ -207,6 +208,9 @@ class Transport:
         conn, resp = self._send(path, json.dumps(message).encode("utf-8"), "application/json")
         try:
             body = _read_bounded(resp)
+        except ForkboxError:
+            conn.close()
+            raise
         except (OSError, http.client.HTTPException) as e:
             conn.close()
             raise _unreachable(self.where, e) from e
@@ -231,7 +235,7 @@ class Transport:
         if resp.status != 200:
             try:
                 data = _read_bounded(resp)
-            except (OSError, http.client.HTTPException):
+            except (OSError, http.client.HTTPException, ForkboxError):
                 data = b""
             conn.close()
             raise _connect_error(data, resp.status)

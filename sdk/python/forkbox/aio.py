@@ -32,6 +32,7 @@ from typing import (
     Sequence,
     TypeVar,
     Union,
+    cast,
     overload,
 )
 
@@ -93,11 +94,15 @@ class AsyncExecution:
 
     async def wait(self, check: bool = True) -> ExecResult:
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future = loop.create_future()
+        fut: asyncio.Future[None] = loop.create_future()
+
+        def resolve() -> None:
+            if not fut.done():
+                fut.set_result(None)
 
         def done(_: Execution) -> None:
             try:
-                loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(None))
+                loop.call_soon_threadsafe(resolve)
             except RuntimeError:  # the loop is closed: nobody awaits any more
                 pass
 
@@ -248,11 +253,7 @@ class AsyncSandbox:
             return AsyncSandbox(r, self._runner)
         r.children = [
             ForkChild(
-                sandbox=(
-                    AsyncSandbox(c.sandbox, self._runner)  # type: ignore[arg-type]
-                    if c.sandbox
-                    else None
-                ),
+                sandbox=(AsyncSandbox(c.sandbox, self._runner) if c.sandbox else None),
                 error=c.error,
                 start_ms=c.start_ms,
             )
@@ -474,7 +475,7 @@ class AsyncClient:
             self.sync.environment(
                 name,
                 image=image,
-                setup=setup,
+                setup=cast(Any, setup),  # called with an AsyncSandbox: see AsyncEnvironment
                 resources=resources,
                 env=env,
                 cwd=cwd,

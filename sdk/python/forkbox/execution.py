@@ -9,6 +9,8 @@ to the iterators of ``stream()``, as it is produced.
 
 from __future__ import annotations
 
+import codecs
+import io
 import queue
 import threading
 from collections import deque
@@ -18,7 +20,7 @@ from typing import (
     Callable,
     Deque,
     Dict,
-    Iterator,
+    Generator,
     List,
     Mapping,
     Optional,
@@ -88,15 +90,30 @@ def merged(out: TailBuffer, err: TailBuffer) -> List[ExecChunk]:
     return [ExecChunk(stream=name, data=d) for _, name, d in tagged]
 
 
-def _write(w: IO[Any], data: bytes) -> None:
-    """Writes to a binary or a text writer (sys.stdout, a file, io.StringIO)."""
-    try:
-        w.write(data)  # type: ignore[arg-type]
-    except TypeError:
-        w.write(data.decode("utf-8", "replace"))  # type: ignore[arg-type]
-    flush = getattr(w, "flush", None)
-    if flush is not None:
-        flush()
+class _Writer:
+    """One writer given to pipe(): bytes go to a binary writer as they are,
+    and to a text writer (sys.stdout, io.StringIO, a text file) decoded as
+    UTF-8 incrementally, so a character split between chunks stays whole."""
+
+    def __init__(self, w: IO[Any]) -> None:
+        self.w = w
+        self.decoder: Optional[codecs.IncrementalDecoder] = None
+        if isinstance(w, io.TextIOBase):
+            self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def write(self, data: bytes) -> None:
+        if self.decoder is None:
+            try:
+                self.w.write(data)
+            except TypeError:  # a text writer that is not an io.TextIOBase
+                self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        if self.decoder is not None:
+            text = self.decoder.decode(data)
+            if text:
+                self.w.write(text)
+        flush = getattr(self.w, "flush", None)
+        if flush is not None:
+            flush()
 
 
 class Execution:
@@ -146,8 +163,8 @@ class Execution:
         self._err = TailBuffer(max_output_bytes)
         self._seq = 0
         self._lock = threading.Lock()
-        self._sinks: List[Tuple[Optional[IO[Any]], Optional[IO[Any]]]] = []
-        self._queues: List[queue.Queue] = []
+        self._sinks: List[Tuple[_Writer, Optional[_Writer]]] = []
+        self._queues: List[queue.Queue[Any]] = []
         self._callbacks: List[Callable[["Execution"], None]] = []
         self._done = threading.Event()
         self._result: Optional[ExecResult] = None
@@ -216,7 +233,7 @@ class Execution:
         for out, err in sinks:
             w = out if name == "stdout" else err
             if w is not None:
-                _write(w, data)
+                w.write(data)
         for q in queues:
             q.put(chunk)  # waits while that iterator is _STREAM_QUEUE chunks behind
 
@@ -233,22 +250,24 @@ class Execution:
 
         if stderr is None and stdout is sys.stdout:
             stderr = sys.stderr
+        out = _Writer(stdout)
+        err = _Writer(stderr) if stderr is not None else None
         with self._lock:
             for c in merged(self._out, self._err):
-                w = stdout if c.stream == "stdout" else stderr
+                w = out if c.stream == "stdout" else err
                 if w is not None:
-                    _write(w, c.data)
+                    w.write(c.data)
             if not self._done.is_set():
-                self._sinks.append((stdout, stderr))
+                self._sinks.append((out, err))
         return self
 
-    def stream(self) -> Iterator[ExecChunk]:
+    def stream(self) -> Generator[ExecChunk, None, None]:
         """Yields the output as :class:`ExecChunk` (``stream``, ``data``,
         ``text``) until the command ends, starting with what the result keeps
         of earlier output; then raises the call's error, if any (not
         ExecError: call wait() for the exit status). Leaving the loop early
         is fine."""
-        q: queue.Queue = queue.Queue(_STREAM_QUEUE)
+        q: queue.Queue[Any] = queue.Queue(_STREAM_QUEUE)
         with self._lock:
             backlog = merged(self._out, self._err)
             finished = self._done.is_set()

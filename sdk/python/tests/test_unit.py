@@ -5,6 +5,8 @@ a bearer token), plus an unreachable and a forbidden socket."""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import os
 import socketserver
@@ -326,6 +328,22 @@ def test_exec_stream_and_cut_stream(fake: FakeServer) -> None:
     fake.routes[S + "Exec"] = (200, "application/connect+json", envelope(0, {"stdout": "aGkK"}))
     with pytest.raises(forkbox.UnavailableError, match="end-of-stream"):
         sb.exec("echo hi").wait()
+
+
+def test_pipe_decodes_utf8_split_between_chunks(fake: FakeServer) -> None:
+    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+    body = (
+        envelope(0, {"stdout": b64(b"caf\xc3")})
+        + envelope(0, {"stdout": b64(b"\xa9\n")})
+        + envelope(0, {"exit": {}})
+        + envelope(2, {})
+    )
+    fake.routes[S + "Exec"] = (200, "application/connect+json", body)
+    c = forkbox.Client(socket=fake.path)
+    sb = forkbox.Sandbox(c, SandboxInfo(id="sb-1", name="x", state="running"), False)
+    text, raw = io.StringIO(), io.BytesIO()
+    r = sb.exec("printf café").pipe(text).pipe(raw).wait()
+    assert (text.getvalue(), raw.getvalue(), r.stdout) == ("café\n", "café\n".encode(), "café\n")
 
 
 def test_unreachable_socket_is_unavailable(tmp_path: Path) -> None:
