@@ -1,10 +1,13 @@
 package image
 
 import (
+	"archive/tar"
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -120,5 +123,31 @@ func must(t *testing.T, errs ...error) {
 		if err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestLayersUnreachableByHostUsers: a setuid file stays setuid inside its
+// layer, but no host user but root can reach it.
+func TestLayersUnreachableByHostUsers(t *testing.T) {
+	s, _ := newStore(t)
+	layer := tarOf(t, &tar.Header{Typeflag: tar.TypeReg, Name: "su", Linkname: "#!/bin/sh\n", Mode: 0o4755})
+	img, err := s.Import(context.Background(), ociBuild{layers: [][]byte{layer}}.write(t, "example.com/suid:1"), "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	su := filepath.Join(img.Layers[0], "su")
+	if fi, err := os.Stat(su); err != nil || fi.Mode()&os.ModeSetuid == 0 {
+		t.Fatalf("su: %v, %v; want setuid kept in the layer", fi, err)
+	}
+	// Only the store's own modes may stand in the way: open up the test's
+	// temporary directories above it.
+	for d := filepath.Dir(s.root); d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		must(t, os.Chmod(d, 0o755))
+	}
+	cmd := exec.Command("/bin/cat", su)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "Permission denied") {
+		t.Errorf("nobody read %s: %v, %q; want permission denied", su, err, out)
 	}
 }
