@@ -283,3 +283,69 @@ func TestPullBoundsDocuments(t *testing.T) {
 		t.Errorf("got %d images, want only the one that fits", len(list))
 	}
 }
+
+// TestImportDockerArchiveBounds imports docker archives whose manifest.json,
+// config or layer count is over the store's limits.
+func TestImportDockerArchiveBounds(t *testing.T) {
+	s, parent := newLimitedStore(t, Limits{ManifestBytes: 64 << 10, ConfigBytes: 64 << 10, Layers: 1})
+	layer := layerTar(t, "f", 10)
+	cfg := func(n int, pad int) []byte {
+		var ids []string
+		for range n {
+			ids = append(ids, digestOf(layer))
+		}
+		b, _ := json.Marshal(map[string]any{
+			"architecture": platform.Architecture, "os": "linux",
+			"config": map[string]any{"Env": []string{"PAD=" + strings.Repeat("x", pad)}},
+			"rootfs": map[string]any{"type": "layers", "diff_ids": ids},
+		})
+		return b
+	}
+	archive := func(manifest, config []byte, layers int) string {
+		var b bytes.Buffer
+		tw := tar.NewWriter(&b)
+		add := func(name string, data []byte) {
+			tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(data))})
+			tw.Write(data)
+		}
+		add("config.json", config)
+		var ls []string
+		for i := range layers {
+			ls = append(ls, fmt.Sprintf("l%d.tar", i))
+			add(ls[i], layer)
+		}
+		if manifest == nil {
+			manifest, _ = json.Marshal([]map[string]any{{"Config": "config.json", "RepoTags": []string{"example.com/d:1"}, "Layers": ls}})
+		}
+		add("manifest.json", manifest)
+		tw.Close()
+		p := filepath.Join(t.TempDir(), "d.tar")
+		must(t, os.WriteFile(p, b.Bytes(), 0o644))
+		return p
+	}
+	ctx := context.Background()
+	before := treeState(t, parent, s.root)
+	for _, tc := range []struct {
+		name string
+		path string
+		want func(error) bool
+	}{
+		{"fits", archive(nil, cfg(1, 10), 1), nil},
+		{"big manifest.json", archive([]byte(`[{"Config":"config.json","RepoTags":["`+strings.Repeat("x", 100<<10)+`"]}]`), cfg(1, 10), 1), overLimit},
+		{"big config", archive(nil, cfg(1, 100<<10), 1), overLimit},
+		{"too many layers", archive(nil, cfg(2, 10), 2), overLimit},
+	} {
+		_, err := s.Import(ctx, tc.path, "", nil)
+		t.Logf("%s: %v", tc.name, err)
+		switch {
+		case tc.want == nil && err != nil:
+			t.Errorf("%s: got %v, want success", tc.name, err)
+		case tc.want != nil && !tc.want(err):
+			t.Errorf("%s: got %v (class %v), want %s", tc.name, err, errdefs.Class(err), wantName(tc.want))
+		}
+	}
+	diffStates(t, before, treeState(t, parent, s.root))
+	if list, _ := s.List(ctx); len(list) != 1 {
+		t.Errorf("got %d images, want only the one that fits", len(list))
+	}
+}
