@@ -38,7 +38,7 @@ func (s *Store) Import(ctx context.Context, path, name string, progress func(Pro
 		name = n
 	}
 	report(progress, Progress{Phase: "resolve"})
-	entries, err := scanTar(path)
+	entries, err := scanTar(path, s.limits.LayerEntries)
 	if err != nil {
 		return Image{}, err
 	}
@@ -65,8 +65,9 @@ func (s *Store) Import(ctx context.Context, path, name string, progress func(Pro
 
 func has(m map[string]int64, k string) bool { _, ok := m[k]; return ok }
 
-// scanTar lists the regular files of a tar archive with their sizes.
-func scanTar(p string) (map[string]int64, error) {
+// scanTar lists the regular files of a tar archive with their sizes; an
+// archive of more than max entries is refused.
+func scanTar(p string, max int) (map[string]int64, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		if os.IsNotExist(err) {
@@ -76,6 +77,7 @@ func scanTar(p string) (map[string]int64, error) {
 	}
 	defer f.Close()
 	out := map[string]int64{}
+	n := 0
 	tr := tar.NewReader(f)
 	for {
 		hdr, err := tr.Next()
@@ -84,6 +86,9 @@ func scanTar(p string) (map[string]int64, error) {
 		}
 		if err != nil {
 			return nil, fmt.Errorf("import %s: not a valid tar archive: %v: %w", p, err, errdefs.ErrInvalidArgument)
+		}
+		if n++; n > max {
+			return nil, fmt.Errorf("import %s: %w", p, exhausted("archive's number of entries", int64(max)))
 		}
 		if hdr.Typeflag == tar.TypeReg || hdr.Typeflag == tar.TypeRegA {
 			out[path.Clean(hdr.Name)] = hdr.Size

@@ -21,7 +21,8 @@ type Limits struct {
 	// ImageBytes bounds the sum of LayerBytes' measures over an image's
 	// layers, counting layers the store already holds.
 	ImageBytes int64
-	// LayerEntries bounds the tar entries (headers) of one layer.
+	// LayerEntries bounds the tar entries (headers) of one layer, and of
+	// an imported archive.
 	LayerEntries int
 	// Layers bounds the layers of one image.
 	Layers int
