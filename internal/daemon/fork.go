@@ -74,8 +74,8 @@ func (d *Daemon) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) {
 		if ck.SandboxID != src.ID {
 			return nil, fmt.Errorf("checkpoint %s is not of sandbox %s: %w", ck.ID, src.ID, errdefs.ErrInvalidArgument)
 		}
-	} else if err := requireState(src, "fork (fork from one of its checkpoints, or restore one)", store.StateRunning, store.StatePaused); err != nil {
-		return nil, err
+	} else if err := requireState(src, "fork", store.StateRunning, store.StatePaused); err != nil {
+		return nil, fmt.Errorf("%w; there is nothing to snapshot: fork from one of its checkpoints, or restore one", err)
 	}
 	if o.Memory && ck == nil {
 		if src.State == store.StateHibernated {

@@ -2,13 +2,9 @@ package daemon
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
-	"io"
-	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
-	"github.com/forkbox/forkbox/internal/agent"
 	"github.com/forkbox/forkbox/internal/store"
 )
 
@@ -17,9 +13,6 @@ import (
 func (d *Daemon) RestoreSnapshot(ctx context.Context, checkpoint string, o Overrides, credentials map[string]string) (*store.Sandbox, error) {
 	ck, err := d.store.GetCheckpoint(ctx, checkpoint)
 	if err != nil {
-		return nil, err
-	}
-	if _, err := withOverrides(ck.Config, o); err != nil {
 		return nil, err
 	}
 	creds, err := d.inheritedCredentials(ctx, ck.SandboxID, credentials)
@@ -52,8 +45,8 @@ func (d *Daemon) Resume(ctx context.Context, session string) (*store.Sandbox, *s
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	if err := requireState(old, "resume (fork a live session instead)", store.StateClosed, store.StateFailed); err != nil {
-		return nil, nil, nil, err
+	if err := requireState(old, "resume", store.StateClosed, store.StateFailed); err != nil {
+		return nil, nil, nil, fmt.Errorf("%w; only a closed or crashed session can be resumed: fork a live one instead", err)
 	}
 	cks, err := d.store.ListCheckpoints(ctx, old.ID)
 	if err != nil {
@@ -105,60 +98,4 @@ func (d *Daemon) Resume(ctx context.Context, session string) (*store.Sandbox, *s
 	}
 	d.note(ctx, sb.ID, store.EventResumed, map[string]any{"session": old.ID, "checkpoint": ck.ID, "replayed": len(out)})
 	return sb, ck, out, nil
-}
-
-// replay re-runs one recorded event (exec.started or file.written) in sb;
-// ok is false for events that are not replayable actions.
-func (d *Daemon) replay(ctx context.Context, sb *store.Sandbox, e *store.Event) (Replayed, bool) {
-	str := func(k string) string { s, _ := e.Data[k].(string); return s }
-	switch e.Type {
-	case store.EventFileWritten:
-		r := Replayed{ExecID: "file:" + str("path")}
-		data, ok := e.Data["data_b64"].(string)
-		if !ok {
-			r.Skipped, r.SkipReason = true, "the file's content was too large to record"
-			return r, true
-		}
-		b, _ := base64.StdEncoding.DecodeString(data)
-		mode, _ := e.Data["mode"].(float64)
-		r.Err = d.agent(sb).WriteFile(ctx, str("path"), b, fsMode(uint32(mode)))
-		return r, true
-	case store.EventExecStarted:
-	default:
-		return Replayed{}, false
-	}
-	r := Replayed{ExecID: str("exec_id"), Shell: str("shell")}
-	if argv, ok := e.Data["argv"].([]any); ok {
-		for _, a := range argv {
-			s, _ := a.(string)
-			r.Argv = append(r.Argv, s)
-		}
-	}
-	switch {
-	case e.Data["non_replayable"] == true:
-		r.Skipped, r.SkipReason = true, "marked non-replayable"
-		return r, true
-	case e.Data["background"] == true:
-		r.Skipped, r.SkipReason = true, "background process"
-		return r, true
-	case e.Data["stdin_omitted"] == true:
-		r.Skipped, r.SkipReason = true, "its stdin was too large to record"
-		return r, true
-	}
-	o := ExecOptions{ExecRequest: agent.ExecRequest{Argv: r.Argv, Shell: r.Shell, Cwd: str("cwd")}}
-	if env, ok := e.Data["env"].(map[string]any); ok {
-		o.Env = map[string]string{}
-		for k, v := range env {
-			o.Env[k], _ = v.(string)
-		}
-	}
-	if in := str("stdin_b64"); in != "" {
-		o.Stdin, _ = base64.StdEncoding.DecodeString(in)
-	}
-	if t, ok := e.Data["timeout_ms"].(float64); ok {
-		o.Timeout = time.Duration(t) * time.Millisecond
-	}
-	res, err := d.Exec(ctx, sb.ID, o, io.Discard, io.Discard)
-	r.ExitCode, r.Err = res.ExitCode, err
-	return r, true
 }
