@@ -178,13 +178,13 @@ func (c *Client) Forked(ctx context.Context, n ForkNotice) (ForkReply, error) {
 	return reply, nil
 }
 
-// RotateToken replaces the agent's token with tok and nothing else (no
-// hook, no hostname). The daemon calls it on a memory checkpoint's source
-// once it is restored in place: its children woke up holding the source's
-// token, and each got its own with Forked; the source must stop accepting
-// the one they know. Once RotateToken returns, only tok is accepted and c
-// uses it. If the call fails after the agent received it, the token may
-// or may not have been replaced (see Forked).
+// RotateToken gives the agent a new token, tok, and nothing else (no hook,
+// no hostname). The agent accepts both tokens until the first request made
+// with tok; from then on only tok. On success c uses tok, so its next call
+// completes the rotation. The daemon calls it on a memory checkpoint's
+// source once it is restored in place (its children woke up knowing the
+// source's token), records tok, then makes any call with tok; a crash in
+// between leaves the recorded token working.
 func (c *Client) RotateToken(ctx context.Context, tok string) error {
 	if tok == "" {
 		return fmt.Errorf("agent rotate: empty token: %w", errdefs.ErrInvalidArgument)

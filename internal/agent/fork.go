@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -57,12 +58,13 @@ func (s *Server) handleForked(fw *frameWriter, req *request, received time.Time)
 	s.forkMu.Lock()
 	defer s.forkMu.Unlock()
 	// Another notice may have swapped the token since this one was checked.
-	if !s.tokenOK(req.Token) {
+	if subtle.ConstantTimeCompare([]byte(req.Token), []byte(*s.token.Load())) != 1 {
 		return fmt.Errorf("forked: token already replaced: %w", errdefs.ErrUnauthenticated)
 	}
 	if n.Token != "" {
 		tok := n.Token
 		s.token.Store(&tok)
+		s.pending.Store(nil)
 	}
 	log := s.log.With("reason", n.Reason, "parent", n.ParentID, "machine_id", n.MachineID)
 	if n.Hostname != "" && s.cfg.Init {
@@ -88,19 +90,22 @@ func (s *Server) handleForked(fw *frameWriter, req *request, received time.Time)
 	return fw.writeJSON(frameResult, reply)
 }
 
-// handleRotate installs req.NewToken as the only accepted token.
+// handleRotate installs req.NewToken as the pending token: both tokens are
+// accepted until the first request made with the new one, from then on only
+// the new one (see tokenOK). A daemon that crashes between the rotation and
+// recording the new token can still reach the agent with the old one.
 func (s *Server) handleRotate(fw *frameWriter, req *request) error {
 	if req.NewToken == "" {
 		return fmt.Errorf("rotate: empty token: %w", errdefs.ErrInvalidArgument)
 	}
 	s.forkMu.Lock()
 	defer s.forkMu.Unlock()
-	if !s.tokenOK(req.Token) {
+	if subtle.ConstantTimeCompare([]byte(req.Token), []byte(*s.token.Load())) != 1 {
 		return fmt.Errorf("rotate: token already replaced: %w", errdefs.ErrUnauthenticated)
 	}
 	tok := req.NewToken
-	s.token.Store(&tok)
-	s.log.Info("agent token rotated")
+	s.pending.Store(&tok)
+	s.log.Info("agent token rotation started")
 	return fw.writeJSON(frameResult, struct{}{})
 }
 

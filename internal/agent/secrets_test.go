@@ -60,11 +60,16 @@ func TestRotateToken(t *testing.T) {
 	if err := c.RotateToken(ctx, "new-token"); err != nil {
 		t.Fatal(err)
 	}
+	// Until the new token is used, the old one still works (a daemon that
+	// crashed before recording the new one can still reach the agent).
+	if _, err := old.Ping(ctx); err != nil {
+		t.Errorf("ping with the old token before the new one was used: %v", err)
+	}
 	if _, err := c.Ping(ctx); err != nil {
 		t.Errorf("ping with the new token: %v", err)
 	}
 	if _, err := old.Ping(ctx); !errors.Is(err, errdefs.ErrUnauthenticated) {
-		t.Errorf("ping with the old token: got %v, want Unauthenticated", err)
+		t.Errorf("ping with the old token after the new one was used: got %v, want Unauthenticated", err)
 	}
 	if err := old.RotateToken(ctx, "third"); !errors.Is(err, errdefs.ErrUnauthenticated) {
 		t.Errorf("rotate with the old token: got %v, want Unauthenticated", err)

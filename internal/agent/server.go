@@ -66,10 +66,12 @@ type Server struct {
 	watch       *watchdog
 	oomAdjusted bool
 
-	// token is the accepted token; a fork notice swaps it. forkMu orders
-	// fork notices.
-	token  atomic.Pointer[string]
-	forkMu sync.Mutex
+	// token is the accepted token; a fork notice swaps it. pending is the
+	// token a rotate installed: accepted besides token until its first use,
+	// which makes it the only one. forkMu orders fork notices and rotations.
+	token   atomic.Pointer[string]
+	pending atomic.Pointer[string]
+	forkMu  sync.Mutex
 
 	mu    sync.Mutex
 	execs map[int]*execState
@@ -187,8 +189,22 @@ func (s *Server) handleConn(conn net.Conn) {
 	}
 }
 
-// tokenOK reports whether tok is the token accepted now.
+// tokenOK reports whether tok is a token accepted now. The first use of a
+// pending (rotated-to) token makes it the only accepted one.
 func (s *Server) tokenOK(tok string) bool {
+	if subtle.ConstantTimeCompare([]byte(tok), []byte(*s.token.Load())) == 1 {
+		return true
+	}
+	p := s.pending.Load()
+	if p == nil || subtle.ConstantTimeCompare([]byte(tok), []byte(*p)) != 1 {
+		return false
+	}
+	s.forkMu.Lock()
+	defer s.forkMu.Unlock()
+	if s.pending.CompareAndSwap(p, nil) {
+		s.token.Store(p)
+		s.log.Info("agent token rotated: the new token is in use, the old one is no longer accepted")
+	}
 	return subtle.ConstantTimeCompare([]byte(tok), []byte(*s.token.Load())) == 1
 }
 
