@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 	"io"
 	"time"
@@ -102,7 +101,7 @@ func (d *Daemon) Exec(ctx context.Context, idOrName string, o ExecOptions, stdou
 	}
 	defer done()
 	execID := newID("ex-")
-	if _, err := d.store.AppendEvent(ctx, sb.ID, store.EventExecStarted, execEventData(execID, &o)); err != nil {
+	if _, err := d.store.AppendEvent(ctx, sb.ID, store.EventExecStarted, d.recordedExec(sb.ID, execID, &o, false)); err != nil {
 		return ExecResult{}, err
 	}
 	req, err := d.withCredentials(ctx, sb, o.ExecRequest)
@@ -143,8 +142,7 @@ func (d *Daemon) Start(ctx context.Context, idOrName string, o ExecOptions) (int
 	}
 	defer done()
 	execID := newID("ex-")
-	data := execEventData(execID, &o)
-	data["background"] = true
+	data := d.recordedExec(sb.ID, execID, &o, true)
 	req, err := d.withCredentials(ctx, sb, o.ExecRequest)
 	if err != nil {
 		return 0, err
@@ -178,40 +176,6 @@ func (d *Daemon) withCredentials(ctx context.Context, sb *store.Sandbox, req age
 	return req, nil
 }
 
-// maxRecordedBytes bounds stdin and file contents kept in the ledger for
-// Resume to replay; larger ones are recorded as omitted.
-const maxRecordedBytes = 64 << 10
-
-// execEventData is what the ledger keeps of an exec: enough to replay it
-// (command, env, cwd, stdin when small, timeout). Credentials are not in it:
-// they are added after, on the way to the agent.
-func execEventData(id string, o *ExecOptions) map[string]any {
-	data := map[string]any{"exec_id": id}
-	if o.Shell != "" {
-		data["shell"] = o.Shell
-	} else {
-		data["argv"] = o.Argv
-	}
-	if o.Cwd != "" {
-		data["cwd"] = o.Cwd
-	}
-	if len(o.Env) > 0 {
-		data["env"] = o.Env
-	}
-	if n := len(o.Stdin); n > maxRecordedBytes {
-		data["stdin_omitted"] = true
-	} else if n > 0 {
-		data["stdin_b64"] = base64.StdEncoding.EncodeToString(o.Stdin)
-	}
-	if o.Timeout > 0 {
-		data["timeout_ms"] = o.Timeout.Milliseconds()
-	}
-	if o.NonReplayable {
-		data["non_replayable"] = true
-	}
-	return data
-}
-
 // ReadFile reads a file in a sandbox.
 func (d *Daemon) ReadFile(ctx context.Context, idOrName, path string) ([]byte, error) {
 	sb, done, err := d.running(ctx, idOrName)
@@ -235,11 +199,7 @@ func (d *Daemon) WriteFile(ctx context.Context, idOrName, path string, data []by
 	if err := d.agent(sb).WriteFile(ctx, path, data, fsMode(mode)); err != nil {
 		return err
 	}
-	ev := map[string]any{"path": path, "size": len(data), "mode": mode}
-	if len(data) <= maxRecordedBytes {
-		ev["data_b64"] = base64.StdEncoding.EncodeToString(data)
-	}
-	_, err = d.store.AppendEvent(ctx, sb.ID, store.EventFileWritten, ev)
+	_, err = d.store.AppendEvent(ctx, sb.ID, store.EventFileWritten, d.recordedWrite(sb.ID, path, data, mode))
 	return err
 }
 

@@ -125,5 +125,6 @@ func (d *Daemon) Events(ctx context.Context, idOrName string) ([]*store.Event, e
 	if err != nil {
 		return nil, err
 	}
-	return d.store.Events(ctx, sb.ID)
+	evs, err := d.store.Events(ctx, sb.ID)
+	return publicEvents(evs), err // replay input stays sealed and out of sight
 }
