@@ -109,13 +109,15 @@ func (d *Daemon) hibernate(ctx context.Context, idOrName string, onlyIfIdle bool
 	if err := os.WriteFile(filepath.Join(dir, completeMarker), nil, 0o600); err != nil {
 		return nil, false, err
 	}
+	// The image is whole: the sandbox is hibernated in substance. What
+	// fails from here leaves it hibernating, which reconcile completes.
+	undo.release()
 	if err := rt.Delete(ctx, sb.ID, true); err != nil {
 		return nil, false, fmt.Errorf("hibernate: release the stopped container: %w", err)
 	}
 	if err := d.setState(ctx, sb, store.StateHibernated, ""); err != nil {
 		return nil, false, err
 	}
-	undo.release()
 	size := dirSize(dir)
 	d.note(ctx, sb.ID, store.EventHibernated, map[string]any{"image_bytes": size, "ms": msSince(start)})
 	d.log.Info("sandbox hibernated", "sandbox", sb.ID, "image_bytes", size, "ms", msSince(start))
