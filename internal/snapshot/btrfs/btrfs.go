@@ -44,6 +44,15 @@ type Options struct {
 	// Quota is how disk limits are accounted once the first one is set
 	// (see quota.go); the zero value is simple quotas.
 	Quota QuotaMode
+	// Preallocate allocates a new image file's whole size on the host
+	// filesystem up front (fallocate) instead of leaving it sparse. A
+	// sparse pool grows as sandboxes write, into the filesystem that also
+	// holds the state dir and the ledger, and a host filesystem that fills
+	// under it turns the pool's writes into I/O errors; a preallocated pool
+	// can never take more than its size, and fills on its own (ENOSPC in
+	// the pool, ResourceExhausted from the snapshotter) while the host
+	// keeps its free space.
+	Preallocate bool
 }
 
 // Snapshotter is the btrfs snapshotter. It implements snapshot.Snapshotter.
@@ -72,7 +81,7 @@ func Open(ctx context.Context, root string, opts Options) (*Snapshotter, error) 
 		return nil, err
 	}
 	if !onBtrfs {
-		if err := mountImage(ctx, root, opts.LoopSize, log); err != nil {
+		if err := mountImage(ctx, root, opts.LoopSize, opts.Preallocate, log); err != nil {
 			return nil, err
 		}
 	}
@@ -104,7 +113,7 @@ func isBtrfs(path string) (bool, error) {
 func imagePath(root string) string { return filepath.Clean(root) + ".img" }
 
 // mountImage mounts <root>.img (made and formatted if needed) at root.
-func mountImage(ctx context.Context, root string, size int64, log *slog.Logger) (retErr error) {
+func mountImage(ctx context.Context, root string, size int64, prealloc bool, log *slog.Logger) (retErr error) {
 	if mp, err := mount.IsMountPoint(root); err != nil {
 		return err
 	} else if mp {
@@ -120,11 +129,20 @@ func mountImage(ctx context.Context, root string, size int64, log *slog.Logger) 
 		if err != nil {
 			return fmt.Errorf("create %s: %v: %w", img, err, errdefs.ErrInternal)
 		}
-		err = f.Truncate(size)
+		if prealloc {
+			err = unix.Fallocate(int(f.Fd()), 0, 0, size)
+			if errors.Is(err, unix.EOPNOTSUPP) {
+				log.WarnContext(ctx, "the host filesystem cannot preallocate the btrfs image; it stays sparse", slog.String("image", img))
+				err = nil
+			}
+		}
+		if err == nil {
+			err = f.Truncate(size)
+		}
 		f.Close()
 		if err != nil {
 			os.Remove(img)
-			return fmt.Errorf("size %s: %v: %w", img, err, errdefs.ErrResourceExhausted)
+			return fmt.Errorf("size %s to %d bytes (is the host filesystem big enough?): %v: %w", img, size, err, errdefs.ErrResourceExhausted)
 		}
 		created = true
 		defer func() {
@@ -145,11 +163,17 @@ func mountImage(ctx context.Context, root string, size int64, log *slog.Logger) 
 		return fmt.Errorf("read %s: %v: %w", img, err, errdefs.ErrInternal)
 	}
 	if !has {
-		if err := mkfs(ctx, dev); err != nil {
+		if err := mkfs(ctx, dev, prealloc); err != nil {
 			return err
 		}
 	}
-	if err := mount.All(ctx, []mount.Mount{{Type: "btrfs", Source: dev, Options: []string{"noatime", "nosuid", "nodev"}}}, root); err != nil {
+	mopts := []string{"noatime", "nosuid", "nodev"}
+	if prealloc {
+		// Discards would punch the preallocated space back out of the
+		// image (a loop device turns them into holes).
+		mopts = append(mopts, "nodiscard")
+	}
+	if err := mount.All(ctx, []mount.Mount{{Type: "btrfs", Source: dev, Options: mopts}}, root); err != nil {
 		return fmt.Errorf("mount btrfs image: %w", err)
 	}
 	log.InfoContext(ctx, "mounted loop-backed btrfs for snapshots",

@@ -3,6 +3,7 @@ package btrfs_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -13,7 +14,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/mount"
+	"github.com/forkbox/forkbox/internal/snapshot"
+	"github.com/forkbox/forkbox/internal/snapshot/btrfs"
 	"github.com/forkbox/forkbox/internal/snapshot/testsuite"
 )
 
@@ -126,5 +130,123 @@ func copyFile(t *testing.T, src, dst string) {
 	}
 	if err := out.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPoolFull: on a full pool, Prepare and Commit either work or fail with
+// ResourceExhausted and leave nothing half-made; a preallocated image holds
+// its whole size on the host, so the pool filling up takes nothing more
+// from the host filesystem; freeing space makes the pool usable again.
+func TestPoolFull(t *testing.T) {
+	ctx := context.Background()
+	testsuite.Require(t, btrfs.Supported(ctx) == nil, "btrfs unsupported here")
+	const size = 256 << 20
+	root := filepath.Join(t.TempDir(), "snaps")
+	s, err := btrfs.Open(ctx, root, btrfs.Options{LoopSize: size, Preallocate: true})
+	if err != nil {
+		t.Fatalf("btrfs.Open: %v", err)
+	}
+	t.Cleanup(func() { detach(t, root) })
+	defer s.Close()
+	var st unix.Stat_t
+	if err := unix.Stat(root+".img", &st); err != nil || st.Blocks*512 < size {
+		t.Fatalf("preallocated image: %d bytes allocated, %v, want %d", st.Blocks*512, err, size)
+	}
+	hostBefore := st.Blocks
+
+	if err := s.Prepare(ctx, "filler", ""); err != nil {
+		t.Fatal(err)
+	}
+	rootfs, unmount := testsuite.MountRootfs(t, s, "filler", []string{t.TempDir()})
+	// Data until ENOSPC, then small files (metadata) until ENOSPC.
+	big, err := os.Create(filepath.Join(rootfs, "big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1<<20)
+	for i := 0; ; i++ {
+		buf[0] = byte(i)
+		if _, err = big.Write(buf); err == nil {
+			continue
+		}
+		if !testsuite.IsDiskFull(err) {
+			t.Fatalf("fill: got %v, want ENOSPC", err)
+		}
+		break
+	}
+	big.Close()
+	for i := 0; ; i++ {
+		err := os.WriteFile(filepath.Join(rootfs, fmt.Sprintf("s%06d", i)), []byte("x"), 0o644)
+		if err == nil {
+			continue
+		}
+		if !testsuite.IsDiskFull(err) {
+			t.Fatalf("fill metadata: got %v, want ENOSPC", err)
+		}
+		t.Logf("pool full after %d small files", i)
+		break
+	}
+
+	ops := []struct {
+		key string
+		op  func() error
+	}{
+		{"c", func() error { return s.Commit(ctx, "c", "filler") }},
+		{"fresh", func() error { return s.Prepare(ctx, "fresh", "", snapshot.WithDiskLimit(1<<20)) }},
+		{"child", func() error {
+			if _, err := s.Stat(ctx, "c"); err != nil {
+				return nil // the commit was refused: nothing to prepare from
+			}
+			return s.Prepare(ctx, "child", "c")
+		}},
+	}
+	failed := 0
+	for _, o := range ops {
+		err := o.op()
+		if err == nil {
+			continue
+		}
+		failed++
+		if !errdefs.IsResourceExhausted(err) {
+			t.Errorf("%s on a full pool: got %v, want ResourceExhausted", o.key, err)
+		}
+		if _, serr := s.Stat(ctx, o.key); !errdefs.IsNotFound(serr) {
+			t.Errorf("%s failed but left a snapshot: Stat: %v", o.key, serr)
+		}
+	}
+	t.Logf("%d of %d operations refused on the full pool", failed, len(ops))
+	if ents, _ := os.ReadDir(filepath.Join(root, "tmp")); len(ents) != 0 {
+		t.Errorf("tmp after failures on a full pool: %d entries, want 0", len(ents))
+	}
+	if err := unix.Stat(root+".img", &st); err != nil || st.Blocks != hostBefore {
+		t.Errorf("image on the host: %d blocks after the fill, %v, want %d (preallocated)", st.Blocks, err, hostBefore)
+	}
+
+	// Freeing space makes the pool usable again.
+	unmount()
+	for _, o := range ops {
+		if _, err := s.Stat(ctx, o.key); err == nil {
+			if err := s.Remove(ctx, o.key); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := s.Remove(ctx, "filler"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := 200 // the cleaner frees a removed subvolume's space in the background
+	for i := 0; ; i++ {
+		err := s.Prepare(ctx, "again", "")
+		if err == nil {
+			break
+		}
+		if !errdefs.IsResourceExhausted(err) || i == deadline {
+			t.Fatalf("Prepare after freeing the pool: %v", err)
+		}
+		exec.Command("btrfs", "filesystem", "sync", root).Run()
+	}
+	rootfs, _ = testsuite.MountRootfs(t, s, "again", []string{t.TempDir()})
+	if err := os.WriteFile(filepath.Join(rootfs, "f"), make([]byte, 8<<20), 0o644); err != nil {
+		t.Errorf("write after freeing the pool: %v", err)
 	}
 }

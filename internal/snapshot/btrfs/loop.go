@@ -111,8 +111,14 @@ func hasBtrfs(image string) (bool, error) {
 	return bytes.Equal(buf, []byte("_BHRfS_M")), nil
 }
 
-func mkfs(ctx context.Context, dev string) error {
-	out, err := exec.CommandContext(ctx, "mkfs.btrfs", "-f", "-q", dev).CombinedOutput()
+// mkfs formats dev; with keep, without discarding its blocks first (which
+// would punch holes in a preallocated image).
+func mkfs(ctx context.Context, dev string, keep bool) error {
+	args := []string{"-f", "-q"}
+	if keep {
+		args = append(args, "-K")
+	}
+	out, err := exec.CommandContext(ctx, "mkfs.btrfs", append(args, dev)...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("mkfs.btrfs %s: %v: %s: %w", dev, err, bytes.TrimSpace(out), errdefs.ErrInternal)
 	}
