@@ -17,6 +17,7 @@ at once::
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import inspect
 from concurrent.futures import ThreadPoolExecutor
@@ -114,17 +115,29 @@ class AsyncExecution:
         return self.wait().__await__()
 
     async def stream(self) -> AsyncIterator[ExecChunk]:
-        """As Execution.stream(), asynchronously."""
+        """As Execution.stream(), asynchronously. Each chunk is fetched in a
+        pool thread; a consumer that stops (or is cancelled) while a fetch
+        is pending closes the iterator once that fetch returns."""
         it = self.sync.stream()
         end = object()
+        pending: Optional["concurrent.futures.Future[Any]"] = None
+
+        def fetch() -> Any:
+            return next(it, end)
+
         try:
             while True:
-                chunk = await self._runner.run(next, it, end)
+                pending = self._runner.pool.submit(fetch)
+                chunk = await asyncio.wrap_future(pending)
+                pending = None
                 if chunk is end:
                     return
-                yield chunk  # type: ignore[misc]
+                yield chunk
         finally:
-            it.close()
+            if pending is not None and not pending.done():
+                pending.add_done_callback(lambda _: it.close())
+            else:
+                it.close()
 
     def cancel(self) -> None:
         self.sync.cancel()

@@ -40,6 +40,24 @@ def test_async_exec_stream_and_parallel_pipes(daemon: Daemon, image: str) -> Non
                     chunks.append(c)
                 assert "".join(c.text for c in chunks) == "1\n2\n3\n" and len(chunks) >= 2
 
+                # Leaving the loop early, or cancelling a consumer, leaves the command be.
+                ex = sb.exec("for i in $(seq 1 2000); do echo $i; done")
+                async for c in ex.stream():
+                    break
+                assert (await ex).stdout.endswith("\n2000\n")
+                ex = sb.exec("sleep 0.5; seq 1 2000")
+
+                async def consume() -> None:
+                    async for _ in ex.stream():
+                        pass
+
+                task = asyncio.ensure_future(consume())
+                await asyncio.sleep(0)  # let it start waiting for output
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                assert (await ex).stdout.endswith("\n2000\n")
+
                 # Both commands run at once: each waits for the other's marker file.
                 out = Capture()
                 a, b = await asyncio.gather(
