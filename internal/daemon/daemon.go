@@ -191,6 +191,7 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 	d.stopJanitor = stopJanitor
 	d.startJanitor(janitorCtx)
 	d.startIdleHibernation(janitorCtx)
+	d.startDegradedRecheck(janitorCtx)
 	if err := d.sweepOrphans(ctx); err != nil {
 		// Leftovers that cannot be removed now do not stop the daemon: they
 		// are logged, and tried again on the next start.

@@ -93,6 +93,52 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *store.Sandbox) error {
 	return d.cleanLost(ctx, sb)
 }
 
+// degradedRecheck is how often a running daemon looks again at its
+// degraded sandboxes.
+const degradedRecheck = 30 * time.Second
+
+// startDegradedRecheck reconciles degraded sandboxes again every
+// degradedRecheck until ctx ends: one whose agent answers again becomes
+// running (or paused), one whose container is gone is cleaned.
+func (d *Daemon) startDegradedRecheck(ctx context.Context) {
+	go func() {
+		t := time.NewTicker(degradedRecheck)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				d.bestEffort(ctx, "recheck degraded sandboxes", d.recheckDegraded(ctx))
+			}
+		}
+	}()
+}
+
+// recheckDegraded reconciles every degraded sandbox, under its lock.
+func (d *Daemon) recheckDegraded(ctx context.Context) error {
+	recs, err := d.store.ListSandboxes(ctx, false)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, rec := range recs {
+		if rec.State != store.StateDegraded {
+			continue
+		}
+		sb, unlock, err := d.locked(ctx, rec.ID)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if sb.State == store.StateDegraded {
+			errs = append(errs, d.reconcileOne(ctx, sb))
+		}
+		unlock()
+	}
+	return errors.Join(errs...)
+}
+
 // cleanLost tears down a sandbox that reconcile found not live, and records
 // it closed (or failed, if something could not be removed).
 func (d *Daemon) cleanLost(ctx context.Context, sb *store.Sandbox) error {

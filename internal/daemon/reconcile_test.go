@@ -65,13 +65,18 @@ func TestReconcileDegraded(t *testing.T) {
 		t.Errorf("paused: state %s, want paused", sb.State)
 	}
 
-	// The agent answers again: the next reconcile finds it.
+	// The agent answers again: the running daemon's next look finds it.
 	if err := h.w.revive(slow); err != nil {
 		t.Fatal(err)
 	}
-	h.reopen(h.runtimes(RuntimeGVisor, RuntimeCrun))
+	if err := h.d.recheckDegraded(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if sb := h.state(slow); sb.State != store.StateRunning || sb.Error != "" {
 		t.Errorf("revived: state %s %q, want running, no error", sb.State, sb.Error)
+	}
+	if evs := h.events(slow); !slices.Contains(evs, store.EventSandboxFound) {
+		t.Errorf("revived ledger %v: want %s", evs, store.EventSandboxFound)
 	}
 
 	// The gvisor binary is missing: kept, degraded, running and paused alike.
