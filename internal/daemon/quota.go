@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"strconv"
 	"strings"
 
@@ -142,4 +143,21 @@ func diskFull(what string, err error) error {
 		return fmt.Errorf("%s: the host's disk for sandboxes is full (%v): %w", what, err, errdefs.ErrResourceExhausted)
 	}
 	return err
+}
+
+// securePrivateDir makes dir (the state directory) root's and 0700, whatever
+// created it: everything below it (image layers, with whatever setuid
+// files and device nodes images carry; the snapshot pool; bundles) is then
+// out of reach of other host users. Call it in New, after creating the
+// state dir:
+//
+//	if err := securePrivateDir(cfg.StateDir); err != nil { ... }
+func securePrivateDir(dir string) error {
+	if err := os.Chown(dir, 0, 0); err != nil {
+		return fmt.Errorf("state dir %s: %v: %w", dir, err, errdefs.ErrPermissionDenied)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("state dir %s: %v: %w", dir, err, errdefs.ErrPermissionDenied)
+	}
+	return nil
 }

@@ -117,3 +117,26 @@ func TestDiskFull(t *testing.T) {
 		t.Errorf("diskFull(nil) != nil")
 	}
 }
+
+func TestSecurePrivateDir(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to chown")
+	}
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if err := securePrivateDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode&0o7777 != 0o700 || st.Uid != 0 || st.Gid != 0 {
+		t.Errorf("state dir: got mode %o owner %d:%d, want 0700 root:root", st.Mode&0o7777, st.Uid, st.Gid)
+	}
+}

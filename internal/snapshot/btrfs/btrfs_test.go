@@ -103,6 +103,14 @@ func BenchmarkCommit(b *testing.B) {
 	testsuite.BenchmarkCommit(b, openBench, testsuite.Size1MB, testsuite.Size100MB, testsuite.Size1GB)
 }
 
+// BenchmarkCommitLimit: the same with disk limits (simple quotas), source
+// and children limited to 2 GiB.
+//
+//	go test -run XXX -bench CommitLimit -benchtime 20x ./internal/snapshot/btrfs/
+func BenchmarkCommitLimit(b *testing.B) {
+	testsuite.BenchmarkCommitLimit(b, openBench, 2<<30, testsuite.Size1MB, testsuite.Size100MB, testsuite.Size1GB)
+}
+
 func openBench(t testing.TB, root string) snapshot.Snapshotter {
 	t.Helper()
 	ctx := context.Background()

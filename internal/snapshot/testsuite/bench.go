@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/forkbox/forkbox/internal/snapshot"
 )
 
 // Size is an amount of data for BenchmarkCommit: Files files of equal size
@@ -29,15 +31,30 @@ var (
 // BenchmarkCommit measures one fork step, Commit of an active snapshot
 // holding size of data followed by Prepare of a child from it, for each
 // size. The data is written once per size, through an overlay mount, outside
-// the timer. It reports commit-ms and prepare-ms besides ns/op.
+// the timer. It reports commit-ms, prepare-ms and remove-ms (the child and
+// the committed snapshot, outside the timer) besides ns/op.
 func BenchmarkCommit(b *testing.B, open Opener, sizes ...Size) {
+	benchmarkCommit(b, open, 0, sizes)
+}
+
+// BenchmarkCommitLimit is BenchmarkCommit with disk limits: the source and
+// every child are prepared WithDiskLimit(limit).
+func BenchmarkCommitLimit(b *testing.B, open Opener, limit int64, sizes ...Size) {
+	benchmarkCommit(b, open, limit, sizes)
+}
+
+func benchmarkCommit(b *testing.B, open Opener, limit int64, sizes []Size) {
+	var opts []snapshot.Opt
+	if limit > 0 {
+		opts = append(opts, snapshot.WithDiskLimit(limit))
+	}
 	Require(b, os.Geteuid() == 0, "needs root to mount overlays")
 	for _, sz := range sizes {
 		b.Run(sz.Name, func(b *testing.B) {
 			ctx := context.Background()
 			s := open(b, filepath.Join(b.TempDir(), "snapshots"))
 			b.Cleanup(func() { _ = s.Close() })
-			if err := s.Prepare(ctx, "src", ""); err != nil {
+			if err := s.Prepare(ctx, "src", "", opts...); err != nil {
 				b.Fatal(err)
 			}
 			root, unmount := MountRootfs(b, s, "src", []string{b.TempDir()})
@@ -50,7 +67,7 @@ func BenchmarkCommit(b *testing.B, open Opener, sizes ...Size) {
 			// The source stays mounted, as a live sandbox would be.
 			_ = unmount
 			b.Run("commit+prepare", func(b *testing.B) {
-				var commit, prepare time.Duration
+				var commit, prepare, remove time.Duration
 				b.ResetTimer()
 				for i := 0; i < b.N; i++ {
 					name, key := fmt.Sprintf("c%d", i), fmt.Sprintf("a%d", i)
@@ -59,22 +76,25 @@ func BenchmarkCommit(b *testing.B, open Opener, sizes ...Size) {
 						b.Fatal(err)
 					}
 					t1 := time.Now()
-					if err := s.Prepare(ctx, key, name); err != nil {
+					if err := s.Prepare(ctx, key, name, opts...); err != nil {
 						b.Fatal(err)
 					}
 					commit += t1.Sub(t0)
 					prepare += time.Since(t1)
 					b.StopTimer()
+					t2 := time.Now()
 					if err := s.Remove(ctx, key); err != nil {
 						b.Fatal(err)
 					}
 					if err := s.Remove(ctx, name); err != nil {
 						b.Fatal(err)
 					}
+					remove += time.Since(t2)
 					b.StartTimer()
 				}
 				b.ReportMetric(float64(commit.Microseconds())/1000/float64(b.N), "commit-ms")
 				b.ReportMetric(float64(prepare.Microseconds())/1000/float64(b.N), "prepare-ms")
+				b.ReportMetric(float64(remove.Microseconds())/1000/float64(b.N), "remove-ms")
 			})
 		})
 	}
