@@ -79,12 +79,14 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *store.Sandbox) error {
 			log.Info("reconcile: sandbox still running", slog.String("state", string(sb.State)))
 			return nil
 		case h.reason != "":
-			if sb.State != store.StateDegraded {
-				if err := d.setState(ctx, sb, store.StateDegraded, h.reason); err != nil {
-					return err
-				}
-				d.note(ctx, sb.ID, store.EventSandboxDegraded, map[string]any{"reason": h.reason})
+			if sb.State == store.StateDegraded {
+				log.Debug("reconcile: sandbox still degraded", slog.String("reason", h.reason))
+				return nil
 			}
+			if err := d.setState(ctx, sb, store.StateDegraded, h.reason); err != nil {
+				return err
+			}
+			d.note(ctx, sb.ID, store.EventSandboxDegraded, map[string]any{"reason": h.reason})
 			log.Warn("reconcile: sandbox kept, degraded", slog.String("reason", h.reason))
 			return nil
 		}
