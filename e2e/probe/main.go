@@ -1,0 +1,273 @@
+// Command probe is a hostile tenant's toolbox for the e2e suite: copied
+// into a sandbox, it tries escapes and privileged operations with raw
+// syscalls and prints one line per attempt, "<name> denied <errno>" or
+// "<name> ALLOWED <detail>". The suite asserts that every attempt is denied.
+//
+//	probe escapes HOSTDEVMAJOR HOSTDEVMINOR   privileged syscalls and files
+//	probe dial ADDR...                        TCP connects (2 s each, in parallel)
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: probe escapes MAJOR MINOR | probe dial ADDR...")
+		os.Exit(2)
+	}
+	switch os.Args[1] {
+	case "escapes":
+		maj, _ := strconv.Atoi(arg(2))
+		min, _ := strconv.Atoi(arg(3))
+		escapes(uint32(maj), uint32(min))
+	case "dial":
+		dial(os.Args[2:])
+	default:
+		os.Exit(2)
+	}
+}
+
+func arg(i int) string {
+	if i < len(os.Args) {
+		return os.Args[i]
+	}
+	return "0"
+}
+
+func report(name string, err error, detail string) {
+	if err != nil {
+		fmt.Printf("%s denied %v\n", name, err)
+		return
+	}
+	fmt.Printf("%s ALLOWED %s\n", name, detail)
+}
+
+// writeFile opens path for writing and writes data, returning the first error.
+func writeFile(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = f.Write(data)
+	return err
+}
+
+func escapes(maj, min uint32) {
+	os.MkdirAll("/tmp/probe-mnt", 0o755)
+	report("mount-tmpfs", unix.Mount("tmpfs", "/tmp/probe-mnt", "tmpfs", 0, ""), "tmpfs mounted")
+	report("mount-proc-remount-rw", unix.Mount("", "/proc/sys", "", unix.MS_REMOUNT|unix.MS_BIND, ""), "/proc/sys remounted rw")
+	for _, ns := range []struct {
+		name string
+		flag int
+	}{{"unshare-user", unix.CLONE_NEWUSER}, {"unshare-mount", unix.CLONE_NEWNS}, {"unshare-net", unix.CLONE_NEWNET}, {"unshare-pid", unix.CLONE_NEWPID}} {
+		// In a fresh thread that is never reused: a successful unshare
+		// must not change the rest of the probe.
+		done := make(chan error)
+		go func() {
+			lockOSThreadForever()
+			done <- unix.Unshare(ns.flag)
+		}()
+		report(ns.name, <-done, "new namespace created")
+	}
+	report("setns-init-mnt", setns("/proc/1/ns/mnt"), "joined pid 1's mount namespace")
+	report("ptrace-attach-init", unix.PtraceAttach(1), "attached to pid 1")
+	if err := unix.PtraceAttach(1); err == nil {
+		unix.PtraceDetach(1)
+	}
+	report("write-proc1-mem", writeProcMem(), "wrote pid 1's memory")
+	// Each file gets its own value back (where it can be read): the point
+	// is whether the write is let through, not to break the sandbox.
+	for _, p := range []string{"/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches", "/proc/sys/kernel/hostname",
+		"/proc/sys/net/ipv4/ip_forward", "/proc/sysrq-trigger", "/sys/kernel/uevent_helper",
+		"/sys/kernel/mm/transparent_hugepage/enabled", "/sys/class/net/eth0/mtu",
+		"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"} {
+		data, err := os.ReadFile(p)
+		if err != nil || len(data) == 0 {
+			data = []byte("0\n")
+		}
+		report("write"+p, writeFile(p, data), "written (its own value back)")
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_ICMP)
+	report("socket-raw-inet", err, "raw IPv4 socket")
+	if err == nil {
+		unix.Close(fd)
+	}
+	fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
+	report("socket-packet", err, "AF_PACKET socket")
+	if err == nil {
+		unix.Close(fd)
+	}
+	// A network change: a new address or MAC on eth0 (needs CAP_NET_ADMIN).
+	report("set-mac", setMAC("eth0"), "eth0's MAC changed")
+	// The host's root disk, made as a device node (CAP_MKNOD is granted;
+	// the device cgroup or the sentry must refuse opening it).
+	dev := "/tmp/probe-hostdisk"
+	os.Remove(dev)
+	if err := unix.Mknod(dev, unix.S_IFBLK|0o600, int(unix.Mkdev(maj, min))); err != nil {
+		report("open-host-disk", err, "")
+	} else {
+		f, err := os.Open(dev)
+		detail := ""
+		if err == nil {
+			b := make([]byte, 512)
+			n, rerr := f.Read(b)
+			f.Close()
+			err = rerr
+			detail = fmt.Sprintf("read %d bytes of block device %d:%d", n, maj, min)
+		}
+		report("open-host-disk", err, detail)
+	}
+	os.Remove(dev)
+	for _, p := range []string{"/dev/mem", "/dev/kmem", "/dev/port", "/dev/kmsg"} {
+		f, err := os.Open(p)
+		if err == nil {
+			f.Close()
+		}
+		report("open"+p, err, "opened")
+	}
+	report("init-module", initModule(), "reached the module loader")
+	report("open-by-handle", openByHandle(), "passed the capability check (EFAULT on a bad handle)")
+	_, _, e := unix.Syscall(unix.SYS_BPF, 5 /* BPF_PROG_LOAD */, 0, 0)
+	report("bpf", errnoErr(e, unix.EFAULT), "reached bpf(2)")
+	_, _, e = unix.Syscall(unix.SYS_KEYCTL, 0 /* GET_KEYRING_ID */, ^uintptr(3) /* SESSION */, 0)
+	report("keyctl", errnoErr(e, 0), "reached the kernel keyring")
+	report("settimeofday", unix.Settimeofday(&unix.Timeval{Sec: 0}), "set the clock")
+	report("sethostname-after-uts", unix.Sethostname([]byte("probe-host")), "")
+}
+
+// errnoErr is e as an error; ok (a harmless errno showing the syscall ran)
+// counts as allowed.
+func errnoErr(e unix.Errno, ok unix.Errno) error {
+	if e == 0 || e == ok {
+		return nil
+	}
+	return e
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+func lockOSThreadForever() { runtimeLockOSThread() }
+
+func setns(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	done := make(chan error)
+	go func() {
+		lockOSThreadForever()
+		done <- unix.Setns(int(f.Fd()), unix.CLONE_NEWNS)
+	}()
+	return <-done
+}
+
+// writeProcMem writes one byte of pid 1's memory, back with its own value.
+func writeProcMem() error {
+	maps, err := os.ReadFile("/proc/1/maps")
+	if err != nil {
+		return err
+	}
+	var start uint64
+	if _, err := fmt.Sscanf(string(maps), "%x-", &start); err != nil {
+		return fmt.Errorf("parse maps: %v", err)
+	}
+	f, err := os.OpenFile("/proc/1/mem", os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	b := make([]byte, 1)
+	if _, err := f.ReadAt(b, int64(start)); err != nil {
+		return err
+	}
+	_, err = f.WriteAt(b, int64(start))
+	return err
+}
+
+func setMAC(name string) error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFHWADDR, ifr); err != nil {
+		return err
+	}
+	raw := (*[unix.IFNAMSIZ + 24]byte)(unsafe.Pointer(ifr))
+	mac := raw[unix.IFNAMSIZ+2 : unix.IFNAMSIZ+8]
+	mac[5] ^= 0x01
+	return unix.IoctlIfreq(fd, unix.SIOCSIFHWADDR, ifr)
+}
+
+// initModule calls init_module(2) with no module: EPERM (no
+// CAP_SYS_MODULE or seccomp) or ENOSYS is a refusal; EFAULT means the
+// capability check passed.
+func initModule() error {
+	_, _, e := unix.Syscall(unix.SYS_INIT_MODULE, 0, 0, 0)
+	if e != unix.EFAULT && e != 0 {
+		return e
+	}
+	return nil
+}
+
+// openByHandle calls open_by_handle_at(2) with a bad handle: EPERM (no
+// CAP_DAC_READ_SEARCH), or ENOSYS/EOPNOTSUPP (not implemented), is a
+// refusal; EFAULT means the capability check passed.
+func openByHandle() error {
+	cwd := unix.AT_FDCWD
+	_, _, e := unix.Syscall(unix.SYS_OPEN_BY_HANDLE_AT, uintptr(cwd), 0, 0)
+	if e != unix.EFAULT && e != 0 {
+		return e
+	}
+	return nil
+}
+
+func dial(addrs []string) {
+	type res struct{ addr, line string }
+	var mu sync.Mutex
+	var out []res
+	var wg sync.WaitGroup
+	for _, a := range addrs {
+		wg.Add(1)
+		go func(a string) {
+			defer wg.Done()
+			c, err := net.DialTimeout("tcp", a, 2*time.Second)
+			line := ""
+			if err != nil {
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() {
+					err = errors.New("timeout")
+				}
+				line = fmt.Sprintf("dial-%s denied %v", a, err)
+			} else {
+				c.Close()
+				line = fmt.Sprintf("dial-%s ALLOWED connected", a)
+			}
+			mu.Lock()
+			out = append(out, res{a, line})
+			mu.Unlock()
+		}(a)
+	}
+	wg.Wait()
+	sort.Slice(out, func(i, j int) bool { return out[i].addr < out[j].addr })
+	for _, r := range out {
+		fmt.Println(r.line)
+	}
+}
