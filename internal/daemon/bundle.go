@@ -114,7 +114,7 @@ func writeIdentity(bundle string, sb *store.Sandbox, nw *network.Network) ([]spe
 	}
 	machineID := filepath.Join(bundle, "etc", "machine-id")
 	if err := os.WriteFile(machineID, []byte(sb.Config.MachineID+"\n"), 0o444); err != nil {
-		return nil, fmt.Errorf("bundle: %w", err)
+		return nil, diskFull("bundle", fmt.Errorf("bundle: %w", err))
 	}
 	return append(etc, specs.Mount{Destination: "/etc/machine-id", Type: "bind", Source: machineID, Options: append([]string(nil), spec.EtcMountOptions...)}), nil
 }

@@ -5,10 +5,12 @@ package spec
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/forkbox/forkbox/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -118,18 +120,27 @@ func WriteEtcFiles(dir string, f EtcFiles) ([]specs.Mount, error) {
 // read-only, nothing executable, no devices or setuid (see WriteEtcFiles).
 var EtcMountOptions = []string{"rbind", "rprivate", "ro", "nosuid", "nodev", "noexec"}
 
+// writeClass is the class of a failed bundle write: ResourceExhausted when
+// the state filesystem is full, Internal otherwise.
+func writeClass(err error) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return errdefs.ErrResourceExhausted
+	}
+	return errdefs.ErrInternal
+}
+
 func writeFileAtomic(dir, name string, data []byte, mode os.FileMode) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("write %s: %v: %w", filepath.Join(dir, name), err, errdefs.ErrInternal)
 	}
 	tmp, err := os.CreateTemp(dir, "."+name+".tmp-*")
 	if err != nil {
-		return fmt.Errorf("write %s: %v: %w", filepath.Join(dir, name), err, errdefs.ErrInternal)
+		return fmt.Errorf("write %s: %v: %w", filepath.Join(dir, name), err, writeClass(err))
 	}
 	fail := func(err error) error {
 		tmp.Close()
 		os.Remove(tmp.Name())
-		return fmt.Errorf("write %s: %v: %w", filepath.Join(dir, name), err, errdefs.ErrInternal)
+		return fmt.Errorf("write %s: %v: %w", filepath.Join(dir, name), err, writeClass(err))
 	}
 	if _, err := tmp.Write(data); err != nil {
 		return fail(err)

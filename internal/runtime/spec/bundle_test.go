@@ -1,8 +1,12 @@
 package spec
 
 import (
+	"os"
 	"slices"
+	"syscall"
 	"testing"
+
+	"github.com/forkbox/forkbox/errdefs"
 )
 
 // TestEtcFilesReadOnly: the identity files live outside the sandbox's
@@ -25,5 +29,20 @@ func TestEtcFilesReadOnly(t *testing.T) {
 	mounts[0].Options[0] = "changed"
 	if mounts[1].Options[0] == "changed" || EtcMountOptions[0] == "changed" {
 		t.Errorf("mounts share their options slice")
+	}
+}
+
+func TestWriteClassFull(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want error
+	}{
+		{&os.PathError{Op: "write", Path: "/x", Err: syscall.ENOSPC}, errdefs.ErrResourceExhausted},
+		{&os.PathError{Op: "write", Path: "/x", Err: syscall.EDQUOT}, errdefs.ErrResourceExhausted},
+		{&os.PathError{Op: "write", Path: "/x", Err: syscall.EIO}, errdefs.ErrInternal},
+	} {
+		if got := writeClass(tc.err); got != tc.want {
+			t.Errorf("writeClass(%v): got %v, want %v", tc.err, got, tc.want)
+		}
 	}
 }
