@@ -161,13 +161,11 @@ def daemon() -> Iterator[Daemon]:
         if os.environ.get("CI") == "true":
             pytest.fail(f"prerequisite missing in CI: {why}")
         pytest.skip(why)
-    subprocess.run(
-        ["make", "-s", "build"],
-        cwd=REPO,
-        check=True,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
+    build = subprocess.run(
+        ["make", "-s", "build"], cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True
     )
+    if build.returncode != 0:
+        pytest.fail(f"make build failed:\n{build.stdout}{build.stderr}", pytrace=False)
     tmp = Path(tempfile.mkdtemp(prefix="forkbox-py-"))
     sock = str(tmp / "forkbox.sock")
     flags = [
