@@ -14,21 +14,18 @@ import (
 // transitions is the sandbox lifecycle, in one place. A state change not
 // listed here is a FailedPrecondition error naming both states.
 //
-//	creating ──► running ◄──────► paused
-//	               ▲  ▲ ╲          ╱  ▲
-//	               │  │  hibernating  │
-//	               │  │      │        │
-//	               │  │      ▼        │
-//	               │  └── hibernated  │
-//	               └──── degraded ────┘
+//	creating            → running                  (started, agent answered)
+//	running             ⇄ paused                   (pause, unpause)
+//	running, paused     → hibernating → hibernated (hibernate)
+//	hibernated          → running                  (wake)
+//	hibernating         → running, paused          (the checkpoint failed; the container runs)
+//	running, paused     → degraded                 (reconcile could not confirm it healthy)
+//	degraded            → running, paused          (a later reconcile could)
+//	every live state    → failed, closing
+//	failed ⇄ closing; failed, closing → closed
 //
-//	any live state ──► failed ◄──► closing ──► closed
-//	                      └────────────────────► closed
-//
-// hibernating goes back to where it came from if the checkpoint fails and
-// the container still runs. degraded is entered only by reconcile (the
-// sandbox could not be confirmed healthy after a restart) and left by a
-// later reconcile or a close.
+// degraded is entered and left only by reconcile (or left by a close): the
+// sandbox is kept, never torn down on a guess.
 var transitions = map[store.State][]store.State{
 	store.StateCreating:    {store.StateRunning, store.StateFailed, store.StateClosing},
 	store.StateRunning:     {store.StatePaused, store.StateHibernating, store.StateDegraded, store.StateFailed, store.StateClosing},
