@@ -14,6 +14,7 @@ import (
 	"github.com/forkbox/forkbox/client"
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/daemon"
+	"github.com/forkbox/forkbox/internal/metrics"
 	"github.com/forkbox/forkbox/internal/server"
 )
 
@@ -28,6 +29,8 @@ func envOr(k, def string) string {
 type daemonFlags struct {
 	cfg                                  daemon.Config
 	socket, tcp, token, level, btr, disk string
+	metrics, ui                          string
+	metricsMax                           int
 }
 
 func (df *daemonFlags) config() (daemon.Config, error) {
@@ -96,7 +99,10 @@ func serveCmd() *cobra.Command {
 				return err
 			}
 			defer d.Close()
-			srv, err := server.Listen(d, df.socket, df.tcp, df.token, log)
+			m := metrics.New(metrics.Options{Sandboxes: d.Store(), CgroupParent: cfg.CgroupParent,
+				MaxSandboxSeries: df.metricsMax, Log: log})
+			srv, err := server.Listen(d, df.socket, df.tcp, df.token, log,
+				server.Web{Metrics: m, MetricsAddr: df.metrics, UIAddr: df.ui})
 			if err != nil {
 				return err
 			}
@@ -110,6 +116,10 @@ func serveCmd() *cobra.Command {
 		},
 	}
 	df.register(cmd)
+	f := cmd.Flags()
+	f.StringVar(&df.metrics, "metrics", "", "also serve Prometheus metrics at /metrics on this address (token required when one is set; loopback only without)")
+	f.StringVar(&df.ui, "ui", "", "serve the dashboard on this address (needs --api-token; open http://ADDR/?token=T)")
+	f.IntVar(&df.metricsMax, "metrics-max-sandboxes", metrics.DefaultMaxSandboxSeries, "at most this many sandboxes get CPU and memory series (the oldest first)")
 	return cmd
 }
 

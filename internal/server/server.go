@@ -6,7 +6,6 @@ package server
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,7 +14,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -26,16 +24,18 @@ import (
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/errdefs/errconnect"
 	"github.com/forkbox/forkbox/internal/daemon"
+	"github.com/forkbox/forkbox/internal/ui"
 )
 
 // MaxRequestBytes bounds one request message.
 const MaxRequestBytes = 32 << 20
 
-// Handler returns the HTTP handler of the API.
-func Handler(d *daemon.Daemon, log *slog.Logger) http.Handler {
+// Handler returns the HTTP handler of the API; extra interceptors run inside
+// the one that converts error classes to Connect codes.
+func Handler(d *daemon.Daemon, log *slog.Logger, extra ...connect.Interceptor) http.Handler {
 	opts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(MaxRequestBytes),
-		connect.WithInterceptors(errorInterceptor{log: log}),
+		connect.WithInterceptors(append([]connect.Interceptor{errorInterceptor{log: log}}, extra...)...),
 		// A bug must cost one request an Internal error, not the daemon.
 		connect.WithRecover(func(ctx context.Context, spec connect.Spec, _ http.Header, p any) error {
 			log.Error("panic in handler", "procedure", spec.Procedure, "panic", p, "stack", string(debug.Stack()))
@@ -53,14 +53,17 @@ func Handler(d *daemon.Daemon, log *slog.Logger) http.Handler {
 type Server struct {
 	srv  *http.Server
 	tcp  *http.Server
+	web  []*http.Server
 	log  *slog.Logger
 	sock string
 }
 
 // Listen starts serving on the unix socket path and, if tcpAddr is set, on
-// TCP, where every request must carry "Authorization: Bearer <token>".
-func Listen(d *daemon.Daemon, socket, tcpAddr, token string, log *slog.Logger) (*Server, error) {
-	h := Handler(d, log)
+// TCP, where every request must carry "Authorization: Bearer <token>" (or
+// the dashboard's session cookie, see ui.Auth); web adds metrics and the
+// dashboard.
+func Listen(d *daemon.Daemon, socket, tcpAddr, token string, log *slog.Logger, web Web) (*Server, error) {
+	h := Handler(d, log, web.interceptors()...)
 	s := &Server{log: log, sock: socket}
 	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
 		return nil, err
@@ -92,9 +95,16 @@ func Listen(d *daemon.Daemon, socket, tcpAddr, token string, log *slog.Logger) (
 			s.srv.Close()
 			return nil, fmt.Errorf("listen %s: %w", tcpAddr, err)
 		}
-		s.tcp = &http.Server{Handler: h2c.NewHandler(requireToken(token, h), &http2.Server{}), ReadHeaderTimeout: 10 * time.Second}
+		s.tcp = &http.Server{Handler: h2c.NewHandler(web.tcpHandler(token, h), &http2.Server{}), ReadHeaderTimeout: 10 * time.Second}
 		go s.tcp.Serve(tl)
 		log.Info("API listening on TCP (token required)", "addr", tl.Addr().String())
+	}
+	if s.web, err = web.listen(token, h, log); err != nil {
+		s.srv.Close()
+		if s.tcp != nil {
+			s.tcp.Close()
+		}
+		return nil, err
 	}
 	log.Info("API listening", "socket", socket)
 	return s, nil
@@ -106,17 +116,17 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if s.tcp != nil {
 		err = errors.Join(err, s.tcp.Shutdown(ctx))
 	}
+	for _, w := range s.web {
+		err = errors.Join(err, w.Shutdown(ctx))
+	}
 	os.Remove(s.sock)
 	return err
 }
 
-func requireToken(token string, next http.Handler) http.Handler {
+func requireToken(a *ui.Auth, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusUnauthorized)
-			fmt.Fprintln(w, `{"code":"unauthenticated","message":"missing or wrong bearer token"}`)
+		if !a.Check(r) {
+			ui.Unauthorized(w, r)
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), remoteKey{}, true)))
