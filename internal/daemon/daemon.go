@@ -92,6 +92,7 @@ type Daemon struct {
 	actOnce      sync.Once
 	activity     *activity
 	envs         *env.Manager
+	bg           sync.WaitGroup // the janitor's goroutines; Close waits for them
 }
 
 func (c *Config) setDefaults() error {
@@ -209,6 +210,7 @@ func (d *Daemon) Close() error {
 	if d.stopJanitor != nil {
 		d.stopJanitor()
 	}
+	d.bg.Wait()
 	return errors.Join(d.snaps.Close(), d.store.Close())
 }
 

@@ -61,7 +61,9 @@ func (d *Daemon) startIdleHibernation(ctx context.Context) {
 		return
 	}
 	every := max(min(d.cfg.IdleHibernate/2, 30*time.Second), 100*time.Millisecond)
+	d.bg.Add(1)
 	go func() {
+		defer d.bg.Done()
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {

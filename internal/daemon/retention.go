@@ -18,7 +18,9 @@ func (d *Daemon) startJanitor(ctx context.Context) {
 		return
 	}
 	every := min(d.cfg.CheckpointRetention/2, time.Minute)
+	d.bg.Add(1)
 	go func() {
+		defer d.bg.Done()
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
