@@ -58,7 +58,8 @@ func osErr(op, path string, err error) error {
 		class = errdefs.ErrPermissionDenied
 	case errors.Is(err, fs.ErrExist):
 		class = errdefs.ErrAlreadyExists
-	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT), errors.Is(err, syscall.EFBIG):
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT), errors.Is(err, syscall.EFBIG),
+		errors.Is(err, syscall.EAGAIN), errors.Is(err, syscall.ENOMEM): // fork at the pids or memory limit
 		class = errdefs.ErrResourceExhausted
 	case errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENAMETOOLONG):
 		class = errdefs.ErrInvalidArgument

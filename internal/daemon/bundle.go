@@ -12,6 +12,7 @@ import (
 	"github.com/forkbox/forkbox/internal/image"
 	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/runtime/crun"
+	"github.com/forkbox/forkbox/internal/runtime/runsc"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
 	"github.com/forkbox/forkbox/internal/store"
 )
@@ -41,6 +42,25 @@ func watchdogLimit(runtimeName string, limit int64) int64 {
 	return 0
 }
 
+// Under gVisor the host pids cgroup also counts the sentry's, gofer's and
+// systrap's own tasks: the agent enforces the tenant's limit inside
+// (RLIMIT_NPROC on every process it starts) and the host limit leaves room
+// for the runtime (runsc.HostPidsLimit). With crun the host limit is exact.
+func hostPidsLimit(runtimeName string, pids int64) int64 {
+	if runtimeName == RuntimeGVisor {
+		return runsc.HostPidsLimit(pids)
+	}
+	return pids
+}
+
+// agentPidsLimit is the limit the agent enforces itself (0 = off).
+func agentPidsLimit(runtimeName string, pids int64) int64 {
+	if runtimeName == RuntimeGVisor {
+		return pids
+	}
+	return 0
+}
+
 // writeBundle writes the OCI bundle (config.json and the small /etc files)
 // of a sandbox.
 func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Network) error {
@@ -58,6 +78,7 @@ func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Net
 		"FORKBOX_AGENT_ADDR=:"+strconv.Itoa(agentPort),
 		"FORKBOX_AGENT_TOKEN="+sb.AgentToken,
 		"FORKBOX_MEMORY_LIMIT="+strconv.FormatInt(watchdogLimit(sb.Runtime, sb.Config.MemoryBytes), 10),
+		"FORKBOX_PIDS_LIMIT="+strconv.FormatInt(agentPidsLimit(sb.Runtime, sb.Config.Pids), 10),
 	)
 	cwd := sb.Config.Cwd
 	if cwd == "" {
@@ -86,7 +107,7 @@ func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Net
 		CgroupsPath: d.cgroupPath(sb.ID),
 		CPU:         sb.Config.CPU,
 		MemoryBytes: hostMemoryLimit(sb.Runtime, sb.Config.MemoryBytes),
-		Pids:        sb.Config.Pids,
+		Pids:        hostPidsLimit(sb.Runtime, sb.Config.Pids),
 		Mounts:      mounts,
 	})
 	if err != nil {
