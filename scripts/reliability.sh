@@ -30,7 +30,12 @@ fi
 
 if [[ -z "${RELIABILITY_SKIP_FUZZ:-}" ]]; then
 	for pkg in $($GO list ./...); do
-		targets=$($GO test -list '^Fuzz' "$pkg" 2>/dev/null | grep '^Fuzz' || true)
+		if ! list=$($GO test -list '^Fuzz' "$pkg" 2>&1); then
+			echo "$list" | tail -n 20
+			failed+=("list the fuzz targets of $pkg (it does not build)")
+			continue
+		fi
+		targets=$(echo "$list" | grep '^Fuzz' || true)
 		for target in $targets; do
 			echo "==> fuzz $pkg $target for $FUZZTIME"
 			out="$log/fuzz-${target}.log"
