@@ -341,14 +341,43 @@ func TestFailedLeaseLetsTheNextCallerBuild(t *testing.T) {
 }
 
 func TestCancelledLeaseCallerLeavesTheHashFree(t *testing.T) {
-	_, m := newFake(t)
+	f, m := newFake(t)
 	ctx, cancel := context.WithCancel(bg)
-	cancel()
+	f.onBuilder = func(context.Context) error {
+		cancel() // the client goes away while its builder starts
+		f.onBuilder = nil
+		return context.Canceled
+	}
 	if _, _, _, err := m.BeginBuild(ctx, def("gone", "x")); !errors.Is(err, context.Canceled) {
 		t.Errorf("got %v, want context.Canceled", err)
 	}
 	// The hash is free again: the next caller gets a lease at once.
 	if _, b, _, err := m.BeginBuild(bg, def("gone", "x")); err != nil || b == nil {
 		t.Errorf("next caller: %v, %v", b, err)
+	}
+}
+
+func TestCloseStopsARefillInFlight(t *testing.T) {
+	f, m := newFake(t)
+	blocked, sawCancel := make(chan struct{}, 1), make(chan struct{}, 1)
+	f.onStart = func(ctx context.Context, pool string) error {
+		blocked <- struct{}{}
+		<-ctx.Done()
+		sawCancel <- struct{}{}
+		return ctx.Err()
+	}
+	d := def("refill", "true")
+	d.PoolSize = 1
+	if _, _, err := m.Build(bg, d, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	<-blocked
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sawCancel:
+	default:
+		t.Fatal("Close returned before the refill it cancelled ended")
 	}
 }

@@ -22,6 +22,8 @@ type fakeSandboxes struct {
 	// onExec, when set, runs a setup command (it may block on ctx or a
 	// gate); the default exits 0, or N for "exit N".
 	onExec func(ctx context.Context, shell string) (int, error)
+	// onBuilder, when set, runs at the start of StartBuilder.
+	onBuilder func(ctx context.Context) error
 	// onStart, when set, runs at the start of StartFromCheckpoint.
 	onStart func(ctx context.Context, pool string) error
 	// started, when set, is sent the pool of each sandbox started from a
@@ -81,6 +83,11 @@ func (f *fakeSandboxes) create(ctx context.Context, name, from, pool string) (*s
 }
 
 func (f *fakeSandboxes) StartBuilder(ctx context.Context, def Definition, hash, from string) (*store.Sandbox, error) {
+	if f.onBuilder != nil {
+		if err := f.onBuilder(ctx); err != nil {
+			return nil, err
+		}
+	}
 	f.mu.Lock()
 	f.builders = append(f.builders, from)
 	f.mu.Unlock()

@@ -132,9 +132,10 @@ func (m *Manager) holdLease(ctx context.Context, def Definition, hash string, mi
 }
 
 // waitersErr is what callers waiting for a lease get from its outcome: a
-// failed client setup is not an error for them (they may build).
+// failed client setup, or a client that went away, is not an error for
+// them (they may build).
 func waitersErr(err error) error {
-	if errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if errors.Is(err, errdefs.ErrFailedPrecondition) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return nil
 	}
 	return err
