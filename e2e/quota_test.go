@@ -7,9 +7,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/forkbox/forkbox/client"
+	"github.com/forkbox/forkbox/internal/mount"
 )
 
 // fill writes up to maxMiB MiB of zeros to path inside sb, synced, and
@@ -148,4 +150,37 @@ func TestIdentityFilesReadOnly(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestHostSideLayersUnreachable: what sandboxes and images put on the host
+// (layers, the pool, bundles) is below a root-only 0700 state dir, and the
+// pool is mounted nosuid,nodev.
+func TestHostSideLayersUnreachable(t *testing.T) {
+	for _, d := range []string{env.stateDir, filepath.Join(env.stateDir, "images"), filepath.Join(env.stateDir, "snapshots")} {
+		fi, err := os.Stat(d)
+		if err != nil {
+			t.Errorf("%s: %v", d, err)
+			continue
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		if fi.Mode().Perm() != 0o700 || st.Uid != 0 {
+			t.Errorf("%s: mode %v owner %d, want 0700 and root", d, fi.Mode().Perm(), st.Uid)
+		}
+	}
+	infos, err := mount.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := filepath.Join(env.stateDir, "snapshots")
+	var opts string
+	for _, in := range infos {
+		if in.Mountpoint == pool {
+			opts = "," + in.Options + ","
+		}
+	}
+	for _, want := range []string{"nosuid", "nodev"} {
+		if !strings.Contains(opts, ","+want+",") {
+			t.Errorf("pool %s mount options %q: want %s", pool, opts, want)
+		}
+	}
 }
