@@ -131,6 +131,7 @@ func (df *daemonFlags) register(cmd *cobra.Command) {
 	f.StringVar(&df.tcp, "tcp", "", "also listen on this TCP address (needs --token)")
 	f.StringVar(&df.token, "api-token", os.Getenv("FORKBOX_API_TOKEN"), "bearer token required on the TCP listener")
 	f.StringVar(&df.disk, "default-disk", "10Gi", "disk limit of a sandbox that asks for none (0 = none)")
+	f.BoolVar(&df.cfg.BtrfsPreallocate, "btrfs-preallocate", false, "allocate the whole btrfs file when it is made, so sandboxes together cannot fill the state dir's filesystem")
 	f.StringVar(&df.cfg.AgentPath, "agent", "", "forkbox-agent binary (default: next to this binary)")
 	f.StringVar(&df.cfg.RuntimeBinary, "runsc", "", "runsc binary (default: from PATH)")
 	f.StringVar(&df.cfg.CrunBinary, "crun", "", "crun binary (default: from PATH)")

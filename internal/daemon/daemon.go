@@ -45,6 +45,10 @@ type Config struct {
 	// BtrfsSize is the size of the sparse btrfs file made when StateDir is
 	// not on btrfs.
 	BtrfsSize int64
+	// BtrfsPreallocate allocates that file's whole size up front, so the
+	// pool can never grow into the filesystem that holds the ledger
+	// (btrfs.Options.Preallocate).
+	BtrfsPreallocate bool
 	// Bridge and Subnet of the sandbox network.
 	Bridge string
 	Subnet string
