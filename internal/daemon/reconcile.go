@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -36,12 +37,25 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var errs []error
-	for _, sb := range recs {
-		errs = append(errs, d.reconcileOne(ctx, sb))
+	// Sandboxes are independent, and a slow agent costs its whole wait:
+	// several are looked at together.
+	errs := make([]error, len(recs))
+	sem := make(chan struct{}, reconcileParallelism)
+	var wg sync.WaitGroup
+	for i, sb := range recs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			errs[i] = d.reconcileOne(ctx, sb)
+		}()
 	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
+
+// reconcileParallelism is how many sandboxes reconcile looks at at once.
+const reconcileParallelism = 8
 
 func (d *Daemon) reconcileOne(ctx context.Context, sb *store.Sandbox) error {
 	log := d.log.With(slog.String("sandbox", sb.ID))
