@@ -39,6 +39,9 @@ const KindMemory = "filesystem+memory"
 
 const memImageSub = "mem"
 
+// imageTokenFile holds, beside a memory image, the agent token in it.
+const imageTokenFile = "agent-token"
+
 func (d *Daemon) memImageDir(ckID string) string {
 	return filepath.Join(d.cfg.StateDir, "memimages", ckID)
 }
@@ -91,6 +94,11 @@ func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, 
 	if err == nil {
 		err = os.WriteFile(filepath.Join(dir, "config.json"), cfgJSON, 0o600)
 	}
+	if err == nil {
+		// The token the image's agent holds: children are reached with it
+		// (the source's own is rotated after the checkpoint).
+		err = os.WriteFile(filepath.Join(dir, imageTokenFile), []byte(sb.AgentToken), 0o600)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("keep the source's spec: %w", err)
 	}
@@ -133,8 +141,29 @@ func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, 
 	if captureErr != nil {
 		return nil, fmt.Errorf("memory checkpoint: %w", captureErr)
 	}
+	// Children of this image wake up knowing the source's token.
+	if rerr := d.rotateAgentToken(ctx, sb); rerr != nil {
+		d.log.Warn("memory checkpoint: the source's agent token was not rotated", "sandbox", sb.ID, "err", rerr)
+	}
 	d.log.Info("memory checkpoint", "sandbox", sb.ID, "checkpoint", id, "capture_ms", captureMS, "source_downtime_ms", msSince(start))
 	return ck, nil
+}
+
+// rotateAgentToken gives sb's agent a new token: the agent accepts old and
+// new until the first call with the new one, which follows the record, so a
+// crash in between leaves the recorded token working.
+func (d *Daemon) rotateAgentToken(ctx context.Context, sb *store.Sandbox) error {
+	tok := randomHex(16)
+	c := d.agent(sb)
+	if err := c.RotateToken(ctx, tok); err != nil {
+		return err
+	}
+	if err := d.store.SetAgentToken(ctx, sb.ID, tok); err != nil {
+		return err
+	}
+	sb.AgentToken = tok
+	_, err := c.Ping(ctx) // the first use: from now on only tok is accepted
+	return err
 }
 
 // restoreAsItself restores sb from a memory image into its own bundle,
@@ -204,7 +233,11 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 	}
 	// The child's agent wakes with the source's token: reach it with that,
 	// and give it its own.
-	c := d.agentWithToken(sb, src.AgentToken)
+	tok := src.AgentToken
+	if b, err := os.ReadFile(filepath.Join(dir, imageTokenFile)); err == nil && len(b) > 0 {
+		tok = string(b)
+	}
+	c := d.agentWithToken(sb, tok)
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	if err := agent.WaitReady(rctx, c); err != nil {

@@ -159,6 +159,19 @@ func (s *Store) SwapSandboxState(ctx context.Context, id string, from, to State,
 	return fmt.Errorf("sandbox %s is %s, not %s, so it cannot become %s: %w", id, now, from, to, errdefs.ErrFailedPrecondition)
 }
 
+// SetAgentToken records a sandbox's new agent token (after the daemon
+// rotated it); an unknown id is NotFound.
+func (s *Store) SetAgentToken(ctx context.Context, id, token string) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET agent_token = ?, updated_at = ? WHERE id = ?`, token, time.Now().UnixMilli(), id)
+	if err != nil {
+		return fmt.Errorf("store: set agent token: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
 // UsedIPs returns the addresses held by sandboxes that are not closed.
 func (s *Store) UsedIPs(ctx context.Context) ([]string, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT ip FROM sandboxes WHERE state != 'closed' AND ip != ''`)
