@@ -150,7 +150,10 @@ func audit(t *testing.T) []*client.Info {
 		}
 		var out strings.Builder
 		if res, err := sb.Exec(ctx, client.ExecOptions{Shell: "echo ok", Stdout: &out}); err != nil || res.ExitCode != 0 || out.String() != "ok\n" {
-			t.Errorf("audit: live sandbox %s (%s) is not usable: %v %+v %q", s.Id, s.State, err, res, out.String())
+			procs, _ := exec.Command("pgrep", "-af", s.Id).Output()
+			neigh, _ := exec.Command("ip", "neigh", "show", s.Ip).Output()
+			t.Errorf("audit: live sandbox %s (%s, %s, %s) is not usable: %v %+v %q\n  its processes:\n%s  neighbour entry: %s  cgroup: %s",
+				s.Id, s.State, s.Runtime, s.Ip, err, res, out.String(), procs, neigh, cgroupCounters(s.Id))
 		}
 		if _, err := os.Stat(filepath.Join(env.runDir, "netns", s.Id)); err != nil {
 			t.Errorf("audit: live sandbox %s has no netns: %v", s.Id, err)
@@ -211,4 +214,20 @@ func closeAllLive(t *testing.T) {
 	if len(stray) > 0 {
 		t.Errorf("after closing everything, stray host state:\n  %s", strings.Join(stray, "\n  "))
 	}
+}
+
+// cgroupCounters returns the limit counters of sandbox id's host cgroup
+// (cgroup v1): what was hit, for a diagnosis.
+func cgroupCounters(id string) string {
+	var b strings.Builder
+	for _, f := range []string{"pids/%s/pids.max", "pids/%s/pids.current", "pids/%s/pids.events",
+		"memory/%s/memory.limit_in_bytes", "memory/%s/memory.max_usage_in_bytes", "memory/%s/memory.failcnt", "memory/%s/memory.oom_control"} {
+		p := filepath.Join("/sys/fs/cgroup", strings.Replace(f, "%s", filepath.Join(cgroupParent, id), 1))
+		v, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		b.WriteString(filepath.Base(p) + "=" + strings.Join(strings.Fields(string(v)), " ") + "; ")
+	}
+	return b.String()
 }

@@ -105,7 +105,7 @@ func TestLoad(t *testing.T) {
 					t0 := time.Now()
 					res, err := base.Exec(ctx, client.ExecOptions{Shell: fmt.Sprintf("echo %d", i), Stdout: &out})
 					if err != nil || res.ExitCode != 0 || out.String() != fmt.Sprintf("%d\n", i) {
-						fail("exec %d on %s: %v %+v %q", i, base.ID, err, res, out.String())
+						fail("exec %d on %s (%s, %s): %v %+v %q [%s]", i, base.ID, base.Info.Runtime, base.Info.Ip, err, res, out.String(), cgroupCounters(base.ID))
 						continue
 					}
 					execLat.add(time.Since(t0))
