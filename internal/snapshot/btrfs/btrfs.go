@@ -94,7 +94,7 @@ func Open(ctx context.Context, root string, opts Options) (*Snapshotter, error) 
 	if err := os.Chmod(root, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot pool: %v: %w", err, errdefs.ErrInternal)
 	}
-	st, err := storage.Open(ctx, root, &backend{root: root, quota: opts.Quota}, log)
+	st, err := storage.Open(ctx, root, &backend{root: root, quota: opts.Quota, log: log}, log)
 	if err != nil {
 		return nil, err
 	}
@@ -245,6 +245,7 @@ func Supported(ctx context.Context) error {
 type backend struct {
 	root  string
 	quota QuotaMode
+	log   *slog.Logger
 
 	mu         sync.Mutex
 	quotaReady bool // quotas enabled on the filesystem
@@ -260,12 +261,19 @@ func (*backend) Unseal(_ context.Context, dir string) error { return setReadonly
 
 func (*backend) Delete(_ context.Context, dir string) error { return removePath(dir) }
 
-// Limit enables quotas on the filesystem the first time, then limits
-// subvolume dir's exclusive bytes.
-func (b *backend) Limit(_ context.Context, dir string, bytes int64) error {
+// Limit enables quotas on the filesystem the first time (classic qgroups
+// when the kernel has no simple quotas), then limits subvolume dir's
+// exclusive bytes.
+func (b *backend) Limit(ctx context.Context, dir string, bytes int64) error {
 	b.mu.Lock()
 	if !b.quotaReady {
-		if err := enableQuota(b.root, b.quota); err != nil {
+		err := enableQuota(b.root, b.quota)
+		if errdefs.IsUnavailable(err) && b.quota == QuotaSimple {
+			b.log.WarnContext(ctx, "no btrfs simple quotas (kernel 6.7+); using classic qgroups, whose snapshot deletion is slower", slog.Any("err", err))
+			b.quota = QuotaClassic
+			err = enableQuota(b.root, b.quota)
+		}
+		if err != nil {
 			b.mu.Unlock()
 			return err
 		}
