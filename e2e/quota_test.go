@@ -184,3 +184,29 @@ func TestHostSideLayersUnreachable(t *testing.T) {
 		}
 	}
 }
+
+// TestDiskQuotaMemoryFork: a memory fork (gVisor) restores over its own
+// writable layer, which has the inherited limit, and the source keeps its
+// own after the checkpoint restored it in place.
+func TestDiskQuotaMemoryFork(t *testing.T) {
+	ctx := context.Background()
+	o := clientOpts()
+	o.Runtime = "gvisor"
+	o.Resources.Disk = "48Mi"
+	src := newSandbox(t, o)
+	if n, full := fill(t, src, "/keep", 32); full || n != 32 {
+		t.Fatalf("32 MiB under a 48 MiB limit: got %d MiB, full=%v", n, full)
+	}
+	res, err := src.Fork(ctx, client.ForkOptions{Count: 1, Memory: true})
+	if err != nil || len(res.Sandboxes()) != 1 {
+		t.Fatalf("memory fork: %v %+v", err, res)
+	}
+	child := res.Sandboxes()[0]
+	defer child.Close(ctx)
+	if n, full := fill(t, child, "/own", 200); !full || n < 32 || n > 56 {
+		t.Errorf("memory-forked child: got %d MiB, full=%v, want EDQUOT after ~48 MiB of its own", n, full)
+	}
+	if n, full := fill(t, src, "/more", 200); !full || n > 24 {
+		t.Errorf("source after the memory checkpoint: got %d MiB more, full=%v, want EDQUOT after ~16 MiB", n, full)
+	}
+}
