@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 RUNSC_VERSION=v0.0.0-20260905035102-160fafc42237
 RUNSC_BIN=/usr/local/bin/runsc
 RUNSC_STAMP=/usr/local/lib/forkbox/runsc.version
-PACKAGES=(btrfs-progs busybox-static crun iproute2 nftables util-linux procps kmod coreutils python3-pytest)
+PACKAGES=(btrfs-progs busybox-static crun iproute2 nftables util-linux procps kmod coreutils python3-pytest chromium)
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 

@@ -258,11 +258,12 @@ function sparkline(values) {
   const w = 200, h = 48, pad = 3;
   const s = svg("svg", { viewBox: "0 0 " + w + " " + h, preserveAspectRatio: "none", role: "img" });
   const max = Math.max(...values, 1e-9), min = Math.min(...values, 0);
-  const x = (i) => (values.length < 2 ? w : (i * w) / (HISTORY - 1));
+  // The samples so far span the width; one sample is a flat line.
+  if (values.length === 1) values = [values[0], values[0]];
+  const x = (i) => (i * w) / (values.length - 1);
   const y = (v) => h - pad - ((v - min) / (max - min || 1)) * (h - 2 * pad);
   s.append(svg("line", { x1: 0, y1: h - pad, x2: w, y2: h - pad, stroke: "#dfe3ea", "stroke-width": 1 }));
   const pts = values.map((v, i) => x(i).toFixed(1) + "," + y(v).toFixed(1));
-  if (pts.length === 1) pts.unshift("0," + y(values[0]).toFixed(1));
   s.append(svg("polygon", { points: "0," + (h - pad) + " " + pts.join(" ") + " " + x(values.length - 1).toFixed(1) + "," + (h - pad), fill: "#2f6fde22" }));
   s.append(svg("polyline", { points: pts.join(" "), fill: "none", stroke: "#2f6fde", "stroke-width": 1.5, "vector-effect": "non-scaling-stroke" }));
   return s;
