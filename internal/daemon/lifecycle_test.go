@@ -1,6 +1,9 @@
 package daemon
 
 import (
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -71,5 +74,29 @@ func TestRequireState(t *testing.T) {
 	err := requireState(sb, "fork", store.StateRunning, store.StatePaused)
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "fork") || !strings.Contains(err.Error(), "hibernated") {
 		t.Fatalf("got %v, want a FailedPrecondition naming the action and the state", err)
+	}
+}
+
+// The store's state write has one caller, setState: every state change goes
+// through the transition table.
+func TestOnlySetStateWritesState(t *testing.T) {
+	err := filepath.WalkDir("..", func(path string, e fs.DirEntry, err error) error {
+		if err != nil || e.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		if filepath.Dir(path) == filepath.Join("..", "store") || path == filepath.Join("..", "daemon", "lifecycle.go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if strings.Contains(string(b), ".SwapSandboxState(") {
+			t.Errorf("%s writes a sandbox state directly; use setState", path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
