@@ -7,7 +7,89 @@
 // ":7077"), each connection authenticated by FORKBOX_AGENT_TOKEN. It runs
 // commands (execs), reads, writes and lists files, calls sync(2), and enforces
 // the sandbox's memory limit itself (FORKBOX_MEMORY_LIMIT), because gVisor has
-// no OOM killer inside the sandbox.
+// no OOM killer inside the sandbox, and, under gVisor, its pids limit
+// (FORKBOX_PIDS_LIMIT).
+//
+// # What the tenant cannot reach
+//
+// The token comes in init's environment (the one channel both runtimes and
+// a memory restore carry without extra plumbing) and leaves no copy a
+// tenant can read:
+//
+//   - at start the agent unsets it and overwrites its value with NULs in
+//     the process's original environment block, the memory that
+//     /proc/1/environ shows (read through /proc/self/mem: the Go runtime
+//     keeps its own copies, which Unsetenv drops). So even the agent's own
+//     file API, which reads as the agent, finds no token in
+//     /proc/1/environ;
+//   - as init it makes itself non-dumpable (PR_SET_DUMPABLE 0): a process
+//     without CAP_SYS_PTRACE, which no sandbox process has, can neither
+//     ptrace it nor open /proc/1/{environ,mem,fd/*}; Linux and gVisor both
+//     check ptrace access there. Execs are dumpable again after execve;
+//   - user processes get no FORKBOX_* variable (see Config.Env).
+//
+// Why not the alternatives: a file bind-mounted into the sandbox cannot be
+// unmounted by an agent without CAP_SYS_ADMIN and would stay readable; an
+// inherited descriptor needs per-runtime plumbing (--preserve-fds) on run
+// and restore alike, and its /proc/1/fd link is as reachable as environ
+// without the non-dumpable flag that protects both anyway; trust on first
+// use lets whoever connects first (another sandbox on the bridge) take the
+// agent. The token stays in the agent's heap and in the host-side bundle
+// (config.json), neither readable from inside.
+//
+// Init's stdout and stderr are a log file on the host. The agent points its
+// stdout at /dev/null, caps what it writes to stderr over its life at
+// MaxLogBytes (then one notice, then nothing), and, being non-dumpable,
+// cannot have /proc/1/fd/1 or /proc/1/fd/2 opened by a tenant.
+//
+// # Tokens after a memory fork
+//
+// Children restored from a memory image wake up with the source's token
+// and get their own with a fork notice (below). The source, restored in
+// place, must stop accepting the token its children know: the daemon calls
+// Client.RotateToken. A rotated token is pending: the agent accepts the old
+// and the new one until the first request made with the new one, then only
+// the new one. The daemon rotates, records the new token, then makes any
+// call with it; a crash in between leaves the recorded token working.
+//
+// # Limits under gVisor
+//
+// Pids: the host pids cgroup of a gVisor sandbox counts the sentry's and
+// gofer's threads and systrap's stub processes (about two host tasks per
+// sandbox task), so a host limit equal to the tenant's kills the runtime
+// instead of refusing the tenant's fork. The daemon gives the host cgroup
+// headroom and passes the tenant's limit as FORKBOX_PIDS_LIMIT; the agent
+// starts every process through its own binary in helper mode
+// ("exec-limited N BIN ARGV...", one extra execve), which sets RLIMIT_NPROC
+// to N before it execs the command. The sentry counts tasks per user and
+// refuses a clone past the limit with EAGAIN. The agent's own threads count
+// towards it but its own forks are not limited, so it can always start an
+// exec. What it does not bound: a tenant that switches to other uids gets
+// a count per uid; the host limit still bounds the sandbox as a whole (and
+// then kills it). gVisor's own pids cgroup controller enforces pids.max
+// too, but its cgroupfs is read-only in the sandbox and runsc does not set
+// it from the spec. Under crun the host cgroup is exact (and RLIMIT_NPROC
+// does not bind root there).
+//
+// Memory (measured here, gVisor 2026-09 build, systrap, cgroup v1): the
+// sentry's cgroupfs memory.limit_in_bytes is a stub (not enforced) and
+// --total-memory only sets what the sandbox is told; RLIMIT_AS is enforced
+// per mmap but breaks runtimes that reserve address space (V8, the JVM);
+// RLIMIT_DATA binds only brk. When the host cgroup reaches its limit the
+// kernel OOM killer kills the sentry (it maps all sandbox memory:
+// shmem-rss 246 MB of a 256 MB limit): the whole sandbox dies. With
+// oom_kill_disable=1 the allocating task blocks at the limit instead and
+// an eventfd on memory.oom_control fires, but the sandbox cannot run an
+// exec or a kill until the limit is raised (every sentry allocation
+// blocks); raising it lets the blocked allocation continue. So the agent's
+// watchdog stays the in-sandbox enforcer (it kills the largest process and
+// marks its exec OOM-killed; the exec is registered before the watchdog
+// can see its pid) and the host cgroup the backstop; an allocation that
+// completes between two polls can pass the limit up to the backstop. An
+// exact limit needs the daemon: host limit at the tenant's limit plus the
+// sentry's overhead, oom_kill_disable, and on the OOM event raise the limit
+// by a rescue margin, call the agent to kill the largest process, then
+// lower it again.
 //
 // # Wire protocol
 //
