@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +20,29 @@ func envOpts(steps ...string) client.EnvironmentOptions {
 		o.Setup = append(o.Setup, client.Run(s))
 	}
 	return o
+}
+
+// waitEnv polls an environment until cond holds. The API has no watch for
+// background work (pool refills, rebuilds), so this polls; the deadline is
+// generous so that a loaded machine slows the test down rather than failing
+// it.
+func waitEnv(t *testing.T, e *client.Environment, what string, cond func(*client.EnvironmentInfo) bool) *client.EnvironmentInfo {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		info, _ := e.Info(ctx)
+		if info != nil && cond(info) {
+			return info
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: not reached in 3 minutes: %+v", what, info)
+		case <-tick.C:
+		}
+	}
 }
 
 func envSandbox(t *testing.T, e *client.Environment) *client.EnvSandbox {
@@ -133,6 +157,8 @@ func TestEnvironmentMaxAgeRebuildKeepsServing(t *testing.T) {
 	first := envSandbox(t, e)
 	old := first.Info.FromCheckpoint
 	tok := mustSh(t, first.Sandbox, "cat /root/token")
+	// The snapshot must age past its max age (whole seconds in the API):
+	// wall-clock time has to pass here, nothing is being waited for.
 	time.Sleep(1100 * time.Millisecond)
 	// Too old: this call is still served from the old snapshot...
 	served := envSandbox(t, e)
@@ -140,16 +166,7 @@ func TestEnvironmentMaxAgeRebuildKeepsServing(t *testing.T) {
 		t.Errorf("an old snapshot must keep serving while it is rebuilt: got %s (built %v), want %s", served.Info.FromCheckpoint, served.Built, old)
 	}
 	// ...and a rebuild runs in the background.
-	var info *client.EnvironmentInfo
-	for i := 0; i < 300; i++ {
-		if info, _ = e.Info(ctx); info != nil && info.Checkpoint != old && info.State == "ready" {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if info == nil || info.Checkpoint == old {
-		t.Fatalf("no background rebuild: %+v", info)
-	}
+	info := waitEnv(t, e, "background rebuild", func(i *client.EnvironmentInfo) bool { return i.Checkpoint != old && i.State == "ready" })
 	fresh := envSandbox(t, e)
 	if fresh.Info.FromCheckpoint != info.Checkpoint || mustSh(t, fresh.Sandbox, "cat /root/token") == tok {
 		t.Errorf("after the rebuild a sandbox still comes from the old snapshot")
@@ -167,14 +184,7 @@ func TestEnvironmentPool(t *testing.T) {
 	}
 	waitPool := func(n int32) {
 		t.Helper()
-		for i := 0; i < 400; i++ {
-			if info, _ := e.Info(ctx); info != nil && info.PoolReady >= n {
-				return
-			}
-			time.Sleep(25 * time.Millisecond)
-		}
-		info, _ := e.Info(ctx)
-		t.Fatalf("pool did not reach %d ready: %+v", n, info)
+		waitEnv(t, e, fmt.Sprintf("pool of %d ready", n), func(i *client.EnvironmentInfo) bool { return i.PoolReady >= n })
 	}
 	waitPool(2)
 	sb := envSandbox(t, e)
