@@ -154,6 +154,11 @@ func audit(t *testing.T) []*client.Info {
 			neigh, _ := exec.Command("ip", "neigh", "show", s.Ip).Output()
 			t.Errorf("audit: live sandbox %s (%s, %s, %s) is not usable: %v %+v %q\n  its processes:\n%s  neighbour entry: %s  cgroup: %s",
 				s.Id, s.State, s.Runtime, s.Ip, err, res, out.String(), procs, neigh, cgroupCounters(s.Id))
+			logs, _ := filepath.Glob(filepath.Join(env.stateDir, "logs", s.Id+"*"))
+			for _, l := range logs {
+				b, _ := os.ReadFile(l)
+				t.Logf("audit: the end of %s:\n%s", l, tail(b, 3000))
+			}
 		}
 		if _, err := os.Stat(filepath.Join(env.runDir, "netns", s.Id)); err != nil {
 			t.Errorf("audit: live sandbox %s has no netns: %v", s.Id, err)
