@@ -22,7 +22,7 @@ import (
 // fail by timing: a different point only checks a different state.
 //
 //	FORKBOX_CHAOS_SEED=N     replay the points of seed N (printed by every run)
-//	FORKBOX_CHAOS_POINTS=N   how many points (default 12; 100 with FORKBOX_RELIABILITY=full)
+//	FORKBOX_CHAOS_POINTS=N   how many points (default 8, one per operation; 100 with FORKBOX_RELIABILITY=full)
 
 const defaultChaosSeed = 20261130
 
@@ -110,7 +110,7 @@ var chaosOps = []chaosOp{
 
 func TestChaosDaemonKilled(t *testing.T) {
 	seed := int64(envInt(t, "FORKBOX_CHAOS_SEED", defaultChaosSeed))
-	points := envInt(t, "FORKBOX_CHAOS_POINTS", scaled(12, 100))
+	points := envInt(t, "FORKBOX_CHAOS_POINTS", scaled(len(chaosOps), 100))
 	t.Logf("chaos: %d kill points, seed %d (replay with FORKBOX_CHAOS_SEED=%d FORKBOX_CHAOS_POINTS=%d)", points, seed, seed, points)
 	rng := rand.New(rand.NewSource(seed))
 	closeAllLive(t)
