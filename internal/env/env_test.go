@@ -381,3 +381,17 @@ func TestCloseStopsARefillInFlight(t *testing.T) {
 		t.Fatal("Close returned before the refill it cancelled ended")
 	}
 }
+
+func TestHandoverThatBuiltSchedulesNoRebuild(t *testing.T) {
+	f, m := newFake(t)
+	d := def("fresh", "true")
+	d.MaxAge = time.Nanosecond // older than its max age as soon as it is built
+	res, err := m.Sandbox(bg, &d, "", Overrides{})
+	if err != nil || !res.Built {
+		t.Fatalf("got %+v, %v; want a hand-over that built", res, err)
+	}
+	m.Close() // waits for a rebuild, had one been scheduled
+	if len(f.builders) != 1 {
+		t.Errorf("got %d builders, want 1: the call that built its snapshot scheduled a rebuild", len(f.builders))
+	}
+}

@@ -47,8 +47,9 @@ func (m *Manager) Sandbox(ctx context.Context, def *Definition, name string, o O
 	if rec.Checkpoint == "" {
 		return nil, fmt.Errorf("environment %s has no snapshot (%s): %w", name, rec.Error, errdefs.ErrFailedPrecondition)
 	}
+	// A snapshot this call built is fresh, however long the call took.
 	edef := DefinitionOf(rec)
-	if edef.MaxAge > 0 && time.Since(rec.BuiltAt) > edef.MaxAge {
+	if !res.Built && edef.MaxAge > 0 && time.Since(rec.BuiltAt) > edef.MaxAge {
 		m.rebuildInBackground(edef)
 	}
 	t := time.Now()
