@@ -153,7 +153,7 @@ func TestDashboard(t *testing.T) {
 	if err := chromedp.Do(bctx, chromedp.Navigate(base+"/")); err != nil {
 		t.Fatalf("open without a token: %v", err)
 	}
-	body, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS("body")))
+	body, err := chromedp.Run(bctx, chromedp.Evaluate[string](`document.body.innerText`))
 	if err != nil {
 		t.Fatalf("open without a token: %v", err)
 	}
@@ -185,7 +185,7 @@ func TestDashboard(t *testing.T) {
 	if strings.Contains(cookies, "forkbox_session") {
 		t.Errorf("document.cookie %q: the session cookie must be HttpOnly", cookies)
 	}
-	treeText, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(srcNode)))
+	treeText, err := chromedp.Run(bctx, chromedp.Evaluate[string](`document.querySelector('`+srcNode+`').innerText`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +198,8 @@ func TestDashboard(t *testing.T) {
 		}
 	}
 
-	// The source's ledger shows the exec once the source is picked.
+	// The source's ledger shows the exec once the source is picked (its row
+	// is kept across polls, so the click lands on a live node).
 	if err := chromedp.Do(bctx,
 		chromedp.Click(chromedp.CSS(`#sandboxes tr[data-id="`+src.ID+`"]`)),
 		chromedp.Poll[chromedp.Void](`[...document.querySelectorAll('#ledger li[data-type="exec.started"]')].some(li => li.innerText.includes('hello-from-the-ledger'))
@@ -208,7 +209,7 @@ func TestDashboard(t *testing.T) {
 	); err != nil {
 		t.Fatalf("dashboard ledger: %v", err)
 	}
-	ledger, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS("#ledger")))
+	ledger, err := chromedp.Run(bctx, chromedp.Evaluate[string](`document.querySelector("#ledger").innerText`))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -91,24 +91,37 @@ function select(id) {
   refresh();
 }
 
+// rows keeps one <tr> per live sandbox, updated in place, so that a row
+// under the pointer is not replaced between polls.
+const rows = new Map();
+
 function renderSandboxes(list, usage) {
   const tbody = document.querySelector("#sandboxes tbody");
-  tbody.replaceChildren();
   document.getElementById("sandbox-count").textContent = "(" + list.length + " live)";
   if (!list.length) {
-    tbody.append(el("tr", {}, el("td", { colspan: "10", class: "empty" }, "no live sandboxes")));
+    rows.clear();
+    tbody.replaceChildren(el("tr", {}, el("td", { colspan: "10", class: "empty" }, "no live sandboxes")));
     return;
   }
-  for (const sb of list) {
+  const live = new Set(list.map((s) => s.id));
+  for (const id of [...rows.keys()]) if (!live.has(id)) rows.delete(id);
+  list.forEach((sb, i) => {
+    let tr = rows.get(sb.id);
+    if (!tr) {
+      tr = el("tr", { "data-id": sb.id, onclick: () => select(sb.id) });
+      rows.set(sb.id, tr);
+    }
     const u = usage[sb.id] || {};
     const r = sb.resources || {};
-    const tr = el("tr", { "data-id": sb.id, class: sb.id === selected ? "selected" : "", onclick: () => select(sb.id) },
+    tr.className = sb.id === selected ? "selected" : "";
+    tr.replaceChildren(
       el("td", {}, sb.name), el("td", { class: "mono" }, sb.id), el("td", {}, stateBadge(sb.state)),
       el("td", {}, sb.runtime || ""), el("td", {}, r.cpu || ""), el("td", {}, r.memory || ""),
       el("td", {}, u.cpuPct != null ? u.cpuPct.toFixed(1) + " %" : ""), el("td", {}, fmtBytes(u.mem)),
       el("td", { class: "mono" }, sb.ip || ""), el("td", { title: fmtTime(sb.createdAtUnixMs) }, fmtAgo(sb.createdAtUnixMs)));
-    tbody.append(tr);
-  }
+    if (tbody.children[i] !== tr) tbody.insertBefore(tr, tbody.children[i] || null);
+  });
+  while (tbody.children.length > list.length) tbody.lastElementChild.remove();
 }
 
 // renderTree draws each sandbox under the one it was forked from, grouped
