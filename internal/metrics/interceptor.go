@@ -9,6 +9,7 @@ import (
 
 	v1 "github.com/forkbox/forkbox/api/forkbox/v1"
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/errdefs/errconnect"
 )
 
 // Interceptor returns the Connect interceptor that feeds m. Register it
@@ -77,12 +78,22 @@ func (m *Metrics) done(proc string, d time.Duration, err error) {
 	p := procedure(proc)
 	m.requests.WithLabelValues(p).Inc()
 	if err != nil {
-		m.errors.WithLabelValues(p, errdefs.ClassName(err)).Inc()
+		m.errors.WithLabelValues(p, className(err)).Inc()
 		return
 	}
 	if op, ok := operations[proc]; ok {
 		m.latency.WithLabelValues(op).Observe(d.Seconds())
 	}
+}
+
+// className is err's class: a class the daemon gave it, else the class of
+// a Connect error made by Connect itself (a message it could not decode, a
+// panic its recovery answered with Internal).
+func className(err error) string {
+	if c := errdefs.ClassName(err); c != "Unknown" {
+		return c
+	}
+	return errdefs.ClassName(errconnect.FromConnect(err))
 }
 
 // unary reads what a successful response says: fork fan-out and per-child

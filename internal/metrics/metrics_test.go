@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -151,6 +152,10 @@ func (fakeSandboxes) GetSandbox(_ context.Context, req *connect.Request[v1.GetSa
 	return nil, fmt.Errorf("sandbox %q: %w", req.Msg.Sandbox, errdefs.ErrNotFound)
 }
 
+func (fakeSandboxes) ListSandboxes(context.Context, *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error) {
+	panic("a bug")
+}
+
 func (fakeSandboxes) Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
 	return connect.NewResponse(&v1.ForkResponse{Children: []*v1.ForkChild{
 		{Sandbox: &v1.Sandbox{Id: "sb-2"}}, {Sandbox: &v1.Sandbox{Id: "sb-3"}}, {Error: "no slot", ErrorClass: "ResourceExhausted"},
@@ -206,10 +211,13 @@ func (toConnect) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect
 // the interceptor counted.
 func TestInterceptor(t *testing.T) {
 	m := New(Options{})
-	opts := connect.WithInterceptors(toConnect{}, m.Interceptor())
+	opts := []connect.HandlerOption{connect.WithInterceptors(toConnect{}, m.Interceptor()),
+		connect.WithRecover(func(context.Context, connect.Spec, http.Header, any) error {
+			return connect.NewError(connect.CodeInternal, errors.New("internal error"))
+		})}
 	mux := http.NewServeMux()
-	mux.Handle(forkboxv1connect.NewSandboxServiceHandler(fakeSandboxes{}, opts))
-	mux.Handle(forkboxv1connect.NewEnvironmentServiceHandler(fakeEnvs{}, opts))
+	mux.Handle(forkboxv1connect.NewSandboxServiceHandler(fakeSandboxes{}, opts...))
+	mux.Handle(forkboxv1connect.NewEnvironmentServiceHandler(fakeEnvs{}, opts...))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	sc := forkboxv1connect.NewSandboxServiceClient(srv.Client(), srv.URL, connect.WithProtoJSON())
@@ -223,6 +231,9 @@ func TestInterceptor(t *testing.T) {
 		if _, err := sc.GetSandbox(ctx, connect.NewRequest(&v1.GetSandboxRequest{Sandbox: "nope"})); connect.CodeOf(err) != connect.CodeNotFound {
 			t.Fatalf("GetSandbox: got %v, want NotFound", err)
 		}
+	}
+	if _, err := sc.ListSandboxes(ctx, connect.NewRequest(&v1.ListSandboxesRequest{})); connect.CodeOf(err) != connect.CodeInternal {
+		t.Fatalf("ListSandboxes (panics): got %v, want Internal", err)
 	}
 	if _, err := sc.Fork(ctx, connect.NewRequest(&v1.ForkRequest{Sandbox: "sb-1", Count: 3})); err != nil {
 		t.Fatal(err)
@@ -262,6 +273,7 @@ func TestInterceptor(t *testing.T) {
 		{"requests CreateSandbox", testutil.ToFloat64(m.requests.WithLabelValues("SandboxService/CreateSandbox")), 1},
 		{"requests GetSandbox", testutil.ToFloat64(m.requests.WithLabelValues("SandboxService/GetSandbox")), 2},
 		{"errors GetSandbox NotFound", testutil.ToFloat64(m.errors.WithLabelValues("SandboxService/GetSandbox", "NotFound")), 2},
+		{"errors ListSandboxes Internal (a panic)", testutil.ToFloat64(m.errors.WithLabelValues("SandboxService/ListSandboxes", "Internal")), 1},
 		{"requests Exec", testutil.ToFloat64(m.requests.WithLabelValues("SandboxService/Exec")), 2},
 		{"errors Exec InvalidArgument", testutil.ToFloat64(m.errors.WithLabelValues("SandboxService/Exec", "InvalidArgument")), 1},
 		{"fork children ok", testutil.ToFloat64(m.forkKids.WithLabelValues("ok")), 2},
