@@ -117,7 +117,9 @@ const degradedRecheck = 30 * time.Second
 // degradedRecheck until ctx ends: one whose agent answers again becomes
 // running (or paused), one whose container is gone is cleaned.
 func (d *Daemon) startDegradedRecheck(ctx context.Context) {
+	d.bg.Add(1)
 	go func() {
+		defer d.bg.Done()
 		t := time.NewTicker(degradedRecheck)
 		defer t.Stop()
 		for {
