@@ -23,6 +23,7 @@ type CreateOptions struct {
 	CPU     string
 	Memory  string
 	Pids    int64
+	Disk    string
 	Env     map[string]string
 	Cwd     string
 	Egress  string
@@ -46,9 +47,12 @@ func (d *Daemon) validate(ctx context.Context, o *CreateOptions) (*store.Sandbox
 	if o.Image == "" {
 		return nil, image.Image{}, fmt.Errorf("an image is required: %w", errdefs.ErrInvalidArgument)
 	}
-	cfg, err := withOverrides(defaultConfig(), Overrides{Name: o.Name, CPU: o.CPU, Memory: o.Memory, Pids: o.Pids,
+	cfg, err := withOverrides(defaultConfig(), Overrides{Name: o.Name, CPU: o.CPU, Memory: o.Memory, Pids: o.Pids, Disk: o.Disk,
 		Env: o.Env, Cwd: o.Cwd, Egress: o.Egress})
 	if err != nil {
+		return nil, image.Image{}, err
+	}
+	if err := d.checkDisk(cfg); err != nil {
 		return nil, image.Image{}, err
 	}
 	if o.Runtime == "" {
@@ -266,7 +270,7 @@ func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, 
 // prepare makes a sandbox's writable layer (from parentSnapshot, if set),
 // mounts its rootfs and sets up its network.
 func (d *Daemon) prepare(ctx context.Context, sb *store.Sandbox, img image.Image, parentSnapshot string) (*network.Network, error) {
-	if err := d.snaps.Prepare(ctx, sb.ID, parentSnapshot); err != nil {
+	if err := d.snaps.Prepare(ctx, sb.ID, parentSnapshot, d.diskOpts(sb.Config)...); err != nil {
 		return nil, fmt.Errorf("prepare rootfs: %w", err)
 	}
 	mounts, err := d.snaps.Mounts(ctx, sb.ID, img.Layers)

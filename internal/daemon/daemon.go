@@ -161,6 +161,9 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 			return nil, fmt.Errorf("state dir: %w", err)
 		}
 	}
+	if err := securePrivateDir(cfg.StateDir); err != nil {
+		return nil, err
+	}
 	if d.store, err = store.Open(ctx, filepath.Join(cfg.StateDir, "forkbox.db")); err != nil {
 		return nil, err
 	}
@@ -188,6 +191,7 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 			return nil, err
 		}
 	}
+	d.warnDiskDefault()
 	if err := d.reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}

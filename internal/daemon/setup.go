@@ -32,7 +32,7 @@ func openSnapshotter(ctx context.Context, cfg Config, log *slog.Logger) (snapsho
 		if err := btrfs.Supported(ctx); err != nil {
 			return nil, fmt.Errorf("btrfs snapshotter unavailable (%v); start with --snapshotter=copy to use slow full copies: %w", err, errdefs.ErrFailedPrecondition)
 		}
-		s, err := btrfs.Open(ctx, root, btrfs.Options{LoopSize: cfg.BtrfsSize, Log: log})
+		s, err := btrfs.Open(ctx, root, btrfs.Options{LoopSize: cfg.BtrfsSize, Log: log, Preallocate: cfg.BtrfsPreallocate})
 		if err != nil {
 			return nil, err
 		}

@@ -20,6 +20,7 @@ import (
 type Overrides struct {
 	CPU, Memory string
 	Pids        int64
+	Disk        string
 	Env         map[string]string
 	Cwd         string
 	Egress      string
@@ -75,6 +76,9 @@ func withOverrides(base store.SandboxConfig, o Overrides) (store.SandboxConfig, 
 		if cfg.Pids, err = ParsePids(o.Pids); err != nil {
 			return cfg, err
 		}
+	}
+	if err := applyDisk(&cfg, o.Disk); err != nil {
+		return cfg, err
 	}
 	if len(o.Env) > 0 {
 		env := make(map[string]string, len(base.Env)+len(o.Env))
@@ -164,6 +168,9 @@ func (d *Daemon) startFromCheckpoint(ctx context.Context, o startOptions) (*stor
 func (d *Daemon) checkStart(ctx context.Context, base store.SandboxConfig, rt, imageName, digest string, o Overrides) (store.SandboxConfig, image.Image, error) {
 	cfg, err := withOverrides(base, o)
 	if err != nil {
+		return cfg, image.Image{}, err
+	}
+	if err := d.checkDisk(cfg); err != nil {
 		return cfg, image.Image{}, err
 	}
 	if _, ok := d.runtimes[rt]; !ok {

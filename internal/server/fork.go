@@ -22,7 +22,7 @@ func fromOverrides(o *v1.Overrides) daemon.Overrides {
 	}
 	out := daemon.Overrides{Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Name: o.Name}
 	if r := o.Resources; r != nil {
-		out.CPU, out.Memory, out.Pids = r.Cpu, r.Memory, r.Pids
+		out.CPU, out.Memory, out.Pids, out.Disk = r.Cpu, r.Memory, r.Pids, r.Disk
 	}
 	return out
 }

@@ -21,7 +21,7 @@ func toSandbox(sb *store.Sandbox) *v1.Sandbox {
 	mem := sb.Config.MemoryStr
 	return &v1.Sandbox{
 		Id: sb.ID, Name: sb.Name, State: string(sb.State), Image: sb.Image, ImageDigest: sb.ImageDigest,
-		Resources:       &v1.Resources{Cpu: cpu, Memory: mem, Pids: sb.Config.Pids},
+		Resources:       &v1.Resources{Cpu: cpu, Memory: mem, Pids: sb.Config.Pids, Disk: sb.Config.DiskStr},
 		Env:             sb.Config.Env,
 		Cwd:             sb.Config.Cwd,
 		Egress:          sb.Config.Egress,
@@ -42,7 +42,7 @@ func (s *sandboxes) CreateSandbox(ctx context.Context, req *connect.Request[v1.C
 	start := time.Now()
 	o := daemon.CreateOptions{Image: m.Image, Name: m.Name, Env: m.Env, Cwd: m.Cwd, Egress: m.Egress, Runtime: m.Runtime}
 	if r := m.Resources; r != nil {
-		o.CPU, o.Memory, o.Pids = r.Cpu, r.Memory, r.Pids
+		o.CPU, o.Memory, o.Pids, o.Disk = r.Cpu, r.Memory, r.Pids, r.Disk
 	}
 	sb, err := s.d.Create(ctx, o)
 	if err != nil {
