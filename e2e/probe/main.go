@@ -64,6 +64,14 @@ func writeFile(path string, data []byte) error {
 	return err
 }
 
+// sentryLocal are the files that gVisor's sentry virtualises (its own
+// cgroupfs and netstack), with the distinct value the probe writes to them.
+var sentryLocal = map[string]string{
+	"/sys/fs/cgroup/memory/memory.limit_in_bytes": "1234567168\n",
+	"/sys/fs/cgroup/cpu/cpu.cfs_quota_us":         "12345\n",
+	"/proc/sys/net/ipv4/ip_forward":               "0\n",
+}
+
 func escapes(maj, min uint32) {
 	os.MkdirAll("/tmp/probe-mnt", 0o755)
 	report("mount-tmpfs", unix.Mount("tmpfs", "/tmp/probe-mnt", "tmpfs", 0, ""), "tmpfs mounted")
@@ -96,6 +104,15 @@ func escapes(maj, min uint32) {
 		data, err := os.ReadFile(p)
 		if err != nil || len(data) == 0 {
 			data = []byte("0\n")
+		}
+		if v, ok := sentryLocal[p]; ok && os.Getenv("PROBE_SENTRY_LOCAL") == "1" {
+			// gVisor serves these files from its own kernel: a write is
+			// let through but changes only the sentry's copy. Write a value
+			// unlike the host's, so the test can check the host kept its own.
+			if err := writeFile(p, []byte(v)); err == nil {
+				fmt.Printf("%s sentry-local wrote %q\n", "write"+p, v)
+				continue
+			}
 		}
 		report("write"+p, writeFile(p, data), "written (its own value back)")
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"strings"
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/image"
@@ -89,6 +90,9 @@ func withOverrides(base store.SandboxConfig, o Overrides) (store.SandboxConfig, 
 			if !envKeyRE.MatchString(k) {
 				return cfg, fmt.Errorf("env name %q is not a valid variable name: %w", k, errdefs.ErrInvalidArgument)
 			}
+			if strings.ContainsRune(v, 0) {
+				return cfg, fmt.Errorf("env %s: the value holds a NUL byte: %w", k, errdefs.ErrInvalidArgument)
+			}
 			env[k] = v
 		}
 		size := 0
@@ -101,6 +105,9 @@ func withOverrides(base store.SandboxConfig, o Overrides) (store.SandboxConfig, 
 		cfg.Env = env
 	}
 	if o.Cwd != "" {
+		if strings.ContainsRune(o.Cwd, 0) {
+			return cfg, fmt.Errorf("cwd %q holds a NUL byte: %w", o.Cwd, errdefs.ErrInvalidArgument)
+		}
 		if !filepath.IsAbs(o.Cwd) {
 			return cfg, fmt.Errorf("cwd %q must be absolute: %w", o.Cwd, errdefs.ErrInvalidArgument)
 		}

@@ -29,6 +29,8 @@ func TestStartValidation(t *testing.T) {
 		want func(error) bool
 	}{
 		{"relative cwd", Overrides{Cwd: "root/work"}, errdefs.IsInvalidArgument},
+		{"NUL in cwd", Overrides{Cwd: "/a\x00b"}, errdefs.IsInvalidArgument},
+		{"NUL in an env value", Overrides{Env: map[string]string{"A": "x\x00y"}}, errdefs.IsInvalidArgument},
 		{"env over the cap with what is inherited", Overrides{Env: map[string]string{"MORE": strings.Repeat("y", 200)}}, errdefs.IsResourceExhausted},
 		{"bad env name", Overrides{Env: map[string]string{"1X": "v"}}, errdefs.IsInvalidArgument},
 		{"env name with =", Overrides{Env: map[string]string{"A=B": "v"}}, errdefs.IsInvalidArgument},
