@@ -106,7 +106,7 @@ type Sandbox struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	Name  string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	// created, running, stopped, failed, closed.
+	// creating, running, paused, hibernating, hibernated, degraded, failed, closing, closed.
 	State       string            `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
 	Image       string            `protobuf:"bytes,4,opt,name=image,proto3" json:"image,omitempty"`
 	ImageDigest string            `protobuf:"bytes,5,opt,name=image_digest,json=imageDigest,proto3" json:"image_digest,omitempty"`

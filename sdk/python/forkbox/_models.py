@@ -120,7 +120,7 @@ class SandboxInfo:
 
     id: str
     name: str
-    #: created, running, paused, hibernated, stopped, failed, closed.
+    #: creating, running, paused, hibernating, hibernated, degraded, failed, closing, closed.
     state: str
     image: str = ""
     image_digest: str = ""

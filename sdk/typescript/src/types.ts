@@ -9,7 +9,7 @@ import type { Resources } from "./client.js";
 export interface SandboxInfo {
   id: string;
   name: string;
-  /** "creating", "running", "paused", "hibernated", "stopped", "failed", "closed". */
+  /** "creating", "running", "paused", "hibernating", "hibernated", "degraded", "failed", "closing", "closed". */
   state: string;
   image: string;
   imageDigest: string;
