@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"syscall"
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/cgroups"
+	"github.com/forkbox/forkbox/internal/mount"
 	"github.com/forkbox/forkbox/internal/store"
 )
 
@@ -60,7 +62,7 @@ func (d *Daemon) teardown(ctx context.Context, sb *store.Sandbox) error {
 	if err := d.net.Teardown(ctx, sb.ID); err != nil {
 		errs = append(errs, fmt.Errorf("network: %w", err))
 	}
-	if err := d.host.Unmount(ctx, d.rootfsDir(sb.ID)); err != nil {
+	if err := d.unmountRootfs(ctx, sb.ID); err != nil {
 		errs = append(errs, fmt.Errorf("unmount rootfs: %w", err))
 	}
 	if err := d.snaps.Remove(ctx, sb.ID); err != nil && !errdefs.IsNotFound(err) {
@@ -76,6 +78,33 @@ func (d *Daemon) teardown(ctx context.Context, sb *store.Sandbox) error {
 		errs = append(errs, fmt.Errorf("hibernation image: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// maxRootfsMounts bounds how many mounts teardown takes off a rootfs: one
+// is what create makes; more is a defect somewhere, cleaned up all the same.
+const maxRootfsMounts = 16
+
+// unmountRootfs unmounts a sandbox's rootfs until nothing is mounted there,
+// so that a rootfs mounted more than once (a defect elsewhere) does not keep
+// its writable layer busy for ever. Unmount takes off the topmost mount
+// only.
+func (d *Daemon) unmountRootfs(ctx context.Context, id string) error {
+	dir := d.rootfsDir(id)
+	for i := 1; i <= maxRootfsMounts; i++ {
+		if err := d.host.Unmount(ctx, dir); err != nil {
+			return err
+		}
+		mounted, err := mount.IsMountPoint(dir)
+		if err != nil {
+			return err
+		}
+		if !mounted {
+			return nil
+		}
+		d.log.Warn("rootfs is still mounted after an unmount; unmounting again",
+			slog.String("sandbox", id), slog.Int("unmounted", i))
+	}
+	return fmt.Errorf("%s is still mounted after %d unmounts: %w", dir, maxRootfsMounts, errdefs.ErrFailedPrecondition)
 }
 
 // removeTree deletes a directory by renaming it to a tombstone first, so a

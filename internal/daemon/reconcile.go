@@ -158,7 +158,11 @@ func (d *Daemon) recheckDegraded(ctx context.Context) error {
 }
 
 // cleanLost tears down a sandbox that reconcile found not live, and records
-// it closed (or failed, if something could not be removed).
+// it closed. If something could not be removed, the sandbox is recorded
+// failed with the reason, the ledger says so, and cleanLost returns nil:
+// a leftover must not stop the daemon from starting (a later close of the
+// sandbox, or the next start, tries again). Only a store that cannot record
+// the outcome is an error.
 func (d *Daemon) cleanLost(ctx context.Context, sb *store.Sandbox) error {
 	was := sb.State
 	d.log.Warn("reconcile: cleaning sandbox", slog.String("sandbox", sb.ID), slog.String("state", string(was)))
@@ -168,8 +172,14 @@ func (d *Daemon) cleanLost(ctx context.Context, sb *store.Sandbox) error {
 		}
 	}
 	if err := d.teardown(ctx, sb); err != nil {
-		d.recordState(ctx, sb, store.StateFailed, err.Error())
-		return err
+		reason := "reconcile could not clean it: " + err.Error()
+		if err := d.setState(ctx, sb, store.StateFailed, reason); err != nil {
+			return err
+		}
+		d.note(ctx, sb.ID, store.EventSandboxFailed, map[string]any{"reason": reason})
+		d.log.Warn("reconcile: sandbox left failed; a close retries its cleanup",
+			slog.String("sandbox", sb.ID), slog.String("err", err.Error()))
+		return nil
 	}
 	msg := sb.Error
 	if msg == "" {

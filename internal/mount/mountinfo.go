@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Info is one line of /proc/self/mountinfo.
+// Info is one line of a mountinfo file (proc(5)).
 type Info struct {
 	ID, Parent   int
 	Root         string // root of the mount within its filesystem
@@ -24,15 +24,26 @@ type Info struct {
 	SuperOptions string // per-superblock options, e.g. overlay's upperdir=
 }
 
-// List returns the mounts of the calling process's mount namespace, in
-// /proc/self/mountinfo order (parents before children).
+// List returns the mounts of the calling thread's mount namespace (the one
+// this package's mount and unmount calls act on), in mountinfo order
+// (parents before children).
+//
+// It reads /proc/thread-self/mountinfo, not /proc/self/mountinfo: /proc/self
+// is the main thread, and a thread may have its own mount namespace (crun's
+// driver unshares one on a locked thread). Were the main thread ever left in
+// such a namespace, /proc/self/mountinfo would show its frozen private copy
+// of the host's mounts: mounts unmounted since would still be listed there.
+// The thread an unlocked goroutine runs on is in the daemon's namespace.
 func List() ([]Info, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	b, err := os.ReadFile(mountinfoPath)
 	if err != nil {
 		return nil, fmt.Errorf("read mountinfo: %w", err)
 	}
 	return parseMountinfo(b)
 }
+
+// mountinfoPath is the calling thread's mount table (Linux 3.17+).
+const mountinfoPath = "/proc/thread-self/mountinfo"
 
 func parseMountinfo(b []byte) ([]Info, error) {
 	var out []Info

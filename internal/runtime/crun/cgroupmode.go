@@ -73,7 +73,12 @@ func detectHybrid(root string) (string, error) {
 //     netns files mounted a moment ago; the cost is one unshare (~0.1 ms);
 //   - the thread stays locked and is never unlocked, so Go ends it when the
 //     goroutine returns and no other goroutine runs in that namespace; the
-//     Go runtime (≥1.10) creates no new threads from a locked thread.
+//     Go runtime (≥1.10) creates no new threads from a locked thread;
+//   - that thread is never the process's main thread (see onOtherThread):
+//     Go cannot end the main thread, it parks it for good, and the main
+//     thread is what /proc/self names, so a private namespace left on it
+//     would be the mount table every later reader of /proc/self/mountinfo
+//     sees: a stale one, with rootfs mounts the host has long unmounted.
 //
 // Everything else is shared with the host: crun's --root is on an ordinary
 // file system, and the cgroup v1 hierarchies and /proc are the host's.
@@ -81,22 +86,43 @@ func (c *Crun) start(cmd *exec.Cmd) error {
 	if c.hybrid == "" {
 		return cmd.Start()
 	}
-	errc := make(chan error, 1)
-	go func() {
-		goruntime.LockOSThread() // never unlocked: the thread dies with the goroutine
+	return onOtherThread(func() error {
 		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-			errc <- fmt.Errorf("crun: unshare mount namespace: %v: %w", err, errdefs.ErrInternal)
-			return
+			return fmt.Errorf("crun: unshare mount namespace: %v: %w", err, errdefs.ErrInternal)
 		}
 		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-			errc <- fmt.Errorf("crun: make mount namespace private: %v: %w", err, errdefs.ErrInternal)
-			return
+			return fmt.Errorf("crun: make mount namespace private: %v: %w", err, errdefs.ErrInternal)
 		}
 		if err := unix.Unmount(c.hybrid, unix.MNT_DETACH); err != nil {
-			errc <- fmt.Errorf("crun: hide %s: %v: %w", c.hybrid, err, errdefs.ErrInternal)
-			return
+			return fmt.Errorf("crun: hide %s: %v: %w", c.hybrid, err, errdefs.ErrInternal)
 		}
-		errc <- cmd.Start()
-	}()
+		return cmd.Start()
+	})
+}
+
+// onOtherThread runs f in a fresh goroutine locked to an OS thread that is
+// not the main thread, and lets that thread end with the goroutine (it is
+// never unlocked): f may change the thread's kernel state (its namespaces)
+// and nothing else will ever run on it.
+func onOtherThread(f func() error) error {
+	errc := make(chan error, 1)
+	go func() { errc <- lockedOffMain(f) }()
 	return <-errc
+}
+
+// lockedOffMain locks the calling goroutine to its thread and runs f there,
+// unless that thread is the main one: Go parks a main thread whose locked
+// goroutine exits instead of ending it, so f's changes would outlive it. On
+// the main thread it keeps the thread locked, which makes the scheduler put
+// onOtherThread's goroutine on another thread, and unlocks the untouched
+// main thread when f is done. Off the main thread the caller's goroutine
+// must exit after it, without unlocking.
+func lockedOffMain(f func() error) error {
+	goruntime.LockOSThread()
+	if unix.Gettid() != unix.Getpid() {
+		return f()
+	}
+	err := onOtherThread(f)
+	goruntime.UnlockOSThread()
+	return err
 }
