@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -54,7 +55,12 @@ func TestFullPool(t *testing.T) {
 	}
 	pool := filepath.Join(t.TempDir(), "pool")
 	t.Cleanup(func() {
-		if err := btrfs.Detach(context.Background(), pool); err != nil {
+		// The kernel releases the loop device asynchronously after the
+		// unmount; Detach waits for that as a condition, bounded here by a
+		// deadline generous enough for a loaded host.
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		if err := btrfs.Detach(ctx, pool); err != nil {
 			t.Errorf("detach the pool: %v", err)
 		}
 	})
@@ -115,9 +121,14 @@ func TestFullPool(t *testing.T) {
 	for _, e := range mustReadDir(t, h.upper(src)) {
 		os.Remove(filepath.Join(h.upper(src), e))
 	}
+	// btrfs frees the removed files' extents in the background: retried
+	// until a create succeeds, bounded by a deadline rather than a count of
+	// tries (a count is a time limit in disguise on a loaded host).
 	var id string
 	var lastErr error
-	for i := 0; i < 200; i++ {
+	freed, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	for freed.Err() == nil {
 		sb, err := h.d.Create(ctx, CreateOptions{Image: "unit:1"})
 		if err == nil {
 			id = sb.ID

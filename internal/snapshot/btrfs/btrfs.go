@@ -182,8 +182,19 @@ func mountImage(ctx context.Context, root string, size int64, prealloc bool, log
 	return nil
 }
 
+// detachWait bounds Detach's wait for the loop device to be released when
+// its context has no deadline of its own.
+const detachWait = 2 * time.Minute
+
 // Detach unmounts the loop-backed btrfs at root and frees its loop device.
 // It is idempotent and does nothing to a root that has no image file.
+//
+// The release is asynchronous: after the unmount (a lazy one when the
+// mount was busy) the kernel lets go of the device, and autoclear detaches
+// it, only once the last reference to the filesystem is gone, which on a
+// loaded host takes as long as it takes. Detach waits for that condition,
+// asking for LOOP_CLR_FD at each look, until ctx ends (detachWait when ctx
+// has no deadline).
 func Detach(ctx context.Context, root string) error {
 	root, err := filepath.Abs(root)
 	if err != nil {
@@ -196,7 +207,11 @@ func Detach(ctx context.Context, root string) error {
 	if err := mount.UnmountAll(ctx, root); err != nil {
 		return err
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, detachWait)
+		defer cancel()
+	}
 	for {
 		devs := loopsFor(img)
 		if len(devs) == 0 {
@@ -205,13 +220,10 @@ func Detach(ctx context.Context, root string) error {
 		for _, d := range devs {
 			_ = clearLoop(d)
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("loop devices %v still attached to %s: %w", devs, img, errdefs.ErrFailedPrecondition)
-		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
+			return fmt.Errorf("loop devices %v still attached to %s: %w", devs, img, errors.Join(ctx.Err(), errdefs.ErrFailedPrecondition))
+		case <-time.After(20 * time.Millisecond): // poll interval
 		}
 	}
 }
