@@ -156,7 +156,9 @@ func (w *watchdog) check() bool {
 	if !w.s.cfg.Init {
 		w.mu.Lock()
 		for g, added := range w.groups {
-			if added < gen && !live[g] {
+			// The scan lists /proc, then reads each process: a member that forks
+			// and exits in between hides its child. kill(-g, 0) asks the kernel.
+			if added < gen && !live[g] && syscall.Kill(-g, 0) == syscall.ESRCH {
 				delete(w.groups, g)
 			}
 		}
