@@ -157,9 +157,15 @@ func TestEnvironmentMaxAgeRebuildKeepsServing(t *testing.T) {
 	first := envSandbox(t, e)
 	old := first.Info.FromCheckpoint
 	tok := mustSh(t, first.Sandbox, "cat /root/token")
-	// The snapshot must age past its max age (whole seconds in the API):
-	// wall-clock time has to pass here, nothing is being waited for.
-	time.Sleep(1100 * time.Millisecond)
+	// The snapshot must age past its max age (whole seconds in the API).
+	// The daemon compares its built_at, kept in milliseconds, with the
+	// host's clock, which this test shares: wait until that comparison is
+	// certain to hold (a margin over the millisecond rounding), so the next
+	// call cannot come too early however fast or slow the machine is.
+	waitEnv(t, e, "snapshot older than its max age", func(i *client.EnvironmentInfo) bool {
+		return i.Checkpoint == old && i.BuiltAtUnixMs > 0 &&
+			time.Since(time.UnixMilli(i.BuiltAtUnixMs)) > o.MaxAge+100*time.Millisecond
+	})
 	// Too old: this call is still served from the old snapshot...
 	served := envSandbox(t, e)
 	if served.Info.FromCheckpoint != old || served.Built {

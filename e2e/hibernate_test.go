@@ -27,14 +27,43 @@ func readCounter(t *testing.T, sb *client.Sandbox) (string, int) {
 	return f[0], n
 }
 
+// waitCounter polls the counter file of a counterLoop in sb until cond
+// holds for its value, and returns the token and that value. The loop
+// starts (and, after a wake, runs on) when the machine gets round to it:
+// the test waits for that, bounded by a generous deadline, never for a
+// fixed time.
+func waitCounter(t *testing.T, sb *client.Sandbox, what string, cond func(n int) bool) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var last string
+	for {
+		var out strings.Builder
+		res, err := sb.Exec(ctx, client.ExecOptions{Shell: "cat /tmp/counter 2>/dev/null", Stdout: &out})
+		if err != nil {
+			t.Fatalf("%s: read the counter: %v", what, err)
+		}
+		last = out.String()
+		if f := strings.Fields(last); res.ExitCode == 0 && len(f) == 2 {
+			if n, err := strconv.Atoi(f[1]); err == nil && cond(n) {
+				return f[0], n
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: not reached in 3 minutes; the counter file reads %q", what, last)
+		case <-time.After(20 * time.Millisecond): // poll interval, not a wait for an outcome
+		}
+	}
+}
+
 func TestHibernateWakeCycles(t *testing.T) {
 	ctx := context.Background()
 	sb := newSandbox(t, clientOpts())
 	if _, err := sb.Start(ctx, client.ExecOptions{Shell: counterLoop}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
-	tok, last := readCounter(t, sb)
+	tok, last := waitCounter(t, sb, "the counter loop has started", func(n int) bool { return n >= 1 })
 	for cycle := 1; cycle <= 20; cycle++ {
 		mustSh(t, sb, fmt.Sprintf("mkdir -p /root/cycles && echo content-%d > /root/cycles/%d", cycle, cycle))
 		_, before := readCounter(t, sb)
@@ -67,10 +96,9 @@ func TestHibernateWakeCycles(t *testing.T) {
 		}
 		last = n
 	}
-	time.Sleep(200 * time.Millisecond)
-	if _, n := readCounter(t, sb); n <= last {
-		t.Errorf("the counter stopped after the last wake: %d", n)
-	}
+	// The loop runs on after the last wake: its counter moves past the
+	// value read then (a stopped loop fails here at the deadline).
+	waitCounter(t, sb, fmt.Sprintf("the counter runs on after the last wake (past %d)", last), func(n int) bool { return n > last })
 	evs, _ := sb.Events(ctx)
 	hib, woke := 0, 0
 	for _, e := range evs {
@@ -108,22 +136,43 @@ func TestIdleHibernation(t *testing.T) {
 	withDaemonFlags(t, "--idle-hibernate", "1s")
 	sb := newSandbox(t, clientOpts())
 	mustSh(t, sb, "echo before-idle > /root/f")
-	// A long exec keeps it awake while it runs.
-	if _, _, r := sh(t, sb, "sleep 2; echo done"); r.ExitCode != 0 {
-		t.Fatalf("long exec: %+v", r)
+	// A long exec keeps it awake while it runs. Once it has finished the
+	// sandbox may hibernate at any moment (1 s idle), so whether it was
+	// awake during the exec is read from the ledger, which orders the
+	// exec's start and finish and every hibernation, not from a state
+	// sampled afterwards.
+	if out, _, r := sh(t, sb, "sleep 2; echo done"); r.ExitCode != 0 || out != "done\n" {
+		t.Fatalf("long exec: %q %+v", out, r)
 	}
-	if err := sb.Refresh(ctx); err != nil || sb.Info.State != "running" {
-		t.Fatalf("hibernated while busy: %q %v", sb.Info.GetState(), err)
-	}
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		if err := sb.Refresh(ctx); err == nil && sb.Info.State == "hibernated" {
-			break
+	// Then, idle, it hibernates: waited for, bounded by a generous deadline.
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	for sb.Info.State != "hibernated" {
+		select {
+		case <-wctx.Done():
+			t.Fatalf("idle sandbox not hibernated in 3 minutes: %s", sb.Info.State)
+		case <-time.After(50 * time.Millisecond): // poll interval
 		}
-		time.Sleep(100 * time.Millisecond)
+		if err := sb.Refresh(wctx); err != nil && wctx.Err() == nil {
+			t.Fatal(err)
+		}
 	}
-	if sb.Info.State != "hibernated" {
-		t.Fatalf("idle sandbox not hibernated: %s", sb.Info.State)
+	evs, err := sb.Events(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	running := map[any]bool{} // execs started and not yet finished
+	for _, e := range evs {
+		switch e.Type {
+		case "exec.started":
+			running[e.Data["exec_id"]] = true
+		case "exec.finished":
+			delete(running, e.Data["exec_id"])
+		case "sandbox.hibernated", "sandbox.idle_hibernated":
+			if len(running) > 0 {
+				t.Fatalf("hibernated while an exec ran: %s at seq %d, execs running %v; ledger %v", e.Type, e.Seq, running, types(evs))
+			}
+		}
 	}
 	if out := mustSh(t, sb, "cat /root/f"); out != "before-idle\n" {
 		t.Errorf("after waking from idle hibernation: %q", out)

@@ -28,8 +28,10 @@ func TestMemoryFork(t *testing.T) {
 	if _, err := src.Start(ctx, client.ExecOptions{Shell: "httpd -f -p 8080 -h /www"}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
-	tok, _ := readCounter(t, src)
+	// Both processes are up before the fork: the counter has ticked and the
+	// server answers (waited for as conditions, not slept for).
+	tok, beforeFork := waitCounter(t, src, "the counter loop has started", func(n int) bool { return n >= 1 })
+	waitHTTP(t, fmt.Sprintf("http://%s:8080/index.html", src.Info.Ip))
 
 	res, err := src.Fork(ctx, client.ForkOptions{Tag: "live", Count: 2, Memory: true})
 	if err != nil {
@@ -40,14 +42,16 @@ func TestMemoryFork(t *testing.T) {
 	if res.Captured != "filesystem+memory" || res.Checkpoint.Kind != "filesystem+memory" || len(kids) != 2 {
 		t.Fatalf("memory fork: captured %q, %d children: %+v", res.Captured, len(kids), res.Children)
 	}
-	_, atFork := readCounter(t, src)
 	for i, k := range kids {
 		ktok, n := readCounter(t, k)
 		if ktok != tok {
 			t.Errorf("child %d: token %s, want the source's %s (memory not carried)", i, ktok, tok)
 		}
-		if n < 1 || n > atFork+40 {
-			t.Errorf("child %d: counter %d; the source was near %d at the fork", i, n, atFork)
+		// The child continues from the source's counter, which had reached
+		// beforeFork before the fork; how far it has run since depends on
+		// the machine's load, so no upper bound is asserted.
+		if n < beforeFork {
+			t.Errorf("child %d: counter %d; the source was already at %d before the fork", i, n, beforeFork)
 		}
 		if host := strings.TrimSpace(mustSh(t, k, "hostname")); host != k.Info.Name {
 			t.Errorf("child %d: hostname %q, want %q", i, host, k.Info.Name)
@@ -78,15 +82,35 @@ func TestMemoryFork(t *testing.T) {
 	}
 	// The source keeps running with its own state.
 	stok, n1 := readCounter(t, src)
-	time.Sleep(200 * time.Millisecond)
-	if _, n2 := readCounter(t, src); stok != tok || n2 <= n1 {
-		t.Errorf("the source after the fork: token %s (was %s), counter %d -> %d", stok, tok, n1, n2)
+	if stok != tok {
+		t.Errorf("the source after the fork: token %s, was %s", stok, tok)
 	}
+	waitCounter(t, src, fmt.Sprintf("the source's counter runs on after the fork (past %d)", n1), func(n int) bool { return n > n1 })
 	// Each child has its own agent token now: the ledger says it was told.
 	for i, k := range kids {
 		evs, _ := k.Events(ctx)
 		if !hasEvent(evs, "sandbox.fork_notified") {
 			t.Errorf("child %d: no sandbox.fork_notified in %v", i, types(evs))
+		}
+	}
+}
+
+// waitHTTP polls url until it answers, bounded by a generous deadline.
+func waitHTTP(t *testing.T, url string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s does not answer in 3 minutes: %v", url, err)
+		case <-time.After(20 * time.Millisecond): // poll interval
 		}
 	}
 }
@@ -97,8 +121,9 @@ func TestMemoryForkOfPausedAndRestore(t *testing.T) {
 	if _, err := src.Start(ctx, client.ExecOptions{Shell: counterLoop}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
-	tok, _ := readCounter(t, src)
+	// The loop has written its token (its memory-only state) before the
+	// pause: waited for, not slept for.
+	tok, _ := waitCounter(t, src, "the counter loop has started", func(n int) bool { return n >= 1 })
 	if err := src.Pause(ctx); err != nil {
 		t.Fatal(err)
 	}

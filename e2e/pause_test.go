@@ -11,6 +11,7 @@ import (
 
 	"github.com/forkbox/forkbox/client"
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/cgroups"
 )
 
 // cpuUsage returns the CPU time the sandbox's cgroup has used (v1 cpuacct
@@ -35,6 +36,32 @@ func cpuUsage(t *testing.T, id string) time.Duration {
 	return 0
 }
 
+// waitCPU waits until the sandbox's cgroup has used at least want of CPU
+// since from, bounded by a generous deadline: a busy loop on a loaded host
+// gets its CPU later, not never.
+func waitCPU(t *testing.T, id string, from, want time.Duration, what string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for {
+		used := cpuUsage(t, id) - from
+		if used >= want {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: the cgroup used only %s of CPU in 3 minutes, want %s", what, used, want)
+		case <-time.After(10 * time.Millisecond): // poll interval
+		}
+	}
+}
+
+// TestPauseUsesNoCPU: a paused sandbox's busy loop uses no CPU at all, and
+// runs again once resumed. Nothing here depends on how much CPU the host
+// gives the loop: that it was busy before the pause and after the resume is
+// waited for (its cgroup's CPU counter advancing), and while it is frozen
+// its usage is compared with an absolute bound, which a frozen cgroup meets
+// however loaded the host is.
 func TestPauseUsesNoCPU(t *testing.T) {
 	forEachRuntime(t, func(t *testing.T) {
 		ctx := context.Background()
@@ -42,20 +69,26 @@ func TestPauseUsesNoCPU(t *testing.T) {
 		if _, err := sb.Start(ctx, client.ExecOptions{Shell: "while :; do :; done"}); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(300 * time.Millisecond)
-		busy0 := cpuUsage(t, sb.ID)
-		time.Sleep(500 * time.Millisecond)
-		busy := cpuUsage(t, sb.ID) - busy0
-		if busy < 100*time.Millisecond {
-			t.Fatalf("the busy loop used only %s of CPU in 500 ms: the measurement proves nothing", busy)
-		}
+		waitCPU(t, sb.ID, cpuUsage(t, sb.ID), 200*time.Millisecond, "the busy loop runs before the pause")
 		if err := sb.Pause(ctx); err != nil {
 			t.Fatal(err)
 		}
+		// Pause returns once the freezer reports the cgroup frozen; check it
+		// here too, so the window below starts with every task stopped.
+		cg := "/" + cgroupParent + "/" + sb.ID
+		if frozen, err := cgroups.Frozen(cg); err != nil || !frozen {
+			t.Fatalf("after Pause the cgroup %s is not frozen: %v, %v", cg, frozen, err)
+		}
+		// The measurement window: a frozen cgroup's counter does not move at
+		// all, so its length only has to be long enough for a running loop
+		// to have shown up; 1 s is ample and the bound is absolute.
 		p0 := cpuUsage(t, sb.ID)
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // measurement window, not synchronisation
+		if frozen, err := cgroups.Frozen(cg); err != nil || !frozen {
+			t.Fatalf("the cgroup %s thawed during the measurement: %v, %v", cg, frozen, err)
+		}
 		if used := cpuUsage(t, sb.ID) - p0; used > 20*time.Millisecond {
-			t.Errorf("paused for 1 s, the sandbox used %s of CPU (running: %s per 500 ms)", used, busy)
+			t.Errorf("paused for 1 s, the sandbox used %s of CPU; a frozen cgroup uses none", used)
 		}
 		if _, err := sb.Exec(ctx, client.ExecOptions{Shell: "true"}); !errdefs.IsFailedPrecondition(err) {
 			t.Errorf("exec while paused: got %v", err)
@@ -67,10 +100,8 @@ func TestPauseUsesNoCPU(t *testing.T) {
 		if err := sb.Refresh(ctx); err != nil || sb.Info.State != "running" {
 			t.Errorf("after an auto-resumed exec: state %q, %v", sb.Info.GetState(), err)
 		}
-		u0 := cpuUsage(t, sb.ID)
-		time.Sleep(500 * time.Millisecond)
-		if used := cpuUsage(t, sb.ID) - u0; used < 100*time.Millisecond {
-			t.Errorf("after unpause the busy loop used only %s in 500 ms: not running again", used)
-		}
+		// Running again: its CPU counter advances (a loop still frozen fails
+		// here at the deadline).
+		waitCPU(t, sb.ID, cpuUsage(t, sb.ID), 200*time.Millisecond, "the busy loop runs again after the resume")
 	})
 }
