@@ -77,7 +77,20 @@ func (req *ExecRequest) argv() ([]string, error) {
 
 // lookPath finds file in the PATH list path, as execvp does.
 func lookPath(file, path string) (string, error) {
+	if strings.Contains(file, "/") && !filepath.IsAbs(file) {
+		return file, nil // relative to the exec's cwd: execve tells
+	}
 	if strings.Contains(file, "/") {
+		// Checked here, not left to execve: with a pids limit the exec
+		// goes through the agent's helper, whose execve failure would be an
+		// exit status rather than the error the caller should get.
+		fi, err := os.Stat(file)
+		if err != nil {
+			return "", osErr("exec", file, err)
+		}
+		if !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
+			return "", fmt.Errorf("exec %q: not an executable file: %w", file, errdefs.ErrPermissionDenied)
+		}
 		return file, nil
 	}
 	for _, dir := range filepath.SplitList(path) {

@@ -123,6 +123,17 @@ func (w *watchdog) check() bool {
 		}
 		w.mu.Unlock()
 	}
+	// Not init (tests, or an agent that is not PID 1): only this server's
+	// execs and their descendants count, not every child of the process.
+	var roots map[int]bool
+	if !w.s.cfg.Init {
+		w.s.mu.Lock()
+		roots = make(map[int]bool, len(w.s.execs))
+		for pid := range w.s.execs {
+			roots[pid] = true
+		}
+		w.s.mu.Unlock()
+	}
 	procs := scanProcs(w.page)
 	self := os.Getpid()
 	var sum int64
@@ -135,7 +146,7 @@ func (w *watchdog) check() bool {
 		if !w.s.cfg.Init {
 			if groups[p.pgrp] {
 				live[p.pgrp] = true
-			} else if !descendant(procs, pid, self) {
+			} else if !underExec(procs, pid, roots) {
 				continue
 			}
 		}
@@ -163,9 +174,6 @@ func (w *watchdog) check() bool {
 			}
 		}
 		w.mu.Unlock()
-	}
-	if os.Getenv("WDDEBUG") != "" && watched > 0 {
-		w.s.log.Info("wd", "watched", watched, "sum", sum, "groups", groups, "live", live)
 	}
 	if sum <= w.limit || victim == 0 {
 		return watched > 0
@@ -202,14 +210,15 @@ func (w *watchdog) owner(procs map[int]procStat, pid int) int {
 	return 0
 }
 
-func descendant(procs map[int]procStat, pid, ancestor int) bool {
+// underExec reports whether pid is one of roots or descends from one.
+func underExec(procs map[int]procStat, pid int, roots map[int]bool) bool {
 	for depth := 0; pid > 1 && depth < 64; depth++ {
+		if roots[pid] {
+			return true
+		}
 		p, ok := procs[pid]
 		if !ok {
 			return false
-		}
-		if p.ppid == ancestor {
-			return true
 		}
 		pid = p.ppid
 	}
