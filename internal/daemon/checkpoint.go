@@ -50,7 +50,8 @@ func (d *Daemon) CheckpointWith(ctx context.Context, idOrName, tag string, memor
 }
 
 // checkpointLocked takes the checkpoint; the caller holds the sandbox lock.
-// A running sandbox is frozen for the snapshot and thawed right after; a
+// A running sandbox is stopped for the snapshot (stopForCapture) and
+// resumed right after; a
 // paused one stays paused. The snapshot is an O(1) btrfs snapshot of the
 // writable layer, so the capture does not grow with the data written.
 func (d *Daemon) checkpointLocked(ctx context.Context, sb *store.Sandbox, tag string) (ck *store.Checkpoint, err error) {
@@ -65,13 +66,13 @@ func (d *Daemon) checkpointLocked(ctx context.Context, sb *store.Sandbox, tag st
 	flushMS := msSince(flushStart)
 	start := time.Now()
 	if sb.State == store.StateRunning {
-		cg := d.cgroupPath(sb.ID)
-		if err := d.host.Freeze(ctx, cg); err != nil {
-			return nil, fmt.Errorf("freeze for checkpoint: %w", err)
+		resume, err := d.stopForCapture(ctx, sb)
+		if err != nil {
+			return nil, fmt.Errorf("stop for checkpoint: %w", err)
 		}
 		defer func() {
-			if terr := d.host.Thaw(context.WithoutCancel(ctx), cg); terr != nil {
-				err = errors.Join(err, fmt.Errorf("thaw after checkpoint: %w", terr))
+			if rerr := resume(context.WithoutCancel(ctx)); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("resume after checkpoint: %w", rerr))
 			}
 		}()
 	}
@@ -152,4 +153,25 @@ func syncFS(dir string) error {
 	}
 	defer f.Close()
 	return unix.Syncfs(int(f.Fd()))
+}
+
+// stopForCapture stops a running sandbox so that a capture is consistent,
+// and returns what resumes it. gVisor is stopped by its own kernel (runsc
+// pause): freezing the host cgroup under the systrap platform interrupts
+// the sentry's seccomp notifications to its stub processes, and after the
+// thaw a stub can be lost with the tasks on it (execs die with SIGSEGV or
+// SIGKILL, and the whole sandbox when the agent's stub goes; found by the
+// load run, see internal/runtime/runsc). Other runtimes use the freezer.
+func (d *Daemon) stopForCapture(ctx context.Context, sb *store.Sandbox) (func(context.Context) error, error) {
+	if rt, ok := d.runtimes[sb.Runtime]; ok && sb.Runtime == RuntimeGVisor {
+		if err := rt.Pause(ctx, sb.ID); err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context) error { return rt.Resume(ctx, sb.ID) }, nil
+	}
+	cg := d.cgroupPath(sb.ID)
+	if err := d.host.Freeze(ctx, cg); err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) error { return d.host.Thaw(ctx, cg) }, nil
 }
