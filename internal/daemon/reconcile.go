@@ -64,10 +64,16 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *store.Sandbox) error {
 		// before the state was recorded); otherwise the checkpoint never
 		// finished and the container may still run.
 		if d.hibernationComplete(sb.ID) {
-			if sb.State == store.StateHibernating {
-				if rt, ok := d.runtimes[sb.Runtime]; ok {
-					d.bestEffort(ctx, "reconcile: release a hibernated container", rt.Delete(ctx, sb.ID, true), slog.String("sandbox", sb.ID))
+			// A hibernated sandbox has no container; one that exists is
+			// left by a hibernation or a wake cut by the crash (whose
+			// restore may have gone on without us), and would make the
+			// next wake's restore fail. The image is whole: nothing is lost.
+			if rt, ok := d.runtimes[sb.Runtime]; ok {
+				if err := rt.Delete(ctx, sb.ID, true); !errdefs.IsNotFound(err) {
+					d.bestEffort(ctx, "reconcile: release a hibernated container", err, slog.String("sandbox", sb.ID))
 				}
+			}
+			if sb.State == store.StateHibernating {
 				if err := d.setState(ctx, sb, store.StateHibernated, ""); err != nil {
 					return err
 				}
