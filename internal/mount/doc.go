@@ -1,7 +1,7 @@
 // Package mount performs the mounts that storage describes: it is the only
 // package in forkbox that mounts or unmounts a file system into the
 // daemon's view of the host (a sandbox's rootfs overlay, image layers,
-// the btrfs state file) and the only one that reads /proc/self/mountinfo
+// the btrfs state file) and the only one that reads /proc/thread-self/mountinfo
 // to find what is mounted below the state directory.
 //
 // Storage packages (the snapshotter, the image store) describe mounts as

@@ -53,7 +53,7 @@ func isMountPoint(path string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	f, err := os.Open("/proc/self/mountinfo")
+	f, err := os.Open("/proc/thread-self/mountinfo")
 	if err != nil {
 		return false, fmt.Errorf("network: %v: %w", err, errdefs.ErrInternal)
 	}

@@ -45,7 +45,10 @@ func (r *Runsc) detached(ctx context.Context, verb, id, bundle string, missingCl
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdio.Null, stdio.Log, stdio.Log
 	// Own process group: a terminal's ^C to the daemon must not reach the
 	// sandbox processes runsc leaves behind.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Pdeathsig: a daemon killed mid-call takes the CLI with it, so no
+	// `runsc restore` or `run` goes on creating the container behind the
+	// restarted daemon's reconcile (which deletes what it left).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = 5 * time.Second
 	if runErr := cmd.Run(); runErr != nil {
 		msg := shortLines(ocicli.ReadFrom(stdio.LogPath, stdio.Start), 400)
