@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -114,7 +115,7 @@ func hostSandboxIDs(t *testing.T) (ids map[string][]string, stray []string) {
 func audit(t *testing.T) []*client.Info {
 	t.Helper()
 	ctx := context.Background()
-	all, err := env.c.ListSandboxes(ctx, true)
+	all, err := listSettled(ctx)
 	if err != nil {
 		t.Fatalf("audit: list: %v", err)
 	}
@@ -235,4 +236,31 @@ func cgroupCounters(id string) string {
 		b.WriteString(filepath.Base(p) + "=" + strings.Join(strings.Fields(string(v)), " ") + "; ")
 	}
 	return b.String()
+}
+
+// listSettled lists every sandbox once none is degraded. A sandbox whose
+// agent was slow to answer right after a restart (a loaded host) is kept as
+// degraded until the daemon's recheck (every 30 s) finds it healthy or gone:
+// the audit waits for that condition, within a generous deadline, and then
+// judges whatever state it sees.
+func listSettled(ctx context.Context) ([]*client.Info, error) {
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		all, err := env.c.ListSandboxes(ctx, true)
+		if err != nil {
+			return nil, err
+		}
+		degraded := false
+		for _, s := range all {
+			degraded = degraded || s.State == "degraded"
+		}
+		if !degraded || time.Now().After(deadline) {
+			return all, nil
+		}
+		select {
+		case <-ctx.Done():
+			return all, nil
+		case <-time.After(time.Second):
+		}
+	}
 }

@@ -5,8 +5,12 @@ package runsc
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -95,6 +99,12 @@ func (r *Runsc) Delete(ctx context.Context, id string, force bool) error {
 	}
 	if err != nil {
 		return err
+	}
+	// A sandbox process whose create or restore was cut short (its CLI
+	// killed with a crashed daemon) leaves its control socket in the root,
+	// which runsc's delete does not know about.
+	if rerr := os.Remove(filepath.Join(r.opts.Root, "runsc-"+id+".sock")); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+		r.log.Warn("remove runsc control socket", "sandbox", id, "err", rerr)
 	}
 	r.log.Debug("container deleted", "sandbox", id, "took", time.Since(t0))
 	return nil
