@@ -155,23 +155,12 @@ func syncFS(dir string) error {
 	return unix.Syncfs(int(f.Fd()))
 }
 
-// stopForCapture stops a running sandbox so that a capture is consistent,
-// and returns what resumes it. gVisor is stopped by its own kernel (runsc
-// pause): freezing the host cgroup under the systrap platform interrupts
-// the sentry's seccomp notifications to its stub processes, and after the
-// thaw a stub can be lost with the tasks on it (execs die with SIGSEGV or
-// SIGKILL, and the whole sandbox when the agent's stub goes; found by the
-// load run, see internal/runtime/runsc). Other runtimes use the freezer.
+// stopForCapture stops a running sandbox so that a capture is consistent
+// (suspend: gVisor inside its own kernel, others with the freezer), and
+// returns what starts it again.
 func (d *Daemon) stopForCapture(ctx context.Context, sb *store.Sandbox) (func(context.Context) error, error) {
-	if rt, ok := d.runtimes[sb.Runtime]; ok && sb.Runtime == RuntimeGVisor {
-		if err := rt.Pause(ctx, sb.ID); err != nil {
-			return nil, err
-		}
-		return func(ctx context.Context) error { return rt.Resume(ctx, sb.ID) }, nil
-	}
-	cg := d.cgroupPath(sb.ID)
-	if err := d.host.Freeze(ctx, cg); err != nil {
+	if err := d.suspend(ctx, sb); err != nil {
 		return nil, err
 	}
-	return func(ctx context.Context) error { return d.host.Thaw(ctx, cg) }, nil
+	return func(ctx context.Context) error { return d.unsuspend(ctx, sb) }, nil
 }

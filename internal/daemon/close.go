@@ -49,9 +49,11 @@ func (d *Daemon) Delete(ctx context.Context, idOrName string) error {
 // idempotent, so it also cleans half-made sandboxes after a crash.
 func (d *Daemon) teardown(ctx context.Context, sb *store.Sandbox) error {
 	var errs []error
-	// A paused sandbox is frozen, and frozen tasks (cgroup v1) ignore
-	// SIGKILL. Neither step's error matters: a sandbox that is not frozen,
-	// or not running, is what they make; Delete below reports what is left.
+	// A paused crun sandbox is frozen, and frozen tasks (cgroup v1) ignore
+	// SIGKILL (a paused gVisor sandbox is stopped inside its sentry, which
+	// the kill ends as it is). Neither step's error matters: a sandbox that
+	// is not frozen, or not running, is what they make; Delete below
+	// reports what is left.
 	_ = d.host.Thaw(ctx, d.cgroupPath(sb.ID))
 	if rt, ok := d.runtimes[sb.Runtime]; ok {
 		_ = rt.Kill(ctx, sb.ID, syscall.SIGKILL, true)

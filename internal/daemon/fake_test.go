@@ -335,8 +335,29 @@ func (r fakeRuntime) List(context.Context) ([]runtime.State, error) {
 	return out, nil
 }
 
-func (r fakeRuntime) Pause(context.Context, string) error  { return nil }
-func (r fakeRuntime) Resume(context.Context, string) error { return nil }
+// Pause and Resume move a container between running and paused, and refuse
+// any other move, as runsc does (the daemon pauses gVisor through them).
+func (r fakeRuntime) Pause(_ context.Context, id string) error {
+	return r.w.move(id, runtime.StatusRunning, runtime.StatusPaused)
+}
+
+func (r fakeRuntime) Resume(_ context.Context, id string) error {
+	return r.w.move(id, runtime.StatusPaused, runtime.StatusRunning)
+}
+
+func (w *world) move(id, from, to string) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	c, ok := w.ctr[id]
+	if !ok {
+		return fmt.Errorf("container %s: %w", id, errdefs.ErrNotFound)
+	}
+	if c.status != from {
+		return fmt.Errorf("container %s is %s, not %s: %w", id, c.status, from, errdefs.ErrFailedPrecondition)
+	}
+	c.status = to
+	return nil
+}
 
 const fakeTokenFile = "token"
 

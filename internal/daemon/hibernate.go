@@ -68,7 +68,7 @@ func (d *Daemon) hibernate(ctx context.Context, idOrName string, onlyIfIdle bool
 	if err := requireState(sb, "hibernate", store.StateRunning, store.StatePaused); err != nil {
 		return nil, false, err
 	}
-	from, cg := sb.State, d.cgroupPath(sb.ID)
+	from := sb.State
 	start := time.Now()
 	dir := d.hibernateDir(sb.ID)
 	if err := removeTree(dir); err != nil {
@@ -91,10 +91,10 @@ func (d *Daemon) hibernate(ctx context.Context, idOrName string, onlyIfIdle bool
 	undo.push(func(ctx context.Context) error { return d.afterFailedCheckpoint(ctx, sb, rt, from) })
 	if from == store.StatePaused {
 		// gVisor checkpoints a running sandbox.
-		if err := d.host.Thaw(ctx, cg); err != nil {
+		if err := d.unsuspend(ctx, sb); err != nil {
 			return nil, false, err
 		}
-		undo.push(func(ctx context.Context) error { return d.host.Freeze(ctx, cg) })
+		undo.push(func(ctx context.Context) error { return d.suspend(ctx, sb) })
 	}
 	undo.push(func(context.Context) error { return removeTree(dir) })
 	// Files first: what the sandbox wrote is on the host before it stops.
@@ -181,7 +181,7 @@ func dirSize(dir string) int64 {
 // afterFailedCheckpoint records what a failed memory checkpoint left: back
 // (the state before it) if the container still runs, failed otherwise.
 func (d *Daemon) afterFailedCheckpoint(ctx context.Context, sb *store.Sandbox, rt runtime.Runtime, back store.State) error {
-	if st, err := rt.State(ctx, sb.ID); err == nil && st.Status == runtime.StatusRunning {
+	if st, err := rt.State(ctx, sb.ID); err == nil && alive(st) {
 		if sb.State == back {
 			return nil
 		}

@@ -60,19 +60,18 @@ func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, 
 		}
 	}()
 	if sb.State == store.StatePaused {
-		// gVisor checkpoints a running sandbox: thawed for it, frozen
+		// gVisor checkpoints a running sandbox: unpaused for it, paused
 		// again after it, whatever happens (unless the source failed).
-		cg := d.cgroupPath(sb.ID)
-		if err := d.host.Thaw(ctx, cg); err != nil {
+		if err := d.unsuspend(ctx, sb); err != nil {
 			return nil, err
 		}
 		defer func() {
 			if sb.State != store.StatePaused {
 				return
 			}
-			if ferr := d.host.Freeze(context.WithoutCancel(ctx), cg); ferr != nil {
+			if ferr := d.suspend(context.WithoutCancel(ctx), sb); ferr != nil {
 				// It runs: recorded so, rather than paused in name only.
-				d.bestEffort(ctx, "freeze again after a memory checkpoint", ferr, slog.String("sandbox", sb.ID))
+				d.bestEffort(ctx, "pause again after a memory checkpoint", ferr, slog.String("sandbox", sb.ID))
 				d.recordState(context.WithoutCancel(ctx), sb, store.StateRunning, "")
 			}
 		}()

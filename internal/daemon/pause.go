@@ -18,8 +18,8 @@ func (d *Daemon) live(ctx context.Context, id string) (*store.Sandbox, error) {
 	return sb, nil
 }
 
-// Pause freezes a running sandbox in place with the cgroup freezer: its
-// processes stop and keep their memory.
+// Pause stops a running sandbox in place (suspend): its processes stop and
+// keep their memory.
 func (d *Daemon) Pause(ctx context.Context, idOrName string) (*store.Sandbox, error) {
 	return d.setPaused(ctx, idOrName, true)
 }
@@ -40,14 +40,14 @@ func (d *Daemon) setPaused(ctx context.Context, idOrName string, pause bool) (*s
 		to, ev = store.StatePaused, store.EventPaused
 	}
 	// Recorded first: a crash between the two is reconciled from the
-	// freezer's actual state on the next start.
+	// actual state (runtime or freezer, see isSuspended) on the next start.
 	if err := d.setState(ctx, sb, to, ""); err != nil {
 		return nil, err
 	}
 	if pause {
-		err = d.host.Freeze(ctx, d.cgroupPath(sb.ID))
+		err = d.suspend(ctx, sb)
 	} else {
-		err = d.host.Thaw(ctx, d.cgroupPath(sb.ID))
+		err = d.unsuspend(ctx, sb)
 	}
 	if err != nil {
 		d.recordState(context.WithoutCancel(ctx), sb, from, "")

@@ -210,9 +210,10 @@ type health struct {
 	reason string
 }
 
-// checkHealth checks a sandbox's container, freezer and agent. The freezer is
-// the truth for paused: a crash may have come between recording a pause
-// (or unpause) and acting on it.
+// checkHealth checks a sandbox's container, whether it is suspended, and its
+// agent. The runtime (gVisor) or the freezer (others) is the truth for
+// paused: a crash may have come between recording a pause (or unpause), or
+// a capture's stop, and acting on it.
 func (d *Daemon) checkHealth(ctx context.Context, sb *store.Sandbox) health {
 	rt, ok := d.runtimes[sb.Runtime]
 	if !ok {
@@ -228,22 +229,21 @@ func (d *Daemon) checkHealth(ctx context.Context, sb *store.Sandbox) health {
 	if !alive(st) {
 		return health{}
 	}
-	cg := d.cgroupPath(sb.ID)
-	frozen, err := d.host.Frozen(cg)
+	suspended, err := d.isSuspended(ctx, sb, st)
 	if err != nil {
-		return health{reason: fmt.Sprintf("its cgroup freezer could not be read: %v", err)}
+		return health{reason: fmt.Sprintf("whether it is paused could not be read: %v", err)}
 	}
-	if sb.State == store.StatePaused || (sb.State == store.StateDegraded && frozen) {
-		if !frozen {
-			if err := d.host.Freeze(ctx, cg); err != nil {
-				return health{reason: fmt.Sprintf("it is recorded paused but could not be frozen: %v", err)}
+	if sb.State == store.StatePaused || (sb.State == store.StateDegraded && suspended) {
+		if !suspended {
+			if err := d.suspend(ctx, sb); err != nil {
+				return health{reason: fmt.Sprintf("it is recorded paused but could not be paused: %v", err)}
 			}
 		}
 		return health{ok: true, state: store.StatePaused}
 	}
-	if frozen {
-		if err := d.host.Thaw(ctx, cg); err != nil {
-			return health{reason: fmt.Sprintf("it is recorded running but could not be thawed: %v", err)}
+	if suspended {
+		if err := d.unsuspend(ctx, sb); err != nil {
+			return health{reason: fmt.Sprintf("it is recorded running but could not be unpaused: %v", err)}
 		}
 	}
 	pctx, cancel := context.WithTimeout(ctx, reconcileAgentTimeout)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/store"
 )
 
@@ -87,8 +88,8 @@ func TestReconcileDegraded(t *testing.T) {
 		if sb.State != store.StateDegraded || !strings.Contains(sb.Error, "runtime gvisor is not available") {
 			t.Errorf("%s without its runtime: state %s %q; want degraded, naming the runtime", id, sb.State, sb.Error)
 		}
-		if h.w.status(id) != "running" {
-			t.Errorf("%s without its runtime: container %q, want left running", id, h.w.status(id))
+		if st := h.w.status(id); st != runtime.StatusRunning && st != runtime.StatusPaused {
+			t.Errorf("%s without its runtime: container %q, want left running (or paused)", id, st)
 		}
 	}
 	// A degraded sandbox refuses work that needs it healthy.
@@ -118,23 +119,53 @@ func TestReconcileDegraded(t *testing.T) {
 	}
 }
 
-// A sandbox recorded paused whose freezer a crash left thawed is frozen
-// again; one recorded running but frozen is thawed.
+// A sandbox recorded paused that a crash left running is paused again; one
+// recorded running but left paused runs again. The truth is the runtime's
+// for gVisor and the freezer's for crun; a gVisor sandbox whose host cgroup
+// an older daemon froze is thawed.
 func TestReconcileFreezerIsTheTruth(t *testing.T) {
-	h := newHarness(t)
-	ctx := context.Background()
-	p := h.create(CreateOptions{Name: "p"})
-	r := h.create(CreateOptions{Name: "r"})
-	if _, err := h.d.Pause(ctx, p); err != nil {
+	for _, rt := range []string{RuntimeGVisor, RuntimeCrun} {
+		t.Run(rt, func(t *testing.T) {
+			h := newHarness(t)
+			ctx := context.Background()
+			p := h.create(CreateOptions{Name: "p", Runtime: rt})
+			r := h.create(CreateOptions{Name: "r", Runtime: rt})
+			if _, err := h.d.Pause(ctx, p); err != nil {
+				t.Fatal(err)
+			}
+			// Behind the daemon's back, as a crash between recording and
+			// acting leaves them.
+			if rt == RuntimeGVisor {
+				must(t, h.w.move(p, runtime.StatusPaused, runtime.StatusRunning))
+				must(t, h.w.move(r, runtime.StatusRunning, runtime.StatusPaused))
+			} else {
+				must(t, h.w.Thaw(ctx, h.d.cgroupPath(p)))
+				must(t, h.w.Freeze(ctx, h.d.cgroupPath(r)))
+			}
+			h.reopen(h.runtimes(RuntimeGVisor, RuntimeCrun))
+			if s := h.suspended(p); !s || h.state(p).State != store.StatePaused {
+				t.Errorf("recorded paused: suspended %v state %s; want suspended, paused", s, h.state(p).State)
+			}
+			if s := h.suspended(r); s || h.state(r).State != store.StateRunning {
+				t.Errorf("recorded running: suspended %v state %s; want running, running", s, h.state(r).State)
+			}
+		})
+	}
+	t.Run("gvisor frozen by an older daemon", func(t *testing.T) {
+		h := newHarness(t)
+		ctx := context.Background()
+		r := h.create(CreateOptions{Name: "r", Runtime: RuntimeGVisor})
+		must(t, h.w.Freeze(ctx, h.d.cgroupPath(r)))
+		h.reopen(h.runtimes(RuntimeGVisor, RuntimeCrun))
+		if f, _ := h.w.Frozen(h.d.cgroupPath(r)); f || h.state(r).State != store.StateRunning {
+			t.Errorf("frozen host cgroup: frozen %v state %s; want thawed, running", f, h.state(r).State)
+		}
+	})
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
 		t.Fatal(err)
-	}
-	h.w.Thaw(ctx, h.d.cgroupPath(p))
-	h.w.Freeze(ctx, h.d.cgroupPath(r))
-	h.reopen(h.runtimes(RuntimeGVisor, RuntimeCrun))
-	if f, _ := h.w.Frozen(h.d.cgroupPath(p)); !f || h.state(p).State != store.StatePaused {
-		t.Errorf("recorded paused: frozen %v state %s; want frozen, paused", f, h.state(p).State)
-	}
-	if f, _ := h.w.Frozen(h.d.cgroupPath(r)); f || h.state(r).State != store.StateRunning {
-		t.Errorf("recorded running: frozen %v state %s; want thawed, running", f, h.state(r).State)
 	}
 }

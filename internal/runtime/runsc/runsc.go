@@ -55,8 +55,7 @@ type Options struct {
 
 // Runsc is the runsc driver. The zero value is not usable; call New.
 type Runsc struct {
-	// Tool implements State, List, Kill, Pause, Resume and the runsc
-	// command of Delete.
+	// Tool implements State, List, Kill and the runsc command of Delete.
 	ocicli.Tool
 	opts Options
 	log  *slog.Logger
@@ -108,6 +107,29 @@ func New(o Options) (*Runsc, error) {
 		return r.command(ctx, "", args...)
 	}}
 	return r, nil
+}
+
+// Pause implements runtime.Runtime: `runsc pause id` stops every task inside
+// the sentry. runsc itself refuses a container that is not running
+// ("cannot pause …": FailedPrecondition), so unlike ocicli.Tool.Pause no
+// `state` call goes first: this is on a fork's capture path, where every
+// runsc invocation costs a static binary's start.
+func (r *Runsc) Pause(ctx context.Context, id string) error {
+	return r.selfChecked(ctx, "pause", id)
+}
+
+// Resume implements runtime.Runtime: `runsc resume id`; runsc refuses a
+// container that is not paused ("cannot resume …": FailedPrecondition).
+func (r *Runsc) Resume(ctx context.Context, id string) error {
+	return r.selfChecked(ctx, "resume", id)
+}
+
+func (r *Runsc) selfChecked(ctx context.Context, verb, id string) error {
+	if err := ocicli.ValidID("runsc", id); err != nil {
+		return err
+	}
+	_, err := r.command(ctx, "", verb, id)
+	return err
 }
 
 // Name implements runtime.Runtime.
