@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -49,5 +51,36 @@ func TestRestartWithoutRuntimeKeepsSandboxes(t *testing.T) {
 	}
 	if out := mustSh(t, sb, "cat /root/state"); out != "kept\n" {
 		t.Errorf("runsc back: /root/state = %q, want kept", out)
+	}
+}
+
+// A daemon killed while a gVisor sandbox is stopped for a capture (runsc
+// pause, before the resume) leaves it paused inside its sentry while the
+// ledger says running: its agent cannot answer. The restarted daemon takes
+// runsc's word for it and resumes it, rather than keeping it degraded. The
+// state is made exactly: stopDaemon first, then the pause the kill cut
+// short, behind the daemon's back.
+func TestRestartResumesSandboxCutMidCapture(t *testing.T) {
+	ctx := context.Background()
+	sb := newSandbox(t, clientOpts())
+	mustSh(t, sb, "echo kept > /root/state")
+	if err := stopDaemon(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(env.runDir, "runsc")
+	if out, err := exec.Command("runsc", "--root", root, "pause", sb.ID).CombinedOutput(); err != nil {
+		t.Fatalf("runsc pause: %v: %s", err, out)
+	}
+	if err := startDaemon(); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Refresh(ctx); err != nil || sb.Info.State != "running" {
+		t.Fatalf("after the restart: state %q (%q), %v; want running", sb.Info.GetState(), sb.Info.GetError(), err)
+	}
+	if out := mustSh(t, sb, "cat /root/state"); out != "kept\n" {
+		t.Errorf("after the restart: /root/state = %q, want kept", out)
+	}
+	if stoppedInPlace(t, sb.ID) {
+		t.Error("after the restart: runsc still reports the sandbox paused")
 	}
 }
