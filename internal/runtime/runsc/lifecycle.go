@@ -100,12 +100,22 @@ func (r *Runsc) Delete(ctx context.Context, id string, force bool) error {
 	if err != nil {
 		return err
 	}
-	// A sandbox process whose create or restore was cut short (its CLI
-	// killed with a crashed daemon) leaves its control socket in the root,
-	// which runsc's delete does not know about.
-	if rerr := os.Remove(filepath.Join(r.opts.Root, "runsc-"+id+".sock")); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
-		r.log.Warn("remove runsc control socket", "sandbox", id, "err", rerr)
-	}
+	r.forgetCutShort(id)
 	r.log.Debug("container deleted", "sandbox", id, "took", time.Since(t0))
 	return nil
+}
+
+// forgetCutShort removes what a `runsc run` or `restore` cut short (its CLI
+// killed with a crashed daemon) leaves in the root of a container runsc has
+// just deleted or never knew: the sandbox's control socket, and the lock
+// file runsc takes before it writes the container's state file (runsc's
+// delete removes both only with the state file). Our sandboxes are their
+// own single container, so the id is both the container's and the
+// sandbox's.
+func (r *Runsc) forgetCutShort(id string) {
+	for _, name := range []string{"runsc-" + id + ".sock", id + "_sandbox:" + id + ".lock"} {
+		if err := os.Remove(filepath.Join(r.opts.Root, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			r.log.Warn("remove runsc leftover", "sandbox", id, "path", name, "err", err)
+		}
+	}
 }
