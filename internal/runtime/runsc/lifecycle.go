@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -52,9 +53,18 @@ func (r *Runsc) detached(ctx context.Context, verb, id, bundle string, missingCl
 	// Pdeathsig: a daemon killed mid-call takes the CLI with it, so no
 	// `runsc restore` or `run` goes on creating the container behind the
 	// restarted daemon's reconcile (which deletes what it left).
+	// The kernel sends Pdeathsig when the *thread* that forked the CLI
+	// exits, not the process: a Go thread that another goroutine later
+	// locks and ends (the crun driver ends the threads it unshares) would
+	// SIGKILL a `runsc run` half-way ("signal: killed", the load test's
+	// failed creates). This goroutine keeps its thread until the CLI is
+	// done, so only the daemon's death sends the signal.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = 5 * time.Second
-	if runErr := cmd.Run(); runErr != nil {
+	goruntime.LockOSThread()
+	runErr := cmd.Run()
+	goruntime.UnlockOSThread()
+	if runErr != nil {
 		msg := shortLines(ocicli.ReadFrom(stdio.LogPath, stdio.Start), 400)
 		ocicli.CleanupFailed(ctx, r.log, r.Delete, verb, id)
 		if strings.Contains(msg, "does not match across checkpoint restore") {
