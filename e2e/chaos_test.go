@@ -109,7 +109,6 @@ var chaosOps = []chaosOp{
 }
 
 func TestChaosDaemonKilled(t *testing.T) {
-	needsReliability(t, "open defects: a gVisor agent that stays unreachable after some restarts, sandboxes failing under load (issue 10)")
 	seed := int64(envInt(t, "FORKBOX_CHAOS_SEED", defaultChaosSeed))
 	points := envInt(t, "FORKBOX_CHAOS_POINTS", scaled(len(chaosOps), 100))
 	t.Logf("chaos: %d kill points, seed %d (replay with FORKBOX_CHAOS_SEED=%d FORKBOX_CHAOS_POINTS=%d)", points, seed, seed, points)

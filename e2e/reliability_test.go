@@ -114,13 +114,3 @@ func hostStateBytes(t *testing.T) int64 {
 	}
 	return total
 }
-
-// needsReliability skips a battery test that fails intermittently on this
-// machine unless the reliability run asked for it (FORKBOX_RELIABILITY set,
-// as `make reliability` does); the open defects are listed in SECURITY.md.
-func needsReliability(t *testing.T, why string) {
-	t.Helper()
-	if os.Getenv("FORKBOX_RELIABILITY") == "" {
-		t.Skip("run by make reliability (FORKBOX_RELIABILITY=full): " + why)
-	}
-}
