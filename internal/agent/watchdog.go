@@ -106,7 +106,7 @@ func (w *watchdog) run(ctx context.Context) {
 
 type procStat struct {
 	ppid, pgrp, sid int
-	rss        int64 // bytes
+	rss             int64 // bytes
 }
 
 // check runs one poll and reports whether it found any process to watch.
