@@ -1,0 +1,224 @@
+package e2e
+
+import (
+	"context"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/forkbox/forkbox/client"
+)
+
+// screen collects what a terminal prints; a test waits for text in it.
+type screen struct {
+	mu      sync.Mutex
+	b       strings.Builder
+	changed chan struct{}
+}
+
+func newScreen() *screen { return &screen{changed: make(chan struct{}, 1)} }
+
+func (s *screen) write(p []byte) {
+	s.mu.Lock()
+	s.b.Write(p)
+	s.mu.Unlock()
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (s *screen) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// waitFor waits until the text after offset from matches re, and returns
+// the offset past the match.
+func (s *screen) waitFor(t *testing.T, from int, re string) int {
+	t.Helper()
+	rx := regexp.MustCompile(re)
+	deadline := time.After(60 * time.Second)
+	for {
+		text := s.String()
+		if loc := rx.FindStringIndex(text[min(from, len(text)):]); loc != nil {
+			return from + loc[1]
+		}
+		select {
+		case <-s.changed:
+		case <-deadline:
+			t.Fatalf("the terminal never printed %s; it printed %q", re, text)
+		}
+	}
+}
+
+// waitExec runs cmd in sb until its exit code is want (0 or not), with a
+// deadline.
+func waitExec(t *testing.T, sb *client.Sandbox, cmd string, success bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		res, err := sb.Exec(context.Background(), client.ExecOptions{Shell: cmd})
+		if err != nil {
+			t.Fatalf("exec %q: %v", cmd, err)
+		}
+		if (res.ExitCode == 0) == success {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%q: exit %d, want success=%v", cmd, res.ExitCode, success)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestPty drives a shell on a terminal through the Go SDK: the terminal's
+// name and size, a resize, Ctrl-C of a foreground job, the exit code.
+func TestPty(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T) {
+		sb := newSandbox(t, clientOpts())
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		scr := newScreen()
+		p, err := sb.Pty(ctx, client.PtyOptions{Command: []string{"sh"}, Env: map[string]string{"PS1": "$ "}, Rows: 30, Cols: 100, OnData: scr.write})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		typ := func(s string) {
+			t.Helper()
+			if err := p.SendInput([]byte(s)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		typ("tty; stty size; echo one-$((1+1))\n")
+		at := scr.waitFor(t, 0, `/dev/pts/[0-9]+\r\n30 100\r\none-2`)
+		if err := p.Resize(40, 120); err != nil {
+			t.Fatal(err)
+		}
+		typ("stty size; echo two-$((1+2))\n")
+		at = scr.waitFor(t, at, `40 120\r\ntwo-3`)
+
+		typ("sleep 100\n")
+		waitExec(t, sb, "pidof sleep", true)
+		typ("\x03")
+		waitExec(t, sb, "pidof sleep", false)
+		typ("echo rc=$?\n")
+		at = scr.waitFor(t, at, `rc=130`)
+		typ("echo alive-$((2+3))\n")
+		scr.waitFor(t, at, `alive-5`)
+
+		typ("exit 7\n")
+		res, err := p.Wait()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ExitCode != 7 {
+			t.Errorf("got exit %d signal %q, want 7", res.ExitCode, res.Signal)
+		}
+	})
+}
+
+// TestPtyKill: Kill ends the session, its jobs too; out-of-bounds sizes
+// and oversized input are refused.
+func TestPtyKillAndBounds(t *testing.T) {
+	sb := newSandbox(t, clientOpts())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if _, err := sb.Pty(ctx, client.PtyOptions{Command: []string{"sh"}, Rows: 1001, Cols: 80}); err == nil || !strings.Contains(err.Error(), "1001") {
+		t.Errorf("rows 1001: got %v, want InvalidArgument", err)
+	}
+	p, err := sb.Pty(ctx, client.PtyOptions{Command: []string{"sh"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.SendInput([]byte("sleep 100\n"))
+	waitExec(t, sb, "pidof sleep", true)
+	if err := p.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.Wait()
+	if err != nil || res.Signal != "SIGKILL" {
+		t.Errorf("got %+v, %v, want killed by SIGKILL", res, err)
+	}
+	waitExec(t, sb, "pidof sleep", false)
+}
+
+// tmux runs tmux on this test's own server socket.
+func tmux(t *testing.T, sock string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("tmux", append([]string{"-L", sock, "-f", "/dev/null"}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("tmux %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+// TestPtyCLI drives `forkbox exec -it` in a real terminal (a tmux pane):
+// the size inside follows the pane's, also after a resize, and the CLI
+// exits with the remote exit code.
+func TestPtyCLI(t *testing.T) {
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Skip("needs tmux")
+	}
+	sb := newSandbox(t, clientOpts())
+	sock := "fbx-e2e-pty-" + runID
+	t.Cleanup(func() { exec.Command("tmux", "-L", sock, "kill-server").Run() })
+	cli := env.bin + " --host unix://" + env.socket + " exec -it --env 'PS1=$ ' " + sb.ID + " -- sh"
+	tmux(t, sock, "start-server", ";", "set-option", "-g", "remain-on-exit", "on", ";", "set-option", "-g", "status", "off", ";",
+		"new-session", "-d", "-s", "pty", "-x", "100", "-y", "30", cli)
+	pane := func() string { return tmux(t, sock, "capture-pane", "-p", "-t", "pty") }
+	waitPane := func(re string) {
+		t.Helper()
+		rx := regexp.MustCompile(re)
+		deadline := time.Now().Add(60 * time.Second)
+		for !rx.MatchString(pane()) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the pane never showed %s; it shows:\n%s", re, pane())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	size := func() string {
+		return strings.TrimSpace(tmux(t, sock, "display-message", "-p", "-t", "pty", "#{pane_height} #{pane_width}"))
+	}
+
+	waitPane(`(?m)^\$`) // capture-pane drops trailing spaces
+	want := size()
+	tmux(t, sock, "send-keys", "-t", "pty", "stty size; echo one-$((1+1))", "Enter")
+	waitPane(`(?m)^` + want + `\none-2$`)
+
+	tmux(t, sock, "resize-window", "-t", "pty", "-x", "120", "-y", "40")
+	want2 := size()
+	if want2 == want {
+		t.Fatalf("tmux kept the pane at %s after resize-window", want)
+	}
+	tmux(t, sock, "send-keys", "-t", "pty", "stty size; echo two-$((1+2))", "Enter")
+	waitPane(`(?m)^` + want2 + `\ntwo-3$`)
+
+	// Ctrl-C goes to the job inside, not to the CLI.
+	tmux(t, sock, "send-keys", "-t", "pty", "sleep 100", "Enter")
+	waitExec(t, sb, "pidof sleep", true)
+	tmux(t, sock, "send-keys", "-t", "pty", "C-c")
+	waitExec(t, sb, "pidof sleep", false)
+	tmux(t, sock, "send-keys", "-t", "pty", "echo rc=$?", "Enter")
+	waitPane(`(?m)^rc=130$`)
+
+	tmux(t, sock, "send-keys", "-t", "pty", "exit 3", "Enter")
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st := strings.TrimSpace(tmux(t, sock, "display-message", "-p", "-t", "pty", "#{pane_dead} #{pane_dead_status}"))
+		if st == "1 3" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pane dead/status %q, want \"1 3\"; it shows:\n%s", st, pane())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
