@@ -40,12 +40,13 @@ type Pty struct {
 	ExecID string
 	Pid    int
 
-	stream *connect.BidiStreamForClient[v1.PtyRequest, v1.PtyResponse]
-	cancel context.CancelFunc
-	sendMu sync.Mutex
-	done   chan struct{}
-	res    *ExecResult
-	err    error
+	stream    *connect.BidiStreamForClient[v1.PtyRequest, v1.PtyResponse]
+	cancel    context.CancelFunc
+	sendMu    sync.Mutex
+	reqClosed bool
+	done      chan struct{}
+	res       *ExecResult
+	err       error
 }
 
 // ptyChunk is the most input sent in one message (the daemon takes 64 KiB).
@@ -110,6 +111,7 @@ func (p *Pty) receive(onData func([]byte)) {
 				onData(ev.Data)
 			}
 		case *v1.PtyResponse_Exit:
+			p.closeRequest() // the daemon waits for it before it ends the stream
 			x := ev.Exit
 			p.res = &ExecResult{ExitCode: int(x.ExitCode), Signal: x.Signal, TimedOut: x.TimedOut, OOMKilled: x.OomKilled,
 				Duration: time.Duration(x.DurationMs * float64(time.Millisecond))}
@@ -120,6 +122,9 @@ func (p *Pty) receive(onData func([]byte)) {
 func (p *Pty) send(m *v1.PtyRequest) error {
 	p.sendMu.Lock()
 	defer p.sendMu.Unlock()
+	if p.reqClosed {
+		return fmt.Errorf("exec pty: the session has ended: %w", errdefs.ErrFailedPrecondition)
+	}
 	if err := p.stream.Send(m); err != nil {
 		if errors.Is(err, io.EOF) {
 			// The stream is over: its error (or exit) is what Wait returns.
@@ -168,7 +173,16 @@ func (p *Pty) Wait() (*ExecResult, error) {
 func (p *Pty) Close() error {
 	p.cancel()
 	<-p.done
+	return p.closeRequest()
+}
+
+// closeRequest closes the sending side once; later sends are refused.
+func (p *Pty) closeRequest() error {
 	p.sendMu.Lock()
 	defer p.sendMu.Unlock()
+	if p.reqClosed {
+		return nil
+	}
+	p.reqClosed = true
 	return p.stream.CloseRequest()
 }

@@ -1,7 +1,12 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -9,6 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
+	v1 "github.com/forkbox/forkbox/api/forkbox/v1"
+	"github.com/forkbox/forkbox/api/forkbox/v1/forkboxv1connect"
 	"github.com/forkbox/forkbox/client"
 )
 
@@ -56,13 +65,14 @@ func (s *screen) waitFor(t *testing.T, from int, re string) int {
 	}
 }
 
-// waitExec runs cmd in sb until its exit code is want (0 or not), with a
-// deadline.
-func waitExec(t *testing.T, sb *client.Sandbox, cmd string, success bool) {
+// waitExec runs argv in sb until it succeeds (or fails, if not success),
+// with a deadline.
+func waitExec(t *testing.T, sb *client.Sandbox, success bool, argv ...string) {
 	t.Helper()
+	cmd := strings.Join(argv, " ")
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		res, err := sb.Exec(context.Background(), client.ExecOptions{Shell: cmd})
+		res, err := sb.Exec(context.Background(), client.ExecOptions{Argv: argv})
 		if err != nil {
 			t.Fatalf("exec %q: %v", cmd, err)
 		}
@@ -104,9 +114,9 @@ func TestPty(t *testing.T) {
 		at = scr.waitFor(t, at, `40 120\r\ntwo-3`)
 
 		typ("sleep 100\n")
-		waitExec(t, sb, "pidof sleep", true)
+		waitExec(t, sb, true, "pidof", "sleep")
 		typ("\x03")
-		waitExec(t, sb, "pidof sleep", false)
+		waitExec(t, sb, false, "pidof", "sleep")
 		typ("echo rc=$?\n")
 		at = scr.waitFor(t, at, `rc=130`)
 		typ("echo alive-$((2+3))\n")
@@ -138,7 +148,7 @@ func TestPtyKillAndBounds(t *testing.T) {
 	}
 	defer p.Close()
 	p.SendInput([]byte("sleep 100\n"))
-	waitExec(t, sb, "pidof sleep", true)
+	waitExec(t, sb, true, "pidof", "sleep")
 	if err := p.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +156,58 @@ func TestPtyKillAndBounds(t *testing.T) {
 	if err != nil || res.Signal != "SIGKILL" {
 		t.Errorf("got %+v, %v, want killed by SIGKILL", res, err)
 	}
-	waitExec(t, sb, "pidof sleep", false)
+	waitExec(t, sb, false, "pidof", "sleep")
+}
+
+// TestPtyAPIAbuse speaks ExecPty directly, as a client that is not an SDK
+// might: no start, an input message past the bound, a second start. Each
+// is InvalidArgument, and the session it broke is killed.
+func TestPtyAPIAbuse(t *testing.T) {
+	sb := newSandbox(t, clientOpts())
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	hc := &http.Client{Transport: &http.Transport{Protocols: &p, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", env.socket)
+	}}}
+	svc := forkboxv1connect.NewSandboxServiceClient(hc, "http://forkbox")
+	start := &v1.PtyRequest{Event: &v1.PtyRequest_Start{Start: &v1.PtyStart{Sandbox: sb.ID, Argv: []string{"sh"}}}}
+	for _, tc := range []struct {
+		name string
+		msgs []*v1.PtyRequest
+	}{
+		{"input first", []*v1.PtyRequest{{Event: &v1.PtyRequest_Input{Input: []byte("ls\n")}}}},
+		{"oversized input", []*v1.PtyRequest{start, {Event: &v1.PtyRequest_Input{Input: bytes.Repeat([]byte("x"), 64<<10+1)}}}},
+		{"second start", []*v1.PtyRequest{start, start}},
+		{"resize too large", []*v1.PtyRequest{start, {Event: &v1.PtyRequest_Resize{Resize: &v1.PtySize{Rows: 5000, Cols: 80}}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			stream := svc.ExecPty(ctx)
+			for _, m := range tc.msgs {
+				if err := stream.Send(m); err != nil && !errors.Is(err, io.EOF) {
+					t.Fatal(err)
+				}
+			}
+			var err error
+			for {
+				var msg *v1.PtyResponse
+				if msg, err = stream.Receive(); err != nil {
+					break
+				}
+				if msg.GetExit() != nil {
+					t.Fatalf("got exit %v, want an InvalidArgument error", msg.GetExit())
+				}
+			}
+			if connect.CodeOf(err) != connect.CodeInvalidArgument {
+				t.Errorf("got %v, want InvalidArgument", err)
+			}
+			stream.CloseRequest()
+			stream.CloseResponse()
+		})
+	}
+	waitExec(t, sb, false, "pidof", "sh")
 }
 
 // tmux runs tmux on this test's own server socket.
@@ -203,9 +264,9 @@ func TestPtyCLI(t *testing.T) {
 
 	// Ctrl-C goes to the job inside, not to the CLI.
 	tmux(t, sock, "send-keys", "-t", "pty", "sleep 100", "Enter")
-	waitExec(t, sb, "pidof sleep", true)
+	waitExec(t, sb, true, "pidof", "sleep")
 	tmux(t, sock, "send-keys", "-t", "pty", "C-c")
-	waitExec(t, sb, "pidof sleep", false)
+	waitExec(t, sb, false, "pidof", "sleep")
 	tmux(t, sock, "send-keys", "-t", "pty", "echo rc=$?", "Enter")
 	waitPane(`(?m)^rc=130$`)
 

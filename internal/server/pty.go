@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -60,7 +61,9 @@ func (s *sandboxes) ExecPty(ctx context.Context, stream *connect.BidiStream[v1.P
 		mu     sync.Mutex
 		badMsg error
 	)
+	recvDone := make(chan struct{})
 	go func() {
+		defer close(recvDone)
 		for {
 			msg, err := stream.Receive()
 			if err != nil {
@@ -90,11 +93,28 @@ func (s *sandboxes) ExecPty(ctx context.Context, stream *connect.BidiStream[v1.P
 	if err != nil {
 		return err
 	}
-	return stream.Send(&v1.PtyResponse{Event: &v1.PtyResponse_Exit{Exit: &v1.ExecExit{
+	if err := stream.Send(&v1.PtyResponse{Event: &v1.PtyResponse_Exit{Exit: &v1.ExecExit{
 		ExitCode: int32(res.ExitCode), Signal: res.Signal, DurationMs: float64(res.Duration.Microseconds()) / 1000,
 		TimedOut: res.TimedOut, OomKilled: res.OOMKilled,
-	}}})
+	}}}); err != nil {
+		return err
+	}
+	// The SDKs close their side on exit. Returning before they did resets
+	// the stream, which HTTP/2 clients (Node's) report as an error that can
+	// overtake the exit; so wait for it, a bounded time.
+	t := time.NewTimer(closeWait)
+	defer t.Stop()
+	select {
+	case <-recvDone:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return nil
 }
+
+// closeWait bounds how long ExecPty waits, after the exit, for the caller
+// to close its side of the stream.
+const closeWait = 5 * time.Second
 
 // ptyMessage applies one message after the start.
 func ptyMessage(sess *daemon.PtySession, msg *v1.PtyRequest) error {

@@ -103,12 +103,15 @@ export class PtyHandle {
         const ev = r.value.event;
         if (ev.case === "data") onData?.(ev.value);
         else if (ev.case === "exit") {
+          this.ended = true;
+          this.out.close(); // the daemon waits for it before it ends the stream
           const x = ev.value;
           exit = { exitCode: x.exitCode, signal: x.signal, durationMs: x.durationMs, timedOut: x.timedOut, oomKilled: x.oomKilled };
         }
       }
     } catch (err) {
-      throw ForkboxError.from(err);
+      // A stream reset after the exit arrived changes nothing of the result.
+      if (!exit) throw ForkboxError.from(err);
     } finally {
       this.ended = true;
       this.out.close();
