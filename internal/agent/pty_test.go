@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -248,5 +249,27 @@ func TestPtyStdinRefused(t *testing.T) {
 	_, err := c.Pty(testCtx(t), ExecRequest{Argv: []string{"cat"}, Stdin: []byte("x")}, PtySize{})
 	if !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("got %v, want InvalidArgument", err)
+	}
+}
+
+// TestPtyKeepsLimits: a pty exec goes through the pids helper and the memory
+// watchdog as any exec: RLIMIT_NPROC is set, and a job that over-allocates
+// is killed and marks the exec OOM-killed while the shell goes on.
+func TestPtyKeepsLimits(t *testing.T) {
+	if _, err := os.Stat("/bin/dd"); err != nil {
+		t.Skip("needs /bin/dd")
+	}
+	c := startServer(t, Config{PidsLimit: 37, Helper: os.Args[0], MemoryLimit: 64 << 20})
+	ctx := testCtx(t)
+	_, out, done := startPty(t, ctx, c, ExecRequest{
+		Shell: "grep 'Max processes' /proc/self/limits; dd if=/dev/zero of=" + stuckFifo(t) + " bs=300M count=1 2>/dev/null; echo rc=$?",
+	}, PtySize{})
+	res := waitResult(t, done)
+	s := out.String()
+	if f := strings.Fields(s); len(f) < 4 || f[2] != "37" || f[3] != "37" {
+		t.Errorf("limits line: got %q, want soft and hard 37", s)
+	}
+	if !strings.Contains(s, "rc=137") || !res.OOMKilled || res.ExitCode != 0 {
+		t.Errorf("got %+v, output %q; want the job OOM-killed (rc=137), the shell's exit 0", res, s)
 	}
 }
