@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -210,10 +211,11 @@ func TestPtyAPIAbuse(t *testing.T) {
 	waitExec(t, sb, false, "pidof", "sh")
 }
 
-// tmux runs tmux on this test's own server socket.
+// tmux runs tmux on this test's own server socket (a path: a server of an
+// earlier test that is still going away is never reused).
 func tmux(t *testing.T, sock string, args ...string) string {
 	t.Helper()
-	out, err := exec.Command("tmux", append([]string{"-L", sock, "-f", "/dev/null"}, args...)...).CombinedOutput()
+	out, err := exec.Command("tmux", append([]string{"-S", sock, "-f", "/dev/null"}, args...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("tmux %v: %v\n%s", args, err, out)
 	}
@@ -228,9 +230,12 @@ func TestPtyCLI(t *testing.T) {
 		t.Skip("needs tmux")
 	}
 	sb := newSandbox(t, clientOpts())
-	sock := "fbx-e2e-pty-" + runID
-	t.Cleanup(func() { exec.Command("tmux", "-L", sock, "kill-server").Run() })
-	cli := env.bin + " --host unix://" + env.socket + " exec -it --env 'PS1=$ ' " + sb.ID + " -- sh"
+	sock := filepath.Join(t.TempDir(), "tmux.sock")
+	t.Cleanup(func() { exec.Command("tmux", "-S", sock, "kill-server").Run() })
+	// The pane's shell runs the CLI, then prints its exit status and whether
+	// the terminal's settings are back as they were.
+	cli := `before=$(stty -g); ` + env.bin + " --host unix://" + env.socket + " exec -it --env 'PS1=$ ' " + sb.ID +
+		` -- sh; echo CLI-EXIT=$?; [ "$(stty -g)" = "$before" ] && echo TTY-RESTORED`
 	tmux(t, sock, "start-server", ";", "set-option", "-g", "remain-on-exit", "on", ";", "set-option", "-g", "status", "off", ";",
 		"new-session", "-d", "-s", "pty", "-x", "100", "-y", "30", cli)
 	pane := func() string { return tmux(t, sock, "capture-pane", "-p", "-t", "pty") }
@@ -271,15 +276,5 @@ func TestPtyCLI(t *testing.T) {
 	waitPane(`(?m)^rc=130$`)
 
 	tmux(t, sock, "send-keys", "-t", "pty", "exit 3", "Enter")
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		st := strings.TrimSpace(tmux(t, sock, "display-message", "-p", "-t", "pty", "#{pane_dead} #{pane_dead_status}"))
-		if st == "1 3" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pane dead/status %q, want \"1 3\"; it shows:\n%s", st, pane())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitPane(`(?m)^CLI-EXIT=3\nTTY-RESTORED$`)
 }
