@@ -20,6 +20,7 @@ import (
 	v1 "github.com/forkbox/forkbox/api/forkbox/v1"
 	"github.com/forkbox/forkbox/api/forkbox/v1/forkboxv1connect"
 	"github.com/forkbox/forkbox/client"
+	"github.com/forkbox/forkbox/errdefs"
 )
 
 // screen collects what a terminal prints; a test waits for text in it.
@@ -277,4 +278,42 @@ func TestPtyCLI(t *testing.T) {
 
 	tmux(t, sock, "send-keys", "-t", "pty", "exit 3", "Enter")
 	waitPane(`(?m)^CLI-EXIT=3\nTTY-RESTORED$`)
+}
+
+// TestPtyOverTCP: ExecPty over the TCP listener (h2c), which needs the token.
+func TestPtyOverTCP(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	withDaemonFlags(t, "--tcp", addr, "--api-token", "s3cret")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := &client.Client{URL: "http://" + addr, Token: "s3cret"}
+	o := clientOpts()
+	sb, err := c.CreateSandbox(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close(context.Background())
+	scr := newScreen()
+	p, err := sb.Pty(ctx, client.PtyOptions{Shell: "stty size; echo $((6*7))", Rows: 12, Cols: 34, OnData: scr.write})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	res, err := p.Wait()
+	if err != nil || res.ExitCode != 0 || !strings.Contains(scr.String(), "12 34\r\n42\r\n") {
+		t.Errorf("got %+v, %v, output %q; want exit 0 and \"12 34\", \"42\"", res, err, scr.String())
+	}
+	anon := &client.Client{URL: "http://" + addr}
+	asb, err := anon.Sandbox(ctx, sb.ID)
+	if err == nil {
+		_, err = asb.Pty(ctx, client.PtyOptions{Shell: "true"})
+	}
+	if !errdefs.IsUnauthenticated(err) {
+		t.Errorf("no token: got %v, want Unauthenticated", err)
+	}
 }
