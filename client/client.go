@@ -37,8 +37,11 @@ type Client struct {
 	slotMu sync.Mutex
 	inUse  int
 
-	once   sync.Once
-	sbx    forkboxv1connect.SandboxServiceClient
+	once sync.Once
+	sbx  forkboxv1connect.SandboxServiceClient
+	// sbx2 speaks HTTP/2 (h2c on the socket or an http:// URL): bidi
+	// streams (ExecPty) need it.
+	sbx2   forkboxv1connect.SandboxServiceClient
 	images forkboxv1connect.ImageServiceClient
 	envs   forkboxv1connect.EnvironmentServiceClient
 }
@@ -74,9 +77,26 @@ func (c *Client) init() {
 		}
 		opts := []connect.ClientOption{connect.WithInterceptors(authInterceptor{c.Token})}
 		c.sbx = forkboxv1connect.NewSandboxServiceClient(hc, base, opts...)
+		c.sbx2 = forkboxv1connect.NewSandboxServiceClient(http2Client(c.Socket, c.URL), base, opts...)
 		c.images = forkboxv1connect.NewImageServiceClient(hc, base, opts...)
 		c.envs = forkboxv1connect.NewEnvironmentServiceClient(hc, base, opts...)
 	})
+}
+
+// http2Client is an HTTP/2-only client: prior-knowledge h2c over the unix
+// socket or an http:// URL (the daemon serves h2c on both), TLS for https.
+func http2Client(sock, url string) *http.Client {
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	p.SetHTTP2(true)
+	tr := &http.Transport{Protocols: &p, ForceAttemptHTTP2: true}
+	if url == "" {
+		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		}
+	}
+	return &http.Client{Transport: tr}
 }
 
 // authInterceptor adds the bearer token to every request.

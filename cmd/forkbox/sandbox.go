@@ -67,17 +67,43 @@ func createCmd(g *globals) *cobra.Command {
 func execCmd(g *globals) *cobra.Command {
 	var o client.ExecOptions
 	var env []string
-	var stdin, background bool
+	var stdin, background, tty bool
 	cmd := &cobra.Command{
 		Use:   "exec SANDBOX [flags] -- CMD [ARG...]",
 		Short: "Run a command in a sandbox; exits with the command's exit code",
-		Args:  cobra.MinimumNArgs(2),
+		Long: "Run a command in a sandbox; exits with the command's exit code.\n\n" +
+			"With -t the command runs on a terminal in the sandbox (forkbox exec -it SANDBOX -- sh):\n" +
+			"the local terminal is put in raw mode, its size follows the window, and with -i\n" +
+			"what you type (Ctrl-C too) goes to the remote terminal.",
+		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
 			if o.Env, err = parseEnv(env); err != nil {
 				return err
 			}
 			o.Argv = args[1:]
+			if tty {
+				if background {
+					return fmt.Errorf("--tty and --detach do not go together: %w", errdefs.ErrInvalidArgument)
+				}
+				sb, err := g.client().Sandbox(cmd.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				res, err := runPty(cmd.Context(), sb, o, stdin)
+				if err != nil {
+					return err
+				}
+				if res.OOMKilled {
+					fmt.Fprintln(os.Stderr, "forkbox: the command was killed: the sandbox ran out of memory")
+				} else if res.TimedOut {
+					fmt.Fprintln(os.Stderr, "forkbox: the command timed out and was killed")
+				}
+				if res.ExitCode != 0 {
+					return exitError{res.ExitCode}
+				}
+				return nil
+			}
 			if stdin {
 				if o.Stdin, err = readAllLimited(os.Stdin); err != nil {
 					return err
@@ -122,6 +148,7 @@ func execCmd(g *globals) *cobra.Command {
 	f.DurationVar(&o.Timeout, "timeout", 0, "kill the command after this long")
 	f.BoolVarP(&stdin, "interactive", "i", false, "send this command's stdin to the command")
 	f.BoolVarP(&background, "detach", "d", false, "run in the background and print the pid")
+	f.BoolVarP(&tty, "tty", "t", false, "run the command on a terminal (with -i: an interactive one)")
 	return cmd
 }
 

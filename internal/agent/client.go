@@ -83,9 +83,13 @@ func (cl *call) sendStream(data []byte) error {
 	return cl.bw.Flush()
 }
 
-// result reads frames until the result, which it decodes into out; data
-// frames go to onData.
-func (cl *call) result(ctx context.Context, op string, onData func(stream byte, p []byte) error, out any) error {
+// result reads frames until the result (a frame of type want, by default
+// frameResult), which it decodes into out; data frames go to onData.
+func (cl *call) result(ctx context.Context, op string, onData func(stream byte, p []byte) error, out any, want ...byte) error {
+	end := byte(frameResult)
+	if len(want) > 0 {
+		end = want[0]
+	}
 	for {
 		f, err := readFrame(cl.br)
 		if err != nil {
@@ -104,7 +108,7 @@ func (cl *call) result(ctx context.Context, op string, onData func(stream byte, 
 					return err
 				}
 			}
-		case frameResult:
+		case end:
 			if out == nil {
 				return nil
 			}

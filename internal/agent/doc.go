@@ -109,6 +109,11 @@
 // process group killed. A token mismatch is answered with an Unauthenticated
 // error frame and the connection is closed.
 //
+// A pty exec (op "pty") runs its command on a pseudo-terminal allocated in
+// the sandbox, as the leader of its own session: the agent answers with a
+// started frame ('S'), then takes input, resize ('Z') and kill frames and
+// streams what the terminal prints (see pty.go).
+//
 // # Background execs
 //
 // Start runs a command in the background and returns its pid at once. Its

@@ -25,7 +25,11 @@ const drainGrace = 200 * time.Millisecond
 
 // execState is one running exec, as the watchdog and the kill paths see it.
 type execState struct {
-	pid       int
+	pid int
+	// session says the exec leads its own session (a pty exec): a kill
+	// reaches every process of the session, also those that job control
+	// moved to other process groups.
+	session   bool
 	oomKilled atomic.Bool
 	timedOut  atomic.Bool
 
@@ -33,12 +37,17 @@ type execState struct {
 	exited bool
 }
 
-// killGroup SIGKILLs the exec's process group unless it was already reaped.
+// killGroup SIGKILLs the exec's process group (for a session leader, its
+// whole session) unless it was already reaped.
 func (e *execState) killGroup() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if !e.exited {
-		_ = syscall.Kill(-e.pid, syscall.SIGKILL)
+	if e.exited {
+		return
+	}
+	_ = syscall.Kill(-e.pid, syscall.SIGKILL)
+	if e.session {
+		killSession(e.pid)
 	}
 }
 
@@ -98,7 +107,7 @@ func (s *Server) handleExec(body *reqBody, fw *frameWriter, hdr *request) error 
 	s.watch.begin()
 	defer s.watch.end()
 	start := time.Now()
-	st, done, err := s.startProcess(req, [3]*os.File{stdinR, outW, errW})
+	st, done, err := s.startProcess(req, [3]*os.File{stdinR, outW, errW}, false)
 	if err != nil {
 		return err
 	}
@@ -177,7 +186,8 @@ func (s *Server) pump(wg *sync.WaitGroup, fw *frameWriter, stream byte, r *os.Fi
 			}
 		}
 		if err != nil {
-			if !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrDeadlineExceeded) {
+			// EIO: a terminal's master once no process holds the slave.
+			if !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, syscall.EIO) {
 				s.log.Debug("read exec output", "err", err)
 			}
 			return
@@ -246,7 +256,7 @@ func (s *Server) handleStart(fw *frameWriter, hdr *request) error {
 	defer tmp.Close()
 	s.watch.begin()
 	start := time.Now()
-	st, done, err := s.startProcess(req, [3]*os.File{devnull, tmp, tmp})
+	st, done, err := s.startProcess(req, [3]*os.File{devnull, tmp, tmp}, false)
 	if err != nil {
 		s.watch.end()
 		os.Remove(tmp.Name())

@@ -155,7 +155,7 @@ func (s *Server) runHook(path string, n *ForkNotice) (int, string, error) {
 	defer outR.Close()
 	s.watch.begin()
 	defer s.watch.end()
-	st, done, err := s.startProcess(req, [3]*os.File{devnull, outW, outW})
+	st, done, err := s.startProcess(req, [3]*os.File{devnull, outW, outW}, false)
 	outW.Close()
 	if err != nil {
 		return 0, "", err

@@ -109,7 +109,9 @@ func lookPath(file, path string) (string, error) {
 // registered with the reaper and, as an exec, with the server: both before
 // the watchdog can see the pid, so a kill is always attributed to it. The
 // caller removes the returned exec (removeExec) once it is done with it.
-func (s *Server) startProcess(req *ExecRequest, files [3]*os.File) (*execState, <-chan syscall.WaitStatus, error) {
+// With tty, files[0] is a terminal that becomes the controlling terminal of
+// the process, which leads a new session (and its process group).
+func (s *Server) startProcess(req *ExecRequest, files [3]*os.File, tty bool) (*execState, <-chan syscall.WaitStatus, error) {
 	argv, err := req.argv()
 	if err != nil {
 		return nil, nil, err
@@ -140,11 +142,17 @@ func (s *Server) startProcess(req *ExecRequest, files [3]*os.File) (*execState, 
 		argv = append([]string{s.cfg.Helper, HelperExecLimited, strconv.FormatInt(s.cfg.PidsLimit, 10), bin}, argv...)
 		bin = s.cfg.Helper
 	}
+	sys := &syscall.SysProcAttr{Setpgid: true}
+	if tty {
+		// setsid makes the process a session and group leader; TIOCSCTTY
+		// on its fd 0 makes the terminal the session's controlling one.
+		sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	}
 	attr := &syscall.ProcAttr{
 		Dir:   cwd,
 		Env:   env,
 		Files: []uintptr{files[0].Fd(), files[1].Fd(), files[2].Fd()},
-		Sys:   &syscall.SysProcAttr{Setpgid: true},
+		Sys:   sys,
 	}
 	// The watchdog kills under forkMu (see watchdog.check): it cannot
 	// kill the child between the fork and its registration as an exec.
@@ -152,7 +160,7 @@ func (s *Server) startProcess(req *ExecRequest, files [3]*os.File) (*execState, 
 	pid, ch, err := s.reaper.spawn(func() (int, error) {
 		pid, err := syscall.ForkExec(bin, argv, attr)
 		if err == nil {
-			st = &execState{pid: pid}
+			st = &execState{pid: pid, session: tty}
 			s.addExec(st)
 		}
 		return pid, err

@@ -20,6 +20,9 @@ const (
 	frameKill   = 'K' // client → server: kill the running exec
 	frameResult = 'R' // server → client: JSON result, last frame
 	frameError  = 'E' // server → client: JSON wireError, last frame
+	// PTY execs (see pty.go).
+	frameResize  = 'Z' // client → server: JSON PtySize, the terminal's new size
+	frameStarted = 'S' // server → client: JSON startResult, the process started
 )
 
 // Streams of data frames.
@@ -50,6 +53,8 @@ const (
 	opFork  = "forked"
 	// opRotate replaces the token (request.NewToken) and does nothing else.
 	opRotate = "rotate"
+	// opPty runs request.Exec on a new pseudo-terminal of size request.Pty.
+	opPty = "pty"
 )
 
 // request is the JSON header frame that opens every connection.
@@ -67,6 +72,8 @@ type request struct {
 	HasStdin bool `json:"has_stdin,omitempty"`
 	// Stream asks a list for its entries as data frames (see handleList).
 	Stream bool `json:"stream,omitempty"`
+	// Pty is the terminal size of a pty exec.
+	Pty *PtySize `json:"pty,omitempty"`
 }
 
 // ExecRequest describes one command to run in the sandbox.

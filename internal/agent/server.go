@@ -228,6 +228,8 @@ func (s *Server) dispatch(body *reqBody, fw *frameWriter, req *request, received
 		return s.handleWrite(body, fw, req)
 	case opList:
 		return s.handleList(fw, req)
+	case opPty:
+		return s.handlePty(body, fw, req)
 	case opFork:
 		return s.handleForked(fw, req, received)
 	case opRotate:

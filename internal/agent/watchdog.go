@@ -105,8 +105,8 @@ func (w *watchdog) run(ctx context.Context) {
 }
 
 type procStat struct {
-	ppid, pgrp int
-	rss        int64 // bytes
+	ppid, pgrp, sid int
+	rss             int64 // bytes
 }
 
 // check runs one poll and reports whether it found any process to watch.
@@ -250,7 +250,7 @@ func scanProcs(page int64) map[int]procStat {
 	return procs
 }
 
-// readStat parses ppid, pgrp and rss (in pages) from a /proc/<pid>/stat
+// readStat parses ppid, pgrp, session and rss (in pages) from a /proc/<pid>/stat
 // file; zombies are reported as absent.
 func readStat(path string, buf []byte) (procStat, bool) {
 	f, err := os.Open(path)
@@ -271,6 +271,7 @@ func readStat(path string, buf []byte) (procStat, bool) {
 	}
 	ppid, _ := strconv.Atoi(string(fields[1]))
 	pgrp, _ := strconv.Atoi(string(fields[2]))
+	sid, _ := strconv.Atoi(string(fields[3]))
 	rss, _ := strconv.ParseInt(string(fields[21]), 10, 64)
-	return procStat{ppid: ppid, pgrp: pgrp, rss: rss}, true
+	return procStat{ppid: ppid, pgrp: pgrp, sid: sid, rss: rss}, true
 }

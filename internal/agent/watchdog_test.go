@@ -50,8 +50,9 @@ func TestWatchdogAttributesDescendant(t *testing.T) {
 
 func TestReadStat(t *testing.T) {
 	st, ok := readStat("/proc/self/stat", make([]byte, 1024))
-	if !ok || st.ppid != os.Getppid() || st.rss <= 0 {
-		t.Errorf("readStat(self): got %+v, %v; want ppid %d and rss > 0", st, ok, os.Getppid())
+	sid, _ := unix.Getsid(0)
+	if !ok || st.ppid != os.Getppid() || st.sid != sid || st.rss <= 0 {
+		t.Errorf("readStat(self): got %+v, %v; want ppid %d, sid %d and rss > 0", st, ok, os.Getppid(), sid)
 	}
 }
 

@@ -1051,6 +1051,405 @@ func (x *ExecExit) GetOomKilled() bool {
 	return false
 }
 
+// A terminal's size in character cells: rows and cols in 1..1000 (0 in
+// PtyStart: 24 rows, 80 cols).
+type PtySize struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rows          uint32                 `protobuf:"varint,1,opt,name=rows,proto3" json:"rows,omitempty"`
+	Cols          uint32                 `protobuf:"varint,2,opt,name=cols,proto3" json:"cols,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PtySize) Reset() {
+	*x = PtySize{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PtySize) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PtySize) ProtoMessage() {}
+
+func (x *PtySize) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PtySize.ProtoReflect.Descriptor instead.
+func (*PtySize) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *PtySize) GetRows() uint32 {
+	if x != nil {
+		return x.Rows
+	}
+	return 0
+}
+
+func (x *PtySize) GetCols() uint32 {
+	if x != nil {
+		return x.Cols
+	}
+	return 0
+}
+
+type PtyStart struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// argv, or a shell string run as /bin/sh -c when shell is set.
+	Argv  []string `protobuf:"bytes,2,rep,name=argv,proto3" json:"argv,omitempty"`
+	Shell string   `protobuf:"bytes,3,opt,name=shell,proto3" json:"shell,omitempty"`
+	// TERM is xterm unless set here.
+	Env map[string]string `protobuf:"bytes,4,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Cwd string            `protobuf:"bytes,5,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	// Timeout in milliseconds; 0 means none. The session is killed at the end.
+	TimeoutMs     int64    `protobuf:"varint,6,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	Size          *PtySize `protobuf:"bytes,7,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PtyStart) Reset() {
+	*x = PtyStart{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PtyStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PtyStart) ProtoMessage() {}
+
+func (x *PtyStart) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PtyStart.ProtoReflect.Descriptor instead.
+func (*PtyStart) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *PtyStart) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *PtyStart) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *PtyStart) GetShell() string {
+	if x != nil {
+		return x.Shell
+	}
+	return ""
+}
+
+func (x *PtyStart) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *PtyStart) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
+}
+
+func (x *PtyStart) GetTimeoutMs() int64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+func (x *PtyStart) GetSize() *PtySize {
+	if x != nil {
+		return x.Size
+	}
+	return nil
+}
+
+type PtyKill struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PtyKill) Reset() {
+	*x = PtyKill{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PtyKill) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PtyKill) ProtoMessage() {}
+
+func (x *PtyKill) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PtyKill.ProtoReflect.Descriptor instead.
+func (*PtyKill) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{16}
+}
+
+type PtyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*PtyRequest_Start
+	//	*PtyRequest_Input
+	//	*PtyRequest_Resize
+	//	*PtyRequest_Kill
+	Event         isPtyRequest_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PtyRequest) Reset() {
+	*x = PtyRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PtyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PtyRequest) ProtoMessage() {}
+
+func (x *PtyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PtyRequest.ProtoReflect.Descriptor instead.
+func (*PtyRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *PtyRequest) GetEvent() isPtyRequest_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *PtyRequest) GetStart() *PtyStart {
+	if x != nil {
+		if x, ok := x.Event.(*PtyRequest_Start); ok {
+			return x.Start
+		}
+	}
+	return nil
+}
+
+func (x *PtyRequest) GetInput() []byte {
+	if x != nil {
+		if x, ok := x.Event.(*PtyRequest_Input); ok {
+			return x.Input
+		}
+	}
+	return nil
+}
+
+func (x *PtyRequest) GetResize() *PtySize {
+	if x != nil {
+		if x, ok := x.Event.(*PtyRequest_Resize); ok {
+			return x.Resize
+		}
+	}
+	return nil
+}
+
+func (x *PtyRequest) GetKill() *PtyKill {
+	if x != nil {
+		if x, ok := x.Event.(*PtyRequest_Kill); ok {
+			return x.Kill
+		}
+	}
+	return nil
+}
+
+type isPtyRequest_Event interface {
+	isPtyRequest_Event()
+}
+
+type PtyRequest_Start struct {
+	Start *PtyStart `protobuf:"bytes,1,opt,name=start,proto3,oneof"`
+}
+
+type PtyRequest_Input struct {
+	// Keys typed: at most 64 KiB per message (^C is the byte 0x03).
+	Input []byte `protobuf:"bytes,2,opt,name=input,proto3,oneof"`
+}
+
+type PtyRequest_Resize struct {
+	Resize *PtySize `protobuf:"bytes,3,opt,name=resize,proto3,oneof"`
+}
+
+type PtyRequest_Kill struct {
+	// Kill every process of the terminal's session.
+	Kill *PtyKill `protobuf:"bytes,4,opt,name=kill,proto3,oneof"`
+}
+
+func (*PtyRequest_Start) isPtyRequest_Event() {}
+
+func (*PtyRequest_Input) isPtyRequest_Event() {}
+
+func (*PtyRequest_Resize) isPtyRequest_Event() {}
+
+func (*PtyRequest_Kill) isPtyRequest_Event() {}
+
+type PtyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*PtyResponse_Started
+	//	*PtyResponse_Data
+	//	*PtyResponse_Exit
+	Event         isPtyResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PtyResponse) Reset() {
+	*x = PtyResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PtyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PtyResponse) ProtoMessage() {}
+
+func (x *PtyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PtyResponse.ProtoReflect.Descriptor instead.
+func (*PtyResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *PtyResponse) GetEvent() isPtyResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *PtyResponse) GetStarted() *ExecStarted {
+	if x != nil {
+		if x, ok := x.Event.(*PtyResponse_Started); ok {
+			return x.Started
+		}
+	}
+	return nil
+}
+
+func (x *PtyResponse) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Event.(*PtyResponse_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+func (x *PtyResponse) GetExit() *ExecExit {
+	if x != nil {
+		if x, ok := x.Event.(*PtyResponse_Exit); ok {
+			return x.Exit
+		}
+	}
+	return nil
+}
+
+type isPtyResponse_Event interface {
+	isPtyResponse_Event()
+}
+
+type PtyResponse_Started struct {
+	Started *ExecStarted `protobuf:"bytes,1,opt,name=started,proto3,oneof"`
+}
+
+type PtyResponse_Data struct {
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+type PtyResponse_Exit struct {
+	Exit *ExecExit `protobuf:"bytes,3,opt,name=exit,proto3,oneof"`
+}
+
+func (*PtyResponse_Started) isPtyResponse_Event() {}
+
+func (*PtyResponse_Data) isPtyResponse_Event() {}
+
+func (*PtyResponse_Exit) isPtyResponse_Event() {}
+
 type ReadFileRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -1061,7 +1460,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[14]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1073,7 +1472,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[14]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1086,7 +1485,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{14}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReadFileRequest) GetSandbox() string {
@@ -1112,7 +1511,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[15]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1124,7 +1523,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[15]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1137,7 +1536,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{15}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -1159,7 +1558,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[16]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1171,7 +1570,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[16]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1184,7 +1583,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{16}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WriteFileRequest) GetSandbox() string {
@@ -1223,7 +1622,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[17]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1634,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[17]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1647,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{17}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{22}
 }
 
 type ListFilesRequest struct {
@@ -1261,7 +1660,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[18]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1273,7 +1672,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[18]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1286,7 +1685,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{18}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListFilesRequest) GetSandbox() string {
@@ -1316,7 +1715,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[19]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1328,7 +1727,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[19]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1341,7 +1740,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{19}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *FileInfo) GetName() string {
@@ -1388,7 +1787,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[20]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1400,7 +1799,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[20]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1413,7 +1812,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{20}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListFilesResponse) GetFiles() []*FileInfo {
@@ -1432,7 +1831,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[21]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1444,7 +1843,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[21]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1457,7 +1856,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{21}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *EventsRequest) GetSandbox() string {
@@ -1481,7 +1880,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[22]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1493,7 +1892,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[22]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1506,7 +1905,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{22}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Event) GetSeq() int64 {
@@ -1553,7 +1952,7 @@ type EventsResponse struct {
 
 func (x *EventsResponse) Reset() {
 	*x = EventsResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[23]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1565,7 +1964,7 @@ func (x *EventsResponse) String() string {
 func (*EventsResponse) ProtoMessage() {}
 
 func (x *EventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[23]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1578,7 +1977,7 @@ func (x *EventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsResponse.ProtoReflect.Descriptor instead.
 func (*EventsResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{23}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *EventsResponse) GetEvents() []*Event {
@@ -1597,7 +1996,7 @@ type PauseSandboxRequest struct {
 
 func (x *PauseSandboxRequest) Reset() {
 	*x = PauseSandboxRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[24]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1609,7 +2008,7 @@ func (x *PauseSandboxRequest) String() string {
 func (*PauseSandboxRequest) ProtoMessage() {}
 
 func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[24]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1622,7 +2021,7 @@ func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{24}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PauseSandboxRequest) GetSandbox() string {
@@ -1641,7 +2040,7 @@ type PauseSandboxResponse struct {
 
 func (x *PauseSandboxResponse) Reset() {
 	*x = PauseSandboxResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[25]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1653,7 +2052,7 @@ func (x *PauseSandboxResponse) String() string {
 func (*PauseSandboxResponse) ProtoMessage() {}
 
 func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[25]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1666,7 +2065,7 @@ func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{25}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
@@ -1685,7 +2084,7 @@ type UnpauseSandboxRequest struct {
 
 func (x *UnpauseSandboxRequest) Reset() {
 	*x = UnpauseSandboxRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[26]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1697,7 +2096,7 @@ func (x *UnpauseSandboxRequest) String() string {
 func (*UnpauseSandboxRequest) ProtoMessage() {}
 
 func (x *UnpauseSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[26]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1710,7 +2109,7 @@ func (x *UnpauseSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnpauseSandboxRequest.ProtoReflect.Descriptor instead.
 func (*UnpauseSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{26}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *UnpauseSandboxRequest) GetSandbox() string {
@@ -1729,7 +2128,7 @@ type UnpauseSandboxResponse struct {
 
 func (x *UnpauseSandboxResponse) Reset() {
 	*x = UnpauseSandboxResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[27]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1741,7 +2140,7 @@ func (x *UnpauseSandboxResponse) String() string {
 func (*UnpauseSandboxResponse) ProtoMessage() {}
 
 func (x *UnpauseSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[27]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1754,7 +2153,7 @@ func (x *UnpauseSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnpauseSandboxResponse.ProtoReflect.Descriptor instead.
 func (*UnpauseSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{27}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *UnpauseSandboxResponse) GetSandbox() *Sandbox {
@@ -1773,7 +2172,7 @@ type HibernateSandboxRequest struct {
 
 func (x *HibernateSandboxRequest) Reset() {
 	*x = HibernateSandboxRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[28]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1785,7 +2184,7 @@ func (x *HibernateSandboxRequest) String() string {
 func (*HibernateSandboxRequest) ProtoMessage() {}
 
 func (x *HibernateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[28]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1798,7 +2197,7 @@ func (x *HibernateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*HibernateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{28}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *HibernateSandboxRequest) GetSandbox() string {
@@ -1817,7 +2216,7 @@ type HibernateSandboxResponse struct {
 
 func (x *HibernateSandboxResponse) Reset() {
 	*x = HibernateSandboxResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[29]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1829,7 +2228,7 @@ func (x *HibernateSandboxResponse) String() string {
 func (*HibernateSandboxResponse) ProtoMessage() {}
 
 func (x *HibernateSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[29]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1842,7 +2241,7 @@ func (x *HibernateSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateSandboxResponse.ProtoReflect.Descriptor instead.
 func (*HibernateSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{29}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *HibernateSandboxResponse) GetSandbox() *Sandbox {
@@ -1861,7 +2260,7 @@ type WakeSandboxRequest struct {
 
 func (x *WakeSandboxRequest) Reset() {
 	*x = WakeSandboxRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[30]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1873,7 +2272,7 @@ func (x *WakeSandboxRequest) String() string {
 func (*WakeSandboxRequest) ProtoMessage() {}
 
 func (x *WakeSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[30]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1886,7 +2285,7 @@ func (x *WakeSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WakeSandboxRequest.ProtoReflect.Descriptor instead.
 func (*WakeSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{30}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *WakeSandboxRequest) GetSandbox() string {
@@ -1905,7 +2304,7 @@ type WakeSandboxResponse struct {
 
 func (x *WakeSandboxResponse) Reset() {
 	*x = WakeSandboxResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[31]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1917,7 +2316,7 @@ func (x *WakeSandboxResponse) String() string {
 func (*WakeSandboxResponse) ProtoMessage() {}
 
 func (x *WakeSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[31]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1930,7 +2329,7 @@ func (x *WakeSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WakeSandboxResponse.ProtoReflect.Descriptor instead.
 func (*WakeSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{31}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *WakeSandboxResponse) GetSandbox() *Sandbox {
@@ -1965,7 +2364,7 @@ type Checkpoint struct {
 
 func (x *Checkpoint) Reset() {
 	*x = Checkpoint{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[32]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1977,7 +2376,7 @@ func (x *Checkpoint) String() string {
 func (*Checkpoint) ProtoMessage() {}
 
 func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[32]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1990,7 +2389,7 @@ func (x *Checkpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
 func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{32}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Checkpoint) GetId() string {
@@ -2076,7 +2475,7 @@ type CheckpointRequest struct {
 
 func (x *CheckpointRequest) Reset() {
 	*x = CheckpointRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[33]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2088,7 +2487,7 @@ func (x *CheckpointRequest) String() string {
 func (*CheckpointRequest) ProtoMessage() {}
 
 func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[33]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2101,7 +2500,7 @@ func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{33}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CheckpointRequest) GetSandbox() string {
@@ -2134,7 +2533,7 @@ type CheckpointResponse struct {
 
 func (x *CheckpointResponse) Reset() {
 	*x = CheckpointResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[34]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2146,7 +2545,7 @@ func (x *CheckpointResponse) String() string {
 func (*CheckpointResponse) ProtoMessage() {}
 
 func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[34]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2159,7 +2558,7 @@ func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{34}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CheckpointResponse) GetCheckpoint() *Checkpoint {
@@ -2178,7 +2577,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[35]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2190,7 +2589,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[35]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2203,7 +2602,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{35}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListCheckpointsRequest) GetSandbox() string {
@@ -2222,7 +2621,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[36]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2234,7 +2633,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[36]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2247,7 +2646,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{36}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*Checkpoint {
@@ -2266,7 +2665,7 @@ type DeleteCheckpointRequest struct {
 
 func (x *DeleteCheckpointRequest) Reset() {
 	*x = DeleteCheckpointRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[37]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2278,7 +2677,7 @@ func (x *DeleteCheckpointRequest) String() string {
 func (*DeleteCheckpointRequest) ProtoMessage() {}
 
 func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[37]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2291,7 +2690,7 @@ func (x *DeleteCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{37}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DeleteCheckpointRequest) GetCheckpoint() string {
@@ -2309,7 +2708,7 @@ type DeleteCheckpointResponse struct {
 
 func (x *DeleteCheckpointResponse) Reset() {
 	*x = DeleteCheckpointResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[38]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2321,7 +2720,7 @@ func (x *DeleteCheckpointResponse) String() string {
 func (*DeleteCheckpointResponse) ProtoMessage() {}
 
 func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[38]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2334,7 +2733,7 @@ func (x *DeleteCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{38}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{43}
 }
 
 // Overrides replace what children inherit; unset fields are inherited.
@@ -2352,7 +2751,7 @@ type Overrides struct {
 
 func (x *Overrides) Reset() {
 	*x = Overrides{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[39]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2364,7 +2763,7 @@ func (x *Overrides) String() string {
 func (*Overrides) ProtoMessage() {}
 
 func (x *Overrides) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[39]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2377,7 +2776,7 @@ func (x *Overrides) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Overrides.ProtoReflect.Descriptor instead.
 func (*Overrides) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{39}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Overrides) GetResources() *Resources {
@@ -2440,7 +2839,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[40]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2452,7 +2851,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[40]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2465,7 +2864,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{40}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ForkRequest) GetSandbox() string {
@@ -2538,7 +2937,7 @@ type ForkChild struct {
 
 func (x *ForkChild) Reset() {
 	*x = ForkChild{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[41]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2550,7 +2949,7 @@ func (x *ForkChild) String() string {
 func (*ForkChild) ProtoMessage() {}
 
 func (x *ForkChild) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[41]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2563,7 +2962,7 @@ func (x *ForkChild) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkChild.ProtoReflect.Descriptor instead.
 func (*ForkChild) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{41}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ForkChild) GetSandbox() *Sandbox {
@@ -2609,7 +3008,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[42]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2621,7 +3020,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[42]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2634,7 +3033,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{42}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ForkResponse) GetCheckpoint() *Checkpoint {
@@ -2690,7 +3089,7 @@ type RestoreSnapshotRequest struct {
 
 func (x *RestoreSnapshotRequest) Reset() {
 	*x = RestoreSnapshotRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[43]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2702,7 +3101,7 @@ func (x *RestoreSnapshotRequest) String() string {
 func (*RestoreSnapshotRequest) ProtoMessage() {}
 
 func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[43]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2715,7 +3114,7 @@ func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{43}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RestoreSnapshotRequest) GetCheckpoint() string {
@@ -2749,7 +3148,7 @@ type RestoreSnapshotResponse struct {
 
 func (x *RestoreSnapshotResponse) Reset() {
 	*x = RestoreSnapshotResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[44]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2761,7 +3160,7 @@ func (x *RestoreSnapshotResponse) String() string {
 func (*RestoreSnapshotResponse) ProtoMessage() {}
 
 func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[44]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2774,7 +3173,7 @@ func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{44}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RestoreSnapshotResponse) GetSandbox() *Sandbox {
@@ -2801,7 +3200,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[45]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2813,7 +3212,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[45]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2826,7 +3225,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{45}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ResumeRequest) GetSession() string {
@@ -2851,7 +3250,7 @@ type ReplayedExec struct {
 
 func (x *ReplayedExec) Reset() {
 	*x = ReplayedExec{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[46]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2863,7 +3262,7 @@ func (x *ReplayedExec) String() string {
 func (*ReplayedExec) ProtoMessage() {}
 
 func (x *ReplayedExec) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[46]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2876,7 +3275,7 @@ func (x *ReplayedExec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayedExec.ProtoReflect.Descriptor instead.
 func (*ReplayedExec) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{46}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ReplayedExec) GetExecId() string {
@@ -2939,7 +3338,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[47]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2951,7 +3350,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[47]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2964,7 +3363,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{47}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ResumeResponse) GetSandbox() *Sandbox {
@@ -3004,7 +3403,7 @@ type Credential struct {
 
 func (x *Credential) Reset() {
 	*x = Credential{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[48]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3016,7 +3415,7 @@ func (x *Credential) String() string {
 func (*Credential) ProtoMessage() {}
 
 func (x *Credential) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[48]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3029,7 +3428,7 @@ func (x *Credential) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Credential.ProtoReflect.Descriptor instead.
 func (*Credential) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{48}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *Credential) GetName() string {
@@ -3078,7 +3477,7 @@ type SetCredentialRequest struct {
 
 func (x *SetCredentialRequest) Reset() {
 	*x = SetCredentialRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[49]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3090,7 +3489,7 @@ func (x *SetCredentialRequest) String() string {
 func (*SetCredentialRequest) ProtoMessage() {}
 
 func (x *SetCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[49]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3103,7 +3502,7 @@ func (x *SetCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCredentialRequest.ProtoReflect.Descriptor instead.
 func (*SetCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{49}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *SetCredentialRequest) GetSandbox() string {
@@ -3136,7 +3535,7 @@ type SetCredentialResponse struct {
 
 func (x *SetCredentialResponse) Reset() {
 	*x = SetCredentialResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[50]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3148,7 +3547,7 @@ func (x *SetCredentialResponse) String() string {
 func (*SetCredentialResponse) ProtoMessage() {}
 
 func (x *SetCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[50]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3161,7 +3560,7 @@ func (x *SetCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCredentialResponse.ProtoReflect.Descriptor instead.
 func (*SetCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{50}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *SetCredentialResponse) GetCredential() *Credential {
@@ -3180,7 +3579,7 @@ type ListCredentialsRequest struct {
 
 func (x *ListCredentialsRequest) Reset() {
 	*x = ListCredentialsRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[51]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3192,7 +3591,7 @@ func (x *ListCredentialsRequest) String() string {
 func (*ListCredentialsRequest) ProtoMessage() {}
 
 func (x *ListCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[51]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3205,7 +3604,7 @@ func (x *ListCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*ListCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{51}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListCredentialsRequest) GetSandbox() string {
@@ -3224,7 +3623,7 @@ type ListCredentialsResponse struct {
 
 func (x *ListCredentialsResponse) Reset() {
 	*x = ListCredentialsResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[52]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3236,7 +3635,7 @@ func (x *ListCredentialsResponse) String() string {
 func (*ListCredentialsResponse) ProtoMessage() {}
 
 func (x *ListCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[52]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3249,7 +3648,7 @@ func (x *ListCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*ListCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{52}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListCredentialsResponse) GetCredentials() []*Credential {
@@ -3269,7 +3668,7 @@ type DeleteCredentialRequest struct {
 
 func (x *DeleteCredentialRequest) Reset() {
 	*x = DeleteCredentialRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[53]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3281,7 +3680,7 @@ func (x *DeleteCredentialRequest) String() string {
 func (*DeleteCredentialRequest) ProtoMessage() {}
 
 func (x *DeleteCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[53]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3294,7 +3693,7 @@ func (x *DeleteCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCredentialRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{53}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *DeleteCredentialRequest) GetSandbox() string {
@@ -3319,7 +3718,7 @@ type DeleteCredentialResponse struct {
 
 func (x *DeleteCredentialResponse) Reset() {
 	*x = DeleteCredentialResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[54]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3331,7 +3730,7 @@ func (x *DeleteCredentialResponse) String() string {
 func (*DeleteCredentialResponse) ProtoMessage() {}
 
 func (x *DeleteCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[54]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3344,7 +3743,7 @@ func (x *DeleteCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCredentialResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{54}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{59}
 }
 
 type Image struct {
@@ -3360,7 +3759,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3372,7 +3771,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3385,7 +3784,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{55}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *Image) GetName() string {
@@ -3434,7 +3833,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3446,7 +3845,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3459,7 +3858,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{56}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *PullImageRequest) GetRef() string {
@@ -3487,7 +3886,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3499,7 +3898,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3512,7 +3911,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{57}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ImportImageRequest) GetPath() string {
@@ -3542,7 +3941,7 @@ type ImageProgress struct {
 
 func (x *ImageProgress) Reset() {
 	*x = ImageProgress{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3554,7 +3953,7 @@ func (x *ImageProgress) String() string {
 func (*ImageProgress) ProtoMessage() {}
 
 func (x *ImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3567,7 +3966,7 @@ func (x *ImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageProgress.ProtoReflect.Descriptor instead.
 func (*ImageProgress) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{58}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ImageProgress) GetPhase() string {
@@ -3606,7 +4005,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3618,7 +4017,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3631,7 +4030,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{59}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{64}
 }
 
 type ListImagesResponse struct {
@@ -3643,7 +4042,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3655,7 +4054,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3668,7 +4067,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{60}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -3687,7 +4086,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3699,7 +4098,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3712,7 +4111,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{61}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *RemoveImageRequest) GetName() string {
@@ -3730,7 +4129,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3742,7 +4141,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3755,7 +4154,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{62}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{67}
 }
 
 type SetupStep struct {
@@ -3772,7 +4171,7 @@ type SetupStep struct {
 
 func (x *SetupStep) Reset() {
 	*x = SetupStep{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3784,7 +4183,7 @@ func (x *SetupStep) String() string {
 func (*SetupStep) ProtoMessage() {}
 
 func (x *SetupStep) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3797,7 +4196,7 @@ func (x *SetupStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetupStep.ProtoReflect.Descriptor instead.
 func (*SetupStep) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{63}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *SetupStep) GetRun() string {
@@ -3851,7 +4250,7 @@ type EnvironmentDefinition struct {
 
 func (x *EnvironmentDefinition) Reset() {
 	*x = EnvironmentDefinition{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3863,7 +4262,7 @@ func (x *EnvironmentDefinition) String() string {
 func (*EnvironmentDefinition) ProtoMessage() {}
 
 func (x *EnvironmentDefinition) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3876,7 +4275,7 @@ func (x *EnvironmentDefinition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentDefinition.ProtoReflect.Descriptor instead.
 func (*EnvironmentDefinition) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{64}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *EnvironmentDefinition) GetName() string {
@@ -3977,7 +4376,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3989,7 +4388,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4002,7 +4401,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{65}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *Environment) GetDefinition() *EnvironmentDefinition {
@@ -4077,7 +4476,7 @@ type BuildEnvironmentRequest struct {
 
 func (x *BuildEnvironmentRequest) Reset() {
 	*x = BuildEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4089,7 +4488,7 @@ func (x *BuildEnvironmentRequest) String() string {
 func (*BuildEnvironmentRequest) ProtoMessage() {}
 
 func (x *BuildEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4102,7 +4501,7 @@ func (x *BuildEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*BuildEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{66}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *BuildEnvironmentRequest) GetDefinition() *EnvironmentDefinition {
@@ -4130,7 +4529,7 @@ type BuildProgress struct {
 
 func (x *BuildProgress) Reset() {
 	*x = BuildProgress{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4142,7 +4541,7 @@ func (x *BuildProgress) String() string {
 func (*BuildProgress) ProtoMessage() {}
 
 func (x *BuildProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4155,7 +4554,7 @@ func (x *BuildProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildProgress.ProtoReflect.Descriptor instead.
 func (*BuildProgress) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{67}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *BuildProgress) GetPhase() string {
@@ -4220,7 +4619,7 @@ type EnvironmentSandboxRequest struct {
 
 func (x *EnvironmentSandboxRequest) Reset() {
 	*x = EnvironmentSandboxRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4232,7 +4631,7 @@ func (x *EnvironmentSandboxRequest) String() string {
 func (*EnvironmentSandboxRequest) ProtoMessage() {}
 
 func (x *EnvironmentSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4245,7 +4644,7 @@ func (x *EnvironmentSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentSandboxRequest.ProtoReflect.Descriptor instead.
 func (*EnvironmentSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{68}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *EnvironmentSandboxRequest) GetDefinition() *EnvironmentDefinition {
@@ -4285,7 +4684,7 @@ type EnvironmentSandboxResponse struct {
 
 func (x *EnvironmentSandboxResponse) Reset() {
 	*x = EnvironmentSandboxResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4297,7 +4696,7 @@ func (x *EnvironmentSandboxResponse) String() string {
 func (*EnvironmentSandboxResponse) ProtoMessage() {}
 
 func (x *EnvironmentSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4310,7 +4709,7 @@ func (x *EnvironmentSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentSandboxResponse.ProtoReflect.Descriptor instead.
 func (*EnvironmentSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{69}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *EnvironmentSandboxResponse) GetSandbox() *Sandbox {
@@ -4357,7 +4756,7 @@ type GetEnvironmentRequest struct {
 
 func (x *GetEnvironmentRequest) Reset() {
 	*x = GetEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4369,7 +4768,7 @@ func (x *GetEnvironmentRequest) String() string {
 func (*GetEnvironmentRequest) ProtoMessage() {}
 
 func (x *GetEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4382,7 +4781,7 @@ func (x *GetEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*GetEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{70}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *GetEnvironmentRequest) GetName() string {
@@ -4401,7 +4800,7 @@ type GetEnvironmentResponse struct {
 
 func (x *GetEnvironmentResponse) Reset() {
 	*x = GetEnvironmentResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4413,7 +4812,7 @@ func (x *GetEnvironmentResponse) String() string {
 func (*GetEnvironmentResponse) ProtoMessage() {}
 
 func (x *GetEnvironmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4426,7 +4825,7 @@ func (x *GetEnvironmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEnvironmentResponse.ProtoReflect.Descriptor instead.
 func (*GetEnvironmentResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{71}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *GetEnvironmentResponse) GetEnvironment() *Environment {
@@ -4444,7 +4843,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4456,7 +4855,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4469,7 +4868,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{72}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{77}
 }
 
 type ListEnvironmentsResponse struct {
@@ -4481,7 +4880,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4493,7 +4892,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4506,7 +4905,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{73}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -4525,7 +4924,7 @@ type DeleteEnvironmentRequest struct {
 
 func (x *DeleteEnvironmentRequest) Reset() {
 	*x = DeleteEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4537,7 +4936,7 @@ func (x *DeleteEnvironmentRequest) String() string {
 func (*DeleteEnvironmentRequest) ProtoMessage() {}
 
 func (x *DeleteEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4550,7 +4949,7 @@ func (x *DeleteEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*DeleteEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{74}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *DeleteEnvironmentRequest) GetName() string {
@@ -4568,7 +4967,7 @@ type DeleteEnvironmentResponse struct {
 
 func (x *DeleteEnvironmentResponse) Reset() {
 	*x = DeleteEnvironmentResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4580,7 +4979,7 @@ func (x *DeleteEnvironmentResponse) String() string {
 func (*DeleteEnvironmentResponse) ProtoMessage() {}
 
 func (x *DeleteEnvironmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4593,7 +4992,7 @@ func (x *DeleteEnvironmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteEnvironmentResponse.ProtoReflect.Descriptor instead.
 func (*DeleteEnvironmentResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{75}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{80}
 }
 
 type BeginBuildRequest struct {
@@ -4605,7 +5004,7 @@ type BeginBuildRequest struct {
 
 func (x *BeginBuildRequest) Reset() {
 	*x = BeginBuildRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4617,7 +5016,7 @@ func (x *BeginBuildRequest) String() string {
 func (*BeginBuildRequest) ProtoMessage() {}
 
 func (x *BeginBuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4630,7 +5029,7 @@ func (x *BeginBuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginBuildRequest.ProtoReflect.Descriptor instead.
 func (*BeginBuildRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{76}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *BeginBuildRequest) GetDefinition() *EnvironmentDefinition {
@@ -4653,7 +5052,7 @@ type BeginBuildResponse struct {
 
 func (x *BeginBuildResponse) Reset() {
 	*x = BeginBuildResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4665,7 +5064,7 @@ func (x *BeginBuildResponse) String() string {
 func (*BeginBuildResponse) ProtoMessage() {}
 
 func (x *BeginBuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4678,7 +5077,7 @@ func (x *BeginBuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginBuildResponse.ProtoReflect.Descriptor instead.
 func (*BeginBuildResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{77}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *BeginBuildResponse) GetEnvironment() *Environment {
@@ -4714,7 +5113,7 @@ type CompleteBuildRequest struct {
 
 func (x *CompleteBuildRequest) Reset() {
 	*x = CompleteBuildRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4726,7 +5125,7 @@ func (x *CompleteBuildRequest) String() string {
 func (*CompleteBuildRequest) ProtoMessage() {}
 
 func (x *CompleteBuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4739,7 +5138,7 @@ func (x *CompleteBuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteBuildRequest.ProtoReflect.Descriptor instead.
 func (*CompleteBuildRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{78}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *CompleteBuildRequest) GetLease() string {
@@ -4772,7 +5171,7 @@ type CompleteBuildResponse struct {
 
 func (x *CompleteBuildResponse) Reset() {
 	*x = CompleteBuildResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4784,7 +5183,7 @@ func (x *CompleteBuildResponse) String() string {
 func (*CompleteBuildResponse) ProtoMessage() {}
 
 func (x *CompleteBuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4797,7 +5196,7 @@ func (x *CompleteBuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteBuildResponse.ProtoReflect.Descriptor instead.
 func (*CompleteBuildResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{79}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *CompleteBuildResponse) GetEnvironment() *Environment {
@@ -4900,7 +5299,35 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"durationMs\x12\x1b\n" +
 	"\ttimed_out\x18\x04 \x01(\bR\btimedOut\x12\x1d\n" +
 	"\n" +
-	"oom_killed\x18\x05 \x01(\bR\toomKilled\"?\n" +
+	"oom_killed\x18\x05 \x01(\bR\toomKilled\"1\n" +
+	"\aPtySize\x12\x12\n" +
+	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
+	"\x04cols\x18\x02 \x01(\rR\x04cols\"\x91\x02\n" +
+	"\bPtyStart\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x12\n" +
+	"\x04argv\x18\x02 \x03(\tR\x04argv\x12\x14\n" +
+	"\x05shell\x18\x03 \x01(\tR\x05shell\x12/\n" +
+	"\x03env\x18\x04 \x03(\v2\x1d.forkbox.v1.PtyStart.EnvEntryR\x03env\x12\x10\n" +
+	"\x03cwd\x18\x05 \x01(\tR\x03cwd\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x06 \x01(\x03R\ttimeoutMs\x12'\n" +
+	"\x04size\x18\a \x01(\v2\x13.forkbox.v1.PtySizeR\x04size\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\t\n" +
+	"\aPtyKill\"\xb5\x01\n" +
+	"\n" +
+	"PtyRequest\x12,\n" +
+	"\x05start\x18\x01 \x01(\v2\x14.forkbox.v1.PtyStartH\x00R\x05start\x12\x16\n" +
+	"\x05input\x18\x02 \x01(\fH\x00R\x05input\x12-\n" +
+	"\x06resize\x18\x03 \x01(\v2\x13.forkbox.v1.PtySizeH\x00R\x06resize\x12)\n" +
+	"\x04kill\x18\x04 \x01(\v2\x13.forkbox.v1.PtyKillH\x00R\x04killB\a\n" +
+	"\x05event\"\x8d\x01\n" +
+	"\vPtyResponse\x123\n" +
+	"\astarted\x18\x01 \x01(\v2\x17.forkbox.v1.ExecStartedH\x00R\astarted\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12*\n" +
+	"\x04exit\x18\x03 \x01(\v2\x14.forkbox.v1.ExecExitH\x00R\x04exitB\a\n" +
+	"\x05event\"?\n" +
 	"\x0fReadFileRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\"&\n" +
@@ -5185,7 +5612,7 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\"R\n" +
 	"\x15CompleteBuildResponse\x129\n" +
-	"\venvironment\x18\x01 \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment2\x84\x0e\n" +
+	"\venvironment\x18\x01 \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment2\xc4\x0e\n" +
 	"\x0eSandboxService\x12T\n" +
 	"\rCreateSandbox\x12 .forkbox.v1.CreateSandboxRequest\x1a!.forkbox.v1.CreateSandboxResponse\x12K\n" +
 	"\n" +
@@ -5210,7 +5637,8 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x06Resume\x12\x19.forkbox.v1.ResumeRequest\x1a\x1a.forkbox.v1.ResumeResponse\x12T\n" +
 	"\rSetCredential\x12 .forkbox.v1.SetCredentialRequest\x1a!.forkbox.v1.SetCredentialResponse\x12Z\n" +
 	"\x0fListCredentials\x12\".forkbox.v1.ListCredentialsRequest\x1a#.forkbox.v1.ListCredentialsResponse\x12]\n" +
-	"\x10DeleteCredential\x12#.forkbox.v1.DeleteCredentialRequest\x1a$.forkbox.v1.DeleteCredentialResponse2\xbf\x02\n" +
+	"\x10DeleteCredential\x12#.forkbox.v1.DeleteCredentialRequest\x1a$.forkbox.v1.DeleteCredentialResponse\x12>\n" +
+	"\aExecPty\x12\x16.forkbox.v1.PtyRequest\x1a\x17.forkbox.v1.PtyResponse(\x010\x012\xbf\x02\n" +
 	"\fImageService\x12F\n" +
 	"\tPullImage\x12\x1c.forkbox.v1.PullImageRequest\x1a\x19.forkbox.v1.ImageProgress0\x01\x12J\n" +
 	"\vImportImage\x12\x1e.forkbox.v1.ImportImageRequest\x1a\x19.forkbox.v1.ImageProgress0\x01\x12K\n" +
@@ -5239,7 +5667,7 @@ func file_forkbox_v1_forkbox_proto_rawDescGZIP() []byte {
 	return file_forkbox_v1_forkbox_proto_rawDescData
 }
 
-var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 87)
+var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 93)
 var file_forkbox_v1_forkbox_proto_goTypes = []any{
 	(*Resources)(nil),                  // 0: forkbox.v1.Resources
 	(*Sandbox)(nil),                    // 1: forkbox.v1.Sandbox
@@ -5255,204 +5683,219 @@ var file_forkbox_v1_forkbox_proto_goTypes = []any{
 	(*ExecResponse)(nil),               // 11: forkbox.v1.ExecResponse
 	(*ExecStarted)(nil),                // 12: forkbox.v1.ExecStarted
 	(*ExecExit)(nil),                   // 13: forkbox.v1.ExecExit
-	(*ReadFileRequest)(nil),            // 14: forkbox.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),           // 15: forkbox.v1.ReadFileResponse
-	(*WriteFileRequest)(nil),           // 16: forkbox.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),          // 17: forkbox.v1.WriteFileResponse
-	(*ListFilesRequest)(nil),           // 18: forkbox.v1.ListFilesRequest
-	(*FileInfo)(nil),                   // 19: forkbox.v1.FileInfo
-	(*ListFilesResponse)(nil),          // 20: forkbox.v1.ListFilesResponse
-	(*EventsRequest)(nil),              // 21: forkbox.v1.EventsRequest
-	(*Event)(nil),                      // 22: forkbox.v1.Event
-	(*EventsResponse)(nil),             // 23: forkbox.v1.EventsResponse
-	(*PauseSandboxRequest)(nil),        // 24: forkbox.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),       // 25: forkbox.v1.PauseSandboxResponse
-	(*UnpauseSandboxRequest)(nil),      // 26: forkbox.v1.UnpauseSandboxRequest
-	(*UnpauseSandboxResponse)(nil),     // 27: forkbox.v1.UnpauseSandboxResponse
-	(*HibernateSandboxRequest)(nil),    // 28: forkbox.v1.HibernateSandboxRequest
-	(*HibernateSandboxResponse)(nil),   // 29: forkbox.v1.HibernateSandboxResponse
-	(*WakeSandboxRequest)(nil),         // 30: forkbox.v1.WakeSandboxRequest
-	(*WakeSandboxResponse)(nil),        // 31: forkbox.v1.WakeSandboxResponse
-	(*Checkpoint)(nil),                 // 32: forkbox.v1.Checkpoint
-	(*CheckpointRequest)(nil),          // 33: forkbox.v1.CheckpointRequest
-	(*CheckpointResponse)(nil),         // 34: forkbox.v1.CheckpointResponse
-	(*ListCheckpointsRequest)(nil),     // 35: forkbox.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),    // 36: forkbox.v1.ListCheckpointsResponse
-	(*DeleteCheckpointRequest)(nil),    // 37: forkbox.v1.DeleteCheckpointRequest
-	(*DeleteCheckpointResponse)(nil),   // 38: forkbox.v1.DeleteCheckpointResponse
-	(*Overrides)(nil),                  // 39: forkbox.v1.Overrides
-	(*ForkRequest)(nil),                // 40: forkbox.v1.ForkRequest
-	(*ForkChild)(nil),                  // 41: forkbox.v1.ForkChild
-	(*ForkResponse)(nil),               // 42: forkbox.v1.ForkResponse
-	(*RestoreSnapshotRequest)(nil),     // 43: forkbox.v1.RestoreSnapshotRequest
-	(*RestoreSnapshotResponse)(nil),    // 44: forkbox.v1.RestoreSnapshotResponse
-	(*ResumeRequest)(nil),              // 45: forkbox.v1.ResumeRequest
-	(*ReplayedExec)(nil),               // 46: forkbox.v1.ReplayedExec
-	(*ResumeResponse)(nil),             // 47: forkbox.v1.ResumeResponse
-	(*Credential)(nil),                 // 48: forkbox.v1.Credential
-	(*SetCredentialRequest)(nil),       // 49: forkbox.v1.SetCredentialRequest
-	(*SetCredentialResponse)(nil),      // 50: forkbox.v1.SetCredentialResponse
-	(*ListCredentialsRequest)(nil),     // 51: forkbox.v1.ListCredentialsRequest
-	(*ListCredentialsResponse)(nil),    // 52: forkbox.v1.ListCredentialsResponse
-	(*DeleteCredentialRequest)(nil),    // 53: forkbox.v1.DeleteCredentialRequest
-	(*DeleteCredentialResponse)(nil),   // 54: forkbox.v1.DeleteCredentialResponse
-	(*Image)(nil),                      // 55: forkbox.v1.Image
-	(*PullImageRequest)(nil),           // 56: forkbox.v1.PullImageRequest
-	(*ImportImageRequest)(nil),         // 57: forkbox.v1.ImportImageRequest
-	(*ImageProgress)(nil),              // 58: forkbox.v1.ImageProgress
-	(*ListImagesRequest)(nil),          // 59: forkbox.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),         // 60: forkbox.v1.ListImagesResponse
-	(*RemoveImageRequest)(nil),         // 61: forkbox.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),        // 62: forkbox.v1.RemoveImageResponse
-	(*SetupStep)(nil),                  // 63: forkbox.v1.SetupStep
-	(*EnvironmentDefinition)(nil),      // 64: forkbox.v1.EnvironmentDefinition
-	(*Environment)(nil),                // 65: forkbox.v1.Environment
-	(*BuildEnvironmentRequest)(nil),    // 66: forkbox.v1.BuildEnvironmentRequest
-	(*BuildProgress)(nil),              // 67: forkbox.v1.BuildProgress
-	(*EnvironmentSandboxRequest)(nil),  // 68: forkbox.v1.EnvironmentSandboxRequest
-	(*EnvironmentSandboxResponse)(nil), // 69: forkbox.v1.EnvironmentSandboxResponse
-	(*GetEnvironmentRequest)(nil),      // 70: forkbox.v1.GetEnvironmentRequest
-	(*GetEnvironmentResponse)(nil),     // 71: forkbox.v1.GetEnvironmentResponse
-	(*ListEnvironmentsRequest)(nil),    // 72: forkbox.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil),   // 73: forkbox.v1.ListEnvironmentsResponse
-	(*DeleteEnvironmentRequest)(nil),   // 74: forkbox.v1.DeleteEnvironmentRequest
-	(*DeleteEnvironmentResponse)(nil),  // 75: forkbox.v1.DeleteEnvironmentResponse
-	(*BeginBuildRequest)(nil),          // 76: forkbox.v1.BeginBuildRequest
-	(*BeginBuildResponse)(nil),         // 77: forkbox.v1.BeginBuildResponse
-	(*CompleteBuildRequest)(nil),       // 78: forkbox.v1.CompleteBuildRequest
-	(*CompleteBuildResponse)(nil),      // 79: forkbox.v1.CompleteBuildResponse
-	nil,                                // 80: forkbox.v1.Sandbox.EnvEntry
-	nil,                                // 81: forkbox.v1.CreateSandboxRequest.EnvEntry
-	nil,                                // 82: forkbox.v1.ExecRequest.EnvEntry
-	nil,                                // 83: forkbox.v1.Overrides.EnvEntry
-	nil,                                // 84: forkbox.v1.ForkRequest.CredentialsEntry
-	nil,                                // 85: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
-	nil,                                // 86: forkbox.v1.EnvironmentDefinition.EnvEntry
+	(*PtySize)(nil),                    // 14: forkbox.v1.PtySize
+	(*PtyStart)(nil),                   // 15: forkbox.v1.PtyStart
+	(*PtyKill)(nil),                    // 16: forkbox.v1.PtyKill
+	(*PtyRequest)(nil),                 // 17: forkbox.v1.PtyRequest
+	(*PtyResponse)(nil),                // 18: forkbox.v1.PtyResponse
+	(*ReadFileRequest)(nil),            // 19: forkbox.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),           // 20: forkbox.v1.ReadFileResponse
+	(*WriteFileRequest)(nil),           // 21: forkbox.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),          // 22: forkbox.v1.WriteFileResponse
+	(*ListFilesRequest)(nil),           // 23: forkbox.v1.ListFilesRequest
+	(*FileInfo)(nil),                   // 24: forkbox.v1.FileInfo
+	(*ListFilesResponse)(nil),          // 25: forkbox.v1.ListFilesResponse
+	(*EventsRequest)(nil),              // 26: forkbox.v1.EventsRequest
+	(*Event)(nil),                      // 27: forkbox.v1.Event
+	(*EventsResponse)(nil),             // 28: forkbox.v1.EventsResponse
+	(*PauseSandboxRequest)(nil),        // 29: forkbox.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),       // 30: forkbox.v1.PauseSandboxResponse
+	(*UnpauseSandboxRequest)(nil),      // 31: forkbox.v1.UnpauseSandboxRequest
+	(*UnpauseSandboxResponse)(nil),     // 32: forkbox.v1.UnpauseSandboxResponse
+	(*HibernateSandboxRequest)(nil),    // 33: forkbox.v1.HibernateSandboxRequest
+	(*HibernateSandboxResponse)(nil),   // 34: forkbox.v1.HibernateSandboxResponse
+	(*WakeSandboxRequest)(nil),         // 35: forkbox.v1.WakeSandboxRequest
+	(*WakeSandboxResponse)(nil),        // 36: forkbox.v1.WakeSandboxResponse
+	(*Checkpoint)(nil),                 // 37: forkbox.v1.Checkpoint
+	(*CheckpointRequest)(nil),          // 38: forkbox.v1.CheckpointRequest
+	(*CheckpointResponse)(nil),         // 39: forkbox.v1.CheckpointResponse
+	(*ListCheckpointsRequest)(nil),     // 40: forkbox.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),    // 41: forkbox.v1.ListCheckpointsResponse
+	(*DeleteCheckpointRequest)(nil),    // 42: forkbox.v1.DeleteCheckpointRequest
+	(*DeleteCheckpointResponse)(nil),   // 43: forkbox.v1.DeleteCheckpointResponse
+	(*Overrides)(nil),                  // 44: forkbox.v1.Overrides
+	(*ForkRequest)(nil),                // 45: forkbox.v1.ForkRequest
+	(*ForkChild)(nil),                  // 46: forkbox.v1.ForkChild
+	(*ForkResponse)(nil),               // 47: forkbox.v1.ForkResponse
+	(*RestoreSnapshotRequest)(nil),     // 48: forkbox.v1.RestoreSnapshotRequest
+	(*RestoreSnapshotResponse)(nil),    // 49: forkbox.v1.RestoreSnapshotResponse
+	(*ResumeRequest)(nil),              // 50: forkbox.v1.ResumeRequest
+	(*ReplayedExec)(nil),               // 51: forkbox.v1.ReplayedExec
+	(*ResumeResponse)(nil),             // 52: forkbox.v1.ResumeResponse
+	(*Credential)(nil),                 // 53: forkbox.v1.Credential
+	(*SetCredentialRequest)(nil),       // 54: forkbox.v1.SetCredentialRequest
+	(*SetCredentialResponse)(nil),      // 55: forkbox.v1.SetCredentialResponse
+	(*ListCredentialsRequest)(nil),     // 56: forkbox.v1.ListCredentialsRequest
+	(*ListCredentialsResponse)(nil),    // 57: forkbox.v1.ListCredentialsResponse
+	(*DeleteCredentialRequest)(nil),    // 58: forkbox.v1.DeleteCredentialRequest
+	(*DeleteCredentialResponse)(nil),   // 59: forkbox.v1.DeleteCredentialResponse
+	(*Image)(nil),                      // 60: forkbox.v1.Image
+	(*PullImageRequest)(nil),           // 61: forkbox.v1.PullImageRequest
+	(*ImportImageRequest)(nil),         // 62: forkbox.v1.ImportImageRequest
+	(*ImageProgress)(nil),              // 63: forkbox.v1.ImageProgress
+	(*ListImagesRequest)(nil),          // 64: forkbox.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),         // 65: forkbox.v1.ListImagesResponse
+	(*RemoveImageRequest)(nil),         // 66: forkbox.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),        // 67: forkbox.v1.RemoveImageResponse
+	(*SetupStep)(nil),                  // 68: forkbox.v1.SetupStep
+	(*EnvironmentDefinition)(nil),      // 69: forkbox.v1.EnvironmentDefinition
+	(*Environment)(nil),                // 70: forkbox.v1.Environment
+	(*BuildEnvironmentRequest)(nil),    // 71: forkbox.v1.BuildEnvironmentRequest
+	(*BuildProgress)(nil),              // 72: forkbox.v1.BuildProgress
+	(*EnvironmentSandboxRequest)(nil),  // 73: forkbox.v1.EnvironmentSandboxRequest
+	(*EnvironmentSandboxResponse)(nil), // 74: forkbox.v1.EnvironmentSandboxResponse
+	(*GetEnvironmentRequest)(nil),      // 75: forkbox.v1.GetEnvironmentRequest
+	(*GetEnvironmentResponse)(nil),     // 76: forkbox.v1.GetEnvironmentResponse
+	(*ListEnvironmentsRequest)(nil),    // 77: forkbox.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil),   // 78: forkbox.v1.ListEnvironmentsResponse
+	(*DeleteEnvironmentRequest)(nil),   // 79: forkbox.v1.DeleteEnvironmentRequest
+	(*DeleteEnvironmentResponse)(nil),  // 80: forkbox.v1.DeleteEnvironmentResponse
+	(*BeginBuildRequest)(nil),          // 81: forkbox.v1.BeginBuildRequest
+	(*BeginBuildResponse)(nil),         // 82: forkbox.v1.BeginBuildResponse
+	(*CompleteBuildRequest)(nil),       // 83: forkbox.v1.CompleteBuildRequest
+	(*CompleteBuildResponse)(nil),      // 84: forkbox.v1.CompleteBuildResponse
+	nil,                                // 85: forkbox.v1.Sandbox.EnvEntry
+	nil,                                // 86: forkbox.v1.CreateSandboxRequest.EnvEntry
+	nil,                                // 87: forkbox.v1.ExecRequest.EnvEntry
+	nil,                                // 88: forkbox.v1.PtyStart.EnvEntry
+	nil,                                // 89: forkbox.v1.Overrides.EnvEntry
+	nil,                                // 90: forkbox.v1.ForkRequest.CredentialsEntry
+	nil,                                // 91: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	nil,                                // 92: forkbox.v1.EnvironmentDefinition.EnvEntry
 }
 var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	0,  // 0: forkbox.v1.Sandbox.resources:type_name -> forkbox.v1.Resources
-	80, // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
+	85, // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
 	0,  // 2: forkbox.v1.CreateSandboxRequest.resources:type_name -> forkbox.v1.Resources
-	81, // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
+	86, // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
 	1,  // 4: forkbox.v1.CreateSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,  // 5: forkbox.v1.GetSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,  // 6: forkbox.v1.ListSandboxesResponse.sandboxes:type_name -> forkbox.v1.Sandbox
-	82, // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
+	87, // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
 	12, // 8: forkbox.v1.ExecResponse.started:type_name -> forkbox.v1.ExecStarted
 	13, // 9: forkbox.v1.ExecResponse.exit:type_name -> forkbox.v1.ExecExit
-	19, // 10: forkbox.v1.ListFilesResponse.files:type_name -> forkbox.v1.FileInfo
-	22, // 11: forkbox.v1.EventsResponse.events:type_name -> forkbox.v1.Event
-	1,  // 12: forkbox.v1.PauseSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	1,  // 13: forkbox.v1.UnpauseSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	1,  // 14: forkbox.v1.HibernateSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	1,  // 15: forkbox.v1.WakeSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	32, // 16: forkbox.v1.CheckpointResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
-	32, // 17: forkbox.v1.ListCheckpointsResponse.checkpoints:type_name -> forkbox.v1.Checkpoint
-	0,  // 18: forkbox.v1.Overrides.resources:type_name -> forkbox.v1.Resources
-	83, // 19: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
-	39, // 20: forkbox.v1.ForkRequest.overrides:type_name -> forkbox.v1.Overrides
-	84, // 21: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
-	1,  // 22: forkbox.v1.ForkChild.sandbox:type_name -> forkbox.v1.Sandbox
-	32, // 23: forkbox.v1.ForkResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
-	41, // 24: forkbox.v1.ForkResponse.children:type_name -> forkbox.v1.ForkChild
-	39, // 25: forkbox.v1.RestoreSnapshotRequest.overrides:type_name -> forkbox.v1.Overrides
-	85, // 26: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
-	1,  // 27: forkbox.v1.RestoreSnapshotResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	1,  // 28: forkbox.v1.ResumeResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	32, // 29: forkbox.v1.ResumeResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
-	46, // 30: forkbox.v1.ResumeResponse.replayed:type_name -> forkbox.v1.ReplayedExec
-	48, // 31: forkbox.v1.SetCredentialRequest.credential:type_name -> forkbox.v1.Credential
-	48, // 32: forkbox.v1.SetCredentialResponse.credential:type_name -> forkbox.v1.Credential
-	48, // 33: forkbox.v1.ListCredentialsResponse.credentials:type_name -> forkbox.v1.Credential
-	55, // 34: forkbox.v1.ImageProgress.image:type_name -> forkbox.v1.Image
-	55, // 35: forkbox.v1.ListImagesResponse.images:type_name -> forkbox.v1.Image
-	0,  // 36: forkbox.v1.EnvironmentDefinition.resources:type_name -> forkbox.v1.Resources
-	86, // 37: forkbox.v1.EnvironmentDefinition.env:type_name -> forkbox.v1.EnvironmentDefinition.EnvEntry
-	63, // 38: forkbox.v1.EnvironmentDefinition.steps:type_name -> forkbox.v1.SetupStep
-	64, // 39: forkbox.v1.Environment.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	64, // 40: forkbox.v1.BuildEnvironmentRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	65, // 41: forkbox.v1.BuildProgress.environment:type_name -> forkbox.v1.Environment
-	64, // 42: forkbox.v1.EnvironmentSandboxRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	39, // 43: forkbox.v1.EnvironmentSandboxRequest.overrides:type_name -> forkbox.v1.Overrides
-	1,  // 44: forkbox.v1.EnvironmentSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	65, // 45: forkbox.v1.EnvironmentSandboxResponse.environment:type_name -> forkbox.v1.Environment
-	65, // 46: forkbox.v1.GetEnvironmentResponse.environment:type_name -> forkbox.v1.Environment
-	65, // 47: forkbox.v1.ListEnvironmentsResponse.environments:type_name -> forkbox.v1.Environment
-	64, // 48: forkbox.v1.BeginBuildRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	65, // 49: forkbox.v1.BeginBuildResponse.environment:type_name -> forkbox.v1.Environment
-	1,  // 50: forkbox.v1.BeginBuildResponse.builder:type_name -> forkbox.v1.Sandbox
-	65, // 51: forkbox.v1.CompleteBuildResponse.environment:type_name -> forkbox.v1.Environment
-	2,  // 52: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
-	4,  // 53: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
-	6,  // 54: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
-	8,  // 55: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
-	10, // 56: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
-	14, // 57: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
-	16, // 58: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
-	18, // 59: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
-	21, // 60: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
-	24, // 61: forkbox.v1.SandboxService.PauseSandbox:input_type -> forkbox.v1.PauseSandboxRequest
-	26, // 62: forkbox.v1.SandboxService.UnpauseSandbox:input_type -> forkbox.v1.UnpauseSandboxRequest
-	28, // 63: forkbox.v1.SandboxService.HibernateSandbox:input_type -> forkbox.v1.HibernateSandboxRequest
-	30, // 64: forkbox.v1.SandboxService.WakeSandbox:input_type -> forkbox.v1.WakeSandboxRequest
-	33, // 65: forkbox.v1.SandboxService.Checkpoint:input_type -> forkbox.v1.CheckpointRequest
-	35, // 66: forkbox.v1.SandboxService.ListCheckpoints:input_type -> forkbox.v1.ListCheckpointsRequest
-	37, // 67: forkbox.v1.SandboxService.DeleteCheckpoint:input_type -> forkbox.v1.DeleteCheckpointRequest
-	40, // 68: forkbox.v1.SandboxService.Fork:input_type -> forkbox.v1.ForkRequest
-	43, // 69: forkbox.v1.SandboxService.RestoreSnapshot:input_type -> forkbox.v1.RestoreSnapshotRequest
-	45, // 70: forkbox.v1.SandboxService.Resume:input_type -> forkbox.v1.ResumeRequest
-	49, // 71: forkbox.v1.SandboxService.SetCredential:input_type -> forkbox.v1.SetCredentialRequest
-	51, // 72: forkbox.v1.SandboxService.ListCredentials:input_type -> forkbox.v1.ListCredentialsRequest
-	53, // 73: forkbox.v1.SandboxService.DeleteCredential:input_type -> forkbox.v1.DeleteCredentialRequest
-	56, // 74: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
-	57, // 75: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
-	59, // 76: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
-	61, // 77: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
-	66, // 78: forkbox.v1.EnvironmentService.BuildEnvironment:input_type -> forkbox.v1.BuildEnvironmentRequest
-	68, // 79: forkbox.v1.EnvironmentService.EnvironmentSandbox:input_type -> forkbox.v1.EnvironmentSandboxRequest
-	70, // 80: forkbox.v1.EnvironmentService.GetEnvironment:input_type -> forkbox.v1.GetEnvironmentRequest
-	72, // 81: forkbox.v1.EnvironmentService.ListEnvironments:input_type -> forkbox.v1.ListEnvironmentsRequest
-	74, // 82: forkbox.v1.EnvironmentService.DeleteEnvironment:input_type -> forkbox.v1.DeleteEnvironmentRequest
-	76, // 83: forkbox.v1.EnvironmentService.BeginBuild:input_type -> forkbox.v1.BeginBuildRequest
-	78, // 84: forkbox.v1.EnvironmentService.CompleteBuild:input_type -> forkbox.v1.CompleteBuildRequest
-	3,  // 85: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
-	5,  // 86: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
-	7,  // 87: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
-	9,  // 88: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
-	11, // 89: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
-	15, // 90: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
-	17, // 91: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
-	20, // 92: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
-	23, // 93: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
-	25, // 94: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
-	27, // 95: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
-	29, // 96: forkbox.v1.SandboxService.HibernateSandbox:output_type -> forkbox.v1.HibernateSandboxResponse
-	31, // 97: forkbox.v1.SandboxService.WakeSandbox:output_type -> forkbox.v1.WakeSandboxResponse
-	34, // 98: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
-	36, // 99: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
-	38, // 100: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
-	42, // 101: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
-	44, // 102: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
-	47, // 103: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
-	50, // 104: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
-	52, // 105: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
-	54, // 106: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
-	58, // 107: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
-	58, // 108: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
-	60, // 109: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
-	62, // 110: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
-	67, // 111: forkbox.v1.EnvironmentService.BuildEnvironment:output_type -> forkbox.v1.BuildProgress
-	69, // 112: forkbox.v1.EnvironmentService.EnvironmentSandbox:output_type -> forkbox.v1.EnvironmentSandboxResponse
-	71, // 113: forkbox.v1.EnvironmentService.GetEnvironment:output_type -> forkbox.v1.GetEnvironmentResponse
-	73, // 114: forkbox.v1.EnvironmentService.ListEnvironments:output_type -> forkbox.v1.ListEnvironmentsResponse
-	75, // 115: forkbox.v1.EnvironmentService.DeleteEnvironment:output_type -> forkbox.v1.DeleteEnvironmentResponse
-	77, // 116: forkbox.v1.EnvironmentService.BeginBuild:output_type -> forkbox.v1.BeginBuildResponse
-	79, // 117: forkbox.v1.EnvironmentService.CompleteBuild:output_type -> forkbox.v1.CompleteBuildResponse
-	85, // [85:118] is the sub-list for method output_type
-	52, // [52:85] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	88, // 10: forkbox.v1.PtyStart.env:type_name -> forkbox.v1.PtyStart.EnvEntry
+	14, // 11: forkbox.v1.PtyStart.size:type_name -> forkbox.v1.PtySize
+	15, // 12: forkbox.v1.PtyRequest.start:type_name -> forkbox.v1.PtyStart
+	14, // 13: forkbox.v1.PtyRequest.resize:type_name -> forkbox.v1.PtySize
+	16, // 14: forkbox.v1.PtyRequest.kill:type_name -> forkbox.v1.PtyKill
+	12, // 15: forkbox.v1.PtyResponse.started:type_name -> forkbox.v1.ExecStarted
+	13, // 16: forkbox.v1.PtyResponse.exit:type_name -> forkbox.v1.ExecExit
+	24, // 17: forkbox.v1.ListFilesResponse.files:type_name -> forkbox.v1.FileInfo
+	27, // 18: forkbox.v1.EventsResponse.events:type_name -> forkbox.v1.Event
+	1,  // 19: forkbox.v1.PauseSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	1,  // 20: forkbox.v1.UnpauseSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	1,  // 21: forkbox.v1.HibernateSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	1,  // 22: forkbox.v1.WakeSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	37, // 23: forkbox.v1.CheckpointResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
+	37, // 24: forkbox.v1.ListCheckpointsResponse.checkpoints:type_name -> forkbox.v1.Checkpoint
+	0,  // 25: forkbox.v1.Overrides.resources:type_name -> forkbox.v1.Resources
+	89, // 26: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
+	44, // 27: forkbox.v1.ForkRequest.overrides:type_name -> forkbox.v1.Overrides
+	90, // 28: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
+	1,  // 29: forkbox.v1.ForkChild.sandbox:type_name -> forkbox.v1.Sandbox
+	37, // 30: forkbox.v1.ForkResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
+	46, // 31: forkbox.v1.ForkResponse.children:type_name -> forkbox.v1.ForkChild
+	44, // 32: forkbox.v1.RestoreSnapshotRequest.overrides:type_name -> forkbox.v1.Overrides
+	91, // 33: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	1,  // 34: forkbox.v1.RestoreSnapshotResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	1,  // 35: forkbox.v1.ResumeResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	37, // 36: forkbox.v1.ResumeResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
+	51, // 37: forkbox.v1.ResumeResponse.replayed:type_name -> forkbox.v1.ReplayedExec
+	53, // 38: forkbox.v1.SetCredentialRequest.credential:type_name -> forkbox.v1.Credential
+	53, // 39: forkbox.v1.SetCredentialResponse.credential:type_name -> forkbox.v1.Credential
+	53, // 40: forkbox.v1.ListCredentialsResponse.credentials:type_name -> forkbox.v1.Credential
+	60, // 41: forkbox.v1.ImageProgress.image:type_name -> forkbox.v1.Image
+	60, // 42: forkbox.v1.ListImagesResponse.images:type_name -> forkbox.v1.Image
+	0,  // 43: forkbox.v1.EnvironmentDefinition.resources:type_name -> forkbox.v1.Resources
+	92, // 44: forkbox.v1.EnvironmentDefinition.env:type_name -> forkbox.v1.EnvironmentDefinition.EnvEntry
+	68, // 45: forkbox.v1.EnvironmentDefinition.steps:type_name -> forkbox.v1.SetupStep
+	69, // 46: forkbox.v1.Environment.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	69, // 47: forkbox.v1.BuildEnvironmentRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	70, // 48: forkbox.v1.BuildProgress.environment:type_name -> forkbox.v1.Environment
+	69, // 49: forkbox.v1.EnvironmentSandboxRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	44, // 50: forkbox.v1.EnvironmentSandboxRequest.overrides:type_name -> forkbox.v1.Overrides
+	1,  // 51: forkbox.v1.EnvironmentSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	70, // 52: forkbox.v1.EnvironmentSandboxResponse.environment:type_name -> forkbox.v1.Environment
+	70, // 53: forkbox.v1.GetEnvironmentResponse.environment:type_name -> forkbox.v1.Environment
+	70, // 54: forkbox.v1.ListEnvironmentsResponse.environments:type_name -> forkbox.v1.Environment
+	69, // 55: forkbox.v1.BeginBuildRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	70, // 56: forkbox.v1.BeginBuildResponse.environment:type_name -> forkbox.v1.Environment
+	1,  // 57: forkbox.v1.BeginBuildResponse.builder:type_name -> forkbox.v1.Sandbox
+	70, // 58: forkbox.v1.CompleteBuildResponse.environment:type_name -> forkbox.v1.Environment
+	2,  // 59: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
+	4,  // 60: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
+	6,  // 61: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
+	8,  // 62: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
+	10, // 63: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
+	19, // 64: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
+	21, // 65: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
+	23, // 66: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
+	26, // 67: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
+	29, // 68: forkbox.v1.SandboxService.PauseSandbox:input_type -> forkbox.v1.PauseSandboxRequest
+	31, // 69: forkbox.v1.SandboxService.UnpauseSandbox:input_type -> forkbox.v1.UnpauseSandboxRequest
+	33, // 70: forkbox.v1.SandboxService.HibernateSandbox:input_type -> forkbox.v1.HibernateSandboxRequest
+	35, // 71: forkbox.v1.SandboxService.WakeSandbox:input_type -> forkbox.v1.WakeSandboxRequest
+	38, // 72: forkbox.v1.SandboxService.Checkpoint:input_type -> forkbox.v1.CheckpointRequest
+	40, // 73: forkbox.v1.SandboxService.ListCheckpoints:input_type -> forkbox.v1.ListCheckpointsRequest
+	42, // 74: forkbox.v1.SandboxService.DeleteCheckpoint:input_type -> forkbox.v1.DeleteCheckpointRequest
+	45, // 75: forkbox.v1.SandboxService.Fork:input_type -> forkbox.v1.ForkRequest
+	48, // 76: forkbox.v1.SandboxService.RestoreSnapshot:input_type -> forkbox.v1.RestoreSnapshotRequest
+	50, // 77: forkbox.v1.SandboxService.Resume:input_type -> forkbox.v1.ResumeRequest
+	54, // 78: forkbox.v1.SandboxService.SetCredential:input_type -> forkbox.v1.SetCredentialRequest
+	56, // 79: forkbox.v1.SandboxService.ListCredentials:input_type -> forkbox.v1.ListCredentialsRequest
+	58, // 80: forkbox.v1.SandboxService.DeleteCredential:input_type -> forkbox.v1.DeleteCredentialRequest
+	17, // 81: forkbox.v1.SandboxService.ExecPty:input_type -> forkbox.v1.PtyRequest
+	61, // 82: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
+	62, // 83: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
+	64, // 84: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
+	66, // 85: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
+	71, // 86: forkbox.v1.EnvironmentService.BuildEnvironment:input_type -> forkbox.v1.BuildEnvironmentRequest
+	73, // 87: forkbox.v1.EnvironmentService.EnvironmentSandbox:input_type -> forkbox.v1.EnvironmentSandboxRequest
+	75, // 88: forkbox.v1.EnvironmentService.GetEnvironment:input_type -> forkbox.v1.GetEnvironmentRequest
+	77, // 89: forkbox.v1.EnvironmentService.ListEnvironments:input_type -> forkbox.v1.ListEnvironmentsRequest
+	79, // 90: forkbox.v1.EnvironmentService.DeleteEnvironment:input_type -> forkbox.v1.DeleteEnvironmentRequest
+	81, // 91: forkbox.v1.EnvironmentService.BeginBuild:input_type -> forkbox.v1.BeginBuildRequest
+	83, // 92: forkbox.v1.EnvironmentService.CompleteBuild:input_type -> forkbox.v1.CompleteBuildRequest
+	3,  // 93: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
+	5,  // 94: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
+	7,  // 95: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
+	9,  // 96: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
+	11, // 97: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
+	20, // 98: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
+	22, // 99: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
+	25, // 100: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
+	28, // 101: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
+	30, // 102: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
+	32, // 103: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
+	34, // 104: forkbox.v1.SandboxService.HibernateSandbox:output_type -> forkbox.v1.HibernateSandboxResponse
+	36, // 105: forkbox.v1.SandboxService.WakeSandbox:output_type -> forkbox.v1.WakeSandboxResponse
+	39, // 106: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
+	41, // 107: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
+	43, // 108: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
+	47, // 109: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
+	49, // 110: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
+	52, // 111: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
+	55, // 112: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
+	57, // 113: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
+	59, // 114: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
+	18, // 115: forkbox.v1.SandboxService.ExecPty:output_type -> forkbox.v1.PtyResponse
+	63, // 116: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
+	63, // 117: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
+	65, // 118: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
+	67, // 119: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
+	72, // 120: forkbox.v1.EnvironmentService.BuildEnvironment:output_type -> forkbox.v1.BuildProgress
+	74, // 121: forkbox.v1.EnvironmentService.EnvironmentSandbox:output_type -> forkbox.v1.EnvironmentSandboxResponse
+	76, // 122: forkbox.v1.EnvironmentService.GetEnvironment:output_type -> forkbox.v1.GetEnvironmentResponse
+	78, // 123: forkbox.v1.EnvironmentService.ListEnvironments:output_type -> forkbox.v1.ListEnvironmentsResponse
+	80, // 124: forkbox.v1.EnvironmentService.DeleteEnvironment:output_type -> forkbox.v1.DeleteEnvironmentResponse
+	82, // 125: forkbox.v1.EnvironmentService.BeginBuild:output_type -> forkbox.v1.BeginBuildResponse
+	84, // 126: forkbox.v1.EnvironmentService.CompleteBuild:output_type -> forkbox.v1.CompleteBuildResponse
+	93, // [93:127] is the sub-list for method output_type
+	59, // [59:93] is the sub-list for method input_type
+	59, // [59:59] is the sub-list for extension type_name
+	59, // [59:59] is the sub-list for extension extendee
+	0,  // [0:59] is the sub-list for field type_name
 }
 
 func init() { file_forkbox_v1_forkbox_proto_init() }
@@ -5466,13 +5909,24 @@ func file_forkbox_v1_forkbox_proto_init() {
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
+	file_forkbox_v1_forkbox_proto_msgTypes[17].OneofWrappers = []any{
+		(*PtyRequest_Start)(nil),
+		(*PtyRequest_Input)(nil),
+		(*PtyRequest_Resize)(nil),
+		(*PtyRequest_Kill)(nil),
+	}
+	file_forkbox_v1_forkbox_proto_msgTypes[18].OneofWrappers = []any{
+		(*PtyResponse_Started)(nil),
+		(*PtyResponse_Data)(nil),
+		(*PtyResponse_Exit)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkbox_v1_forkbox_proto_rawDesc), len(file_forkbox_v1_forkbox_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   87,
+			NumMessages:   93,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -2,6 +2,7 @@
 // a bearer token), and the client-side concurrency slots.
 import * as http from "node:http";
 import * as https from "node:https";
+import * as net from "node:net";
 import { createClient, type Client as ConnectClient, type Interceptor } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import type { MessageInitShape } from "@bufbuild/protobuf";
@@ -85,6 +86,8 @@ export function overridesProto(o?: Overrides): MessageInitShape<typeof Overrides
 /** The Connect clients of the three services. */
 export interface Rpc {
   sandboxes: ConnectClient<typeof SandboxService>;
+  /** The sandbox service over HTTP/2 (bidi streams: ExecPty), made on first use. */
+  sandboxesH2: () => ConnectClient<typeof SandboxService>;
   images: ConnectClient<typeof ImageService>;
   environments: ConnectClient<typeof EnvironmentService>;
 }
@@ -120,8 +123,20 @@ export class Client {
       nodeOptions: url ? { agent } : { agent, socketPath: socket },
       interceptors: [auth],
     });
+    let h2: ConnectClient<typeof SandboxService> | undefined;
+    const sandboxesH2 = () => {
+      // The daemon serves h2c on its socket and on TCP; https uses TLS.
+      h2 ??= createClient(SandboxService, createConnectTransport({
+        baseUrl,
+        httpVersion: "2",
+        nodeOptions: url ? {} : { createConnection: () => net.connect(socket!) },
+        interceptors: [auth],
+      }));
+      return h2;
+    };
     this.rpc = {
       sandboxes: createClient(SandboxService, transport),
+      sandboxesH2,
       images: createClient(ImageService, transport),
       environments: createClient(EnvironmentService, transport),
     };

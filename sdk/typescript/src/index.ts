@@ -6,6 +6,8 @@ export { SandboxHandle, Credentials } from "./sandbox.js";
 export type { ForkOptions, ForkResult, ForkChild, CredentialOptions } from "./sandbox.js";
 export { ExecPromise, DEFAULT_MAX_OUTPUT_BYTES } from "./exec.js";
 export type { ExecOptions, ExecResult } from "./exec.js";
+export { PtyHandle, Ptys } from "./pty.js";
+export type { PtyOptions, PtyResult } from "./pty.js";
 export { Environment } from "./environment.js";
 export type { EnvironmentOptions, Step, SetupFunction } from "./environment.js";
 export {

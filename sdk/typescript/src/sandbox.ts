@@ -7,6 +7,7 @@ import {
   type Checkpoint, type Credential, type Event, type FileInfo, type ReplayedExec, type SandboxInfo,
 } from "./types.js";
 import { ExecPromise, type ExecOptions } from "./exec.js";
+import { Ptys } from "./pty.js";
 import { ForkboxError, rethrow } from "./errors.js";
 import type { Client, Overrides } from "./client.js";
 import { overridesProto } from "./client.js";
@@ -87,6 +88,8 @@ export class SandboxHandle {
   /** What the daemon knows of the sandbox (as of the last call that returned it). */
   info: SandboxInfo;
   readonly credentials: Credentials;
+  /** Terminals: sandbox.pty.create({ cmd: "sh", rows, cols, onData }). */
+  readonly pty: Ptys;
   /** Set by client.resume(): the checkpoint restored and the execs replayed. */
   resumed?: { checkpoint?: Checkpoint; replayed: ReplayedExec[] };
   /** Set by env.sandbox(): how this sandbox was handed over. */
@@ -101,6 +104,7 @@ export class SandboxHandle {
     this.info = sandboxFrom(info);
     this.slot = holdsSlot;
     this.credentials = new Credentials(this);
+    this.pty = new Ptys(() => client.rpc.sandboxesH2(), info.id);
   }
 
   get name(): string {

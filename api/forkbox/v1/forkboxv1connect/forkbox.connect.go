@@ -102,6 +102,8 @@ const (
 	// SandboxServiceDeleteCredentialProcedure is the fully-qualified name of the SandboxService's
 	// DeleteCredential RPC.
 	SandboxServiceDeleteCredentialProcedure = "/forkbox.v1.SandboxService/DeleteCredential"
+	// SandboxServiceExecPtyProcedure is the fully-qualified name of the SandboxService's ExecPty RPC.
+	SandboxServiceExecPtyProcedure = "/forkbox.v1.SandboxService/ExecPty"
 	// ImageServicePullImageProcedure is the fully-qualified name of the ImageService's PullImage RPC.
 	ImageServicePullImageProcedure = "/forkbox.v1.ImageService/PullImage"
 	// ImageServiceImportImageProcedure is the fully-qualified name of the ImageService's ImportImage
@@ -173,6 +175,12 @@ type SandboxServiceClient interface {
 	SetCredential(context.Context, *connect.Request[v1.SetCredentialRequest]) (*connect.Response[v1.SetCredentialResponse], error)
 	ListCredentials(context.Context, *connect.Request[v1.ListCredentialsRequest]) (*connect.Response[v1.ListCredentialsResponse], error)
 	DeleteCredential(context.Context, *connect.Request[v1.DeleteCredentialRequest]) (*connect.Response[v1.DeleteCredentialResponse], error)
+	// ExecPty runs a command on a terminal in the sandbox (needs HTTP/2). The
+	// first request message is start; then input, resize and kill in any
+	// order. Responses: started, then data (what the terminal prints), then
+	// exit. Closing the request side ends the input; cancelling the call
+	// kills the command's session.
+	ExecPty(context.Context) *connect.BidiStreamForClient[v1.PtyRequest, v1.PtyResponse]
 }
 
 // NewSandboxServiceClient constructs a client for the forkbox.v1.SandboxService service. By
@@ -318,6 +326,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("DeleteCredential")),
 			connect.WithClientOptions(opts...),
 		),
+		execPty: connect.NewClient[v1.PtyRequest, v1.PtyResponse](
+			httpClient,
+			baseURL+SandboxServiceExecPtyProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ExecPty")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -345,6 +359,7 @@ type sandboxServiceClient struct {
 	setCredential    *connect.Client[v1.SetCredentialRequest, v1.SetCredentialResponse]
 	listCredentials  *connect.Client[v1.ListCredentialsRequest, v1.ListCredentialsResponse]
 	deleteCredential *connect.Client[v1.DeleteCredentialRequest, v1.DeleteCredentialResponse]
+	execPty          *connect.Client[v1.PtyRequest, v1.PtyResponse]
 }
 
 // CreateSandbox calls forkbox.v1.SandboxService.CreateSandbox.
@@ -457,6 +472,11 @@ func (c *sandboxServiceClient) DeleteCredential(ctx context.Context, req *connec
 	return c.deleteCredential.CallUnary(ctx, req)
 }
 
+// ExecPty calls forkbox.v1.SandboxService.ExecPty.
+func (c *sandboxServiceClient) ExecPty(ctx context.Context) *connect.BidiStreamForClient[v1.PtyRequest, v1.PtyResponse] {
+	return c.execPty.CallBidiStream(ctx)
+}
+
 // SandboxServiceHandler is an implementation of the forkbox.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	CreateSandbox(context.Context, *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error)
@@ -495,6 +515,12 @@ type SandboxServiceHandler interface {
 	SetCredential(context.Context, *connect.Request[v1.SetCredentialRequest]) (*connect.Response[v1.SetCredentialResponse], error)
 	ListCredentials(context.Context, *connect.Request[v1.ListCredentialsRequest]) (*connect.Response[v1.ListCredentialsResponse], error)
 	DeleteCredential(context.Context, *connect.Request[v1.DeleteCredentialRequest]) (*connect.Response[v1.DeleteCredentialResponse], error)
+	// ExecPty runs a command on a terminal in the sandbox (needs HTTP/2). The
+	// first request message is start; then input, resize and kill in any
+	// order. Responses: started, then data (what the terminal prints), then
+	// exit. Closing the request side ends the input; cancelling the call
+	// kills the command's session.
+	ExecPty(context.Context, *connect.BidiStream[v1.PtyRequest, v1.PtyResponse]) error
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -636,6 +662,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("DeleteCredential")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceExecPtyHandler := connect.NewBidiStreamHandler(
+		SandboxServiceExecPtyProcedure,
+		svc.ExecPty,
+		connect.WithSchema(sandboxServiceMethods.ByName("ExecPty")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/forkbox.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateSandboxProcedure:
@@ -682,6 +714,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceListCredentialsHandler.ServeHTTP(w, r)
 		case SandboxServiceDeleteCredentialProcedure:
 			sandboxServiceDeleteCredentialHandler.ServeHTTP(w, r)
+		case SandboxServiceExecPtyProcedure:
+			sandboxServiceExecPtyHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -777,6 +811,10 @@ func (UnimplementedSandboxServiceHandler) ListCredentials(context.Context, *conn
 
 func (UnimplementedSandboxServiceHandler) DeleteCredential(context.Context, *connect.Request[v1.DeleteCredentialRequest]) (*connect.Response[v1.DeleteCredentialResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.DeleteCredential is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ExecPty(context.Context, *connect.BidiStream[v1.PtyRequest, v1.PtyResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.ExecPty is not implemented"))
 }
 
 // ImageServiceClient is a client for the forkbox.v1.ImageService service.
