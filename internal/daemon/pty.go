@@ -117,6 +117,6 @@ func (s *PtySession) finish(ctx context.Context, res ExecResult, err error) {
 		data["timed_out"] = res.TimedOut
 		data["oom_killed"] = res.OOMKilled
 	}
-	s.d.store.AppendEvent(context.WithoutCancel(ctx), s.sb.ID, store.EventExecFinished, data)
+	s.d.note(context.WithoutCancel(ctx), s.sb.ID, store.EventExecFinished, data)
 	s.doneOnce.Do(s.done)
 }
