@@ -3347,6 +3347,559 @@ func (*DeleteCredentialResponse) Descriptor() ([]byte, []int) {
 	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{54}
 }
 
+type GetSandboxMetricsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A sandbox ID or name; empty: every live sandbox (running, paused,
+	// degraded).
+	Sandbox       string `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSandboxMetricsRequest) Reset() {
+	*x = GetSandboxMetricsRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSandboxMetricsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSandboxMetricsRequest) ProtoMessage() {}
+
+func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSandboxMetricsRequest.ProtoReflect.Descriptor instead.
+func (*GetSandboxMetricsRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *GetSandboxMetricsRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+// SandboxMetrics are one reading of a sandbox's counters. Under gVisor
+// CPU, memory and pids are those of the sandbox's host cgroup, which holds
+// the runtime (the sentry and the gofer) that runs the sandbox's processes:
+// CPU includes the runtime's own work, memory is what the sentry holds for
+// the sandbox (its guest memory included), pids counts host threads, not
+// processes inside. Under crun they are the sandbox's processes' own.
+type SandboxMetrics struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId  string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Name       string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	State      string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	Runtime    string                 `protobuf:"bytes,4,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	TimeUnixMs int64                  `protobuf:"varint,5,opt,name=time_unix_ms,json=timeUnixMs,proto3" json:"time_unix_ms,omitempty"`
+	// CPU time used since the sandbox started, in seconds; the rate over an
+	// interval is the difference of two readings over their time difference.
+	CpuSeconds float64 `protobuf:"fixed64,6,opt,name=cpu_seconds,json=cpuSeconds,proto3" json:"cpu_seconds,omitempty"`
+	// The CPU limit in cores (0 = none).
+	CpuLimit         float64 `protobuf:"fixed64,7,opt,name=cpu_limit,json=cpuLimit,proto3" json:"cpu_limit,omitempty"`
+	MemoryBytes      int64   `protobuf:"varint,8,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	MemoryLimitBytes int64   `protobuf:"varint,9,opt,name=memory_limit_bytes,json=memoryLimitBytes,proto3" json:"memory_limit_bytes,omitempty"`
+	// Bytes the sandbox's writable layer holds of its own (what its disk
+	// limit counts) and that limit (0 = none).
+	DiskBytes      int64 `protobuf:"varint,10,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
+	DiskLimitBytes int64 `protobuf:"varint,11,opt,name=disk_limit_bytes,json=diskLimitBytes,proto3" json:"disk_limit_bytes,omitempty"`
+	// Network bytes received and sent by the sandbox, from its side.
+	NetRxBytes int64 `protobuf:"varint,12,opt,name=net_rx_bytes,json=netRxBytes,proto3" json:"net_rx_bytes,omitempty"`
+	NetTxBytes int64 `protobuf:"varint,13,opt,name=net_tx_bytes,json=netTxBytes,proto3" json:"net_tx_bytes,omitempty"`
+	Pids       int64 `protobuf:"varint,14,opt,name=pids,proto3" json:"pids,omitempty"`
+	PidsLimit  int64 `protobuf:"varint,15,opt,name=pids_limit,json=pidsLimit,proto3" json:"pids_limit,omitempty"`
+	// Counters that could not be read this time, by name ("disk", "net",
+	// ...), with why; the others are still valid.
+	Unavailable   map[string]string `protobuf:"bytes,16,rep,name=unavailable,proto3" json:"unavailable,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxMetrics) Reset() {
+	*x = SandboxMetrics{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxMetrics) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxMetrics) ProtoMessage() {}
+
+func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxMetrics.ProtoReflect.Descriptor instead.
+func (*SandboxMetrics) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *SandboxMetrics) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SandboxMetrics) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SandboxMetrics) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *SandboxMetrics) GetRuntime() string {
+	if x != nil {
+		return x.Runtime
+	}
+	return ""
+}
+
+func (x *SandboxMetrics) GetTimeUnixMs() int64 {
+	if x != nil {
+		return x.TimeUnixMs
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetCpuSeconds() float64 {
+	if x != nil {
+		return x.CpuSeconds
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetCpuLimit() float64 {
+	if x != nil {
+		return x.CpuLimit
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetMemoryBytes() int64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetMemoryLimitBytes() int64 {
+	if x != nil {
+		return x.MemoryLimitBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetDiskBytes() int64 {
+	if x != nil {
+		return x.DiskBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetDiskLimitBytes() int64 {
+	if x != nil {
+		return x.DiskLimitBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetNetRxBytes() int64 {
+	if x != nil {
+		return x.NetRxBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetNetTxBytes() int64 {
+	if x != nil {
+		return x.NetTxBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetPids() int64 {
+	if x != nil {
+		return x.Pids
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetPidsLimit() int64 {
+	if x != nil {
+		return x.PidsLimit
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetUnavailable() map[string]string {
+	if x != nil {
+		return x.Unavailable
+	}
+	return nil
+}
+
+type GetSandboxMetricsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Metrics       []*SandboxMetrics      `protobuf:"bytes,1,rep,name=metrics,proto3" json:"metrics,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSandboxMetricsResponse) Reset() {
+	*x = GetSandboxMetricsResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSandboxMetricsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSandboxMetricsResponse) ProtoMessage() {}
+
+func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSandboxMetricsResponse.ProtoReflect.Descriptor instead.
+func (*GetSandboxMetricsResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *GetSandboxMetricsResponse) GetMetrics() []*SandboxMetrics {
+	if x != nil {
+		return x.Metrics
+	}
+	return nil
+}
+
+type CopyToHeader struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// The directory the stream is extracted into (absolute; made if missing).
+	Path          string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyToHeader) Reset() {
+	*x = CopyToHeader{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyToHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyToHeader) ProtoMessage() {}
+
+func (x *CopyToHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyToHeader.ProtoReflect.Descriptor instead.
+func (*CopyToHeader) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *CopyToHeader) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *CopyToHeader) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type CopyToRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*CopyToRequest_Header
+	//	*CopyToRequest_Data
+	Msg           isCopyToRequest_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyToRequest) Reset() {
+	*x = CopyToRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyToRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyToRequest) ProtoMessage() {}
+
+func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyToRequest.ProtoReflect.Descriptor instead.
+func (*CopyToRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *CopyToRequest) GetMsg() isCopyToRequest_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *CopyToRequest) GetHeader() *CopyToHeader {
+	if x != nil {
+		if x, ok := x.Msg.(*CopyToRequest_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *CopyToRequest) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*CopyToRequest_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+type isCopyToRequest_Msg interface {
+	isCopyToRequest_Msg()
+}
+
+type CopyToRequest_Header struct {
+	Header *CopyToHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type CopyToRequest_Data struct {
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+func (*CopyToRequest_Header) isCopyToRequest_Msg() {}
+
+func (*CopyToRequest_Data) isCopyToRequest_Msg() {}
+
+type CopyToResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes of the tar stream and entries extracted.
+	Bytes         int64 `protobuf:"varint,1,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Entries       int64 `protobuf:"varint,2,opt,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyToResponse) Reset() {
+	*x = CopyToResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyToResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyToResponse) ProtoMessage() {}
+
+func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyToResponse.ProtoReflect.Descriptor instead.
+func (*CopyToResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *CopyToResponse) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *CopyToResponse) GetEntries() int64 {
+	if x != nil {
+		return x.Entries
+	}
+	return 0
+}
+
+type CopyFromRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// An absolute path in the sandbox: a file, directory or symlink.
+	Path          string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyFromRequest) Reset() {
+	*x = CopyFromRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyFromRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyFromRequest) ProtoMessage() {}
+
+func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyFromRequest.ProtoReflect.Descriptor instead.
+func (*CopyFromRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *CopyFromRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *CopyFromRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type CopyFromResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyFromResponse) Reset() {
+	*x = CopyFromResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyFromResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyFromResponse) ProtoMessage() {}
+
+func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyFromResponse.ProtoReflect.Descriptor instead.
+func (*CopyFromResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *CopyFromResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 type Image struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -3360,7 +3913,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3372,7 +3925,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3385,7 +3938,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{55}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *Image) GetName() string {
@@ -3434,7 +3987,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3446,7 +3999,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3459,7 +4012,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{56}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *PullImageRequest) GetRef() string {
@@ -3487,7 +4040,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3499,7 +4052,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3512,7 +4065,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{57}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ImportImageRequest) GetPath() string {
@@ -3542,7 +4095,7 @@ type ImageProgress struct {
 
 func (x *ImageProgress) Reset() {
 	*x = ImageProgress{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3554,7 +4107,7 @@ func (x *ImageProgress) String() string {
 func (*ImageProgress) ProtoMessage() {}
 
 func (x *ImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3567,7 +4120,7 @@ func (x *ImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageProgress.ProtoReflect.Descriptor instead.
 func (*ImageProgress) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{58}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ImageProgress) GetPhase() string {
@@ -3606,7 +4159,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3618,7 +4171,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3631,7 +4184,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{59}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{67}
 }
 
 type ListImagesResponse struct {
@@ -3643,7 +4196,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3655,7 +4208,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3668,7 +4221,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{60}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -3687,7 +4240,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3699,7 +4252,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3712,7 +4265,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{61}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *RemoveImageRequest) GetName() string {
@@ -3730,7 +4283,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3742,7 +4295,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3755,7 +4308,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{62}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{70}
 }
 
 type SetupStep struct {
@@ -3772,7 +4325,7 @@ type SetupStep struct {
 
 func (x *SetupStep) Reset() {
 	*x = SetupStep{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3784,7 +4337,7 @@ func (x *SetupStep) String() string {
 func (*SetupStep) ProtoMessage() {}
 
 func (x *SetupStep) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3797,7 +4350,7 @@ func (x *SetupStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetupStep.ProtoReflect.Descriptor instead.
 func (*SetupStep) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{63}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *SetupStep) GetRun() string {
@@ -3851,7 +4404,7 @@ type EnvironmentDefinition struct {
 
 func (x *EnvironmentDefinition) Reset() {
 	*x = EnvironmentDefinition{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3863,7 +4416,7 @@ func (x *EnvironmentDefinition) String() string {
 func (*EnvironmentDefinition) ProtoMessage() {}
 
 func (x *EnvironmentDefinition) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3876,7 +4429,7 @@ func (x *EnvironmentDefinition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentDefinition.ProtoReflect.Descriptor instead.
 func (*EnvironmentDefinition) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{64}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *EnvironmentDefinition) GetName() string {
@@ -3977,7 +4530,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3989,7 +4542,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4002,7 +4555,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{65}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *Environment) GetDefinition() *EnvironmentDefinition {
@@ -4077,7 +4630,7 @@ type BuildEnvironmentRequest struct {
 
 func (x *BuildEnvironmentRequest) Reset() {
 	*x = BuildEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4089,7 +4642,7 @@ func (x *BuildEnvironmentRequest) String() string {
 func (*BuildEnvironmentRequest) ProtoMessage() {}
 
 func (x *BuildEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4102,7 +4655,7 @@ func (x *BuildEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*BuildEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{66}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *BuildEnvironmentRequest) GetDefinition() *EnvironmentDefinition {
@@ -4130,7 +4683,7 @@ type BuildProgress struct {
 
 func (x *BuildProgress) Reset() {
 	*x = BuildProgress{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4142,7 +4695,7 @@ func (x *BuildProgress) String() string {
 func (*BuildProgress) ProtoMessage() {}
 
 func (x *BuildProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4155,7 +4708,7 @@ func (x *BuildProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildProgress.ProtoReflect.Descriptor instead.
 func (*BuildProgress) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{67}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *BuildProgress) GetPhase() string {
@@ -4211,16 +4764,19 @@ type EnvironmentSandboxRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The definition (built if needed), or just its name for an
 	// environment already defined.
-	Definition    *EnvironmentDefinition `protobuf:"bytes,1,opt,name=definition,proto3" json:"definition,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	Overrides     *Overrides             `protobuf:"bytes,3,opt,name=overrides,proto3" json:"overrides,omitempty"`
+	Definition *EnvironmentDefinition `protobuf:"bytes,1,opt,name=definition,proto3" json:"definition,omitempty"`
+	Name       string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Overrides  *Overrides             `protobuf:"bytes,3,opt,name=overrides,proto3" json:"overrides,omitempty"`
+	// With name only: fail with FailedPrecondition when the environment has
+	// no snapshot, instead of building it first.
+	NoBuild       bool `protobuf:"varint,50,opt,name=no_build,json=noBuild,proto3" json:"no_build,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EnvironmentSandboxRequest) Reset() {
 	*x = EnvironmentSandboxRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4232,7 +4788,7 @@ func (x *EnvironmentSandboxRequest) String() string {
 func (*EnvironmentSandboxRequest) ProtoMessage() {}
 
 func (x *EnvironmentSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4245,7 +4801,7 @@ func (x *EnvironmentSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentSandboxRequest.ProtoReflect.Descriptor instead.
 func (*EnvironmentSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{68}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *EnvironmentSandboxRequest) GetDefinition() *EnvironmentDefinition {
@@ -4269,6 +4825,13 @@ func (x *EnvironmentSandboxRequest) GetOverrides() *Overrides {
 	return nil
 }
 
+func (x *EnvironmentSandboxRequest) GetNoBuild() bool {
+	if x != nil {
+		return x.NoBuild
+	}
+	return false
+}
+
 type EnvironmentSandboxResponse struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox     *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -4285,7 +4848,7 @@ type EnvironmentSandboxResponse struct {
 
 func (x *EnvironmentSandboxResponse) Reset() {
 	*x = EnvironmentSandboxResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4297,7 +4860,7 @@ func (x *EnvironmentSandboxResponse) String() string {
 func (*EnvironmentSandboxResponse) ProtoMessage() {}
 
 func (x *EnvironmentSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4310,7 +4873,7 @@ func (x *EnvironmentSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentSandboxResponse.ProtoReflect.Descriptor instead.
 func (*EnvironmentSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{69}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *EnvironmentSandboxResponse) GetSandbox() *Sandbox {
@@ -4357,7 +4920,7 @@ type GetEnvironmentRequest struct {
 
 func (x *GetEnvironmentRequest) Reset() {
 	*x = GetEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4369,7 +4932,7 @@ func (x *GetEnvironmentRequest) String() string {
 func (*GetEnvironmentRequest) ProtoMessage() {}
 
 func (x *GetEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4382,7 +4945,7 @@ func (x *GetEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*GetEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{70}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *GetEnvironmentRequest) GetName() string {
@@ -4401,7 +4964,7 @@ type GetEnvironmentResponse struct {
 
 func (x *GetEnvironmentResponse) Reset() {
 	*x = GetEnvironmentResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4413,7 +4976,7 @@ func (x *GetEnvironmentResponse) String() string {
 func (*GetEnvironmentResponse) ProtoMessage() {}
 
 func (x *GetEnvironmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4426,7 +4989,7 @@ func (x *GetEnvironmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEnvironmentResponse.ProtoReflect.Descriptor instead.
 func (*GetEnvironmentResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{71}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *GetEnvironmentResponse) GetEnvironment() *Environment {
@@ -4444,7 +5007,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4456,7 +5019,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4469,7 +5032,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{72}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{80}
 }
 
 type ListEnvironmentsResponse struct {
@@ -4481,7 +5044,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4493,7 +5056,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4506,7 +5069,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{73}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -4525,7 +5088,7 @@ type DeleteEnvironmentRequest struct {
 
 func (x *DeleteEnvironmentRequest) Reset() {
 	*x = DeleteEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4537,7 +5100,7 @@ func (x *DeleteEnvironmentRequest) String() string {
 func (*DeleteEnvironmentRequest) ProtoMessage() {}
 
 func (x *DeleteEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4550,7 +5113,7 @@ func (x *DeleteEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*DeleteEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{74}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *DeleteEnvironmentRequest) GetName() string {
@@ -4568,7 +5131,7 @@ type DeleteEnvironmentResponse struct {
 
 func (x *DeleteEnvironmentResponse) Reset() {
 	*x = DeleteEnvironmentResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4580,7 +5143,7 @@ func (x *DeleteEnvironmentResponse) String() string {
 func (*DeleteEnvironmentResponse) ProtoMessage() {}
 
 func (x *DeleteEnvironmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4593,7 +5156,7 @@ func (x *DeleteEnvironmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteEnvironmentResponse.ProtoReflect.Descriptor instead.
 func (*DeleteEnvironmentResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{75}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{83}
 }
 
 type BeginBuildRequest struct {
@@ -4605,7 +5168,7 @@ type BeginBuildRequest struct {
 
 func (x *BeginBuildRequest) Reset() {
 	*x = BeginBuildRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4617,7 +5180,7 @@ func (x *BeginBuildRequest) String() string {
 func (*BeginBuildRequest) ProtoMessage() {}
 
 func (x *BeginBuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4630,7 +5193,7 @@ func (x *BeginBuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginBuildRequest.ProtoReflect.Descriptor instead.
 func (*BeginBuildRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{76}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *BeginBuildRequest) GetDefinition() *EnvironmentDefinition {
@@ -4653,7 +5216,7 @@ type BeginBuildResponse struct {
 
 func (x *BeginBuildResponse) Reset() {
 	*x = BeginBuildResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4665,7 +5228,7 @@ func (x *BeginBuildResponse) String() string {
 func (*BeginBuildResponse) ProtoMessage() {}
 
 func (x *BeginBuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4678,7 +5241,7 @@ func (x *BeginBuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginBuildResponse.ProtoReflect.Descriptor instead.
 func (*BeginBuildResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{77}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *BeginBuildResponse) GetEnvironment() *Environment {
@@ -4714,7 +5277,7 @@ type CompleteBuildRequest struct {
 
 func (x *CompleteBuildRequest) Reset() {
 	*x = CompleteBuildRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4726,7 +5289,7 @@ func (x *CompleteBuildRequest) String() string {
 func (*CompleteBuildRequest) ProtoMessage() {}
 
 func (x *CompleteBuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4739,7 +5302,7 @@ func (x *CompleteBuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteBuildRequest.ProtoReflect.Descriptor instead.
 func (*CompleteBuildRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{78}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *CompleteBuildRequest) GetLease() string {
@@ -4772,7 +5335,7 @@ type CompleteBuildResponse struct {
 
 func (x *CompleteBuildResponse) Reset() {
 	*x = CompleteBuildResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4784,7 +5347,7 @@ func (x *CompleteBuildResponse) String() string {
 func (*CompleteBuildResponse) ProtoMessage() {}
 
 func (x *CompleteBuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4797,7 +5360,7 @@ func (x *CompleteBuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteBuildResponse.ProtoReflect.Descriptor instead.
 func (*CompleteBuildResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{79}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *CompleteBuildResponse) GetEnvironment() *Environment {
@@ -5074,7 +5637,54 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x17DeleteCredentialRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"\x1a\n" +
-	"\x18DeleteCredentialResponse\"\x8c\x01\n" +
+	"\x18DeleteCredentialResponse\"4\n" +
+	"\x18GetSandboxMetricsRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\"\xf3\x04\n" +
+	"\x0eSandboxMetrics\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12\x18\n" +
+	"\aruntime\x18\x04 \x01(\tR\aruntime\x12 \n" +
+	"\ftime_unix_ms\x18\x05 \x01(\x03R\n" +
+	"timeUnixMs\x12\x1f\n" +
+	"\vcpu_seconds\x18\x06 \x01(\x01R\n" +
+	"cpuSeconds\x12\x1b\n" +
+	"\tcpu_limit\x18\a \x01(\x01R\bcpuLimit\x12!\n" +
+	"\fmemory_bytes\x18\b \x01(\x03R\vmemoryBytes\x12,\n" +
+	"\x12memory_limit_bytes\x18\t \x01(\x03R\x10memoryLimitBytes\x12\x1d\n" +
+	"\n" +
+	"disk_bytes\x18\n" +
+	" \x01(\x03R\tdiskBytes\x12(\n" +
+	"\x10disk_limit_bytes\x18\v \x01(\x03R\x0ediskLimitBytes\x12 \n" +
+	"\fnet_rx_bytes\x18\f \x01(\x03R\n" +
+	"netRxBytes\x12 \n" +
+	"\fnet_tx_bytes\x18\r \x01(\x03R\n" +
+	"netTxBytes\x12\x12\n" +
+	"\x04pids\x18\x0e \x01(\x03R\x04pids\x12\x1d\n" +
+	"\n" +
+	"pids_limit\x18\x0f \x01(\x03R\tpidsLimit\x12M\n" +
+	"\vunavailable\x18\x10 \x03(\v2+.forkbox.v1.SandboxMetrics.UnavailableEntryR\vunavailable\x1a>\n" +
+	"\x10UnavailableEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Q\n" +
+	"\x19GetSandboxMetricsResponse\x124\n" +
+	"\ametrics\x18\x01 \x03(\v2\x1a.forkbox.v1.SandboxMetricsR\ametrics\"<\n" +
+	"\fCopyToHeader\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"`\n" +
+	"\rCopyToRequest\x122\n" +
+	"\x06header\x18\x01 \x01(\v2\x18.forkbox.v1.CopyToHeaderH\x00R\x06header\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x05\n" +
+	"\x03msg\"@\n" +
+	"\x0eCopyToResponse\x12\x14\n" +
+	"\x05bytes\x18\x01 \x01(\x03R\x05bytes\x12\x18\n" +
+	"\aentries\x18\x02 \x01(\x03R\aentries\"?\n" +
+	"\x0fCopyFromRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"&\n" +
+	"\x10CopyFromResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\x8c\x01\n" +
 	"\x05Image\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x12\n" +
@@ -5148,13 +5758,14 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x12\x16\n" +
 	"\x06output\x18\x05 \x01(\fR\x06output\x12\x1b\n" +
 	"\texit_code\x18\x06 \x01(\x05R\bexitCode\x129\n" +
-	"\venvironment\x18\a \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment\"\xa7\x01\n" +
+	"\venvironment\x18\a \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment\"\xc2\x01\n" +
 	"\x19EnvironmentSandboxRequest\x12A\n" +
 	"\n" +
 	"definition\x18\x01 \x01(\v2!.forkbox.v1.EnvironmentDefinitionR\n" +
 	"definition\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x123\n" +
-	"\toverrides\x18\x03 \x01(\v2\x15.forkbox.v1.OverridesR\toverrides\"\xda\x01\n" +
+	"\toverrides\x18\x03 \x01(\v2\x15.forkbox.v1.OverridesR\toverrides\x12\x19\n" +
+	"\bno_build\x182 \x01(\bR\anoBuild\"\xda\x01\n" +
 	"\x1aEnvironmentSandboxResponse\x12-\n" +
 	"\asandbox\x18\x01 \x01(\v2\x13.forkbox.v1.SandboxR\asandbox\x129\n" +
 	"\venvironment\x18\x02 \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment\x12\x1b\n" +
@@ -5185,7 +5796,7 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\"R\n" +
 	"\x15CompleteBuildResponse\x129\n" +
-	"\venvironment\x18\x01 \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment2\x84\x0e\n" +
+	"\venvironment\x18\x01 \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment2\xf2\x0f\n" +
 	"\x0eSandboxService\x12T\n" +
 	"\rCreateSandbox\x12 .forkbox.v1.CreateSandboxRequest\x1a!.forkbox.v1.CreateSandboxResponse\x12K\n" +
 	"\n" +
@@ -5210,7 +5821,10 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x06Resume\x12\x19.forkbox.v1.ResumeRequest\x1a\x1a.forkbox.v1.ResumeResponse\x12T\n" +
 	"\rSetCredential\x12 .forkbox.v1.SetCredentialRequest\x1a!.forkbox.v1.SetCredentialResponse\x12Z\n" +
 	"\x0fListCredentials\x12\".forkbox.v1.ListCredentialsRequest\x1a#.forkbox.v1.ListCredentialsResponse\x12]\n" +
-	"\x10DeleteCredential\x12#.forkbox.v1.DeleteCredentialRequest\x1a$.forkbox.v1.DeleteCredentialResponse2\xbf\x02\n" +
+	"\x10DeleteCredential\x12#.forkbox.v1.DeleteCredentialRequest\x1a$.forkbox.v1.DeleteCredentialResponse\x12`\n" +
+	"\x11GetSandboxMetrics\x12$.forkbox.v1.GetSandboxMetricsRequest\x1a%.forkbox.v1.GetSandboxMetricsResponse\x12A\n" +
+	"\x06CopyTo\x12\x19.forkbox.v1.CopyToRequest\x1a\x1a.forkbox.v1.CopyToResponse(\x01\x12G\n" +
+	"\bCopyFrom\x12\x1b.forkbox.v1.CopyFromRequest\x1a\x1c.forkbox.v1.CopyFromResponse0\x012\xbf\x02\n" +
 	"\fImageService\x12F\n" +
 	"\tPullImage\x12\x1c.forkbox.v1.PullImageRequest\x1a\x19.forkbox.v1.ImageProgress0\x01\x12J\n" +
 	"\vImportImage\x12\x1e.forkbox.v1.ImportImageRequest\x1a\x19.forkbox.v1.ImageProgress0\x01\x12K\n" +
@@ -5239,7 +5853,7 @@ func file_forkbox_v1_forkbox_proto_rawDescGZIP() []byte {
 	return file_forkbox_v1_forkbox_proto_rawDescData
 }
 
-var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 87)
+var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 96)
 var file_forkbox_v1_forkbox_proto_goTypes = []any{
 	(*Resources)(nil),                  // 0: forkbox.v1.Resources
 	(*Sandbox)(nil),                    // 1: forkbox.v1.Sandbox
@@ -5296,48 +5910,57 @@ var file_forkbox_v1_forkbox_proto_goTypes = []any{
 	(*ListCredentialsResponse)(nil),    // 52: forkbox.v1.ListCredentialsResponse
 	(*DeleteCredentialRequest)(nil),    // 53: forkbox.v1.DeleteCredentialRequest
 	(*DeleteCredentialResponse)(nil),   // 54: forkbox.v1.DeleteCredentialResponse
-	(*Image)(nil),                      // 55: forkbox.v1.Image
-	(*PullImageRequest)(nil),           // 56: forkbox.v1.PullImageRequest
-	(*ImportImageRequest)(nil),         // 57: forkbox.v1.ImportImageRequest
-	(*ImageProgress)(nil),              // 58: forkbox.v1.ImageProgress
-	(*ListImagesRequest)(nil),          // 59: forkbox.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),         // 60: forkbox.v1.ListImagesResponse
-	(*RemoveImageRequest)(nil),         // 61: forkbox.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),        // 62: forkbox.v1.RemoveImageResponse
-	(*SetupStep)(nil),                  // 63: forkbox.v1.SetupStep
-	(*EnvironmentDefinition)(nil),      // 64: forkbox.v1.EnvironmentDefinition
-	(*Environment)(nil),                // 65: forkbox.v1.Environment
-	(*BuildEnvironmentRequest)(nil),    // 66: forkbox.v1.BuildEnvironmentRequest
-	(*BuildProgress)(nil),              // 67: forkbox.v1.BuildProgress
-	(*EnvironmentSandboxRequest)(nil),  // 68: forkbox.v1.EnvironmentSandboxRequest
-	(*EnvironmentSandboxResponse)(nil), // 69: forkbox.v1.EnvironmentSandboxResponse
-	(*GetEnvironmentRequest)(nil),      // 70: forkbox.v1.GetEnvironmentRequest
-	(*GetEnvironmentResponse)(nil),     // 71: forkbox.v1.GetEnvironmentResponse
-	(*ListEnvironmentsRequest)(nil),    // 72: forkbox.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil),   // 73: forkbox.v1.ListEnvironmentsResponse
-	(*DeleteEnvironmentRequest)(nil),   // 74: forkbox.v1.DeleteEnvironmentRequest
-	(*DeleteEnvironmentResponse)(nil),  // 75: forkbox.v1.DeleteEnvironmentResponse
-	(*BeginBuildRequest)(nil),          // 76: forkbox.v1.BeginBuildRequest
-	(*BeginBuildResponse)(nil),         // 77: forkbox.v1.BeginBuildResponse
-	(*CompleteBuildRequest)(nil),       // 78: forkbox.v1.CompleteBuildRequest
-	(*CompleteBuildResponse)(nil),      // 79: forkbox.v1.CompleteBuildResponse
-	nil,                                // 80: forkbox.v1.Sandbox.EnvEntry
-	nil,                                // 81: forkbox.v1.CreateSandboxRequest.EnvEntry
-	nil,                                // 82: forkbox.v1.ExecRequest.EnvEntry
-	nil,                                // 83: forkbox.v1.Overrides.EnvEntry
-	nil,                                // 84: forkbox.v1.ForkRequest.CredentialsEntry
-	nil,                                // 85: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
-	nil,                                // 86: forkbox.v1.EnvironmentDefinition.EnvEntry
+	(*GetSandboxMetricsRequest)(nil),   // 55: forkbox.v1.GetSandboxMetricsRequest
+	(*SandboxMetrics)(nil),             // 56: forkbox.v1.SandboxMetrics
+	(*GetSandboxMetricsResponse)(nil),  // 57: forkbox.v1.GetSandboxMetricsResponse
+	(*CopyToHeader)(nil),               // 58: forkbox.v1.CopyToHeader
+	(*CopyToRequest)(nil),              // 59: forkbox.v1.CopyToRequest
+	(*CopyToResponse)(nil),             // 60: forkbox.v1.CopyToResponse
+	(*CopyFromRequest)(nil),            // 61: forkbox.v1.CopyFromRequest
+	(*CopyFromResponse)(nil),           // 62: forkbox.v1.CopyFromResponse
+	(*Image)(nil),                      // 63: forkbox.v1.Image
+	(*PullImageRequest)(nil),           // 64: forkbox.v1.PullImageRequest
+	(*ImportImageRequest)(nil),         // 65: forkbox.v1.ImportImageRequest
+	(*ImageProgress)(nil),              // 66: forkbox.v1.ImageProgress
+	(*ListImagesRequest)(nil),          // 67: forkbox.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),         // 68: forkbox.v1.ListImagesResponse
+	(*RemoveImageRequest)(nil),         // 69: forkbox.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),        // 70: forkbox.v1.RemoveImageResponse
+	(*SetupStep)(nil),                  // 71: forkbox.v1.SetupStep
+	(*EnvironmentDefinition)(nil),      // 72: forkbox.v1.EnvironmentDefinition
+	(*Environment)(nil),                // 73: forkbox.v1.Environment
+	(*BuildEnvironmentRequest)(nil),    // 74: forkbox.v1.BuildEnvironmentRequest
+	(*BuildProgress)(nil),              // 75: forkbox.v1.BuildProgress
+	(*EnvironmentSandboxRequest)(nil),  // 76: forkbox.v1.EnvironmentSandboxRequest
+	(*EnvironmentSandboxResponse)(nil), // 77: forkbox.v1.EnvironmentSandboxResponse
+	(*GetEnvironmentRequest)(nil),      // 78: forkbox.v1.GetEnvironmentRequest
+	(*GetEnvironmentResponse)(nil),     // 79: forkbox.v1.GetEnvironmentResponse
+	(*ListEnvironmentsRequest)(nil),    // 80: forkbox.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil),   // 81: forkbox.v1.ListEnvironmentsResponse
+	(*DeleteEnvironmentRequest)(nil),   // 82: forkbox.v1.DeleteEnvironmentRequest
+	(*DeleteEnvironmentResponse)(nil),  // 83: forkbox.v1.DeleteEnvironmentResponse
+	(*BeginBuildRequest)(nil),          // 84: forkbox.v1.BeginBuildRequest
+	(*BeginBuildResponse)(nil),         // 85: forkbox.v1.BeginBuildResponse
+	(*CompleteBuildRequest)(nil),       // 86: forkbox.v1.CompleteBuildRequest
+	(*CompleteBuildResponse)(nil),      // 87: forkbox.v1.CompleteBuildResponse
+	nil,                                // 88: forkbox.v1.Sandbox.EnvEntry
+	nil,                                // 89: forkbox.v1.CreateSandboxRequest.EnvEntry
+	nil,                                // 90: forkbox.v1.ExecRequest.EnvEntry
+	nil,                                // 91: forkbox.v1.Overrides.EnvEntry
+	nil,                                // 92: forkbox.v1.ForkRequest.CredentialsEntry
+	nil,                                // 93: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	nil,                                // 94: forkbox.v1.SandboxMetrics.UnavailableEntry
+	nil,                                // 95: forkbox.v1.EnvironmentDefinition.EnvEntry
 }
 var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	0,  // 0: forkbox.v1.Sandbox.resources:type_name -> forkbox.v1.Resources
-	80, // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
+	88, // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
 	0,  // 2: forkbox.v1.CreateSandboxRequest.resources:type_name -> forkbox.v1.Resources
-	81, // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
+	89, // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
 	1,  // 4: forkbox.v1.CreateSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,  // 5: forkbox.v1.GetSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,  // 6: forkbox.v1.ListSandboxesResponse.sandboxes:type_name -> forkbox.v1.Sandbox
-	82, // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
+	90, // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
 	12, // 8: forkbox.v1.ExecResponse.started:type_name -> forkbox.v1.ExecStarted
 	13, // 9: forkbox.v1.ExecResponse.exit:type_name -> forkbox.v1.ExecExit
 	19, // 10: forkbox.v1.ListFilesResponse.files:type_name -> forkbox.v1.FileInfo
@@ -5349,14 +5972,14 @@ var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	32, // 16: forkbox.v1.CheckpointResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
 	32, // 17: forkbox.v1.ListCheckpointsResponse.checkpoints:type_name -> forkbox.v1.Checkpoint
 	0,  // 18: forkbox.v1.Overrides.resources:type_name -> forkbox.v1.Resources
-	83, // 19: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
+	91, // 19: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
 	39, // 20: forkbox.v1.ForkRequest.overrides:type_name -> forkbox.v1.Overrides
-	84, // 21: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
+	92, // 21: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
 	1,  // 22: forkbox.v1.ForkChild.sandbox:type_name -> forkbox.v1.Sandbox
 	32, // 23: forkbox.v1.ForkResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
 	41, // 24: forkbox.v1.ForkResponse.children:type_name -> forkbox.v1.ForkChild
 	39, // 25: forkbox.v1.RestoreSnapshotRequest.overrides:type_name -> forkbox.v1.Overrides
-	85, // 26: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	93, // 26: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
 	1,  // 27: forkbox.v1.RestoreSnapshotResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,  // 28: forkbox.v1.ResumeResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	32, // 29: forkbox.v1.ResumeResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
@@ -5364,95 +5987,104 @@ var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	48, // 31: forkbox.v1.SetCredentialRequest.credential:type_name -> forkbox.v1.Credential
 	48, // 32: forkbox.v1.SetCredentialResponse.credential:type_name -> forkbox.v1.Credential
 	48, // 33: forkbox.v1.ListCredentialsResponse.credentials:type_name -> forkbox.v1.Credential
-	55, // 34: forkbox.v1.ImageProgress.image:type_name -> forkbox.v1.Image
-	55, // 35: forkbox.v1.ListImagesResponse.images:type_name -> forkbox.v1.Image
-	0,  // 36: forkbox.v1.EnvironmentDefinition.resources:type_name -> forkbox.v1.Resources
-	86, // 37: forkbox.v1.EnvironmentDefinition.env:type_name -> forkbox.v1.EnvironmentDefinition.EnvEntry
-	63, // 38: forkbox.v1.EnvironmentDefinition.steps:type_name -> forkbox.v1.SetupStep
-	64, // 39: forkbox.v1.Environment.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	64, // 40: forkbox.v1.BuildEnvironmentRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	65, // 41: forkbox.v1.BuildProgress.environment:type_name -> forkbox.v1.Environment
-	64, // 42: forkbox.v1.EnvironmentSandboxRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	39, // 43: forkbox.v1.EnvironmentSandboxRequest.overrides:type_name -> forkbox.v1.Overrides
-	1,  // 44: forkbox.v1.EnvironmentSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	65, // 45: forkbox.v1.EnvironmentSandboxResponse.environment:type_name -> forkbox.v1.Environment
-	65, // 46: forkbox.v1.GetEnvironmentResponse.environment:type_name -> forkbox.v1.Environment
-	65, // 47: forkbox.v1.ListEnvironmentsResponse.environments:type_name -> forkbox.v1.Environment
-	64, // 48: forkbox.v1.BeginBuildRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	65, // 49: forkbox.v1.BeginBuildResponse.environment:type_name -> forkbox.v1.Environment
-	1,  // 50: forkbox.v1.BeginBuildResponse.builder:type_name -> forkbox.v1.Sandbox
-	65, // 51: forkbox.v1.CompleteBuildResponse.environment:type_name -> forkbox.v1.Environment
-	2,  // 52: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
-	4,  // 53: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
-	6,  // 54: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
-	8,  // 55: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
-	10, // 56: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
-	14, // 57: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
-	16, // 58: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
-	18, // 59: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
-	21, // 60: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
-	24, // 61: forkbox.v1.SandboxService.PauseSandbox:input_type -> forkbox.v1.PauseSandboxRequest
-	26, // 62: forkbox.v1.SandboxService.UnpauseSandbox:input_type -> forkbox.v1.UnpauseSandboxRequest
-	28, // 63: forkbox.v1.SandboxService.HibernateSandbox:input_type -> forkbox.v1.HibernateSandboxRequest
-	30, // 64: forkbox.v1.SandboxService.WakeSandbox:input_type -> forkbox.v1.WakeSandboxRequest
-	33, // 65: forkbox.v1.SandboxService.Checkpoint:input_type -> forkbox.v1.CheckpointRequest
-	35, // 66: forkbox.v1.SandboxService.ListCheckpoints:input_type -> forkbox.v1.ListCheckpointsRequest
-	37, // 67: forkbox.v1.SandboxService.DeleteCheckpoint:input_type -> forkbox.v1.DeleteCheckpointRequest
-	40, // 68: forkbox.v1.SandboxService.Fork:input_type -> forkbox.v1.ForkRequest
-	43, // 69: forkbox.v1.SandboxService.RestoreSnapshot:input_type -> forkbox.v1.RestoreSnapshotRequest
-	45, // 70: forkbox.v1.SandboxService.Resume:input_type -> forkbox.v1.ResumeRequest
-	49, // 71: forkbox.v1.SandboxService.SetCredential:input_type -> forkbox.v1.SetCredentialRequest
-	51, // 72: forkbox.v1.SandboxService.ListCredentials:input_type -> forkbox.v1.ListCredentialsRequest
-	53, // 73: forkbox.v1.SandboxService.DeleteCredential:input_type -> forkbox.v1.DeleteCredentialRequest
-	56, // 74: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
-	57, // 75: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
-	59, // 76: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
-	61, // 77: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
-	66, // 78: forkbox.v1.EnvironmentService.BuildEnvironment:input_type -> forkbox.v1.BuildEnvironmentRequest
-	68, // 79: forkbox.v1.EnvironmentService.EnvironmentSandbox:input_type -> forkbox.v1.EnvironmentSandboxRequest
-	70, // 80: forkbox.v1.EnvironmentService.GetEnvironment:input_type -> forkbox.v1.GetEnvironmentRequest
-	72, // 81: forkbox.v1.EnvironmentService.ListEnvironments:input_type -> forkbox.v1.ListEnvironmentsRequest
-	74, // 82: forkbox.v1.EnvironmentService.DeleteEnvironment:input_type -> forkbox.v1.DeleteEnvironmentRequest
-	76, // 83: forkbox.v1.EnvironmentService.BeginBuild:input_type -> forkbox.v1.BeginBuildRequest
-	78, // 84: forkbox.v1.EnvironmentService.CompleteBuild:input_type -> forkbox.v1.CompleteBuildRequest
-	3,  // 85: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
-	5,  // 86: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
-	7,  // 87: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
-	9,  // 88: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
-	11, // 89: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
-	15, // 90: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
-	17, // 91: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
-	20, // 92: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
-	23, // 93: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
-	25, // 94: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
-	27, // 95: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
-	29, // 96: forkbox.v1.SandboxService.HibernateSandbox:output_type -> forkbox.v1.HibernateSandboxResponse
-	31, // 97: forkbox.v1.SandboxService.WakeSandbox:output_type -> forkbox.v1.WakeSandboxResponse
-	34, // 98: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
-	36, // 99: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
-	38, // 100: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
-	42, // 101: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
-	44, // 102: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
-	47, // 103: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
-	50, // 104: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
-	52, // 105: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
-	54, // 106: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
-	58, // 107: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
-	58, // 108: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
-	60, // 109: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
-	62, // 110: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
-	67, // 111: forkbox.v1.EnvironmentService.BuildEnvironment:output_type -> forkbox.v1.BuildProgress
-	69, // 112: forkbox.v1.EnvironmentService.EnvironmentSandbox:output_type -> forkbox.v1.EnvironmentSandboxResponse
-	71, // 113: forkbox.v1.EnvironmentService.GetEnvironment:output_type -> forkbox.v1.GetEnvironmentResponse
-	73, // 114: forkbox.v1.EnvironmentService.ListEnvironments:output_type -> forkbox.v1.ListEnvironmentsResponse
-	75, // 115: forkbox.v1.EnvironmentService.DeleteEnvironment:output_type -> forkbox.v1.DeleteEnvironmentResponse
-	77, // 116: forkbox.v1.EnvironmentService.BeginBuild:output_type -> forkbox.v1.BeginBuildResponse
-	79, // 117: forkbox.v1.EnvironmentService.CompleteBuild:output_type -> forkbox.v1.CompleteBuildResponse
-	85, // [85:118] is the sub-list for method output_type
-	52, // [52:85] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	94, // 34: forkbox.v1.SandboxMetrics.unavailable:type_name -> forkbox.v1.SandboxMetrics.UnavailableEntry
+	56, // 35: forkbox.v1.GetSandboxMetricsResponse.metrics:type_name -> forkbox.v1.SandboxMetrics
+	58, // 36: forkbox.v1.CopyToRequest.header:type_name -> forkbox.v1.CopyToHeader
+	63, // 37: forkbox.v1.ImageProgress.image:type_name -> forkbox.v1.Image
+	63, // 38: forkbox.v1.ListImagesResponse.images:type_name -> forkbox.v1.Image
+	0,  // 39: forkbox.v1.EnvironmentDefinition.resources:type_name -> forkbox.v1.Resources
+	95, // 40: forkbox.v1.EnvironmentDefinition.env:type_name -> forkbox.v1.EnvironmentDefinition.EnvEntry
+	71, // 41: forkbox.v1.EnvironmentDefinition.steps:type_name -> forkbox.v1.SetupStep
+	72, // 42: forkbox.v1.Environment.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	72, // 43: forkbox.v1.BuildEnvironmentRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	73, // 44: forkbox.v1.BuildProgress.environment:type_name -> forkbox.v1.Environment
+	72, // 45: forkbox.v1.EnvironmentSandboxRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	39, // 46: forkbox.v1.EnvironmentSandboxRequest.overrides:type_name -> forkbox.v1.Overrides
+	1,  // 47: forkbox.v1.EnvironmentSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	73, // 48: forkbox.v1.EnvironmentSandboxResponse.environment:type_name -> forkbox.v1.Environment
+	73, // 49: forkbox.v1.GetEnvironmentResponse.environment:type_name -> forkbox.v1.Environment
+	73, // 50: forkbox.v1.ListEnvironmentsResponse.environments:type_name -> forkbox.v1.Environment
+	72, // 51: forkbox.v1.BeginBuildRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	73, // 52: forkbox.v1.BeginBuildResponse.environment:type_name -> forkbox.v1.Environment
+	1,  // 53: forkbox.v1.BeginBuildResponse.builder:type_name -> forkbox.v1.Sandbox
+	73, // 54: forkbox.v1.CompleteBuildResponse.environment:type_name -> forkbox.v1.Environment
+	2,  // 55: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
+	4,  // 56: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
+	6,  // 57: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
+	8,  // 58: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
+	10, // 59: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
+	14, // 60: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
+	16, // 61: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
+	18, // 62: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
+	21, // 63: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
+	24, // 64: forkbox.v1.SandboxService.PauseSandbox:input_type -> forkbox.v1.PauseSandboxRequest
+	26, // 65: forkbox.v1.SandboxService.UnpauseSandbox:input_type -> forkbox.v1.UnpauseSandboxRequest
+	28, // 66: forkbox.v1.SandboxService.HibernateSandbox:input_type -> forkbox.v1.HibernateSandboxRequest
+	30, // 67: forkbox.v1.SandboxService.WakeSandbox:input_type -> forkbox.v1.WakeSandboxRequest
+	33, // 68: forkbox.v1.SandboxService.Checkpoint:input_type -> forkbox.v1.CheckpointRequest
+	35, // 69: forkbox.v1.SandboxService.ListCheckpoints:input_type -> forkbox.v1.ListCheckpointsRequest
+	37, // 70: forkbox.v1.SandboxService.DeleteCheckpoint:input_type -> forkbox.v1.DeleteCheckpointRequest
+	40, // 71: forkbox.v1.SandboxService.Fork:input_type -> forkbox.v1.ForkRequest
+	43, // 72: forkbox.v1.SandboxService.RestoreSnapshot:input_type -> forkbox.v1.RestoreSnapshotRequest
+	45, // 73: forkbox.v1.SandboxService.Resume:input_type -> forkbox.v1.ResumeRequest
+	49, // 74: forkbox.v1.SandboxService.SetCredential:input_type -> forkbox.v1.SetCredentialRequest
+	51, // 75: forkbox.v1.SandboxService.ListCredentials:input_type -> forkbox.v1.ListCredentialsRequest
+	53, // 76: forkbox.v1.SandboxService.DeleteCredential:input_type -> forkbox.v1.DeleteCredentialRequest
+	55, // 77: forkbox.v1.SandboxService.GetSandboxMetrics:input_type -> forkbox.v1.GetSandboxMetricsRequest
+	59, // 78: forkbox.v1.SandboxService.CopyTo:input_type -> forkbox.v1.CopyToRequest
+	61, // 79: forkbox.v1.SandboxService.CopyFrom:input_type -> forkbox.v1.CopyFromRequest
+	64, // 80: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
+	65, // 81: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
+	67, // 82: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
+	69, // 83: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
+	74, // 84: forkbox.v1.EnvironmentService.BuildEnvironment:input_type -> forkbox.v1.BuildEnvironmentRequest
+	76, // 85: forkbox.v1.EnvironmentService.EnvironmentSandbox:input_type -> forkbox.v1.EnvironmentSandboxRequest
+	78, // 86: forkbox.v1.EnvironmentService.GetEnvironment:input_type -> forkbox.v1.GetEnvironmentRequest
+	80, // 87: forkbox.v1.EnvironmentService.ListEnvironments:input_type -> forkbox.v1.ListEnvironmentsRequest
+	82, // 88: forkbox.v1.EnvironmentService.DeleteEnvironment:input_type -> forkbox.v1.DeleteEnvironmentRequest
+	84, // 89: forkbox.v1.EnvironmentService.BeginBuild:input_type -> forkbox.v1.BeginBuildRequest
+	86, // 90: forkbox.v1.EnvironmentService.CompleteBuild:input_type -> forkbox.v1.CompleteBuildRequest
+	3,  // 91: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
+	5,  // 92: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
+	7,  // 93: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
+	9,  // 94: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
+	11, // 95: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
+	15, // 96: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
+	17, // 97: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
+	20, // 98: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
+	23, // 99: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
+	25, // 100: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
+	27, // 101: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
+	29, // 102: forkbox.v1.SandboxService.HibernateSandbox:output_type -> forkbox.v1.HibernateSandboxResponse
+	31, // 103: forkbox.v1.SandboxService.WakeSandbox:output_type -> forkbox.v1.WakeSandboxResponse
+	34, // 104: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
+	36, // 105: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
+	38, // 106: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
+	42, // 107: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
+	44, // 108: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
+	47, // 109: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
+	50, // 110: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
+	52, // 111: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
+	54, // 112: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
+	57, // 113: forkbox.v1.SandboxService.GetSandboxMetrics:output_type -> forkbox.v1.GetSandboxMetricsResponse
+	60, // 114: forkbox.v1.SandboxService.CopyTo:output_type -> forkbox.v1.CopyToResponse
+	62, // 115: forkbox.v1.SandboxService.CopyFrom:output_type -> forkbox.v1.CopyFromResponse
+	66, // 116: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
+	66, // 117: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
+	68, // 118: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
+	70, // 119: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
+	75, // 120: forkbox.v1.EnvironmentService.BuildEnvironment:output_type -> forkbox.v1.BuildProgress
+	77, // 121: forkbox.v1.EnvironmentService.EnvironmentSandbox:output_type -> forkbox.v1.EnvironmentSandboxResponse
+	79, // 122: forkbox.v1.EnvironmentService.GetEnvironment:output_type -> forkbox.v1.GetEnvironmentResponse
+	81, // 123: forkbox.v1.EnvironmentService.ListEnvironments:output_type -> forkbox.v1.ListEnvironmentsResponse
+	83, // 124: forkbox.v1.EnvironmentService.DeleteEnvironment:output_type -> forkbox.v1.DeleteEnvironmentResponse
+	85, // 125: forkbox.v1.EnvironmentService.BeginBuild:output_type -> forkbox.v1.BeginBuildResponse
+	87, // 126: forkbox.v1.EnvironmentService.CompleteBuild:output_type -> forkbox.v1.CompleteBuildResponse
+	91, // [91:127] is the sub-list for method output_type
+	55, // [55:91] is the sub-list for method input_type
+	55, // [55:55] is the sub-list for extension type_name
+	55, // [55:55] is the sub-list for extension extendee
+	0,  // [0:55] is the sub-list for field type_name
 }
 
 func init() { file_forkbox_v1_forkbox_proto_init() }
@@ -5466,13 +6098,17 @@ func file_forkbox_v1_forkbox_proto_init() {
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
+	file_forkbox_v1_forkbox_proto_msgTypes[59].OneofWrappers = []any{
+		(*CopyToRequest_Header)(nil),
+		(*CopyToRequest_Data)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkbox_v1_forkbox_proto_rawDesc), len(file_forkbox_v1_forkbox_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   87,
+			NumMessages:   96,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
