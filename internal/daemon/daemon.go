@@ -68,6 +68,9 @@ type Config struct {
 	// DefaultDisk is the disk limit of a sandbox that asks for none (0 =
 	// none); see quota.go.
 	DefaultDisk int64
+	// MaxCopyBytes bounds the tar stream of one CopyTo or CopyFrom (0 =
+	// DefaultMaxCopy).
+	MaxCopyBytes int64
 	// MaxSandboxes bounds live sandboxes (0 = 100).
 	MaxSandboxes int
 	Log          *slog.Logger
@@ -117,6 +120,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.CgroupParent == "" {
 		c.CgroupParent = "forkbox"
+	}
+	if c.MaxCopyBytes <= 0 {
+		c.MaxCopyBytes = DefaultMaxCopy
 	}
 	if c.MaxSandboxes == 0 {
 		c.MaxSandboxes = 100

@@ -39,6 +39,9 @@ type ExtractOptions struct {
 	// KeepSpecialBits keeps setuid, setgid and sticky bits (inside a
 	// sandbox); without it they are dropped (on the host).
 	KeepSpecialBits bool
+	// TopName, when set, replaces the first element of every entry's name
+	// (`cp sb:/dir ./other` extracts dir's stream as other).
+	TopName string
 }
 
 // Result says what an extraction or a write moved.
@@ -79,6 +82,9 @@ func Extract(ctx context.Context, r io.Reader, dir string, o ExtractOptions) (Re
 	if o.MaxBytes <= 0 {
 		return Result{}, fmt.Errorf("extract: no size bound: %w", errdefs.ErrInvalidArgument)
 	}
+	if top, err := entryParts(o.TopName); o.TopName != "" && (err != nil || len(top) != 1) {
+		return Result{}, fmt.Errorf("extract: name %q: want one path element: %w", o.TopName, errdefs.ErrInvalidArgument)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return Result{}, osErr("mkdir", dir, err)
 	}
@@ -112,6 +118,9 @@ func Extract(ctx context.Context, r io.Reader, dir string, o ExtractOptions) (Re
 		parts, err := entryParts(h.Name)
 		if err != nil {
 			return res, err
+		}
+		if o.TopName != "" && len(parts) > 0 {
+			parts[0] = o.TopName
 		}
 		if len(parts) == 0 {
 			// "./": the directory itself.

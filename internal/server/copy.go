@@ -1,0 +1,104 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/forkbox/forkbox/api/forkbox/v1"
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/daemon"
+)
+
+// copyChunk is the size of the data messages CopyFrom sends.
+const copyChunk = 256 << 10
+
+// streamReader reads the data messages of a CopyTo stream after its header.
+type streamReader struct {
+	s   *connect.ClientStream[v1.CopyToRequest]
+	buf []byte
+}
+
+func (r *streamReader) Read(p []byte) (int, error) {
+	for len(r.buf) == 0 {
+		if !r.s.Receive() {
+			if err := r.s.Err(); err != nil {
+				return 0, fmt.Errorf("copy stream: %v: %w", err, errdefs.ErrUnavailable)
+			}
+			return 0, io.EOF
+		}
+		m := r.s.Msg()
+		if m.GetHeader() != nil {
+			return 0, fmt.Errorf("copy stream: a second header: %w", errdefs.ErrInvalidArgument)
+		}
+		r.buf = m.GetData()
+	}
+	n := copy(p, r.buf)
+	r.buf = r.buf[n:]
+	return n, nil
+}
+
+func (s *sandboxes) CopyTo(ctx context.Context, stream *connect.ClientStream[v1.CopyToRequest]) (*connect.Response[v1.CopyToResponse], error) {
+	if !stream.Receive() {
+		if err := stream.Err(); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("copy: empty stream, want a header first: %w", errdefs.ErrInvalidArgument)
+	}
+	h := stream.Msg().GetHeader()
+	if h == nil {
+		return nil, fmt.Errorf("copy: the first message must be the header: %w", errdefs.ErrInvalidArgument)
+	}
+	res, err := s.d.CopyTo(ctx, h.Sandbox, h.Path, &streamReader{s: stream})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&v1.CopyToResponse{Bytes: res.Bytes, Entries: res.Entries}), nil
+}
+
+// chunkSender sends writes as data messages of at most copyChunk bytes.
+type chunkSender struct {
+	s *connect.ServerStream[v1.CopyFromResponse]
+}
+
+func (w chunkSender) Write(p []byte) (int, error) {
+	n := 0
+	for len(p) > 0 {
+		c := min(len(p), copyChunk)
+		if err := w.s.Send(&v1.CopyFromResponse{Data: append([]byte(nil), p[:c]...)}); err != nil {
+			return n, fmt.Errorf("copy stream: %v: %w", err, errdefs.ErrUnavailable)
+		}
+		n += c
+		p = p[c:]
+	}
+	return n, nil
+}
+
+func (s *sandboxes) CopyFrom(ctx context.Context, req *connect.Request[v1.CopyFromRequest], stream *connect.ServerStream[v1.CopyFromResponse]) error {
+	_, err := s.d.CopyFrom(ctx, req.Msg.Sandbox, req.Msg.Path, chunkSender{s: stream})
+	return err
+}
+
+func toMetrics(m daemon.Metrics) *v1.SandboxMetrics {
+	return &v1.SandboxMetrics{
+		SandboxId: m.Sandbox.ID, Name: m.Sandbox.Name, State: string(m.Sandbox.State), Runtime: m.Sandbox.Runtime,
+		TimeUnixMs: m.Time.UnixMilli(), CpuSeconds: m.CPUSeconds, CpuLimit: m.CPULimit,
+		MemoryBytes: m.MemoryBytes, MemoryLimitBytes: m.MemoryLimit, DiskBytes: m.DiskBytes, DiskLimitBytes: m.DiskLimit,
+		NetRxBytes: int64(m.NetRxBytes), NetTxBytes: int64(m.NetTxBytes), Pids: m.Pids, PidsLimit: m.PidsLimit,
+		Unavailable: m.Unavailable,
+	}
+}
+
+func (s *sandboxes) GetSandboxMetrics(ctx context.Context, req *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error) {
+	list, err := s.d.SandboxMetrics(ctx, req.Msg.Sandbox)
+	if err != nil {
+		return nil, err
+	}
+	out := &v1.GetSandboxMetricsResponse{}
+	for _, m := range list {
+		out.Metrics = append(out.Metrics, toMetrics(m))
+	}
+	return connect.NewResponse(out), nil
+}
