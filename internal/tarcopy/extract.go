@@ -188,10 +188,10 @@ func openParent(root int, parts []string, mkdir bool) (int, error) {
 		return -1, osErr("dup", ".", err)
 	}
 	for i, p := range parts[:len(parts)-1] {
-		next, err := unix.Openat(fd, p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		next, err := openDirNoFollow(fd, p)
 		if errors.Is(err, unix.ENOENT) && mkdir {
 			if err = unix.Mkdirat(fd, p, 0o755); err == nil || errors.Is(err, unix.EEXIST) {
-				next, err = unix.Openat(fd, p, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+				next, err = openDirNoFollow(fd, p)
 			}
 		}
 		unix.Close(fd)
@@ -203,6 +203,30 @@ func openParent(root int, parts []string, mkdir bool) (int, error) {
 			return -1, osErr("open", where, err)
 		}
 		fd = next
+	}
+	return fd, nil
+}
+
+// openDirNoFollow opens the directory name in dir, refusing a symlink. It
+// does not rely on O_NOFOLLOW alone (gVisor's openat follows a symlink
+// with O_NOFOLLOW|O_DIRECTORY): name is lstat'ed first, and what was opened
+// must be the same inode, so a symlink swapped in meanwhile is refused too.
+func openDirNoFollow(dir int, name string) (int, error) {
+	var before unix.Stat_t
+	if err := unix.Fstatat(dir, name, &before, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return -1, err
+	}
+	if before.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return -1, unix.ENOTDIR
+	}
+	fd, err := unix.Openat(dir, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	var after unix.Stat_t
+	if err := unix.Fstat(fd, &after); err != nil || after.Dev != before.Dev || after.Ino != before.Ino {
+		unix.Close(fd)
+		return -1, unix.ELOOP
 	}
 	return fd, nil
 }
@@ -327,7 +351,7 @@ func fixDir(root int, d dirFix) error {
 		if parent, err = openParent(root, d.parts, false); err != nil {
 			return err
 		}
-		fd, err = unix.Openat(parent, d.parts[len(d.parts)-1], unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		fd, err = openDirNoFollow(parent, d.parts[len(d.parts)-1])
 		unix.Close(parent)
 	}
 	name := path.Join(d.parts...)

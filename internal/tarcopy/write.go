@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -92,7 +93,7 @@ func Write(ctx context.Context, w io.Writer, src, name string, maxBytes int64) (
 		}
 		res.Entries++
 		if fi.Mode().IsRegular() {
-			return copyFile(tw, p, h.Size)
+			return copyFile(tw, p, h.Size, fi)
 		}
 		return nil
 	})
@@ -108,7 +109,7 @@ func Write(ctx context.Context, w io.Writer, src, name string, maxBytes int64) (
 
 // copyFile copies exactly size bytes of the regular file p (opened without
 // following a symlink or blocking on a FIFO swapped in meanwhile).
-func copyFile(w io.Writer, p string, size int64) error {
+func copyFile(w io.Writer, p string, size int64, walked fs.FileInfo) error {
 	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return osErr("open", p, err)
@@ -116,7 +117,8 @@ func copyFile(w io.Writer, p string, size int64) error {
 	f := os.NewFile(uintptr(fd), p)
 	defer f.Close()
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+	ws, _ := walked.Sys().(*syscall.Stat_t)
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || ws == nil || st.Ino != ws.Ino || st.Dev != ws.Dev {
 		return fmt.Errorf("write: %s changed while it was copied: %w", p, errdefs.ErrFailedPrecondition)
 	}
 	n, err := io.Copy(w, io.LimitReader(f, size))
