@@ -95,12 +95,12 @@ func (d *Daemon) readMetrics(ctx context.Context, sb *store.Sandbox) Metrics {
 		m.Unavailable[what] = err.Error()
 	}
 	cg := d.cgroupPath(sb.ID)
-	if n, err := cgroups.CPUNanos(cgroups.Root, cg); err == nil {
+	if n, err := cgroups.CPUNanos(d.cgroupRoot, cg); err == nil {
 		m.CPUSeconds = float64(n) / 1e9
 	} else {
 		miss("cpu", err)
 	}
-	if n, limit, err := cgroups.Memory(cgroups.Root, cg); err == nil {
+	if n, limit, err := cgroups.Memory(d.cgroupRoot, cg); err == nil {
 		m.MemoryBytes, m.MemoryLimit = n, limit
 	} else {
 		miss("memory", err)
@@ -108,7 +108,7 @@ func (d *Daemon) readMetrics(ctx context.Context, sb *store.Sandbox) Metrics {
 	if m.MemoryLimit == 0 {
 		m.MemoryLimit = sb.Config.MemoryBytes
 	}
-	if n, limit, err := cgroups.Pids(cgroups.Root, cg); err == nil {
+	if n, limit, err := cgroups.Pids(d.cgroupRoot, cg); err == nil {
 		m.Pids, m.PidsLimit = n, limit
 	} else {
 		miss("pids", err)
