@@ -1,10 +1,14 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -117,6 +121,54 @@ func TestSandboxMetrics(t *testing.T) {
 		sb.Close(ctx)
 		if _, err := sb.Metrics(ctx); err == nil {
 			t.Errorf("metrics of a closed sandbox: got no error")
+		}
+	})
+}
+
+// TestStatsStream: `forkbox stats` refreshes, shows a CPU rate from the
+// second reading on, and stops on Ctrl-C with exit 0.
+func TestStatsStream(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T) {
+		ctx := context.Background()
+		sb := newSandbox(t, clientOpts())
+		if _, err := sb.Start(ctx, client.ExecOptions{Shell: "while :; do :; done"}); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(env.bin, "--host", "unix://"+env.socket, "stats", "--interval", "300ms", sb.ID)
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		timer := time.AfterFunc(2*time.Minute, func() { cmd.Process.Kill() })
+		defer timer.Stop()
+		sc := bufio.NewScanner(stdout)
+		tables, rate := 0, ""
+		for sc.Scan() {
+			f := strings.Fields(sc.Text())
+			if len(f) > 0 && f[0] == "SANDBOX" {
+				tables++
+			}
+			if len(f) > 3 && f[0] == sb.ID && strings.HasSuffix(f[3], "%") {
+				rate = f[3]
+				break
+			}
+		}
+		if rate == "" {
+			t.Fatalf("no CPU rate after %d tables: %v", tables, sc.Err())
+		}
+		if v, err := strconv.ParseFloat(strings.TrimSuffix(rate, "%"), 64); err != nil || v <= 10 {
+			t.Errorf("CPU %% of a busy loop: got %s, want more than 10%%", rate)
+		}
+		cmd.Process.Signal(os.Interrupt)
+		go io.Copy(io.Discard, stdout)
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("stats after Ctrl-C: %v, want exit 0", err)
+		}
+		if tables < 2 {
+			t.Errorf("tables before the rate: %d, want at least 2 (the first has no rate)", tables)
 		}
 	})
 }

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"io"
+	"time"
 
 	"github.com/forkbox/forkbox/internal/agent"
 	"github.com/forkbox/forkbox/internal/store"
@@ -18,6 +19,10 @@ import (
 // DefaultMaxCopy is `forkbox serve --max-copy-size`'s default.
 const DefaultMaxCopy = 1 << 30
 
+// copyTimeout bounds one copy in time: a caller or a sandbox that stalls
+// its stream cannot hold the sandbox's agent connection for ever.
+const copyTimeout = 30 * time.Minute
+
 // CopyResult is what a copy moved.
 type CopyResult = agent.CopyResult
 
@@ -28,7 +33,9 @@ func (d *Daemon) CopyTo(ctx context.Context, idOrName, dir string, r io.Reader) 
 		return CopyResult{}, err
 	}
 	defer done()
-	res, err := d.agent(sb).Untar(ctx, dir, r, d.cfg.MaxCopyBytes)
+	cctx, cancel := context.WithTimeout(ctx, copyTimeout)
+	defer cancel()
+	res, err := d.agent(sb).Untar(cctx, dir, r, d.cfg.MaxCopyBytes)
 	data := map[string]any{"path": dir, "bytes": res.Bytes, "entries": res.Entries}
 	if err != nil {
 		data["error"] = err.Error()
@@ -46,5 +53,7 @@ func (d *Daemon) CopyFrom(ctx context.Context, idOrName, path string, w io.Write
 		return CopyResult{}, err
 	}
 	defer done()
+	ctx, cancel := context.WithTimeout(ctx, copyTimeout)
+	defer cancel()
 	return d.agent(sb).Tar(ctx, path, w, d.cfg.MaxCopyBytes)
 }

@@ -3350,7 +3350,7 @@ func (*DeleteCredentialResponse) Descriptor() ([]byte, []int) {
 type GetSandboxMetricsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A sandbox ID or name; empty: every live sandbox (running, paused,
-	// degraded).
+	// degraded) except those waiting in warm pools.
 	Sandbox       string `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -1560,7 +1560,7 @@ export const DeleteCredentialResponseSchema: GenMessage<DeleteCredentialResponse
 export type GetSandboxMetricsRequest = Message<"forkbox.v1.GetSandboxMetricsRequest"> & {
   /**
    * A sandbox ID or name; empty: every live sandbox (running, paused,
-   * degraded).
+   * degraded) except those waiting in warm pools.
    *
    * @generated from field: string sandbox = 1;
    */
