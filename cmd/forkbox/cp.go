@@ -42,7 +42,8 @@ If the destination is an existing directory (or ends with /), the source is
 copied into it; otherwise it is copied as the destination. SRC or DST "-" is a
 tar stream on stdin or stdout. Symlinks are copied as symlinks. Entries are
 kept below the destination: a stream with ".." or absolute names, or one that
-would write through a symlink, is refused. Setuid bits are dropped on the host.`,
+would write through a symlink, is refused. Setuid bits are dropped on the host.
+A local path with a colon in its first element is written ./a:b.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			srcSB, srcPath, srcRemote := remotePath(args[0])
