@@ -52,9 +52,23 @@ func (s *sandboxes) CopyTo(ctx context.Context, stream *connect.ClientStream[v1.
 	}
 	res, err := s.d.CopyTo(ctx, h.Sandbox, h.Path, &streamReader{s: stream})
 	if err != nil {
+		drainCopy(stream)
 		return nil, err
 	}
 	return connect.NewResponse(&v1.CopyToResponse{Bytes: res.Bytes, Entries: res.Entries}), nil
+}
+
+// drainLimit bounds what drainCopy discards.
+const drainLimit = 64 << 20
+
+// drainCopy discards the unread rest of a refused CopyTo stream (up to
+// drainLimit bytes) before the error is answered. Over HTTP/1.1 a handler
+// that answers before the request body has ended makes the server close
+// the connection, and the client can lose the answer to the close.
+func drainCopy(stream *connect.ClientStream[v1.CopyToRequest]) {
+	for n := 0; n <= drainLimit && stream.Receive(); {
+		n += len(stream.Msg().GetData())
+	}
 }
 
 // chunkSender sends writes as data messages of at most copyChunk bytes.
