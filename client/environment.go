@@ -135,3 +135,23 @@ func (c *Client) DeleteEnvironment(ctx context.Context, name string) error {
 	_, err := c.envs.DeleteEnvironment(ctx, connect.NewRequest(&v1.DeleteEnvironmentRequest{Name: name}))
 	return errconnect.FromConnect(err)
 }
+
+// SandboxFromEnvironment hands over a sandbox of the built environment
+// called name, through the same path as Environment(...).Sandbox: from its
+// warm pool when one is ready (only when o is empty), else forked from its
+// snapshot. It never builds: an unknown name is NotFound, an environment
+// without a snapshot FailedPrecondition.
+func (c *Client) SandboxFromEnvironment(ctx context.Context, name string, o Overrides) (*EnvSandbox, error) {
+	c.init()
+	if err := c.acquire(1); err != nil {
+		return nil, err
+	}
+	resp, err := c.envs.EnvironmentSandbox(ctx, connect.NewRequest(&v1.EnvironmentSandboxRequest{Name: name, Overrides: o.proto(), NoBuild: true}))
+	if err != nil {
+		c.release(1)
+		return nil, errconnect.FromConnect(err)
+	}
+	m := resp.Msg
+	return &EnvSandbox{Sandbox: &Sandbox{c: c, ID: m.Sandbox.Id, Info: m.Sandbox, slot: true}, FromPool: m.FromPool,
+		HandoverMS: m.HandoverMs, Built: m.Built}, nil
+}

@@ -17,18 +17,19 @@ func goList(t *testing.T, args ...string) []string {
 }
 
 // TestAgentImports keeps the agent small: its own packages import only the
-// standard library, x/sys and errdefs.
+// standard library, x/sys and errdefs (and tarcopy, which is held to the
+// same rule).
 func TestAgentImports(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("needs the go tool")
 	}
-	imports := goList(t, "-f", `{{join .Imports " "}}`, ".", "../../internal/agent")
+	imports := goList(t, "-f", `{{join .Imports " "}}`, ".", "../../internal/agent", "../../internal/tarcopy")
 	for _, imp := range imports {
 		first, _, _ := strings.Cut(imp, "/")
 		switch {
 		case !strings.Contains(first, "."): // standard library
 		case imp == "golang.org/x/sys/unix", imp == "github.com/forkbox/forkbox/errdefs",
-			imp == "github.com/forkbox/forkbox/internal/agent":
+			imp == "github.com/forkbox/forkbox/internal/agent", imp == "github.com/forkbox/forkbox/internal/tarcopy":
 		default:
 			t.Errorf("the agent imports %s; allowed: stdlib, x/sys/unix, errdefs", imp)
 		}

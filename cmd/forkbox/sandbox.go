@@ -28,8 +28,9 @@ func parseEnv(kvs []string) (map[string]string, error) {
 func createCmd(g *globals) *cobra.Command {
 	var o client.CreateOptions
 	var env []string
+	var environment string
 	cmd := &cobra.Command{
-		Use:   "create --image IMAGE [--name NAME]",
+		Use:   "create (--image IMAGE | --environment NAME) [--name NAME]",
 		Short: "Create a sandbox and wait until it is ready",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -37,7 +38,13 @@ func createCmd(g *globals) *cobra.Command {
 			if o.Env, err = parseEnv(env); err != nil {
 				return err
 			}
+			if (o.Image == "") == (environment == "") {
+				return fmt.Errorf("create needs --image or --environment, not both: %w", errdefs.ErrInvalidArgument)
+			}
 			start := time.Now()
+			if environment != "" {
+				return createFromEnvironment(cmd, g, environment, o, start)
+			}
 			sb, err := g.client().CreateSandbox(cmd.Context(), o)
 			if err != nil {
 				return err
@@ -50,7 +57,8 @@ func createCmd(g *globals) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.Image, "image", "", "image name or digest (required)")
+	f.StringVar(&o.Image, "image", "", "image name or digest")
+	f.StringVar(&environment, "environment", "", "a built environment: take a sandbox from its warm pool, else fork its snapshot (flags below override what it gives)")
 	f.StringVar(&o.Name, "name", "", "sandbox name (default: its ID)")
 	f.StringVar(&o.Resources.CPU, "cpu", "", "CPU cores, e.g. 1 or 0.5 (default 1)")
 	f.StringVar(&o.Resources.Memory, "memory", "", "memory, e.g. 512Mi or 2Gi (default 512Mi)")
@@ -60,8 +68,38 @@ func createCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.Cwd, "cwd", "", "working directory of execs")
 	f.StringVar(&o.Egress, "egress", "none", "outbound network: none or all")
 	f.StringVar(&o.Runtime, "runtime", "", "runtime: gvisor or crun (default: the daemon's)")
-	cmd.MarkFlagRequired("image")
 	return cmd
+}
+
+// createFromEnvironment hands over a sandbox of a built environment. Only
+// the flags given override what the environment gives; with none, a warm
+// pool sandbox is taken when one is ready.
+func createFromEnvironment(cmd *cobra.Command, g *globals, name string, o client.CreateOptions, start time.Time) error {
+	f := cmd.Flags()
+	if f.Changed("runtime") {
+		return fmt.Errorf("--runtime: a sandbox of an environment runs on the environment's runtime: %w", errdefs.ErrInvalidArgument)
+	}
+	var ov client.Overrides
+	ov.Name, ov.Resources, ov.Cwd = o.Name, o.Resources, o.Cwd
+	if len(o.Env) > 0 {
+		ov.Env = o.Env
+	}
+	if f.Changed("egress") {
+		ov.Egress = o.Egress
+	}
+	sb, err := g.client().SandboxFromEnvironment(cmd.Context(), name, ov)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return printJSON(map[string]any{"sandbox": sb.Info, "from_pool": sb.FromPool, "handover_ms": sb.HandoverMS})
+	}
+	from := "forked from the snapshot"
+	if sb.FromPool {
+		from = "from the warm pool"
+	}
+	fmt.Printf("%s\t%s\tready in %s (%s)\n", sb.ID, sb.Info.Name, time.Since(start).Round(time.Millisecond), from)
+	return nil
 }
 
 func execCmd(g *globals) *cobra.Command {

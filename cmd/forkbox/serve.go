@@ -29,6 +29,7 @@ func envOr(k, def string) string {
 type daemonFlags struct {
 	cfg                                  daemon.Config
 	socket, tcp, token, level, btr, disk string
+	copyMax                              string
 	metrics, ui                          string
 	metricsMax                           int
 }
@@ -52,6 +53,9 @@ func (df *daemonFlags) config() (daemon.Config, error) {
 		return cfg, fmt.Errorf("--default-disk: %w", err)
 	}
 	cfg.DefaultDisk = n
+	if cfg.MaxCopyBytes, err = daemon.ParseDisk(df.copyMax); err != nil || cfg.MaxCopyBytes == 0 {
+		return cfg, fmt.Errorf("--max-copy-size %q: want a size such as 1Gi: %w", df.copyMax, errdefs.ErrInvalidArgument)
+	}
 	return cfg, nil
 }
 
@@ -131,6 +135,7 @@ func (df *daemonFlags) register(cmd *cobra.Command) {
 	f.StringVar(&df.tcp, "tcp", "", "also listen on this TCP address (needs --token)")
 	f.StringVar(&df.token, "api-token", os.Getenv("FORKBOX_API_TOKEN"), "bearer token required on the TCP listener")
 	f.StringVar(&df.disk, "default-disk", "10Gi", "disk limit of a sandbox that asks for none (0 = none)")
+	f.StringVar(&df.copyMax, "max-copy-size", "1Gi", "largest tar stream one `forkbox cp` may move, either way")
 	f.BoolVar(&df.cfg.BtrfsPreallocate, "btrfs-preallocate", false, "allocate the whole btrfs file when it is made, so sandboxes together cannot fill the state dir's filesystem")
 	f.StringVar(&df.cfg.AgentPath, "agent", "", "forkbox-agent binary (default: next to this binary)")
 	f.StringVar(&df.cfg.RuntimeBinary, "runsc", "", "runsc binary (default: from PATH)")

@@ -30,7 +30,7 @@ type reqBody struct {
 }
 
 func newReqBody(conn net.Conn, req *request) *reqBody {
-	return &reqBody{conn: conn, pending: req.Op == opWrite || (req.Op == opExec && req.HasStdin)}
+	return &reqBody{conn: conn, pending: req.Op == opWrite || req.Op == opUntar || (req.Op == opExec && req.HasStdin)}
 }
 
 // next reads the body's next frame; the EOF frame or a read error ends it.

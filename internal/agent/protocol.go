@@ -51,6 +51,11 @@ const (
 	opList  = "list"
 	opSync  = "sync"
 	opFork  = "forked"
+	// opUntar extracts the tar stream in the body into Path, at most Size
+	// bytes; opTar sends Path as a tar stream in data frames, at most Size
+	// bytes (see copy.go).
+	opUntar = "untar"
+	opTar   = "tar"
 	// opRotate replaces the token (request.NewToken) and does nothing else.
 	opRotate = "rotate"
 	// opPty runs request.Exec on a new pseudo-terminal of size request.Pty.

@@ -230,6 +230,10 @@ func (s *Server) dispatch(body *reqBody, fw *frameWriter, req *request, received
 		return s.handleList(fw, req)
 	case opPty:
 		return s.handlePty(body, fw, req)
+	case opUntar:
+		return s.handleUntar(body, fw, req)
+	case opTar:
+		return s.handleTar(fw, req)
 	case opFork:
 		return s.handleForked(fw, req, received)
 	case opRotate:

@@ -1,6 +1,7 @@
 // Package cgroups is the daemon's access to a sandbox's cgroups, which the
 // OCI runtimes create: it freezes and thaws them, on cgroup v1 (the freezer
-// controller) and v2 (cgroup.freeze); reads their OOM kill count; and kills
+// controller) and v2 (cgroup.freeze); reads their OOM kill count and their
+// CPU, memory and pids counters (stats.go); and kills
 // what is left in them and removes them from every mounted hierarchy when a
 // sandbox is closed or found orphaned. Freezing stops every process of the
 // sandbox (for gVisor: the sentry and gofer themselves), so what it wrote is

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/cgroups"
 	"github.com/forkbox/forkbox/internal/env"
 	"github.com/forkbox/forkbox/internal/image"
 	"github.com/forkbox/forkbox/internal/runtime"
@@ -68,6 +69,9 @@ type Config struct {
 	// DefaultDisk is the disk limit of a sandbox that asks for none (0 =
 	// none); see quota.go.
 	DefaultDisk int64
+	// MaxCopyBytes bounds the tar stream of one CopyTo or CopyFrom (0 =
+	// DefaultMaxCopy).
+	MaxCopyBytes int64
 	// MaxSandboxes bounds live sandboxes (0 = 100).
 	MaxSandboxes int
 	Log          *slog.Logger
@@ -96,6 +100,7 @@ type Daemon struct {
 	actOnce      sync.Once
 	activity     *activity
 	envs         *env.Manager
+	cgroupRoot   string         // where metrics read cgroups (cgroups.Root; tests change it)
 	bg           sync.WaitGroup // the janitor's goroutines; Close waits for them
 }
 
@@ -117,6 +122,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.CgroupParent == "" {
 		c.CgroupParent = "forkbox"
+	}
+	if c.MaxCopyBytes <= 0 {
+		c.MaxCopyBytes = DefaultMaxCopy
 	}
 	if c.MaxSandboxes == 0 {
 		c.MaxSandboxes = 100
@@ -143,7 +151,8 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	d := &Daemon{cfg: cfg, log: cfg.Log, locks: map[string]*sync.Mutex{}, runtimes: p.runtimes, snaps: p.snaps, net: p.net, host: p.host}
+	d := &Daemon{cfg: cfg, log: cfg.Log, locks: map[string]*sync.Mutex{}, runtimes: p.runtimes, snaps: p.snaps, net: p.net, host: p.host,
+		cgroupRoot: cgroups.Root}
 	if d.runtimes == nil {
 		d.runtimes = map[string]runtime.Runtime{}
 	}

@@ -40,6 +40,13 @@ func (d *Daemon) EnvironmentSandbox(ctx context.Context, def *EnvDefinition, nam
 	return d.envs.Sandbox(ctx, def, name, envOverrides(o))
 }
 
+// EnvironmentSandboxBuilt hands over a sandbox of the environment called
+// name, which must be built: one without a snapshot is a
+// FailedPrecondition, an unknown name NotFound.
+func (d *Daemon) EnvironmentSandboxBuilt(ctx context.Context, name string, o Overrides) (*EnvSandboxResult, error) {
+	return d.envs.SandboxBuilt(ctx, name, envOverrides(o))
+}
+
 // GetEnvironment returns an environment.
 func (d *Daemon) GetEnvironment(ctx context.Context, name string) (*EnvStatus, error) {
 	return d.envs.Get(ctx, name)
@@ -66,7 +73,7 @@ func (d *Daemon) CompleteBuild(ctx context.Context, id string, ok bool, reason s
 }
 
 func envOverrides(o Overrides) env.Overrides {
-	return env.Overrides{CPU: o.CPU, Memory: o.Memory, Pids: o.Pids, Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Name: o.Name}
+	return env.Overrides{CPU: o.CPU, Memory: o.Memory, Pids: o.Pids, Disk: o.Disk, Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Name: o.Name}
 }
 
 // envSandboxes is the daemon as environments see it.
@@ -75,7 +82,7 @@ type envSandboxes struct{ d *Daemon }
 var _ env.Sandboxes = envSandboxes{}
 
 func createOptions(def *env.Definition) CreateOptions {
-	return CreateOptions{Image: def.Image, Name: def.Name, CPU: def.CPU, Memory: def.Memory, Pids: def.Pids, Env: def.Env,
+	return CreateOptions{Image: def.Image, Name: def.Name, CPU: def.CPU, Memory: def.Memory, Pids: def.Pids, Disk: def.Disk, Env: def.Env,
 		Cwd: def.Cwd, Egress: def.Egress, Runtime: def.Runtime}
 }
 
@@ -106,7 +113,7 @@ func (a envSandboxes) StartFromCheckpoint(ctx context.Context, checkpoint string
 		return nil, err
 	}
 	return a.d.startFromCheckpoint(ctx, startOptions{checkpoint: ck, pool: pool, event: event,
-		overrides: Overrides{CPU: o.CPU, Memory: o.Memory, Pids: o.Pids, Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Name: o.Name}})
+		overrides: Overrides{CPU: o.CPU, Memory: o.Memory, Pids: o.Pids, Disk: o.Disk, Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Name: o.Name}})
 }
 
 func (a envSandboxes) Exec(ctx context.Context, sandbox, shell string, stdout, stderr io.Writer) (int, error) {

@@ -243,6 +243,10 @@ func (n fakeNet) List(context.Context) ([]string, error) {
 
 func (n fakeNet) Destroy(context.Context) error { return nil }
 
+func (n fakeNet) Counters(_ context.Context, id string) (network.Counters, error) {
+	return network.Counters{}, fmt.Errorf("fake network: no veth for %s: %w", id, errdefs.ErrNotFound)
+}
+
 // fakeRuntime runs containers as in-process agents. memRuntime adds memory
 // checkpoints (as gVisor has).
 type fakeRuntime struct {

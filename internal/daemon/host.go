@@ -26,6 +26,8 @@ type netManager interface {
 	Teardown(ctx context.Context, id string) error
 	List(ctx context.Context) ([]string, error)
 	Destroy(ctx context.Context) error
+	// Counters reads a sandbox's network byte counters.
+	Counters(ctx context.Context, id string) (network.Counters, error)
 }
 
 // hostOps are the host operations besides storage, network and runtime:

@@ -47,11 +47,14 @@ type SetupStep struct {
 
 // Definition is an environment's declarative definition.
 type Definition struct {
-	Name      string            `json:"name"`
-	Image     string            `json:"image"`
-	CPU       string            `json:"cpu,omitempty"`
-	Memory    string            `json:"memory,omitempty"`
-	Pids      int64             `json:"pids,omitempty"`
+	Name   string `json:"name"`
+	Image  string `json:"image"`
+	CPU    string `json:"cpu,omitempty"`
+	Memory string `json:"memory,omitempty"`
+	Pids   int64  `json:"pids,omitempty"`
+	// Disk is the disk limit of the builder and of every sandbox of the
+	// environment ("2Gi"; "0" = none; "" = the daemon's default).
+	Disk      string            `json:"disk,omitempty"`
 	Env       map[string]string `json:"env,omitempty"`
 	Cwd       string            `json:"cwd,omitempty"`
 	Egress    string            `json:"egress,omitempty"`
@@ -84,6 +87,7 @@ type Progress struct {
 type Overrides struct {
 	CPU, Memory string
 	Pids        int64
+	Disk        string
 	Env         map[string]string
 	Cwd         string
 	Egress      string
@@ -91,7 +95,7 @@ type Overrides struct {
 }
 
 func (o Overrides) empty() bool {
-	return o.CPU == "" && o.Memory == "" && o.Pids == 0 && len(o.Env) == 0 && o.Cwd == "" && o.Egress == "" && o.Name == ""
+	return o.CPU == "" && o.Memory == "" && o.Pids == 0 && o.Disk == "" && len(o.Env) == 0 && o.Cwd == "" && o.Egress == "" && o.Name == ""
 }
 
 // Sandboxes is what environments need from the sandbox manager.
@@ -217,10 +221,16 @@ func (def *Definition) hashPrefix(digest string, n int) string {
 	for _, k := range keys {
 		env = append(env, k+"="+def.Env[k])
 	}
-	b, _ := json.Marshal(map[string]any{
+	h := map[string]any{
 		"v": 1, "digest": digest, "runtime": def.Runtime, "cpu": def.CPU, "memory": def.Memory, "pids": def.Pids,
 		"env": env, "cwd": def.Cwd, "egress": def.Egress, "setup_hash": def.SetupHash, "steps": def.Steps[:n],
-	})
+	}
+	if def.Disk != "" {
+		// Only when set, so that the hashes of environments built before
+		// disk limits were part of definitions stay the same.
+		h["disk"] = def.Disk
+	}
+	b, _ := json.Marshal(h)
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
 }

@@ -23,6 +23,16 @@ type SandboxResult struct {
 // def may be nil to use the stored definition of name. A snapshot older
 // than the max age is rebuilt in the background while it keeps serving.
 func (m *Manager) Sandbox(ctx context.Context, def *Definition, name string, o Overrides) (*SandboxResult, error) {
+	return m.sandbox(ctx, def, name, o, true)
+}
+
+// SandboxBuilt is Sandbox by name that never builds: an environment
+// without a snapshot is a FailedPrecondition (an unknown one NotFound).
+func (m *Manager) SandboxBuilt(ctx context.Context, name string, o Overrides) (*SandboxResult, error) {
+	return m.sandbox(ctx, nil, name, o, false)
+}
+
+func (m *Manager) sandbox(ctx context.Context, def *Definition, name string, o Overrides, build bool) (*SandboxResult, error) {
 	var rec *store.Environment
 	var err error
 	res := &SandboxResult{}
@@ -35,6 +45,13 @@ func (m *Manager) Sandbox(ctx context.Context, def *Definition, name string, o O
 	} else {
 		if rec, err = m.store.GetEnvironment(ctx, name); err != nil {
 			return nil, err
+		}
+		if rec.Checkpoint == "" && !build {
+			why := "it is not built"
+			if rec.Error != "" {
+				why = "its last build failed: " + rec.Error
+			}
+			return nil, fmt.Errorf("environment %s has no snapshot (%s); build it with `forkbox env build`: %w", name, why, errdefs.ErrFailedPrecondition)
 		}
 		if rec.Checkpoint == "" {
 			st, built, err := m.Build(ctx, DefinitionOf(rec), false, nil)

@@ -1,17 +1,14 @@
 package metrics
 
 import (
-	"bufio"
 	"context"
-	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/forkbox/forkbox/internal/cgroups"
 	"github.com/forkbox/forkbox/internal/store"
 )
 
@@ -97,58 +94,14 @@ func (c *sandboxCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// cpuSeconds reads a cgroup's CPU time: v1 cpuacct.usage (ns), else v2
-// cpu.stat usage_usec (at the root or in a hybrid host's unified mount).
+// cpuSeconds and memoryBytes read a cgroup's counters through package
+// cgroups, which GetSandboxMetrics shares.
 func cpuSeconds(root, path string) (float64, bool) {
-	if n, ok := readInt(filepath.Join(root, "cpuacct", path, "cpuacct.usage")); ok {
-		return float64(n) / 1e9, true
-	}
-	if n, ok := readInt(filepath.Join(root, "cpu,cpuacct", path, "cpuacct.usage")); ok {
-		return float64(n) / 1e9, true
-	}
-	for _, dir := range []string{filepath.Join(root, path), filepath.Join(root, "unified", path)} {
-		if n, ok := statField(filepath.Join(dir, "cpu.stat"), "usage_usec"); ok {
-			return float64(n) / 1e6, true
-		}
-	}
-	return 0, false
+	n, err := cgroups.CPUNanos(root, path)
+	return float64(n) / 1e9, err == nil
 }
 
-// memoryBytes reads a cgroup's memory charge: v1 memory.usage_in_bytes, else
-// v2 memory.current.
 func memoryBytes(root, path string) (float64, bool) {
-	if n, ok := readInt(filepath.Join(root, "memory", path, "memory.usage_in_bytes")); ok {
-		return float64(n), true
-	}
-	for _, dir := range []string{filepath.Join(root, path), filepath.Join(root, "unified", path)} {
-		if n, ok := readInt(filepath.Join(dir, "memory.current")); ok {
-			return float64(n), true
-		}
-	}
-	return 0, false
-}
-
-func readInt(file string) (int64, bool) {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	return n, err == nil
-}
-
-func statField(file, key string) (int64, bool) {
-	f, err := os.Open(file)
-	if err != nil {
-		return 0, false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), key+" "); ok {
-			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			return n, err == nil
-		}
-	}
-	return 0, false
+	n, _, err := cgroups.Memory(root, path)
+	return float64(n), err == nil
 }

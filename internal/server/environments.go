@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -21,7 +22,7 @@ func fromDefinition(p *v1.EnvironmentDefinition) (daemon.EnvDefinition, error) {
 	def := daemon.EnvDefinition{Name: p.Name, Image: p.Image, Env: p.Env, Cwd: p.Cwd, Runtime: p.Runtime, Egress: p.Egress,
 		MaxAge: time.Duration(p.MaxAgeSeconds) * time.Second, PoolSize: int(p.PoolSize), SetupHash: p.SetupHash}
 	if r := p.Resources; r != nil {
-		def.CPU, def.Memory, def.Pids = r.Cpu, r.Memory, r.Pids
+		def.CPU, def.Memory, def.Pids, def.Disk = r.Cpu, r.Memory, r.Pids, r.Disk
 	}
 	for _, s := range p.Steps {
 		def.Steps = append(def.Steps, daemon.SetupStep{Run: s.Run, WritePath: s.WritePath, WriteContent: s.WriteContent, WriteMode: s.WriteMode})
@@ -32,7 +33,7 @@ func fromDefinition(p *v1.EnvironmentDefinition) (daemon.EnvDefinition, error) {
 func toDefinition(def daemon.EnvDefinition) *v1.EnvironmentDefinition {
 	p := &v1.EnvironmentDefinition{Name: def.Name, Image: def.Image, Env: def.Env, Cwd: def.Cwd, Runtime: def.Runtime, Egress: def.Egress,
 		MaxAgeSeconds: int64(def.MaxAge / time.Second), PoolSize: int32(def.PoolSize), SetupHash: def.SetupHash,
-		Resources: &v1.Resources{Cpu: def.CPU, Memory: def.Memory, Pids: def.Pids}}
+		Resources: &v1.Resources{Cpu: def.CPU, Memory: def.Memory, Pids: def.Pids, Disk: def.Disk}}
 	for _, s := range def.Steps {
 		p.Steps = append(p.Steps, &v1.SetupStep{Run: s.Run, WritePath: s.WritePath, WriteContent: s.WriteContent, WriteMode: s.WriteMode})
 	}
@@ -78,7 +79,16 @@ func (s *environments) EnvironmentSandbox(ctx context.Context, req *connect.Requ
 		}
 		def = &d
 	}
-	res, err := s.d.EnvironmentSandbox(ctx, def, req.Msg.Name, fromOverrides(req.Msg.Overrides))
+	var res *daemon.EnvSandboxResult
+	var err error
+	switch {
+	case req.Msg.NoBuild && def != nil:
+		return nil, fmt.Errorf("no_build takes an environment name, not a definition: %w", errdefs.ErrInvalidArgument)
+	case req.Msg.NoBuild:
+		res, err = s.d.EnvironmentSandboxBuilt(ctx, req.Msg.Name, fromOverrides(req.Msg.Overrides))
+	default:
+		res, err = s.d.EnvironmentSandbox(ctx, def, req.Msg.Name, fromOverrides(req.Msg.Overrides))
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -121,6 +121,13 @@ type Snapshotter interface {
 	// each inode once.
 	Usage(ctx context.Context, key string) (int64, error)
 
+	// Charged returns the bytes active snapshot key holds of its own, as
+	// its disk limit counts them (see Prepare): on btrfs with quotas on,
+	// its qgroup's exclusive bytes, which move when btrfs commits a
+	// transaction (a sync, or every 30 s); elsewhere, Usage. It is cheap
+	// where limits are enforced, so it can be polled.
+	Charged(ctx context.Context, key string) (int64, error)
+
 	// Remove deletes snapshot key. It fails with NotFound if there is no
 	// such snapshot and with FailedPrecondition if an active snapshot is
 	// still mounted.

@@ -22,6 +22,9 @@ const (
 	EventExecStarted     = "exec.started"
 	EventExecFinished    = "exec.finished"
 	EventFileWritten     = "file.written"
+	// EventFilesCopied is a tar stream copied into a sandbox (CopyTo); it
+	// is not replayed by Resume.
+	EventFilesCopied = "files.copied"
 
 	EventCheckpointCreated = "sandbox.checkpoint_created"
 	EventForked            = "sandbox.forked"

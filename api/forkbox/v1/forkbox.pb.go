@@ -3746,6 +3746,559 @@ func (*DeleteCredentialResponse) Descriptor() ([]byte, []int) {
 	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{59}
 }
 
+type GetSandboxMetricsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A sandbox ID or name; empty: every live sandbox (running, paused,
+	// degraded) except those waiting in warm pools.
+	Sandbox       string `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSandboxMetricsRequest) Reset() {
+	*x = GetSandboxMetricsRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSandboxMetricsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSandboxMetricsRequest) ProtoMessage() {}
+
+func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSandboxMetricsRequest.ProtoReflect.Descriptor instead.
+func (*GetSandboxMetricsRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *GetSandboxMetricsRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+// SandboxMetrics are one reading of a sandbox's counters. Under gVisor
+// CPU, memory and pids are those of the sandbox's host cgroup, which holds
+// the runtime (the sentry and the gofer) that runs the sandbox's processes:
+// CPU includes the runtime's own work, memory is what the sentry holds for
+// the sandbox (its guest memory included), pids counts host threads, not
+// processes inside. Under crun they are the sandbox's processes' own.
+type SandboxMetrics struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId  string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Name       string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	State      string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	Runtime    string                 `protobuf:"bytes,4,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	TimeUnixMs int64                  `protobuf:"varint,5,opt,name=time_unix_ms,json=timeUnixMs,proto3" json:"time_unix_ms,omitempty"`
+	// CPU time used since the sandbox started, in seconds; the rate over an
+	// interval is the difference of two readings over their time difference.
+	CpuSeconds float64 `protobuf:"fixed64,6,opt,name=cpu_seconds,json=cpuSeconds,proto3" json:"cpu_seconds,omitempty"`
+	// The CPU limit in cores (0 = none).
+	CpuLimit         float64 `protobuf:"fixed64,7,opt,name=cpu_limit,json=cpuLimit,proto3" json:"cpu_limit,omitempty"`
+	MemoryBytes      int64   `protobuf:"varint,8,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	MemoryLimitBytes int64   `protobuf:"varint,9,opt,name=memory_limit_bytes,json=memoryLimitBytes,proto3" json:"memory_limit_bytes,omitempty"`
+	// Bytes the sandbox's writable layer holds of its own (what its disk
+	// limit counts) and that limit (0 = none).
+	DiskBytes      int64 `protobuf:"varint,10,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
+	DiskLimitBytes int64 `protobuf:"varint,11,opt,name=disk_limit_bytes,json=diskLimitBytes,proto3" json:"disk_limit_bytes,omitempty"`
+	// Network bytes received and sent by the sandbox, from its side.
+	NetRxBytes int64 `protobuf:"varint,12,opt,name=net_rx_bytes,json=netRxBytes,proto3" json:"net_rx_bytes,omitempty"`
+	NetTxBytes int64 `protobuf:"varint,13,opt,name=net_tx_bytes,json=netTxBytes,proto3" json:"net_tx_bytes,omitempty"`
+	Pids       int64 `protobuf:"varint,14,opt,name=pids,proto3" json:"pids,omitempty"`
+	PidsLimit  int64 `protobuf:"varint,15,opt,name=pids_limit,json=pidsLimit,proto3" json:"pids_limit,omitempty"`
+	// Counters that could not be read this time, by name ("disk", "net",
+	// ...), with why; the others are still valid.
+	Unavailable   map[string]string `protobuf:"bytes,16,rep,name=unavailable,proto3" json:"unavailable,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxMetrics) Reset() {
+	*x = SandboxMetrics{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxMetrics) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxMetrics) ProtoMessage() {}
+
+func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxMetrics.ProtoReflect.Descriptor instead.
+func (*SandboxMetrics) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *SandboxMetrics) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SandboxMetrics) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SandboxMetrics) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *SandboxMetrics) GetRuntime() string {
+	if x != nil {
+		return x.Runtime
+	}
+	return ""
+}
+
+func (x *SandboxMetrics) GetTimeUnixMs() int64 {
+	if x != nil {
+		return x.TimeUnixMs
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetCpuSeconds() float64 {
+	if x != nil {
+		return x.CpuSeconds
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetCpuLimit() float64 {
+	if x != nil {
+		return x.CpuLimit
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetMemoryBytes() int64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetMemoryLimitBytes() int64 {
+	if x != nil {
+		return x.MemoryLimitBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetDiskBytes() int64 {
+	if x != nil {
+		return x.DiskBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetDiskLimitBytes() int64 {
+	if x != nil {
+		return x.DiskLimitBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetNetRxBytes() int64 {
+	if x != nil {
+		return x.NetRxBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetNetTxBytes() int64 {
+	if x != nil {
+		return x.NetTxBytes
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetPids() int64 {
+	if x != nil {
+		return x.Pids
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetPidsLimit() int64 {
+	if x != nil {
+		return x.PidsLimit
+	}
+	return 0
+}
+
+func (x *SandboxMetrics) GetUnavailable() map[string]string {
+	if x != nil {
+		return x.Unavailable
+	}
+	return nil
+}
+
+type GetSandboxMetricsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Metrics       []*SandboxMetrics      `protobuf:"bytes,1,rep,name=metrics,proto3" json:"metrics,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSandboxMetricsResponse) Reset() {
+	*x = GetSandboxMetricsResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSandboxMetricsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSandboxMetricsResponse) ProtoMessage() {}
+
+func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSandboxMetricsResponse.ProtoReflect.Descriptor instead.
+func (*GetSandboxMetricsResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *GetSandboxMetricsResponse) GetMetrics() []*SandboxMetrics {
+	if x != nil {
+		return x.Metrics
+	}
+	return nil
+}
+
+type CopyToHeader struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// The directory the stream is extracted into (absolute; made if missing).
+	Path          string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyToHeader) Reset() {
+	*x = CopyToHeader{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyToHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyToHeader) ProtoMessage() {}
+
+func (x *CopyToHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyToHeader.ProtoReflect.Descriptor instead.
+func (*CopyToHeader) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *CopyToHeader) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *CopyToHeader) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type CopyToRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*CopyToRequest_Header
+	//	*CopyToRequest_Data
+	Msg           isCopyToRequest_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyToRequest) Reset() {
+	*x = CopyToRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyToRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyToRequest) ProtoMessage() {}
+
+func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyToRequest.ProtoReflect.Descriptor instead.
+func (*CopyToRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *CopyToRequest) GetMsg() isCopyToRequest_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *CopyToRequest) GetHeader() *CopyToHeader {
+	if x != nil {
+		if x, ok := x.Msg.(*CopyToRequest_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *CopyToRequest) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*CopyToRequest_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+type isCopyToRequest_Msg interface {
+	isCopyToRequest_Msg()
+}
+
+type CopyToRequest_Header struct {
+	Header *CopyToHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type CopyToRequest_Data struct {
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+func (*CopyToRequest_Header) isCopyToRequest_Msg() {}
+
+func (*CopyToRequest_Data) isCopyToRequest_Msg() {}
+
+type CopyToResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes of the tar stream and entries extracted.
+	Bytes         int64 `protobuf:"varint,1,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Entries       int64 `protobuf:"varint,2,opt,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyToResponse) Reset() {
+	*x = CopyToResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyToResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyToResponse) ProtoMessage() {}
+
+func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyToResponse.ProtoReflect.Descriptor instead.
+func (*CopyToResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *CopyToResponse) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *CopyToResponse) GetEntries() int64 {
+	if x != nil {
+		return x.Entries
+	}
+	return 0
+}
+
+type CopyFromRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// An absolute path in the sandbox: a file, directory or symlink.
+	Path          string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyFromRequest) Reset() {
+	*x = CopyFromRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyFromRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyFromRequest) ProtoMessage() {}
+
+func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyFromRequest.ProtoReflect.Descriptor instead.
+func (*CopyFromRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *CopyFromRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *CopyFromRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type CopyFromResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyFromResponse) Reset() {
+	*x = CopyFromResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyFromResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyFromResponse) ProtoMessage() {}
+
+func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyFromResponse.ProtoReflect.Descriptor instead.
+func (*CopyFromResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *CopyFromResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 type Image struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -3759,7 +4312,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3771,7 +4324,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3784,7 +4337,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{60}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *Image) GetName() string {
@@ -3833,7 +4386,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3845,7 +4398,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3858,7 +4411,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{61}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *PullImageRequest) GetRef() string {
@@ -3886,7 +4439,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3898,7 +4451,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3911,7 +4464,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{62}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ImportImageRequest) GetPath() string {
@@ -3941,7 +4494,7 @@ type ImageProgress struct {
 
 func (x *ImageProgress) Reset() {
 	*x = ImageProgress{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3953,7 +4506,7 @@ func (x *ImageProgress) String() string {
 func (*ImageProgress) ProtoMessage() {}
 
 func (x *ImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3966,7 +4519,7 @@ func (x *ImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageProgress.ProtoReflect.Descriptor instead.
 func (*ImageProgress) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{63}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ImageProgress) GetPhase() string {
@@ -4005,7 +4558,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4017,7 +4570,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4030,7 +4583,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{64}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{72}
 }
 
 type ListImagesResponse struct {
@@ -4042,7 +4595,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4054,7 +4607,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4067,7 +4620,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{65}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -4086,7 +4639,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4098,7 +4651,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4111,7 +4664,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{66}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *RemoveImageRequest) GetName() string {
@@ -4129,7 +4682,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4141,7 +4694,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4154,7 +4707,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{67}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{75}
 }
 
 type SetupStep struct {
@@ -4171,7 +4724,7 @@ type SetupStep struct {
 
 func (x *SetupStep) Reset() {
 	*x = SetupStep{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4183,7 +4736,7 @@ func (x *SetupStep) String() string {
 func (*SetupStep) ProtoMessage() {}
 
 func (x *SetupStep) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4196,7 +4749,7 @@ func (x *SetupStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetupStep.ProtoReflect.Descriptor instead.
 func (*SetupStep) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{68}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *SetupStep) GetRun() string {
@@ -4250,7 +4803,7 @@ type EnvironmentDefinition struct {
 
 func (x *EnvironmentDefinition) Reset() {
 	*x = EnvironmentDefinition{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4262,7 +4815,7 @@ func (x *EnvironmentDefinition) String() string {
 func (*EnvironmentDefinition) ProtoMessage() {}
 
 func (x *EnvironmentDefinition) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4275,7 +4828,7 @@ func (x *EnvironmentDefinition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentDefinition.ProtoReflect.Descriptor instead.
 func (*EnvironmentDefinition) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{69}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *EnvironmentDefinition) GetName() string {
@@ -4376,7 +4929,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4388,7 +4941,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4401,7 +4954,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{70}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *Environment) GetDefinition() *EnvironmentDefinition {
@@ -4476,7 +5029,7 @@ type BuildEnvironmentRequest struct {
 
 func (x *BuildEnvironmentRequest) Reset() {
 	*x = BuildEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4488,7 +5041,7 @@ func (x *BuildEnvironmentRequest) String() string {
 func (*BuildEnvironmentRequest) ProtoMessage() {}
 
 func (x *BuildEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4501,7 +5054,7 @@ func (x *BuildEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*BuildEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{71}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *BuildEnvironmentRequest) GetDefinition() *EnvironmentDefinition {
@@ -4529,7 +5082,7 @@ type BuildProgress struct {
 
 func (x *BuildProgress) Reset() {
 	*x = BuildProgress{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4541,7 +5094,7 @@ func (x *BuildProgress) String() string {
 func (*BuildProgress) ProtoMessage() {}
 
 func (x *BuildProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4554,7 +5107,7 @@ func (x *BuildProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildProgress.ProtoReflect.Descriptor instead.
 func (*BuildProgress) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{72}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *BuildProgress) GetPhase() string {
@@ -4610,16 +5163,19 @@ type EnvironmentSandboxRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The definition (built if needed), or just its name for an
 	// environment already defined.
-	Definition    *EnvironmentDefinition `protobuf:"bytes,1,opt,name=definition,proto3" json:"definition,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	Overrides     *Overrides             `protobuf:"bytes,3,opt,name=overrides,proto3" json:"overrides,omitempty"`
+	Definition *EnvironmentDefinition `protobuf:"bytes,1,opt,name=definition,proto3" json:"definition,omitempty"`
+	Name       string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Overrides  *Overrides             `protobuf:"bytes,3,opt,name=overrides,proto3" json:"overrides,omitempty"`
+	// With name only: fail with FailedPrecondition when the environment has
+	// no snapshot, instead of building it first.
+	NoBuild       bool `protobuf:"varint,50,opt,name=no_build,json=noBuild,proto3" json:"no_build,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EnvironmentSandboxRequest) Reset() {
 	*x = EnvironmentSandboxRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4631,7 +5187,7 @@ func (x *EnvironmentSandboxRequest) String() string {
 func (*EnvironmentSandboxRequest) ProtoMessage() {}
 
 func (x *EnvironmentSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4644,7 +5200,7 @@ func (x *EnvironmentSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentSandboxRequest.ProtoReflect.Descriptor instead.
 func (*EnvironmentSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{73}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *EnvironmentSandboxRequest) GetDefinition() *EnvironmentDefinition {
@@ -4668,6 +5224,13 @@ func (x *EnvironmentSandboxRequest) GetOverrides() *Overrides {
 	return nil
 }
 
+func (x *EnvironmentSandboxRequest) GetNoBuild() bool {
+	if x != nil {
+		return x.NoBuild
+	}
+	return false
+}
+
 type EnvironmentSandboxResponse struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox     *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -4684,7 +5247,7 @@ type EnvironmentSandboxResponse struct {
 
 func (x *EnvironmentSandboxResponse) Reset() {
 	*x = EnvironmentSandboxResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4696,7 +5259,7 @@ func (x *EnvironmentSandboxResponse) String() string {
 func (*EnvironmentSandboxResponse) ProtoMessage() {}
 
 func (x *EnvironmentSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4709,7 +5272,7 @@ func (x *EnvironmentSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentSandboxResponse.ProtoReflect.Descriptor instead.
 func (*EnvironmentSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{74}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *EnvironmentSandboxResponse) GetSandbox() *Sandbox {
@@ -4756,7 +5319,7 @@ type GetEnvironmentRequest struct {
 
 func (x *GetEnvironmentRequest) Reset() {
 	*x = GetEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4768,7 +5331,7 @@ func (x *GetEnvironmentRequest) String() string {
 func (*GetEnvironmentRequest) ProtoMessage() {}
 
 func (x *GetEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4781,7 +5344,7 @@ func (x *GetEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*GetEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{75}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *GetEnvironmentRequest) GetName() string {
@@ -4800,7 +5363,7 @@ type GetEnvironmentResponse struct {
 
 func (x *GetEnvironmentResponse) Reset() {
 	*x = GetEnvironmentResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4812,7 +5375,7 @@ func (x *GetEnvironmentResponse) String() string {
 func (*GetEnvironmentResponse) ProtoMessage() {}
 
 func (x *GetEnvironmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4825,7 +5388,7 @@ func (x *GetEnvironmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEnvironmentResponse.ProtoReflect.Descriptor instead.
 func (*GetEnvironmentResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{76}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *GetEnvironmentResponse) GetEnvironment() *Environment {
@@ -4843,7 +5406,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4855,7 +5418,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4868,7 +5431,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{77}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{85}
 }
 
 type ListEnvironmentsResponse struct {
@@ -4880,7 +5443,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4892,7 +5455,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4905,7 +5468,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{78}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -4924,7 +5487,7 @@ type DeleteEnvironmentRequest struct {
 
 func (x *DeleteEnvironmentRequest) Reset() {
 	*x = DeleteEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4936,7 +5499,7 @@ func (x *DeleteEnvironmentRequest) String() string {
 func (*DeleteEnvironmentRequest) ProtoMessage() {}
 
 func (x *DeleteEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4949,7 +5512,7 @@ func (x *DeleteEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*DeleteEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{79}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *DeleteEnvironmentRequest) GetName() string {
@@ -4967,7 +5530,7 @@ type DeleteEnvironmentResponse struct {
 
 func (x *DeleteEnvironmentResponse) Reset() {
 	*x = DeleteEnvironmentResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4979,7 +5542,7 @@ func (x *DeleteEnvironmentResponse) String() string {
 func (*DeleteEnvironmentResponse) ProtoMessage() {}
 
 func (x *DeleteEnvironmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4992,7 +5555,7 @@ func (x *DeleteEnvironmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteEnvironmentResponse.ProtoReflect.Descriptor instead.
 func (*DeleteEnvironmentResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{80}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{88}
 }
 
 type BeginBuildRequest struct {
@@ -5004,7 +5567,7 @@ type BeginBuildRequest struct {
 
 func (x *BeginBuildRequest) Reset() {
 	*x = BeginBuildRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5016,7 +5579,7 @@ func (x *BeginBuildRequest) String() string {
 func (*BeginBuildRequest) ProtoMessage() {}
 
 func (x *BeginBuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5029,7 +5592,7 @@ func (x *BeginBuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginBuildRequest.ProtoReflect.Descriptor instead.
 func (*BeginBuildRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{81}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *BeginBuildRequest) GetDefinition() *EnvironmentDefinition {
@@ -5052,7 +5615,7 @@ type BeginBuildResponse struct {
 
 func (x *BeginBuildResponse) Reset() {
 	*x = BeginBuildResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5064,7 +5627,7 @@ func (x *BeginBuildResponse) String() string {
 func (*BeginBuildResponse) ProtoMessage() {}
 
 func (x *BeginBuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5077,7 +5640,7 @@ func (x *BeginBuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginBuildResponse.ProtoReflect.Descriptor instead.
 func (*BeginBuildResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{82}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *BeginBuildResponse) GetEnvironment() *Environment {
@@ -5113,7 +5676,7 @@ type CompleteBuildRequest struct {
 
 func (x *CompleteBuildRequest) Reset() {
 	*x = CompleteBuildRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5125,7 +5688,7 @@ func (x *CompleteBuildRequest) String() string {
 func (*CompleteBuildRequest) ProtoMessage() {}
 
 func (x *CompleteBuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5138,7 +5701,7 @@ func (x *CompleteBuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteBuildRequest.ProtoReflect.Descriptor instead.
 func (*CompleteBuildRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{83}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *CompleteBuildRequest) GetLease() string {
@@ -5171,7 +5734,7 @@ type CompleteBuildResponse struct {
 
 func (x *CompleteBuildResponse) Reset() {
 	*x = CompleteBuildResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5183,7 +5746,7 @@ func (x *CompleteBuildResponse) String() string {
 func (*CompleteBuildResponse) ProtoMessage() {}
 
 func (x *CompleteBuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5196,7 +5759,7 @@ func (x *CompleteBuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteBuildResponse.ProtoReflect.Descriptor instead.
 func (*CompleteBuildResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{84}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *CompleteBuildResponse) GetEnvironment() *Environment {
@@ -5501,7 +6064,54 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x17DeleteCredentialRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"\x1a\n" +
-	"\x18DeleteCredentialResponse\"\x8c\x01\n" +
+	"\x18DeleteCredentialResponse\"4\n" +
+	"\x18GetSandboxMetricsRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\"\xf3\x04\n" +
+	"\x0eSandboxMetrics\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12\x18\n" +
+	"\aruntime\x18\x04 \x01(\tR\aruntime\x12 \n" +
+	"\ftime_unix_ms\x18\x05 \x01(\x03R\n" +
+	"timeUnixMs\x12\x1f\n" +
+	"\vcpu_seconds\x18\x06 \x01(\x01R\n" +
+	"cpuSeconds\x12\x1b\n" +
+	"\tcpu_limit\x18\a \x01(\x01R\bcpuLimit\x12!\n" +
+	"\fmemory_bytes\x18\b \x01(\x03R\vmemoryBytes\x12,\n" +
+	"\x12memory_limit_bytes\x18\t \x01(\x03R\x10memoryLimitBytes\x12\x1d\n" +
+	"\n" +
+	"disk_bytes\x18\n" +
+	" \x01(\x03R\tdiskBytes\x12(\n" +
+	"\x10disk_limit_bytes\x18\v \x01(\x03R\x0ediskLimitBytes\x12 \n" +
+	"\fnet_rx_bytes\x18\f \x01(\x03R\n" +
+	"netRxBytes\x12 \n" +
+	"\fnet_tx_bytes\x18\r \x01(\x03R\n" +
+	"netTxBytes\x12\x12\n" +
+	"\x04pids\x18\x0e \x01(\x03R\x04pids\x12\x1d\n" +
+	"\n" +
+	"pids_limit\x18\x0f \x01(\x03R\tpidsLimit\x12M\n" +
+	"\vunavailable\x18\x10 \x03(\v2+.forkbox.v1.SandboxMetrics.UnavailableEntryR\vunavailable\x1a>\n" +
+	"\x10UnavailableEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Q\n" +
+	"\x19GetSandboxMetricsResponse\x124\n" +
+	"\ametrics\x18\x01 \x03(\v2\x1a.forkbox.v1.SandboxMetricsR\ametrics\"<\n" +
+	"\fCopyToHeader\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"`\n" +
+	"\rCopyToRequest\x122\n" +
+	"\x06header\x18\x01 \x01(\v2\x18.forkbox.v1.CopyToHeaderH\x00R\x06header\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x05\n" +
+	"\x03msg\"@\n" +
+	"\x0eCopyToResponse\x12\x14\n" +
+	"\x05bytes\x18\x01 \x01(\x03R\x05bytes\x12\x18\n" +
+	"\aentries\x18\x02 \x01(\x03R\aentries\"?\n" +
+	"\x0fCopyFromRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"&\n" +
+	"\x10CopyFromResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\x8c\x01\n" +
 	"\x05Image\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x12\n" +
@@ -5575,13 +6185,14 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x12\x16\n" +
 	"\x06output\x18\x05 \x01(\fR\x06output\x12\x1b\n" +
 	"\texit_code\x18\x06 \x01(\x05R\bexitCode\x129\n" +
-	"\venvironment\x18\a \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment\"\xa7\x01\n" +
+	"\venvironment\x18\a \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment\"\xc2\x01\n" +
 	"\x19EnvironmentSandboxRequest\x12A\n" +
 	"\n" +
 	"definition\x18\x01 \x01(\v2!.forkbox.v1.EnvironmentDefinitionR\n" +
 	"definition\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x123\n" +
-	"\toverrides\x18\x03 \x01(\v2\x15.forkbox.v1.OverridesR\toverrides\"\xda\x01\n" +
+	"\toverrides\x18\x03 \x01(\v2\x15.forkbox.v1.OverridesR\toverrides\x12\x19\n" +
+	"\bno_build\x182 \x01(\bR\anoBuild\"\xda\x01\n" +
 	"\x1aEnvironmentSandboxResponse\x12-\n" +
 	"\asandbox\x18\x01 \x01(\v2\x13.forkbox.v1.SandboxR\asandbox\x129\n" +
 	"\venvironment\x18\x02 \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment\x12\x1b\n" +
@@ -5612,7 +6223,7 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\"R\n" +
 	"\x15CompleteBuildResponse\x129\n" +
-	"\venvironment\x18\x01 \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment2\xc4\x0e\n" +
+	"\venvironment\x18\x01 \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment2\xb2\x10\n" +
 	"\x0eSandboxService\x12T\n" +
 	"\rCreateSandbox\x12 .forkbox.v1.CreateSandboxRequest\x1a!.forkbox.v1.CreateSandboxResponse\x12K\n" +
 	"\n" +
@@ -5638,7 +6249,10 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\rSetCredential\x12 .forkbox.v1.SetCredentialRequest\x1a!.forkbox.v1.SetCredentialResponse\x12Z\n" +
 	"\x0fListCredentials\x12\".forkbox.v1.ListCredentialsRequest\x1a#.forkbox.v1.ListCredentialsResponse\x12]\n" +
 	"\x10DeleteCredential\x12#.forkbox.v1.DeleteCredentialRequest\x1a$.forkbox.v1.DeleteCredentialResponse\x12>\n" +
-	"\aExecPty\x12\x16.forkbox.v1.PtyRequest\x1a\x17.forkbox.v1.PtyResponse(\x010\x012\xbf\x02\n" +
+	"\aExecPty\x12\x16.forkbox.v1.PtyRequest\x1a\x17.forkbox.v1.PtyResponse(\x010\x01\x12`\n" +
+	"\x11GetSandboxMetrics\x12$.forkbox.v1.GetSandboxMetricsRequest\x1a%.forkbox.v1.GetSandboxMetricsResponse\x12A\n" +
+	"\x06CopyTo\x12\x19.forkbox.v1.CopyToRequest\x1a\x1a.forkbox.v1.CopyToResponse(\x01\x12G\n" +
+	"\bCopyFrom\x12\x1b.forkbox.v1.CopyFromRequest\x1a\x1c.forkbox.v1.CopyFromResponse0\x012\xbf\x02\n" +
 	"\fImageService\x12F\n" +
 	"\tPullImage\x12\x1c.forkbox.v1.PullImageRequest\x1a\x19.forkbox.v1.ImageProgress0\x01\x12J\n" +
 	"\vImportImage\x12\x1e.forkbox.v1.ImportImageRequest\x1a\x19.forkbox.v1.ImageProgress0\x01\x12K\n" +
@@ -5667,7 +6281,7 @@ func file_forkbox_v1_forkbox_proto_rawDescGZIP() []byte {
 	return file_forkbox_v1_forkbox_proto_rawDescData
 }
 
-var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 93)
+var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 102)
 var file_forkbox_v1_forkbox_proto_goTypes = []any{
 	(*Resources)(nil),                  // 0: forkbox.v1.Resources
 	(*Sandbox)(nil),                    // 1: forkbox.v1.Sandbox
@@ -5729,173 +6343,191 @@ var file_forkbox_v1_forkbox_proto_goTypes = []any{
 	(*ListCredentialsResponse)(nil),    // 57: forkbox.v1.ListCredentialsResponse
 	(*DeleteCredentialRequest)(nil),    // 58: forkbox.v1.DeleteCredentialRequest
 	(*DeleteCredentialResponse)(nil),   // 59: forkbox.v1.DeleteCredentialResponse
-	(*Image)(nil),                      // 60: forkbox.v1.Image
-	(*PullImageRequest)(nil),           // 61: forkbox.v1.PullImageRequest
-	(*ImportImageRequest)(nil),         // 62: forkbox.v1.ImportImageRequest
-	(*ImageProgress)(nil),              // 63: forkbox.v1.ImageProgress
-	(*ListImagesRequest)(nil),          // 64: forkbox.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),         // 65: forkbox.v1.ListImagesResponse
-	(*RemoveImageRequest)(nil),         // 66: forkbox.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),        // 67: forkbox.v1.RemoveImageResponse
-	(*SetupStep)(nil),                  // 68: forkbox.v1.SetupStep
-	(*EnvironmentDefinition)(nil),      // 69: forkbox.v1.EnvironmentDefinition
-	(*Environment)(nil),                // 70: forkbox.v1.Environment
-	(*BuildEnvironmentRequest)(nil),    // 71: forkbox.v1.BuildEnvironmentRequest
-	(*BuildProgress)(nil),              // 72: forkbox.v1.BuildProgress
-	(*EnvironmentSandboxRequest)(nil),  // 73: forkbox.v1.EnvironmentSandboxRequest
-	(*EnvironmentSandboxResponse)(nil), // 74: forkbox.v1.EnvironmentSandboxResponse
-	(*GetEnvironmentRequest)(nil),      // 75: forkbox.v1.GetEnvironmentRequest
-	(*GetEnvironmentResponse)(nil),     // 76: forkbox.v1.GetEnvironmentResponse
-	(*ListEnvironmentsRequest)(nil),    // 77: forkbox.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil),   // 78: forkbox.v1.ListEnvironmentsResponse
-	(*DeleteEnvironmentRequest)(nil),   // 79: forkbox.v1.DeleteEnvironmentRequest
-	(*DeleteEnvironmentResponse)(nil),  // 80: forkbox.v1.DeleteEnvironmentResponse
-	(*BeginBuildRequest)(nil),          // 81: forkbox.v1.BeginBuildRequest
-	(*BeginBuildResponse)(nil),         // 82: forkbox.v1.BeginBuildResponse
-	(*CompleteBuildRequest)(nil),       // 83: forkbox.v1.CompleteBuildRequest
-	(*CompleteBuildResponse)(nil),      // 84: forkbox.v1.CompleteBuildResponse
-	nil,                                // 85: forkbox.v1.Sandbox.EnvEntry
-	nil,                                // 86: forkbox.v1.CreateSandboxRequest.EnvEntry
-	nil,                                // 87: forkbox.v1.ExecRequest.EnvEntry
-	nil,                                // 88: forkbox.v1.PtyStart.EnvEntry
-	nil,                                // 89: forkbox.v1.Overrides.EnvEntry
-	nil,                                // 90: forkbox.v1.ForkRequest.CredentialsEntry
-	nil,                                // 91: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
-	nil,                                // 92: forkbox.v1.EnvironmentDefinition.EnvEntry
+	(*GetSandboxMetricsRequest)(nil),   // 60: forkbox.v1.GetSandboxMetricsRequest
+	(*SandboxMetrics)(nil),             // 61: forkbox.v1.SandboxMetrics
+	(*GetSandboxMetricsResponse)(nil),  // 62: forkbox.v1.GetSandboxMetricsResponse
+	(*CopyToHeader)(nil),               // 63: forkbox.v1.CopyToHeader
+	(*CopyToRequest)(nil),              // 64: forkbox.v1.CopyToRequest
+	(*CopyToResponse)(nil),             // 65: forkbox.v1.CopyToResponse
+	(*CopyFromRequest)(nil),            // 66: forkbox.v1.CopyFromRequest
+	(*CopyFromResponse)(nil),           // 67: forkbox.v1.CopyFromResponse
+	(*Image)(nil),                      // 68: forkbox.v1.Image
+	(*PullImageRequest)(nil),           // 69: forkbox.v1.PullImageRequest
+	(*ImportImageRequest)(nil),         // 70: forkbox.v1.ImportImageRequest
+	(*ImageProgress)(nil),              // 71: forkbox.v1.ImageProgress
+	(*ListImagesRequest)(nil),          // 72: forkbox.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),         // 73: forkbox.v1.ListImagesResponse
+	(*RemoveImageRequest)(nil),         // 74: forkbox.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),        // 75: forkbox.v1.RemoveImageResponse
+	(*SetupStep)(nil),                  // 76: forkbox.v1.SetupStep
+	(*EnvironmentDefinition)(nil),      // 77: forkbox.v1.EnvironmentDefinition
+	(*Environment)(nil),                // 78: forkbox.v1.Environment
+	(*BuildEnvironmentRequest)(nil),    // 79: forkbox.v1.BuildEnvironmentRequest
+	(*BuildProgress)(nil),              // 80: forkbox.v1.BuildProgress
+	(*EnvironmentSandboxRequest)(nil),  // 81: forkbox.v1.EnvironmentSandboxRequest
+	(*EnvironmentSandboxResponse)(nil), // 82: forkbox.v1.EnvironmentSandboxResponse
+	(*GetEnvironmentRequest)(nil),      // 83: forkbox.v1.GetEnvironmentRequest
+	(*GetEnvironmentResponse)(nil),     // 84: forkbox.v1.GetEnvironmentResponse
+	(*ListEnvironmentsRequest)(nil),    // 85: forkbox.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil),   // 86: forkbox.v1.ListEnvironmentsResponse
+	(*DeleteEnvironmentRequest)(nil),   // 87: forkbox.v1.DeleteEnvironmentRequest
+	(*DeleteEnvironmentResponse)(nil),  // 88: forkbox.v1.DeleteEnvironmentResponse
+	(*BeginBuildRequest)(nil),          // 89: forkbox.v1.BeginBuildRequest
+	(*BeginBuildResponse)(nil),         // 90: forkbox.v1.BeginBuildResponse
+	(*CompleteBuildRequest)(nil),       // 91: forkbox.v1.CompleteBuildRequest
+	(*CompleteBuildResponse)(nil),      // 92: forkbox.v1.CompleteBuildResponse
+	nil,                                // 93: forkbox.v1.Sandbox.EnvEntry
+	nil,                                // 94: forkbox.v1.CreateSandboxRequest.EnvEntry
+	nil,                                // 95: forkbox.v1.ExecRequest.EnvEntry
+	nil,                                // 96: forkbox.v1.PtyStart.EnvEntry
+	nil,                                // 97: forkbox.v1.Overrides.EnvEntry
+	nil,                                // 98: forkbox.v1.ForkRequest.CredentialsEntry
+	nil,                                // 99: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	nil,                                // 100: forkbox.v1.SandboxMetrics.UnavailableEntry
+	nil,                                // 101: forkbox.v1.EnvironmentDefinition.EnvEntry
 }
 var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
-	0,  // 0: forkbox.v1.Sandbox.resources:type_name -> forkbox.v1.Resources
-	85, // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
-	0,  // 2: forkbox.v1.CreateSandboxRequest.resources:type_name -> forkbox.v1.Resources
-	86, // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
-	1,  // 4: forkbox.v1.CreateSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	1,  // 5: forkbox.v1.GetSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	1,  // 6: forkbox.v1.ListSandboxesResponse.sandboxes:type_name -> forkbox.v1.Sandbox
-	87, // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
-	12, // 8: forkbox.v1.ExecResponse.started:type_name -> forkbox.v1.ExecStarted
-	13, // 9: forkbox.v1.ExecResponse.exit:type_name -> forkbox.v1.ExecExit
-	88, // 10: forkbox.v1.PtyStart.env:type_name -> forkbox.v1.PtyStart.EnvEntry
-	14, // 11: forkbox.v1.PtyStart.size:type_name -> forkbox.v1.PtySize
-	15, // 12: forkbox.v1.PtyRequest.start:type_name -> forkbox.v1.PtyStart
-	14, // 13: forkbox.v1.PtyRequest.resize:type_name -> forkbox.v1.PtySize
-	16, // 14: forkbox.v1.PtyRequest.kill:type_name -> forkbox.v1.PtyKill
-	12, // 15: forkbox.v1.PtyResponse.started:type_name -> forkbox.v1.ExecStarted
-	13, // 16: forkbox.v1.PtyResponse.exit:type_name -> forkbox.v1.ExecExit
-	24, // 17: forkbox.v1.ListFilesResponse.files:type_name -> forkbox.v1.FileInfo
-	27, // 18: forkbox.v1.EventsResponse.events:type_name -> forkbox.v1.Event
-	1,  // 19: forkbox.v1.PauseSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	1,  // 20: forkbox.v1.UnpauseSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	1,  // 21: forkbox.v1.HibernateSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	1,  // 22: forkbox.v1.WakeSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	37, // 23: forkbox.v1.CheckpointResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
-	37, // 24: forkbox.v1.ListCheckpointsResponse.checkpoints:type_name -> forkbox.v1.Checkpoint
-	0,  // 25: forkbox.v1.Overrides.resources:type_name -> forkbox.v1.Resources
-	89, // 26: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
-	44, // 27: forkbox.v1.ForkRequest.overrides:type_name -> forkbox.v1.Overrides
-	90, // 28: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
-	1,  // 29: forkbox.v1.ForkChild.sandbox:type_name -> forkbox.v1.Sandbox
-	37, // 30: forkbox.v1.ForkResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
-	46, // 31: forkbox.v1.ForkResponse.children:type_name -> forkbox.v1.ForkChild
-	44, // 32: forkbox.v1.RestoreSnapshotRequest.overrides:type_name -> forkbox.v1.Overrides
-	91, // 33: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
-	1,  // 34: forkbox.v1.RestoreSnapshotResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	1,  // 35: forkbox.v1.ResumeResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	37, // 36: forkbox.v1.ResumeResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
-	51, // 37: forkbox.v1.ResumeResponse.replayed:type_name -> forkbox.v1.ReplayedExec
-	53, // 38: forkbox.v1.SetCredentialRequest.credential:type_name -> forkbox.v1.Credential
-	53, // 39: forkbox.v1.SetCredentialResponse.credential:type_name -> forkbox.v1.Credential
-	53, // 40: forkbox.v1.ListCredentialsResponse.credentials:type_name -> forkbox.v1.Credential
-	60, // 41: forkbox.v1.ImageProgress.image:type_name -> forkbox.v1.Image
-	60, // 42: forkbox.v1.ListImagesResponse.images:type_name -> forkbox.v1.Image
-	0,  // 43: forkbox.v1.EnvironmentDefinition.resources:type_name -> forkbox.v1.Resources
-	92, // 44: forkbox.v1.EnvironmentDefinition.env:type_name -> forkbox.v1.EnvironmentDefinition.EnvEntry
-	68, // 45: forkbox.v1.EnvironmentDefinition.steps:type_name -> forkbox.v1.SetupStep
-	69, // 46: forkbox.v1.Environment.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	69, // 47: forkbox.v1.BuildEnvironmentRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	70, // 48: forkbox.v1.BuildProgress.environment:type_name -> forkbox.v1.Environment
-	69, // 49: forkbox.v1.EnvironmentSandboxRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	44, // 50: forkbox.v1.EnvironmentSandboxRequest.overrides:type_name -> forkbox.v1.Overrides
-	1,  // 51: forkbox.v1.EnvironmentSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	70, // 52: forkbox.v1.EnvironmentSandboxResponse.environment:type_name -> forkbox.v1.Environment
-	70, // 53: forkbox.v1.GetEnvironmentResponse.environment:type_name -> forkbox.v1.Environment
-	70, // 54: forkbox.v1.ListEnvironmentsResponse.environments:type_name -> forkbox.v1.Environment
-	69, // 55: forkbox.v1.BeginBuildRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	70, // 56: forkbox.v1.BeginBuildResponse.environment:type_name -> forkbox.v1.Environment
-	1,  // 57: forkbox.v1.BeginBuildResponse.builder:type_name -> forkbox.v1.Sandbox
-	70, // 58: forkbox.v1.CompleteBuildResponse.environment:type_name -> forkbox.v1.Environment
-	2,  // 59: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
-	4,  // 60: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
-	6,  // 61: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
-	8,  // 62: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
-	10, // 63: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
-	19, // 64: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
-	21, // 65: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
-	23, // 66: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
-	26, // 67: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
-	29, // 68: forkbox.v1.SandboxService.PauseSandbox:input_type -> forkbox.v1.PauseSandboxRequest
-	31, // 69: forkbox.v1.SandboxService.UnpauseSandbox:input_type -> forkbox.v1.UnpauseSandboxRequest
-	33, // 70: forkbox.v1.SandboxService.HibernateSandbox:input_type -> forkbox.v1.HibernateSandboxRequest
-	35, // 71: forkbox.v1.SandboxService.WakeSandbox:input_type -> forkbox.v1.WakeSandboxRequest
-	38, // 72: forkbox.v1.SandboxService.Checkpoint:input_type -> forkbox.v1.CheckpointRequest
-	40, // 73: forkbox.v1.SandboxService.ListCheckpoints:input_type -> forkbox.v1.ListCheckpointsRequest
-	42, // 74: forkbox.v1.SandboxService.DeleteCheckpoint:input_type -> forkbox.v1.DeleteCheckpointRequest
-	45, // 75: forkbox.v1.SandboxService.Fork:input_type -> forkbox.v1.ForkRequest
-	48, // 76: forkbox.v1.SandboxService.RestoreSnapshot:input_type -> forkbox.v1.RestoreSnapshotRequest
-	50, // 77: forkbox.v1.SandboxService.Resume:input_type -> forkbox.v1.ResumeRequest
-	54, // 78: forkbox.v1.SandboxService.SetCredential:input_type -> forkbox.v1.SetCredentialRequest
-	56, // 79: forkbox.v1.SandboxService.ListCredentials:input_type -> forkbox.v1.ListCredentialsRequest
-	58, // 80: forkbox.v1.SandboxService.DeleteCredential:input_type -> forkbox.v1.DeleteCredentialRequest
-	17, // 81: forkbox.v1.SandboxService.ExecPty:input_type -> forkbox.v1.PtyRequest
-	61, // 82: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
-	62, // 83: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
-	64, // 84: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
-	66, // 85: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
-	71, // 86: forkbox.v1.EnvironmentService.BuildEnvironment:input_type -> forkbox.v1.BuildEnvironmentRequest
-	73, // 87: forkbox.v1.EnvironmentService.EnvironmentSandbox:input_type -> forkbox.v1.EnvironmentSandboxRequest
-	75, // 88: forkbox.v1.EnvironmentService.GetEnvironment:input_type -> forkbox.v1.GetEnvironmentRequest
-	77, // 89: forkbox.v1.EnvironmentService.ListEnvironments:input_type -> forkbox.v1.ListEnvironmentsRequest
-	79, // 90: forkbox.v1.EnvironmentService.DeleteEnvironment:input_type -> forkbox.v1.DeleteEnvironmentRequest
-	81, // 91: forkbox.v1.EnvironmentService.BeginBuild:input_type -> forkbox.v1.BeginBuildRequest
-	83, // 92: forkbox.v1.EnvironmentService.CompleteBuild:input_type -> forkbox.v1.CompleteBuildRequest
-	3,  // 93: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
-	5,  // 94: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
-	7,  // 95: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
-	9,  // 96: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
-	11, // 97: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
-	20, // 98: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
-	22, // 99: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
-	25, // 100: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
-	28, // 101: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
-	30, // 102: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
-	32, // 103: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
-	34, // 104: forkbox.v1.SandboxService.HibernateSandbox:output_type -> forkbox.v1.HibernateSandboxResponse
-	36, // 105: forkbox.v1.SandboxService.WakeSandbox:output_type -> forkbox.v1.WakeSandboxResponse
-	39, // 106: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
-	41, // 107: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
-	43, // 108: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
-	47, // 109: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
-	49, // 110: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
-	52, // 111: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
-	55, // 112: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
-	57, // 113: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
-	59, // 114: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
-	18, // 115: forkbox.v1.SandboxService.ExecPty:output_type -> forkbox.v1.PtyResponse
-	63, // 116: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
-	63, // 117: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
-	65, // 118: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
-	67, // 119: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
-	72, // 120: forkbox.v1.EnvironmentService.BuildEnvironment:output_type -> forkbox.v1.BuildProgress
-	74, // 121: forkbox.v1.EnvironmentService.EnvironmentSandbox:output_type -> forkbox.v1.EnvironmentSandboxResponse
-	76, // 122: forkbox.v1.EnvironmentService.GetEnvironment:output_type -> forkbox.v1.GetEnvironmentResponse
-	78, // 123: forkbox.v1.EnvironmentService.ListEnvironments:output_type -> forkbox.v1.ListEnvironmentsResponse
-	80, // 124: forkbox.v1.EnvironmentService.DeleteEnvironment:output_type -> forkbox.v1.DeleteEnvironmentResponse
-	82, // 125: forkbox.v1.EnvironmentService.BeginBuild:output_type -> forkbox.v1.BeginBuildResponse
-	84, // 126: forkbox.v1.EnvironmentService.CompleteBuild:output_type -> forkbox.v1.CompleteBuildResponse
-	93, // [93:127] is the sub-list for method output_type
-	59, // [59:93] is the sub-list for method input_type
-	59, // [59:59] is the sub-list for extension type_name
-	59, // [59:59] is the sub-list for extension extendee
-	0,  // [0:59] is the sub-list for field type_name
+	0,   // 0: forkbox.v1.Sandbox.resources:type_name -> forkbox.v1.Resources
+	93,  // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
+	0,   // 2: forkbox.v1.CreateSandboxRequest.resources:type_name -> forkbox.v1.Resources
+	94,  // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
+	1,   // 4: forkbox.v1.CreateSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	1,   // 5: forkbox.v1.GetSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	1,   // 6: forkbox.v1.ListSandboxesResponse.sandboxes:type_name -> forkbox.v1.Sandbox
+	95,  // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
+	12,  // 8: forkbox.v1.ExecResponse.started:type_name -> forkbox.v1.ExecStarted
+	13,  // 9: forkbox.v1.ExecResponse.exit:type_name -> forkbox.v1.ExecExit
+	96,  // 10: forkbox.v1.PtyStart.env:type_name -> forkbox.v1.PtyStart.EnvEntry
+	14,  // 11: forkbox.v1.PtyStart.size:type_name -> forkbox.v1.PtySize
+	15,  // 12: forkbox.v1.PtyRequest.start:type_name -> forkbox.v1.PtyStart
+	14,  // 13: forkbox.v1.PtyRequest.resize:type_name -> forkbox.v1.PtySize
+	16,  // 14: forkbox.v1.PtyRequest.kill:type_name -> forkbox.v1.PtyKill
+	12,  // 15: forkbox.v1.PtyResponse.started:type_name -> forkbox.v1.ExecStarted
+	13,  // 16: forkbox.v1.PtyResponse.exit:type_name -> forkbox.v1.ExecExit
+	24,  // 17: forkbox.v1.ListFilesResponse.files:type_name -> forkbox.v1.FileInfo
+	27,  // 18: forkbox.v1.EventsResponse.events:type_name -> forkbox.v1.Event
+	1,   // 19: forkbox.v1.PauseSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	1,   // 20: forkbox.v1.UnpauseSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	1,   // 21: forkbox.v1.HibernateSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	1,   // 22: forkbox.v1.WakeSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	37,  // 23: forkbox.v1.CheckpointResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
+	37,  // 24: forkbox.v1.ListCheckpointsResponse.checkpoints:type_name -> forkbox.v1.Checkpoint
+	0,   // 25: forkbox.v1.Overrides.resources:type_name -> forkbox.v1.Resources
+	97,  // 26: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
+	44,  // 27: forkbox.v1.ForkRequest.overrides:type_name -> forkbox.v1.Overrides
+	98,  // 28: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
+	1,   // 29: forkbox.v1.ForkChild.sandbox:type_name -> forkbox.v1.Sandbox
+	37,  // 30: forkbox.v1.ForkResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
+	46,  // 31: forkbox.v1.ForkResponse.children:type_name -> forkbox.v1.ForkChild
+	44,  // 32: forkbox.v1.RestoreSnapshotRequest.overrides:type_name -> forkbox.v1.Overrides
+	99,  // 33: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	1,   // 34: forkbox.v1.RestoreSnapshotResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	1,   // 35: forkbox.v1.ResumeResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	37,  // 36: forkbox.v1.ResumeResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
+	51,  // 37: forkbox.v1.ResumeResponse.replayed:type_name -> forkbox.v1.ReplayedExec
+	53,  // 38: forkbox.v1.SetCredentialRequest.credential:type_name -> forkbox.v1.Credential
+	53,  // 39: forkbox.v1.SetCredentialResponse.credential:type_name -> forkbox.v1.Credential
+	53,  // 40: forkbox.v1.ListCredentialsResponse.credentials:type_name -> forkbox.v1.Credential
+	100, // 41: forkbox.v1.SandboxMetrics.unavailable:type_name -> forkbox.v1.SandboxMetrics.UnavailableEntry
+	61,  // 42: forkbox.v1.GetSandboxMetricsResponse.metrics:type_name -> forkbox.v1.SandboxMetrics
+	63,  // 43: forkbox.v1.CopyToRequest.header:type_name -> forkbox.v1.CopyToHeader
+	68,  // 44: forkbox.v1.ImageProgress.image:type_name -> forkbox.v1.Image
+	68,  // 45: forkbox.v1.ListImagesResponse.images:type_name -> forkbox.v1.Image
+	0,   // 46: forkbox.v1.EnvironmentDefinition.resources:type_name -> forkbox.v1.Resources
+	101, // 47: forkbox.v1.EnvironmentDefinition.env:type_name -> forkbox.v1.EnvironmentDefinition.EnvEntry
+	76,  // 48: forkbox.v1.EnvironmentDefinition.steps:type_name -> forkbox.v1.SetupStep
+	77,  // 49: forkbox.v1.Environment.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	77,  // 50: forkbox.v1.BuildEnvironmentRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	78,  // 51: forkbox.v1.BuildProgress.environment:type_name -> forkbox.v1.Environment
+	77,  // 52: forkbox.v1.EnvironmentSandboxRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	44,  // 53: forkbox.v1.EnvironmentSandboxRequest.overrides:type_name -> forkbox.v1.Overrides
+	1,   // 54: forkbox.v1.EnvironmentSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	78,  // 55: forkbox.v1.EnvironmentSandboxResponse.environment:type_name -> forkbox.v1.Environment
+	78,  // 56: forkbox.v1.GetEnvironmentResponse.environment:type_name -> forkbox.v1.Environment
+	78,  // 57: forkbox.v1.ListEnvironmentsResponse.environments:type_name -> forkbox.v1.Environment
+	77,  // 58: forkbox.v1.BeginBuildRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	78,  // 59: forkbox.v1.BeginBuildResponse.environment:type_name -> forkbox.v1.Environment
+	1,   // 60: forkbox.v1.BeginBuildResponse.builder:type_name -> forkbox.v1.Sandbox
+	78,  // 61: forkbox.v1.CompleteBuildResponse.environment:type_name -> forkbox.v1.Environment
+	2,   // 62: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
+	4,   // 63: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
+	6,   // 64: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
+	8,   // 65: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
+	10,  // 66: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
+	19,  // 67: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
+	21,  // 68: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
+	23,  // 69: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
+	26,  // 70: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
+	29,  // 71: forkbox.v1.SandboxService.PauseSandbox:input_type -> forkbox.v1.PauseSandboxRequest
+	31,  // 72: forkbox.v1.SandboxService.UnpauseSandbox:input_type -> forkbox.v1.UnpauseSandboxRequest
+	33,  // 73: forkbox.v1.SandboxService.HibernateSandbox:input_type -> forkbox.v1.HibernateSandboxRequest
+	35,  // 74: forkbox.v1.SandboxService.WakeSandbox:input_type -> forkbox.v1.WakeSandboxRequest
+	38,  // 75: forkbox.v1.SandboxService.Checkpoint:input_type -> forkbox.v1.CheckpointRequest
+	40,  // 76: forkbox.v1.SandboxService.ListCheckpoints:input_type -> forkbox.v1.ListCheckpointsRequest
+	42,  // 77: forkbox.v1.SandboxService.DeleteCheckpoint:input_type -> forkbox.v1.DeleteCheckpointRequest
+	45,  // 78: forkbox.v1.SandboxService.Fork:input_type -> forkbox.v1.ForkRequest
+	48,  // 79: forkbox.v1.SandboxService.RestoreSnapshot:input_type -> forkbox.v1.RestoreSnapshotRequest
+	50,  // 80: forkbox.v1.SandboxService.Resume:input_type -> forkbox.v1.ResumeRequest
+	54,  // 81: forkbox.v1.SandboxService.SetCredential:input_type -> forkbox.v1.SetCredentialRequest
+	56,  // 82: forkbox.v1.SandboxService.ListCredentials:input_type -> forkbox.v1.ListCredentialsRequest
+	58,  // 83: forkbox.v1.SandboxService.DeleteCredential:input_type -> forkbox.v1.DeleteCredentialRequest
+	17,  // 84: forkbox.v1.SandboxService.ExecPty:input_type -> forkbox.v1.PtyRequest
+	60,  // 85: forkbox.v1.SandboxService.GetSandboxMetrics:input_type -> forkbox.v1.GetSandboxMetricsRequest
+	64,  // 86: forkbox.v1.SandboxService.CopyTo:input_type -> forkbox.v1.CopyToRequest
+	66,  // 87: forkbox.v1.SandboxService.CopyFrom:input_type -> forkbox.v1.CopyFromRequest
+	69,  // 88: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
+	70,  // 89: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
+	72,  // 90: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
+	74,  // 91: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
+	79,  // 92: forkbox.v1.EnvironmentService.BuildEnvironment:input_type -> forkbox.v1.BuildEnvironmentRequest
+	81,  // 93: forkbox.v1.EnvironmentService.EnvironmentSandbox:input_type -> forkbox.v1.EnvironmentSandboxRequest
+	83,  // 94: forkbox.v1.EnvironmentService.GetEnvironment:input_type -> forkbox.v1.GetEnvironmentRequest
+	85,  // 95: forkbox.v1.EnvironmentService.ListEnvironments:input_type -> forkbox.v1.ListEnvironmentsRequest
+	87,  // 96: forkbox.v1.EnvironmentService.DeleteEnvironment:input_type -> forkbox.v1.DeleteEnvironmentRequest
+	89,  // 97: forkbox.v1.EnvironmentService.BeginBuild:input_type -> forkbox.v1.BeginBuildRequest
+	91,  // 98: forkbox.v1.EnvironmentService.CompleteBuild:input_type -> forkbox.v1.CompleteBuildRequest
+	3,   // 99: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
+	5,   // 100: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
+	7,   // 101: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
+	9,   // 102: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
+	11,  // 103: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
+	20,  // 104: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
+	22,  // 105: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
+	25,  // 106: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
+	28,  // 107: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
+	30,  // 108: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
+	32,  // 109: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
+	34,  // 110: forkbox.v1.SandboxService.HibernateSandbox:output_type -> forkbox.v1.HibernateSandboxResponse
+	36,  // 111: forkbox.v1.SandboxService.WakeSandbox:output_type -> forkbox.v1.WakeSandboxResponse
+	39,  // 112: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
+	41,  // 113: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
+	43,  // 114: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
+	47,  // 115: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
+	49,  // 116: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
+	52,  // 117: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
+	55,  // 118: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
+	57,  // 119: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
+	59,  // 120: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
+	18,  // 121: forkbox.v1.SandboxService.ExecPty:output_type -> forkbox.v1.PtyResponse
+	62,  // 122: forkbox.v1.SandboxService.GetSandboxMetrics:output_type -> forkbox.v1.GetSandboxMetricsResponse
+	65,  // 123: forkbox.v1.SandboxService.CopyTo:output_type -> forkbox.v1.CopyToResponse
+	67,  // 124: forkbox.v1.SandboxService.CopyFrom:output_type -> forkbox.v1.CopyFromResponse
+	71,  // 125: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
+	71,  // 126: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
+	73,  // 127: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
+	75,  // 128: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
+	80,  // 129: forkbox.v1.EnvironmentService.BuildEnvironment:output_type -> forkbox.v1.BuildProgress
+	82,  // 130: forkbox.v1.EnvironmentService.EnvironmentSandbox:output_type -> forkbox.v1.EnvironmentSandboxResponse
+	84,  // 131: forkbox.v1.EnvironmentService.GetEnvironment:output_type -> forkbox.v1.GetEnvironmentResponse
+	86,  // 132: forkbox.v1.EnvironmentService.ListEnvironments:output_type -> forkbox.v1.ListEnvironmentsResponse
+	88,  // 133: forkbox.v1.EnvironmentService.DeleteEnvironment:output_type -> forkbox.v1.DeleteEnvironmentResponse
+	90,  // 134: forkbox.v1.EnvironmentService.BeginBuild:output_type -> forkbox.v1.BeginBuildResponse
+	92,  // 135: forkbox.v1.EnvironmentService.CompleteBuild:output_type -> forkbox.v1.CompleteBuildResponse
+	99,  // [99:136] is the sub-list for method output_type
+	62,  // [62:99] is the sub-list for method input_type
+	62,  // [62:62] is the sub-list for extension type_name
+	62,  // [62:62] is the sub-list for extension extendee
+	0,   // [0:62] is the sub-list for field type_name
 }
 
 func init() { file_forkbox_v1_forkbox_proto_init() }
@@ -5920,13 +6552,17 @@ func file_forkbox_v1_forkbox_proto_init() {
 		(*PtyResponse_Data)(nil),
 		(*PtyResponse_Exit)(nil),
 	}
+	file_forkbox_v1_forkbox_proto_msgTypes[64].OneofWrappers = []any{
+		(*CopyToRequest_Header)(nil),
+		(*CopyToRequest_Data)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkbox_v1_forkbox_proto_rawDesc), len(file_forkbox_v1_forkbox_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   93,
+			NumMessages:   102,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

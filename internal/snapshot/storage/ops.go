@@ -198,6 +198,27 @@ func (s *Store) Mounts(ctx context.Context, key string, lowers []string) ([]moun
 	return []mount.Mount{{Type: "overlay", Source: "overlay", Options: opts}}, nil
 }
 
+// Charged implements snapshot.Snapshotter: the backend's count when it
+// has one (a Charger), else Usage.
+func (s *Store) Charged(ctx context.Context, key string) (int64, error) {
+	s.mu.Lock()
+	dir, _, err := s.find(key)
+	s.mu.Unlock()
+	if err != nil {
+		return 0, fmt.Errorf("charged: %w", err)
+	}
+	if c, ok := s.backend.(Charger); ok {
+		n, ok, err := c.Charged(ctx, dir)
+		if err != nil {
+			return 0, err
+		}
+		if ok {
+			return n, nil
+		}
+	}
+	return s.Usage(ctx, key)
+}
+
 // Usage implements snapshot.Snapshotter: the disk blocks used by the files
 // of the snapshot's upper layer, each inode counted once.
 func (s *Store) Usage(ctx context.Context, key string) (int64, error) {

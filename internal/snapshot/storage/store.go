@@ -63,6 +63,13 @@ type Backend interface {
 	Limit(ctx context.Context, dir string, bytes int64) error
 }
 
+// Charger is a Backend that can tell what a directory made by Create or
+// Clone holds of its own, as its limit counts it. ok false: not known
+// (no limits on the filesystem); Store.Charged measures Usage instead.
+type Charger interface {
+	Charged(ctx context.Context, dir string) (n int64, ok bool, err error)
+}
+
 const (
 	dirMeta      = "meta"
 	dirActive    = "active"

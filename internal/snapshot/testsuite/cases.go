@@ -118,6 +118,7 @@ func testErrorClasses(t *testing.T, ctx context.Context, s snapshot.Snapshotter,
 		{"Commit committed", s.Commit(ctx, "d", "c"), errdefs.ErrFailedPrecondition},
 		{"Stat missing", func() error { _, err := s.Stat(ctx, "nope"); return err }(), errdefs.ErrNotFound},
 		{"Usage missing", func() error { _, err := s.Usage(ctx, "nope"); return err }(), errdefs.ErrNotFound},
+		{"Charged missing", func() error { _, err := s.Charged(ctx, "nope"); return err }(), errdefs.ErrNotFound},
 		{"Mounts committed", func() error { _, err := s.Mounts(ctx, "c", nil); return err }(), errdefs.ErrFailedPrecondition},
 		{"Mounts missing", func() error { _, err := s.Mounts(ctx, "nope", nil); return err }(), errdefs.ErrNotFound},
 		{"Mounts relative lower", func() error { _, err := s.Mounts(ctx, "a", []string{"rel"}); return err }(), errdefs.ErrInvalidArgument},
@@ -235,6 +236,11 @@ func testUsage(t *testing.T, ctx context.Context, s snapshot.Snapshotter, _ reop
 	must(t, err)
 	if got < empty+4<<20 || got > empty+5<<20 {
 		t.Errorf("Usage: got %d, want about %d (hard link counted once)", got, empty+4<<20)
+	}
+	// Without a limit, Charged is at least what was written.
+	must(t, syncfs(root))
+	if ch, err := s.Charged(ctx, "u"); err != nil || ch < 4<<20 || ch > empty+5<<20 {
+		t.Errorf("Charged: got %d, %v, want about %d", ch, err, 4<<20)
 	}
 	must(t, s.Commit(ctx, "uc", "u"))
 	if cu, err := s.Usage(ctx, "uc"); err != nil || cu < 4<<20 {

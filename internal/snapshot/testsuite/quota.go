@@ -113,6 +113,12 @@ func testDiskLimit(t *testing.T, ctx context.Context, s snapshot.Snapshotter, re
 	croot, cunmount := MountRootfs(t, s, "child", []string{lower})
 	expect(t, filepath.Join(croot, "etc/os-release"), "lower")
 	expectFits(t, filepath.Join(croot, "own"), 2*mib)
+	// Charged counts what the limit counts: its own 2 MiB, not the 16 MiB
+	// it shares with c.
+	must(t, syncfs(croot))
+	if ch, err := s.Charged(ctx, "child"); err != nil || ch < 2*mib || ch > 4*mib {
+		t.Errorf("Charged(child): got %d, %v, want about 2 MiB", ch, err)
+	}
 	cunmount()
 	// Nor once c and p, the other holders of that data, are gone.
 	must(t, s.Remove(ctx, "c"))

@@ -16,6 +16,6 @@ export {
 } from "./errors.js";
 export type { ErrorCode } from "./errors.js";
 export type {
-  SandboxInfo, Checkpoint, Credential, Event, FileInfo, Image, ImageProgress, ReplayedExec,
+  SandboxInfo, SandboxMetrics, Checkpoint, Credential, Event, FileInfo, Image, ImageProgress, ReplayedExec,
   EnvironmentInfo, EnvironmentDefinition, SetupStepInfo, BuildProgress,
 } from "./types.js";

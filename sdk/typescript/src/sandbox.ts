@@ -3,8 +3,8 @@
 // close().
 import type { ForkResponse, Sandbox as SandboxMessage } from "./gen/forkbox/v1/forkbox_pb.js";
 import {
-  checkpointFrom, credentialFrom, fileInfoFrom, sandboxFrom,
-  type Checkpoint, type Credential, type Event, type FileInfo, type ReplayedExec, type SandboxInfo,
+  checkpointFrom, credentialFrom, fileInfoFrom, metricsFrom, sandboxFrom,
+  type SandboxMetrics, type Checkpoint, type Credential, type Event, type FileInfo, type ReplayedExec, type SandboxInfo,
 } from "./types.js";
 import { ExecPromise, type ExecOptions } from "./exec.js";
 import { Ptys } from "./pty.js";
@@ -207,6 +207,15 @@ export class SandboxHandle {
   async listFiles(path: string): Promise<FileInfo[]> {
     const r = await this.client.rpc.sandboxes.listFiles({ sandbox: this.id, path }).catch(rethrow);
     return r.files.map(fileInfoFrom);
+  }
+
+  /** Reads the sandbox's CPU, memory, disk, network and pids counters now. */
+  async getMetrics(): Promise<SandboxMetrics> {
+    const r = await this.client.rpc.sandboxes.getSandboxMetrics({ sandbox: this.id }).catch(rethrow);
+    if (r.metrics.length !== 1) {
+      throw new ForkboxError("Internal", `metrics of ${this.id}: got ${r.metrics.length} readings`);
+    }
+    return metricsFrom(r.metrics[0]);
   }
 
   /** The sandbox's ledger, oldest first. */

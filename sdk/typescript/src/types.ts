@@ -72,6 +72,42 @@ export interface FileInfo {
   mtime: Date;
 }
 
+/**
+ * One reading of a sandbox's usage counters. Under gVisor cpu, memory and
+ * pids are the runtime's on the host (the sentry runs the sandbox's
+ * processes; pids counts its threads); under crun the processes' own. A CPU
+ * rate is the difference of two readings' cpuSeconds over their time.
+ */
+export interface SandboxMetrics {
+  sandboxId: string;
+  name: string;
+  state: string;
+  runtime: string;
+  time: Date;
+  cpuSeconds: number;
+  cpuLimit: number;
+  memoryBytes: number;
+  memoryLimitBytes: number;
+  diskBytes: number;
+  diskLimitBytes: number;
+  netRxBytes: number;
+  netTxBytes: number;
+  pids: number;
+  pidsLimit: number;
+  /** Counters that could not be read this time, with why. */
+  unavailable: Record<string, string>;
+}
+
+/** @internal */
+export function metricsFrom(m: pb.SandboxMetrics): SandboxMetrics {
+  return {
+    sandboxId: m.sandboxId, name: m.name, state: m.state, runtime: m.runtime, time: new Date(Number(m.timeUnixMs)),
+    cpuSeconds: m.cpuSeconds, cpuLimit: m.cpuLimit, memoryBytes: Number(m.memoryBytes), memoryLimitBytes: Number(m.memoryLimitBytes),
+    diskBytes: Number(m.diskBytes), diskLimitBytes: Number(m.diskLimitBytes), netRxBytes: Number(m.netRxBytes),
+    netTxBytes: Number(m.netTxBytes), pids: Number(m.pids), pidsLimit: Number(m.pidsLimit), unavailable: { ...m.unavailable },
+  };
+}
+
 /** A credential's settings (its value is never returned). */
 export interface Credential {
   name: string;

@@ -104,6 +104,13 @@ const (
 	SandboxServiceDeleteCredentialProcedure = "/forkbox.v1.SandboxService/DeleteCredential"
 	// SandboxServiceExecPtyProcedure is the fully-qualified name of the SandboxService's ExecPty RPC.
 	SandboxServiceExecPtyProcedure = "/forkbox.v1.SandboxService/ExecPty"
+	// SandboxServiceGetSandboxMetricsProcedure is the fully-qualified name of the SandboxService's
+	// GetSandboxMetrics RPC.
+	SandboxServiceGetSandboxMetricsProcedure = "/forkbox.v1.SandboxService/GetSandboxMetrics"
+	// SandboxServiceCopyToProcedure is the fully-qualified name of the SandboxService's CopyTo RPC.
+	SandboxServiceCopyToProcedure = "/forkbox.v1.SandboxService/CopyTo"
+	// SandboxServiceCopyFromProcedure is the fully-qualified name of the SandboxService's CopyFrom RPC.
+	SandboxServiceCopyFromProcedure = "/forkbox.v1.SandboxService/CopyFrom"
 	// ImageServicePullImageProcedure is the fully-qualified name of the ImageService's PullImage RPC.
 	ImageServicePullImageProcedure = "/forkbox.v1.ImageService/PullImage"
 	// ImageServiceImportImageProcedure is the fully-qualified name of the ImageService's ImportImage
@@ -181,6 +188,19 @@ type SandboxServiceClient interface {
 	// exit. Closing the request side ends the input; cancelling the call
 	// kills the command's session.
 	ExecPty(context.Context) *connect.BidiStreamForClient[v1.PtyRequest, v1.PtyResponse]
+	// GetSandboxMetrics reads live usage counters of one sandbox, or of every
+	// live one: CPU, memory, disk, network, processes.
+	GetSandboxMetrics(context.Context, *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error)
+	// CopyTo extracts a tar stream into a directory of a sandbox: the first
+	// message is the header, the rest carry the stream. Entries stay below
+	// the directory (no "..", no absolute names, no symlink is followed);
+	// modes and mtimes are kept. The stream is bounded by the daemon's
+	// --max-copy-size (ResourceExhausted past it).
+	CopyTo(context.Context) *connect.ClientStreamForClient[v1.CopyToRequest, v1.CopyToResponse]
+	// CopyFrom streams a file or directory of a sandbox as a tar stream whose
+	// one top-level entry is the path's base name; symlinks are sent as
+	// symlinks, never followed.
+	CopyFrom(context.Context, *connect.Request[v1.CopyFromRequest]) (*connect.ServerStreamForClient[v1.CopyFromResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the forkbox.v1.SandboxService service. By
@@ -332,34 +352,55 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("ExecPty")),
 			connect.WithClientOptions(opts...),
 		),
+		getSandboxMetrics: connect.NewClient[v1.GetSandboxMetricsRequest, v1.GetSandboxMetricsResponse](
+			httpClient,
+			baseURL+SandboxServiceGetSandboxMetricsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("GetSandboxMetrics")),
+			connect.WithClientOptions(opts...),
+		),
+		copyTo: connect.NewClient[v1.CopyToRequest, v1.CopyToResponse](
+			httpClient,
+			baseURL+SandboxServiceCopyToProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("CopyTo")),
+			connect.WithClientOptions(opts...),
+		),
+		copyFrom: connect.NewClient[v1.CopyFromRequest, v1.CopyFromResponse](
+			httpClient,
+			baseURL+SandboxServiceCopyFromProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("CopyFrom")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // sandboxServiceClient implements SandboxServiceClient.
 type sandboxServiceClient struct {
-	createSandbox    *connect.Client[v1.CreateSandboxRequest, v1.CreateSandboxResponse]
-	getSandbox       *connect.Client[v1.GetSandboxRequest, v1.GetSandboxResponse]
-	listSandboxes    *connect.Client[v1.ListSandboxesRequest, v1.ListSandboxesResponse]
-	deleteSandbox    *connect.Client[v1.DeleteSandboxRequest, v1.DeleteSandboxResponse]
-	exec             *connect.Client[v1.ExecRequest, v1.ExecResponse]
-	readFile         *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
-	writeFile        *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
-	listFiles        *connect.Client[v1.ListFilesRequest, v1.ListFilesResponse]
-	events           *connect.Client[v1.EventsRequest, v1.EventsResponse]
-	pauseSandbox     *connect.Client[v1.PauseSandboxRequest, v1.PauseSandboxResponse]
-	unpauseSandbox   *connect.Client[v1.UnpauseSandboxRequest, v1.UnpauseSandboxResponse]
-	hibernateSandbox *connect.Client[v1.HibernateSandboxRequest, v1.HibernateSandboxResponse]
-	wakeSandbox      *connect.Client[v1.WakeSandboxRequest, v1.WakeSandboxResponse]
-	checkpoint       *connect.Client[v1.CheckpointRequest, v1.CheckpointResponse]
-	listCheckpoints  *connect.Client[v1.ListCheckpointsRequest, v1.ListCheckpointsResponse]
-	deleteCheckpoint *connect.Client[v1.DeleteCheckpointRequest, v1.DeleteCheckpointResponse]
-	fork             *connect.Client[v1.ForkRequest, v1.ForkResponse]
-	restoreSnapshot  *connect.Client[v1.RestoreSnapshotRequest, v1.RestoreSnapshotResponse]
-	resume           *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
-	setCredential    *connect.Client[v1.SetCredentialRequest, v1.SetCredentialResponse]
-	listCredentials  *connect.Client[v1.ListCredentialsRequest, v1.ListCredentialsResponse]
-	deleteCredential *connect.Client[v1.DeleteCredentialRequest, v1.DeleteCredentialResponse]
-	execPty          *connect.Client[v1.PtyRequest, v1.PtyResponse]
+	createSandbox     *connect.Client[v1.CreateSandboxRequest, v1.CreateSandboxResponse]
+	getSandbox        *connect.Client[v1.GetSandboxRequest, v1.GetSandboxResponse]
+	listSandboxes     *connect.Client[v1.ListSandboxesRequest, v1.ListSandboxesResponse]
+	deleteSandbox     *connect.Client[v1.DeleteSandboxRequest, v1.DeleteSandboxResponse]
+	exec              *connect.Client[v1.ExecRequest, v1.ExecResponse]
+	readFile          *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
+	writeFile         *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
+	listFiles         *connect.Client[v1.ListFilesRequest, v1.ListFilesResponse]
+	events            *connect.Client[v1.EventsRequest, v1.EventsResponse]
+	pauseSandbox      *connect.Client[v1.PauseSandboxRequest, v1.PauseSandboxResponse]
+	unpauseSandbox    *connect.Client[v1.UnpauseSandboxRequest, v1.UnpauseSandboxResponse]
+	hibernateSandbox  *connect.Client[v1.HibernateSandboxRequest, v1.HibernateSandboxResponse]
+	wakeSandbox       *connect.Client[v1.WakeSandboxRequest, v1.WakeSandboxResponse]
+	checkpoint        *connect.Client[v1.CheckpointRequest, v1.CheckpointResponse]
+	listCheckpoints   *connect.Client[v1.ListCheckpointsRequest, v1.ListCheckpointsResponse]
+	deleteCheckpoint  *connect.Client[v1.DeleteCheckpointRequest, v1.DeleteCheckpointResponse]
+	fork              *connect.Client[v1.ForkRequest, v1.ForkResponse]
+	restoreSnapshot   *connect.Client[v1.RestoreSnapshotRequest, v1.RestoreSnapshotResponse]
+	resume            *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
+	setCredential     *connect.Client[v1.SetCredentialRequest, v1.SetCredentialResponse]
+	listCredentials   *connect.Client[v1.ListCredentialsRequest, v1.ListCredentialsResponse]
+	deleteCredential  *connect.Client[v1.DeleteCredentialRequest, v1.DeleteCredentialResponse]
+	execPty           *connect.Client[v1.PtyRequest, v1.PtyResponse]
+	getSandboxMetrics *connect.Client[v1.GetSandboxMetricsRequest, v1.GetSandboxMetricsResponse]
+	copyTo            *connect.Client[v1.CopyToRequest, v1.CopyToResponse]
+	copyFrom          *connect.Client[v1.CopyFromRequest, v1.CopyFromResponse]
 }
 
 // CreateSandbox calls forkbox.v1.SandboxService.CreateSandbox.
@@ -477,6 +518,21 @@ func (c *sandboxServiceClient) ExecPty(ctx context.Context) *connect.BidiStreamF
 	return c.execPty.CallBidiStream(ctx)
 }
 
+// GetSandboxMetrics calls forkbox.v1.SandboxService.GetSandboxMetrics.
+func (c *sandboxServiceClient) GetSandboxMetrics(ctx context.Context, req *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error) {
+	return c.getSandboxMetrics.CallUnary(ctx, req)
+}
+
+// CopyTo calls forkbox.v1.SandboxService.CopyTo.
+func (c *sandboxServiceClient) CopyTo(ctx context.Context) *connect.ClientStreamForClient[v1.CopyToRequest, v1.CopyToResponse] {
+	return c.copyTo.CallClientStream(ctx)
+}
+
+// CopyFrom calls forkbox.v1.SandboxService.CopyFrom.
+func (c *sandboxServiceClient) CopyFrom(ctx context.Context, req *connect.Request[v1.CopyFromRequest]) (*connect.ServerStreamForClient[v1.CopyFromResponse], error) {
+	return c.copyFrom.CallServerStream(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the forkbox.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	CreateSandbox(context.Context, *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error)
@@ -521,6 +577,19 @@ type SandboxServiceHandler interface {
 	// exit. Closing the request side ends the input; cancelling the call
 	// kills the command's session.
 	ExecPty(context.Context, *connect.BidiStream[v1.PtyRequest, v1.PtyResponse]) error
+	// GetSandboxMetrics reads live usage counters of one sandbox, or of every
+	// live one: CPU, memory, disk, network, processes.
+	GetSandboxMetrics(context.Context, *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error)
+	// CopyTo extracts a tar stream into a directory of a sandbox: the first
+	// message is the header, the rest carry the stream. Entries stay below
+	// the directory (no "..", no absolute names, no symlink is followed);
+	// modes and mtimes are kept. The stream is bounded by the daemon's
+	// --max-copy-size (ResourceExhausted past it).
+	CopyTo(context.Context, *connect.ClientStream[v1.CopyToRequest]) (*connect.Response[v1.CopyToResponse], error)
+	// CopyFrom streams a file or directory of a sandbox as a tar stream whose
+	// one top-level entry is the path's base name; symlinks are sent as
+	// symlinks, never followed.
+	CopyFrom(context.Context, *connect.Request[v1.CopyFromRequest], *connect.ServerStream[v1.CopyFromResponse]) error
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -668,6 +737,24 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("ExecPty")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceGetSandboxMetricsHandler := connect.NewUnaryHandler(
+		SandboxServiceGetSandboxMetricsProcedure,
+		svc.GetSandboxMetrics,
+		connect.WithSchema(sandboxServiceMethods.ByName("GetSandboxMetrics")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceCopyToHandler := connect.NewClientStreamHandler(
+		SandboxServiceCopyToProcedure,
+		svc.CopyTo,
+		connect.WithSchema(sandboxServiceMethods.ByName("CopyTo")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceCopyFromHandler := connect.NewServerStreamHandler(
+		SandboxServiceCopyFromProcedure,
+		svc.CopyFrom,
+		connect.WithSchema(sandboxServiceMethods.ByName("CopyFrom")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/forkbox.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateSandboxProcedure:
@@ -716,6 +803,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceDeleteCredentialHandler.ServeHTTP(w, r)
 		case SandboxServiceExecPtyProcedure:
 			sandboxServiceExecPtyHandler.ServeHTTP(w, r)
+		case SandboxServiceGetSandboxMetricsProcedure:
+			sandboxServiceGetSandboxMetricsHandler.ServeHTTP(w, r)
+		case SandboxServiceCopyToProcedure:
+			sandboxServiceCopyToHandler.ServeHTTP(w, r)
+		case SandboxServiceCopyFromProcedure:
+			sandboxServiceCopyFromHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -815,6 +908,18 @@ func (UnimplementedSandboxServiceHandler) DeleteCredential(context.Context, *con
 
 func (UnimplementedSandboxServiceHandler) ExecPty(context.Context, *connect.BidiStream[v1.PtyRequest, v1.PtyResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.ExecPty is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) GetSandboxMetrics(context.Context, *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.GetSandboxMetrics is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) CopyTo(context.Context, *connect.ClientStream[v1.CopyToRequest]) (*connect.Response[v1.CopyToResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.CopyTo is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) CopyFrom(context.Context, *connect.Request[v1.CopyFromRequest], *connect.ServerStream[v1.CopyFromResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.CopyFrom is not implemented"))
 }
 
 // ImageServiceClient is a client for the forkbox.v1.ImageService service.
