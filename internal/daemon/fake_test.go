@@ -54,6 +54,11 @@ type world struct {
 	checkpointStops bool
 	restoreErr      error
 	frozenErr       error
+	// moveErr fails the next Pause or Resume after (moveTakes) or instead
+	// of making its move, as a runsc CLI killed after or before it saved
+	// its state file does.
+	moveErr   error
+	moveTakes bool
 }
 
 // container is one fake container: an agent server while it runs.
@@ -358,6 +363,13 @@ func (w *world) move(id, from, to string) error {
 	}
 	if c.status != from {
 		return fmt.Errorf("container %s is %s, not %s: %w", id, c.status, from, errdefs.ErrFailedPrecondition)
+	}
+	if err := w.moveErr; err != nil {
+		w.moveErr = nil
+		if w.moveTakes {
+			c.status = to
+		}
+		return err
 	}
 	c.status = to
 	return nil

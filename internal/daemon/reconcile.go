@@ -233,7 +233,7 @@ func (d *Daemon) checkHealth(ctx context.Context, sb *store.Sandbox) health {
 	if err != nil {
 		return health{reason: fmt.Sprintf("whether it is paused could not be read: %v", err)}
 	}
-	if sb.State == store.StatePaused || (sb.State == store.StateDegraded && suspended) {
+	if sb.State == store.StatePaused || (sb.State == store.StateDegraded && suspended && d.userPaused(ctx, sb.ID)) {
 		if !suspended {
 			if err := d.suspend(ctx, sb); err != nil {
 				return health{reason: fmt.Sprintf("it is recorded paused but could not be paused: %v", err)}
@@ -345,3 +345,23 @@ func (d *Daemon) sweepOrphans(ctx context.Context) error {
 }
 
 func cgroupRoots() []string { return cgroups.Roots() }
+
+// userPaused reports whether a sandbox's ledger last says a caller paused
+// it (sandbox.paused after any sandbox.unpaused). A degraded sandbox found
+// suspended was either paused by its user before it degraded, or cut in a
+// capture's stop; only the first stays paused.
+func (d *Daemon) userPaused(ctx context.Context, id string) bool {
+	evs, err := d.store.Events(ctx, id)
+	if err != nil {
+		return true // keep what the host shows rather than guess
+	}
+	for i := len(evs) - 1; i >= 0; i-- {
+		switch evs[i].Type {
+		case store.EventPaused:
+			return true
+		case store.EventUnpaused:
+			return false
+		}
+	}
+	return false
+}

@@ -6,6 +6,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/runtime"
@@ -23,29 +24,56 @@ import (
 // host processes: the freezer stops them exactly.
 func stopsInside(sb *store.Sandbox) bool { return sb.Runtime == RuntimeGVisor }
 
+// suspendTimeout bounds one stop or start in place. Neither is cut short
+// by a caller that goes away: runsc makes the sentry's call before it saves
+// its state file, and a cut between the two would leave them disagreeing
+// (a sentry stopped while the file says running cannot be resumed through
+// runsc, and a resume without a matching pause panics the sentry).
+const suspendTimeout = 30 * time.Second
+
 // suspend stops every process of a running sandbox in place (memory kept).
-// The caller holds the sandbox's lock.
+// The caller holds the sandbox's lock. When the runtime's call fails, its
+// state is read back: a gVisor sandbox that runsc reports paused is paused,
+// as asked.
 func (d *Daemon) suspend(ctx context.Context, sb *store.Sandbox) error {
-	if stopsInside(sb) {
-		rt, err := d.runtimeOf(sb)
-		if err != nil {
-			return err
-		}
-		return rt.Pause(ctx, sb.ID)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), suspendTimeout)
+	defer cancel()
+	if !stopsInside(sb) {
+		return d.host.Freeze(ctx, d.cgroupPath(sb.ID))
 	}
-	return d.host.Freeze(ctx, d.cgroupPath(sb.ID))
+	rt, err := d.runtimeOf(sb)
+	if err != nil {
+		return err
+	}
+	return d.settle(ctx, rt, sb, rt.Pause(ctx, sb.ID), runtime.StatusPaused)
 }
 
-// unsuspend starts a suspended sandbox's processes again.
+// unsuspend starts a suspended sandbox's processes again; like suspend, a
+// gVisor sandbox that runsc reports running after a failed call is running.
 func (d *Daemon) unsuspend(ctx context.Context, sb *store.Sandbox) error {
-	if stopsInside(sb) {
-		rt, err := d.runtimeOf(sb)
-		if err != nil {
-			return err
-		}
-		return rt.Resume(ctx, sb.ID)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), suspendTimeout)
+	defer cancel()
+	if !stopsInside(sb) {
+		return d.host.Thaw(ctx, d.cgroupPath(sb.ID))
 	}
-	return d.host.Thaw(ctx, d.cgroupPath(sb.ID))
+	rt, err := d.runtimeOf(sb)
+	if err != nil {
+		return err
+	}
+	return d.settle(ctx, rt, sb, rt.Resume(ctx, sb.ID), runtime.StatusRunning)
+}
+
+// settle returns err unless the runtime reports the sandbox in the state the
+// failed call was to reach (its CLI saved it, then failed or was killed).
+func (d *Daemon) settle(ctx context.Context, rt runtime.Runtime, sb *store.Sandbox, err error, want string) error {
+	if err == nil {
+		return nil
+	}
+	if st, serr := rt.State(ctx, sb.ID); serr == nil && st.Status == want {
+		d.log.Warn("runtime call failed but reached its state", "sandbox", sb.ID, "state", want, "err", err)
+		return nil
+	}
+	return err
 }
 
 // isSuspended reports whether a live container (st, as its runtime reports
