@@ -23,9 +23,12 @@ const (
 	// lifetime or its idle timeout passed; data has the reason and the
 	// action taken (close or hibernate), recorded before it is taken.
 	EventSandboxExpired = "sandbox.expired"
-	EventExecStarted    = "exec.started"
-	EventExecFinished   = "exec.finished"
-	EventFileWritten    = "file.written"
+	// EventTimeoutSet: SetTimeout gave the sandbox a new timeout and
+	// deadline.
+	EventTimeoutSet   = "sandbox.timeout_set"
+	EventExecStarted  = "exec.started"
+	EventExecFinished = "exec.finished"
+	EventFileWritten  = "file.written"
 
 	EventCheckpointCreated = "sandbox.checkpoint_created"
 	EventForked            = "sandbox.forked"

@@ -126,8 +126,15 @@ type Sandbox struct {
 	// The sandbox this one was forked from, if any.
 	ParentId string `protobuf:"bytes,17,opt,name=parent_id,json=parentId,proto3" json:"parent_id,omitempty"`
 	// Names of the credentials attached (never the values).
-	Credentials   []string `protobuf:"bytes,18,rep,name=credentials,proto3" json:"credentials,omitempty"`
-	MachineId     string   `protobuf:"bytes,19,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	Credentials []string `protobuf:"bytes,18,rep,name=credentials,proto3" json:"credentials,omitempty"`
+	MachineId   string   `protobuf:"bytes,19,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	// When the sandbox expires (Unix ms; 0 = never): its deadline, capped
+	// by the daemon's max lifetime. An idle timeout may expire it earlier.
+	ExpiresAtUnixMs int64 `protobuf:"varint,40,opt,name=expires_at_unix_ms,json=expiresAtUnixMs,proto3" json:"expires_at_unix_ms,omitempty"`
+	// Its timeout (0 = none), which forks and restores inherit.
+	TimeoutMs int64 `protobuf:"varint,41,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// What expiry does: close or hibernate.
+	OnTimeout     string `protobuf:"bytes,42,opt,name=on_timeout,json=onTimeout,proto3" json:"on_timeout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -295,15 +302,43 @@ func (x *Sandbox) GetMachineId() string {
 	return ""
 }
 
+func (x *Sandbox) GetExpiresAtUnixMs() int64 {
+	if x != nil {
+		return x.ExpiresAtUnixMs
+	}
+	return 0
+}
+
+func (x *Sandbox) GetTimeoutMs() int64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+func (x *Sandbox) GetOnTimeout() string {
+	if x != nil {
+		return x.OnTimeout
+	}
+	return ""
+}
+
 type CreateSandboxRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Image         string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	Resources     *Resources             `protobuf:"bytes,3,opt,name=resources,proto3" json:"resources,omitempty"`
-	Env           map[string]string      `protobuf:"bytes,4,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Cwd           string                 `protobuf:"bytes,5,opt,name=cwd,proto3" json:"cwd,omitempty"`
-	Egress        string                 `protobuf:"bytes,6,opt,name=egress,proto3" json:"egress,omitempty"`
-	Runtime       string                 `protobuf:"bytes,7,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Image     string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	Name      string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Resources *Resources             `protobuf:"bytes,3,opt,name=resources,proto3" json:"resources,omitempty"`
+	Env       map[string]string      `protobuf:"bytes,4,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Cwd       string                 `protobuf:"bytes,5,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	Egress    string                 `protobuf:"bytes,6,opt,name=egress,proto3" json:"egress,omitempty"`
+	Runtime   string                 `protobuf:"bytes,7,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	// The sandbox expires this long after it starts (0 = no timeout: it
+	// lives until closed, unless the daemon has a max lifetime or an idle
+	// timeout). Forks and restores inherit it.
+	TimeoutMs int64 `protobuf:"varint,40,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// What expiry does: "close" (default) or "hibernate" (gvisor only: the
+	// next exec wakes it).
+	OnTimeout     string `protobuf:"bytes,41,opt,name=on_timeout,json=onTimeout,proto3" json:"on_timeout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -383,6 +418,20 @@ func (x *CreateSandboxRequest) GetEgress() string {
 func (x *CreateSandboxRequest) GetRuntime() string {
 	if x != nil {
 		return x.Runtime
+	}
+	return ""
+}
+
+func (x *CreateSandboxRequest) GetTimeoutMs() int64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+func (x *CreateSandboxRequest) GetOnTimeout() string {
+	if x != nil {
+		return x.OnTimeout
 	}
 	return ""
 }
@@ -2342,10 +2391,14 @@ type Overrides struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Resources *Resources             `protobuf:"bytes,1,opt,name=resources,proto3" json:"resources,omitempty"`
 	// Merged over the inherited env.
-	Env           map[string]string `protobuf:"bytes,2,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Cwd           string            `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
-	Egress        string            `protobuf:"bytes,4,opt,name=egress,proto3" json:"egress,omitempty"`
-	Name          string            `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
+	Env    map[string]string `protobuf:"bytes,2,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Cwd    string            `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	Egress string            `protobuf:"bytes,4,opt,name=egress,proto3" json:"egress,omitempty"`
+	Name   string            `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
+	// The child's timeout (0: inherited); its deadline is its start plus it.
+	TimeoutMs int64 `protobuf:"varint,40,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// close or hibernate ("": inherited).
+	OnTimeout     string `protobuf:"bytes,41,opt,name=on_timeout,json=onTimeout,proto3" json:"on_timeout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2411,6 +2464,20 @@ func (x *Overrides) GetEgress() string {
 func (x *Overrides) GetName() string {
 	if x != nil {
 		return x.Name
+	}
+	return ""
+}
+
+func (x *Overrides) GetTimeoutMs() int64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+func (x *Overrides) GetOnTimeout() string {
+	if x != nil {
+		return x.OnTimeout
 	}
 	return ""
 }
@@ -3347,6 +3414,105 @@ func (*DeleteCredentialResponse) Descriptor() ([]byte, []int) {
 	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{54}
 }
 
+type SetTimeoutRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// The new deadline is now + timeout_ms; 0 removes the sandbox's own
+	// timeout.
+	TimeoutMs     int64 `protobuf:"varint,2,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetTimeoutRequest) Reset() {
+	*x = SetTimeoutRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetTimeoutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetTimeoutRequest) ProtoMessage() {}
+
+func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetTimeoutRequest.ProtoReflect.Descriptor instead.
+func (*SetTimeoutRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *SetTimeoutRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *SetTimeoutRequest) GetTimeoutMs() int64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+type SetTimeoutResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sandbox with its effective deadline (expires_at_unix_ms).
+	Sandbox       *Sandbox `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetTimeoutResponse) Reset() {
+	*x = SetTimeoutResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetTimeoutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetTimeoutResponse) ProtoMessage() {}
+
+func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetTimeoutResponse.ProtoReflect.Descriptor instead.
+func (*SetTimeoutResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *SetTimeoutResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
 type Image struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -3360,7 +3526,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3372,7 +3538,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3385,7 +3551,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{55}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *Image) GetName() string {
@@ -3434,7 +3600,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3446,7 +3612,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3459,7 +3625,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{56}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *PullImageRequest) GetRef() string {
@@ -3487,7 +3653,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3499,7 +3665,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3512,7 +3678,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{57}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ImportImageRequest) GetPath() string {
@@ -3542,7 +3708,7 @@ type ImageProgress struct {
 
 func (x *ImageProgress) Reset() {
 	*x = ImageProgress{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3554,7 +3720,7 @@ func (x *ImageProgress) String() string {
 func (*ImageProgress) ProtoMessage() {}
 
 func (x *ImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3567,7 +3733,7 @@ func (x *ImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageProgress.ProtoReflect.Descriptor instead.
 func (*ImageProgress) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{58}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ImageProgress) GetPhase() string {
@@ -3606,7 +3772,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3618,7 +3784,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3631,7 +3797,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{59}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{61}
 }
 
 type ListImagesResponse struct {
@@ -3643,7 +3809,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3655,7 +3821,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3668,7 +3834,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{60}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -3687,7 +3853,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3699,7 +3865,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3712,7 +3878,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{61}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *RemoveImageRequest) GetName() string {
@@ -3730,7 +3896,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3742,7 +3908,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3755,7 +3921,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{62}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{64}
 }
 
 type SetupStep struct {
@@ -3772,7 +3938,7 @@ type SetupStep struct {
 
 func (x *SetupStep) Reset() {
 	*x = SetupStep{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3784,7 +3950,7 @@ func (x *SetupStep) String() string {
 func (*SetupStep) ProtoMessage() {}
 
 func (x *SetupStep) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3797,7 +3963,7 @@ func (x *SetupStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetupStep.ProtoReflect.Descriptor instead.
 func (*SetupStep) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{63}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *SetupStep) GetRun() string {
@@ -3851,7 +4017,7 @@ type EnvironmentDefinition struct {
 
 func (x *EnvironmentDefinition) Reset() {
 	*x = EnvironmentDefinition{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3863,7 +4029,7 @@ func (x *EnvironmentDefinition) String() string {
 func (*EnvironmentDefinition) ProtoMessage() {}
 
 func (x *EnvironmentDefinition) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3876,7 +4042,7 @@ func (x *EnvironmentDefinition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentDefinition.ProtoReflect.Descriptor instead.
 func (*EnvironmentDefinition) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{64}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *EnvironmentDefinition) GetName() string {
@@ -3977,7 +4143,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3989,7 +4155,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4002,7 +4168,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{65}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *Environment) GetDefinition() *EnvironmentDefinition {
@@ -4077,7 +4243,7 @@ type BuildEnvironmentRequest struct {
 
 func (x *BuildEnvironmentRequest) Reset() {
 	*x = BuildEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4089,7 +4255,7 @@ func (x *BuildEnvironmentRequest) String() string {
 func (*BuildEnvironmentRequest) ProtoMessage() {}
 
 func (x *BuildEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4102,7 +4268,7 @@ func (x *BuildEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*BuildEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{66}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *BuildEnvironmentRequest) GetDefinition() *EnvironmentDefinition {
@@ -4130,7 +4296,7 @@ type BuildProgress struct {
 
 func (x *BuildProgress) Reset() {
 	*x = BuildProgress{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4142,7 +4308,7 @@ func (x *BuildProgress) String() string {
 func (*BuildProgress) ProtoMessage() {}
 
 func (x *BuildProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4155,7 +4321,7 @@ func (x *BuildProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildProgress.ProtoReflect.Descriptor instead.
 func (*BuildProgress) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{67}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *BuildProgress) GetPhase() string {
@@ -4220,7 +4386,7 @@ type EnvironmentSandboxRequest struct {
 
 func (x *EnvironmentSandboxRequest) Reset() {
 	*x = EnvironmentSandboxRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4232,7 +4398,7 @@ func (x *EnvironmentSandboxRequest) String() string {
 func (*EnvironmentSandboxRequest) ProtoMessage() {}
 
 func (x *EnvironmentSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4245,7 +4411,7 @@ func (x *EnvironmentSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentSandboxRequest.ProtoReflect.Descriptor instead.
 func (*EnvironmentSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{68}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *EnvironmentSandboxRequest) GetDefinition() *EnvironmentDefinition {
@@ -4285,7 +4451,7 @@ type EnvironmentSandboxResponse struct {
 
 func (x *EnvironmentSandboxResponse) Reset() {
 	*x = EnvironmentSandboxResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4297,7 +4463,7 @@ func (x *EnvironmentSandboxResponse) String() string {
 func (*EnvironmentSandboxResponse) ProtoMessage() {}
 
 func (x *EnvironmentSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4310,7 +4476,7 @@ func (x *EnvironmentSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentSandboxResponse.ProtoReflect.Descriptor instead.
 func (*EnvironmentSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{69}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *EnvironmentSandboxResponse) GetSandbox() *Sandbox {
@@ -4357,7 +4523,7 @@ type GetEnvironmentRequest struct {
 
 func (x *GetEnvironmentRequest) Reset() {
 	*x = GetEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4369,7 +4535,7 @@ func (x *GetEnvironmentRequest) String() string {
 func (*GetEnvironmentRequest) ProtoMessage() {}
 
 func (x *GetEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4382,7 +4548,7 @@ func (x *GetEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*GetEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{70}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *GetEnvironmentRequest) GetName() string {
@@ -4401,7 +4567,7 @@ type GetEnvironmentResponse struct {
 
 func (x *GetEnvironmentResponse) Reset() {
 	*x = GetEnvironmentResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4413,7 +4579,7 @@ func (x *GetEnvironmentResponse) String() string {
 func (*GetEnvironmentResponse) ProtoMessage() {}
 
 func (x *GetEnvironmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4426,7 +4592,7 @@ func (x *GetEnvironmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEnvironmentResponse.ProtoReflect.Descriptor instead.
 func (*GetEnvironmentResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{71}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *GetEnvironmentResponse) GetEnvironment() *Environment {
@@ -4444,7 +4610,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4456,7 +4622,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4469,7 +4635,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{72}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{74}
 }
 
 type ListEnvironmentsResponse struct {
@@ -4481,7 +4647,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4493,7 +4659,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4506,7 +4672,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{73}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -4525,7 +4691,7 @@ type DeleteEnvironmentRequest struct {
 
 func (x *DeleteEnvironmentRequest) Reset() {
 	*x = DeleteEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4537,7 +4703,7 @@ func (x *DeleteEnvironmentRequest) String() string {
 func (*DeleteEnvironmentRequest) ProtoMessage() {}
 
 func (x *DeleteEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4550,7 +4716,7 @@ func (x *DeleteEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*DeleteEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{74}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *DeleteEnvironmentRequest) GetName() string {
@@ -4568,7 +4734,7 @@ type DeleteEnvironmentResponse struct {
 
 func (x *DeleteEnvironmentResponse) Reset() {
 	*x = DeleteEnvironmentResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4580,7 +4746,7 @@ func (x *DeleteEnvironmentResponse) String() string {
 func (*DeleteEnvironmentResponse) ProtoMessage() {}
 
 func (x *DeleteEnvironmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4593,7 +4759,7 @@ func (x *DeleteEnvironmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteEnvironmentResponse.ProtoReflect.Descriptor instead.
 func (*DeleteEnvironmentResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{75}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{77}
 }
 
 type BeginBuildRequest struct {
@@ -4605,7 +4771,7 @@ type BeginBuildRequest struct {
 
 func (x *BeginBuildRequest) Reset() {
 	*x = BeginBuildRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4617,7 +4783,7 @@ func (x *BeginBuildRequest) String() string {
 func (*BeginBuildRequest) ProtoMessage() {}
 
 func (x *BeginBuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4630,7 +4796,7 @@ func (x *BeginBuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginBuildRequest.ProtoReflect.Descriptor instead.
 func (*BeginBuildRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{76}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *BeginBuildRequest) GetDefinition() *EnvironmentDefinition {
@@ -4653,7 +4819,7 @@ type BeginBuildResponse struct {
 
 func (x *BeginBuildResponse) Reset() {
 	*x = BeginBuildResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4665,7 +4831,7 @@ func (x *BeginBuildResponse) String() string {
 func (*BeginBuildResponse) ProtoMessage() {}
 
 func (x *BeginBuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4678,7 +4844,7 @@ func (x *BeginBuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginBuildResponse.ProtoReflect.Descriptor instead.
 func (*BeginBuildResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{77}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *BeginBuildResponse) GetEnvironment() *Environment {
@@ -4714,7 +4880,7 @@ type CompleteBuildRequest struct {
 
 func (x *CompleteBuildRequest) Reset() {
 	*x = CompleteBuildRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4726,7 +4892,7 @@ func (x *CompleteBuildRequest) String() string {
 func (*CompleteBuildRequest) ProtoMessage() {}
 
 func (x *CompleteBuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4739,7 +4905,7 @@ func (x *CompleteBuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteBuildRequest.ProtoReflect.Descriptor instead.
 func (*CompleteBuildRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{78}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *CompleteBuildRequest) GetLease() string {
@@ -4772,7 +4938,7 @@ type CompleteBuildResponse struct {
 
 func (x *CompleteBuildResponse) Reset() {
 	*x = CompleteBuildResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4784,7 +4950,7 @@ func (x *CompleteBuildResponse) String() string {
 func (*CompleteBuildResponse) ProtoMessage() {}
 
 func (x *CompleteBuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4797,7 +4963,7 @@ func (x *CompleteBuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteBuildResponse.ProtoReflect.Descriptor instead.
 func (*CompleteBuildResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{79}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *CompleteBuildResponse) GetEnvironment() *Environment {
@@ -4817,7 +4983,7 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x03cpu\x18\x01 \x01(\tR\x03cpu\x12\x16\n" +
 	"\x06memory\x18\x02 \x01(\tR\x06memory\x12\x12\n" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12\x12\n" +
-	"\x04disk\x18\x04 \x01(\tR\x04disk\"\xf5\x04\n" +
+	"\x04disk\x18\x04 \x01(\tR\x04disk\"\xe0\x05\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -4839,10 +5005,15 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\tparent_id\x18\x11 \x01(\tR\bparentId\x12 \n" +
 	"\vcredentials\x18\x12 \x03(\tR\vcredentials\x12\x1d\n" +
 	"\n" +
-	"machine_id\x18\x13 \x01(\tR\tmachineId\x1a6\n" +
+	"machine_id\x18\x13 \x01(\tR\tmachineId\x12+\n" +
+	"\x12expires_at_unix_ms\x18( \x01(\x03R\x0fexpiresAtUnixMs\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18) \x01(\x03R\ttimeoutMs\x12\x1d\n" +
+	"\n" +
+	"on_timeout\x18* \x01(\tR\tonTimeout\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xae\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xec\x02\n" +
 	"\x14CreateSandboxRequest\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x123\n" +
@@ -4850,7 +5021,11 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x03env\x18\x04 \x03(\v2).forkbox.v1.CreateSandboxRequest.EnvEntryR\x03env\x12\x10\n" +
 	"\x03cwd\x18\x05 \x01(\tR\x03cwd\x12\x16\n" +
 	"\x06egress\x18\x06 \x01(\tR\x06egress\x12\x18\n" +
-	"\aruntime\x18\a \x01(\tR\aruntime\x1a6\n" +
+	"\aruntime\x18\a \x01(\tR\aruntime\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18( \x01(\x03R\ttimeoutMs\x12\x1d\n" +
+	"\n" +
+	"on_timeout\x18) \x01(\tR\tonTimeout\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"a\n" +
@@ -4982,13 +5157,17 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\tR\n" +
 	"checkpoint\"\x1a\n" +
-	"\x18DeleteCheckpointResponse\"\xe8\x01\n" +
+	"\x18DeleteCheckpointResponse\"\xa6\x02\n" +
 	"\tOverrides\x123\n" +
 	"\tresources\x18\x01 \x01(\v2\x15.forkbox.v1.ResourcesR\tresources\x120\n" +
 	"\x03env\x18\x02 \x03(\v2\x1e.forkbox.v1.Overrides.EnvEntryR\x03env\x12\x10\n" +
 	"\x03cwd\x18\x03 \x01(\tR\x03cwd\x12\x16\n" +
 	"\x06egress\x18\x04 \x01(\tR\x06egress\x12\x12\n" +
-	"\x04name\x18\x05 \x01(\tR\x04name\x1a6\n" +
+	"\x04name\x18\x05 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18( \x01(\x03R\ttimeoutMs\x12\x1d\n" +
+	"\n" +
+	"on_timeout\x18) \x01(\tR\tonTimeout\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf2\x02\n" +
@@ -5074,7 +5253,13 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x17DeleteCredentialRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"\x1a\n" +
-	"\x18DeleteCredentialResponse\"\x8c\x01\n" +
+	"\x18DeleteCredentialResponse\"L\n" +
+	"\x11SetTimeoutRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x02 \x01(\x03R\ttimeoutMs\"C\n" +
+	"\x12SetTimeoutResponse\x12-\n" +
+	"\asandbox\x18\x01 \x01(\v2\x13.forkbox.v1.SandboxR\asandbox\"\x8c\x01\n" +
 	"\x05Image\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x12\n" +
@@ -5185,7 +5370,7 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\"R\n" +
 	"\x15CompleteBuildResponse\x129\n" +
-	"\venvironment\x18\x01 \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment2\x84\x0e\n" +
+	"\venvironment\x18\x01 \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment2\xd1\x0e\n" +
 	"\x0eSandboxService\x12T\n" +
 	"\rCreateSandbox\x12 .forkbox.v1.CreateSandboxRequest\x1a!.forkbox.v1.CreateSandboxResponse\x12K\n" +
 	"\n" +
@@ -5210,7 +5395,9 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x06Resume\x12\x19.forkbox.v1.ResumeRequest\x1a\x1a.forkbox.v1.ResumeResponse\x12T\n" +
 	"\rSetCredential\x12 .forkbox.v1.SetCredentialRequest\x1a!.forkbox.v1.SetCredentialResponse\x12Z\n" +
 	"\x0fListCredentials\x12\".forkbox.v1.ListCredentialsRequest\x1a#.forkbox.v1.ListCredentialsResponse\x12]\n" +
-	"\x10DeleteCredential\x12#.forkbox.v1.DeleteCredentialRequest\x1a$.forkbox.v1.DeleteCredentialResponse2\xbf\x02\n" +
+	"\x10DeleteCredential\x12#.forkbox.v1.DeleteCredentialRequest\x1a$.forkbox.v1.DeleteCredentialResponse\x12K\n" +
+	"\n" +
+	"SetTimeout\x12\x1d.forkbox.v1.SetTimeoutRequest\x1a\x1e.forkbox.v1.SetTimeoutResponse2\xbf\x02\n" +
 	"\fImageService\x12F\n" +
 	"\tPullImage\x12\x1c.forkbox.v1.PullImageRequest\x1a\x19.forkbox.v1.ImageProgress0\x01\x12J\n" +
 	"\vImportImage\x12\x1e.forkbox.v1.ImportImageRequest\x1a\x19.forkbox.v1.ImageProgress0\x01\x12K\n" +
@@ -5239,7 +5426,7 @@ func file_forkbox_v1_forkbox_proto_rawDescGZIP() []byte {
 	return file_forkbox_v1_forkbox_proto_rawDescData
 }
 
-var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 87)
+var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 89)
 var file_forkbox_v1_forkbox_proto_goTypes = []any{
 	(*Resources)(nil),                  // 0: forkbox.v1.Resources
 	(*Sandbox)(nil),                    // 1: forkbox.v1.Sandbox
@@ -5296,48 +5483,50 @@ var file_forkbox_v1_forkbox_proto_goTypes = []any{
 	(*ListCredentialsResponse)(nil),    // 52: forkbox.v1.ListCredentialsResponse
 	(*DeleteCredentialRequest)(nil),    // 53: forkbox.v1.DeleteCredentialRequest
 	(*DeleteCredentialResponse)(nil),   // 54: forkbox.v1.DeleteCredentialResponse
-	(*Image)(nil),                      // 55: forkbox.v1.Image
-	(*PullImageRequest)(nil),           // 56: forkbox.v1.PullImageRequest
-	(*ImportImageRequest)(nil),         // 57: forkbox.v1.ImportImageRequest
-	(*ImageProgress)(nil),              // 58: forkbox.v1.ImageProgress
-	(*ListImagesRequest)(nil),          // 59: forkbox.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),         // 60: forkbox.v1.ListImagesResponse
-	(*RemoveImageRequest)(nil),         // 61: forkbox.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),        // 62: forkbox.v1.RemoveImageResponse
-	(*SetupStep)(nil),                  // 63: forkbox.v1.SetupStep
-	(*EnvironmentDefinition)(nil),      // 64: forkbox.v1.EnvironmentDefinition
-	(*Environment)(nil),                // 65: forkbox.v1.Environment
-	(*BuildEnvironmentRequest)(nil),    // 66: forkbox.v1.BuildEnvironmentRequest
-	(*BuildProgress)(nil),              // 67: forkbox.v1.BuildProgress
-	(*EnvironmentSandboxRequest)(nil),  // 68: forkbox.v1.EnvironmentSandboxRequest
-	(*EnvironmentSandboxResponse)(nil), // 69: forkbox.v1.EnvironmentSandboxResponse
-	(*GetEnvironmentRequest)(nil),      // 70: forkbox.v1.GetEnvironmentRequest
-	(*GetEnvironmentResponse)(nil),     // 71: forkbox.v1.GetEnvironmentResponse
-	(*ListEnvironmentsRequest)(nil),    // 72: forkbox.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil),   // 73: forkbox.v1.ListEnvironmentsResponse
-	(*DeleteEnvironmentRequest)(nil),   // 74: forkbox.v1.DeleteEnvironmentRequest
-	(*DeleteEnvironmentResponse)(nil),  // 75: forkbox.v1.DeleteEnvironmentResponse
-	(*BeginBuildRequest)(nil),          // 76: forkbox.v1.BeginBuildRequest
-	(*BeginBuildResponse)(nil),         // 77: forkbox.v1.BeginBuildResponse
-	(*CompleteBuildRequest)(nil),       // 78: forkbox.v1.CompleteBuildRequest
-	(*CompleteBuildResponse)(nil),      // 79: forkbox.v1.CompleteBuildResponse
-	nil,                                // 80: forkbox.v1.Sandbox.EnvEntry
-	nil,                                // 81: forkbox.v1.CreateSandboxRequest.EnvEntry
-	nil,                                // 82: forkbox.v1.ExecRequest.EnvEntry
-	nil,                                // 83: forkbox.v1.Overrides.EnvEntry
-	nil,                                // 84: forkbox.v1.ForkRequest.CredentialsEntry
-	nil,                                // 85: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
-	nil,                                // 86: forkbox.v1.EnvironmentDefinition.EnvEntry
+	(*SetTimeoutRequest)(nil),          // 55: forkbox.v1.SetTimeoutRequest
+	(*SetTimeoutResponse)(nil),         // 56: forkbox.v1.SetTimeoutResponse
+	(*Image)(nil),                      // 57: forkbox.v1.Image
+	(*PullImageRequest)(nil),           // 58: forkbox.v1.PullImageRequest
+	(*ImportImageRequest)(nil),         // 59: forkbox.v1.ImportImageRequest
+	(*ImageProgress)(nil),              // 60: forkbox.v1.ImageProgress
+	(*ListImagesRequest)(nil),          // 61: forkbox.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),         // 62: forkbox.v1.ListImagesResponse
+	(*RemoveImageRequest)(nil),         // 63: forkbox.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),        // 64: forkbox.v1.RemoveImageResponse
+	(*SetupStep)(nil),                  // 65: forkbox.v1.SetupStep
+	(*EnvironmentDefinition)(nil),      // 66: forkbox.v1.EnvironmentDefinition
+	(*Environment)(nil),                // 67: forkbox.v1.Environment
+	(*BuildEnvironmentRequest)(nil),    // 68: forkbox.v1.BuildEnvironmentRequest
+	(*BuildProgress)(nil),              // 69: forkbox.v1.BuildProgress
+	(*EnvironmentSandboxRequest)(nil),  // 70: forkbox.v1.EnvironmentSandboxRequest
+	(*EnvironmentSandboxResponse)(nil), // 71: forkbox.v1.EnvironmentSandboxResponse
+	(*GetEnvironmentRequest)(nil),      // 72: forkbox.v1.GetEnvironmentRequest
+	(*GetEnvironmentResponse)(nil),     // 73: forkbox.v1.GetEnvironmentResponse
+	(*ListEnvironmentsRequest)(nil),    // 74: forkbox.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil),   // 75: forkbox.v1.ListEnvironmentsResponse
+	(*DeleteEnvironmentRequest)(nil),   // 76: forkbox.v1.DeleteEnvironmentRequest
+	(*DeleteEnvironmentResponse)(nil),  // 77: forkbox.v1.DeleteEnvironmentResponse
+	(*BeginBuildRequest)(nil),          // 78: forkbox.v1.BeginBuildRequest
+	(*BeginBuildResponse)(nil),         // 79: forkbox.v1.BeginBuildResponse
+	(*CompleteBuildRequest)(nil),       // 80: forkbox.v1.CompleteBuildRequest
+	(*CompleteBuildResponse)(nil),      // 81: forkbox.v1.CompleteBuildResponse
+	nil,                                // 82: forkbox.v1.Sandbox.EnvEntry
+	nil,                                // 83: forkbox.v1.CreateSandboxRequest.EnvEntry
+	nil,                                // 84: forkbox.v1.ExecRequest.EnvEntry
+	nil,                                // 85: forkbox.v1.Overrides.EnvEntry
+	nil,                                // 86: forkbox.v1.ForkRequest.CredentialsEntry
+	nil,                                // 87: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	nil,                                // 88: forkbox.v1.EnvironmentDefinition.EnvEntry
 }
 var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	0,  // 0: forkbox.v1.Sandbox.resources:type_name -> forkbox.v1.Resources
-	80, // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
+	82, // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
 	0,  // 2: forkbox.v1.CreateSandboxRequest.resources:type_name -> forkbox.v1.Resources
-	81, // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
+	83, // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
 	1,  // 4: forkbox.v1.CreateSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,  // 5: forkbox.v1.GetSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,  // 6: forkbox.v1.ListSandboxesResponse.sandboxes:type_name -> forkbox.v1.Sandbox
-	82, // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
+	84, // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
 	12, // 8: forkbox.v1.ExecResponse.started:type_name -> forkbox.v1.ExecStarted
 	13, // 9: forkbox.v1.ExecResponse.exit:type_name -> forkbox.v1.ExecExit
 	19, // 10: forkbox.v1.ListFilesResponse.files:type_name -> forkbox.v1.FileInfo
@@ -5349,14 +5538,14 @@ var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	32, // 16: forkbox.v1.CheckpointResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
 	32, // 17: forkbox.v1.ListCheckpointsResponse.checkpoints:type_name -> forkbox.v1.Checkpoint
 	0,  // 18: forkbox.v1.Overrides.resources:type_name -> forkbox.v1.Resources
-	83, // 19: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
+	85, // 19: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
 	39, // 20: forkbox.v1.ForkRequest.overrides:type_name -> forkbox.v1.Overrides
-	84, // 21: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
+	86, // 21: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
 	1,  // 22: forkbox.v1.ForkChild.sandbox:type_name -> forkbox.v1.Sandbox
 	32, // 23: forkbox.v1.ForkResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
 	41, // 24: forkbox.v1.ForkResponse.children:type_name -> forkbox.v1.ForkChild
 	39, // 25: forkbox.v1.RestoreSnapshotRequest.overrides:type_name -> forkbox.v1.Overrides
-	85, // 26: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	87, // 26: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
 	1,  // 27: forkbox.v1.RestoreSnapshotResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,  // 28: forkbox.v1.ResumeResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	32, // 29: forkbox.v1.ResumeResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
@@ -5364,95 +5553,98 @@ var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	48, // 31: forkbox.v1.SetCredentialRequest.credential:type_name -> forkbox.v1.Credential
 	48, // 32: forkbox.v1.SetCredentialResponse.credential:type_name -> forkbox.v1.Credential
 	48, // 33: forkbox.v1.ListCredentialsResponse.credentials:type_name -> forkbox.v1.Credential
-	55, // 34: forkbox.v1.ImageProgress.image:type_name -> forkbox.v1.Image
-	55, // 35: forkbox.v1.ListImagesResponse.images:type_name -> forkbox.v1.Image
-	0,  // 36: forkbox.v1.EnvironmentDefinition.resources:type_name -> forkbox.v1.Resources
-	86, // 37: forkbox.v1.EnvironmentDefinition.env:type_name -> forkbox.v1.EnvironmentDefinition.EnvEntry
-	63, // 38: forkbox.v1.EnvironmentDefinition.steps:type_name -> forkbox.v1.SetupStep
-	64, // 39: forkbox.v1.Environment.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	64, // 40: forkbox.v1.BuildEnvironmentRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	65, // 41: forkbox.v1.BuildProgress.environment:type_name -> forkbox.v1.Environment
-	64, // 42: forkbox.v1.EnvironmentSandboxRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	39, // 43: forkbox.v1.EnvironmentSandboxRequest.overrides:type_name -> forkbox.v1.Overrides
-	1,  // 44: forkbox.v1.EnvironmentSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	65, // 45: forkbox.v1.EnvironmentSandboxResponse.environment:type_name -> forkbox.v1.Environment
-	65, // 46: forkbox.v1.GetEnvironmentResponse.environment:type_name -> forkbox.v1.Environment
-	65, // 47: forkbox.v1.ListEnvironmentsResponse.environments:type_name -> forkbox.v1.Environment
-	64, // 48: forkbox.v1.BeginBuildRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	65, // 49: forkbox.v1.BeginBuildResponse.environment:type_name -> forkbox.v1.Environment
-	1,  // 50: forkbox.v1.BeginBuildResponse.builder:type_name -> forkbox.v1.Sandbox
-	65, // 51: forkbox.v1.CompleteBuildResponse.environment:type_name -> forkbox.v1.Environment
-	2,  // 52: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
-	4,  // 53: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
-	6,  // 54: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
-	8,  // 55: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
-	10, // 56: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
-	14, // 57: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
-	16, // 58: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
-	18, // 59: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
-	21, // 60: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
-	24, // 61: forkbox.v1.SandboxService.PauseSandbox:input_type -> forkbox.v1.PauseSandboxRequest
-	26, // 62: forkbox.v1.SandboxService.UnpauseSandbox:input_type -> forkbox.v1.UnpauseSandboxRequest
-	28, // 63: forkbox.v1.SandboxService.HibernateSandbox:input_type -> forkbox.v1.HibernateSandboxRequest
-	30, // 64: forkbox.v1.SandboxService.WakeSandbox:input_type -> forkbox.v1.WakeSandboxRequest
-	33, // 65: forkbox.v1.SandboxService.Checkpoint:input_type -> forkbox.v1.CheckpointRequest
-	35, // 66: forkbox.v1.SandboxService.ListCheckpoints:input_type -> forkbox.v1.ListCheckpointsRequest
-	37, // 67: forkbox.v1.SandboxService.DeleteCheckpoint:input_type -> forkbox.v1.DeleteCheckpointRequest
-	40, // 68: forkbox.v1.SandboxService.Fork:input_type -> forkbox.v1.ForkRequest
-	43, // 69: forkbox.v1.SandboxService.RestoreSnapshot:input_type -> forkbox.v1.RestoreSnapshotRequest
-	45, // 70: forkbox.v1.SandboxService.Resume:input_type -> forkbox.v1.ResumeRequest
-	49, // 71: forkbox.v1.SandboxService.SetCredential:input_type -> forkbox.v1.SetCredentialRequest
-	51, // 72: forkbox.v1.SandboxService.ListCredentials:input_type -> forkbox.v1.ListCredentialsRequest
-	53, // 73: forkbox.v1.SandboxService.DeleteCredential:input_type -> forkbox.v1.DeleteCredentialRequest
-	56, // 74: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
-	57, // 75: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
-	59, // 76: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
-	61, // 77: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
-	66, // 78: forkbox.v1.EnvironmentService.BuildEnvironment:input_type -> forkbox.v1.BuildEnvironmentRequest
-	68, // 79: forkbox.v1.EnvironmentService.EnvironmentSandbox:input_type -> forkbox.v1.EnvironmentSandboxRequest
-	70, // 80: forkbox.v1.EnvironmentService.GetEnvironment:input_type -> forkbox.v1.GetEnvironmentRequest
-	72, // 81: forkbox.v1.EnvironmentService.ListEnvironments:input_type -> forkbox.v1.ListEnvironmentsRequest
-	74, // 82: forkbox.v1.EnvironmentService.DeleteEnvironment:input_type -> forkbox.v1.DeleteEnvironmentRequest
-	76, // 83: forkbox.v1.EnvironmentService.BeginBuild:input_type -> forkbox.v1.BeginBuildRequest
-	78, // 84: forkbox.v1.EnvironmentService.CompleteBuild:input_type -> forkbox.v1.CompleteBuildRequest
-	3,  // 85: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
-	5,  // 86: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
-	7,  // 87: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
-	9,  // 88: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
-	11, // 89: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
-	15, // 90: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
-	17, // 91: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
-	20, // 92: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
-	23, // 93: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
-	25, // 94: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
-	27, // 95: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
-	29, // 96: forkbox.v1.SandboxService.HibernateSandbox:output_type -> forkbox.v1.HibernateSandboxResponse
-	31, // 97: forkbox.v1.SandboxService.WakeSandbox:output_type -> forkbox.v1.WakeSandboxResponse
-	34, // 98: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
-	36, // 99: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
-	38, // 100: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
-	42, // 101: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
-	44, // 102: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
-	47, // 103: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
-	50, // 104: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
-	52, // 105: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
-	54, // 106: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
-	58, // 107: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
-	58, // 108: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
-	60, // 109: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
-	62, // 110: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
-	67, // 111: forkbox.v1.EnvironmentService.BuildEnvironment:output_type -> forkbox.v1.BuildProgress
-	69, // 112: forkbox.v1.EnvironmentService.EnvironmentSandbox:output_type -> forkbox.v1.EnvironmentSandboxResponse
-	71, // 113: forkbox.v1.EnvironmentService.GetEnvironment:output_type -> forkbox.v1.GetEnvironmentResponse
-	73, // 114: forkbox.v1.EnvironmentService.ListEnvironments:output_type -> forkbox.v1.ListEnvironmentsResponse
-	75, // 115: forkbox.v1.EnvironmentService.DeleteEnvironment:output_type -> forkbox.v1.DeleteEnvironmentResponse
-	77, // 116: forkbox.v1.EnvironmentService.BeginBuild:output_type -> forkbox.v1.BeginBuildResponse
-	79, // 117: forkbox.v1.EnvironmentService.CompleteBuild:output_type -> forkbox.v1.CompleteBuildResponse
-	85, // [85:118] is the sub-list for method output_type
-	52, // [52:85] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	1,  // 34: forkbox.v1.SetTimeoutResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	57, // 35: forkbox.v1.ImageProgress.image:type_name -> forkbox.v1.Image
+	57, // 36: forkbox.v1.ListImagesResponse.images:type_name -> forkbox.v1.Image
+	0,  // 37: forkbox.v1.EnvironmentDefinition.resources:type_name -> forkbox.v1.Resources
+	88, // 38: forkbox.v1.EnvironmentDefinition.env:type_name -> forkbox.v1.EnvironmentDefinition.EnvEntry
+	65, // 39: forkbox.v1.EnvironmentDefinition.steps:type_name -> forkbox.v1.SetupStep
+	66, // 40: forkbox.v1.Environment.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	66, // 41: forkbox.v1.BuildEnvironmentRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	67, // 42: forkbox.v1.BuildProgress.environment:type_name -> forkbox.v1.Environment
+	66, // 43: forkbox.v1.EnvironmentSandboxRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	39, // 44: forkbox.v1.EnvironmentSandboxRequest.overrides:type_name -> forkbox.v1.Overrides
+	1,  // 45: forkbox.v1.EnvironmentSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	67, // 46: forkbox.v1.EnvironmentSandboxResponse.environment:type_name -> forkbox.v1.Environment
+	67, // 47: forkbox.v1.GetEnvironmentResponse.environment:type_name -> forkbox.v1.Environment
+	67, // 48: forkbox.v1.ListEnvironmentsResponse.environments:type_name -> forkbox.v1.Environment
+	66, // 49: forkbox.v1.BeginBuildRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	67, // 50: forkbox.v1.BeginBuildResponse.environment:type_name -> forkbox.v1.Environment
+	1,  // 51: forkbox.v1.BeginBuildResponse.builder:type_name -> forkbox.v1.Sandbox
+	67, // 52: forkbox.v1.CompleteBuildResponse.environment:type_name -> forkbox.v1.Environment
+	2,  // 53: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
+	4,  // 54: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
+	6,  // 55: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
+	8,  // 56: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
+	10, // 57: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
+	14, // 58: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
+	16, // 59: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
+	18, // 60: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
+	21, // 61: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
+	24, // 62: forkbox.v1.SandboxService.PauseSandbox:input_type -> forkbox.v1.PauseSandboxRequest
+	26, // 63: forkbox.v1.SandboxService.UnpauseSandbox:input_type -> forkbox.v1.UnpauseSandboxRequest
+	28, // 64: forkbox.v1.SandboxService.HibernateSandbox:input_type -> forkbox.v1.HibernateSandboxRequest
+	30, // 65: forkbox.v1.SandboxService.WakeSandbox:input_type -> forkbox.v1.WakeSandboxRequest
+	33, // 66: forkbox.v1.SandboxService.Checkpoint:input_type -> forkbox.v1.CheckpointRequest
+	35, // 67: forkbox.v1.SandboxService.ListCheckpoints:input_type -> forkbox.v1.ListCheckpointsRequest
+	37, // 68: forkbox.v1.SandboxService.DeleteCheckpoint:input_type -> forkbox.v1.DeleteCheckpointRequest
+	40, // 69: forkbox.v1.SandboxService.Fork:input_type -> forkbox.v1.ForkRequest
+	43, // 70: forkbox.v1.SandboxService.RestoreSnapshot:input_type -> forkbox.v1.RestoreSnapshotRequest
+	45, // 71: forkbox.v1.SandboxService.Resume:input_type -> forkbox.v1.ResumeRequest
+	49, // 72: forkbox.v1.SandboxService.SetCredential:input_type -> forkbox.v1.SetCredentialRequest
+	51, // 73: forkbox.v1.SandboxService.ListCredentials:input_type -> forkbox.v1.ListCredentialsRequest
+	53, // 74: forkbox.v1.SandboxService.DeleteCredential:input_type -> forkbox.v1.DeleteCredentialRequest
+	55, // 75: forkbox.v1.SandboxService.SetTimeout:input_type -> forkbox.v1.SetTimeoutRequest
+	58, // 76: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
+	59, // 77: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
+	61, // 78: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
+	63, // 79: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
+	68, // 80: forkbox.v1.EnvironmentService.BuildEnvironment:input_type -> forkbox.v1.BuildEnvironmentRequest
+	70, // 81: forkbox.v1.EnvironmentService.EnvironmentSandbox:input_type -> forkbox.v1.EnvironmentSandboxRequest
+	72, // 82: forkbox.v1.EnvironmentService.GetEnvironment:input_type -> forkbox.v1.GetEnvironmentRequest
+	74, // 83: forkbox.v1.EnvironmentService.ListEnvironments:input_type -> forkbox.v1.ListEnvironmentsRequest
+	76, // 84: forkbox.v1.EnvironmentService.DeleteEnvironment:input_type -> forkbox.v1.DeleteEnvironmentRequest
+	78, // 85: forkbox.v1.EnvironmentService.BeginBuild:input_type -> forkbox.v1.BeginBuildRequest
+	80, // 86: forkbox.v1.EnvironmentService.CompleteBuild:input_type -> forkbox.v1.CompleteBuildRequest
+	3,  // 87: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
+	5,  // 88: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
+	7,  // 89: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
+	9,  // 90: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
+	11, // 91: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
+	15, // 92: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
+	17, // 93: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
+	20, // 94: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
+	23, // 95: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
+	25, // 96: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
+	27, // 97: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
+	29, // 98: forkbox.v1.SandboxService.HibernateSandbox:output_type -> forkbox.v1.HibernateSandboxResponse
+	31, // 99: forkbox.v1.SandboxService.WakeSandbox:output_type -> forkbox.v1.WakeSandboxResponse
+	34, // 100: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
+	36, // 101: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
+	38, // 102: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
+	42, // 103: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
+	44, // 104: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
+	47, // 105: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
+	50, // 106: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
+	52, // 107: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
+	54, // 108: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
+	56, // 109: forkbox.v1.SandboxService.SetTimeout:output_type -> forkbox.v1.SetTimeoutResponse
+	60, // 110: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
+	60, // 111: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
+	62, // 112: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
+	64, // 113: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
+	69, // 114: forkbox.v1.EnvironmentService.BuildEnvironment:output_type -> forkbox.v1.BuildProgress
+	71, // 115: forkbox.v1.EnvironmentService.EnvironmentSandbox:output_type -> forkbox.v1.EnvironmentSandboxResponse
+	73, // 116: forkbox.v1.EnvironmentService.GetEnvironment:output_type -> forkbox.v1.GetEnvironmentResponse
+	75, // 117: forkbox.v1.EnvironmentService.ListEnvironments:output_type -> forkbox.v1.ListEnvironmentsResponse
+	77, // 118: forkbox.v1.EnvironmentService.DeleteEnvironment:output_type -> forkbox.v1.DeleteEnvironmentResponse
+	79, // 119: forkbox.v1.EnvironmentService.BeginBuild:output_type -> forkbox.v1.BeginBuildResponse
+	81, // 120: forkbox.v1.EnvironmentService.CompleteBuild:output_type -> forkbox.v1.CompleteBuildResponse
+	87, // [87:121] is the sub-list for method output_type
+	53, // [53:87] is the sub-list for method input_type
+	53, // [53:53] is the sub-list for extension type_name
+	53, // [53:53] is the sub-list for extension extendee
+	0,  // [0:53] is the sub-list for field type_name
 }
 
 func init() { file_forkbox_v1_forkbox_proto_init() }
@@ -5472,7 +5664,7 @@ func file_forkbox_v1_forkbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkbox_v1_forkbox_proto_rawDesc), len(file_forkbox_v1_forkbox_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   87,
+			NumMessages:   89,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -102,6 +102,9 @@ const (
 	// SandboxServiceDeleteCredentialProcedure is the fully-qualified name of the SandboxService's
 	// DeleteCredential RPC.
 	SandboxServiceDeleteCredentialProcedure = "/forkbox.v1.SandboxService/DeleteCredential"
+	// SandboxServiceSetTimeoutProcedure is the fully-qualified name of the SandboxService's SetTimeout
+	// RPC.
+	SandboxServiceSetTimeoutProcedure = "/forkbox.v1.SandboxService/SetTimeout"
 	// ImageServicePullImageProcedure is the fully-qualified name of the ImageService's PullImage RPC.
 	ImageServicePullImageProcedure = "/forkbox.v1.ImageService/PullImage"
 	// ImageServiceImportImageProcedure is the fully-qualified name of the ImageService's ImportImage
@@ -173,6 +176,10 @@ type SandboxServiceClient interface {
 	SetCredential(context.Context, *connect.Request[v1.SetCredentialRequest]) (*connect.Response[v1.SetCredentialResponse], error)
 	ListCredentials(context.Context, *connect.Request[v1.ListCredentialsRequest]) (*connect.Response[v1.ListCredentialsResponse], error)
 	DeleteCredential(context.Context, *connect.Request[v1.DeleteCredentialRequest]) (*connect.Response[v1.DeleteCredentialResponse], error)
+	// SetTimeout sets a live sandbox's deadline to now + timeout_ms (E2B's
+	// setTimeout), capped by the daemon's max lifetime; 0 removes its own
+	// timeout. The response shows the effective deadline.
+	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the forkbox.v1.SandboxService service. By
@@ -318,6 +325,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("DeleteCredential")),
 			connect.WithClientOptions(opts...),
 		),
+		setTimeout: connect.NewClient[v1.SetTimeoutRequest, v1.SetTimeoutResponse](
+			httpClient,
+			baseURL+SandboxServiceSetTimeoutProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SetTimeout")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -345,6 +358,7 @@ type sandboxServiceClient struct {
 	setCredential    *connect.Client[v1.SetCredentialRequest, v1.SetCredentialResponse]
 	listCredentials  *connect.Client[v1.ListCredentialsRequest, v1.ListCredentialsResponse]
 	deleteCredential *connect.Client[v1.DeleteCredentialRequest, v1.DeleteCredentialResponse]
+	setTimeout       *connect.Client[v1.SetTimeoutRequest, v1.SetTimeoutResponse]
 }
 
 // CreateSandbox calls forkbox.v1.SandboxService.CreateSandbox.
@@ -457,6 +471,11 @@ func (c *sandboxServiceClient) DeleteCredential(ctx context.Context, req *connec
 	return c.deleteCredential.CallUnary(ctx, req)
 }
 
+// SetTimeout calls forkbox.v1.SandboxService.SetTimeout.
+func (c *sandboxServiceClient) SetTimeout(ctx context.Context, req *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error) {
+	return c.setTimeout.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the forkbox.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	CreateSandbox(context.Context, *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error)
@@ -495,6 +514,10 @@ type SandboxServiceHandler interface {
 	SetCredential(context.Context, *connect.Request[v1.SetCredentialRequest]) (*connect.Response[v1.SetCredentialResponse], error)
 	ListCredentials(context.Context, *connect.Request[v1.ListCredentialsRequest]) (*connect.Response[v1.ListCredentialsResponse], error)
 	DeleteCredential(context.Context, *connect.Request[v1.DeleteCredentialRequest]) (*connect.Response[v1.DeleteCredentialResponse], error)
+	// SetTimeout sets a live sandbox's deadline to now + timeout_ms (E2B's
+	// setTimeout), capped by the daemon's max lifetime; 0 removes its own
+	// timeout. The response shows the effective deadline.
+	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -636,6 +659,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("DeleteCredential")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceSetTimeoutHandler := connect.NewUnaryHandler(
+		SandboxServiceSetTimeoutProcedure,
+		svc.SetTimeout,
+		connect.WithSchema(sandboxServiceMethods.ByName("SetTimeout")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/forkbox.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateSandboxProcedure:
@@ -682,6 +711,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceListCredentialsHandler.ServeHTTP(w, r)
 		case SandboxServiceDeleteCredentialProcedure:
 			sandboxServiceDeleteCredentialHandler.ServeHTTP(w, r)
+		case SandboxServiceSetTimeoutProcedure:
+			sandboxServiceSetTimeoutHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -777,6 +808,10 @@ func (UnimplementedSandboxServiceHandler) ListCredentials(context.Context, *conn
 
 func (UnimplementedSandboxServiceHandler) DeleteCredential(context.Context, *connect.Request[v1.DeleteCredentialRequest]) (*connect.Response[v1.DeleteCredentialResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.DeleteCredential is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.SetTimeout is not implemented"))
 }
 
 // ImageServiceClient is a client for the forkbox.v1.ImageService service.
