@@ -101,8 +101,12 @@ func TestLifetimeExtend(t *testing.T) {
 			t.Errorf("forkbox timeout --json: %s (%v); want expires_at after %v", out, err, before.Add(2*time.Hour))
 		}
 		insp, err := exec.Command(env.bin, "--host", "unix://"+env.socket, "inspect", sb.ID).Output()
-		if err != nil || !json.Valid(insp) || !slices.Contains([]bool{true}, json.Unmarshal(insp, &shown) == nil && shown.ExpiresAt != "") {
-			t.Errorf("forkbox inspect: %s, %v; want expires_at", insp, err)
+		shown.ExpiresAt = ""
+		if err != nil {
+			t.Fatalf("forkbox inspect: %v", err)
+		}
+		if err := json.Unmarshal(insp, &shown); err != nil || shown.ExpiresAt == "" {
+			t.Errorf("forkbox inspect: %s (%v); want expires_at", insp, err)
 		}
 		// A witness expiring after the first deadline: once it is closed,
 		// the scheduler has passed that deadline, and the extended
