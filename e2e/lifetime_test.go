@@ -78,7 +78,7 @@ func TestLifetimeExpiryCloses(t *testing.T) {
 func TestLifetimeExtend(t *testing.T) {
 	forEachRuntime(t, func(t *testing.T) {
 		ctx := context.Background()
-		sb := newSandbox(t, withTimeout(clientOpts(), 20*time.Second, ""))
+		sb := newSandbox(t, withTimeout(clientOpts(), 10*time.Second, ""))
 		first := sb.ExpiresAt()
 		before := time.Now()
 		if err := sb.SetTimeout(ctx, time.Hour); err != nil {
