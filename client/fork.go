@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -21,11 +22,15 @@ type Overrides struct {
 	Cwd       string
 	Egress    string
 	Name      string
+	// Timeout and OnTimeout replace the inherited ones (see
+	// CreateOptions); the child's deadline counts from its own start.
+	Timeout   time.Duration
+	OnTimeout string
 }
 
 func (o Overrides) proto() *v1.Overrides {
 	return &v1.Overrides{Resources: o.Resources.proto(),
-		Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Name: o.Name}
+		Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Name: o.Name, TimeoutMs: durationMs(o.Timeout), OnTimeout: o.OnTimeout}
 }
 
 // ForkOptions is one fork call. Count 0 means 1.

@@ -39,6 +39,14 @@ type CreateOptions struct {
 	// Egress is "none" (default) or "all".
 	Egress  string
 	Runtime string
+	// Timeout closes the sandbox (or hibernates it, see OnTimeout) this
+	// long after it starts; SetTimeout moves the deadline. 0: no timeout
+	// (the daemon's --max-lifetime and --idle-timeout still apply). Forks
+	// and restores inherit it.
+	Timeout time.Duration
+	// OnTimeout is what expiry does: "close" (default) or "hibernate"
+	// (gvisor only; the next exec wakes it).
+	OnTimeout string
 }
 
 // Info is what the daemon knows of a sandbox.
@@ -61,7 +69,7 @@ func (c *Client) CreateSandbox(ctx context.Context, o CreateOptions) (*Sandbox, 
 	}
 	resp, err := c.sbx.CreateSandbox(ctx, connect.NewRequest(&v1.CreateSandboxRequest{
 		Image: o.Image, Name: o.Name, Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Runtime: o.Runtime,
-		Resources: o.Resources.proto(),
+		Resources: o.Resources.proto(), TimeoutMs: durationMs(o.Timeout), OnTimeout: o.OnTimeout,
 	}))
 	if err != nil {
 		c.release(1)

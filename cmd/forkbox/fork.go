@@ -156,14 +156,17 @@ func checkpointCmds(g *globals) []*cobra.Command {
 	f.StringVar(&o.FromCheckpoint, "from-checkpoint", "", "fork from this existing checkpoint")
 	f.BoolVar(&o.BestEffort, "best-effort", false, "start as many children as there are slots for")
 	f.BoolVar(&o.Memory, "live", false, "fork memory and processes too (gvisor): children continue the source's processes")
+	f.DurationVar(&o.Overrides.Timeout, "timeout", 0, "timeout of the children from their start, e.g. 30m (default: the parent's)")
+	f.StringVar(&o.Overrides.OnTimeout, "on-timeout", "", "what the children's expiry does: close or hibernate (default: the parent's)")
 
 	var rname string
+	var ro client.Overrides
 	restore := &cobra.Command{
 		Use:   "restore CHECKPOINT [--name NAME]",
 		Short: "Start a new sandbox from a checkpoint (clean exec history)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, err := g.client().RestoreSnapshot(cmd.Context(), args[0], client.Overrides{Name: rname}, nil)
+			sb, err := g.client().RestoreSnapshot(cmd.Context(), args[0], client.Overrides{Name: rname, Timeout: ro.Timeout, OnTimeout: ro.OnTimeout}, nil)
 			if err != nil {
 				return err
 			}
@@ -175,6 +178,8 @@ func checkpointCmds(g *globals) []*cobra.Command {
 		},
 	}
 	restore.Flags().StringVar(&rname, "name", "", "name of the new sandbox")
+	restore.Flags().DurationVar(&ro.Timeout, "timeout", 0, "timeout of the new sandbox from its start (default: the checkpoint's)")
+	restore.Flags().StringVar(&ro.OnTimeout, "on-timeout", "", "what its expiry does: close or hibernate (default: the checkpoint's)")
 
 	resume := &cobra.Command{
 		Use:   "resume SESSION",

@@ -68,6 +68,8 @@ func createCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.Cwd, "cwd", "", "working directory of execs")
 	f.StringVar(&o.Egress, "egress", "none", "outbound network: none or all")
 	f.StringVar(&o.Runtime, "runtime", "", "runtime: gvisor or crun (default: the daemon's)")
+	f.DurationVar(&o.Timeout, "timeout", 0, "close the sandbox this long after it starts, e.g. 30s or 2h; forks inherit it (default: none)")
+	f.StringVar(&o.OnTimeout, "on-timeout", "", "what expiry does: close (default) or hibernate (gvisor; the next exec wakes it)")
 	return cmd
 }
 
@@ -223,10 +225,10 @@ func lsCmd(g *globals) *cobra.Command {
 				return printJSON(list)
 			}
 			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tNAME\tSTATE\tIMAGE\tRUNTIME\tIP\tCREATED")
+			fmt.Fprintln(w, "ID\tNAME\tSTATE\tIMAGE\tRUNTIME\tIP\tCREATED\tEXPIRES")
 			for _, s := range list {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Id, s.Name, s.State, s.Image, s.Runtime, s.Ip,
-					time.UnixMilli(s.CreatedAtUnixMs).Format(time.DateTime))
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Id, s.Name, s.State, s.Image, s.Runtime, s.Ip,
+					time.UnixMilli(s.CreatedAtUnixMs).Format(time.DateTime), expires(s.ExpiresAtUnixMs))
 			}
 			return w.Flush()
 		},
@@ -245,7 +247,7 @@ func inspectCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printJSON(sb.Info)
+			return printJSON(withExpiry(sb.Info))
 		},
 	}
 }

@@ -150,6 +150,8 @@ func (df *daemonFlags) register(cmd *cobra.Command) {
 	f.StringVar(&df.cfg.CgroupParent, "cgroup-parent", "forkbox", "cgroup under which sandboxes get theirs")
 	f.DurationVar(&df.cfg.CheckpointRetention, "checkpoint-retention", 0, "delete checkpoints of closed sandboxes once older than this (0 = keep)")
 	f.DurationVar(&df.cfg.IdleHibernate, "idle-hibernate", 0, "hibernate gvisor sandboxes idle for this long; the next exec wakes them (0 = never)")
+	f.DurationVar(&df.cfg.MaxLifetime, "max-lifetime", 0, "no sandbox lives longer than this from its start (or its last wake): longer timeouts are clamped (0 = no cap)")
+	f.DurationVar(&df.cfg.IdleTimeout, "idle-timeout", 0, "expire (close, or hibernate per the sandbox's on_timeout) a sandbox with no exec or file activity for this long (0 = never)")
 	f.IntVar(&df.cfg.MaxSandboxes, "max-sandboxes", 100, "limit on live sandboxes")
 	f.StringVar(&df.level, "log-level", "info", "debug, info, warn or error")
 }

@@ -23,6 +23,11 @@ func (d *Daemon) Delete(ctx context.Context, idOrName string) error {
 		return err
 	}
 	defer unlock()
+	return d.deleteLocked(ctx, sb)
+}
+
+// deleteLocked is Delete for a caller that holds the sandbox's lock.
+func (d *Daemon) deleteLocked(ctx context.Context, sb *store.Sandbox) error {
 	if sb.State == store.StateClosed {
 		return fmt.Errorf("sandbox %s is already closed: %w", sb.ID, errdefs.ErrNotFound)
 	}
@@ -39,7 +44,7 @@ func (d *Daemon) Delete(ctx context.Context, idOrName string) error {
 	if err := d.setState(ctx, sb, store.StateClosed, sb.Error); err != nil {
 		return err
 	}
-	_, err = d.store.AppendEvent(ctx, sb.ID, store.EventSandboxClosed, nil)
+	_, err := d.store.AppendEvent(ctx, sb.ID, store.EventSandboxClosed, nil)
 	d.forget(sb.ID)
 	d.log.Info("sandbox closed", "sandbox", sb.ID)
 	return err

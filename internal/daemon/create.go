@@ -28,6 +28,10 @@ type CreateOptions struct {
 	Cwd     string
 	Egress  string
 	Runtime string
+	// Timeout is the sandbox's lifetime from its start (0 = none);
+	// OnTimeout what its expiry does (close, the default, or hibernate).
+	Timeout   time.Duration
+	OnTimeout string
 }
 
 const (
@@ -48,7 +52,7 @@ func (d *Daemon) validate(ctx context.Context, o *CreateOptions) (*store.Sandbox
 		return nil, image.Image{}, fmt.Errorf("an image is required: %w", errdefs.ErrInvalidArgument)
 	}
 	cfg, err := withOverrides(defaultConfig(), Overrides{Name: o.Name, CPU: o.CPU, Memory: o.Memory, Pids: o.Pids, Disk: o.Disk,
-		Env: o.Env, Cwd: o.Cwd, Egress: o.Egress})
+		Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Timeout: o.Timeout, OnTimeout: o.OnTimeout})
 	if err != nil {
 		return nil, image.Image{}, err
 	}
@@ -60,6 +64,9 @@ func (d *Daemon) validate(ctx context.Context, o *CreateOptions) (*store.Sandbox
 	}
 	if _, ok := d.runtimes[o.Runtime]; !ok {
 		return nil, image.Image{}, fmt.Errorf("runtime %q is not available on this daemon: %w", o.Runtime, errdefs.ErrInvalidArgument)
+	}
+	if err := d.checkOnTimeout(cfg, o.Runtime); err != nil {
+		return nil, image.Image{}, err
 	}
 	img, err := d.images.Get(ctx, o.Image)
 	if err != nil {
@@ -112,7 +119,11 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 	cfg.Snapshotter = d.cfg.Snapshotter
 	cfg.MachineID = randomHex(16)
 	sb := &store.Sandbox{ID: id, Name: l.name, State: store.StateCreating, Image: l.img.Name, ImageDigest: l.img.Digest,
-		Runtime: l.runtime, Config: cfg, AgentToken: randomHex(16), ParentID: l.parentID, FromCheckpoint: l.parentSnapshot, Pool: l.pool}
+		Runtime: l.runtime, Config: cfg, AgentToken: randomHex(16), ParentID: l.parentID, FromCheckpoint: l.parentSnapshot, Pool: l.pool,
+		LifetimeFrom: start}
+	if cfg.TimeoutMS > 0 {
+		sb.Deadline = start.Add(time.Duration(cfg.TimeoutMS) * time.Millisecond)
+	}
 
 	unlock := d.lock(id)
 	defer unlock()
@@ -123,6 +134,9 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 	ev := map[string]any{
 		"name": sb.Name, "image": sb.Image, "digest": sb.ImageDigest, "runtime": sb.Runtime,
 		"cpu": cfg.CPU, "memory_bytes": cfg.MemoryBytes, "pids": cfg.Pids, "egress": cfg.Egress,
+	}
+	if at := d.ExpiresAt(sb); !at.IsZero() {
+		ev["timeout_ms"], ev["on_timeout"], ev["expires_at_unix_ms"] = cfg.TimeoutMS, cfg.OnTimeout, at.UnixMilli()
 	}
 	for k, v := range l.event {
 		ev[k] = v
@@ -167,6 +181,8 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 	if err := d.setState(ctx, sb, store.StateRunning, ""); err != nil {
 		return nil, err
 	}
+	d.touch(id)
+	d.life.set(id, d.ExpiresAt(sb))
 	readyMS := msSince(start)
 	d.note(ctx, id, store.EventSandboxReady, map[string]any{"ready_ms": readyMS})
 	log.Info("sandbox ready", "ready_ms", readyMS)

@@ -66,6 +66,12 @@ type Config struct {
 	CheckpointRetention time.Duration
 	// IdleHibernate hibernates a sandbox idle for this long (0 = never).
 	IdleHibernate time.Duration
+	// MaxLifetime caps every sandbox's deadline at the start of its
+	// lifetime (its start, or its last wake) plus this (0 = no cap).
+	MaxLifetime time.Duration
+	// IdleTimeout expires a sandbox (as its deadline would) that had no
+	// exec or file activity for this long (0 = never).
+	IdleTimeout time.Duration
 	// DefaultDisk is the disk limit of a sandbox that asks for none (0 =
 	// none); see quota.go.
 	DefaultDisk int64
@@ -101,6 +107,7 @@ type Daemon struct {
 	activity     *activity
 	envs         *env.Manager
 	cgroupRoot   string         // where metrics read cgroups (cgroups.Root; tests change it)
+	life         *schedule      // the expiry scheduler's book (expiry.go)
 	bg           sync.WaitGroup // the janitor's goroutines; Close waits for them
 }
 
@@ -152,7 +159,8 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 		return nil, err
 	}
 	d := &Daemon{cfg: cfg, log: cfg.Log, locks: map[string]*sync.Mutex{}, runtimes: p.runtimes, snaps: p.snaps, net: p.net, host: p.host,
-		cgroupRoot: cgroups.Root}
+		cgroupRoot: cgroups.Root,
+		life:       newSchedule()}
 	if d.runtimes == nil {
 		d.runtimes = map[string]runtime.Runtime{}
 	}
@@ -204,12 +212,16 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 	if err := d.reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
+	if err := d.trackLifetimes(ctx); err != nil {
+		return nil, err
+	}
 	d.envs = env.New(ctx, envSandboxes{d}, d.store, d.log)
 	janitorCtx, stopJanitor := context.WithCancel(context.WithoutCancel(ctx))
 	d.stopJanitor = stopJanitor
 	d.startJanitor(janitorCtx)
 	d.startIdleHibernation(janitorCtx)
 	d.startDegradedRecheck(janitorCtx)
+	d.startExpiry(janitorCtx)
 	if err := d.sweepOrphans(ctx); err != nil {
 		// Leftovers that cannot be removed now do not stop the daemon: they
 		// are logged, and tried again on the next start.

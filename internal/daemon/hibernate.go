@@ -61,26 +61,34 @@ func (d *Daemon) hibernate(ctx context.Context, idOrName string, onlyIfIdle bool
 	if onlyIfIdle && (sb.State != store.StateRunning || d.idleFor(sb.ID, time.Now()) < d.cfg.IdleHibernate) {
 		return sb, false, nil
 	}
-	mc, rt, err := d.memoryRuntime(sb)
-	if err != nil {
+	if err := d.hibernateLocked(ctx, sb); err != nil {
 		return nil, false, err
 	}
+	return sb, true, nil
+}
+
+// hibernateLocked hibernates a sandbox whose lock the caller holds.
+func (d *Daemon) hibernateLocked(ctx context.Context, sb *store.Sandbox) (err error) {
+	mc, rt, err := d.memoryRuntime(sb)
+	if err != nil {
+		return err
+	}
 	if err := requireState(sb, "hibernate", store.StateRunning, store.StatePaused); err != nil {
-		return nil, false, err
+		return err
 	}
 	from := sb.State
 	start := time.Now()
 	dir := d.hibernateDir(sb.ID)
 	if err := removeTree(dir); err != nil {
-		return nil, false, err
+		return err
 	}
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
-		return nil, false, err
+		return err
 	}
 	// Recorded first: after a crash, reconcile finds a whole image (the
 	// sandbox is hibernated) or a running container (it never was).
 	if err := d.setState(ctx, sb, store.StateHibernating, ""); err != nil {
-		return nil, false, err
+		return err
 	}
 	var undo undoStack
 	defer func() {
@@ -92,36 +100,36 @@ func (d *Daemon) hibernate(ctx context.Context, idOrName string, onlyIfIdle bool
 	if from == store.StatePaused {
 		// gVisor checkpoints a running sandbox.
 		if err := d.unsuspend(ctx, sb); err != nil {
-			return nil, false, err
+			return err
 		}
 		undo.push(func(ctx context.Context) error { return d.suspend(ctx, sb) })
 	}
 	undo.push(func(context.Context) error { return removeTree(dir) })
 	// Files first: what the sandbox wrote is on the host before it stops.
 	if err := syncFS(d.rootfsDir(sb.ID)); err != nil {
-		return nil, false, fmt.Errorf("flush before hibernating: %w", err)
+		return fmt.Errorf("flush before hibernating: %w", err)
 	}
 	// From here on nothing may stop half-way because a caller went away.
 	ctx = context.WithoutCancel(ctx)
 	if err := mc.Checkpoint(ctx, sb.ID, dir); err != nil {
-		return nil, false, fmt.Errorf("hibernate: %w", err)
+		return fmt.Errorf("hibernate: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, completeMarker), nil, 0o600); err != nil {
-		return nil, false, err
+		return err
 	}
 	// The image is whole: the sandbox is hibernated in substance. What
 	// fails from here leaves it hibernating, which reconcile completes.
 	undo.release()
 	if err := rt.Delete(ctx, sb.ID, true); err != nil {
-		return nil, false, fmt.Errorf("hibernate: release the stopped container: %w", err)
+		return fmt.Errorf("hibernate: release the stopped container: %w", err)
 	}
 	if err := d.setState(ctx, sb, store.StateHibernated, ""); err != nil {
-		return nil, false, err
+		return err
 	}
 	size := dirSize(dir)
 	d.note(ctx, sb.ID, store.EventHibernated, map[string]any{"image_bytes": size, "ms": msSince(start)})
 	d.log.Info("sandbox hibernated", "sandbox", sb.ID, "image_bytes", size, "ms", msSince(start))
-	return sb, true, nil
+	return nil
 }
 
 // Wake restores a hibernated sandbox and returns once its agent answers.
@@ -154,6 +162,7 @@ func (d *Daemon) wakeLocked(ctx context.Context, sb *store.Sandbox) error {
 	if err := d.setState(ctx, sb, store.StateRunning, ""); err != nil {
 		return err
 	}
+	d.restartLifetime(ctx, sb)
 	d.bestEffort(ctx, "remove hibernation image", removeTree(dir), slog.String("sandbox", sb.ID))
 	d.note(ctx, sb.ID, store.EventWoken, map[string]any{"ms": msSince(start)})
 	return nil

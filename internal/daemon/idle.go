@@ -56,6 +56,27 @@ func (d *Daemon) idleFor(id string, now time.Time) time.Duration {
 	return now.Sub(last)
 }
 
+// lastActivity returns when sandbox id last ended an operation (now if it
+// was never seen) and whether one is in flight.
+func (d *Daemon) lastActivity(id string, now time.Time) (time.Time, bool) {
+	a := d.act()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	last, ok := a.last[id]
+	if !ok {
+		a.last[id], last = now, now
+	}
+	return last, a.inFlight[id] > 0
+}
+
+// touch starts a new idle period for sandbox id.
+func (d *Daemon) touch(id string) {
+	a := d.act()
+	a.mu.Lock()
+	a.last[id] = time.Now()
+	a.mu.Unlock()
+}
+
 func (d *Daemon) startIdleHibernation(ctx context.Context) {
 	if d.cfg.IdleHibernate <= 0 {
 		return
@@ -111,6 +132,7 @@ func (d *Daemon) forget(id string) {
 	delete(a.last, id)
 	delete(a.inFlight, id)
 	a.mu.Unlock()
+	d.life.remove(id)
 	d.mu.Lock()
 	delete(d.locks, id)
 	d.mu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/image"
@@ -26,6 +27,10 @@ type Overrides struct {
 	Cwd         string
 	Egress      string
 	Name        string
+	// Timeout (0: inherited) and OnTimeout ("": inherited): see
+	// CreateOptions. The child's deadline is its start plus its timeout.
+	Timeout   time.Duration
+	OnTimeout string
 }
 
 var (
@@ -60,6 +65,15 @@ func withOverrides(base store.SandboxConfig, o Overrides) (store.SandboxConfig, 
 		if err := checkName(o.Name); err != nil {
 			return cfg, err
 		}
+	}
+	if err := checkTimeout(o.Timeout, o.OnTimeout); err != nil {
+		return cfg, err
+	}
+	if o.Timeout > 0 {
+		cfg.TimeoutMS = max(o.Timeout.Milliseconds(), 1)
+	}
+	if o.OnTimeout != "" {
+		cfg.OnTimeout = o.OnTimeout
 	}
 	if o.CPU != "" {
 		if cfg.CPU, err = ParseCPU(o.CPU); err != nil {
@@ -182,6 +196,9 @@ func (d *Daemon) checkStart(ctx context.Context, base store.SandboxConfig, rt, i
 	}
 	if _, ok := d.runtimes[rt]; !ok {
 		return cfg, image.Image{}, fmt.Errorf("the snapshot's runtime %q is not available on this daemon: %w", rt, errdefs.ErrFailedPrecondition)
+	}
+	if err := d.checkOnTimeout(cfg, rt); err != nil {
+		return cfg, image.Image{}, err
 	}
 	img, err := d.checkpointImage(ctx, imageName, digest)
 	return cfg, img, err

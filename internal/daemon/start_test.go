@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/store"
@@ -41,6 +42,9 @@ func TestStartValidation(t *testing.T) {
 		{"too little memory", Overrides{Memory: "1Ki"}, errdefs.IsInvalidArgument},
 		{"too few pids", Overrides{Pids: 3}, errdefs.IsInvalidArgument},
 		{"bad egress", Overrides{Egress: "some"}, errdefs.IsInvalidArgument},
+		{"negative timeout", Overrides{Timeout: -time.Second}, errdefs.IsInvalidArgument},
+		{"timeout over the bound", Overrides{Timeout: maxTimeout + time.Second}, errdefs.IsInvalidArgument},
+		{"bad on_timeout", Overrides{OnTimeout: "explode"}, errdefs.IsInvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			live := h.liveCount()
@@ -54,7 +58,7 @@ func TestStartValidation(t *testing.T) {
 			}
 			calls := map[string]error{}
 			_, calls["create"] = h.d.Create(ctx, CreateOptions{Image: "unit:1", Name: tc.o.Name, CPU: tc.o.CPU, Memory: tc.o.Memory,
-				Pids: tc.o.Pids, Env: env, Cwd: tc.o.Cwd, Egress: tc.o.Egress})
+				Pids: tc.o.Pids, Env: env, Cwd: tc.o.Cwd, Egress: tc.o.Egress, Timeout: tc.o.Timeout, OnTimeout: tc.o.OnTimeout})
 			_, calls["fork"] = h.d.Fork(ctx, ForkOptions{Source: src, Overrides: tc.o})
 			_, calls["fork from checkpoint"] = h.d.Fork(ctx, ForkOptions{Source: src, FromCheckpoint: ck.ID, Overrides: tc.o})
 			_, calls["restore"] = h.d.RestoreSnapshot(ctx, ck.ID, tc.o, nil)

@@ -92,7 +92,7 @@ func (s *environments) EnvironmentSandbox(ctx context.Context, req *connect.Requ
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&v1.EnvironmentSandboxResponse{Sandbox: toSandbox(res.Sandbox), Environment: toEnvironment(res.Env),
+	return connect.NewResponse(&v1.EnvironmentSandboxResponse{Sandbox: toSandbox(s.d, res.Sandbox), Environment: toEnvironment(res.Env),
 		FromPool: res.FromPool, HandoverMs: res.HandoverMS, Built: res.Built}), nil
 }
 
@@ -137,7 +137,7 @@ func (s *environments) BeginBuild(ctx context.Context, req *connect.Request[v1.B
 		out.Environment = toEnvironment(st)
 	}
 	if builder != nil {
-		out.Builder = toSandbox(builder)
+		out.Builder = toSandbox(s.d, builder)
 	}
 	return connect.NewResponse(out), nil
 }

@@ -20,7 +20,7 @@ func fromOverrides(o *v1.Overrides) daemon.Overrides {
 	if o == nil {
 		return daemon.Overrides{}
 	}
-	out := daemon.Overrides{Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Name: o.Name}
+	out := daemon.Overrides{Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Name: o.Name, Timeout: lifetimeTimeout(o.TimeoutMs), OnTimeout: o.OnTimeout}
 	if r := o.Resources; r != nil {
 		out.CPU, out.Memory, out.Pids, out.Disk = r.Cpu, r.Memory, r.Pids, r.Disk
 	}
@@ -39,7 +39,7 @@ func (s *sandboxes) PauseSandbox(ctx context.Context, req *connect.Request[v1.Pa
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&v1.PauseSandboxResponse{Sandbox: toSandbox(sb)}), nil
+	return connect.NewResponse(&v1.PauseSandboxResponse{Sandbox: toSandbox(s.d, sb)}), nil
 }
 
 func (s *sandboxes) UnpauseSandbox(ctx context.Context, req *connect.Request[v1.UnpauseSandboxRequest]) (*connect.Response[v1.UnpauseSandboxResponse], error) {
@@ -47,7 +47,7 @@ func (s *sandboxes) UnpauseSandbox(ctx context.Context, req *connect.Request[v1.
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&v1.UnpauseSandboxResponse{Sandbox: toSandbox(sb)}), nil
+	return connect.NewResponse(&v1.UnpauseSandboxResponse{Sandbox: toSandbox(s.d, sb)}), nil
 }
 
 func (s *sandboxes) Checkpoint(ctx context.Context, req *connect.Request[v1.CheckpointRequest]) (*connect.Response[v1.CheckpointResponse], error) {
@@ -89,7 +89,7 @@ func (s *sandboxes) Fork(ctx context.Context, req *connect.Request[v1.ForkReques
 	for _, c := range res.Children {
 		fc := &v1.ForkChild{StartMs: c.StartMS}
 		if c.Sandbox != nil {
-			fc.Sandbox = toSandbox(c.Sandbox)
+			fc.Sandbox = toSandbox(s.d, c.Sandbox)
 		}
 		if c.Err != nil {
 			fc.Error, fc.ErrorClass = c.Err.Error(), errdefs.ClassName(c.Err)
@@ -104,7 +104,7 @@ func (s *sandboxes) RestoreSnapshot(ctx context.Context, req *connect.Request[v1
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&v1.RestoreSnapshotResponse{Sandbox: toSandbox(sb)}), nil
+	return connect.NewResponse(&v1.RestoreSnapshotResponse{Sandbox: toSandbox(s.d, sb)}), nil
 }
 
 func (s *sandboxes) Resume(ctx context.Context, req *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error) {
@@ -112,7 +112,7 @@ func (s *sandboxes) Resume(ctx context.Context, req *connect.Request[v1.ResumeRe
 	if err != nil {
 		return nil, err
 	}
-	out := &v1.ResumeResponse{Sandbox: toSandbox(sb), Checkpoint: toCheckpoint(ck, sb.Name)}
+	out := &v1.ResumeResponse{Sandbox: toSandbox(s.d, sb), Checkpoint: toCheckpoint(ck, sb.Name)}
 	for _, r := range replayed {
 		re := &v1.ReplayedExec{ExecId: r.ExecID, Argv: r.Argv, Shell: r.Shell, Skipped: r.Skipped, SkipReason: r.SkipReason,
 			ExitCode: int32(r.ExitCode)}
@@ -164,7 +164,7 @@ func (s *sandboxes) HibernateSandbox(ctx context.Context, req *connect.Request[v
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&v1.HibernateSandboxResponse{Sandbox: toSandbox(sb)}), nil
+	return connect.NewResponse(&v1.HibernateSandboxResponse{Sandbox: toSandbox(s.d, sb)}), nil
 }
 
 func (s *sandboxes) WakeSandbox(ctx context.Context, req *connect.Request[v1.WakeSandboxRequest]) (*connect.Response[v1.WakeSandboxResponse], error) {
@@ -172,5 +172,5 @@ func (s *sandboxes) WakeSandbox(ctx context.Context, req *connect.Request[v1.Wak
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&v1.WakeSandboxResponse{Sandbox: toSandbox(sb)}), nil
+	return connect.NewResponse(&v1.WakeSandboxResponse{Sandbox: toSandbox(s.d, sb)}), nil
 }

@@ -111,6 +111,10 @@ func createShouldPass(m *v1.CreateSandboxRequest) (bool, string) {
 		return false, "relative cwd"
 	case m.Egress != "" && m.Egress != "none" && m.Egress != "all":
 		return false, "bad egress"
+	case m.TimeoutMs < 0 || m.TimeoutMs > (366*24*time.Hour).Milliseconds():
+		return false, "timeout out of range"
+	case m.OnTimeout != "" && m.OnTimeout != "close" && m.OnTimeout != "hibernate":
+		return false, "bad on_timeout"
 	}
 	if r := m.Resources; r != nil {
 		if _, err := daemon.ParseCPU(r.Cpu); err != nil {
@@ -160,6 +164,10 @@ func FuzzCreateRequest(f *testing.F) {
 		`{"image":"x","name":"../../etc","cwd":"relative","env":{"1BAD":"x","A=B":"y"}}`,
 		`{"image":"x","resources":{"memory":"9223372036854775807Ti"}}`,
 		`{"image":"x","egress":"everything","runtime":"runc"}`,
+		`{"image":"x","timeout_ms":"30000","on_timeout":"hibernate"}`,
+		`{"image":"x","timeout_ms":"-1"}`,
+		`{"image":"x","timeout_ms":"9223372036854775807","on_timeout":"explode"}`,
+		`{"image":"x","timeout_ms":"31622400001"}`,
 		`{"image":`, `[]`, `{"image":1}`, ``,
 	} {
 		f.Add([]byte(s))

@@ -16,7 +16,7 @@ import (
 
 type sandboxes struct{ d *daemon.Daemon }
 
-func toSandbox(sb *store.Sandbox) *v1.Sandbox {
+func toSandbox(d *daemon.Daemon, sb *store.Sandbox) *v1.Sandbox {
 	cpu := sb.Config.CPUString
 	mem := sb.Config.MemoryStr
 	return &v1.Sandbox{
@@ -34,13 +34,32 @@ func toSandbox(sb *store.Sandbox) *v1.Sandbox {
 		ParentId:        sb.ParentID,
 		FromCheckpoint:  sb.FromCheckpoint,
 		MachineId:       sb.Config.MachineID,
+		ExpiresAtUnixMs: unixMilli(d.ExpiresAt(sb)),
+		TimeoutMs:       sb.Config.TimeoutMS,
+		OnTimeout:       onTimeout(sb.Config.OnTimeout),
 	}
+}
+
+func unixMilli(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+// onTimeout names the default action.
+func onTimeout(s string) string {
+	if s == "" {
+		return daemon.OnTimeoutClose
+	}
+	return s
 }
 
 func (s *sandboxes) CreateSandbox(ctx context.Context, req *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error) {
 	m := req.Msg
 	start := time.Now()
-	o := daemon.CreateOptions{Image: m.Image, Name: m.Name, Env: m.Env, Cwd: m.Cwd, Egress: m.Egress, Runtime: m.Runtime}
+	o := daemon.CreateOptions{Image: m.Image, Name: m.Name, Env: m.Env, Cwd: m.Cwd, Egress: m.Egress, Runtime: m.Runtime,
+		Timeout: lifetimeTimeout(m.TimeoutMs), OnTimeout: m.OnTimeout}
 	if r := m.Resources; r != nil {
 		o.CPU, o.Memory, o.Pids, o.Disk = r.Cpu, r.Memory, r.Pids, r.Disk
 	}
@@ -48,7 +67,7 @@ func (s *sandboxes) CreateSandbox(ctx context.Context, req *connect.Request[v1.C
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&v1.CreateSandboxResponse{Sandbox: toSandbox(sb), ReadyMs: float64(time.Since(start).Microseconds()) / 1000}), nil
+	return connect.NewResponse(&v1.CreateSandboxResponse{Sandbox: toSandbox(s.d, sb), ReadyMs: float64(time.Since(start).Microseconds()) / 1000}), nil
 }
 
 func (s *sandboxes) GetSandbox(ctx context.Context, req *connect.Request[v1.GetSandboxRequest]) (*connect.Response[v1.GetSandboxResponse], error) {
@@ -56,7 +75,7 @@ func (s *sandboxes) GetSandbox(ctx context.Context, req *connect.Request[v1.GetS
 	if err != nil {
 		return nil, err
 	}
-	out := toSandbox(sb)
+	out := toSandbox(s.d, sb)
 	creds, err := s.d.ListCredentials(ctx, sb.ID)
 	if err != nil {
 		return nil, err
@@ -74,7 +93,7 @@ func (s *sandboxes) ListSandboxes(ctx context.Context, req *connect.Request[v1.L
 	}
 	out := &v1.ListSandboxesResponse{}
 	for _, sb := range list {
-		out.Sandboxes = append(out.Sandboxes, toSandbox(sb))
+		out.Sandboxes = append(out.Sandboxes, toSandbox(s.d, sb))
 	}
 	return connect.NewResponse(out), nil
 }

@@ -19,3 +19,16 @@ func execTimeout(ms int64) (time.Duration, error) {
 	}
 	return time.Duration(ms) * time.Millisecond, nil
 }
+
+// lifetimeTimeout converts a sandbox's timeout_ms. One that does not fit a
+// time.Duration becomes the longest there is, which the daemon refuses as
+// too long (InvalidArgument) instead of wrapping.
+func lifetimeTimeout(ms int64) time.Duration {
+	if ms > maxTimeoutMs {
+		return time.Duration(1<<63 - 1)
+	}
+	if ms < -maxTimeoutMs {
+		return -1
+	}
+	return time.Duration(ms) * time.Millisecond
+}

@@ -19,9 +19,16 @@ const (
 	// EventSandboxDegraded: kept after a restart without being confirmed
 	// healthy (see StateDegraded); data has the reason.
 	EventSandboxDegraded = "sandbox.degraded"
-	EventExecStarted     = "exec.started"
-	EventExecFinished    = "exec.finished"
-	EventFileWritten     = "file.written"
+	// EventSandboxExpired: the sandbox's deadline, the daemon's max
+	// lifetime or its idle timeout passed; data has the reason and the
+	// action taken (close or hibernate), recorded before it is taken.
+	EventSandboxExpired = "sandbox.expired"
+	// EventTimeoutSet: SetTimeout gave the sandbox a new timeout and
+	// deadline.
+	EventTimeoutSet   = "sandbox.timeout_set"
+	EventExecStarted  = "exec.started"
+	EventExecFinished = "exec.finished"
+	EventFileWritten  = "file.written"
 	// EventFilesCopied is a tar stream copied into a sandbox (CopyTo); it
 	// is not replayed by Resume.
 	EventFilesCopied = "files.copied"

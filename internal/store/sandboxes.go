@@ -51,6 +51,12 @@ type SandboxConfig struct {
 	Hostname    string            `json:"hostname"`
 	Snapshotter string            `json:"snapshotter,omitempty"`
 	MachineID   string            `json:"machine_id,omitempty"`
+	// TimeoutMS is the sandbox's timeout (0 = none): its deadline is set
+	// that far from its start, or from the last SetTimeout. Children
+	// started from its checkpoints inherit it.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// OnTimeout is what its expiry does: "close" ("" too) or "hibernate".
+	OnTimeout string `json:"on_timeout,omitempty"`
 }
 
 // Sandbox is one sandbox's record.
@@ -71,12 +77,17 @@ type Sandbox struct {
 	FromCheckpoint string
 	// Pool is the environment whose warm pool holds this sandbox ("" when
 	// it is handed over or not pooled).
-	Pool      string
-	CreatedAt time.Time
-	UpdatedAt time.Time
+	Pool string
+	// Deadline is when the sandbox expires by its own timeout (zero:
+	// never); the daemon caps it by its max lifetime, counted from
+	// LifetimeFrom (the sandbox's start, or its last wake).
+	Deadline     time.Time
+	LifetimeFrom time.Time
+	CreatedAt    time.Time
+	UpdatedAt    time.Time
 }
 
-const sandboxCols = `id, name, state, image, image_digest, runtime, config, ip, agent_token, error, created_at, updated_at, parent_id, from_checkpoint, pool`
+const sandboxCols = `id, name, state, image, image_digest, runtime, config, ip, agent_token, error, created_at, updated_at, parent_id, from_checkpoint, pool, deadline, lifetime_from`
 
 // CreateSandbox records a new sandbox. A live sandbox with the same name is
 // an AlreadyExists error.
@@ -87,9 +98,9 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *Sandbox) error {
 	}
 	now := time.Now()
 	sb.CreatedAt, sb.UpdatedAt = now, now
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Name, sb.State, sb.Image, sb.ImageDigest, sb.Runtime, string(cfg), sb.IP, sb.AgentToken, sb.Error,
-		now.UnixMilli(), now.UnixMilli(), sb.ParentID, sb.FromCheckpoint, sb.Pool)
+		now.UnixMilli(), now.UnixMilli(), sb.ParentID, sb.FromCheckpoint, sb.Pool, unixMilli(sb.Deadline), unixMilli(sb.LifetimeFrom))
 	if err != nil {
 		if strings.Contains(err.Error(), "UNIQUE constraint failed") {
 			return fmt.Errorf("a sandbox named %q already exists: %w", sb.Name, errdefs.ErrAlreadyExists)
@@ -195,10 +206,14 @@ type scanner interface{ Scan(...any) error }
 func scanSandbox(r scanner) (*Sandbox, error) {
 	var sb Sandbox
 	var cfg string
-	var created, updated int64
+	var created, updated, deadline, from int64
 	if err := r.Scan(&sb.ID, &sb.Name, &sb.State, &sb.Image, &sb.ImageDigest, &sb.Runtime, &cfg, &sb.IP,
-		&sb.AgentToken, &sb.Error, &created, &updated, &sb.ParentID, &sb.FromCheckpoint, &sb.Pool); err != nil {
+		&sb.AgentToken, &sb.Error, &created, &updated, &sb.ParentID, &sb.FromCheckpoint, &sb.Pool, &deadline, &from); err != nil {
 		return nil, err
+	}
+	sb.Deadline, sb.LifetimeFrom = fromUnixMilli(deadline), fromUnixMilli(from)
+	if sb.LifetimeFrom.IsZero() {
+		sb.LifetimeFrom = time.UnixMilli(created)
 	}
 	if err := json.Unmarshal([]byte(cfg), &sb.Config); err != nil {
 		return nil, fmt.Errorf("store: sandbox %s config: %w", sb.ID, err)

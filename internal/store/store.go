@@ -97,6 +97,11 @@ var migrations = []string{
 		steps      INTEGER NOT NULL,
 		created_at INTEGER NOT NULL
 	);`,
+	// Lifetimes: deadline is the sandbox's own (from its timeout, 0 =
+	// none), lifetime_from the start of its lifetime (0 = created_at),
+	// which the daemon's --max-lifetime counts from.
+	`ALTER TABLE sandboxes ADD COLUMN deadline INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE sandboxes ADD COLUMN lifetime_from INTEGER NOT NULL DEFAULT 0;`,
 }
 
 // Open opens (creating if needed) the database at path and migrates it.

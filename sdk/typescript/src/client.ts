@@ -60,6 +60,14 @@ export interface SandboxOptions {
   egress?: string;
   /** "gvisor" (default) or "crun". */
   runtime?: string;
+  /**
+   * The sandbox expires this many ms after it starts (E2B's timeoutMs);
+   * setTimeout() moves the deadline. Unset: no timeout (the daemon's
+   * --max-lifetime and --idle-timeout still apply). Forks inherit it.
+   */
+  timeoutMs?: number;
+  /** What expiry does: "close" (default) or "hibernate" (gvisor; the next exec wakes it). */
+  onTimeout?: "close" | "hibernate";
 }
 
 /** What a child (or a restored sandbox) gets instead of what it inherits. */
@@ -70,6 +78,17 @@ export interface Overrides {
   cwd?: string;
   egress?: string;
   name?: string;
+  /** The child's timeout in ms, counted from its own start (unset: inherited). */
+  timeoutMs?: number;
+  /** "close" or "hibernate" (unset: inherited). */
+  onTimeout?: "close" | "hibernate";
+}
+
+/** @internal */
+export function msProto(ms?: number): bigint {
+  if (ms === undefined) return 0n;
+  if (!Number.isFinite(ms)) throw new RangeError(`timeout ${ms}: want a finite number of milliseconds`);
+  return BigInt(Math.ceil(ms));
 }
 
 /** @internal */
@@ -80,7 +99,10 @@ export function resourcesProto(r?: Resources) {
 /** @internal */
 export function overridesProto(o?: Overrides): MessageInitShape<typeof OverridesSchema> | undefined {
   if (!o) return undefined;
-  return { resources: resourcesProto(o.resources), env: o.env, cwd: o.cwd, egress: o.egress, name: o.name };
+  return {
+    resources: resourcesProto(o.resources), env: o.env, cwd: o.cwd, egress: o.egress, name: o.name,
+    timeoutMs: msProto(o.timeoutMs), onTimeout: o.onTimeout,
+  };
 }
 
 /** The Connect clients of the three services. */
@@ -148,6 +170,7 @@ export class Client {
     try {
       const r = await this.rpc.sandboxes.createSandbox({
         image: o.image, name: o.name, resources: resourcesProto(o.resources), env: o.env, cwd: o.cwd, egress: o.egress, runtime: o.runtime,
+        timeoutMs: msProto(o.timeoutMs), onTimeout: o.onTimeout,
       });
       return new SandboxHandle(this, r.sandbox!, this.limited);
     } catch (err) {

@@ -9,7 +9,7 @@ import {
 import { ExecPromise, type ExecOptions } from "./exec.js";
 import { Ptys } from "./pty.js";
 import { ForkboxError, rethrow } from "./errors.js";
-import type { Client, Overrides } from "./client.js";
+import { msProto, type Client, type Overrides } from "./client.js";
 import { overridesProto } from "./client.js";
 
 /** Options of sb.forkMany(). */
@@ -226,6 +226,17 @@ export class SandboxHandle {
   /** What JSON.stringify(handle) gives: the sandbox's data, not its connection. */
   toJSON(): { id: string; name: string; info: SandboxInfo; resumed?: SandboxHandle["resumed"]; handover?: SandboxHandle["handover"] } {
     return { id: this.id, name: this.name, info: this.info, resumed: this.resumed, handover: this.handover };
+  }
+
+  /**
+   * Sets the sandbox's deadline to now + timeoutMs (E2B's setTimeout); 0
+   * removes its own timeout. The daemon's --max-lifetime may clamp it:
+   * returns the effective deadline (null: never), also in `info.expiresAt`.
+   */
+  async setTimeout(timeoutMs: number): Promise<Date | null> {
+    const r = await this.client.rpc.sandboxes.setTimeout({ sandbox: this.id, timeoutMs: msProto(timeoutMs) }).catch(rethrow);
+    this.info = sandboxFrom(r.sandbox!);
+    return this.info.expiresAt;
   }
 
   /** Reloads `info`. */

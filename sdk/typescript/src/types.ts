@@ -31,6 +31,16 @@ export interface SandboxInfo {
   /** Names of its credentials (never values). */
   credentials: string[];
   machineId: string;
+  /**
+   * When the sandbox expires (its deadline, capped by the daemon's
+   * --max-lifetime), or null if it never does (the daemon's --idle-timeout
+   * aside).
+   */
+  expiresAt: Date | null;
+  /** Its timeout in ms (0 = none); forks and restores inherit it. */
+  timeoutMs: number;
+  /** What expiry does: "close" or "hibernate". */
+  onTimeout: string;
 }
 
 /** A named, immutable capture of a sandbox's state. */
@@ -215,6 +225,7 @@ export function sandboxFrom(s: pb.Sandbox): SandboxInfo {
     resources: resourcesFrom(s.resources), env: { ...s.env }, cwd: s.cwd, egress: s.egress, runtime: s.runtime,
     hostname: s.hostname, ip: s.ip, createdAt: date(s.createdAtUnixMs), snapshotter: s.snapshotter, error: s.error,
     fromCheckpoint: s.fromCheckpoint, parentId: s.parentId, credentials: [...s.credentials], machineId: s.machineId,
+    expiresAt: s.expiresAtUnixMs ? date(s.expiresAtUnixMs) : null, timeoutMs: Number(s.timeoutMs), onTimeout: s.onTimeout,
   };
 }
 

@@ -111,6 +111,9 @@ const (
 	SandboxServiceCopyToProcedure = "/forkbox.v1.SandboxService/CopyTo"
 	// SandboxServiceCopyFromProcedure is the fully-qualified name of the SandboxService's CopyFrom RPC.
 	SandboxServiceCopyFromProcedure = "/forkbox.v1.SandboxService/CopyFrom"
+	// SandboxServiceSetTimeoutProcedure is the fully-qualified name of the SandboxService's SetTimeout
+	// RPC.
+	SandboxServiceSetTimeoutProcedure = "/forkbox.v1.SandboxService/SetTimeout"
 	// ImageServicePullImageProcedure is the fully-qualified name of the ImageService's PullImage RPC.
 	ImageServicePullImageProcedure = "/forkbox.v1.ImageService/PullImage"
 	// ImageServiceImportImageProcedure is the fully-qualified name of the ImageService's ImportImage
@@ -201,6 +204,10 @@ type SandboxServiceClient interface {
 	// one top-level entry is the path's base name; symlinks are sent as
 	// symlinks, never followed.
 	CopyFrom(context.Context, *connect.Request[v1.CopyFromRequest]) (*connect.ServerStreamForClient[v1.CopyFromResponse], error)
+	// SetTimeout sets a live sandbox's deadline to now + timeout_ms (E2B's
+	// setTimeout), capped by the daemon's max lifetime; 0 removes its own
+	// timeout. The response shows the effective deadline.
+	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the forkbox.v1.SandboxService service. By
@@ -370,6 +377,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("CopyFrom")),
 			connect.WithClientOptions(opts...),
 		),
+		setTimeout: connect.NewClient[v1.SetTimeoutRequest, v1.SetTimeoutResponse](
+			httpClient,
+			baseURL+SandboxServiceSetTimeoutProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SetTimeout")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -401,6 +414,7 @@ type sandboxServiceClient struct {
 	getSandboxMetrics *connect.Client[v1.GetSandboxMetricsRequest, v1.GetSandboxMetricsResponse]
 	copyTo            *connect.Client[v1.CopyToRequest, v1.CopyToResponse]
 	copyFrom          *connect.Client[v1.CopyFromRequest, v1.CopyFromResponse]
+	setTimeout        *connect.Client[v1.SetTimeoutRequest, v1.SetTimeoutResponse]
 }
 
 // CreateSandbox calls forkbox.v1.SandboxService.CreateSandbox.
@@ -533,6 +547,11 @@ func (c *sandboxServiceClient) CopyFrom(ctx context.Context, req *connect.Reques
 	return c.copyFrom.CallServerStream(ctx, req)
 }
 
+// SetTimeout calls forkbox.v1.SandboxService.SetTimeout.
+func (c *sandboxServiceClient) SetTimeout(ctx context.Context, req *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error) {
+	return c.setTimeout.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the forkbox.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	CreateSandbox(context.Context, *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error)
@@ -590,6 +609,10 @@ type SandboxServiceHandler interface {
 	// one top-level entry is the path's base name; symlinks are sent as
 	// symlinks, never followed.
 	CopyFrom(context.Context, *connect.Request[v1.CopyFromRequest], *connect.ServerStream[v1.CopyFromResponse]) error
+	// SetTimeout sets a live sandbox's deadline to now + timeout_ms (E2B's
+	// setTimeout), capped by the daemon's max lifetime; 0 removes its own
+	// timeout. The response shows the effective deadline.
+	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -755,6 +778,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("CopyFrom")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceSetTimeoutHandler := connect.NewUnaryHandler(
+		SandboxServiceSetTimeoutProcedure,
+		svc.SetTimeout,
+		connect.WithSchema(sandboxServiceMethods.ByName("SetTimeout")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/forkbox.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateSandboxProcedure:
@@ -809,6 +838,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceCopyToHandler.ServeHTTP(w, r)
 		case SandboxServiceCopyFromProcedure:
 			sandboxServiceCopyFromHandler.ServeHTTP(w, r)
+		case SandboxServiceSetTimeoutProcedure:
+			sandboxServiceSetTimeoutHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -920,6 +951,10 @@ func (UnimplementedSandboxServiceHandler) CopyTo(context.Context, *connect.Clien
 
 func (UnimplementedSandboxServiceHandler) CopyFrom(context.Context, *connect.Request[v1.CopyFromRequest], *connect.ServerStream[v1.CopyFromResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.CopyFrom is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.SetTimeout is not implemented"))
 }
 
 // ImageServiceClient is a client for the forkbox.v1.ImageService service.

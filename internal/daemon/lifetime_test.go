@@ -1,0 +1,312 @@
+package daemon
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/agent"
+	"github.com/forkbox/forkbox/internal/store"
+)
+
+// waitUntil polls cond until it holds, failing the test after a generous
+// deadline.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond) // a poll interval, not a synchronisation
+	}
+}
+
+// expiredEvent returns the data of a sandbox's sandbox.expired event, and
+// checks it comes before what the action records.
+func (h *harness) expiredEvent(id, then string) map[string]any {
+	h.t.Helper()
+	evs, err := h.d.store.Events(context.Background(), id)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	at := -1
+	for i, e := range evs {
+		if e.Type == store.EventSandboxExpired {
+			at = i
+		}
+	}
+	if at < 0 {
+		h.t.Fatalf("no %s in %v", store.EventSandboxExpired, h.events(id))
+	}
+	if !slices.Contains(h.events(id)[at:], then) {
+		h.t.Errorf("no %s after %s: %v", then, store.EventSandboxExpired, h.events(id))
+	}
+	return evs[at].Data
+}
+
+func (h *harness) waitState(id string, want store.State) {
+	h.t.Helper()
+	waitUntil(h.t, "sandbox "+id+" "+string(want), func() bool { return h.state(id).State == want })
+}
+
+// A sandbox whose timeout passes is closed, after sandbox.expired; a
+// sandbox without one is not, and the scheduler keeps no entry of a
+// closed sandbox.
+func TestExpiryCloses(t *testing.T) {
+	h := newHarness(t)
+	keep := h.create(CreateOptions{Name: "keep"})
+	id := h.create(CreateOptions{Name: "short", Timeout: 100 * time.Millisecond})
+	sb := h.state(id)
+	if sb.Config.TimeoutMS != 100 || sb.Deadline.Sub(sb.LifetimeFrom) != 100*time.Millisecond {
+		t.Fatalf("timeout %d ms, deadline %v after start; want 100 ms, 100ms", sb.Config.TimeoutMS, sb.Deadline.Sub(sb.LifetimeFrom))
+	}
+	h.waitState(id, store.StateClosed)
+	data := h.expiredEvent(id, store.EventSandboxClosed)
+	if data["reason"] != reasonTimeout || data["action"] != OnTimeoutClose {
+		t.Errorf("expired event %v: want reason timeout, action close", data)
+	}
+	if h.w.status(id) != "" {
+		t.Errorf("expired sandbox's container: %q, want none", h.w.status(id))
+	}
+	if _, ok := h.d.life.deadline(id); ok {
+		t.Error("a closed sandbox is still scheduled")
+	}
+	if got := h.state(keep).State; got != store.StateRunning {
+		t.Errorf("sandbox without a timeout: %s, want running", got)
+	}
+	if h.d.ExpiresAt(h.state(keep)) != (time.Time{}) {
+		t.Errorf("sandbox without a timeout expires at %v, want never", h.d.ExpiresAt(h.state(keep)))
+	}
+}
+
+// SetTimeout moves the deadline to now + timeout: a sandbox extended past
+// its first deadline outlives a witness that expires after that deadline.
+func TestSetTimeoutExtends(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	// A first deadline 2 s away (not counted from the create, which may
+	// be slow on a loaded machine), extended right away.
+	id := h.create(CreateOptions{Name: "ext", Timeout: time.Hour})
+	sb, err := h.d.SetTimeout(ctx, id, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := sb.Deadline
+	before := time.Now()
+	sb, err = h.d.SetTimeout(ctx, id, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if at := h.d.ExpiresAt(sb); at.Before(before.Add(time.Hour)) || at.After(time.Now().Add(time.Hour)) {
+		t.Errorf("expires at %v, want now + 1h", at)
+	}
+	if got := h.state(id); got.Config.TimeoutMS != time.Hour.Milliseconds() || !got.Deadline.Equal(time.UnixMilli(sb.Deadline.UnixMilli())) {
+		t.Errorf("stored timeout %d deadline %v; want 1h, %v", got.Config.TimeoutMS, got.Deadline, sb.Deadline)
+	}
+	// Its deadline is after first however long its create takes.
+	witness := h.create(CreateOptions{Name: "witness", Timeout: max(time.Until(first)+100*time.Millisecond, time.Millisecond)})
+	h.waitState(witness, store.StateClosed)
+	if got := h.state(id).State; got != store.StateRunning {
+		t.Fatalf("extended sandbox: %s, want running", got)
+	}
+	if !slices.Contains(h.events(id), store.EventTimeoutSet) || slices.Contains(h.events(id), store.EventSandboxExpired) {
+		t.Errorf("events %v: want timeout_set, no expired", h.events(id))
+	}
+	// 0 removes the sandbox's own timeout.
+	if sb, err = h.d.SetTimeout(ctx, id, 0); err != nil || !h.d.ExpiresAt(sb).IsZero() {
+		t.Errorf("SetTimeout 0: expires at %v, %v; want never", h.d.ExpiresAt(sb), err)
+	}
+	for _, bad := range []time.Duration{-time.Second, maxTimeout + time.Hour} {
+		if _, err := h.d.SetTimeout(ctx, id, bad); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("SetTimeout %v: got %v, want InvalidArgument", bad, err)
+		}
+	}
+	if _, err := h.d.SetTimeout(ctx, witness, time.Hour); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("SetTimeout of a closed sandbox: got %v, want FailedPrecondition", err)
+	}
+	if _, err := h.d.SetTimeout(ctx, "sb-nope", time.Hour); !errdefs.IsNotFound(err) {
+		t.Errorf("SetTimeout of an unknown sandbox: got %v, want NotFound", err)
+	}
+}
+
+// The daemon's max lifetime caps every deadline at the lifetime's start
+// plus the cap: a longer timeout, no timeout, and an extension alike.
+func TestMaxLifetimeClamps(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	h.cfg.MaxLifetime = time.Hour
+	h.reopen(h.runtimes(RuntimeGVisor, RuntimeCrun))
+	for _, tc := range []struct {
+		name    string
+		timeout time.Duration
+		want    time.Duration // after the lifetime's start
+		reason  string
+	}{
+		{"no timeout", 0, time.Hour, reasonMaxLifetime},
+		{"longer", 3 * time.Hour, time.Hour, reasonMaxLifetime},
+		{"shorter", 10 * time.Minute, 10 * time.Minute, reasonTimeout},
+	} {
+		sb, err := h.d.Create(ctx, CreateOptions{Image: "unit:1", Name: "c-" + tc.name[:2], Timeout: tc.timeout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		at, why := h.d.expiry(sb)
+		if got := at.Sub(sb.LifetimeFrom); got != tc.want || why != tc.reason {
+			t.Errorf("%s: expires %v after start (%s), want %v (%s)", tc.name, got, why, tc.want, tc.reason)
+		}
+		if dl, _ := h.d.life.deadline(sb.ID); !dl.Equal(at) {
+			t.Errorf("%s: scheduled %v, want %v", tc.name, dl, at)
+		}
+	}
+	id := h.create(CreateOptions{Name: "ext", Timeout: time.Minute})
+	sb, err := h.d.SetTimeout(ctx, id, 5*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := h.d.ExpiresAt(sb).Sub(sb.LifetimeFrom); got != time.Hour {
+		t.Errorf("extended past the cap: expires %v after start, want 1h", got)
+	}
+	// A lifetime past the cap expires the sandbox, reason max_lifetime.
+	h.cfg.MaxLifetime = 200 * time.Millisecond
+	h.reopen(h.runtimes(RuntimeGVisor, RuntimeCrun))
+	h.waitState(id, store.StateClosed)
+	if data := h.expiredEvent(id, store.EventSandboxClosed); data["reason"] != reasonMaxLifetime {
+		t.Errorf("expired event %v: want reason max_lifetime", data)
+	}
+}
+
+// Children inherit the timeout (their deadline counts from their own
+// start) and the action; the fork's or restore's overrides replace them.
+func TestForkInheritsTimeout(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	src := h.create(CreateOptions{Name: "src", Timeout: time.Hour, OnTimeout: OnTimeoutHibernate})
+	res, err := h.d.Fork(ctx, ForkOptions{Source: src})
+	if err != nil || res.Children[0].Err != nil {
+		t.Fatalf("fork: %v, %+v", err, res)
+	}
+	child := res.Children[0].Sandbox
+	if child.Config.TimeoutMS != time.Hour.Milliseconds() || child.Config.OnTimeout != OnTimeoutHibernate ||
+		child.Deadline.Sub(child.LifetimeFrom) != time.Hour || !child.LifetimeFrom.After(h.state(src).LifetimeFrom) {
+		t.Errorf("child: timeout %d %q, deadline %v after its start %v; want 1h hibernate, 1h, after the source's",
+			child.Config.TimeoutMS, child.Config.OnTimeout, child.Deadline.Sub(child.LifetimeFrom), child.LifetimeFrom)
+	}
+	res, err = h.d.Fork(ctx, ForkOptions{Source: src, FromCheckpoint: res.Checkpoint.ID,
+		Overrides: Overrides{Timeout: 100 * time.Millisecond, OnTimeout: OnTimeoutClose}})
+	if err != nil || res.Children[0].Err != nil {
+		t.Fatalf("fork with overrides: %v, %+v", err, res)
+	}
+	over := res.Children[0].Sandbox
+	h.waitState(over.ID, store.StateClosed)
+	if data := h.expiredEvent(over.ID, store.EventSandboxClosed); data["action"] != OnTimeoutClose {
+		t.Errorf("overridden child's expiry %v: want action close", data)
+	}
+	rs, err := h.d.RestoreSnapshot(ctx, res.Checkpoint.ID, Overrides{Timeout: 2 * time.Hour}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs.Config.TimeoutMS != (2*time.Hour).Milliseconds() || rs.Config.OnTimeout != OnTimeoutHibernate {
+		t.Errorf("restore: timeout %d %q, want 2h hibernate (inherited)", rs.Config.TimeoutMS, rs.Config.OnTimeout)
+	}
+	if h.state(src).State != store.StateRunning {
+		t.Errorf("source: %s, want running", h.state(src).State)
+	}
+}
+
+// on_timeout hibernate: refused on crun, everywhere a sandbox starts;
+// on gvisor the expiry hibernates, the deadline is cleared while
+// hibernated, and an exec wakes it with its timeout re-armed.
+func TestExpiryHibernates(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	if _, err := h.d.Create(ctx, CreateOptions{Image: "unit:1", Runtime: RuntimeCrun, OnTimeout: OnTimeoutHibernate}); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("crun with on_timeout hibernate: got %v, want InvalidArgument", err)
+	}
+	crun := h.create(CreateOptions{Name: "crun", Runtime: RuntimeCrun})
+	if _, err := h.d.Fork(ctx, ForkOptions{Source: crun, Overrides: Overrides{OnTimeout: OnTimeoutHibernate}}); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("crun fork with on_timeout hibernate: got %v, want InvalidArgument", err)
+	}
+	id := h.create(CreateOptions{Name: "hib", Timeout: 200 * time.Millisecond, OnTimeout: OnTimeoutHibernate})
+	h.waitState(id, store.StateHibernated)
+	data := h.expiredEvent(id, store.EventHibernated)
+	if data["action"] != OnTimeoutHibernate || data["reason"] != reasonTimeout {
+		t.Errorf("expired event %v: want action hibernate, reason timeout", data)
+	}
+	if at := h.d.ExpiresAt(h.state(id)); !at.IsZero() {
+		t.Errorf("hibernated by expiry: expires at %v, want never until woken", at)
+	}
+	res, err := h.d.Exec(ctx, id, ExecOptions{ExecRequest: agent.ExecRequest{Argv: []string{"true"}}}, nil, nil)
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec on the hibernated sandbox: %+v, %v", res, err)
+	}
+	if !slices.Contains(h.events(id), store.EventWoken) {
+		t.Errorf("events %v: want sandbox.woken", h.events(id))
+	}
+	// Woken, its timeout is re-armed: it expires again.
+	waitUntil(t, "the second expiry", func() bool {
+		n := 0
+		for _, e := range h.events(id) {
+			if e == store.EventSandboxExpired {
+				n++
+			}
+		}
+		return n == 2
+	})
+	h.waitState(id, store.StateHibernated)
+}
+
+// A deadline that passed while the daemon was down expires the sandbox
+// when it is up again.
+func TestExpiryAcrossRestart(t *testing.T) {
+	h := newHarness(t)
+	id := h.create(CreateOptions{Name: "r", Timeout: time.Hour})
+	sb, err := h.d.SetTimeout(context.Background(), id, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := sb.Deadline
+	if err := h.d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	h.d = nil
+	waitUntil(t, "the wall clock past the deadline", func() bool { return time.Now().After(deadline) })
+	h.reopen(h.runtimes(RuntimeGVisor, RuntimeCrun))
+	h.waitState(id, store.StateClosed)
+	evs := h.events(id)
+	if i := slices.Index(evs, store.EventSandboxFound); i < 0 || i > slices.Index(evs, store.EventSandboxExpired) {
+		t.Errorf("events %v: want sandbox.recovered (reconcile) before sandbox.expired", evs)
+	}
+	h.expiredEvent(id, store.EventSandboxClosed)
+}
+
+// The idle timeout expires a sandbox with no activity, not one with an
+// exec in flight.
+func TestIdleTimeout(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	// Long enough for the busy sandbox's exec to start on a loaded machine.
+	h.cfg.IdleTimeout = 2 * time.Second
+	h.reopen(h.runtimes(RuntimeGVisor, RuntimeCrun))
+	busy := h.create(CreateOptions{Name: "busy"})
+	done := make(chan error, 1)
+	ectx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		_, err := h.d.Exec(ectx, busy, ExecOptions{ExecRequest: agent.ExecRequest{Shell: "sleep 20", Timeout: 20 * time.Second}}, nil, nil)
+		done <- err
+	}()
+	waitUntil(t, "the exec in flight", func() bool { _, b := h.d.lastActivity(busy, time.Now()); return b })
+	id := h.create(CreateOptions{Name: "idle"})
+	h.waitState(id, store.StateClosed)
+	if data := h.expiredEvent(id, store.EventSandboxClosed); data["reason"] != reasonIdle {
+		t.Errorf("expired event %v: want reason idle", data)
+	}
+	if got := h.state(busy).State; got != store.StateRunning {
+		t.Errorf("sandbox with an exec in flight: %s, want running", got)
+	}
+	cancel()
+	<-done
+}
