@@ -19,6 +19,7 @@ import (
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/env"
 	"github.com/forkbox/forkbox/internal/image"
+	"github.com/forkbox/forkbox/internal/ports"
 	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/snapshot"
 	"github.com/forkbox/forkbox/internal/store"
@@ -70,6 +71,13 @@ type Config struct {
 	DefaultDisk int64
 	// MaxSandboxes bounds live sandboxes (0 = 100).
 	MaxSandboxes int
+	// PortsAddr, when set, serves preview URLs of sandbox ports on this
+	// TCP address (see ports.go); PortsDomain names their hosts
+	// (<port>-<id>.<domain>, default "localhost"); APIToken, when set, is
+	// accepted there as a bearer besides each sandbox's port token.
+	PortsAddr   string
+	PortsDomain string
+	APIToken    string
 	Log          *slog.Logger
 }
 
@@ -97,6 +105,8 @@ type Daemon struct {
 	activity     *activity
 	envs         *env.Manager
 	bg           sync.WaitGroup // the janitor's goroutines; Close waits for them
+	portKeys     *ports.Keys
+	portSrv      *ports.Server // nil without Config.PortsAddr
 }
 
 func (c *Config) setDefaults() error {
@@ -201,6 +211,12 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 	d.startJanitor(janitorCtx)
 	d.startIdleHibernation(janitorCtx)
 	d.startDegradedRecheck(janitorCtx)
+	if err := d.startPorts(); err != nil {
+		stopJanitor()
+		d.bg.Wait()
+		d.envs.Close()
+		return nil, err
+	}
 	if err := d.sweepOrphans(ctx); err != nil {
 		// Leftovers that cannot be removed now do not stop the daemon: they
 		// are logged, and tried again on the next start.
@@ -212,6 +228,10 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 // Close releases the daemon's handles. Sandboxes keep running: a restarted
 // daemon finds them again.
 func (d *Daemon) Close() error {
+	var perr error
+	if d.portSrv != nil {
+		perr = d.portSrv.Close() // first: its requests use the store
+	}
 	if d.envs != nil {
 		d.envs.Close() // first: its goroutines use the store
 	}
@@ -219,7 +239,7 @@ func (d *Daemon) Close() error {
 		d.stopJanitor()
 	}
 	d.bg.Wait()
-	return errors.Join(d.snaps.Close(), d.store.Close())
+	return errors.Join(perr, d.snaps.Close(), d.store.Close())
 }
 
 // Images returns the image store.

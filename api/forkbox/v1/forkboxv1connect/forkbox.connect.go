@@ -104,6 +104,9 @@ const (
 	SandboxServiceDeleteCredentialProcedure = "/forkbox.v1.SandboxService/DeleteCredential"
 	// SandboxServiceExecPtyProcedure is the fully-qualified name of the SandboxService's ExecPty RPC.
 	SandboxServiceExecPtyProcedure = "/forkbox.v1.SandboxService/ExecPty"
+	// SandboxServiceGetPortURLProcedure is the fully-qualified name of the SandboxService's GetPortURL
+	// RPC.
+	SandboxServiceGetPortURLProcedure = "/forkbox.v1.SandboxService/GetPortURL"
 	// ImageServicePullImageProcedure is the fully-qualified name of the ImageService's PullImage RPC.
 	ImageServicePullImageProcedure = "/forkbox.v1.ImageService/PullImage"
 	// ImageServiceImportImageProcedure is the fully-qualified name of the ImageService's ImportImage
@@ -181,6 +184,10 @@ type SandboxServiceClient interface {
 	// exit. Closing the request side ends the input; cancelling the call
 	// kills the command's session.
 	ExecPty(context.Context) *connect.BidiStreamForClient[v1.PtyRequest, v1.PtyResponse]
+	// GetPortURL returns the preview URLs of a sandbox port, served by the
+	// daemon's preview listener (forkbox serve --ports). Each carries the
+	// sandbox's port token: it reaches that sandbox's ports and nothing else.
+	GetPortURL(context.Context, *connect.Request[v1.GetPortURLRequest]) (*connect.Response[v1.GetPortURLResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the forkbox.v1.SandboxService service. By
@@ -332,6 +339,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("ExecPty")),
 			connect.WithClientOptions(opts...),
 		),
+		getPortURL: connect.NewClient[v1.GetPortURLRequest, v1.GetPortURLResponse](
+			httpClient,
+			baseURL+SandboxServiceGetPortURLProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("GetPortURL")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -360,6 +373,7 @@ type sandboxServiceClient struct {
 	listCredentials  *connect.Client[v1.ListCredentialsRequest, v1.ListCredentialsResponse]
 	deleteCredential *connect.Client[v1.DeleteCredentialRequest, v1.DeleteCredentialResponse]
 	execPty          *connect.Client[v1.PtyRequest, v1.PtyResponse]
+	getPortURL       *connect.Client[v1.GetPortURLRequest, v1.GetPortURLResponse]
 }
 
 // CreateSandbox calls forkbox.v1.SandboxService.CreateSandbox.
@@ -477,6 +491,11 @@ func (c *sandboxServiceClient) ExecPty(ctx context.Context) *connect.BidiStreamF
 	return c.execPty.CallBidiStream(ctx)
 }
 
+// GetPortURL calls forkbox.v1.SandboxService.GetPortURL.
+func (c *sandboxServiceClient) GetPortURL(ctx context.Context, req *connect.Request[v1.GetPortURLRequest]) (*connect.Response[v1.GetPortURLResponse], error) {
+	return c.getPortURL.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the forkbox.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	CreateSandbox(context.Context, *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error)
@@ -521,6 +540,10 @@ type SandboxServiceHandler interface {
 	// exit. Closing the request side ends the input; cancelling the call
 	// kills the command's session.
 	ExecPty(context.Context, *connect.BidiStream[v1.PtyRequest, v1.PtyResponse]) error
+	// GetPortURL returns the preview URLs of a sandbox port, served by the
+	// daemon's preview listener (forkbox serve --ports). Each carries the
+	// sandbox's port token: it reaches that sandbox's ports and nothing else.
+	GetPortURL(context.Context, *connect.Request[v1.GetPortURLRequest]) (*connect.Response[v1.GetPortURLResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -668,6 +691,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("ExecPty")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceGetPortURLHandler := connect.NewUnaryHandler(
+		SandboxServiceGetPortURLProcedure,
+		svc.GetPortURL,
+		connect.WithSchema(sandboxServiceMethods.ByName("GetPortURL")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/forkbox.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateSandboxProcedure:
@@ -716,6 +745,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceDeleteCredentialHandler.ServeHTTP(w, r)
 		case SandboxServiceExecPtyProcedure:
 			sandboxServiceExecPtyHandler.ServeHTTP(w, r)
+		case SandboxServiceGetPortURLProcedure:
+			sandboxServiceGetPortURLHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -815,6 +846,10 @@ func (UnimplementedSandboxServiceHandler) DeleteCredential(context.Context, *con
 
 func (UnimplementedSandboxServiceHandler) ExecPty(context.Context, *connect.BidiStream[v1.PtyRequest, v1.PtyResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.ExecPty is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) GetPortURL(context.Context, *connect.Request[v1.GetPortURLRequest]) (*connect.Response[v1.GetPortURLResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.GetPortURL is not implemented"))
 }
 
 // ImageServiceClient is a client for the forkbox.v1.ImageService service.
