@@ -397,6 +397,13 @@ func TestProxyConnectTunnel(t *testing.T) {
 	if _, err := io.ReadFull(tun, got); err != nil || string(got) != msg {
 		t.Fatalf("echo through the tunnel: %v", err)
 	}
+	// A half-close passes through: the echo of the last bytes still
+	// arrives after the client has finished sending.
+	io.WriteString(tun, "last")
+	tun.(*net.TCPConn).CloseWrite()
+	if rest, err := io.ReadAll(tun); err != nil || string(rest) != "last" {
+		t.Errorf("after a half-close: got %q %v, want \"last\" then EOF", rest, err)
+	}
 	tun.Close()
 	connect(t, f, path, "", 401).Close()
 	connect(t, f, path, f.keys.Token("sb-a"), 403).Close()

@@ -43,24 +43,35 @@ func (h *Handler) tunnel(ctx context.Context, w http.ResponseWriter, r *http.Req
 	defer stop()
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); h.pipe(back, front); closeBoth() }()
-	go func() { defer wg.Done(); h.pipe(front, back); closeBoth() }()
+	half := func(dst, src net.Conn) {
+		defer wg.Done()
+		if h.pipe(dst, src) {
+			if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+				cw.CloseWrite() // pass the end on; the other way may still carry bytes
+				return
+			}
+		}
+		closeBoth()
+	}
+	go half(back, front)
+	go half(front, back)
 	wg.Wait()
 }
 
 // pipe copies src to dst; a read that waits longer than TunnelIdle ends it.
-func (h *Handler) pipe(dst, src net.Conn) {
+// It reports whether src ended cleanly (EOF).
+func (h *Handler) pipe(dst, src net.Conn) (eof bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		src.SetReadDeadline(time.Now().Add(h.o.TunnelIdle))
 		n, err := src.Read(buf)
 		if n > 0 {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
+				return false
 			}
 		}
 		if err != nil {
-			return
+			return err == io.EOF
 		}
 	}
 }
