@@ -78,7 +78,7 @@ type Config struct {
 	PortsAddr   string
 	PortsDomain string
 	APIToken    string
-	Log          *slog.Logger
+	Log         *slog.Logger
 }
 
 // Daemon is the sandbox manager.
