@@ -342,6 +342,47 @@ func TestPortsWakeAndPause(t *testing.T) {
 	if info, _ := env.c.Sandbox(ctx, sb.ID); info.Info.State != "running" {
 		t.Errorf("state %s after the request, want running", info.Info.State)
 	}
+	// Again, with requests in parallel (a browser's page and its assets):
+	// one wake, every request served.
+	if err := sb.Hibernate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pu, _ := url.Parse(u.PathURL)
+	errs := make(chan error, 6)
+	for range 6 {
+		go func() {
+			req, _ := http.NewRequest(http.MethodGet, "http://"+pu.Host+"/index.html", nil)
+			req.Host = u.Host
+			req.Header.Set(client.PortTokenHeader, u.Token)
+			resp, err := (&http.Client{Timeout: 2 * time.Minute}).Do(req)
+			if err != nil {
+				errs <- err
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || string(b) != "awake\n" {
+				err = fmt.Errorf("%d %q", resp.StatusCode, b)
+			}
+			errs <- err
+		}()
+	}
+	for range 6 {
+		if err := <-errs; err != nil {
+			t.Errorf("parallel request to the hibernated sandbox: %v", err)
+		}
+	}
+	if evs, err := sb.Events(ctx); err == nil {
+		woken := 0
+		for _, e := range evs {
+			if e.Type == "sandbox.woken" {
+				woken++
+			}
+		}
+		if woken != 2 {
+			t.Errorf("%d wakes for two hibernations", woken)
+		}
+	}
 	if err := sb.Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
