@@ -1,6 +1,7 @@
 package ports
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -110,4 +111,27 @@ func TestCheckPort(t *testing.T) {
 			t.Errorf("CheckPort(%d) = %v, want nil", p, err)
 		}
 	}
+}
+
+// FuzzParse: no Host or path makes Parse panic, and every route it accepts
+// names a sandbox ID that is one DNS label and a port that may be proxied.
+func FuzzParse(f *testing.F) {
+	for _, s := range [][2]string{
+		{"8080-sb-a.localhost:8089", "/"}, {"127.0.0.1", "/sandboxes/sb-a/ports/80/x"},
+		{"7077-sb-a.x", "/"}, {"x", "/sandboxes/sb-a/ports/65536"}, {"[::1]:1", "/sandboxes//ports/1/"},
+	} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, host, path string) {
+		r, err := Parse(host, path)
+		if err != nil {
+			return
+		}
+		if !idRE.MatchString(r.Sandbox) || CheckPort(r.Port) != nil {
+			t.Fatalf("Parse(%q, %q) = %+v: a bad sandbox or port accepted", host, path, r)
+		}
+		if !r.ByHost && r.Path != "" && !strings.HasPrefix(r.Path, "/") {
+			t.Fatalf("Parse(%q, %q): path %q does not start with /", host, path, r.Path)
+		}
+	})
 }
