@@ -173,6 +173,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fail(w, status(err), message(err))
 		return
 	}
+	if !route.ByHost && route.Path == "" && r.Method != http.MethodConnect {
+		// Relative links (and the cookie's path) need the trailing slash:
+		// first, with the query as it is.
+		loc := route.Prefix() + "/"
+		if r.URL.RawQuery != "" {
+			loc += "?" + r.URL.RawQuery
+		}
+		http.Redirect(w, r, loc, http.StatusPermanentRedirect)
+		return
+	}
 	v, fromQuery := h.authorize(r, route.Sandbox)
 	switch v {
 	case missing:
@@ -199,15 +209,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Redirect(w, r, loc, http.StatusFound)
 			return
 		}
-	}
-	if !route.ByHost && route.Path == "" && r.Method != http.MethodConnect {
-		// Relative links need the trailing slash.
-		loc := route.Prefix() + "/"
-		if q := withoutQueryToken(r.URL.RawQuery); q != "" {
-			loc += "?" + q
-		}
-		http.Redirect(w, r, loc, http.StatusPermanentRedirect)
-		return
 	}
 	addr, done, err := h.b.Target(ctx, route.Sandbox, route.Port)
 	if err != nil {

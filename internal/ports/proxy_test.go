@@ -181,6 +181,13 @@ func TestProxyQueryTokenBecomesCookie(t *testing.T) {
 			t.Errorf("with the cookie: got %d %q, want 200 and no token seen by the app", resp.StatusCode, body)
 		}
 	}
+	// The path form without its trailing slash: first the slash (query
+	// kept), then the cookie for the prefix.
+	bare := fmt.Sprintf("/sandboxes/sb-a/ports/%d", f.port)
+	resp, _ := f.do(t, "GET", f.addr, bare+"?"+QueryParam+"="+tok, nil)
+	if resp.StatusCode != http.StatusPermanentRedirect || resp.Header.Get("Location") != bare+"/?"+QueryParam+"="+tok {
+		t.Errorf("bare path form: got %d to %q, want 308 to the slash with the query", resp.StatusCode, resp.Header.Get("Location"))
+	}
 	// A POST with the token in the query is served (and the query stripped).
 	resp, body := f.do(t, "POST", f.host("sb-a"), "/p?"+QueryParam+"="+tok, nil)
 	if resp.StatusCode != 200 || !strings.HasPrefix(body, "POST /p? ") {
