@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -394,5 +395,18 @@ func TestPortsWakeAndPause(t *testing.T) {
 	}
 	if code, _, _ := preview(t, u, true, "/index.html", tok(u.Token)); code != 200 {
 		t.Errorf("after unpause: %d", code)
+	}
+	// A daemon restart keeps the token (the listener's port is a new one:
+	// it was :0).
+	restartDaemon(t, syscall.SIGTERM)
+	again, err := sb.PortURL(ctx, 8080)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Token != u.Token {
+		t.Errorf("token %q after a restart, was %q", again.Token, u.Token)
+	}
+	if body := waitPreview(t, again); body != "awake\n" {
+		t.Errorf("after a restart: %q", body)
 	}
 }

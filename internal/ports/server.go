@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
 )
 
 // Bounds of the preview listener.
@@ -29,7 +31,7 @@ type Server struct {
 func Listen(addr string, h *Handler, log *slog.Logger) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("preview listener %s: %w", addr, err)
+		return nil, fmt.Errorf("preview listener %s: %v: %w", addr, err, errdefs.ErrFailedPrecondition)
 	}
 	s := &Server{h: h, ln: ln, done: make(chan struct{}), srv: &http.Server{
 		Handler:           h,
