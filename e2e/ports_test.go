@@ -319,6 +319,29 @@ func cliForward(t *testing.T, id string) {
 	}
 }
 
+// TestPortsInBrowser opens a preview link in headless Chromium: the
+// *.localhost name resolves, the query token becomes the cookie, the
+// redirect without it is served.
+func TestPortsInBrowser(t *testing.T) {
+	browser := chromium(t)
+	withDaemonFlags(t, "--ports", "127.0.0.1:0")
+	ctx := context.Background()
+	sb := newSandbox(t, clientOpts())
+	serveInSandbox(t, sb, "seen-by-a-browser")
+	u, err := sb.PortURL(ctx, 8080)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPreview(t, u)
+	bctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(bctx, browser, "--headless", "--no-sandbox", "--disable-gpu",
+		"--user-data-dir="+t.TempDir(), "--dump-dom", u.URL+"&x=1").Output()
+	if err != nil || !strings.Contains(string(out), "seen-by-a-browser") {
+		t.Fatalf("chromium at %s: %v\n%s", u.URL, err, out)
+	}
+}
+
 // TestPortsWakeAndPause: a request to a hibernated gVisor sandbox wakes it
 // and is served; a paused sandbox answers 409.
 func TestPortsWakeAndPause(t *testing.T) {
