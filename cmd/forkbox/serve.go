@@ -98,6 +98,7 @@ func serveCmd() *cobra.Command {
 			}
 			log := cfg.Log
 			ctx := cmd.Context()
+			cfg.APIToken = df.token
 			d, err := daemon.New(ctx, cfg)
 			if err != nil {
 				return err
@@ -123,6 +124,8 @@ func serveCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&df.metrics, "metrics", "", "also serve Prometheus metrics at /metrics on this address (token required when one is set; loopback only without)")
 	f.StringVar(&df.ui, "ui", "", "serve the dashboard on this address (needs --api-token; open http://ADDR/?token=T)")
+	f.StringVar(&df.cfg.PortsAddr, "ports", "", "serve preview URLs of sandbox ports on this address (http://<port>-<id>.localhost:PORT/, each with its sandbox's token; see `forkbox port`)")
+	f.StringVar(&df.cfg.PortsDomain, "ports-domain", "localhost", "domain of preview host names: <port>-<sandbox id>.<domain> (point a wildcard DNS name at the listener)")
 	f.IntVar(&df.metricsMax, "metrics-max-sandboxes", metrics.DefaultMaxSandboxSeries, "at most this many sandboxes get CPU and memory series (the oldest first)")
 	return cmd
 }

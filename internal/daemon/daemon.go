@@ -20,6 +20,7 @@ import (
 	"github.com/forkbox/forkbox/internal/cgroups"
 	"github.com/forkbox/forkbox/internal/env"
 	"github.com/forkbox/forkbox/internal/image"
+	"github.com/forkbox/forkbox/internal/ports"
 	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/snapshot"
 	"github.com/forkbox/forkbox/internal/store"
@@ -80,7 +81,14 @@ type Config struct {
 	MaxCopyBytes int64
 	// MaxSandboxes bounds live sandboxes (0 = 100).
 	MaxSandboxes int
-	Log          *slog.Logger
+	// PortsAddr, when set, serves preview URLs of sandbox ports on this
+	// TCP address (see ports.go); PortsDomain names their hosts
+	// (<port>-<id>.<domain>, default "localhost"); APIToken, when set, is
+	// accepted there as a bearer besides each sandbox's port token.
+	PortsAddr   string
+	PortsDomain string
+	APIToken    string
+	Log         *slog.Logger
 }
 
 // Daemon is the sandbox manager.
@@ -109,6 +117,8 @@ type Daemon struct {
 	cgroupRoot   string         // where metrics read cgroups (cgroups.Root; tests change it)
 	life         *schedule      // the expiry scheduler's book (expiry.go)
 	bg           sync.WaitGroup // the janitor's goroutines; Close waits for them
+	portKeys     *ports.Keys
+	portSrv      *ports.Server // nil without Config.PortsAddr
 }
 
 func (c *Config) setDefaults() error {
@@ -222,6 +232,12 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 	d.startIdleHibernation(janitorCtx)
 	d.startDegradedRecheck(janitorCtx)
 	d.startExpiry(janitorCtx)
+	if err := d.startPorts(); err != nil {
+		stopJanitor()
+		d.bg.Wait()
+		d.envs.Close()
+		return nil, err
+	}
 	if err := d.sweepOrphans(ctx); err != nil {
 		// Leftovers that cannot be removed now do not stop the daemon: they
 		// are logged, and tried again on the next start.
@@ -233,6 +249,10 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 // Close releases the daemon's handles. Sandboxes keep running: a restarted
 // daemon finds them again.
 func (d *Daemon) Close() error {
+	var perr error
+	if d.portSrv != nil {
+		perr = d.portSrv.Close() // first: its requests use the store
+	}
 	if d.envs != nil {
 		d.envs.Close() // first: its goroutines use the store
 	}
@@ -240,7 +260,7 @@ func (d *Daemon) Close() error {
 		d.stopJanitor()
 	}
 	d.bg.Wait()
-	return errors.Join(d.snaps.Close(), d.store.Close())
+	return errors.Join(perr, d.snaps.Close(), d.store.Close())
 }
 
 // Images returns the image store.

@@ -4465,6 +4465,140 @@ func (x *SetTimeoutResponse) GetSandbox() *Sandbox {
 	return nil
 }
 
+type GetPortURLRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// A TCP port, 1-65535 (not the agent's 7077).
+	Port          int32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPortURLRequest) Reset() {
+	*x = GetPortURLRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPortURLRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPortURLRequest) ProtoMessage() {}
+
+func (x *GetPortURLRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPortURLRequest.ProtoReflect.Descriptor instead.
+func (*GetPortURLRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *GetPortURLRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *GetPortURLRequest) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+type GetPortURLResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The host form with the token (the link to share): http://<port>-<id>.<domain>:<p>/?forkbox_token=T
+	Url string `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
+	// The port token (send it as the X-Forkbox-Port-Token header instead).
+	Token string `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	// The preview host name and port: <port>-<id>.<domain>:<p>.
+	Host string `protobuf:"bytes,3,opt,name=host,proto3" json:"host,omitempty"`
+	// The host form (the same as url).
+	HostUrl string `protobuf:"bytes,4,opt,name=host_url,json=hostUrl,proto3" json:"host_url,omitempty"`
+	// The path form, for clients that cannot set Host: http://<addr>/sandboxes/<id>/ports/<port>/?forkbox_token=T
+	PathUrl       string `protobuf:"bytes,5,opt,name=path_url,json=pathUrl,proto3" json:"path_url,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPortURLResponse) Reset() {
+	*x = GetPortURLResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPortURLResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPortURLResponse) ProtoMessage() {}
+
+func (x *GetPortURLResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPortURLResponse.ProtoReflect.Descriptor instead.
+func (*GetPortURLResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{71}
+}
+
+func (x *GetPortURLResponse) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *GetPortURLResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *GetPortURLResponse) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *GetPortURLResponse) GetHostUrl() string {
+	if x != nil {
+		return x.HostUrl
+	}
+	return ""
+}
+
+func (x *GetPortURLResponse) GetPathUrl() string {
+	if x != nil {
+		return x.PathUrl
+	}
+	return ""
+}
+
 type Image struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -4478,7 +4612,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4490,7 +4624,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4503,7 +4637,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{70}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *Image) GetName() string {
@@ -4552,7 +4686,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4564,7 +4698,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4577,7 +4711,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{71}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *PullImageRequest) GetRef() string {
@@ -4605,7 +4739,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4617,7 +4751,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4630,7 +4764,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{72}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ImportImageRequest) GetPath() string {
@@ -4660,7 +4794,7 @@ type ImageProgress struct {
 
 func (x *ImageProgress) Reset() {
 	*x = ImageProgress{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4672,7 +4806,7 @@ func (x *ImageProgress) String() string {
 func (*ImageProgress) ProtoMessage() {}
 
 func (x *ImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4685,7 +4819,7 @@ func (x *ImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageProgress.ProtoReflect.Descriptor instead.
 func (*ImageProgress) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{73}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ImageProgress) GetPhase() string {
@@ -4724,7 +4858,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4736,7 +4870,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4749,7 +4883,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{74}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{76}
 }
 
 type ListImagesResponse struct {
@@ -4761,7 +4895,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4773,7 +4907,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4786,7 +4920,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{75}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -4805,7 +4939,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4817,7 +4951,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4830,7 +4964,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{76}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *RemoveImageRequest) GetName() string {
@@ -4848,7 +4982,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4860,7 +4994,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4873,7 +5007,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{77}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{79}
 }
 
 type SetupStep struct {
@@ -4890,7 +5024,7 @@ type SetupStep struct {
 
 func (x *SetupStep) Reset() {
 	*x = SetupStep{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4902,7 +5036,7 @@ func (x *SetupStep) String() string {
 func (*SetupStep) ProtoMessage() {}
 
 func (x *SetupStep) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4915,7 +5049,7 @@ func (x *SetupStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetupStep.ProtoReflect.Descriptor instead.
 func (*SetupStep) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{78}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *SetupStep) GetRun() string {
@@ -4969,7 +5103,7 @@ type EnvironmentDefinition struct {
 
 func (x *EnvironmentDefinition) Reset() {
 	*x = EnvironmentDefinition{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4981,7 +5115,7 @@ func (x *EnvironmentDefinition) String() string {
 func (*EnvironmentDefinition) ProtoMessage() {}
 
 func (x *EnvironmentDefinition) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4994,7 +5128,7 @@ func (x *EnvironmentDefinition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentDefinition.ProtoReflect.Descriptor instead.
 func (*EnvironmentDefinition) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{79}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *EnvironmentDefinition) GetName() string {
@@ -5095,7 +5229,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5107,7 +5241,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5120,7 +5254,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{80}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *Environment) GetDefinition() *EnvironmentDefinition {
@@ -5195,7 +5329,7 @@ type BuildEnvironmentRequest struct {
 
 func (x *BuildEnvironmentRequest) Reset() {
 	*x = BuildEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5207,7 +5341,7 @@ func (x *BuildEnvironmentRequest) String() string {
 func (*BuildEnvironmentRequest) ProtoMessage() {}
 
 func (x *BuildEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5220,7 +5354,7 @@ func (x *BuildEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*BuildEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{81}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *BuildEnvironmentRequest) GetDefinition() *EnvironmentDefinition {
@@ -5248,7 +5382,7 @@ type BuildProgress struct {
 
 func (x *BuildProgress) Reset() {
 	*x = BuildProgress{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5260,7 +5394,7 @@ func (x *BuildProgress) String() string {
 func (*BuildProgress) ProtoMessage() {}
 
 func (x *BuildProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5273,7 +5407,7 @@ func (x *BuildProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildProgress.ProtoReflect.Descriptor instead.
 func (*BuildProgress) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{82}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *BuildProgress) GetPhase() string {
@@ -5341,7 +5475,7 @@ type EnvironmentSandboxRequest struct {
 
 func (x *EnvironmentSandboxRequest) Reset() {
 	*x = EnvironmentSandboxRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5353,7 +5487,7 @@ func (x *EnvironmentSandboxRequest) String() string {
 func (*EnvironmentSandboxRequest) ProtoMessage() {}
 
 func (x *EnvironmentSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5366,7 +5500,7 @@ func (x *EnvironmentSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentSandboxRequest.ProtoReflect.Descriptor instead.
 func (*EnvironmentSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{83}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *EnvironmentSandboxRequest) GetDefinition() *EnvironmentDefinition {
@@ -5413,7 +5547,7 @@ type EnvironmentSandboxResponse struct {
 
 func (x *EnvironmentSandboxResponse) Reset() {
 	*x = EnvironmentSandboxResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5425,7 +5559,7 @@ func (x *EnvironmentSandboxResponse) String() string {
 func (*EnvironmentSandboxResponse) ProtoMessage() {}
 
 func (x *EnvironmentSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5438,7 +5572,7 @@ func (x *EnvironmentSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentSandboxResponse.ProtoReflect.Descriptor instead.
 func (*EnvironmentSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{84}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *EnvironmentSandboxResponse) GetSandbox() *Sandbox {
@@ -5485,7 +5619,7 @@ type GetEnvironmentRequest struct {
 
 func (x *GetEnvironmentRequest) Reset() {
 	*x = GetEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[85]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5497,7 +5631,7 @@ func (x *GetEnvironmentRequest) String() string {
 func (*GetEnvironmentRequest) ProtoMessage() {}
 
 func (x *GetEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[85]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5510,7 +5644,7 @@ func (x *GetEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*GetEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{85}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *GetEnvironmentRequest) GetName() string {
@@ -5529,7 +5663,7 @@ type GetEnvironmentResponse struct {
 
 func (x *GetEnvironmentResponse) Reset() {
 	*x = GetEnvironmentResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[86]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5541,7 +5675,7 @@ func (x *GetEnvironmentResponse) String() string {
 func (*GetEnvironmentResponse) ProtoMessage() {}
 
 func (x *GetEnvironmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[86]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5554,7 +5688,7 @@ func (x *GetEnvironmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEnvironmentResponse.ProtoReflect.Descriptor instead.
 func (*GetEnvironmentResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{86}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *GetEnvironmentResponse) GetEnvironment() *Environment {
@@ -5572,7 +5706,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[87]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5584,7 +5718,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[87]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5597,7 +5731,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{87}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{89}
 }
 
 type ListEnvironmentsResponse struct {
@@ -5609,7 +5743,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[88]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5621,7 +5755,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[88]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5634,7 +5768,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{88}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -5653,7 +5787,7 @@ type DeleteEnvironmentRequest struct {
 
 func (x *DeleteEnvironmentRequest) Reset() {
 	*x = DeleteEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[89]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5665,7 +5799,7 @@ func (x *DeleteEnvironmentRequest) String() string {
 func (*DeleteEnvironmentRequest) ProtoMessage() {}
 
 func (x *DeleteEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[89]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5678,7 +5812,7 @@ func (x *DeleteEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*DeleteEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{89}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *DeleteEnvironmentRequest) GetName() string {
@@ -5696,7 +5830,7 @@ type DeleteEnvironmentResponse struct {
 
 func (x *DeleteEnvironmentResponse) Reset() {
 	*x = DeleteEnvironmentResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[90]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5708,7 +5842,7 @@ func (x *DeleteEnvironmentResponse) String() string {
 func (*DeleteEnvironmentResponse) ProtoMessage() {}
 
 func (x *DeleteEnvironmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[90]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5721,7 +5855,7 @@ func (x *DeleteEnvironmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteEnvironmentResponse.ProtoReflect.Descriptor instead.
 func (*DeleteEnvironmentResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{90}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{92}
 }
 
 type BeginBuildRequest struct {
@@ -5733,7 +5867,7 @@ type BeginBuildRequest struct {
 
 func (x *BeginBuildRequest) Reset() {
 	*x = BeginBuildRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[91]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5745,7 +5879,7 @@ func (x *BeginBuildRequest) String() string {
 func (*BeginBuildRequest) ProtoMessage() {}
 
 func (x *BeginBuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[91]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5758,7 +5892,7 @@ func (x *BeginBuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginBuildRequest.ProtoReflect.Descriptor instead.
 func (*BeginBuildRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{91}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *BeginBuildRequest) GetDefinition() *EnvironmentDefinition {
@@ -5781,7 +5915,7 @@ type BeginBuildResponse struct {
 
 func (x *BeginBuildResponse) Reset() {
 	*x = BeginBuildResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[92]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5793,7 +5927,7 @@ func (x *BeginBuildResponse) String() string {
 func (*BeginBuildResponse) ProtoMessage() {}
 
 func (x *BeginBuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[92]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5806,7 +5940,7 @@ func (x *BeginBuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginBuildResponse.ProtoReflect.Descriptor instead.
 func (*BeginBuildResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{92}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *BeginBuildResponse) GetEnvironment() *Environment {
@@ -5842,7 +5976,7 @@ type CompleteBuildRequest struct {
 
 func (x *CompleteBuildRequest) Reset() {
 	*x = CompleteBuildRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[93]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5854,7 +5988,7 @@ func (x *CompleteBuildRequest) String() string {
 func (*CompleteBuildRequest) ProtoMessage() {}
 
 func (x *CompleteBuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[93]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5867,7 +6001,7 @@ func (x *CompleteBuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteBuildRequest.ProtoReflect.Descriptor instead.
 func (*CompleteBuildRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{93}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *CompleteBuildRequest) GetLease() string {
@@ -5900,7 +6034,7 @@ type CompleteBuildResponse struct {
 
 func (x *CompleteBuildResponse) Reset() {
 	*x = CompleteBuildResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[94]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5912,7 +6046,7 @@ func (x *CompleteBuildResponse) String() string {
 func (*CompleteBuildResponse) ProtoMessage() {}
 
 func (x *CompleteBuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[94]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5925,7 +6059,7 @@ func (x *CompleteBuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteBuildResponse.ProtoReflect.Descriptor instead.
 func (*CompleteBuildResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{94}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *CompleteBuildResponse) GetEnvironment() *Environment {
@@ -6296,7 +6430,16 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18\x02 \x01(\x03R\ttimeoutMs\"C\n" +
 	"\x12SetTimeoutResponse\x12-\n" +
-	"\asandbox\x18\x01 \x01(\v2\x13.forkbox.v1.SandboxR\asandbox\"\x8c\x01\n" +
+	"\asandbox\x18\x01 \x01(\v2\x13.forkbox.v1.SandboxR\asandbox\"A\n" +
+	"\x11GetPortURLRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\x05R\x04port\"\x86\x01\n" +
+	"\x12GetPortURLResponse\x12\x10\n" +
+	"\x03url\x18\x01 \x01(\tR\x03url\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\tR\x05token\x12\x12\n" +
+	"\x04host\x18\x03 \x01(\tR\x04host\x12\x19\n" +
+	"\bhost_url\x18\x04 \x01(\tR\ahostUrl\x12\x19\n" +
+	"\bpath_url\x18\x05 \x01(\tR\apathUrl\"\x8c\x01\n" +
 	"\x05Image\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x12\n" +
@@ -6408,7 +6551,7 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\"R\n" +
 	"\x15CompleteBuildResponse\x129\n" +
-	"\venvironment\x18\x01 \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment2\xff\x10\n" +
+	"\venvironment\x18\x01 \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment2\xcc\x11\n" +
 	"\x0eSandboxService\x12T\n" +
 	"\rCreateSandbox\x12 .forkbox.v1.CreateSandboxRequest\x1a!.forkbox.v1.CreateSandboxResponse\x12K\n" +
 	"\n" +
@@ -6439,7 +6582,9 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x06CopyTo\x12\x19.forkbox.v1.CopyToRequest\x1a\x1a.forkbox.v1.CopyToResponse(\x01\x12G\n" +
 	"\bCopyFrom\x12\x1b.forkbox.v1.CopyFromRequest\x1a\x1c.forkbox.v1.CopyFromResponse0\x01\x12K\n" +
 	"\n" +
-	"SetTimeout\x12\x1d.forkbox.v1.SetTimeoutRequest\x1a\x1e.forkbox.v1.SetTimeoutResponse2\xbf\x02\n" +
+	"SetTimeout\x12\x1d.forkbox.v1.SetTimeoutRequest\x1a\x1e.forkbox.v1.SetTimeoutResponse\x12K\n" +
+	"\n" +
+	"GetPortURL\x12\x1d.forkbox.v1.GetPortURLRequest\x1a\x1e.forkbox.v1.GetPortURLResponse2\xbf\x02\n" +
 	"\fImageService\x12F\n" +
 	"\tPullImage\x12\x1c.forkbox.v1.PullImageRequest\x1a\x19.forkbox.v1.ImageProgress0\x01\x12J\n" +
 	"\vImportImage\x12\x1e.forkbox.v1.ImportImageRequest\x1a\x19.forkbox.v1.ImageProgress0\x01\x12K\n" +
@@ -6468,7 +6613,7 @@ func file_forkbox_v1_forkbox_proto_rawDescGZIP() []byte {
 	return file_forkbox_v1_forkbox_proto_rawDescData
 }
 
-var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 104)
+var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 106)
 var file_forkbox_v1_forkbox_proto_goTypes = []any{
 	(*Resources)(nil),                  // 0: forkbox.v1.Resources
 	(*Sandbox)(nil),                    // 1: forkbox.v1.Sandbox
@@ -6540,53 +6685,55 @@ var file_forkbox_v1_forkbox_proto_goTypes = []any{
 	(*CopyFromResponse)(nil),           // 67: forkbox.v1.CopyFromResponse
 	(*SetTimeoutRequest)(nil),          // 68: forkbox.v1.SetTimeoutRequest
 	(*SetTimeoutResponse)(nil),         // 69: forkbox.v1.SetTimeoutResponse
-	(*Image)(nil),                      // 70: forkbox.v1.Image
-	(*PullImageRequest)(nil),           // 71: forkbox.v1.PullImageRequest
-	(*ImportImageRequest)(nil),         // 72: forkbox.v1.ImportImageRequest
-	(*ImageProgress)(nil),              // 73: forkbox.v1.ImageProgress
-	(*ListImagesRequest)(nil),          // 74: forkbox.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),         // 75: forkbox.v1.ListImagesResponse
-	(*RemoveImageRequest)(nil),         // 76: forkbox.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),        // 77: forkbox.v1.RemoveImageResponse
-	(*SetupStep)(nil),                  // 78: forkbox.v1.SetupStep
-	(*EnvironmentDefinition)(nil),      // 79: forkbox.v1.EnvironmentDefinition
-	(*Environment)(nil),                // 80: forkbox.v1.Environment
-	(*BuildEnvironmentRequest)(nil),    // 81: forkbox.v1.BuildEnvironmentRequest
-	(*BuildProgress)(nil),              // 82: forkbox.v1.BuildProgress
-	(*EnvironmentSandboxRequest)(nil),  // 83: forkbox.v1.EnvironmentSandboxRequest
-	(*EnvironmentSandboxResponse)(nil), // 84: forkbox.v1.EnvironmentSandboxResponse
-	(*GetEnvironmentRequest)(nil),      // 85: forkbox.v1.GetEnvironmentRequest
-	(*GetEnvironmentResponse)(nil),     // 86: forkbox.v1.GetEnvironmentResponse
-	(*ListEnvironmentsRequest)(nil),    // 87: forkbox.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil),   // 88: forkbox.v1.ListEnvironmentsResponse
-	(*DeleteEnvironmentRequest)(nil),   // 89: forkbox.v1.DeleteEnvironmentRequest
-	(*DeleteEnvironmentResponse)(nil),  // 90: forkbox.v1.DeleteEnvironmentResponse
-	(*BeginBuildRequest)(nil),          // 91: forkbox.v1.BeginBuildRequest
-	(*BeginBuildResponse)(nil),         // 92: forkbox.v1.BeginBuildResponse
-	(*CompleteBuildRequest)(nil),       // 93: forkbox.v1.CompleteBuildRequest
-	(*CompleteBuildResponse)(nil),      // 94: forkbox.v1.CompleteBuildResponse
-	nil,                                // 95: forkbox.v1.Sandbox.EnvEntry
-	nil,                                // 96: forkbox.v1.CreateSandboxRequest.EnvEntry
-	nil,                                // 97: forkbox.v1.ExecRequest.EnvEntry
-	nil,                                // 98: forkbox.v1.PtyStart.EnvEntry
-	nil,                                // 99: forkbox.v1.Overrides.EnvEntry
-	nil,                                // 100: forkbox.v1.ForkRequest.CredentialsEntry
-	nil,                                // 101: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
-	nil,                                // 102: forkbox.v1.SandboxMetrics.UnavailableEntry
-	nil,                                // 103: forkbox.v1.EnvironmentDefinition.EnvEntry
+	(*GetPortURLRequest)(nil),          // 70: forkbox.v1.GetPortURLRequest
+	(*GetPortURLResponse)(nil),         // 71: forkbox.v1.GetPortURLResponse
+	(*Image)(nil),                      // 72: forkbox.v1.Image
+	(*PullImageRequest)(nil),           // 73: forkbox.v1.PullImageRequest
+	(*ImportImageRequest)(nil),         // 74: forkbox.v1.ImportImageRequest
+	(*ImageProgress)(nil),              // 75: forkbox.v1.ImageProgress
+	(*ListImagesRequest)(nil),          // 76: forkbox.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),         // 77: forkbox.v1.ListImagesResponse
+	(*RemoveImageRequest)(nil),         // 78: forkbox.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),        // 79: forkbox.v1.RemoveImageResponse
+	(*SetupStep)(nil),                  // 80: forkbox.v1.SetupStep
+	(*EnvironmentDefinition)(nil),      // 81: forkbox.v1.EnvironmentDefinition
+	(*Environment)(nil),                // 82: forkbox.v1.Environment
+	(*BuildEnvironmentRequest)(nil),    // 83: forkbox.v1.BuildEnvironmentRequest
+	(*BuildProgress)(nil),              // 84: forkbox.v1.BuildProgress
+	(*EnvironmentSandboxRequest)(nil),  // 85: forkbox.v1.EnvironmentSandboxRequest
+	(*EnvironmentSandboxResponse)(nil), // 86: forkbox.v1.EnvironmentSandboxResponse
+	(*GetEnvironmentRequest)(nil),      // 87: forkbox.v1.GetEnvironmentRequest
+	(*GetEnvironmentResponse)(nil),     // 88: forkbox.v1.GetEnvironmentResponse
+	(*ListEnvironmentsRequest)(nil),    // 89: forkbox.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil),   // 90: forkbox.v1.ListEnvironmentsResponse
+	(*DeleteEnvironmentRequest)(nil),   // 91: forkbox.v1.DeleteEnvironmentRequest
+	(*DeleteEnvironmentResponse)(nil),  // 92: forkbox.v1.DeleteEnvironmentResponse
+	(*BeginBuildRequest)(nil),          // 93: forkbox.v1.BeginBuildRequest
+	(*BeginBuildResponse)(nil),         // 94: forkbox.v1.BeginBuildResponse
+	(*CompleteBuildRequest)(nil),       // 95: forkbox.v1.CompleteBuildRequest
+	(*CompleteBuildResponse)(nil),      // 96: forkbox.v1.CompleteBuildResponse
+	nil,                                // 97: forkbox.v1.Sandbox.EnvEntry
+	nil,                                // 98: forkbox.v1.CreateSandboxRequest.EnvEntry
+	nil,                                // 99: forkbox.v1.ExecRequest.EnvEntry
+	nil,                                // 100: forkbox.v1.PtyStart.EnvEntry
+	nil,                                // 101: forkbox.v1.Overrides.EnvEntry
+	nil,                                // 102: forkbox.v1.ForkRequest.CredentialsEntry
+	nil,                                // 103: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	nil,                                // 104: forkbox.v1.SandboxMetrics.UnavailableEntry
+	nil,                                // 105: forkbox.v1.EnvironmentDefinition.EnvEntry
 }
 var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	0,   // 0: forkbox.v1.Sandbox.resources:type_name -> forkbox.v1.Resources
-	95,  // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
+	97,  // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
 	0,   // 2: forkbox.v1.CreateSandboxRequest.resources:type_name -> forkbox.v1.Resources
-	96,  // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
+	98,  // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
 	1,   // 4: forkbox.v1.CreateSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,   // 5: forkbox.v1.GetSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,   // 6: forkbox.v1.ListSandboxesResponse.sandboxes:type_name -> forkbox.v1.Sandbox
-	97,  // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
+	99,  // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
 	12,  // 8: forkbox.v1.ExecResponse.started:type_name -> forkbox.v1.ExecStarted
 	13,  // 9: forkbox.v1.ExecResponse.exit:type_name -> forkbox.v1.ExecExit
-	98,  // 10: forkbox.v1.PtyStart.env:type_name -> forkbox.v1.PtyStart.EnvEntry
+	100, // 10: forkbox.v1.PtyStart.env:type_name -> forkbox.v1.PtyStart.EnvEntry
 	14,  // 11: forkbox.v1.PtyStart.size:type_name -> forkbox.v1.PtySize
 	15,  // 12: forkbox.v1.PtyRequest.start:type_name -> forkbox.v1.PtyStart
 	14,  // 13: forkbox.v1.PtyRequest.resize:type_name -> forkbox.v1.PtySize
@@ -6602,14 +6749,14 @@ var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	37,  // 23: forkbox.v1.CheckpointResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
 	37,  // 24: forkbox.v1.ListCheckpointsResponse.checkpoints:type_name -> forkbox.v1.Checkpoint
 	0,   // 25: forkbox.v1.Overrides.resources:type_name -> forkbox.v1.Resources
-	99,  // 26: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
+	101, // 26: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
 	44,  // 27: forkbox.v1.ForkRequest.overrides:type_name -> forkbox.v1.Overrides
-	100, // 28: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
+	102, // 28: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
 	1,   // 29: forkbox.v1.ForkChild.sandbox:type_name -> forkbox.v1.Sandbox
 	37,  // 30: forkbox.v1.ForkResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
 	46,  // 31: forkbox.v1.ForkResponse.children:type_name -> forkbox.v1.ForkChild
 	44,  // 32: forkbox.v1.RestoreSnapshotRequest.overrides:type_name -> forkbox.v1.Overrides
-	101, // 33: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	103, // 33: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
 	1,   // 34: forkbox.v1.RestoreSnapshotResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,   // 35: forkbox.v1.ResumeResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	37,  // 36: forkbox.v1.ResumeResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
@@ -6617,28 +6764,28 @@ var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	53,  // 38: forkbox.v1.SetCredentialRequest.credential:type_name -> forkbox.v1.Credential
 	53,  // 39: forkbox.v1.SetCredentialResponse.credential:type_name -> forkbox.v1.Credential
 	53,  // 40: forkbox.v1.ListCredentialsResponse.credentials:type_name -> forkbox.v1.Credential
-	102, // 41: forkbox.v1.SandboxMetrics.unavailable:type_name -> forkbox.v1.SandboxMetrics.UnavailableEntry
+	104, // 41: forkbox.v1.SandboxMetrics.unavailable:type_name -> forkbox.v1.SandboxMetrics.UnavailableEntry
 	61,  // 42: forkbox.v1.GetSandboxMetricsResponse.metrics:type_name -> forkbox.v1.SandboxMetrics
 	63,  // 43: forkbox.v1.CopyToRequest.header:type_name -> forkbox.v1.CopyToHeader
 	1,   // 44: forkbox.v1.SetTimeoutResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	70,  // 45: forkbox.v1.ImageProgress.image:type_name -> forkbox.v1.Image
-	70,  // 46: forkbox.v1.ListImagesResponse.images:type_name -> forkbox.v1.Image
+	72,  // 45: forkbox.v1.ImageProgress.image:type_name -> forkbox.v1.Image
+	72,  // 46: forkbox.v1.ListImagesResponse.images:type_name -> forkbox.v1.Image
 	0,   // 47: forkbox.v1.EnvironmentDefinition.resources:type_name -> forkbox.v1.Resources
-	103, // 48: forkbox.v1.EnvironmentDefinition.env:type_name -> forkbox.v1.EnvironmentDefinition.EnvEntry
-	78,  // 49: forkbox.v1.EnvironmentDefinition.steps:type_name -> forkbox.v1.SetupStep
-	79,  // 50: forkbox.v1.Environment.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	79,  // 51: forkbox.v1.BuildEnvironmentRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	80,  // 52: forkbox.v1.BuildProgress.environment:type_name -> forkbox.v1.Environment
-	79,  // 53: forkbox.v1.EnvironmentSandboxRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	105, // 48: forkbox.v1.EnvironmentDefinition.env:type_name -> forkbox.v1.EnvironmentDefinition.EnvEntry
+	80,  // 49: forkbox.v1.EnvironmentDefinition.steps:type_name -> forkbox.v1.SetupStep
+	81,  // 50: forkbox.v1.Environment.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	81,  // 51: forkbox.v1.BuildEnvironmentRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	82,  // 52: forkbox.v1.BuildProgress.environment:type_name -> forkbox.v1.Environment
+	81,  // 53: forkbox.v1.EnvironmentSandboxRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
 	44,  // 54: forkbox.v1.EnvironmentSandboxRequest.overrides:type_name -> forkbox.v1.Overrides
 	1,   // 55: forkbox.v1.EnvironmentSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	80,  // 56: forkbox.v1.EnvironmentSandboxResponse.environment:type_name -> forkbox.v1.Environment
-	80,  // 57: forkbox.v1.GetEnvironmentResponse.environment:type_name -> forkbox.v1.Environment
-	80,  // 58: forkbox.v1.ListEnvironmentsResponse.environments:type_name -> forkbox.v1.Environment
-	79,  // 59: forkbox.v1.BeginBuildRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	80,  // 60: forkbox.v1.BeginBuildResponse.environment:type_name -> forkbox.v1.Environment
+	82,  // 56: forkbox.v1.EnvironmentSandboxResponse.environment:type_name -> forkbox.v1.Environment
+	82,  // 57: forkbox.v1.GetEnvironmentResponse.environment:type_name -> forkbox.v1.Environment
+	82,  // 58: forkbox.v1.ListEnvironmentsResponse.environments:type_name -> forkbox.v1.Environment
+	81,  // 59: forkbox.v1.BeginBuildRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	82,  // 60: forkbox.v1.BeginBuildResponse.environment:type_name -> forkbox.v1.Environment
 	1,   // 61: forkbox.v1.BeginBuildResponse.builder:type_name -> forkbox.v1.Sandbox
-	80,  // 62: forkbox.v1.CompleteBuildResponse.environment:type_name -> forkbox.v1.Environment
+	82,  // 62: forkbox.v1.CompleteBuildResponse.environment:type_name -> forkbox.v1.Environment
 	2,   // 63: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
 	4,   // 64: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
 	6,   // 65: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
@@ -6666,57 +6813,59 @@ var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	64,  // 87: forkbox.v1.SandboxService.CopyTo:input_type -> forkbox.v1.CopyToRequest
 	66,  // 88: forkbox.v1.SandboxService.CopyFrom:input_type -> forkbox.v1.CopyFromRequest
 	68,  // 89: forkbox.v1.SandboxService.SetTimeout:input_type -> forkbox.v1.SetTimeoutRequest
-	71,  // 90: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
-	72,  // 91: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
-	74,  // 92: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
-	76,  // 93: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
-	81,  // 94: forkbox.v1.EnvironmentService.BuildEnvironment:input_type -> forkbox.v1.BuildEnvironmentRequest
-	83,  // 95: forkbox.v1.EnvironmentService.EnvironmentSandbox:input_type -> forkbox.v1.EnvironmentSandboxRequest
-	85,  // 96: forkbox.v1.EnvironmentService.GetEnvironment:input_type -> forkbox.v1.GetEnvironmentRequest
-	87,  // 97: forkbox.v1.EnvironmentService.ListEnvironments:input_type -> forkbox.v1.ListEnvironmentsRequest
-	89,  // 98: forkbox.v1.EnvironmentService.DeleteEnvironment:input_type -> forkbox.v1.DeleteEnvironmentRequest
-	91,  // 99: forkbox.v1.EnvironmentService.BeginBuild:input_type -> forkbox.v1.BeginBuildRequest
-	93,  // 100: forkbox.v1.EnvironmentService.CompleteBuild:input_type -> forkbox.v1.CompleteBuildRequest
-	3,   // 101: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
-	5,   // 102: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
-	7,   // 103: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
-	9,   // 104: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
-	11,  // 105: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
-	20,  // 106: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
-	22,  // 107: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
-	25,  // 108: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
-	28,  // 109: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
-	30,  // 110: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
-	32,  // 111: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
-	34,  // 112: forkbox.v1.SandboxService.HibernateSandbox:output_type -> forkbox.v1.HibernateSandboxResponse
-	36,  // 113: forkbox.v1.SandboxService.WakeSandbox:output_type -> forkbox.v1.WakeSandboxResponse
-	39,  // 114: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
-	41,  // 115: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
-	43,  // 116: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
-	47,  // 117: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
-	49,  // 118: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
-	52,  // 119: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
-	55,  // 120: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
-	57,  // 121: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
-	59,  // 122: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
-	18,  // 123: forkbox.v1.SandboxService.ExecPty:output_type -> forkbox.v1.PtyResponse
-	62,  // 124: forkbox.v1.SandboxService.GetSandboxMetrics:output_type -> forkbox.v1.GetSandboxMetricsResponse
-	65,  // 125: forkbox.v1.SandboxService.CopyTo:output_type -> forkbox.v1.CopyToResponse
-	67,  // 126: forkbox.v1.SandboxService.CopyFrom:output_type -> forkbox.v1.CopyFromResponse
-	69,  // 127: forkbox.v1.SandboxService.SetTimeout:output_type -> forkbox.v1.SetTimeoutResponse
-	73,  // 128: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
-	73,  // 129: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
-	75,  // 130: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
-	77,  // 131: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
-	82,  // 132: forkbox.v1.EnvironmentService.BuildEnvironment:output_type -> forkbox.v1.BuildProgress
-	84,  // 133: forkbox.v1.EnvironmentService.EnvironmentSandbox:output_type -> forkbox.v1.EnvironmentSandboxResponse
-	86,  // 134: forkbox.v1.EnvironmentService.GetEnvironment:output_type -> forkbox.v1.GetEnvironmentResponse
-	88,  // 135: forkbox.v1.EnvironmentService.ListEnvironments:output_type -> forkbox.v1.ListEnvironmentsResponse
-	90,  // 136: forkbox.v1.EnvironmentService.DeleteEnvironment:output_type -> forkbox.v1.DeleteEnvironmentResponse
-	92,  // 137: forkbox.v1.EnvironmentService.BeginBuild:output_type -> forkbox.v1.BeginBuildResponse
-	94,  // 138: forkbox.v1.EnvironmentService.CompleteBuild:output_type -> forkbox.v1.CompleteBuildResponse
-	101, // [101:139] is the sub-list for method output_type
-	63,  // [63:101] is the sub-list for method input_type
+	70,  // 90: forkbox.v1.SandboxService.GetPortURL:input_type -> forkbox.v1.GetPortURLRequest
+	73,  // 91: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
+	74,  // 92: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
+	76,  // 93: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
+	78,  // 94: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
+	83,  // 95: forkbox.v1.EnvironmentService.BuildEnvironment:input_type -> forkbox.v1.BuildEnvironmentRequest
+	85,  // 96: forkbox.v1.EnvironmentService.EnvironmentSandbox:input_type -> forkbox.v1.EnvironmentSandboxRequest
+	87,  // 97: forkbox.v1.EnvironmentService.GetEnvironment:input_type -> forkbox.v1.GetEnvironmentRequest
+	89,  // 98: forkbox.v1.EnvironmentService.ListEnvironments:input_type -> forkbox.v1.ListEnvironmentsRequest
+	91,  // 99: forkbox.v1.EnvironmentService.DeleteEnvironment:input_type -> forkbox.v1.DeleteEnvironmentRequest
+	93,  // 100: forkbox.v1.EnvironmentService.BeginBuild:input_type -> forkbox.v1.BeginBuildRequest
+	95,  // 101: forkbox.v1.EnvironmentService.CompleteBuild:input_type -> forkbox.v1.CompleteBuildRequest
+	3,   // 102: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
+	5,   // 103: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
+	7,   // 104: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
+	9,   // 105: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
+	11,  // 106: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
+	20,  // 107: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
+	22,  // 108: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
+	25,  // 109: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
+	28,  // 110: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
+	30,  // 111: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
+	32,  // 112: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
+	34,  // 113: forkbox.v1.SandboxService.HibernateSandbox:output_type -> forkbox.v1.HibernateSandboxResponse
+	36,  // 114: forkbox.v1.SandboxService.WakeSandbox:output_type -> forkbox.v1.WakeSandboxResponse
+	39,  // 115: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
+	41,  // 116: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
+	43,  // 117: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
+	47,  // 118: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
+	49,  // 119: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
+	52,  // 120: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
+	55,  // 121: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
+	57,  // 122: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
+	59,  // 123: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
+	18,  // 124: forkbox.v1.SandboxService.ExecPty:output_type -> forkbox.v1.PtyResponse
+	62,  // 125: forkbox.v1.SandboxService.GetSandboxMetrics:output_type -> forkbox.v1.GetSandboxMetricsResponse
+	65,  // 126: forkbox.v1.SandboxService.CopyTo:output_type -> forkbox.v1.CopyToResponse
+	67,  // 127: forkbox.v1.SandboxService.CopyFrom:output_type -> forkbox.v1.CopyFromResponse
+	69,  // 128: forkbox.v1.SandboxService.SetTimeout:output_type -> forkbox.v1.SetTimeoutResponse
+	71,  // 129: forkbox.v1.SandboxService.GetPortURL:output_type -> forkbox.v1.GetPortURLResponse
+	75,  // 130: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
+	75,  // 131: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
+	77,  // 132: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
+	79,  // 133: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
+	84,  // 134: forkbox.v1.EnvironmentService.BuildEnvironment:output_type -> forkbox.v1.BuildProgress
+	86,  // 135: forkbox.v1.EnvironmentService.EnvironmentSandbox:output_type -> forkbox.v1.EnvironmentSandboxResponse
+	88,  // 136: forkbox.v1.EnvironmentService.GetEnvironment:output_type -> forkbox.v1.GetEnvironmentResponse
+	90,  // 137: forkbox.v1.EnvironmentService.ListEnvironments:output_type -> forkbox.v1.ListEnvironmentsResponse
+	92,  // 138: forkbox.v1.EnvironmentService.DeleteEnvironment:output_type -> forkbox.v1.DeleteEnvironmentResponse
+	94,  // 139: forkbox.v1.EnvironmentService.BeginBuild:output_type -> forkbox.v1.BeginBuildResponse
+	96,  // 140: forkbox.v1.EnvironmentService.CompleteBuild:output_type -> forkbox.v1.CompleteBuildResponse
+	102, // [102:141] is the sub-list for method output_type
+	63,  // [63:102] is the sub-list for method input_type
 	63,  // [63:63] is the sub-list for extension type_name
 	63,  // [63:63] is the sub-list for extension extendee
 	0,   // [0:63] is the sub-list for field type_name
@@ -6754,7 +6903,7 @@ func file_forkbox_v1_forkbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkbox_v1_forkbox_proto_rawDesc), len(file_forkbox_v1_forkbox_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   104,
+			NumMessages:   106,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

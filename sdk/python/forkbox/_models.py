@@ -286,6 +286,34 @@ class Checkpoint:
 
 
 @dataclass
+class PortURL:
+    """How to reach one port of a sandbox through the daemon's preview
+    listener (``forkbox serve --ports ADDR``). Every URL carries the
+    sandbox's port token: it opens this sandbox's ports and nothing else."""
+
+    #: The host form with the token: the link to share.
+    url: str = ""
+    #: The port token (send it as the X-Forkbox-Port-Token header instead).
+    token: str = ""
+    #: The preview host and port, ``<port>-<id>.<domain>:<p>``.
+    host: str = ""
+    #: The host form (the same as url).
+    host_url: str = ""
+    #: The path form, for clients that cannot set Host.
+    path_url: str = ""
+
+    @classmethod
+    def from_json(cls, d: Json) -> "PortURL":
+        return cls(
+            url=d.get("url", ""),
+            token=d.get("token", ""),
+            host=d.get("host", ""),
+            host_url=d.get("hostUrl", ""),
+            path_url=d.get("pathUrl", ""),
+        )
+
+
+@dataclass
 class Credential:
     """A credential's description (its value is never returned)."""
 

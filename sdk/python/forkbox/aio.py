@@ -52,6 +52,7 @@ from ._models import (
     Image,
     ImageProgress,
     Overrides,
+    PortURL,
     Resources,
     SandboxInfo,
     Step,
@@ -285,6 +286,15 @@ class AsyncSandbox:
 
     async def unpause(self) -> None:
         await self._runner.run(self.sync.unpause)
+
+    async def port_url(self, port: int) -> PortURL:
+        return await self._runner.run(self.sync.port_url, port)
+
+    async def url(self, port: int) -> str:
+        return await self._runner.run(self.sync.url, port)
+
+    async def get_host(self, port: int) -> str:
+        return await self._runner.run(self.sync.get_host, port)
 
     async def hibernate(self) -> None:
         await self._runner.run(self.sync.hibernate)

@@ -15,6 +15,7 @@ from ._models import (
     ForkResult,
     Handover,
     Overrides,
+    PortURL,
     Resumed,
     SandboxInfo,
     b64decode,
@@ -263,6 +264,19 @@ class Sandbox:
     def unpause(self) -> None:
         """Thaws a paused sandbox."""
         self._update(self._call("UnpauseSandbox", {"sandbox": self.id}))
+
+    def port_url(self, port: int) -> PortURL:
+        """The preview URLs of a port of the sandbox (see PortURL)."""
+        return PortURL.from_json(self._call("GetPortURL", {"sandbox": self.id, "port": port}))
+
+    def url(self, port: int) -> str:
+        """The preview URL of a port, with the sandbox's token (the link to share)."""
+        return self.port_url(port).url
+
+    def get_host(self, port: int) -> str:
+        """The preview host of a port, ``8080-sb-….localhost:8089``;
+        requests to it need the token too."""
+        return self.port_url(port).host
 
     def hibernate(self) -> None:
         """Saves memory and processes to disk and releases them (gVisor); the

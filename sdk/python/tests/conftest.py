@@ -197,6 +197,8 @@ def daemon() -> Iterator[Daemon]:
                 d.token,
                 "--max-sandboxes",
                 str(MAX_SANDBOXES),
+                "--ports",
+                "127.0.0.1:0",
                 "--log-level",
                 "debug",
             ],

@@ -354,3 +354,38 @@ def test_max_concurrency(daemon: Daemon, image: str) -> None:
         for h in held:
             h.close()
     assert c.slots_in_use == 0
+
+
+def test_port_url(client: forkbox.Client, daemon: Daemon, image: str) -> None:
+    import time
+    import urllib.error
+    import urllib.request
+
+    with client.sandbox(image=image, resources=RES, name="py-ports") as sb:
+        sb.exec("mkdir -p /www && echo hello-from-py > /www/index.html").wait()
+        sb.exec("httpd -p 8080 -h /www").wait()  # busybox httpd goes to the background
+        p = sb.port_url(8080)
+        assert sb.get_host(8080) == p.host and p.host.startswith(f"8080-{sb.id}.localhost:")
+        assert sb.url(8080) == p.url and p.url.endswith("?forkbox_token=" + p.token)
+        base = p.path_url.split("?")[0]
+
+        def get(headers: dict) -> tuple:
+            req = urllib.request.Request(base + "index.html", headers=headers)
+            try:
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    return r.status, r.read().decode()
+            except urllib.error.HTTPError as e:
+                return e.code, e.read().decode()
+
+        deadline = time.monotonic() + 60
+        while True:
+            code, body = get({"X-Forkbox-Port-Token": p.token})
+            if code != 502 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)  # poll: httpd may not listen yet
+        assert (code, body) == (200, "hello-from-py\n")
+        # The daemon's API token works as a bearer too; nothing is 401.
+        assert get({"Authorization": "Bearer " + daemon.token}) == (200, "hello-from-py\n")
+        assert get({})[0] == 401
+        with pytest.raises(forkbox.PermissionDeniedError):
+            sb.url(7077)

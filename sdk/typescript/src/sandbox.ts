@@ -58,6 +58,25 @@ export interface CredentialOptions {
   perFork?: boolean;
 }
 
+/**
+ * How to reach one port of a sandbox through the daemon's preview listener
+ * (forkbox serve --ports ADDR). Every URL carries the sandbox's port token: it
+ * opens this sandbox's ports and nothing else, so it can be shared without
+ * giving API access.
+ */
+export interface PortURL {
+  /** The host form with the token, http://<port>-<id>.<domain>:<p>/?forkbox_token=T: the link to share. */
+  url: string;
+  /** The port token; send it as the X-Forkbox-Port-Token header instead of the query. */
+  token: string;
+  /** The preview host and port, <port>-<id>.<domain>:<p>. */
+  host: string;
+  /** The host form (the same as url). */
+  hostUrl: string;
+  /** The path form, for clients that cannot set Host: http://<addr>/sandboxes/<id>/ports/<port>/?forkbox_token=T. */
+  pathUrl: string;
+}
+
 /** A sandbox's credentials: values are stored sealed and never returned. */
 export class Credentials {
   /** @internal */
@@ -183,6 +202,22 @@ export class SandboxHandle {
   async unpause(): Promise<void> {
     const r = await this.client.rpc.sandboxes.unpauseSandbox({ sandbox: this.id }).catch(rethrow);
     if (r.sandbox) this.info = sandboxFrom(r.sandbox);
+  }
+
+  /** The preview URLs of a port of the sandbox (see PortURL). */
+  async portURL(port: number): Promise<PortURL> {
+    const r = await this.client.rpc.sandboxes.getPortURL({ sandbox: this.id, port }).catch(rethrow);
+    return { url: r.url, token: r.token, host: r.host, hostUrl: r.hostUrl, pathUrl: r.pathUrl };
+  }
+
+  /** The preview URL of a port, with the sandbox's token (the link to share). */
+  async url(port: number): Promise<string> {
+    return (await this.portURL(port)).url;
+  }
+
+  /** The preview host of a port, "8080-sb-….localhost:8089" (as E2B's getHost); requests to it need the token too. */
+  async getHost(port: number): Promise<string> {
+    return (await this.portURL(port)).host;
   }
 
   /** Same as unpause(). (client.resume(session) is the other resume: a closed session brought back.) */

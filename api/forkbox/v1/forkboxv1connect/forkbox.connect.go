@@ -114,6 +114,9 @@ const (
 	// SandboxServiceSetTimeoutProcedure is the fully-qualified name of the SandboxService's SetTimeout
 	// RPC.
 	SandboxServiceSetTimeoutProcedure = "/forkbox.v1.SandboxService/SetTimeout"
+	// SandboxServiceGetPortURLProcedure is the fully-qualified name of the SandboxService's GetPortURL
+	// RPC.
+	SandboxServiceGetPortURLProcedure = "/forkbox.v1.SandboxService/GetPortURL"
 	// ImageServicePullImageProcedure is the fully-qualified name of the ImageService's PullImage RPC.
 	ImageServicePullImageProcedure = "/forkbox.v1.ImageService/PullImage"
 	// ImageServiceImportImageProcedure is the fully-qualified name of the ImageService's ImportImage
@@ -208,6 +211,10 @@ type SandboxServiceClient interface {
 	// setTimeout), capped by the daemon's max lifetime; 0 removes its own
 	// timeout. The response shows the effective deadline.
 	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
+	// GetPortURL returns the preview URLs of a sandbox port, served by the
+	// daemon's preview listener (forkbox serve --ports). Each carries the
+	// sandbox's port token: it reaches that sandbox's ports and nothing else.
+	GetPortURL(context.Context, *connect.Request[v1.GetPortURLRequest]) (*connect.Response[v1.GetPortURLResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the forkbox.v1.SandboxService service. By
@@ -383,6 +390,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("SetTimeout")),
 			connect.WithClientOptions(opts...),
 		),
+		getPortURL: connect.NewClient[v1.GetPortURLRequest, v1.GetPortURLResponse](
+			httpClient,
+			baseURL+SandboxServiceGetPortURLProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("GetPortURL")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -415,6 +428,7 @@ type sandboxServiceClient struct {
 	copyTo            *connect.Client[v1.CopyToRequest, v1.CopyToResponse]
 	copyFrom          *connect.Client[v1.CopyFromRequest, v1.CopyFromResponse]
 	setTimeout        *connect.Client[v1.SetTimeoutRequest, v1.SetTimeoutResponse]
+	getPortURL        *connect.Client[v1.GetPortURLRequest, v1.GetPortURLResponse]
 }
 
 // CreateSandbox calls forkbox.v1.SandboxService.CreateSandbox.
@@ -552,6 +566,11 @@ func (c *sandboxServiceClient) SetTimeout(ctx context.Context, req *connect.Requ
 	return c.setTimeout.CallUnary(ctx, req)
 }
 
+// GetPortURL calls forkbox.v1.SandboxService.GetPortURL.
+func (c *sandboxServiceClient) GetPortURL(ctx context.Context, req *connect.Request[v1.GetPortURLRequest]) (*connect.Response[v1.GetPortURLResponse], error) {
+	return c.getPortURL.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the forkbox.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	CreateSandbox(context.Context, *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error)
@@ -613,6 +632,10 @@ type SandboxServiceHandler interface {
 	// setTimeout), capped by the daemon's max lifetime; 0 removes its own
 	// timeout. The response shows the effective deadline.
 	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
+	// GetPortURL returns the preview URLs of a sandbox port, served by the
+	// daemon's preview listener (forkbox serve --ports). Each carries the
+	// sandbox's port token: it reaches that sandbox's ports and nothing else.
+	GetPortURL(context.Context, *connect.Request[v1.GetPortURLRequest]) (*connect.Response[v1.GetPortURLResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -784,6 +807,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("SetTimeout")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceGetPortURLHandler := connect.NewUnaryHandler(
+		SandboxServiceGetPortURLProcedure,
+		svc.GetPortURL,
+		connect.WithSchema(sandboxServiceMethods.ByName("GetPortURL")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/forkbox.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateSandboxProcedure:
@@ -840,6 +869,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceCopyFromHandler.ServeHTTP(w, r)
 		case SandboxServiceSetTimeoutProcedure:
 			sandboxServiceSetTimeoutHandler.ServeHTTP(w, r)
+		case SandboxServiceGetPortURLProcedure:
+			sandboxServiceGetPortURLHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -955,6 +986,10 @@ func (UnimplementedSandboxServiceHandler) CopyFrom(context.Context, *connect.Req
 
 func (UnimplementedSandboxServiceHandler) SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.SetTimeout is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) GetPortURL(context.Context, *connect.Request[v1.GetPortURLRequest]) (*connect.Response[v1.GetPortURLResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.GetPortURL is not implemented"))
 }
 
 // ImageServiceClient is a client for the forkbox.v1.ImageService service.

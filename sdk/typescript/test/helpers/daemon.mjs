@@ -48,10 +48,11 @@ export function skipReason() {
 }
 
 /**
- * Registers before/after hooks that start and tear down a daemon; returns an
- * object whose fields are set once it runs: client, socket, image, dir.
+ * Registers before/after hooks that start and tear down a daemon (with
+ * extra serve flags); returns an object whose fields are set once it runs:
+ * client, socket, image, dir.
  */
-export function useDaemon() {
+export function useDaemon(extra = []) {
   const d = { client: undefined, socket: "", image: "", dir: "", flags: [], proc: undefined, log: "" };
   before(async () => {
     execFileSync("make", ["-s", "build"], { cwd: repoRoot, stdio: ["ignore", "ignore", "inherit"] });
@@ -60,7 +61,7 @@ export function useDaemon() {
     d.log = join(d.dir, "daemon.log");
     d.flags = ["--state-dir", join(d.dir, "state"), "--run-dir", join(d.dir, "run"), "--socket", d.socket, ...netFlags];
     const out = openSync(d.log, "a");
-    d.proc = spawn(bin, ["serve", ...d.flags, "--log-level", "debug"], { stdio: ["ignore", out, out] });
+    d.proc = spawn(bin, ["serve", ...d.flags, ...extra, "--log-level", "debug"], { stdio: ["ignore", out, out] });
     d.exited = new Promise((res) => d.proc.once("exit", res));
     try {
       d.client = new Client({ socket: d.socket });

@@ -1,0 +1,18 @@
+// Package ports serves preview URLs: a sandbox's TCP port reached from
+// outside through the daemon's preview listener (`forkbox serve --ports`).
+//
+// A request names its sandbox and port in the Host header,
+// "<port>-<sandbox id>.<anything>" (so http://8080-sb-abc.localhost:8089/
+// works: *.localhost resolves to loopback), or in the path,
+// "/sandboxes/<id>/ports/<port>/..." (the prefix is stripped), for clients
+// that cannot set Host. HTTP and WebSocket go through a reverse proxy; raw
+// TCP goes through an HTTP CONNECT tunnel to the same routes.
+//
+// Every request carries the sandbox's port token: an HMAC-SHA256 of the
+// sandbox ID under a daemon secret kept in the state dir, so a link can be
+// shared for one sandbox (and one sandbox only: each fork child has its own)
+// without handing out API access, and it survives daemon restarts. The API
+// token, when the daemon has one, is accepted too. The package proxies only
+// to the address its Backend returns for a sandbox (its own address on the
+// bridge), never to a host named by the request.
+package ports

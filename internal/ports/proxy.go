@@ -1,0 +1,228 @@
+package ports
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+// Backend resolves a sandbox's port to the address to dial.
+type Backend interface {
+	// Target returns the address of port in sandbox id, waking the sandbox
+	// if it is hibernated, and marks it busy until done is called. An
+	// unknown or closed sandbox is NotFound; one that cannot serve (paused)
+	// is FailedPrecondition.
+	Target(ctx context.Context, id string, port int) (addr string, done func(), err error)
+}
+
+// Options configure a Handler.
+type Options struct {
+	Keys *Keys
+	// APIToken, when set, is accepted as "Authorization: Bearer <token>".
+	APIToken string
+	Log      *slog.Logger
+	// DialTimeout bounds connecting to the sandbox's port (default 5s).
+	DialTimeout time.Duration
+	// TunnelIdle closes a CONNECT tunnel that has moved no byte for this
+	// long (default 30m).
+	TunnelIdle time.Duration
+}
+
+// Handler proxies requests to sandbox ports.
+type Handler struct {
+	b      Backend
+	o      Options
+	proxy  *httputil.ReverseProxy
+	ctx    context.Context // canceled by Close: ends upgrades and tunnels
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // requests in flight
+}
+
+type targetKey struct{}
+
+type target struct {
+	addr  string
+	route Route
+}
+
+// NewHandler returns a handler over b.
+func NewHandler(b Backend, o Options) *Handler {
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.DialTimeout == 0 {
+		o.DialTimeout = 5 * time.Second
+	}
+	if o.TunnelIdle == 0 {
+		o.TunnelIdle = 30 * time.Minute
+	}
+	h := &Handler{b: b, o: o}
+	h.ctx, h.cancel = context.WithCancel(context.Background())
+	tr := &http.Transport{
+		Proxy:                  nil, // never an environment proxy: only the sandbox's address
+		DialContext:            (&net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost:    8,
+		IdleConnTimeout:        90 * time.Second,
+		ResponseHeaderTimeout:  5 * time.Minute,
+		MaxResponseHeaderBytes: 1 << 20,
+	}
+	h.proxy = &httputil.ReverseProxy{
+		Transport: tr,
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			t := pr.In.Context().Value(targetKey{}).(target)
+			pr.SetXForwarded()
+			u := *pr.Out.URL
+			u.Scheme, u.Host = "http", t.addr
+			if p := t.route.Prefix(); p != "" {
+				esc := strings.TrimPrefix(pr.In.URL.EscapedPath(), p)
+				if esc == "" {
+					esc = "/"
+				}
+				u.Path, u.RawPath = t.route.Path, esc
+				if dec, err := url.PathUnescape(esc); err == nil {
+					u.Path = dec
+				}
+			}
+			pr.Out.URL = &u
+			pr.Out.Host = pr.In.Host // the app sees the name it was reached by
+			h.stripCredentials(pr.Out)
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			t := r.Context().Value(targetKey{}).(target)
+			h.o.Log.Debug("preview proxy", "sandbox", t.route.Sandbox, "port", t.route.Port, "err", err)
+			var op *net.OpError
+			if errors.As(err, &op) && op.Op == "dial" {
+				fail(w, http.StatusBadGateway, fmt.Sprintf("nothing answers on port %d of sandbox %s", t.route.Port, t.route.Sandbox))
+				return
+			}
+			fail(w, http.StatusBadGateway, fmt.Sprintf("port %d of sandbox %s: %v", t.route.Port, t.route.Sandbox, err))
+		},
+	}
+	return h
+}
+
+// Close ends every proxied request, WebSocket and tunnel, and waits for
+// them.
+func (h *Handler) Close() {
+	h.cancel()
+	h.wg.Wait()
+}
+
+func fail(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	fmt.Fprintln(w, "forkbox: "+msg)
+}
+
+// message is an error's text without its class's suffix.
+func message(err error) string {
+	s := err.Error()
+	for _, c := range []error{errdefs.ErrNotFound, errdefs.ErrInvalidArgument, errdefs.ErrPermissionDenied,
+		errdefs.ErrFailedPrecondition, errdefs.ErrUnavailable, errdefs.ErrResourceExhausted, errdefs.ErrDeadlineExceeded} {
+		if t, ok := strings.CutSuffix(s, ": "+c.Error()); ok {
+			return t
+		}
+	}
+	return s
+}
+
+// status is the HTTP status of an error class.
+func status(err error) int {
+	switch {
+	case errdefs.IsNotFound(err):
+		return http.StatusNotFound
+	case errdefs.IsInvalidArgument(err):
+		return http.StatusBadRequest
+	case errdefs.IsPermissionDenied(err):
+		return http.StatusForbidden
+	case errdefs.IsFailedPrecondition(err):
+		return http.StatusConflict
+	case errdefs.IsUnavailable(err), errdefs.IsResourceExhausted(err):
+		return http.StatusServiceUnavailable
+	case errdefs.IsDeadlineExceeded(err):
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusInternalServerError
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.wg.Add(1)
+	defer h.wg.Done()
+	if h.ctx.Err() != nil {
+		fail(w, http.StatusServiceUnavailable, "the daemon is shutting down")
+		return
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	stop := context.AfterFunc(h.ctx, cancel)
+	defer stop()
+
+	route, err := Parse(r.Host, r.URL.Path)
+	if err != nil {
+		fail(w, status(err), message(err))
+		return
+	}
+	if !route.ByHost && route.Path == "" && r.Method != http.MethodConnect {
+		// Relative links (and the cookie's path) need the trailing slash:
+		// first, with the query as it is.
+		loc := route.Prefix() + "/"
+		if r.URL.RawQuery != "" {
+			loc += "?" + r.URL.RawQuery
+		}
+		http.Redirect(w, r, loc, http.StatusPermanentRedirect)
+		return
+	}
+	v, fromQuery := h.authorize(r, route.Sandbox)
+	switch v {
+	case missing:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="forkbox preview"`)
+		fail(w, http.StatusUnauthorized, fmt.Sprintf("sandbox %s port %d needs its port token (?%s=, header %s or the cookie; `forkbox port %s %d` prints the URL)",
+			route.Sandbox, route.Port, QueryParam, Header, route.Sandbox, route.Port))
+		return
+	case wrong:
+		fail(w, http.StatusForbidden, fmt.Sprintf("the port token is not sandbox %s's", route.Sandbox))
+		return
+	}
+	if fromQuery && r.Method != http.MethodConnect {
+		cookiePath := "/"
+		if p := route.Prefix(); p != "" {
+			cookiePath = p + "/"
+		}
+		http.SetCookie(w, &http.Cookie{Name: CookieName, Value: h.o.Keys.Token(route.Sandbox), Path: cookiePath,
+			HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: r.TLS != nil})
+		if (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.Header.Get("Upgrade") == "" {
+			loc := r.URL.EscapedPath()
+			if q := withoutQueryToken(r.URL.RawQuery); q != "" {
+				loc += "?" + q
+			}
+			http.Redirect(w, r, loc, http.StatusFound)
+			return
+		}
+	}
+	addr, done, err := h.b.Target(ctx, route.Sandbox, route.Port)
+	if err != nil {
+		code := status(err)
+		if code == http.StatusInternalServerError {
+			h.o.Log.Warn("preview: resolve sandbox port", "sandbox", route.Sandbox, "port", route.Port, "err", err)
+		}
+		fail(w, code, message(err))
+		return
+	}
+	defer done()
+	if r.Method == http.MethodConnect {
+		h.tunnel(ctx, w, r, addr, route)
+		return
+	}
+	h.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, targetKey{}, target{addr: addr, route: route})))
+}
