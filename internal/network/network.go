@@ -86,6 +86,7 @@ type Network struct {
 	PrefixLen int
 	HostVeth  string // host side of the veth pair, a port of the bridge
 	Egress    Egress
+	Policy    Policy
 }
 
 // Manager sets up and tears down sandbox networks. It is safe for
@@ -98,6 +99,9 @@ type Manager struct {
 	nftMu     sync.Mutex // serialises nftables transactions
 	forwardMu sync.Mutex
 	forwardOn bool
+
+	polMu    sync.RWMutex
+	policies map[netip.Addr]Policy // by sandbox address, for the DNS proxy
 }
 
 // New returns a Manager, creating or reusing the bridge (up, with the
@@ -136,7 +140,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	m := &Manager{cfg: cfg, log: cfg.Log, gateway: cfg.Subnet.Addr().Next()}
+	m := &Manager{cfg: cfg, log: cfg.Log, gateway: cfg.Subnet.Addr().Next(), policies: map[netip.Addr]Policy{}}
 	if err := ensureNetnsDir(cfg.NetnsDir); err != nil {
 		return nil, err
 	}
