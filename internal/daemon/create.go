@@ -27,7 +27,9 @@ type CreateOptions struct {
 	Env     map[string]string
 	Cwd     string
 	Egress  string
-	Runtime string
+	// EgressAllow and EgressDeny are egress lists (network.ParsePolicy).
+	EgressAllow, EgressDeny []string
+	Runtime                 string
 }
 
 const (
@@ -48,7 +50,7 @@ func (d *Daemon) validate(ctx context.Context, o *CreateOptions) (*store.Sandbox
 		return nil, image.Image{}, fmt.Errorf("an image is required: %w", errdefs.ErrInvalidArgument)
 	}
 	cfg, err := withOverrides(defaultConfig(), Overrides{Name: o.Name, CPU: o.CPU, Memory: o.Memory, Pids: o.Pids, Disk: o.Disk,
-		Env: o.Env, Cwd: o.Cwd, Egress: o.Egress})
+		Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, EgressAllow: o.EgressAllow, EgressDeny: o.EgressDeny})
 	if err != nil {
 		return nil, image.Image{}, err
 	}
@@ -123,6 +125,9 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 	ev := map[string]any{
 		"name": sb.Name, "image": sb.Image, "digest": sb.ImageDigest, "runtime": sb.Runtime,
 		"cpu": cfg.CPU, "memory_bytes": cfg.MemoryBytes, "pids": cfg.Pids, "egress": cfg.Egress,
+	}
+	if len(cfg.EgressAllow)+len(cfg.EgressDeny) > 0 {
+		ev["egress_allow"], ev["egress_deny"] = cfg.EgressAllow, cfg.EgressDeny
 	}
 	for k, v := range l.event {
 		ev[k] = v
@@ -284,7 +289,11 @@ func (d *Daemon) prepare(ctx context.Context, sb *store.Sandbox, img image.Image
 	if err := d.host.MountAll(ctx, mounts, rootfs); err != nil {
 		return nil, fmt.Errorf("mount rootfs: %w", err)
 	}
-	nw, err := d.net.Setup(ctx, sb.ID, netip.MustParseAddr(sb.IP), network.Egress(sb.Config.Egress))
+	pol, err := policyOf(sb.Config)
+	if err != nil {
+		return nil, err
+	}
+	nw, err := d.net.Setup(ctx, sb.ID, netip.MustParseAddr(sb.IP), pol)
 	if err != nil {
 		return nil, fmt.Errorf("network: %w", err)
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/dnsproxy"
 	"github.com/forkbox/forkbox/internal/env"
 	"github.com/forkbox/forkbox/internal/image"
 	"github.com/forkbox/forkbox/internal/runtime"
@@ -70,6 +71,9 @@ type Config struct {
 	DefaultDisk int64
 	// MaxSandboxes bounds live sandboxes (0 = 100).
 	MaxSandboxes int
+	// DNSUpstream is the resolver (ip:port) the DNS proxy forwards allowed
+	// names to; "" = the first of the host's /etc/resolv.conf.
+	DNSUpstream string
 	Log          *slog.Logger
 }
 
@@ -96,6 +100,7 @@ type Daemon struct {
 	actOnce      sync.Once
 	activity     *activity
 	envs         *env.Manager
+	dns          *dnsproxy.Proxy // nil: not started (see startDNSProxy)
 	bg           sync.WaitGroup // the janitor's goroutines; Close waits for them
 }
 
@@ -143,6 +148,9 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
+	if err := checkUpstream(cfg.DNSUpstream); err != nil {
+		return nil, err
+	}
 	d := &Daemon{cfg: cfg, log: cfg.Log, locks: map[string]*sync.Mutex{}, runtimes: p.runtimes, snaps: p.snaps, net: p.net, host: p.host}
 	if d.runtimes == nil {
 		d.runtimes = map[string]runtime.Runtime{}
@@ -182,9 +190,13 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 	}
 	undo.push(func(context.Context) error { return d.snaps.Close() })
 	if d.net == nil {
-		if d.net, err = newNetwork(ctx, cfg, d.log); err != nil {
+		nm, err := newNetwork(ctx, cfg, d.log)
+		if err != nil {
 			return nil, err
 		}
+		d.net = nm
+		d.startDNSProxy(ctx, nm)
+		undo.push(func(context.Context) error { return d.closeDNS() })
 	}
 	if p.runtimes == nil {
 		if err := d.openRuntimes(cfg); err != nil {
@@ -219,7 +231,17 @@ func (d *Daemon) Close() error {
 		d.stopJanitor()
 	}
 	d.bg.Wait()
-	return errors.Join(d.snaps.Close(), d.store.Close())
+	return errors.Join(d.closeDNS(), d.snaps.Close(), d.store.Close())
+}
+
+// closeDNS stops the DNS proxy, if it runs.
+func (d *Daemon) closeDNS() error {
+	if d.dns == nil {
+		return nil
+	}
+	err := d.dns.Close()
+	d.dns = nil
+	return err
 }
 
 // Images returns the image store.

@@ -123,8 +123,8 @@ func parseList(which string, list []string, allow bool) ([]netip.Prefix, []strin
 	var names []string
 	for _, raw := range list {
 		e := strings.TrimSpace(raw)
-		if e == "" {
-			return nil, nil, fmt.Errorf("egress %s list: empty entry: %w", which, errdefs.ErrInvalidArgument)
+		if e == "" || len(e) > maxNameLen+1 {
+			return nil, nil, fmt.Errorf("egress %s list: an entry of %d bytes (want 1 to %d): %w", which, len(e), maxNameLen+1, errdefs.ErrInvalidArgument)
 		}
 		if c, ok, err := parseCIDR(e); ok {
 			if err != nil {
@@ -187,7 +187,11 @@ func parseCIDR(e string) (netip.Prefix, bool, error) {
 func canonicalName(e string) (string, error) {
 	n := strings.ToLower(strings.TrimSuffix(e, "."))
 	bad := func(why string) (string, error) {
-		return "", fmt.Errorf("%q is not a CIDR, address or DNS name: %s: %w", e, why, errdefs.ErrInvalidArgument)
+		shown := e
+		if len(shown) > 80 {
+			shown = shown[:80] + "..."
+		}
+		return "", fmt.Errorf("%q is not a CIDR, address or DNS name: %s: %w", shown, why, errdefs.ErrInvalidArgument)
 	}
 	if len(n) == 0 || len(n) > maxNameLen {
 		return bad(fmt.Sprintf("a name has 1 to %d bytes", maxNameLen))

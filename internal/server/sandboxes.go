@@ -34,13 +34,16 @@ func toSandbox(sb *store.Sandbox) *v1.Sandbox {
 		ParentId:        sb.ParentID,
 		FromCheckpoint:  sb.FromCheckpoint,
 		MachineId:       sb.Config.MachineID,
+		EgressAllow:     sb.Config.EgressAllow,
+		EgressDeny:      sb.Config.EgressDeny,
 	}
 }
 
 func (s *sandboxes) CreateSandbox(ctx context.Context, req *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error) {
 	m := req.Msg
 	start := time.Now()
-	o := daemon.CreateOptions{Image: m.Image, Name: m.Name, Env: m.Env, Cwd: m.Cwd, Egress: m.Egress, Runtime: m.Runtime}
+	o := daemon.CreateOptions{Image: m.Image, Name: m.Name, Env: m.Env, Cwd: m.Cwd, Egress: m.Egress, Runtime: m.Runtime,
+		EgressAllow: m.EgressAllow, EgressDeny: m.EgressDeny}
 	if r := m.Resources; r != nil {
 		o.CPU, o.Memory, o.Pids, o.Disk = r.Cpu, r.Memory, r.Pids, r.Disk
 	}

@@ -113,7 +113,7 @@ type Sandbox struct {
 	Resources   *Resources        `protobuf:"bytes,6,opt,name=resources,proto3" json:"resources,omitempty"`
 	Env         map[string]string `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Cwd         string            `protobuf:"bytes,8,opt,name=cwd,proto3" json:"cwd,omitempty"`
-	// none or all.
+	// none, all, or allow (only egress_allow, minus egress_deny).
 	Egress          string `protobuf:"bytes,9,opt,name=egress,proto3" json:"egress,omitempty"`
 	Runtime         string `protobuf:"bytes,10,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	Hostname        string `protobuf:"bytes,11,opt,name=hostname,proto3" json:"hostname,omitempty"`
@@ -126,8 +126,11 @@ type Sandbox struct {
 	// The sandbox this one was forked from, if any.
 	ParentId string `protobuf:"bytes,17,opt,name=parent_id,json=parentId,proto3" json:"parent_id,omitempty"`
 	// Names of the credentials attached (never the values).
-	Credentials   []string `protobuf:"bytes,18,rep,name=credentials,proto3" json:"credentials,omitempty"`
-	MachineId     string   `protobuf:"bytes,19,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	Credentials []string `protobuf:"bytes,18,rep,name=credentials,proto3" json:"credentials,omitempty"`
+	MachineId   string   `protobuf:"bytes,19,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	// Egress lists (canonical: CIDRs, then DNS names; see CreateSandboxRequest).
+	EgressAllow   []string `protobuf:"bytes,70,rep,name=egress_allow,json=egressAllow,proto3" json:"egress_allow,omitempty"`
+	EgressDeny    []string `protobuf:"bytes,71,rep,name=egress_deny,json=egressDeny,proto3" json:"egress_deny,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -295,15 +298,40 @@ func (x *Sandbox) GetMachineId() string {
 	return ""
 }
 
+func (x *Sandbox) GetEgressAllow() []string {
+	if x != nil {
+		return x.EgressAllow
+	}
+	return nil
+}
+
+func (x *Sandbox) GetEgressDeny() []string {
+	if x != nil {
+		return x.EgressDeny
+	}
+	return nil
+}
+
 type CreateSandboxRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Image         string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	Resources     *Resources             `protobuf:"bytes,3,opt,name=resources,proto3" json:"resources,omitempty"`
-	Env           map[string]string      `protobuf:"bytes,4,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Cwd           string                 `protobuf:"bytes,5,opt,name=cwd,proto3" json:"cwd,omitempty"`
-	Egress        string                 `protobuf:"bytes,6,opt,name=egress,proto3" json:"egress,omitempty"`
-	Runtime       string                 `protobuf:"bytes,7,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Image     string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	Name      string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Resources *Resources             `protobuf:"bytes,3,opt,name=resources,proto3" json:"resources,omitempty"`
+	Env       map[string]string      `protobuf:"bytes,4,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Cwd       string                 `protobuf:"bytes,5,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	// none (default), all, or allow. Empty with egress_allow given: allow.
+	Egress  string `protobuf:"bytes,6,opt,name=egress,proto3" json:"egress,omitempty"`
+	Runtime string `protobuf:"bytes,7,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	// Egress allowlist: CIDRs ("10.1.0.0/16", "192.0.2.7") and DNS names
+	// ("api.example.com", "*.example.com": any name below it). Names resolve
+	// through the daemon's DNS proxy, the sandbox's resolver; only their
+	// answered addresses pass. At most 64 entries.
+	EgressAllow []string `protobuf:"bytes,70,rep,name=egress_allow,json=egressAllow,proto3" json:"egress_allow,omitempty"`
+	// Egress denylist, winning over the allowlist: CIDRs, and names (only
+	// with an allowlist). With egress "all": the outside world minus these
+	// CIDRs. Link-local addresses, the host and other sandboxes are never
+	// reachable whatever the lists say.
+	EgressDeny    []string `protobuf:"bytes,71,rep,name=egress_deny,json=egressDeny,proto3" json:"egress_deny,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -385,6 +413,20 @@ func (x *CreateSandboxRequest) GetRuntime() string {
 		return x.Runtime
 	}
 	return ""
+}
+
+func (x *CreateSandboxRequest) GetEgressAllow() []string {
+	if x != nil {
+		return x.EgressAllow
+	}
+	return nil
+}
+
+func (x *CreateSandboxRequest) GetEgressDeny() []string {
+	if x != nil {
+		return x.EgressDeny
+	}
+	return nil
 }
 
 type CreateSandboxResponse struct {
@@ -2342,10 +2384,14 @@ type Overrides struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Resources *Resources             `protobuf:"bytes,1,opt,name=resources,proto3" json:"resources,omitempty"`
 	// Merged over the inherited env.
-	Env           map[string]string `protobuf:"bytes,2,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Cwd           string            `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
-	Egress        string            `protobuf:"bytes,4,opt,name=egress,proto3" json:"egress,omitempty"`
-	Name          string            `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
+	Env    map[string]string `protobuf:"bytes,2,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Cwd    string            `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	Egress string            `protobuf:"bytes,4,opt,name=egress,proto3" json:"egress,omitempty"`
+	Name   string            `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
+	// Given (or egress given): the child's egress policy is egress with these
+	// lists, replacing the inherited one as a whole.
+	EgressAllow   []string `protobuf:"bytes,70,rep,name=egress_allow,json=egressAllow,proto3" json:"egress_allow,omitempty"`
+	EgressDeny    []string `protobuf:"bytes,71,rep,name=egress_deny,json=egressDeny,proto3" json:"egress_deny,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2413,6 +2459,20 @@ func (x *Overrides) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *Overrides) GetEgressAllow() []string {
+	if x != nil {
+		return x.EgressAllow
+	}
+	return nil
+}
+
+func (x *Overrides) GetEgressDeny() []string {
+	if x != nil {
+		return x.EgressDeny
+	}
+	return nil
 }
 
 type ForkRequest struct {
@@ -4807,6 +4867,119 @@ func (x *CompleteBuildResponse) GetEnvironment() *Environment {
 	return nil
 }
 
+type SetEgressRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// none, all or allow; empty: allow if egress_allow is given, else none.
+	Egress        string   `protobuf:"bytes,2,opt,name=egress,proto3" json:"egress,omitempty"`
+	EgressAllow   []string `protobuf:"bytes,3,rep,name=egress_allow,json=egressAllow,proto3" json:"egress_allow,omitempty"`
+	EgressDeny    []string `protobuf:"bytes,4,rep,name=egress_deny,json=egressDeny,proto3" json:"egress_deny,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetEgressRequest) Reset() {
+	*x = SetEgressRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetEgressRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetEgressRequest) ProtoMessage() {}
+
+func (x *SetEgressRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetEgressRequest.ProtoReflect.Descriptor instead.
+func (*SetEgressRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{80}
+}
+
+func (x *SetEgressRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *SetEgressRequest) GetEgress() string {
+	if x != nil {
+		return x.Egress
+	}
+	return ""
+}
+
+func (x *SetEgressRequest) GetEgressAllow() []string {
+	if x != nil {
+		return x.EgressAllow
+	}
+	return nil
+}
+
+func (x *SetEgressRequest) GetEgressDeny() []string {
+	if x != nil {
+		return x.EgressDeny
+	}
+	return nil
+}
+
+type SetEgressResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetEgressResponse) Reset() {
+	*x = SetEgressResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetEgressResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetEgressResponse) ProtoMessage() {}
+
+func (x *SetEgressResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetEgressResponse.ProtoReflect.Descriptor instead.
+func (*SetEgressResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *SetEgressResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
 var File_forkbox_v1_forkbox_proto protoreflect.FileDescriptor
 
 const file_forkbox_v1_forkbox_proto_rawDesc = "" +
@@ -4817,7 +4990,7 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x03cpu\x18\x01 \x01(\tR\x03cpu\x12\x16\n" +
 	"\x06memory\x18\x02 \x01(\tR\x06memory\x12\x12\n" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12\x12\n" +
-	"\x04disk\x18\x04 \x01(\tR\x04disk\"\xf5\x04\n" +
+	"\x04disk\x18\x04 \x01(\tR\x04disk\"\xb9\x05\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -4839,10 +5012,13 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\tparent_id\x18\x11 \x01(\tR\bparentId\x12 \n" +
 	"\vcredentials\x18\x12 \x03(\tR\vcredentials\x12\x1d\n" +
 	"\n" +
-	"machine_id\x18\x13 \x01(\tR\tmachineId\x1a6\n" +
+	"machine_id\x18\x13 \x01(\tR\tmachineId\x12!\n" +
+	"\fegress_allow\x18F \x03(\tR\vegressAllow\x12\x1f\n" +
+	"\vegress_deny\x18G \x03(\tR\n" +
+	"egressDeny\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xae\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf2\x02\n" +
 	"\x14CreateSandboxRequest\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x123\n" +
@@ -4850,7 +5026,10 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x03env\x18\x04 \x03(\v2).forkbox.v1.CreateSandboxRequest.EnvEntryR\x03env\x12\x10\n" +
 	"\x03cwd\x18\x05 \x01(\tR\x03cwd\x12\x16\n" +
 	"\x06egress\x18\x06 \x01(\tR\x06egress\x12\x18\n" +
-	"\aruntime\x18\a \x01(\tR\aruntime\x1a6\n" +
+	"\aruntime\x18\a \x01(\tR\aruntime\x12!\n" +
+	"\fegress_allow\x18F \x03(\tR\vegressAllow\x12\x1f\n" +
+	"\vegress_deny\x18G \x03(\tR\n" +
+	"egressDeny\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"a\n" +
@@ -4982,13 +5161,16 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\tR\n" +
 	"checkpoint\"\x1a\n" +
-	"\x18DeleteCheckpointResponse\"\xe8\x01\n" +
+	"\x18DeleteCheckpointResponse\"\xac\x02\n" +
 	"\tOverrides\x123\n" +
 	"\tresources\x18\x01 \x01(\v2\x15.forkbox.v1.ResourcesR\tresources\x120\n" +
 	"\x03env\x18\x02 \x03(\v2\x1e.forkbox.v1.Overrides.EnvEntryR\x03env\x12\x10\n" +
 	"\x03cwd\x18\x03 \x01(\tR\x03cwd\x12\x16\n" +
 	"\x06egress\x18\x04 \x01(\tR\x06egress\x12\x12\n" +
-	"\x04name\x18\x05 \x01(\tR\x04name\x1a6\n" +
+	"\x04name\x18\x05 \x01(\tR\x04name\x12!\n" +
+	"\fegress_allow\x18F \x03(\tR\vegressAllow\x12\x1f\n" +
+	"\vegress_deny\x18G \x03(\tR\n" +
+	"egressDeny\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf2\x02\n" +
@@ -5185,7 +5367,15 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\"R\n" +
 	"\x15CompleteBuildResponse\x129\n" +
-	"\venvironment\x18\x01 \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment2\x84\x0e\n" +
+	"\venvironment\x18\x01 \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment\"\x88\x01\n" +
+	"\x10SetEgressRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
+	"\x06egress\x18\x02 \x01(\tR\x06egress\x12!\n" +
+	"\fegress_allow\x18\x03 \x03(\tR\vegressAllow\x12\x1f\n" +
+	"\vegress_deny\x18\x04 \x03(\tR\n" +
+	"egressDeny\"B\n" +
+	"\x11SetEgressResponse\x12-\n" +
+	"\asandbox\x18\x01 \x01(\v2\x13.forkbox.v1.SandboxR\asandbox2\xce\x0e\n" +
 	"\x0eSandboxService\x12T\n" +
 	"\rCreateSandbox\x12 .forkbox.v1.CreateSandboxRequest\x1a!.forkbox.v1.CreateSandboxResponse\x12K\n" +
 	"\n" +
@@ -5210,7 +5400,8 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x06Resume\x12\x19.forkbox.v1.ResumeRequest\x1a\x1a.forkbox.v1.ResumeResponse\x12T\n" +
 	"\rSetCredential\x12 .forkbox.v1.SetCredentialRequest\x1a!.forkbox.v1.SetCredentialResponse\x12Z\n" +
 	"\x0fListCredentials\x12\".forkbox.v1.ListCredentialsRequest\x1a#.forkbox.v1.ListCredentialsResponse\x12]\n" +
-	"\x10DeleteCredential\x12#.forkbox.v1.DeleteCredentialRequest\x1a$.forkbox.v1.DeleteCredentialResponse2\xbf\x02\n" +
+	"\x10DeleteCredential\x12#.forkbox.v1.DeleteCredentialRequest\x1a$.forkbox.v1.DeleteCredentialResponse\x12H\n" +
+	"\tSetEgress\x12\x1c.forkbox.v1.SetEgressRequest\x1a\x1d.forkbox.v1.SetEgressResponse2\xbf\x02\n" +
 	"\fImageService\x12F\n" +
 	"\tPullImage\x12\x1c.forkbox.v1.PullImageRequest\x1a\x19.forkbox.v1.ImageProgress0\x01\x12J\n" +
 	"\vImportImage\x12\x1e.forkbox.v1.ImportImageRequest\x1a\x19.forkbox.v1.ImageProgress0\x01\x12K\n" +
@@ -5239,7 +5430,7 @@ func file_forkbox_v1_forkbox_proto_rawDescGZIP() []byte {
 	return file_forkbox_v1_forkbox_proto_rawDescData
 }
 
-var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 87)
+var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 89)
 var file_forkbox_v1_forkbox_proto_goTypes = []any{
 	(*Resources)(nil),                  // 0: forkbox.v1.Resources
 	(*Sandbox)(nil),                    // 1: forkbox.v1.Sandbox
@@ -5321,23 +5512,25 @@ var file_forkbox_v1_forkbox_proto_goTypes = []any{
 	(*BeginBuildResponse)(nil),         // 77: forkbox.v1.BeginBuildResponse
 	(*CompleteBuildRequest)(nil),       // 78: forkbox.v1.CompleteBuildRequest
 	(*CompleteBuildResponse)(nil),      // 79: forkbox.v1.CompleteBuildResponse
-	nil,                                // 80: forkbox.v1.Sandbox.EnvEntry
-	nil,                                // 81: forkbox.v1.CreateSandboxRequest.EnvEntry
-	nil,                                // 82: forkbox.v1.ExecRequest.EnvEntry
-	nil,                                // 83: forkbox.v1.Overrides.EnvEntry
-	nil,                                // 84: forkbox.v1.ForkRequest.CredentialsEntry
-	nil,                                // 85: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
-	nil,                                // 86: forkbox.v1.EnvironmentDefinition.EnvEntry
+	(*SetEgressRequest)(nil),           // 80: forkbox.v1.SetEgressRequest
+	(*SetEgressResponse)(nil),          // 81: forkbox.v1.SetEgressResponse
+	nil,                                // 82: forkbox.v1.Sandbox.EnvEntry
+	nil,                                // 83: forkbox.v1.CreateSandboxRequest.EnvEntry
+	nil,                                // 84: forkbox.v1.ExecRequest.EnvEntry
+	nil,                                // 85: forkbox.v1.Overrides.EnvEntry
+	nil,                                // 86: forkbox.v1.ForkRequest.CredentialsEntry
+	nil,                                // 87: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	nil,                                // 88: forkbox.v1.EnvironmentDefinition.EnvEntry
 }
 var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	0,  // 0: forkbox.v1.Sandbox.resources:type_name -> forkbox.v1.Resources
-	80, // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
+	82, // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
 	0,  // 2: forkbox.v1.CreateSandboxRequest.resources:type_name -> forkbox.v1.Resources
-	81, // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
+	83, // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
 	1,  // 4: forkbox.v1.CreateSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,  // 5: forkbox.v1.GetSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,  // 6: forkbox.v1.ListSandboxesResponse.sandboxes:type_name -> forkbox.v1.Sandbox
-	82, // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
+	84, // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
 	12, // 8: forkbox.v1.ExecResponse.started:type_name -> forkbox.v1.ExecStarted
 	13, // 9: forkbox.v1.ExecResponse.exit:type_name -> forkbox.v1.ExecExit
 	19, // 10: forkbox.v1.ListFilesResponse.files:type_name -> forkbox.v1.FileInfo
@@ -5349,14 +5542,14 @@ var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	32, // 16: forkbox.v1.CheckpointResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
 	32, // 17: forkbox.v1.ListCheckpointsResponse.checkpoints:type_name -> forkbox.v1.Checkpoint
 	0,  // 18: forkbox.v1.Overrides.resources:type_name -> forkbox.v1.Resources
-	83, // 19: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
+	85, // 19: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
 	39, // 20: forkbox.v1.ForkRequest.overrides:type_name -> forkbox.v1.Overrides
-	84, // 21: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
+	86, // 21: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
 	1,  // 22: forkbox.v1.ForkChild.sandbox:type_name -> forkbox.v1.Sandbox
 	32, // 23: forkbox.v1.ForkResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
 	41, // 24: forkbox.v1.ForkResponse.children:type_name -> forkbox.v1.ForkChild
 	39, // 25: forkbox.v1.RestoreSnapshotRequest.overrides:type_name -> forkbox.v1.Overrides
-	85, // 26: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	87, // 26: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
 	1,  // 27: forkbox.v1.RestoreSnapshotResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,  // 28: forkbox.v1.ResumeResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	32, // 29: forkbox.v1.ResumeResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
@@ -5367,7 +5560,7 @@ var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	55, // 34: forkbox.v1.ImageProgress.image:type_name -> forkbox.v1.Image
 	55, // 35: forkbox.v1.ListImagesResponse.images:type_name -> forkbox.v1.Image
 	0,  // 36: forkbox.v1.EnvironmentDefinition.resources:type_name -> forkbox.v1.Resources
-	86, // 37: forkbox.v1.EnvironmentDefinition.env:type_name -> forkbox.v1.EnvironmentDefinition.EnvEntry
+	88, // 37: forkbox.v1.EnvironmentDefinition.env:type_name -> forkbox.v1.EnvironmentDefinition.EnvEntry
 	63, // 38: forkbox.v1.EnvironmentDefinition.steps:type_name -> forkbox.v1.SetupStep
 	64, // 39: forkbox.v1.Environment.definition:type_name -> forkbox.v1.EnvironmentDefinition
 	64, // 40: forkbox.v1.BuildEnvironmentRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
@@ -5382,77 +5575,80 @@ var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	65, // 49: forkbox.v1.BeginBuildResponse.environment:type_name -> forkbox.v1.Environment
 	1,  // 50: forkbox.v1.BeginBuildResponse.builder:type_name -> forkbox.v1.Sandbox
 	65, // 51: forkbox.v1.CompleteBuildResponse.environment:type_name -> forkbox.v1.Environment
-	2,  // 52: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
-	4,  // 53: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
-	6,  // 54: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
-	8,  // 55: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
-	10, // 56: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
-	14, // 57: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
-	16, // 58: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
-	18, // 59: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
-	21, // 60: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
-	24, // 61: forkbox.v1.SandboxService.PauseSandbox:input_type -> forkbox.v1.PauseSandboxRequest
-	26, // 62: forkbox.v1.SandboxService.UnpauseSandbox:input_type -> forkbox.v1.UnpauseSandboxRequest
-	28, // 63: forkbox.v1.SandboxService.HibernateSandbox:input_type -> forkbox.v1.HibernateSandboxRequest
-	30, // 64: forkbox.v1.SandboxService.WakeSandbox:input_type -> forkbox.v1.WakeSandboxRequest
-	33, // 65: forkbox.v1.SandboxService.Checkpoint:input_type -> forkbox.v1.CheckpointRequest
-	35, // 66: forkbox.v1.SandboxService.ListCheckpoints:input_type -> forkbox.v1.ListCheckpointsRequest
-	37, // 67: forkbox.v1.SandboxService.DeleteCheckpoint:input_type -> forkbox.v1.DeleteCheckpointRequest
-	40, // 68: forkbox.v1.SandboxService.Fork:input_type -> forkbox.v1.ForkRequest
-	43, // 69: forkbox.v1.SandboxService.RestoreSnapshot:input_type -> forkbox.v1.RestoreSnapshotRequest
-	45, // 70: forkbox.v1.SandboxService.Resume:input_type -> forkbox.v1.ResumeRequest
-	49, // 71: forkbox.v1.SandboxService.SetCredential:input_type -> forkbox.v1.SetCredentialRequest
-	51, // 72: forkbox.v1.SandboxService.ListCredentials:input_type -> forkbox.v1.ListCredentialsRequest
-	53, // 73: forkbox.v1.SandboxService.DeleteCredential:input_type -> forkbox.v1.DeleteCredentialRequest
-	56, // 74: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
-	57, // 75: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
-	59, // 76: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
-	61, // 77: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
-	66, // 78: forkbox.v1.EnvironmentService.BuildEnvironment:input_type -> forkbox.v1.BuildEnvironmentRequest
-	68, // 79: forkbox.v1.EnvironmentService.EnvironmentSandbox:input_type -> forkbox.v1.EnvironmentSandboxRequest
-	70, // 80: forkbox.v1.EnvironmentService.GetEnvironment:input_type -> forkbox.v1.GetEnvironmentRequest
-	72, // 81: forkbox.v1.EnvironmentService.ListEnvironments:input_type -> forkbox.v1.ListEnvironmentsRequest
-	74, // 82: forkbox.v1.EnvironmentService.DeleteEnvironment:input_type -> forkbox.v1.DeleteEnvironmentRequest
-	76, // 83: forkbox.v1.EnvironmentService.BeginBuild:input_type -> forkbox.v1.BeginBuildRequest
-	78, // 84: forkbox.v1.EnvironmentService.CompleteBuild:input_type -> forkbox.v1.CompleteBuildRequest
-	3,  // 85: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
-	5,  // 86: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
-	7,  // 87: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
-	9,  // 88: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
-	11, // 89: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
-	15, // 90: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
-	17, // 91: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
-	20, // 92: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
-	23, // 93: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
-	25, // 94: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
-	27, // 95: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
-	29, // 96: forkbox.v1.SandboxService.HibernateSandbox:output_type -> forkbox.v1.HibernateSandboxResponse
-	31, // 97: forkbox.v1.SandboxService.WakeSandbox:output_type -> forkbox.v1.WakeSandboxResponse
-	34, // 98: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
-	36, // 99: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
-	38, // 100: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
-	42, // 101: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
-	44, // 102: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
-	47, // 103: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
-	50, // 104: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
-	52, // 105: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
-	54, // 106: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
-	58, // 107: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
-	58, // 108: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
-	60, // 109: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
-	62, // 110: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
-	67, // 111: forkbox.v1.EnvironmentService.BuildEnvironment:output_type -> forkbox.v1.BuildProgress
-	69, // 112: forkbox.v1.EnvironmentService.EnvironmentSandbox:output_type -> forkbox.v1.EnvironmentSandboxResponse
-	71, // 113: forkbox.v1.EnvironmentService.GetEnvironment:output_type -> forkbox.v1.GetEnvironmentResponse
-	73, // 114: forkbox.v1.EnvironmentService.ListEnvironments:output_type -> forkbox.v1.ListEnvironmentsResponse
-	75, // 115: forkbox.v1.EnvironmentService.DeleteEnvironment:output_type -> forkbox.v1.DeleteEnvironmentResponse
-	77, // 116: forkbox.v1.EnvironmentService.BeginBuild:output_type -> forkbox.v1.BeginBuildResponse
-	79, // 117: forkbox.v1.EnvironmentService.CompleteBuild:output_type -> forkbox.v1.CompleteBuildResponse
-	85, // [85:118] is the sub-list for method output_type
-	52, // [52:85] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	1,  // 52: forkbox.v1.SetEgressResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	2,  // 53: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
+	4,  // 54: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
+	6,  // 55: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
+	8,  // 56: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
+	10, // 57: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
+	14, // 58: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
+	16, // 59: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
+	18, // 60: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
+	21, // 61: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
+	24, // 62: forkbox.v1.SandboxService.PauseSandbox:input_type -> forkbox.v1.PauseSandboxRequest
+	26, // 63: forkbox.v1.SandboxService.UnpauseSandbox:input_type -> forkbox.v1.UnpauseSandboxRequest
+	28, // 64: forkbox.v1.SandboxService.HibernateSandbox:input_type -> forkbox.v1.HibernateSandboxRequest
+	30, // 65: forkbox.v1.SandboxService.WakeSandbox:input_type -> forkbox.v1.WakeSandboxRequest
+	33, // 66: forkbox.v1.SandboxService.Checkpoint:input_type -> forkbox.v1.CheckpointRequest
+	35, // 67: forkbox.v1.SandboxService.ListCheckpoints:input_type -> forkbox.v1.ListCheckpointsRequest
+	37, // 68: forkbox.v1.SandboxService.DeleteCheckpoint:input_type -> forkbox.v1.DeleteCheckpointRequest
+	40, // 69: forkbox.v1.SandboxService.Fork:input_type -> forkbox.v1.ForkRequest
+	43, // 70: forkbox.v1.SandboxService.RestoreSnapshot:input_type -> forkbox.v1.RestoreSnapshotRequest
+	45, // 71: forkbox.v1.SandboxService.Resume:input_type -> forkbox.v1.ResumeRequest
+	49, // 72: forkbox.v1.SandboxService.SetCredential:input_type -> forkbox.v1.SetCredentialRequest
+	51, // 73: forkbox.v1.SandboxService.ListCredentials:input_type -> forkbox.v1.ListCredentialsRequest
+	53, // 74: forkbox.v1.SandboxService.DeleteCredential:input_type -> forkbox.v1.DeleteCredentialRequest
+	80, // 75: forkbox.v1.SandboxService.SetEgress:input_type -> forkbox.v1.SetEgressRequest
+	56, // 76: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
+	57, // 77: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
+	59, // 78: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
+	61, // 79: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
+	66, // 80: forkbox.v1.EnvironmentService.BuildEnvironment:input_type -> forkbox.v1.BuildEnvironmentRequest
+	68, // 81: forkbox.v1.EnvironmentService.EnvironmentSandbox:input_type -> forkbox.v1.EnvironmentSandboxRequest
+	70, // 82: forkbox.v1.EnvironmentService.GetEnvironment:input_type -> forkbox.v1.GetEnvironmentRequest
+	72, // 83: forkbox.v1.EnvironmentService.ListEnvironments:input_type -> forkbox.v1.ListEnvironmentsRequest
+	74, // 84: forkbox.v1.EnvironmentService.DeleteEnvironment:input_type -> forkbox.v1.DeleteEnvironmentRequest
+	76, // 85: forkbox.v1.EnvironmentService.BeginBuild:input_type -> forkbox.v1.BeginBuildRequest
+	78, // 86: forkbox.v1.EnvironmentService.CompleteBuild:input_type -> forkbox.v1.CompleteBuildRequest
+	3,  // 87: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
+	5,  // 88: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
+	7,  // 89: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
+	9,  // 90: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
+	11, // 91: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
+	15, // 92: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
+	17, // 93: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
+	20, // 94: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
+	23, // 95: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
+	25, // 96: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
+	27, // 97: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
+	29, // 98: forkbox.v1.SandboxService.HibernateSandbox:output_type -> forkbox.v1.HibernateSandboxResponse
+	31, // 99: forkbox.v1.SandboxService.WakeSandbox:output_type -> forkbox.v1.WakeSandboxResponse
+	34, // 100: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
+	36, // 101: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
+	38, // 102: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
+	42, // 103: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
+	44, // 104: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
+	47, // 105: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
+	50, // 106: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
+	52, // 107: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
+	54, // 108: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
+	81, // 109: forkbox.v1.SandboxService.SetEgress:output_type -> forkbox.v1.SetEgressResponse
+	58, // 110: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
+	58, // 111: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
+	60, // 112: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
+	62, // 113: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
+	67, // 114: forkbox.v1.EnvironmentService.BuildEnvironment:output_type -> forkbox.v1.BuildProgress
+	69, // 115: forkbox.v1.EnvironmentService.EnvironmentSandbox:output_type -> forkbox.v1.EnvironmentSandboxResponse
+	71, // 116: forkbox.v1.EnvironmentService.GetEnvironment:output_type -> forkbox.v1.GetEnvironmentResponse
+	73, // 117: forkbox.v1.EnvironmentService.ListEnvironments:output_type -> forkbox.v1.ListEnvironmentsResponse
+	75, // 118: forkbox.v1.EnvironmentService.DeleteEnvironment:output_type -> forkbox.v1.DeleteEnvironmentResponse
+	77, // 119: forkbox.v1.EnvironmentService.BeginBuild:output_type -> forkbox.v1.BeginBuildResponse
+	79, // 120: forkbox.v1.EnvironmentService.CompleteBuild:output_type -> forkbox.v1.CompleteBuildResponse
+	87, // [87:121] is the sub-list for method output_type
+	53, // [53:87] is the sub-list for method input_type
+	53, // [53:53] is the sub-list for extension type_name
+	53, // [53:53] is the sub-list for extension extendee
+	0,  // [0:53] is the sub-list for field type_name
 }
 
 func init() { file_forkbox_v1_forkbox_proto_init() }
@@ -5472,7 +5668,7 @@ func file_forkbox_v1_forkbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkbox_v1_forkbox_proto_rawDesc), len(file_forkbox_v1_forkbox_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   87,
+			NumMessages:   89,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -102,6 +102,9 @@ const (
 	// SandboxServiceDeleteCredentialProcedure is the fully-qualified name of the SandboxService's
 	// DeleteCredential RPC.
 	SandboxServiceDeleteCredentialProcedure = "/forkbox.v1.SandboxService/DeleteCredential"
+	// SandboxServiceSetEgressProcedure is the fully-qualified name of the SandboxService's SetEgress
+	// RPC.
+	SandboxServiceSetEgressProcedure = "/forkbox.v1.SandboxService/SetEgress"
 	// ImageServicePullImageProcedure is the fully-qualified name of the ImageService's PullImage RPC.
 	ImageServicePullImageProcedure = "/forkbox.v1.ImageService/PullImage"
 	// ImageServiceImportImageProcedure is the fully-qualified name of the ImageService's ImportImage
@@ -173,6 +176,10 @@ type SandboxServiceClient interface {
 	SetCredential(context.Context, *connect.Request[v1.SetCredentialRequest]) (*connect.Response[v1.SetCredentialResponse], error)
 	ListCredentials(context.Context, *connect.Request[v1.ListCredentialsRequest]) (*connect.Response[v1.ListCredentialsResponse], error)
 	DeleteCredential(context.Context, *connect.Request[v1.DeleteCredentialRequest]) (*connect.Response[v1.DeleteCredentialResponse], error)
+	// SetEgress replaces a live sandbox's egress policy (ledger:
+	// sandbox.egress_changed). Open connections stay; addresses resolved
+	// under the old policy no longer pass.
+	SetEgress(context.Context, *connect.Request[v1.SetEgressRequest]) (*connect.Response[v1.SetEgressResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the forkbox.v1.SandboxService service. By
@@ -318,6 +325,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("DeleteCredential")),
 			connect.WithClientOptions(opts...),
 		),
+		setEgress: connect.NewClient[v1.SetEgressRequest, v1.SetEgressResponse](
+			httpClient,
+			baseURL+SandboxServiceSetEgressProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SetEgress")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -345,6 +358,7 @@ type sandboxServiceClient struct {
 	setCredential    *connect.Client[v1.SetCredentialRequest, v1.SetCredentialResponse]
 	listCredentials  *connect.Client[v1.ListCredentialsRequest, v1.ListCredentialsResponse]
 	deleteCredential *connect.Client[v1.DeleteCredentialRequest, v1.DeleteCredentialResponse]
+	setEgress        *connect.Client[v1.SetEgressRequest, v1.SetEgressResponse]
 }
 
 // CreateSandbox calls forkbox.v1.SandboxService.CreateSandbox.
@@ -457,6 +471,11 @@ func (c *sandboxServiceClient) DeleteCredential(ctx context.Context, req *connec
 	return c.deleteCredential.CallUnary(ctx, req)
 }
 
+// SetEgress calls forkbox.v1.SandboxService.SetEgress.
+func (c *sandboxServiceClient) SetEgress(ctx context.Context, req *connect.Request[v1.SetEgressRequest]) (*connect.Response[v1.SetEgressResponse], error) {
+	return c.setEgress.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the forkbox.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	CreateSandbox(context.Context, *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error)
@@ -495,6 +514,10 @@ type SandboxServiceHandler interface {
 	SetCredential(context.Context, *connect.Request[v1.SetCredentialRequest]) (*connect.Response[v1.SetCredentialResponse], error)
 	ListCredentials(context.Context, *connect.Request[v1.ListCredentialsRequest]) (*connect.Response[v1.ListCredentialsResponse], error)
 	DeleteCredential(context.Context, *connect.Request[v1.DeleteCredentialRequest]) (*connect.Response[v1.DeleteCredentialResponse], error)
+	// SetEgress replaces a live sandbox's egress policy (ledger:
+	// sandbox.egress_changed). Open connections stay; addresses resolved
+	// under the old policy no longer pass.
+	SetEgress(context.Context, *connect.Request[v1.SetEgressRequest]) (*connect.Response[v1.SetEgressResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -636,6 +659,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("DeleteCredential")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceSetEgressHandler := connect.NewUnaryHandler(
+		SandboxServiceSetEgressProcedure,
+		svc.SetEgress,
+		connect.WithSchema(sandboxServiceMethods.ByName("SetEgress")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/forkbox.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateSandboxProcedure:
@@ -682,6 +711,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceListCredentialsHandler.ServeHTTP(w, r)
 		case SandboxServiceDeleteCredentialProcedure:
 			sandboxServiceDeleteCredentialHandler.ServeHTTP(w, r)
+		case SandboxServiceSetEgressProcedure:
+			sandboxServiceSetEgressHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -777,6 +808,10 @@ func (UnimplementedSandboxServiceHandler) ListCredentials(context.Context, *conn
 
 func (UnimplementedSandboxServiceHandler) DeleteCredential(context.Context, *connect.Request[v1.DeleteCredentialRequest]) (*connect.Response[v1.DeleteCredentialResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.DeleteCredential is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) SetEgress(context.Context, *connect.Request[v1.SetEgressRequest]) (*connect.Response[v1.SetEgressResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.SetEgress is not implemented"))
 }
 
 // ImageServiceClient is a client for the forkbox.v1.ImageService service.
