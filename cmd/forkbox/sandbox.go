@@ -58,7 +58,9 @@ func createCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.Resources.Disk, "disk", "", "most the sandbox may write to disk, e.g. 2Gi; 0 = no limit (default: the daemon's --default-disk)")
 	f.StringArrayVar(&env, "env", nil, "KEY=VALUE, repeatable")
 	f.StringVar(&o.Cwd, "cwd", "", "working directory of execs")
-	f.StringVar(&o.Egress, "egress", "none", "outbound network: none or all")
+	f.StringVar(&o.Egress, "egress", "", "outbound network: none, all, or allow (default none; allow with --egress-allow)")
+	f.StringSliceVar(&o.EgressAllow, "egress-allow", nil, "comma-separated CIDRs and DNS names (api.example.com, *.example.com) the sandbox may reach")
+	f.StringSliceVar(&o.EgressDeny, "egress-deny", nil, "comma-separated CIDRs (and names, with --egress-allow) it may not; wins over --egress-allow")
 	f.StringVar(&o.Runtime, "runtime", "", "runtime: gvisor or crun (default: the daemon's)")
 	cmd.MarkFlagRequired("image")
 	return cmd

@@ -146,5 +146,6 @@ func (df *daemonFlags) register(cmd *cobra.Command) {
 	f.DurationVar(&df.cfg.CheckpointRetention, "checkpoint-retention", 0, "delete checkpoints of closed sandboxes once older than this (0 = keep)")
 	f.DurationVar(&df.cfg.IdleHibernate, "idle-hibernate", 0, "hibernate gvisor sandboxes idle for this long; the next exec wakes them (0 = never)")
 	f.IntVar(&df.cfg.MaxSandboxes, "max-sandboxes", 100, "limit on live sandboxes")
+	f.StringVar(&df.cfg.DNSUpstream, "dns-upstream", "", "resolver (ip:port) the sandboxes' DNS proxy forwards allowed names to (default: the first in /etc/resolv.conf)")
 	f.StringVar(&df.level, "log-level", "info", "debug, info, warn or error")
 }

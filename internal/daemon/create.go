@@ -18,15 +18,15 @@ import (
 
 // CreateOptions is what a sandbox is created with.
 type CreateOptions struct {
-	Image   string
-	Name    string
-	CPU     string
-	Memory  string
-	Pids    int64
-	Disk    string
-	Env     map[string]string
-	Cwd     string
-	Egress  string
+	Image  string
+	Name   string
+	CPU    string
+	Memory string
+	Pids   int64
+	Disk   string
+	Env    map[string]string
+	Cwd    string
+	Egress string
 	// EgressAllow and EgressDeny are egress lists (network.ParsePolicy).
 	EgressAllow, EgressDeny []string
 	Runtime                 string

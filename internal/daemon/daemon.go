@@ -74,7 +74,7 @@ type Config struct {
 	// DNSUpstream is the resolver (ip:port) the DNS proxy forwards allowed
 	// names to; "" = the first of the host's /etc/resolv.conf.
 	DNSUpstream string
-	Log          *slog.Logger
+	Log         *slog.Logger
 }
 
 // Daemon is the sandbox manager.
@@ -101,7 +101,7 @@ type Daemon struct {
 	activity     *activity
 	envs         *env.Manager
 	dns          *dnsproxy.Proxy // nil: not started (see startDNSProxy)
-	bg           sync.WaitGroup // the janitor's goroutines; Close waits for them
+	bg           sync.WaitGroup  // the janitor's goroutines; Close waits for them
 }
 
 func (c *Config) setDefaults() error {

@@ -53,9 +53,9 @@ type SandboxConfig struct {
 	// or "all".
 	EgressAllow []string `json:"egress_allow,omitempty"`
 	EgressDeny  []string `json:"egress_deny,omitempty"`
-	Hostname    string            `json:"hostname"`
-	Snapshotter string            `json:"snapshotter,omitempty"`
-	MachineID   string            `json:"machine_id,omitempty"`
+	Hostname    string   `json:"hostname"`
+	Snapshotter string   `json:"snapshotter,omitempty"`
+	MachineID   string   `json:"machine_id,omitempty"`
 }
 
 // Sandbox is one sandbox's record.

@@ -55,8 +55,12 @@ export interface SandboxOptions {
   resources?: Resources;
   env?: Record<string, string>;
   cwd?: string;
-  /** "none" (default) or "all". */
+  /** "none" (default), "all", or "allow" (implied by egressAllow). */
   egress?: string;
+  /** CIDRs ("10.1.0.0/16") and DNS names ("api.example.com", "*.example.com") the sandbox may reach. */
+  egressAllow?: string[];
+  /** CIDRs (and names, with egressAllow) it may not reach; wins over egressAllow. */
+  egressDeny?: string[];
   /** "gvisor" (default) or "crun". */
   runtime?: string;
 }
@@ -68,6 +72,9 @@ export interface Overrides {
   env?: Record<string, string>;
   cwd?: string;
   egress?: string;
+  /** With egress and egressDeny: replaces the inherited egress policy as a whole. */
+  egressAllow?: string[];
+  egressDeny?: string[];
   name?: string;
 }
 
@@ -79,7 +86,8 @@ export function resourcesProto(r?: Resources) {
 /** @internal */
 export function overridesProto(o?: Overrides): MessageInitShape<typeof OverridesSchema> | undefined {
   if (!o) return undefined;
-  return { resources: resourcesProto(o.resources), env: o.env, cwd: o.cwd, egress: o.egress, name: o.name };
+  return { resources: resourcesProto(o.resources), env: o.env, cwd: o.cwd, egress: o.egress, name: o.name,
+    egressAllow: o.egressAllow, egressDeny: o.egressDeny };
 }
 
 /** The Connect clients of the three services. */
@@ -133,6 +141,7 @@ export class Client {
     try {
       const r = await this.rpc.sandboxes.createSandbox({
         image: o.image, name: o.name, resources: resourcesProto(o.resources), env: o.env, cwd: o.cwd, egress: o.egress, runtime: o.runtime,
+        egressAllow: o.egressAllow, egressDeny: o.egressDeny,
       });
       return new SandboxHandle(this, r.sandbox!, this.limited);
     } catch (err) {
