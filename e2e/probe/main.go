@@ -5,15 +5,18 @@
 //
 //	probe escapes HOSTDEVMAJOR HOSTDEVMINOR   privileged syscalls and files
 //	probe dial ADDR...                        TCP connects (2 s each, in parallel)
+//	probe lookup NAME...                      DNS lookups through /etc/resolv.conf
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -33,6 +36,8 @@ func main() {
 		escapes(uint32(maj), uint32(min))
 	case "dial":
 		dial(os.Args[2:])
+	case "lookup":
+		lookup(os.Args[2:])
 	default:
 		os.Exit(2)
 	}
@@ -254,6 +259,22 @@ func openByHandle() error {
 		return e
 	}
 	return nil
+}
+
+// lookup resolves each name (the pure Go resolver: /etc/resolv.conf) and
+// prints "lookup-NAME ok ADDR,..." or "lookup-NAME denied ERROR".
+func lookup(names []string) {
+	for _, n := range names {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		addrs, err := net.DefaultResolver.LookupHost(ctx, n)
+		cancel()
+		if err != nil {
+			fmt.Printf("lookup-%s denied %v\n", n, err)
+			continue
+		}
+		sort.Strings(addrs)
+		fmt.Printf("lookup-%s ok %s\n", n, strings.Join(addrs, ","))
+	}
 }
 
 func dial(addrs []string) {
