@@ -275,4 +275,6 @@ func TestEgressAllowlist(t *testing.T) {
 			"allowed.test:80": true, port80(worldCIDR): true, port80(worldDenied): false, port80(worldCIDRDeny): false,
 		}, map[string]bool{"denied.test": false})
 	})
+	// Closed sandboxes leave no egress chain, set or element behind.
+	audit(t)
 }
