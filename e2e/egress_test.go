@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -273,6 +274,13 @@ func TestEgressAllowlist(t *testing.T) {
 		}
 		expectEgress(t, kid, "fork", map[string]bool{
 			"allowed.test:80": true, port80(worldCIDR): true, port80(worldDenied): false, port80(worldCIDRDeny): false,
+		}, map[string]bool{"denied.test": false})
+
+		// A restarted daemon (SIGKILL: nothing closed cleanly) applies the
+		// recorded lists again: the DNS proxy knows them from reconcile.
+		restartDaemon(t, syscall.SIGKILL)
+		expectEgress(t, kid, "after a restart", map[string]bool{
+			"allowed.test:80": true, port80(worldDenied): false, port80(worldCIDRDeny): false,
 		}, map[string]bool{"denied.test": false})
 	})
 	// Closed sandboxes leave no egress chain, set or element behind.
