@@ -87,6 +87,16 @@ func TestEgressLists(t *testing.T) {
 		t.Fatal(err)
 	}
 	check(sb, a3, true)
+	// Resolved again with a longer TTL: the element takes the new timeout.
+	if err := m.AddResolved(ctx, sb.IP, "allowed.test", []netip.Addr{netip.MustParseAddr("10.251.2.9")}, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.AddResolved(ctx, sb.IP, "allowed.test", []netip.Addr{netip.MustParseAddr("10.251.2.9")}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if got := resolvedExpiry(t, m, sb.IP, netip.MustParseAddr("10.251.2.9")); got < 50*time.Minute {
+		t.Errorf("re-resolved with a 1h TTL: expires in %v, want about 1h", got)
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for dial(sb.NSPath, a3) == nil {
 		if time.Now().After(deadline) {
@@ -206,4 +216,25 @@ func assertNoPolicyObjects(t *testing.T, m *Manager, ip netip.Addr) {
 	if m.setElements(t, m.dnsClientsSet())[ip.String()] {
 		t.Errorf("dns_clients still has %s", ip)
 	}
+}
+
+// resolvedExpiry returns how long a resolved address of the sandbox at ip
+// has left.
+func resolvedExpiry(t *testing.T, m *Manager, ip, a netip.Addr) time.Duration {
+	t.Helper()
+	c, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	els, err := c.GetSetElements(m.resolvedSet(ip))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range els {
+		if netip.AddrFrom4([4]byte(e.Key)) == a {
+			return e.Expires
+		}
+	}
+	t.Fatalf("%s is not in the resolved set of %s", a, ip)
+	return 0
 }

@@ -225,11 +225,11 @@ func (m *Manager) addResolved(ip netip.Addr, addrs []netip.Addr, timeout time.Du
 		return fmt.Errorf("network: nftables: %v: %w", err, errdefs.ErrUnavailable)
 	}
 	s := m.resolvedSet(ip)
-	// Add, delete, add: an element there already takes the new timeout.
-	for i, step := range []func(*nftables.Set, []nftables.SetElement) error{c.SetAddElements, c.SetDeleteElements, c.SetAddElements} {
-		if err := step(s, e); err != nil {
-			return fmt.Errorf("network: nft element (step %d): %v: %w", i, err, errdefs.ErrInternal)
-		}
+	// An element there already takes the new timeout (Linux 6.10 and
+	// later; before, it keeps its own, and the sandbox's next lookup after
+	// it expires adds it again).
+	if err := c.SetAddElements(s, e); err != nil {
+		return fmt.Errorf("network: nft element: %v: %w", err, errdefs.ErrInternal)
 	}
 	if err := c.Flush(); err != nil {
 		if isSetFull(err) {
