@@ -49,6 +49,13 @@ func BenchmarkPolicyAt1000(b *testing.B) {
 			}
 		}
 	})
+	b.Run("no-lists", func(b *testing.B) { // what every other sandbox's setup pays
+		for i := 0; i < b.N; i++ {
+			if err := m.applyPolicy(netip.AddrFrom4([4]byte{10, 241, byte(i >> 8), byte(i)}), Policy{Mode: EgressNone}, true); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("add-resolved", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			if err := m.addResolved(addr(i%benchN), resolved, time.Minute); err != nil {
