@@ -147,7 +147,7 @@ func (m *Manager) ensureTables() error {
 	}
 	c.AddRule(rule(inetTable, input, iifBr, drop))
 	// forward: replies both ways; nothing new into the bridge; new out of
-	// it only from egress "all" sandboxes.
+	// it only from egress "all" sandboxes, or as a sandbox's lists say.
 	c.AddRule(rule(inetTable, forward, iifBr, ctEstablished(), accept))
 	c.AddRule(rule(inetTable, forward, oifBr, ctEstablished(), accept))
 	c.AddRule(rule(inetTable, forward, oifBr, drop))
