@@ -281,6 +281,20 @@ func TestEgressAllowlist(t *testing.T) {
 			"allowed.test:80": true, port80(worldCIDR): true, port80(worldDenied): false, port80(worldCIDRDeny): false,
 		}, map[string]bool{"denied.test": false})
 
+		// A DNS flood from the fork: past its rate the proxy refuses, a
+		// query too big for its buffer is not answered (FORMERR), and the parent
+		// (another sandbox, its own rate) still resolves at once.
+		out := mustSh(t, kid, fmt.Sprintf("/root/probe dnsflood %s:53 300 allowed.test", gateway))
+		var sent, noerror, refused, other, silent int
+		if _, err := fmt.Sscanf(out, "dnsflood sent %d noerror %d refused %d other %d silent %d", &sent, &noerror, &refused, &other, &silent); err != nil {
+			t.Fatalf("dnsflood: %q: %v", out, err)
+		}
+		t.Logf("dnsflood: %s", strings.TrimSpace(out))
+		if refused == 0 || noerror > 100 || other+silent == 0 {
+			t.Errorf("dnsflood: %s; want most refused (burst 50, 20/s), at most 100 answered, the big one not (FORMERR or nothing)", strings.TrimSpace(out))
+		}
+		expectEgress(t, sb, "during the fork's flood", map[string]bool{"allowed.test:80": true}, map[string]bool{"allowed.test": true})
+
 		// A restarted daemon (SIGKILL: nothing closed cleanly) applies the
 		// recorded lists again: the DNS proxy knows them from reconcile.
 		restartDaemon(t, syscall.SIGKILL)
