@@ -21,7 +21,10 @@ type Overrides struct {
 	Env       map[string]string
 	Cwd       string
 	Egress    string
-	Name      string
+	// EgressAllow and EgressDeny (with Egress) replace the inherited
+	// egress policy as a whole when any of the three is given.
+	EgressAllow, EgressDeny []string
+	Name                    string
 	// Timeout and OnTimeout replace the inherited ones (see
 	// CreateOptions); the child's deadline counts from its own start.
 	Timeout   time.Duration
@@ -30,7 +33,8 @@ type Overrides struct {
 
 func (o Overrides) proto() *v1.Overrides {
 	return &v1.Overrides{Resources: o.Resources.proto(),
-		Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Name: o.Name, TimeoutMs: durationMs(o.Timeout), OnTimeout: o.OnTimeout}
+		Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Name: o.Name, TimeoutMs: durationMs(o.Timeout), OnTimeout: o.OnTimeout,
+		EgressAllow: o.EgressAllow, EgressDeny: o.EgressDeny}
 }
 
 // ForkOptions is one fork call. Count 0 means 1.
@@ -165,6 +169,25 @@ func (c *Client) DeleteCheckpoint(ctx context.Context, id string) error {
 	c.init()
 	_, err := c.sbx.DeleteCheckpoint(ctx, connect.NewRequest(&v1.DeleteCheckpointRequest{Checkpoint: id}))
 	return errconnect.FromConnect(err)
+}
+
+// EgressOptions is a sandbox's new egress policy: Egress "none", "all" or
+// "allow" ("" = "allow" with an Allow list, else "none"), and its lists.
+type EgressOptions struct {
+	Egress      string
+	Allow, Deny []string
+}
+
+// SetEgress replaces the sandbox's egress policy while it runs. Open
+// connections stay; addresses resolved under the old policy stop passing.
+func (s *Sandbox) SetEgress(ctx context.Context, o EgressOptions) error {
+	resp, err := s.c.sbx.SetEgress(ctx, connect.NewRequest(&v1.SetEgressRequest{Sandbox: s.ID, Egress: o.Egress,
+		EgressAllow: o.Allow, EgressDeny: o.Deny}))
+	if err != nil {
+		return errconnect.FromConnect(err)
+	}
+	s.Info = resp.Msg.Sandbox
+	return nil
 }
 
 // Pause freezes the sandbox in place.

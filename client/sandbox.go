@@ -36,9 +36,14 @@ type CreateOptions struct {
 	Resources Resources
 	Env       map[string]string
 	Cwd       string
-	// Egress is "none" (default) or "all".
-	Egress  string
-	Runtime string
+	// Egress is "none" (default), "all", or "allow" (implied by
+	// EgressAllow): only EgressAllow, minus EgressDeny.
+	Egress string
+	// EgressAllow lists CIDRs ("10.1.0.0/16") and DNS names
+	// ("api.example.com", "*.example.com") the sandbox may reach; names
+	// resolve through the daemon's DNS proxy. EgressDeny wins over it.
+	EgressAllow, EgressDeny []string
+	Runtime                 string
 	// Timeout closes the sandbox (or hibernates it, see OnTimeout) this
 	// long after it starts; SetTimeout moves the deadline. 0: no timeout
 	// (the daemon's --max-lifetime and --idle-timeout still apply). Forks
@@ -70,6 +75,7 @@ func (c *Client) CreateSandbox(ctx context.Context, o CreateOptions) (*Sandbox, 
 	resp, err := c.sbx.CreateSandbox(ctx, connect.NewRequest(&v1.CreateSandboxRequest{
 		Image: o.Image, Name: o.Name, Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Runtime: o.Runtime,
 		Resources: o.Resources.proto(), TimeoutMs: durationMs(o.Timeout), OnTimeout: o.OnTimeout,
+		EgressAllow: o.EgressAllow, EgressDeny: o.EgressDeny,
 	}))
 	if err != nil {
 		c.release(1)

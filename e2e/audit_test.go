@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -89,10 +90,24 @@ func hostSandboxIDs(t *testing.T) (ids map[string][]string, stray []string) {
 		}
 	}
 	// nftables: every port element names a veth that exists.
+	portIPs := map[string]bool{}
 	if out, err := exec.Command("nft", "list", "table", "bridge", netTable).Output(); err == nil {
 		for _, name := range regexp.MustCompile(`"(`+regexp.QuoteMeta(vethPrefix)+`[^"]*)"`).FindAllStringSubmatch(string(out), -1) {
 			if !veths[name[1]] && !strings.HasSuffix(name[1], "*") { // "prefix*" is the rules' wildcard
 				stray = append(stray, "nftables element for a missing port: "+name[1])
+			}
+		}
+		for _, m := range regexp.MustCompile(`" \. (\d+\.\d+\.\d+\.\d+)`).FindAllStringSubmatch(string(out), -1) {
+			portIPs[m[1]] = true
+		}
+	}
+	// ... and every egress policy chain (eg-<address in hex>) a registered port.
+	if out, err := exec.Command("nft", "list", "table", "inet", netTable).Output(); err == nil {
+		for _, m := range regexp.MustCompile(`chain eg-([0-9a-f]{8}) `).FindAllStringSubmatch(string(out), -1) {
+			var a [4]byte
+			fmt.Sscanf(m[1], "%02x%02x%02x%02x", &a[0], &a[1], &a[2], &a[3])
+			if ip := fmt.Sprintf("%d.%d.%d.%d", a[0], a[1], a[2], a[3]); !portIPs[ip] {
+				stray = append(stray, "nftables egress chain of an address with no port: "+ip)
 			}
 		}
 	}

@@ -60,7 +60,7 @@ func main() {
 	root.PersistentFlags().StringVar(&g.host, "host", os.Getenv("FORKBOX_HOST"), "daemon address: unix:///path or http://host:port (default unix:///run/forkbox/forkbox.sock)")
 	root.PersistentFlags().StringVar(&g.token, "token", os.Getenv("FORKBOX_TOKEN"), "bearer token for a TCP daemon")
 	root.PersistentFlags().BoolVar(&g.json, "json", false, "print JSON")
-	root.AddCommand(serveCmd(), uninstallCmd(), imageCmd(g), createCmd(g), execCmd(g), lsCmd(g), inspectCmd(g), logsCmd(g), rmCmd(g), credsCmd(g), envCmd(g), statsCmd(g), cpCmd(g), timeoutCmd(g))
+	root.AddCommand(serveCmd(), uninstallCmd(), imageCmd(g), createCmd(g), execCmd(g), lsCmd(g), inspectCmd(g), logsCmd(g), rmCmd(g), credsCmd(g), envCmd(g), statsCmd(g), cpCmd(g), timeoutCmd(g), egressCmd(g))
 	root.AddCommand(checkpointCmds(g)...)
 	root.AddCommand(mcpCmd(g), portCmd(g))
 

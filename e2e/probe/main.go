@@ -5,19 +5,24 @@
 //
 //	probe escapes HOSTDEVMAJOR HOSTDEVMINOR   privileged syscalls and files
 //	probe dial ADDR...                        TCP connects (2 s each, in parallel)
+//	probe lookup NAME...                      DNS lookups through /etc/resolv.conf
+//	probe dnsflood SERVER COUNT NAME          COUNT A queries at once over UDP, then a 600-byte one (over the proxy's 512)
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
 
+	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
 )
 
@@ -33,6 +38,11 @@ func main() {
 		escapes(uint32(maj), uint32(min))
 	case "dial":
 		dial(os.Args[2:])
+	case "lookup":
+		lookup(os.Args[2:])
+	case "dnsflood":
+		n, _ := strconv.Atoi(arg(3))
+		dnsFlood(arg(2), n, arg(4))
 	default:
 		os.Exit(2)
 	}
@@ -254,6 +264,66 @@ func openByHandle() error {
 		return e
 	}
 	return nil
+}
+
+// lookup resolves each name (the pure Go resolver: /etc/resolv.conf) and
+// prints "lookup-NAME ok ADDR,..." or "lookup-NAME denied ERROR".
+func lookup(names []string) {
+	for _, n := range names {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		addrs, err := net.DefaultResolver.LookupHost(ctx, n)
+		cancel()
+		if err != nil {
+			fmt.Printf("lookup-%s denied %v\n", n, err)
+			continue
+		}
+		sort.Strings(addrs)
+		fmt.Printf("lookup-%s ok %s\n", n, strings.Join(addrs, ","))
+	}
+}
+
+// dnsFlood sends count queries for name to server (ip:port) as fast as it
+// can, then one too big for a DNS server's 512-byte buffer, and prints
+// "dnsflood sent N noerror X refused Y other Z silent S".
+func dnsFlood(server string, count int, name string) {
+	c, err := net.Dial("udp", server)
+	if err != nil {
+		fmt.Printf("dnsflood denied %v\n", err)
+		return
+	}
+	defer c.Close()
+	for i := range count {
+		m := new(dns.Msg)
+		m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+		m.Id = uint16(i)
+		b, _ := m.Pack()
+		c.Write(b)
+	}
+	big := new(dns.Msg)
+	big.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	big.Id = uint16(count)
+	big.Extra = append(big.Extra, &dns.TXT{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeTXT, Class: dns.ClassINET},
+		Txt: []string{strings.Repeat("x", 250), strings.Repeat("y", 250), strings.Repeat("z", 90)}})
+	b, _ := big.Pack()
+	c.Write(b)
+	counts := map[int]int{}
+	got := 0
+	buf := make([]byte, 4096)
+	for got < count+1 {
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		n, err := c.Read(buf)
+		if err != nil {
+			break
+		}
+		r := new(dns.Msg)
+		if r.Unpack(buf[:n]) != nil {
+			continue
+		}
+		got++
+		counts[r.Rcode]++
+	}
+	fmt.Printf("dnsflood sent %d noerror %d refused %d other %d silent %d\n", count+1, counts[dns.RcodeSuccess],
+		counts[dns.RcodeRefused], got-counts[dns.RcodeSuccess]-counts[dns.RcodeRefused], count+1-got)
 }
 
 func dial(addrs []string) {

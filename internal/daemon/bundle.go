@@ -129,7 +129,8 @@ func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Net
 // they are also outside its disk limit, they are bound read-only (see
 // spec.WriteEtcFiles): a sandbox cannot grow them.
 func writeIdentity(bundle string, sb *store.Sandbox, nw *network.Network) ([]specs.Mount, error) {
-	etc, err := spec.WriteEtcFiles(bundle, spec.EtcFiles{Hostname: sb.Config.Hostname, Hosts: []string{nw.IP.String() + "\t" + sb.Config.Hostname}})
+	etc, err := spec.WriteEtcFiles(bundle, spec.EtcFiles{Hostname: sb.Config.Hostname, Hosts: []string{nw.IP.String() + "\t" + sb.Config.Hostname},
+		Nameservers: nameservers(nw)})
 	if err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}

@@ -18,16 +18,18 @@ import (
 
 // CreateOptions is what a sandbox is created with.
 type CreateOptions struct {
-	Image   string
-	Name    string
-	CPU     string
-	Memory  string
-	Pids    int64
-	Disk    string
-	Env     map[string]string
-	Cwd     string
-	Egress  string
-	Runtime string
+	Image  string
+	Name   string
+	CPU    string
+	Memory string
+	Pids   int64
+	Disk   string
+	Env    map[string]string
+	Cwd    string
+	Egress string
+	// EgressAllow and EgressDeny are egress lists (network.ParsePolicy).
+	EgressAllow, EgressDeny []string
+	Runtime                 string
 	// Timeout is the sandbox's lifetime from its start (0 = none);
 	// OnTimeout what its expiry does (close, the default, or hibernate).
 	Timeout   time.Duration
@@ -52,7 +54,8 @@ func (d *Daemon) validate(ctx context.Context, o *CreateOptions) (*store.Sandbox
 		return nil, image.Image{}, fmt.Errorf("an image is required: %w", errdefs.ErrInvalidArgument)
 	}
 	cfg, err := withOverrides(defaultConfig(), Overrides{Name: o.Name, CPU: o.CPU, Memory: o.Memory, Pids: o.Pids, Disk: o.Disk,
-		Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Timeout: o.Timeout, OnTimeout: o.OnTimeout})
+		Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Timeout: o.Timeout, OnTimeout: o.OnTimeout,
+		EgressAllow: o.EgressAllow, EgressDeny: o.EgressDeny})
 	if err != nil {
 		return nil, image.Image{}, err
 	}
@@ -137,6 +140,9 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 	}
 	if at := d.ExpiresAt(sb); !at.IsZero() {
 		ev["timeout_ms"], ev["on_timeout"], ev["expires_at_unix_ms"] = cfg.TimeoutMS, cfg.OnTimeout, at.UnixMilli()
+	}
+	if len(cfg.EgressAllow)+len(cfg.EgressDeny) > 0 {
+		ev["egress_allow"], ev["egress_deny"] = cfg.EgressAllow, cfg.EgressDeny
 	}
 	for k, v := range l.event {
 		ev[k] = v
@@ -300,7 +306,11 @@ func (d *Daemon) prepare(ctx context.Context, sb *store.Sandbox, img image.Image
 	if err := d.host.MountAll(ctx, mounts, rootfs); err != nil {
 		return nil, fmt.Errorf("mount rootfs: %w", err)
 	}
-	nw, err := d.net.Setup(ctx, sb.ID, netip.MustParseAddr(sb.IP), network.Egress(sb.Config.Egress))
+	pol, err := policyOf(sb.Config)
+	if err != nil {
+		return nil, err
+	}
+	nw, err := d.net.Setup(ctx, sb.ID, netip.MustParseAddr(sb.IP), pol)
 	if err != nil {
 		return nil, fmt.Errorf("network: %w", err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/cgroups"
+	"github.com/forkbox/forkbox/internal/dnsproxy"
 	"github.com/forkbox/forkbox/internal/env"
 	"github.com/forkbox/forkbox/internal/image"
 	"github.com/forkbox/forkbox/internal/ports"
@@ -88,6 +89,9 @@ type Config struct {
 	PortsAddr   string
 	PortsDomain string
 	APIToken    string
+	// DNSUpstream is the resolver (ip:port) the DNS proxy forwards allowed
+	// names to; "" = the first of the host's /etc/resolv.conf.
+	DNSUpstream string
 	Log         *slog.Logger
 }
 
@@ -118,7 +122,8 @@ type Daemon struct {
 	life         *schedule      // the expiry scheduler's book (expiry.go)
 	bg           sync.WaitGroup // the janitor's goroutines; Close waits for them
 	portKeys     *ports.Keys
-	portSrv      *ports.Server // nil without Config.PortsAddr
+	portSrv      *ports.Server   // nil without Config.PortsAddr
+	dns          *dnsproxy.Proxy // nil: not started (see startDNSProxy)
 }
 
 func (c *Config) setDefaults() error {
@@ -168,6 +173,9 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
+	if err := checkUpstream(cfg.DNSUpstream); err != nil {
+		return nil, err
+	}
 	d := &Daemon{cfg: cfg, log: cfg.Log, locks: map[string]*sync.Mutex{}, runtimes: p.runtimes, snaps: p.snaps, net: p.net, host: p.host,
 		cgroupRoot: cgroups.Root,
 		life:       newSchedule()}
@@ -209,9 +217,13 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 	}
 	undo.push(func(context.Context) error { return d.snaps.Close() })
 	if d.net == nil {
-		if d.net, err = newNetwork(ctx, cfg, d.log); err != nil {
+		nm, err := newNetwork(ctx, cfg, d.log)
+		if err != nil {
 			return nil, err
 		}
+		d.net = nm
+		d.startDNSProxy(ctx, nm)
+		undo.push(func(context.Context) error { return d.closeDNS() })
 	}
 	if p.runtimes == nil {
 		if err := d.openRuntimes(cfg); err != nil {
@@ -260,7 +272,17 @@ func (d *Daemon) Close() error {
 		d.stopJanitor()
 	}
 	d.bg.Wait()
-	return errors.Join(perr, d.snaps.Close(), d.store.Close())
+	return errors.Join(perr, d.closeDNS(), d.snaps.Close(), d.store.Close())
+}
+
+// closeDNS stops the DNS proxy, if it runs.
+func (d *Daemon) closeDNS() error {
+	if d.dns == nil {
+		return nil
+	}
+	err := d.dns.Close()
+	d.dns = nil
+	return err
 }
 
 // Images returns the image store.

@@ -46,6 +46,7 @@ type world struct {
 	mounts map[string][]mount.Mount
 	frozen map[string]bool
 	netns  map[string]netip.Addr
+	egress map[string]network.Policy // by sandbox id, as set up or set
 	// dying containers are reported running once more, then stopped (a
 	// killed sandbox whose processes are not reaped yet).
 	dying map[string]bool
@@ -70,7 +71,7 @@ type container struct {
 }
 
 func newWorld(t testing.TB) *world {
-	w := &world{t: t, ctr: map[string]*container{}, mounts: map[string][]mount.Mount{}, frozen: map[string]bool{}, netns: map[string]netip.Addr{},
+	w := &world{t: t, ctr: map[string]*container{}, mounts: map[string][]mount.Mount{}, frozen: map[string]bool{}, netns: map[string]netip.Addr{}, egress: map[string]network.Policy{},
 		dying: map[string]bool{}}
 	t.Cleanup(w.close)
 	return w
@@ -212,11 +213,28 @@ func (n fakeNet) AllocateAfter(used []netip.Addr, last netip.Addr) (netip.Addr, 
 	return netip.Addr{}, fmt.Errorf("fake subnet full: %w", errdefs.ErrResourceExhausted)
 }
 
-func (n fakeNet) Setup(_ context.Context, id string, ip netip.Addr, egress network.Egress) (*network.Network, error) {
+func (n fakeNet) Setup(_ context.Context, id string, ip netip.Addr, pol network.Policy) (*network.Network, error) {
 	n.w.mu.Lock()
 	defer n.w.mu.Unlock()
 	n.w.netns[id] = ip
-	return &network.Network{ID: id, NSPath: "/nonexistent/netns/" + id, IP: ip, Gateway: netip.MustParseAddr("10.201.0.1"), PrefixLen: 24, Egress: egress}, nil
+	n.w.egress[id] = pol
+	return &network.Network{ID: id, NSPath: "/nonexistent/netns/" + id, IP: ip, Gateway: netip.MustParseAddr("10.201.0.1"), PrefixLen: 24, Egress: pol.Mode, Policy: pol}, nil
+}
+
+func (n fakeNet) SetPolicy(_ context.Context, id string, ip netip.Addr, pol network.Policy) error {
+	n.w.mu.Lock()
+	defer n.w.mu.Unlock()
+	if n.w.netns[id] != ip {
+		return fmt.Errorf("netns of %s at %s: %w", id, ip, errdefs.ErrNotFound)
+	}
+	n.w.egress[id] = pol
+	return nil
+}
+
+func (n fakeNet) policy(id string) network.Policy {
+	n.w.mu.Lock()
+	defer n.w.mu.Unlock()
+	return n.w.egress[id]
 }
 
 func (n fakeNet) Reconfigure(_ context.Context, id string, ip netip.Addr) error {
@@ -233,6 +251,7 @@ func (n fakeNet) Teardown(_ context.Context, id string) error {
 	n.w.mu.Lock()
 	defer n.w.mu.Unlock()
 	delete(n.w.netns, id)
+	delete(n.w.egress, id)
 	return nil
 }
 

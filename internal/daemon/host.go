@@ -21,7 +21,8 @@ import (
 // *network.Manager.
 type netManager interface {
 	AllocateAfter(used []netip.Addr, last netip.Addr) (netip.Addr, error)
-	Setup(ctx context.Context, id string, ip netip.Addr, egress network.Egress) (*network.Network, error)
+	Setup(ctx context.Context, id string, ip netip.Addr, pol network.Policy) (*network.Network, error)
+	SetPolicy(ctx context.Context, id string, ip netip.Addr, pol network.Policy) error
 	Reconfigure(ctx context.Context, id string, ip netip.Addr) error
 	Teardown(ctx context.Context, id string) error
 	List(ctx context.Context) ([]string, error)

@@ -54,6 +54,13 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// keepEgress applies a kept sandbox's recorded egress policy again.
+func (d *Daemon) keepEgress(ctx context.Context, sb *store.Sandbox) {
+	if err := d.reapplyEgress(ctx, sb); err != nil {
+		d.log.Warn("reconcile: egress policy not applied", slog.String("sandbox", sb.ID), slog.Any("error", err))
+	}
+}
+
 // reconcileParallelism is how many sandboxes reconcile looks at at once.
 const reconcileParallelism = 8
 
@@ -78,6 +85,7 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *store.Sandbox) error {
 					return err
 				}
 			}
+			d.keepEgress(ctx, sb)
 			log.Info("reconcile: sandbox hibernated")
 			return nil
 		}
@@ -90,6 +98,7 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *store.Sandbox) error {
 		h := d.checkHealth(ctx, sb)
 		switch {
 		case h.ok:
+			d.keepEgress(ctx, sb)
 			if sb.State != h.state {
 				if err := d.setState(ctx, sb, h.state, ""); err != nil {
 					return err
@@ -99,6 +108,7 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *store.Sandbox) error {
 			log.Info("reconcile: sandbox still running", slog.String("state", string(sb.State)))
 			return nil
 		case h.reason != "":
+			d.keepEgress(ctx, sb)
 			if sb.State == store.StateDegraded {
 				log.Debug("reconcile: sandbox still degraded", slog.String("reason", h.reason))
 				return nil

@@ -10,6 +10,7 @@ import (
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/image"
+	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/store"
 )
 
@@ -26,7 +27,10 @@ type Overrides struct {
 	Env         map[string]string
 	Cwd         string
 	Egress      string
-	Name        string
+	// EgressAllow and EgressDeny, with Egress, replace the inherited egress
+	// policy as a whole when any of the three is given.
+	EgressAllow, EgressDeny []string
+	Name                    string
 	// Timeout (0: inherited) and OnTimeout ("": inherited): see
 	// CreateOptions. The child's deadline is its start plus its timeout.
 	Timeout   time.Duration
@@ -127,12 +131,13 @@ func withOverrides(base store.SandboxConfig, o Overrides) (store.SandboxConfig, 
 		}
 		cfg.Cwd = o.Cwd
 	}
-	switch o.Egress {
-	case "":
-	case "none", "all":
-		cfg.Egress = o.Egress
-	default:
-		return cfg, fmt.Errorf("egress %q: want none or all: %w", o.Egress, errdefs.ErrInvalidArgument)
+	if o.Egress != "" || len(o.EgressAllow)+len(o.EgressDeny) > 0 {
+		pol, err := network.ParsePolicy(o.Egress, o.EgressAllow, o.EgressDeny)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Egress = string(pol.Mode)
+		cfg.EgressAllow, cfg.EgressDeny = pol.Lists()
 	}
 	return cfg, nil
 }

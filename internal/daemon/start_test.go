@@ -45,6 +45,10 @@ func TestStartValidation(t *testing.T) {
 		{"negative timeout", Overrides{Timeout: -time.Second}, errdefs.IsInvalidArgument},
 		{"timeout over the bound", Overrides{Timeout: maxTimeout + time.Second}, errdefs.IsInvalidArgument},
 		{"bad on_timeout", Overrides{OnTimeout: "explode"}, errdefs.IsInvalidArgument},
+		{"bad egress cidr", Overrides{EgressAllow: []string{"10.0.0.0/33"}}, errdefs.IsInvalidArgument},
+		{"bad egress name", Overrides{EgressAllow: []string{"a..b"}}, errdefs.IsInvalidArgument},
+		{"too many egress entries", Overrides{EgressDeny: strings.Split(strings.Repeat("10.0.0.0/8,", 65), ",")[:65], Egress: "all"}, errdefs.IsInvalidArgument},
+		{"egress none with a list", Overrides{Egress: "none", EgressAllow: []string{"10.0.0.0/8"}}, errdefs.IsInvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			live := h.liveCount()
@@ -58,7 +62,8 @@ func TestStartValidation(t *testing.T) {
 			}
 			calls := map[string]error{}
 			_, calls["create"] = h.d.Create(ctx, CreateOptions{Image: "unit:1", Name: tc.o.Name, CPU: tc.o.CPU, Memory: tc.o.Memory,
-				Pids: tc.o.Pids, Env: env, Cwd: tc.o.Cwd, Egress: tc.o.Egress, Timeout: tc.o.Timeout, OnTimeout: tc.o.OnTimeout})
+				Pids: tc.o.Pids, Env: env, Cwd: tc.o.Cwd, Egress: tc.o.Egress, Timeout: tc.o.Timeout, OnTimeout: tc.o.OnTimeout,
+				EgressAllow: tc.o.EgressAllow, EgressDeny: tc.o.EgressDeny})
 			_, calls["fork"] = h.d.Fork(ctx, ForkOptions{Source: src, Overrides: tc.o})
 			_, calls["fork from checkpoint"] = h.d.Fork(ctx, ForkOptions{Source: src, FromCheckpoint: ck.ID, Overrides: tc.o})
 			_, calls["restore"] = h.d.RestoreSnapshot(ctx, ck.ID, tc.o, nil)

@@ -103,8 +103,12 @@ type CreateIn struct {
 	Memory  string            `json:"memory,omitempty" jsonschema:"memory, e.g. 512Mi or 2Gi"`
 	Env     map[string]string `json:"env,omitempty" jsonschema:"environment of every exec"`
 	Cwd     string            `json:"cwd,omitempty" jsonschema:"working directory of execs"`
-	Egress  string            `json:"egress,omitempty" jsonschema:"outbound network: none (default) or all"`
+	Egress  string            `json:"egress,omitempty" jsonschema:"outbound network: none (default), all, or allow (implied by egress_allow)"`
 	Runtime string            `json:"runtime,omitempty" jsonschema:"gvisor or crun (default: the daemon's)"`
+	// EgressAllow and EgressDeny are the egress lists (see the README's
+	// "Egress allowlists").
+	EgressAllow []string `json:"egress_allow,omitempty" jsonschema:"CIDRs and DNS names (api.example.com, *.example.com) the sandbox may reach"`
+	EgressDeny  []string `json:"egress_deny,omitempty" jsonschema:"CIDRs (and names, with egress_allow) it may not reach; wins over egress_allow"`
 }
 
 func (t *tools) create(ctx context.Context, in CreateIn) (Sandbox, error) {
@@ -113,7 +117,7 @@ func (t *tools) create(ctx context.Context, in CreateIn) (Sandbox, error) {
 	}
 	sb, err := t.c.CreateSandbox(ctx, client.CreateOptions{
 		Image: in.Image, Name: in.Name, Env: in.Env, Cwd: in.Cwd, Egress: in.Egress, Runtime: in.Runtime,
-		Resources: client.Resources{CPU: in.CPU, Memory: in.Memory},
+		Resources: client.Resources{CPU: in.CPU, Memory: in.Memory}, EgressAllow: in.EgressAllow, EgressDeny: in.EgressDeny,
 	})
 	if err != nil {
 		return Sandbox{}, err

@@ -56,7 +56,12 @@ func (m *Manager) enableForwarding() error {
 	m.forwardMu.Lock()
 	defer m.forwardMu.Unlock()
 	if m.forwardOn {
-		return nil
+		if b, err := os.ReadFile(forwardPath); err == nil && strings.TrimSpace(string(b)) == "1" {
+			return nil
+		}
+		// Something else on the host switched it off under us: on again
+		// (sandboxes set up or changed from now on have egress again).
+		m.log.Warn("net.ipv4.ip_forward was switched off by something else on the host; switching it on again")
 	}
 	err := withForwardLock(func() error {
 		if err := os.WriteFile(m.holderPath(), nil, 0o644); err != nil {

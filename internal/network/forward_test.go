@@ -101,3 +101,27 @@ func TestForwardingSurvivesRestart(t *testing.T) {
 		t.Errorf("ip_forward = %s after the restarted daemon's uninstall, want 0", got)
 	}
 }
+
+// TestForwardingSwitchedOffUnderUs: something else on the host switches
+// forwarding off while a Manager holds it; the Manager's next need for it
+// switches it on again, and its release still restores the host's value.
+func TestForwardingSwitchedOffUnderUs(t *testing.T) {
+	read := fakeForwarding(t, "0")
+	m := fakeManager("a")
+	if err := m.enableForwarding(); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(forwardPath, []byte("0\n"), 0o644)
+	if err := m.enableForwarding(); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(); got != "1" {
+		t.Fatalf("after enable with forwarding switched off: ip_forward = %s, want 1", got)
+	}
+	if err := m.releaseForwarding(); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(); got != "0" {
+		t.Errorf("after release: ip_forward = %s, want 0", got)
+	}
+}

@@ -95,7 +95,7 @@ func setup(tb testing.TB, m *Manager, name string, egress Egress) *Network {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	nw, err := m.Setup(context.Background(), testID(name), ip, egress)
+	nw, err := m.Setup(context.Background(), testID(name), ip, Policy{Mode: egress})
 	if err != nil {
 		tb.Fatalf("Setup(%s): %v", name, err)
 	}

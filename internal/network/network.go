@@ -10,19 +10,22 @@
 //   - A sandbox can never open a connection to the host itself (any host
 //     address, including the bridge's), whatever its egress mode: new
 //     connections arriving on the bridge are dropped in the input hook.
-//     Egress "all" means the outside world, not the host's local services;
-//     a sandbox that needs DNS must be given an external resolver.
+//     Egress "all" means the outside world, not the host's local services.
+//     The one exception: DNS to the gateway (the daemon's DNS proxy) from
+//     sandboxes with names on an allowlist (see nft_egress.go).
 //   - Sandboxes cannot reach each other: bridge ports are isolated at L2, and
 //     routed traffic back into the bridge is dropped in the forward hook.
 //   - Egress "none" (the default): nothing is forwarded from the sandbox.
 //     Egress "all": new connections from the sandbox are forwarded and
-//     masqueraded out of any interface other than the bridge.
+//     masqueraded out of any interface other than the bridge. Egress
+//     "allow": only to its allowlist, minus its denylist; "all" may have a
+//     denylist too (Policy, nft_egress.go).
 //   - A sandbox cannot spoof another's address: the bridge-family table drops
 //     IPv4 and ARP frames whose source address is not the one registered for
 //     the port they arrive on, and all IPv6 frames from sandbox ports.
 //
 // IPv4 forwarding (net.ipv4.ip_forward) is host-wide. It is switched on the
-// first time a sandbox with egress "all" is set up, and must stay on while
+// first time a sandbox with egress "all" or "allow" is set up, and must stay on while
 // such sandboxes run. The value it had before is recorded under
 // /run/forkbox/ip_forward.d, with one holder file per Manager (per nftables
 // table) that needed it; Destroy drops its holder and, when no holder is
@@ -86,6 +89,7 @@ type Network struct {
 	PrefixLen int
 	HostVeth  string // host side of the veth pair, a port of the bridge
 	Egress    Egress
+	Policy    Policy
 }
 
 // Manager sets up and tears down sandbox networks. It is safe for
@@ -98,6 +102,9 @@ type Manager struct {
 	nftMu     sync.Mutex // serialises nftables transactions
 	forwardMu sync.Mutex
 	forwardOn bool
+
+	polMu    sync.RWMutex
+	policies map[netip.Addr]Policy // by sandbox address, for the DNS proxy
 }
 
 // New returns a Manager, creating or reusing the bridge (up, with the
@@ -136,7 +143,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	m := &Manager{cfg: cfg, log: cfg.Log, gateway: cfg.Subnet.Addr().Next()}
+	m := &Manager{cfg: cfg, log: cfg.Log, gateway: cfg.Subnet.Addr().Next(), policies: map[netip.Addr]Policy{}}
 	if err := ensureNetnsDir(cfg.NetnsDir); err != nil {
 		return nil, err
 	}

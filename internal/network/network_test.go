@@ -155,7 +155,7 @@ func TestTeardownAfterDestroy(t *testing.T) {
 func TestSetupAlreadyExists(t *testing.T) {
 	m := newTestManager(t, 5)
 	a := setup(t, m, "a", EgressNone)
-	_, err := m.Setup(context.Background(), a.ID, netip.MustParseAddr("10.231.5.9"), EgressNone)
+	_, err := m.Setup(context.Background(), a.ID, netip.MustParseAddr("10.231.5.9"), Policy{Mode: EgressNone})
 	if !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("second Setup: got %v, want AlreadyExists", err)
 	}
@@ -179,7 +179,7 @@ func TestSetupBadInput(t *testing.T) {
 		{"ok", "10.231.7.2", EgressNone},   // outside the subnet
 		{"ok", "10.231.6.2", "some"},
 	} {
-		if _, err := m.Setup(ctx, tc.id, netip.MustParseAddr(tc.ip), tc.egress); !errdefs.IsInvalidArgument(err) {
+		if _, err := m.Setup(ctx, tc.id, netip.MustParseAddr(tc.ip), Policy{Mode: tc.egress}); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("Setup(%q, %s, %q): got %v, want InvalidArgument", tc.id, tc.ip, tc.egress, err)
 		}
 	}
@@ -197,7 +197,7 @@ func TestSetupUnwinds(t *testing.T) {
 			return nil
 		}
 		id := testID("unwind-" + at)
-		_, err := m.Setup(ctx, id, netip.MustParseAddr("10.231.7.2"), EgressAll)
+		_, err := m.Setup(ctx, id, netip.MustParseAddr("10.231.7.2"), Policy{Mode: EgressAll})
 		stepHook = nil
 		if !errors.Is(err, injected) {
 			t.Fatalf("Setup failing at %s: got %v, want the injected error", at, err)
@@ -259,7 +259,7 @@ func BenchmarkSetupTeardown(b *testing.B) {
 	id := testID("bench")
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if _, err := m.Setup(ctx, id, ip, EgressAll); err != nil {
+		if _, err := m.Setup(ctx, id, ip, Policy{Mode: EgressAll}); err != nil {
 			b.Fatal(err)
 		}
 		if err := m.Teardown(ctx, id); err != nil {

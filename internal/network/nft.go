@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -104,6 +105,12 @@ func (m *Manager) ensureTables() error {
 	if err := c.AddSet(egress, nil); err != nil {
 		return fmt.Errorf("network: nft set %s: %v: %w", setEgressAll, err, errdefs.ErrInternal)
 	}
+	pmap, dnsClients := m.policyMap(), m.dnsClientsSet()
+	for _, s := range []*nftables.Set{pmap, dnsClients} {
+		if err := c.AddSet(s, nil); err != nil {
+			return fmt.Errorf("network: nft set %s: %v: %w", s.Name, err, errdefs.ErrInternal)
+		}
+	}
 	input := c.AddChain(&nftables.Chain{Name: "input", Table: inetTable, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept4})
 	forward := c.AddChain(&nftables.Chain{Name: "forward", Table: inetTable, Type: nftables.ChainTypeFilter,
@@ -123,9 +130,24 @@ func (m *Manager) ensureTables() error {
 	}
 	// input: from the bridge only replies to the host's own connections.
 	c.AddRule(rule(inetTable, input, iifBr, ctEstablished(), accept))
+	// ... and DNS to the gateway (the proxy) from sandboxes that use it;
+	// the others get a fast "port unreachable" rather than a timeout.
+	gw := m.gateway.As4()
+	toGateway := append(ipv4Field(16), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: gw[:]})
+	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+		dns := []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0, 53}},
+		}
+		c.AddRule(rule(inetTable, input, iifBr, toGateway, dns, ipv4Field(12), inSet(dnsClients), accept))
+		c.AddRule(rule(inetTable, input, iifBr, toGateway, dns,
+			[]expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH}}))
+	}
 	c.AddRule(rule(inetTable, input, iifBr, drop))
 	// forward: replies both ways; nothing new into the bridge; new out of
-	// it only from egress "all" sandboxes.
+	// it only from egress "all" sandboxes, or as a sandbox's lists say.
 	c.AddRule(rule(inetTable, forward, iifBr, ctEstablished(), accept))
 	c.AddRule(rule(inetTable, forward, oifBr, ctEstablished(), accept))
 	c.AddRule(rule(inetTable, forward, oifBr, drop))
@@ -138,10 +160,19 @@ func (m *Manager) ensureTables() error {
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{169, 254}},
 	}
 	c.AddRule(rule(inetTable, forward, iifBr, linkLocalDst, drop))
+	// Sandboxes with lists: their own chain (nft_egress.go) decides.
+	c.AddRule(rule(inetTable, forward, iifBr, ipv4Field(12),
+		[]expr.Any{&expr.Lookup{SourceRegister: 1, IsDestRegSet: true, SetName: pmap.Name, SetID: pmap.ID}}))
 	c.AddRule(rule(inetTable, forward, iifBr, inEgressAll, accept))
 	c.AddRule(rule(inetTable, forward, iifBr, drop))
-	// postrouting: masquerade egress "all" sandboxes leaving by another link.
-	c.AddRule(rule(inetTable, post, inEgressAll, metaCmp(expr.MetaKeyOIFNAME, expr.CmpOpNeq, br),
+	// postrouting: masquerade sandboxes leaving by another link (only what
+	// the forward chain let through gets there).
+	sub := m.cfg.Subnet.Addr().As4()
+	mask := net.CIDRMask(m.cfg.Subnet.Bits(), 32)
+	fromSubnet := append(ipv4Field(12),
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: []byte{0, 0, 0, 0}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: sub[:]})
+	c.AddRule(rule(inetTable, post, fromSubnet, metaCmp(expr.MetaKeyOIFNAME, expr.CmpOpNeq, br),
 		[]expr.Any{&expr.Masq{}}))
 
 	// bridge table: anti-spoofing on sandbox ports.
@@ -226,8 +257,20 @@ func (m *Manager) addElements(veth string, ip netip.Addr, egress Egress) error {
 }
 
 // delElements removes every element that belongs to the port veth: its
-// entries in ports, and their addresses in egress_all. Missing is fine.
+// entries in ports, their addresses in egress_all, and their egress
+// policies' objects. Missing is fine.
 func (m *Manager) delElements(veth string) error {
+	var addrs []netip.Addr
+	errs := []error{m.delPortElements(veth, &addrs)}
+	for _, a := range addrs {
+		errs = append(errs, m.dropPolicy(a))
+	}
+	return errors.Join(errs...)
+}
+
+// delPortElements removes the ports and egress_all elements of veth and,
+// if the inet table exists, puts their addresses in addrs.
+func (m *Manager) delPortElements(veth string, addrs *[]netip.Addr) error {
 	m.nftMu.Lock()
 	defer m.nftMu.Unlock()
 	c, err := nftables.New()
@@ -279,6 +322,14 @@ func (m *Manager) delElements(veth string) error {
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("network: delete nft elements of %s: %v: %w", veth, err, errdefs.ErrInternal)
+	}
+	if !haveInet {
+		return nil
+	}
+	for _, e := range delPorts {
+		if a, ok := netip.AddrFromSlice(e.Key[len(name):]); ok {
+			*addrs = append(*addrs, a)
+		}
 	}
 	return nil
 }

@@ -46,20 +46,20 @@ func validID(id string) error {
 // bridge on an isolated port, and the nftables elements for egress. On
 // failure every step done is undone. It fails with AlreadyExists if the
 // sandbox already has a netns or a veth.
-func (m *Manager) Setup(ctx context.Context, id string, ip netip.Addr, egress Egress) (nw *Network, err error) {
+func (m *Manager) Setup(ctx context.Context, id string, ip netip.Addr, pol Policy) (nw *Network, err error) {
 	if err := validID(id); err != nil {
 		return nil, err
 	}
 	if err := m.checkIP(ip); err != nil {
 		return nil, err
 	}
-	switch egress {
-	case "":
-		egress = EgressNone
-	case EgressNone, EgressAll:
-	default:
-		return nil, fmt.Errorf("network: egress %q: want %q or %q: %w", egress, EgressNone, EgressAll, errdefs.ErrInvalidArgument)
+	if pol.Mode == "" && len(pol.Allow)+len(pol.AllowNames)+len(pol.Deny)+len(pol.DenyNames) == 0 {
+		pol.Mode = EgressNone
 	}
+	if err := checkPolicy(pol); err != nil {
+		return nil, err
+	}
+	egress := pol.Mode
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -77,7 +77,7 @@ func (m *Manager) Setup(ctx context.Context, id string, ip netip.Addr, egress Eg
 		}
 	}()
 
-	if egress == EgressAll {
+	if egress != EgressNone {
 		if err := m.enableForwarding(); err != nil {
 			return nil, err
 		}
@@ -115,6 +115,10 @@ func (m *Manager) Setup(ctx context.Context, id string, ip netip.Addr, egress Eg
 		return nil, err
 	}
 	undo.add(func() error { return m.delElements(host) })
+	if err := m.SetPolicy(ctx, id, ip, pol); err != nil {
+		return nil, err
+	}
+	undo.add(func() error { return m.dropPolicy(ip) })
 	if err := step("nft"); err != nil {
 		return nil, err
 	}
@@ -133,7 +137,7 @@ func (m *Manager) Setup(ctx context.Context, id string, ip netip.Addr, egress Eg
 	log.Debug("sandbox network set up", slog.String("ip", ip.String()), slog.String("egress", string(egress)))
 	return &Network{
 		ID: id, NSPath: path, IP: ip, Gateway: m.gateway, PrefixLen: m.cfg.Subnet.Bits(),
-		HostVeth: host, Egress: egress,
+		HostVeth: host, Egress: egress, Policy: pol,
 	}, nil
 }
 

@@ -20,7 +20,8 @@ func fromOverrides(o *v1.Overrides) daemon.Overrides {
 	if o == nil {
 		return daemon.Overrides{}
 	}
-	out := daemon.Overrides{Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Name: o.Name, Timeout: lifetimeTimeout(o.TimeoutMs), OnTimeout: o.OnTimeout}
+	out := daemon.Overrides{Env: o.Env, Cwd: o.Cwd, Egress: o.Egress, Name: o.Name, Timeout: lifetimeTimeout(o.TimeoutMs), OnTimeout: o.OnTimeout,
+		EgressAllow: o.EgressAllow, EgressDeny: o.EgressDeny}
 	if r := o.Resources; r != nil {
 		out.CPU, out.Memory, out.Pids, out.Disk = r.Cpu, r.Memory, r.Pids, r.Disk
 	}
@@ -32,6 +33,15 @@ func (s *sandboxes) name(ctx context.Context, id string) string {
 		return sb.Name
 	}
 	return ""
+}
+
+func (s *sandboxes) SetEgress(ctx context.Context, req *connect.Request[v1.SetEgressRequest]) (*connect.Response[v1.SetEgressResponse], error) {
+	m := req.Msg
+	sb, err := s.d.SetEgress(ctx, m.Sandbox, daemon.EgressOptions{Egress: m.Egress, Allow: m.EgressAllow, Deny: m.EgressDeny})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&v1.SetEgressResponse{Sandbox: toSandbox(s.d, sb)}), nil
 }
 
 func (s *sandboxes) PauseSandbox(ctx context.Context, req *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error) {

@@ -37,6 +37,8 @@ func toSandbox(d *daemon.Daemon, sb *store.Sandbox) *v1.Sandbox {
 		ExpiresAtUnixMs: unixMilli(d.ExpiresAt(sb)),
 		TimeoutMs:       sb.Config.TimeoutMS,
 		OnTimeout:       onTimeout(sb.Config.OnTimeout),
+		EgressAllow:     sb.Config.EgressAllow,
+		EgressDeny:      sb.Config.EgressDeny,
 	}
 }
 
@@ -59,7 +61,8 @@ func (s *sandboxes) CreateSandbox(ctx context.Context, req *connect.Request[v1.C
 	m := req.Msg
 	start := time.Now()
 	o := daemon.CreateOptions{Image: m.Image, Name: m.Name, Env: m.Env, Cwd: m.Cwd, Egress: m.Egress, Runtime: m.Runtime,
-		Timeout: lifetimeTimeout(m.TimeoutMs), OnTimeout: m.OnTimeout}
+		Timeout: lifetimeTimeout(m.TimeoutMs), OnTimeout: m.OnTimeout,
+		EgressAllow: m.EgressAllow, EgressDeny: m.EgressDeny}
 	if r := m.Resources; r != nil {
 		o.CPU, o.Memory, o.Pids, o.Disk = r.Cpu, r.Memory, r.Pids, r.Disk
 	}

@@ -47,6 +47,9 @@ const (
 	EventExecReplayed      = "exec.replayed"
 	EventCredentialSet     = "credentials.set"
 	EventCredentialDeleted = "credentials.deleted"
+	// EventEgressChanged: a live sandbox's egress policy changed; data has
+	// egress, allow and deny.
+	EventEgressChanged = "sandbox.egress_changed"
 )
 
 // Event is one ledger entry.

@@ -48,9 +48,14 @@ type SandboxConfig struct {
 	Env         map[string]string `json:"env,omitempty"`
 	Cwd         string            `json:"cwd,omitempty"`
 	Egress      string            `json:"egress"`
-	Hostname    string            `json:"hostname"`
-	Snapshotter string            `json:"snapshotter,omitempty"`
-	MachineID   string            `json:"machine_id,omitempty"`
+	// EgressAllow and EgressDeny are the egress lists (CIDRs and DNS
+	// names, canonical: see network.ParsePolicy); Egress is then "allow"
+	// or "all".
+	EgressAllow []string `json:"egress_allow,omitempty"`
+	EgressDeny  []string `json:"egress_deny,omitempty"`
+	Hostname    string   `json:"hostname"`
+	Snapshotter string   `json:"snapshotter,omitempty"`
+	MachineID   string   `json:"machine_id,omitempty"`
 	// TimeoutMS is the sandbox's timeout (0 = none): its deadline is set
 	// that far from its start, or from the last SetTimeout. Children
 	// started from its checkpoints inherit it.
@@ -176,6 +181,23 @@ func (s *Store) SetAgentToken(ctx context.Context, id, token string) error {
 	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET agent_token = ?, updated_at = ? WHERE id = ?`, token, time.Now().UnixMilli(), id)
 	if err != nil {
 		return fmt.Errorf("store: set agent token: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+// SetSandboxConfig records a sandbox's changed config (its egress policy
+// changed on a live sandbox); an unknown id is NotFound.
+func (s *Store) SetSandboxConfig(ctx context.Context, id string, cfg SandboxConfig) error {
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return fmt.Errorf("store: sandbox config: %w", err)
+	}
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET config = ?, updated_at = ? WHERE id = ?`, string(b), time.Now().UnixMilli(), id)
+	if err != nil {
+		return fmt.Errorf("store: set sandbox config: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
 		return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)

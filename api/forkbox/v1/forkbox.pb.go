@@ -113,7 +113,7 @@ type Sandbox struct {
 	Resources   *Resources        `protobuf:"bytes,6,opt,name=resources,proto3" json:"resources,omitempty"`
 	Env         map[string]string `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Cwd         string            `protobuf:"bytes,8,opt,name=cwd,proto3" json:"cwd,omitempty"`
-	// none or all.
+	// none, all, or allow (only egress_allow, minus egress_deny).
 	Egress          string `protobuf:"bytes,9,opt,name=egress,proto3" json:"egress,omitempty"`
 	Runtime         string `protobuf:"bytes,10,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	Hostname        string `protobuf:"bytes,11,opt,name=hostname,proto3" json:"hostname,omitempty"`
@@ -134,7 +134,10 @@ type Sandbox struct {
 	// Its timeout (0 = none), which forks and restores inherit.
 	TimeoutMs int64 `protobuf:"varint,41,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	// What expiry does: close or hibernate.
-	OnTimeout     string `protobuf:"bytes,42,opt,name=on_timeout,json=onTimeout,proto3" json:"on_timeout,omitempty"`
+	OnTimeout string `protobuf:"bytes,42,opt,name=on_timeout,json=onTimeout,proto3" json:"on_timeout,omitempty"`
+	// Egress lists (canonical: CIDRs, then DNS names; see CreateSandboxRequest).
+	EgressAllow   []string `protobuf:"bytes,70,rep,name=egress_allow,json=egressAllow,proto3" json:"egress_allow,omitempty"`
+	EgressDeny    []string `protobuf:"bytes,71,rep,name=egress_deny,json=egressDeny,proto3" json:"egress_deny,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -323,6 +326,20 @@ func (x *Sandbox) GetOnTimeout() string {
 	return ""
 }
 
+func (x *Sandbox) GetEgressAllow() []string {
+	if x != nil {
+		return x.EgressAllow
+	}
+	return nil
+}
+
+func (x *Sandbox) GetEgressDeny() []string {
+	if x != nil {
+		return x.EgressDeny
+	}
+	return nil
+}
+
 type CreateSandboxRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Image     string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
@@ -330,15 +347,26 @@ type CreateSandboxRequest struct {
 	Resources *Resources             `protobuf:"bytes,3,opt,name=resources,proto3" json:"resources,omitempty"`
 	Env       map[string]string      `protobuf:"bytes,4,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Cwd       string                 `protobuf:"bytes,5,opt,name=cwd,proto3" json:"cwd,omitempty"`
-	Egress    string                 `protobuf:"bytes,6,opt,name=egress,proto3" json:"egress,omitempty"`
-	Runtime   string                 `protobuf:"bytes,7,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	// none (default), all, or allow. Empty with egress_allow given: allow.
+	Egress  string `protobuf:"bytes,6,opt,name=egress,proto3" json:"egress,omitempty"`
+	Runtime string `protobuf:"bytes,7,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	// The sandbox expires this long after it starts (0 = no timeout: it
 	// lives until closed, unless the daemon has a max lifetime or an idle
 	// timeout). Forks and restores inherit it.
 	TimeoutMs int64 `protobuf:"varint,40,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	// What expiry does: "close" (default) or "hibernate" (gvisor only: the
 	// next exec wakes it).
-	OnTimeout     string `protobuf:"bytes,41,opt,name=on_timeout,json=onTimeout,proto3" json:"on_timeout,omitempty"`
+	OnTimeout string `protobuf:"bytes,41,opt,name=on_timeout,json=onTimeout,proto3" json:"on_timeout,omitempty"`
+	// Egress allowlist: CIDRs ("10.1.0.0/16", "192.0.2.7") and DNS names
+	// ("api.example.com", "*.example.com": any name below it). Names resolve
+	// through the daemon's DNS proxy, the sandbox's resolver; only their
+	// answered addresses pass. At most 64 entries.
+	EgressAllow []string `protobuf:"bytes,70,rep,name=egress_allow,json=egressAllow,proto3" json:"egress_allow,omitempty"`
+	// Egress denylist, winning over the allowlist: CIDRs, and names (only
+	// with an allowlist). With egress "all": the outside world minus these
+	// CIDRs. Link-local addresses, the host and other sandboxes are never
+	// reachable whatever the lists say.
+	EgressDeny    []string `protobuf:"bytes,71,rep,name=egress_deny,json=egressDeny,proto3" json:"egress_deny,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -434,6 +462,20 @@ func (x *CreateSandboxRequest) GetOnTimeout() string {
 		return x.OnTimeout
 	}
 	return ""
+}
+
+func (x *CreateSandboxRequest) GetEgressAllow() []string {
+	if x != nil {
+		return x.EgressAllow
+	}
+	return nil
+}
+
+func (x *CreateSandboxRequest) GetEgressDeny() []string {
+	if x != nil {
+		return x.EgressDeny
+	}
+	return nil
 }
 
 type CreateSandboxResponse struct {
@@ -2797,7 +2839,11 @@ type Overrides struct {
 	// The child's timeout (0: inherited); its deadline is its start plus it.
 	TimeoutMs int64 `protobuf:"varint,40,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	// close or hibernate ("": inherited).
-	OnTimeout     string `protobuf:"bytes,41,opt,name=on_timeout,json=onTimeout,proto3" json:"on_timeout,omitempty"`
+	OnTimeout string `protobuf:"bytes,41,opt,name=on_timeout,json=onTimeout,proto3" json:"on_timeout,omitempty"`
+	// Given (or egress given): the child's egress policy is egress with these
+	// lists, replacing the inherited one as a whole.
+	EgressAllow   []string `protobuf:"bytes,70,rep,name=egress_allow,json=egressAllow,proto3" json:"egress_allow,omitempty"`
+	EgressDeny    []string `protobuf:"bytes,71,rep,name=egress_deny,json=egressDeny,proto3" json:"egress_deny,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2879,6 +2925,20 @@ func (x *Overrides) GetOnTimeout() string {
 		return x.OnTimeout
 	}
 	return ""
+}
+
+func (x *Overrides) GetEgressAllow() []string {
+	if x != nil {
+		return x.EgressAllow
+	}
+	return nil
+}
+
+func (x *Overrides) GetEgressDeny() []string {
+	if x != nil {
+		return x.EgressDeny
+	}
+	return nil
 }
 
 type ForkRequest struct {
@@ -6069,6 +6129,119 @@ func (x *CompleteBuildResponse) GetEnvironment() *Environment {
 	return nil
 }
 
+type SetEgressRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// none, all or allow; empty: allow if egress_allow is given, else none.
+	Egress        string   `protobuf:"bytes,2,opt,name=egress,proto3" json:"egress,omitempty"`
+	EgressAllow   []string `protobuf:"bytes,3,rep,name=egress_allow,json=egressAllow,proto3" json:"egress_allow,omitempty"`
+	EgressDeny    []string `protobuf:"bytes,4,rep,name=egress_deny,json=egressDeny,proto3" json:"egress_deny,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetEgressRequest) Reset() {
+	*x = SetEgressRequest{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[97]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetEgressRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetEgressRequest) ProtoMessage() {}
+
+func (x *SetEgressRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[97]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetEgressRequest.ProtoReflect.Descriptor instead.
+func (*SetEgressRequest) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{97}
+}
+
+func (x *SetEgressRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *SetEgressRequest) GetEgress() string {
+	if x != nil {
+		return x.Egress
+	}
+	return ""
+}
+
+func (x *SetEgressRequest) GetEgressAllow() []string {
+	if x != nil {
+		return x.EgressAllow
+	}
+	return nil
+}
+
+func (x *SetEgressRequest) GetEgressDeny() []string {
+	if x != nil {
+		return x.EgressDeny
+	}
+	return nil
+}
+
+type SetEgressResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetEgressResponse) Reset() {
+	*x = SetEgressResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[98]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetEgressResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetEgressResponse) ProtoMessage() {}
+
+func (x *SetEgressResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[98]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetEgressResponse.ProtoReflect.Descriptor instead.
+func (*SetEgressResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{98}
+}
+
+func (x *SetEgressResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
 var File_forkbox_v1_forkbox_proto protoreflect.FileDescriptor
 
 const file_forkbox_v1_forkbox_proto_rawDesc = "" +
@@ -6079,7 +6252,7 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x03cpu\x18\x01 \x01(\tR\x03cpu\x12\x16\n" +
 	"\x06memory\x18\x02 \x01(\tR\x06memory\x12\x12\n" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x12\x12\n" +
-	"\x04disk\x18\x04 \x01(\tR\x04disk\"\xe0\x05\n" +
+	"\x04disk\x18\x04 \x01(\tR\x04disk\"\xa4\x06\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -6106,10 +6279,13 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18) \x01(\x03R\ttimeoutMs\x12\x1d\n" +
 	"\n" +
-	"on_timeout\x18* \x01(\tR\tonTimeout\x1a6\n" +
+	"on_timeout\x18* \x01(\tR\tonTimeout\x12!\n" +
+	"\fegress_allow\x18F \x03(\tR\vegressAllow\x12\x1f\n" +
+	"\vegress_deny\x18G \x03(\tR\n" +
+	"egressDeny\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xec\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb0\x03\n" +
 	"\x14CreateSandboxRequest\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x123\n" +
@@ -6121,7 +6297,10 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18( \x01(\x03R\ttimeoutMs\x12\x1d\n" +
 	"\n" +
-	"on_timeout\x18) \x01(\tR\tonTimeout\x1a6\n" +
+	"on_timeout\x18) \x01(\tR\tonTimeout\x12!\n" +
+	"\fegress_allow\x18F \x03(\tR\vegressAllow\x12\x1f\n" +
+	"\vegress_deny\x18G \x03(\tR\n" +
+	"egressDeny\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"a\n" +
@@ -6281,7 +6460,7 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\tR\n" +
 	"checkpoint\"\x1a\n" +
-	"\x18DeleteCheckpointResponse\"\xa6\x02\n" +
+	"\x18DeleteCheckpointResponse\"\xea\x02\n" +
 	"\tOverrides\x123\n" +
 	"\tresources\x18\x01 \x01(\v2\x15.forkbox.v1.ResourcesR\tresources\x120\n" +
 	"\x03env\x18\x02 \x03(\v2\x1e.forkbox.v1.Overrides.EnvEntryR\x03env\x12\x10\n" +
@@ -6291,7 +6470,10 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18( \x01(\x03R\ttimeoutMs\x12\x1d\n" +
 	"\n" +
-	"on_timeout\x18) \x01(\tR\tonTimeout\x1a6\n" +
+	"on_timeout\x18) \x01(\tR\tonTimeout\x12!\n" +
+	"\fegress_allow\x18F \x03(\tR\vegressAllow\x12\x1f\n" +
+	"\vegress_deny\x18G \x03(\tR\n" +
+	"egressDeny\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf2\x02\n" +
@@ -6551,7 +6733,15 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\"R\n" +
 	"\x15CompleteBuildResponse\x129\n" +
-	"\venvironment\x18\x01 \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment2\xcc\x11\n" +
+	"\venvironment\x18\x01 \x01(\v2\x17.forkbox.v1.EnvironmentR\venvironment\"\x88\x01\n" +
+	"\x10SetEgressRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x16\n" +
+	"\x06egress\x18\x02 \x01(\tR\x06egress\x12!\n" +
+	"\fegress_allow\x18\x03 \x03(\tR\vegressAllow\x12\x1f\n" +
+	"\vegress_deny\x18\x04 \x03(\tR\n" +
+	"egressDeny\"B\n" +
+	"\x11SetEgressResponse\x12-\n" +
+	"\asandbox\x18\x01 \x01(\v2\x13.forkbox.v1.SandboxR\asandbox2\x96\x12\n" +
 	"\x0eSandboxService\x12T\n" +
 	"\rCreateSandbox\x12 .forkbox.v1.CreateSandboxRequest\x1a!.forkbox.v1.CreateSandboxResponse\x12K\n" +
 	"\n" +
@@ -6584,7 +6774,8 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\n" +
 	"SetTimeout\x12\x1d.forkbox.v1.SetTimeoutRequest\x1a\x1e.forkbox.v1.SetTimeoutResponse\x12K\n" +
 	"\n" +
-	"GetPortURL\x12\x1d.forkbox.v1.GetPortURLRequest\x1a\x1e.forkbox.v1.GetPortURLResponse2\xbf\x02\n" +
+	"GetPortURL\x12\x1d.forkbox.v1.GetPortURLRequest\x1a\x1e.forkbox.v1.GetPortURLResponse\x12H\n" +
+	"\tSetEgress\x12\x1c.forkbox.v1.SetEgressRequest\x1a\x1d.forkbox.v1.SetEgressResponse2\xbf\x02\n" +
 	"\fImageService\x12F\n" +
 	"\tPullImage\x12\x1c.forkbox.v1.PullImageRequest\x1a\x19.forkbox.v1.ImageProgress0\x01\x12J\n" +
 	"\vImportImage\x12\x1e.forkbox.v1.ImportImageRequest\x1a\x19.forkbox.v1.ImageProgress0\x01\x12K\n" +
@@ -6613,7 +6804,7 @@ func file_forkbox_v1_forkbox_proto_rawDescGZIP() []byte {
 	return file_forkbox_v1_forkbox_proto_rawDescData
 }
 
-var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 106)
+var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 108)
 var file_forkbox_v1_forkbox_proto_goTypes = []any{
 	(*Resources)(nil),                  // 0: forkbox.v1.Resources
 	(*Sandbox)(nil),                    // 1: forkbox.v1.Sandbox
@@ -6712,28 +6903,30 @@ var file_forkbox_v1_forkbox_proto_goTypes = []any{
 	(*BeginBuildResponse)(nil),         // 94: forkbox.v1.BeginBuildResponse
 	(*CompleteBuildRequest)(nil),       // 95: forkbox.v1.CompleteBuildRequest
 	(*CompleteBuildResponse)(nil),      // 96: forkbox.v1.CompleteBuildResponse
-	nil,                                // 97: forkbox.v1.Sandbox.EnvEntry
-	nil,                                // 98: forkbox.v1.CreateSandboxRequest.EnvEntry
-	nil,                                // 99: forkbox.v1.ExecRequest.EnvEntry
-	nil,                                // 100: forkbox.v1.PtyStart.EnvEntry
-	nil,                                // 101: forkbox.v1.Overrides.EnvEntry
-	nil,                                // 102: forkbox.v1.ForkRequest.CredentialsEntry
-	nil,                                // 103: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
-	nil,                                // 104: forkbox.v1.SandboxMetrics.UnavailableEntry
-	nil,                                // 105: forkbox.v1.EnvironmentDefinition.EnvEntry
+	(*SetEgressRequest)(nil),           // 97: forkbox.v1.SetEgressRequest
+	(*SetEgressResponse)(nil),          // 98: forkbox.v1.SetEgressResponse
+	nil,                                // 99: forkbox.v1.Sandbox.EnvEntry
+	nil,                                // 100: forkbox.v1.CreateSandboxRequest.EnvEntry
+	nil,                                // 101: forkbox.v1.ExecRequest.EnvEntry
+	nil,                                // 102: forkbox.v1.PtyStart.EnvEntry
+	nil,                                // 103: forkbox.v1.Overrides.EnvEntry
+	nil,                                // 104: forkbox.v1.ForkRequest.CredentialsEntry
+	nil,                                // 105: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	nil,                                // 106: forkbox.v1.SandboxMetrics.UnavailableEntry
+	nil,                                // 107: forkbox.v1.EnvironmentDefinition.EnvEntry
 }
 var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	0,   // 0: forkbox.v1.Sandbox.resources:type_name -> forkbox.v1.Resources
-	97,  // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
+	99,  // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
 	0,   // 2: forkbox.v1.CreateSandboxRequest.resources:type_name -> forkbox.v1.Resources
-	98,  // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
+	100, // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
 	1,   // 4: forkbox.v1.CreateSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,   // 5: forkbox.v1.GetSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,   // 6: forkbox.v1.ListSandboxesResponse.sandboxes:type_name -> forkbox.v1.Sandbox
-	99,  // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
+	101, // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
 	12,  // 8: forkbox.v1.ExecResponse.started:type_name -> forkbox.v1.ExecStarted
 	13,  // 9: forkbox.v1.ExecResponse.exit:type_name -> forkbox.v1.ExecExit
-	100, // 10: forkbox.v1.PtyStart.env:type_name -> forkbox.v1.PtyStart.EnvEntry
+	102, // 10: forkbox.v1.PtyStart.env:type_name -> forkbox.v1.PtyStart.EnvEntry
 	14,  // 11: forkbox.v1.PtyStart.size:type_name -> forkbox.v1.PtySize
 	15,  // 12: forkbox.v1.PtyRequest.start:type_name -> forkbox.v1.PtyStart
 	14,  // 13: forkbox.v1.PtyRequest.resize:type_name -> forkbox.v1.PtySize
@@ -6749,14 +6942,14 @@ var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	37,  // 23: forkbox.v1.CheckpointResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
 	37,  // 24: forkbox.v1.ListCheckpointsResponse.checkpoints:type_name -> forkbox.v1.Checkpoint
 	0,   // 25: forkbox.v1.Overrides.resources:type_name -> forkbox.v1.Resources
-	101, // 26: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
+	103, // 26: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
 	44,  // 27: forkbox.v1.ForkRequest.overrides:type_name -> forkbox.v1.Overrides
-	102, // 28: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
+	104, // 28: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
 	1,   // 29: forkbox.v1.ForkChild.sandbox:type_name -> forkbox.v1.Sandbox
 	37,  // 30: forkbox.v1.ForkResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
 	46,  // 31: forkbox.v1.ForkResponse.children:type_name -> forkbox.v1.ForkChild
 	44,  // 32: forkbox.v1.RestoreSnapshotRequest.overrides:type_name -> forkbox.v1.Overrides
-	103, // 33: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	105, // 33: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
 	1,   // 34: forkbox.v1.RestoreSnapshotResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,   // 35: forkbox.v1.ResumeResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	37,  // 36: forkbox.v1.ResumeResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
@@ -6764,14 +6957,14 @@ var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	53,  // 38: forkbox.v1.SetCredentialRequest.credential:type_name -> forkbox.v1.Credential
 	53,  // 39: forkbox.v1.SetCredentialResponse.credential:type_name -> forkbox.v1.Credential
 	53,  // 40: forkbox.v1.ListCredentialsResponse.credentials:type_name -> forkbox.v1.Credential
-	104, // 41: forkbox.v1.SandboxMetrics.unavailable:type_name -> forkbox.v1.SandboxMetrics.UnavailableEntry
+	106, // 41: forkbox.v1.SandboxMetrics.unavailable:type_name -> forkbox.v1.SandboxMetrics.UnavailableEntry
 	61,  // 42: forkbox.v1.GetSandboxMetricsResponse.metrics:type_name -> forkbox.v1.SandboxMetrics
 	63,  // 43: forkbox.v1.CopyToRequest.header:type_name -> forkbox.v1.CopyToHeader
 	1,   // 44: forkbox.v1.SetTimeoutResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	72,  // 45: forkbox.v1.ImageProgress.image:type_name -> forkbox.v1.Image
 	72,  // 46: forkbox.v1.ListImagesResponse.images:type_name -> forkbox.v1.Image
 	0,   // 47: forkbox.v1.EnvironmentDefinition.resources:type_name -> forkbox.v1.Resources
-	105, // 48: forkbox.v1.EnvironmentDefinition.env:type_name -> forkbox.v1.EnvironmentDefinition.EnvEntry
+	107, // 48: forkbox.v1.EnvironmentDefinition.env:type_name -> forkbox.v1.EnvironmentDefinition.EnvEntry
 	80,  // 49: forkbox.v1.EnvironmentDefinition.steps:type_name -> forkbox.v1.SetupStep
 	81,  // 50: forkbox.v1.Environment.definition:type_name -> forkbox.v1.EnvironmentDefinition
 	81,  // 51: forkbox.v1.BuildEnvironmentRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
@@ -6786,89 +6979,92 @@ var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	82,  // 60: forkbox.v1.BeginBuildResponse.environment:type_name -> forkbox.v1.Environment
 	1,   // 61: forkbox.v1.BeginBuildResponse.builder:type_name -> forkbox.v1.Sandbox
 	82,  // 62: forkbox.v1.CompleteBuildResponse.environment:type_name -> forkbox.v1.Environment
-	2,   // 63: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
-	4,   // 64: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
-	6,   // 65: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
-	8,   // 66: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
-	10,  // 67: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
-	19,  // 68: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
-	21,  // 69: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
-	23,  // 70: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
-	26,  // 71: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
-	29,  // 72: forkbox.v1.SandboxService.PauseSandbox:input_type -> forkbox.v1.PauseSandboxRequest
-	31,  // 73: forkbox.v1.SandboxService.UnpauseSandbox:input_type -> forkbox.v1.UnpauseSandboxRequest
-	33,  // 74: forkbox.v1.SandboxService.HibernateSandbox:input_type -> forkbox.v1.HibernateSandboxRequest
-	35,  // 75: forkbox.v1.SandboxService.WakeSandbox:input_type -> forkbox.v1.WakeSandboxRequest
-	38,  // 76: forkbox.v1.SandboxService.Checkpoint:input_type -> forkbox.v1.CheckpointRequest
-	40,  // 77: forkbox.v1.SandboxService.ListCheckpoints:input_type -> forkbox.v1.ListCheckpointsRequest
-	42,  // 78: forkbox.v1.SandboxService.DeleteCheckpoint:input_type -> forkbox.v1.DeleteCheckpointRequest
-	45,  // 79: forkbox.v1.SandboxService.Fork:input_type -> forkbox.v1.ForkRequest
-	48,  // 80: forkbox.v1.SandboxService.RestoreSnapshot:input_type -> forkbox.v1.RestoreSnapshotRequest
-	50,  // 81: forkbox.v1.SandboxService.Resume:input_type -> forkbox.v1.ResumeRequest
-	54,  // 82: forkbox.v1.SandboxService.SetCredential:input_type -> forkbox.v1.SetCredentialRequest
-	56,  // 83: forkbox.v1.SandboxService.ListCredentials:input_type -> forkbox.v1.ListCredentialsRequest
-	58,  // 84: forkbox.v1.SandboxService.DeleteCredential:input_type -> forkbox.v1.DeleteCredentialRequest
-	17,  // 85: forkbox.v1.SandboxService.ExecPty:input_type -> forkbox.v1.PtyRequest
-	60,  // 86: forkbox.v1.SandboxService.GetSandboxMetrics:input_type -> forkbox.v1.GetSandboxMetricsRequest
-	64,  // 87: forkbox.v1.SandboxService.CopyTo:input_type -> forkbox.v1.CopyToRequest
-	66,  // 88: forkbox.v1.SandboxService.CopyFrom:input_type -> forkbox.v1.CopyFromRequest
-	68,  // 89: forkbox.v1.SandboxService.SetTimeout:input_type -> forkbox.v1.SetTimeoutRequest
-	70,  // 90: forkbox.v1.SandboxService.GetPortURL:input_type -> forkbox.v1.GetPortURLRequest
-	73,  // 91: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
-	74,  // 92: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
-	76,  // 93: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
-	78,  // 94: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
-	83,  // 95: forkbox.v1.EnvironmentService.BuildEnvironment:input_type -> forkbox.v1.BuildEnvironmentRequest
-	85,  // 96: forkbox.v1.EnvironmentService.EnvironmentSandbox:input_type -> forkbox.v1.EnvironmentSandboxRequest
-	87,  // 97: forkbox.v1.EnvironmentService.GetEnvironment:input_type -> forkbox.v1.GetEnvironmentRequest
-	89,  // 98: forkbox.v1.EnvironmentService.ListEnvironments:input_type -> forkbox.v1.ListEnvironmentsRequest
-	91,  // 99: forkbox.v1.EnvironmentService.DeleteEnvironment:input_type -> forkbox.v1.DeleteEnvironmentRequest
-	93,  // 100: forkbox.v1.EnvironmentService.BeginBuild:input_type -> forkbox.v1.BeginBuildRequest
-	95,  // 101: forkbox.v1.EnvironmentService.CompleteBuild:input_type -> forkbox.v1.CompleteBuildRequest
-	3,   // 102: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
-	5,   // 103: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
-	7,   // 104: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
-	9,   // 105: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
-	11,  // 106: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
-	20,  // 107: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
-	22,  // 108: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
-	25,  // 109: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
-	28,  // 110: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
-	30,  // 111: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
-	32,  // 112: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
-	34,  // 113: forkbox.v1.SandboxService.HibernateSandbox:output_type -> forkbox.v1.HibernateSandboxResponse
-	36,  // 114: forkbox.v1.SandboxService.WakeSandbox:output_type -> forkbox.v1.WakeSandboxResponse
-	39,  // 115: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
-	41,  // 116: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
-	43,  // 117: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
-	47,  // 118: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
-	49,  // 119: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
-	52,  // 120: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
-	55,  // 121: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
-	57,  // 122: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
-	59,  // 123: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
-	18,  // 124: forkbox.v1.SandboxService.ExecPty:output_type -> forkbox.v1.PtyResponse
-	62,  // 125: forkbox.v1.SandboxService.GetSandboxMetrics:output_type -> forkbox.v1.GetSandboxMetricsResponse
-	65,  // 126: forkbox.v1.SandboxService.CopyTo:output_type -> forkbox.v1.CopyToResponse
-	67,  // 127: forkbox.v1.SandboxService.CopyFrom:output_type -> forkbox.v1.CopyFromResponse
-	69,  // 128: forkbox.v1.SandboxService.SetTimeout:output_type -> forkbox.v1.SetTimeoutResponse
-	71,  // 129: forkbox.v1.SandboxService.GetPortURL:output_type -> forkbox.v1.GetPortURLResponse
-	75,  // 130: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
-	75,  // 131: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
-	77,  // 132: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
-	79,  // 133: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
-	84,  // 134: forkbox.v1.EnvironmentService.BuildEnvironment:output_type -> forkbox.v1.BuildProgress
-	86,  // 135: forkbox.v1.EnvironmentService.EnvironmentSandbox:output_type -> forkbox.v1.EnvironmentSandboxResponse
-	88,  // 136: forkbox.v1.EnvironmentService.GetEnvironment:output_type -> forkbox.v1.GetEnvironmentResponse
-	90,  // 137: forkbox.v1.EnvironmentService.ListEnvironments:output_type -> forkbox.v1.ListEnvironmentsResponse
-	92,  // 138: forkbox.v1.EnvironmentService.DeleteEnvironment:output_type -> forkbox.v1.DeleteEnvironmentResponse
-	94,  // 139: forkbox.v1.EnvironmentService.BeginBuild:output_type -> forkbox.v1.BeginBuildResponse
-	96,  // 140: forkbox.v1.EnvironmentService.CompleteBuild:output_type -> forkbox.v1.CompleteBuildResponse
-	102, // [102:141] is the sub-list for method output_type
-	63,  // [63:102] is the sub-list for method input_type
-	63,  // [63:63] is the sub-list for extension type_name
-	63,  // [63:63] is the sub-list for extension extendee
-	0,   // [0:63] is the sub-list for field type_name
+	1,   // 63: forkbox.v1.SetEgressResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	2,   // 64: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
+	4,   // 65: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
+	6,   // 66: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
+	8,   // 67: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
+	10,  // 68: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
+	19,  // 69: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
+	21,  // 70: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
+	23,  // 71: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
+	26,  // 72: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
+	29,  // 73: forkbox.v1.SandboxService.PauseSandbox:input_type -> forkbox.v1.PauseSandboxRequest
+	31,  // 74: forkbox.v1.SandboxService.UnpauseSandbox:input_type -> forkbox.v1.UnpauseSandboxRequest
+	33,  // 75: forkbox.v1.SandboxService.HibernateSandbox:input_type -> forkbox.v1.HibernateSandboxRequest
+	35,  // 76: forkbox.v1.SandboxService.WakeSandbox:input_type -> forkbox.v1.WakeSandboxRequest
+	38,  // 77: forkbox.v1.SandboxService.Checkpoint:input_type -> forkbox.v1.CheckpointRequest
+	40,  // 78: forkbox.v1.SandboxService.ListCheckpoints:input_type -> forkbox.v1.ListCheckpointsRequest
+	42,  // 79: forkbox.v1.SandboxService.DeleteCheckpoint:input_type -> forkbox.v1.DeleteCheckpointRequest
+	45,  // 80: forkbox.v1.SandboxService.Fork:input_type -> forkbox.v1.ForkRequest
+	48,  // 81: forkbox.v1.SandboxService.RestoreSnapshot:input_type -> forkbox.v1.RestoreSnapshotRequest
+	50,  // 82: forkbox.v1.SandboxService.Resume:input_type -> forkbox.v1.ResumeRequest
+	54,  // 83: forkbox.v1.SandboxService.SetCredential:input_type -> forkbox.v1.SetCredentialRequest
+	56,  // 84: forkbox.v1.SandboxService.ListCredentials:input_type -> forkbox.v1.ListCredentialsRequest
+	58,  // 85: forkbox.v1.SandboxService.DeleteCredential:input_type -> forkbox.v1.DeleteCredentialRequest
+	17,  // 86: forkbox.v1.SandboxService.ExecPty:input_type -> forkbox.v1.PtyRequest
+	60,  // 87: forkbox.v1.SandboxService.GetSandboxMetrics:input_type -> forkbox.v1.GetSandboxMetricsRequest
+	64,  // 88: forkbox.v1.SandboxService.CopyTo:input_type -> forkbox.v1.CopyToRequest
+	66,  // 89: forkbox.v1.SandboxService.CopyFrom:input_type -> forkbox.v1.CopyFromRequest
+	68,  // 90: forkbox.v1.SandboxService.SetTimeout:input_type -> forkbox.v1.SetTimeoutRequest
+	70,  // 91: forkbox.v1.SandboxService.GetPortURL:input_type -> forkbox.v1.GetPortURLRequest
+	97,  // 92: forkbox.v1.SandboxService.SetEgress:input_type -> forkbox.v1.SetEgressRequest
+	73,  // 93: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
+	74,  // 94: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
+	76,  // 95: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
+	78,  // 96: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
+	83,  // 97: forkbox.v1.EnvironmentService.BuildEnvironment:input_type -> forkbox.v1.BuildEnvironmentRequest
+	85,  // 98: forkbox.v1.EnvironmentService.EnvironmentSandbox:input_type -> forkbox.v1.EnvironmentSandboxRequest
+	87,  // 99: forkbox.v1.EnvironmentService.GetEnvironment:input_type -> forkbox.v1.GetEnvironmentRequest
+	89,  // 100: forkbox.v1.EnvironmentService.ListEnvironments:input_type -> forkbox.v1.ListEnvironmentsRequest
+	91,  // 101: forkbox.v1.EnvironmentService.DeleteEnvironment:input_type -> forkbox.v1.DeleteEnvironmentRequest
+	93,  // 102: forkbox.v1.EnvironmentService.BeginBuild:input_type -> forkbox.v1.BeginBuildRequest
+	95,  // 103: forkbox.v1.EnvironmentService.CompleteBuild:input_type -> forkbox.v1.CompleteBuildRequest
+	3,   // 104: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
+	5,   // 105: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
+	7,   // 106: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
+	9,   // 107: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
+	11,  // 108: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
+	20,  // 109: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
+	22,  // 110: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
+	25,  // 111: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
+	28,  // 112: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
+	30,  // 113: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
+	32,  // 114: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
+	34,  // 115: forkbox.v1.SandboxService.HibernateSandbox:output_type -> forkbox.v1.HibernateSandboxResponse
+	36,  // 116: forkbox.v1.SandboxService.WakeSandbox:output_type -> forkbox.v1.WakeSandboxResponse
+	39,  // 117: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
+	41,  // 118: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
+	43,  // 119: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
+	47,  // 120: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
+	49,  // 121: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
+	52,  // 122: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
+	55,  // 123: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
+	57,  // 124: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
+	59,  // 125: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
+	18,  // 126: forkbox.v1.SandboxService.ExecPty:output_type -> forkbox.v1.PtyResponse
+	62,  // 127: forkbox.v1.SandboxService.GetSandboxMetrics:output_type -> forkbox.v1.GetSandboxMetricsResponse
+	65,  // 128: forkbox.v1.SandboxService.CopyTo:output_type -> forkbox.v1.CopyToResponse
+	67,  // 129: forkbox.v1.SandboxService.CopyFrom:output_type -> forkbox.v1.CopyFromResponse
+	69,  // 130: forkbox.v1.SandboxService.SetTimeout:output_type -> forkbox.v1.SetTimeoutResponse
+	71,  // 131: forkbox.v1.SandboxService.GetPortURL:output_type -> forkbox.v1.GetPortURLResponse
+	98,  // 132: forkbox.v1.SandboxService.SetEgress:output_type -> forkbox.v1.SetEgressResponse
+	75,  // 133: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
+	75,  // 134: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
+	77,  // 135: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
+	79,  // 136: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
+	84,  // 137: forkbox.v1.EnvironmentService.BuildEnvironment:output_type -> forkbox.v1.BuildProgress
+	86,  // 138: forkbox.v1.EnvironmentService.EnvironmentSandbox:output_type -> forkbox.v1.EnvironmentSandboxResponse
+	88,  // 139: forkbox.v1.EnvironmentService.GetEnvironment:output_type -> forkbox.v1.GetEnvironmentResponse
+	90,  // 140: forkbox.v1.EnvironmentService.ListEnvironments:output_type -> forkbox.v1.ListEnvironmentsResponse
+	92,  // 141: forkbox.v1.EnvironmentService.DeleteEnvironment:output_type -> forkbox.v1.DeleteEnvironmentResponse
+	94,  // 142: forkbox.v1.EnvironmentService.BeginBuild:output_type -> forkbox.v1.BeginBuildResponse
+	96,  // 143: forkbox.v1.EnvironmentService.CompleteBuild:output_type -> forkbox.v1.CompleteBuildResponse
+	104, // [104:144] is the sub-list for method output_type
+	64,  // [64:104] is the sub-list for method input_type
+	64,  // [64:64] is the sub-list for extension type_name
+	64,  // [64:64] is the sub-list for extension extendee
+	0,   // [0:64] is the sub-list for field type_name
 }
 
 func init() { file_forkbox_v1_forkbox_proto_init() }
@@ -6903,7 +7099,7 @@ func file_forkbox_v1_forkbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkbox_v1_forkbox_proto_rawDesc), len(file_forkbox_v1_forkbox_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   106,
+			NumMessages:   108,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

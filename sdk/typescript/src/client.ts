@@ -56,8 +56,12 @@ export interface SandboxOptions {
   resources?: Resources;
   env?: Record<string, string>;
   cwd?: string;
-  /** "none" (default) or "all". */
+  /** "none" (default), "all", or "allow" (implied by egressAllow). */
   egress?: string;
+  /** CIDRs ("10.1.0.0/16") and DNS names ("api.example.com", "*.example.com") the sandbox may reach. */
+  egressAllow?: string[];
+  /** CIDRs (and names, with egressAllow) it may not reach; wins over egressAllow. */
+  egressDeny?: string[];
   /** "gvisor" (default) or "crun". */
   runtime?: string;
   /**
@@ -77,6 +81,9 @@ export interface Overrides {
   env?: Record<string, string>;
   cwd?: string;
   egress?: string;
+  /** With egress and egressDeny: replaces the inherited egress policy as a whole. */
+  egressAllow?: string[];
+  egressDeny?: string[];
   name?: string;
   /** The child's timeout in ms, counted from its own start (unset: inherited). */
   timeoutMs?: number;
@@ -102,6 +109,7 @@ export function overridesProto(o?: Overrides): MessageInitShape<typeof Overrides
   return {
     resources: resourcesProto(o.resources), env: o.env, cwd: o.cwd, egress: o.egress, name: o.name,
     timeoutMs: msProto(o.timeoutMs), onTimeout: o.onTimeout,
+    egressAllow: o.egressAllow, egressDeny: o.egressDeny,
   };
 }
 
@@ -171,6 +179,7 @@ export class Client {
       const r = await this.rpc.sandboxes.createSandbox({
         image: o.image, name: o.name, resources: resourcesProto(o.resources), env: o.env, cwd: o.cwd, egress: o.egress, runtime: o.runtime,
         timeoutMs: msProto(o.timeoutMs), onTimeout: o.onTimeout,
+        egressAllow: o.egressAllow, egressDeny: o.egressDeny,
       });
       return new SandboxHandle(this, r.sandbox!, this.limited);
     } catch (err) {

@@ -198,6 +198,17 @@ export class SandboxHandle {
     if (r.sandbox) this.info = sandboxFrom(r.sandbox);
   }
 
+  /**
+   * Replaces the sandbox's egress policy while it runs: egress "none", "all" or "allow"
+   * (omitted: "allow" with an allow list), an allowlist and a denylist. Open connections stay.
+   */
+  async setEgress(o: { egress?: string; allow?: string[]; deny?: string[] }): Promise<void> {
+    const r = await this.client.rpc.sandboxes
+      .setEgress({ sandbox: this.id, egress: o.egress, egressAllow: o.allow, egressDeny: o.deny })
+      .catch(rethrow);
+    if (r.sandbox) this.info = sandboxFrom(r.sandbox);
+  }
+
   /** Thaws a paused sandbox. */
   async unpause(): Promise<void> {
     const r = await this.client.rpc.sandboxes.unpauseSandbox({ sandbox: this.id }).catch(rethrow);

@@ -16,7 +16,11 @@ export interface SandboxInfo {
   resources: Resources;
   env: Record<string, string>;
   cwd: string;
+  /** "none", "all" or "allow". */
   egress: string;
+  /** Egress lists, canonical (CIDRs, then names). */
+  egressAllow: string[];
+  egressDeny: string[];
   runtime: string;
   hostname: string;
   ip: string;
@@ -222,7 +226,8 @@ export function resourcesFrom(r?: pb.Resources): Resources {
 export function sandboxFrom(s: pb.Sandbox): SandboxInfo {
   return {
     id: s.id, name: s.name, state: s.state, image: s.image, imageDigest: s.imageDigest,
-    resources: resourcesFrom(s.resources), env: { ...s.env }, cwd: s.cwd, egress: s.egress, runtime: s.runtime,
+    resources: resourcesFrom(s.resources), env: { ...s.env }, cwd: s.cwd, egress: s.egress,
+    egressAllow: [...s.egressAllow], egressDeny: [...s.egressDeny], runtime: s.runtime,
     hostname: s.hostname, ip: s.ip, createdAt: date(s.createdAtUnixMs), snapshotter: s.snapshotter, error: s.error,
     fromCheckpoint: s.fromCheckpoint, parentId: s.parentId, credentials: [...s.credentials], machineId: s.machineId,
     expiresAt: s.expiresAtUnixMs ? date(s.expiresAtUnixMs) : null, timeoutMs: Number(s.timeoutMs), onTimeout: s.onTimeout,

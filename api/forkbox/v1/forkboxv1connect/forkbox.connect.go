@@ -117,6 +117,9 @@ const (
 	// SandboxServiceGetPortURLProcedure is the fully-qualified name of the SandboxService's GetPortURL
 	// RPC.
 	SandboxServiceGetPortURLProcedure = "/forkbox.v1.SandboxService/GetPortURL"
+	// SandboxServiceSetEgressProcedure is the fully-qualified name of the SandboxService's SetEgress
+	// RPC.
+	SandboxServiceSetEgressProcedure = "/forkbox.v1.SandboxService/SetEgress"
 	// ImageServicePullImageProcedure is the fully-qualified name of the ImageService's PullImage RPC.
 	ImageServicePullImageProcedure = "/forkbox.v1.ImageService/PullImage"
 	// ImageServiceImportImageProcedure is the fully-qualified name of the ImageService's ImportImage
@@ -215,6 +218,10 @@ type SandboxServiceClient interface {
 	// daemon's preview listener (forkbox serve --ports). Each carries the
 	// sandbox's port token: it reaches that sandbox's ports and nothing else.
 	GetPortURL(context.Context, *connect.Request[v1.GetPortURLRequest]) (*connect.Response[v1.GetPortURLResponse], error)
+	// SetEgress replaces a live sandbox's egress policy (ledger:
+	// sandbox.egress_changed). Open connections stay; addresses resolved
+	// under the old policy no longer pass.
+	SetEgress(context.Context, *connect.Request[v1.SetEgressRequest]) (*connect.Response[v1.SetEgressResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the forkbox.v1.SandboxService service. By
@@ -396,6 +403,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("GetPortURL")),
 			connect.WithClientOptions(opts...),
 		),
+		setEgress: connect.NewClient[v1.SetEgressRequest, v1.SetEgressResponse](
+			httpClient,
+			baseURL+SandboxServiceSetEgressProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SetEgress")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -429,6 +442,7 @@ type sandboxServiceClient struct {
 	copyFrom          *connect.Client[v1.CopyFromRequest, v1.CopyFromResponse]
 	setTimeout        *connect.Client[v1.SetTimeoutRequest, v1.SetTimeoutResponse]
 	getPortURL        *connect.Client[v1.GetPortURLRequest, v1.GetPortURLResponse]
+	setEgress         *connect.Client[v1.SetEgressRequest, v1.SetEgressResponse]
 }
 
 // CreateSandbox calls forkbox.v1.SandboxService.CreateSandbox.
@@ -571,6 +585,11 @@ func (c *sandboxServiceClient) GetPortURL(ctx context.Context, req *connect.Requ
 	return c.getPortURL.CallUnary(ctx, req)
 }
 
+// SetEgress calls forkbox.v1.SandboxService.SetEgress.
+func (c *sandboxServiceClient) SetEgress(ctx context.Context, req *connect.Request[v1.SetEgressRequest]) (*connect.Response[v1.SetEgressResponse], error) {
+	return c.setEgress.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the forkbox.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	CreateSandbox(context.Context, *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error)
@@ -636,6 +655,10 @@ type SandboxServiceHandler interface {
 	// daemon's preview listener (forkbox serve --ports). Each carries the
 	// sandbox's port token: it reaches that sandbox's ports and nothing else.
 	GetPortURL(context.Context, *connect.Request[v1.GetPortURLRequest]) (*connect.Response[v1.GetPortURLResponse], error)
+	// SetEgress replaces a live sandbox's egress policy (ledger:
+	// sandbox.egress_changed). Open connections stay; addresses resolved
+	// under the old policy no longer pass.
+	SetEgress(context.Context, *connect.Request[v1.SetEgressRequest]) (*connect.Response[v1.SetEgressResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -813,6 +836,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("GetPortURL")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceSetEgressHandler := connect.NewUnaryHandler(
+		SandboxServiceSetEgressProcedure,
+		svc.SetEgress,
+		connect.WithSchema(sandboxServiceMethods.ByName("SetEgress")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/forkbox.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateSandboxProcedure:
@@ -871,6 +900,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceSetTimeoutHandler.ServeHTTP(w, r)
 		case SandboxServiceGetPortURLProcedure:
 			sandboxServiceGetPortURLHandler.ServeHTTP(w, r)
+		case SandboxServiceSetEgressProcedure:
+			sandboxServiceSetEgressHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -990,6 +1021,10 @@ func (UnimplementedSandboxServiceHandler) SetTimeout(context.Context, *connect.R
 
 func (UnimplementedSandboxServiceHandler) GetPortURL(context.Context, *connect.Request[v1.GetPortURLRequest]) (*connect.Response[v1.GetPortURLResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.GetPortURL is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) SetEgress(context.Context, *connect.Request[v1.SetEgressRequest]) (*connect.Response[v1.SetEgressResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.SetEgress is not implemented"))
 }
 
 // ImageServiceClient is a client for the forkbox.v1.ImageService service.

@@ -1,0 +1,154 @@
+package dnsproxy
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/miekg/dns"
+)
+
+// ServeDNS answers one query from a sandbox.
+func (p *Proxy) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
+	src := remoteAddr(w.RemoteAddr())
+	reply := func(rcode int, answer []dns.RR) {
+		m := new(dns.Msg)
+		m.SetRcode(r, rcode)
+		m.RecursionAvailable = true
+		m.Answer = answer
+		if _, udp := w.RemoteAddr().(*net.UDPAddr); udp {
+			size := dns.MinMsgSize
+			if o := r.IsEdns0(); o != nil && int(o.UDPSize()) > size {
+				size = min(int(o.UDPSize()), dns.DefaultMsgSize)
+			}
+			m.Truncate(size)
+		}
+		if err := w.WriteMsg(m); err != nil {
+			p.log.Debug("dns proxy: write reply", slog.String("client", src.String()), slog.Any("error", err))
+		}
+	}
+	if !src.IsValid() || !p.allow(src) {
+		reply(dns.RcodeRefused, nil)
+		return
+	}
+	allow, deny, ok := p.cfg.Policies.Names(src)
+	if !ok {
+		reply(dns.RcodeRefused, nil)
+		return
+	}
+	if r.Opcode != dns.OpcodeQuery || len(r.Question) != 1 || r.Len() > maxQuerySize {
+		reply(dns.RcodeFormatError, nil)
+		return
+	}
+	q := r.Question[0]
+	if q.Qclass != dns.ClassINET {
+		reply(dns.RcodeRefused, nil)
+		return
+	}
+	if p.cfg.MatchName(deny, q.Name) || !p.cfg.MatchName(allow, q.Name) {
+		p.log.Debug("dns proxy: name not allowed", slog.String("client", src.String()), slog.String("name", q.Name))
+		reply(dns.RcodeNameError, nil)
+		return
+	}
+	if q.Qtype != dns.TypeA {
+		// Sandbox networks are IPv4 only: an allowed name has no other
+		// data for them (an empty answer, so clients go on with A).
+		reply(dns.RcodeSuccess, nil)
+		return
+	}
+	select {
+	case p.sem <- struct{}{}:
+		defer func() { <-p.sem }()
+	default:
+		reply(dns.RcodeServerFailure, nil)
+		return
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, 2*p.cfg.Timeout)
+	defer cancel()
+	resp, err := p.forward(ctx, q)
+	if err != nil {
+		p.log.Warn("dns proxy: upstream", slog.String("name", q.Name), slog.String("upstream", p.cfg.Upstream), slog.Any("error", err))
+		reply(dns.RcodeServerFailure, nil)
+		return
+	}
+	answer, addrs, ttl := p.filter(resp)
+	if len(addrs) > 0 {
+		err := p.cfg.Policies.AddResolved(ctx, src, q.Name, addrs, p.timeout(ttl))
+		switch {
+		case errdefs.IsFailedPrecondition(err): // the policy changed meanwhile
+			reply(dns.RcodeNameError, nil)
+			return
+		case err != nil:
+			p.log.Warn("dns proxy: allow resolved addresses", slog.String("client", src.String()), slog.String("name", q.Name), slog.Any("error", err))
+			reply(dns.RcodeServerFailure, nil)
+			return
+		}
+	}
+	reply(resp.Rcode, answer)
+}
+
+// forward asks the upstream resolver for the A records of q's name, over
+// UDP, then TCP if the answer was truncated. The sandbox's own message is
+// not passed on: only its question.
+func (p *Proxy) forward(ctx context.Context, q dns.Question) (*dns.Msg, error) {
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(q.Name), dns.TypeA)
+	m.SetEdns0(dns.DefaultMsgSize, false)
+	c := &dns.Client{Net: "udp", Timeout: p.cfg.Timeout}
+	resp, _, err := c.ExchangeContext(ctx, m, p.cfg.Upstream)
+	if err == nil && resp.Truncated {
+		c.Net = "tcp"
+		resp, _, err = c.ExchangeContext(ctx, m, p.cfg.Upstream)
+	}
+	return resp, err
+}
+
+// filter keeps the answer's CNAME and A records (TTLs capped at MaxTTL)
+// and returns the addresses and their smallest TTL.
+func (p *Proxy) filter(resp *dns.Msg) ([]dns.RR, []netip.Addr, time.Duration) {
+	maxTTL := uint32(p.cfg.MaxTTL / time.Second)
+	var out []dns.RR
+	var addrs []netip.Addr
+	ttl := maxTTL
+	for _, rr := range resp.Answer {
+		h := rr.Header()
+		if h.Class != dns.ClassINET {
+			continue
+		}
+		switch v := rr.(type) {
+		case *dns.A:
+			a, ok := netip.AddrFromSlice(v.A.To4())
+			if !ok {
+				continue
+			}
+			addrs = append(addrs, a)
+			ttl = min(ttl, h.Ttl)
+		case *dns.CNAME:
+		default:
+			continue
+		}
+		h.Ttl = min(h.Ttl, maxTTL)
+		out = append(out, rr)
+	}
+	return out, addrs, time.Duration(ttl) * time.Second
+}
+
+// timeout is how long resolved addresses stay reachable: their TTL, within
+// [MinTTL, MaxTTL]. Never shorter than the TTL the sandbox was given, so an
+// answer it caches stays usable; connections made meanwhile outlive it.
+func (p *Proxy) timeout(ttl time.Duration) time.Duration {
+	return min(max(ttl, p.cfg.MinTTL), p.cfg.MaxTTL)
+}
+
+func remoteAddr(a net.Addr) netip.Addr {
+	switch v := a.(type) {
+	case *net.UDPAddr:
+		return v.AddrPort().Addr().Unmap()
+	case *net.TCPAddr:
+		return v.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
+}

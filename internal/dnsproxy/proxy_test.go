@@ -1,0 +1,259 @@
+package dnsproxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/network"
+	"github.com/miekg/dns"
+)
+
+// fakeUpstream is a resolver on loopback: allowed.test, denied.test and
+// anything below wild.test have A records; slow.test never answers.
+type fakeUpstream struct {
+	queries atomic.Int64
+	addr    string
+}
+
+func startUpstream(t *testing.T) *fakeUpstream {
+	t.Helper()
+	u := &fakeUpstream{}
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.addr = pc.LocalAddr().String()
+	block := make(chan struct{})
+	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		u.queries.Add(1)
+		name := strings.ToLower(r.Question[0].Name)
+		m := new(dns.Msg)
+		m.SetReply(r)
+		switch {
+		case name == "slow.test.":
+			<-block
+			return
+		case name == "allowed.test." || name == "denied.test." || strings.HasSuffix(name, ".wild.test."):
+			m.Answer = append(m.Answer,
+				&dns.CNAME{Hdr: dns.RR_Header{Name: name, Rrtype: dns.TypeCNAME, Class: dns.ClassINET, Ttl: 7200}, Target: "target.test."},
+				&dns.A{Hdr: dns.RR_Header{Name: "target.test.", Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 5}, A: net.IPv4(10, 250, 0, 7)},
+				&dns.A{Hdr: dns.RR_Header{Name: "target.test.", Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 7200}, A: net.IPv4(10, 250, 0, 8)})
+		default:
+			m.Rcode = dns.RcodeNameError
+		}
+		w.WriteMsg(m)
+	})}
+	started := make(chan struct{})
+	srv.NotifyStartedFunc = func() { close(started) }
+	done := make(chan struct{})
+	go func() { defer close(done); srv.ActivateAndServe() }()
+	<-started
+	t.Cleanup(func() { close(block); srv.Shutdown(); <-done })
+	return u
+}
+
+type added struct {
+	src     netip.Addr
+	name    string
+	addrs   []netip.Addr
+	timeout time.Duration
+}
+
+// fakePolicies gives 127.0.0.1 an allow list; AddResolved records, or
+// fails with err.
+type fakePolicies struct {
+	mu    sync.Mutex
+	added []added
+	err   error
+}
+
+func (f *fakePolicies) Names(src netip.Addr) ([]string, []string, bool) {
+	if src != netip.MustParseAddr("127.0.0.1") {
+		return nil, nil, false
+	}
+	return []string{"allowed.test", "*.wild.test", "slow.test"}, []string{"bad.wild.test"}, true
+}
+
+func (f *fakePolicies) AddResolved(_ context.Context, src netip.Addr, name string, addrs []netip.Addr, timeout time.Duration) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return f.err
+	}
+	f.added = append(f.added, added{src, name, addrs, timeout})
+	return nil
+}
+
+func (f *fakePolicies) take() []added {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	a := f.added
+	f.added = nil
+	return a
+}
+
+func startProxy(t *testing.T, pol Policies, upstream string, tune func(*Config)) *Proxy {
+	t.Helper()
+	cfg := Config{Listen: netip.MustParseAddrPort("127.0.0.1:0"), Upstream: upstream, Policies: pol,
+		MatchName: network.MatchName, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Timeout: 300 * time.Millisecond}
+	if tune != nil {
+		tune(&cfg)
+	}
+	p, err := Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return p
+}
+
+func query(t *testing.T, p *Proxy, from, name string, qtype uint16) *dns.Msg {
+	t.Helper()
+	c := &dns.Client{Net: "udp", Timeout: 5 * time.Second}
+	if from != "" {
+		c.Dialer = &net.Dialer{LocalAddr: &net.UDPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+	}
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(name), qtype)
+	r, _, err := c.Exchange(m, p.Addr().String())
+	if err != nil {
+		t.Fatalf("query %s: %v", name, err)
+	}
+	return r
+}
+
+func TestProxyPolicy(t *testing.T) {
+	up := startUpstream(t)
+	pol := &fakePolicies{}
+	p := startProxy(t, pol, up.addr, nil)
+
+	// An allowed name: forwarded, answered, its addresses allowed first.
+	r := query(t, p, "", "Allowed.Test", dns.TypeA)
+	if r.Rcode != dns.RcodeSuccess || len(r.Answer) != 3 {
+		t.Fatalf("allowed.test: got rcode %s, %d answers, want NOERROR and 3", dns.RcodeToString[r.Rcode], len(r.Answer))
+	}
+	for _, rr := range r.Answer {
+		if rr.Header().Ttl > 3600 {
+			t.Errorf("answer TTL %d, want at most 3600 (MaxTTL)", rr.Header().Ttl)
+		}
+	}
+	got := pol.take()
+	want := []netip.Addr{netip.MustParseAddr("10.250.0.7"), netip.MustParseAddr("10.250.0.8")}
+	if len(got) != 1 || fmt.Sprint(got[0].addrs) != fmt.Sprint(want) || got[0].name != "Allowed.Test." {
+		t.Fatalf("AddResolved calls: got %+v, want one for allowed.test with %v", got, want)
+	}
+	if got[0].timeout != 30*time.Second { // the smallest TTL (5s), raised to MinTTL
+		t.Errorf("timeout: got %v, want 30s", got[0].timeout)
+	}
+	// A wildcard.
+	if r := query(t, p, "", "a.b.wild.test", dns.TypeA); r.Rcode != dns.RcodeSuccess || len(r.Answer) == 0 {
+		t.Errorf("a.b.wild.test: got %s, want an answer", dns.RcodeToString[r.Rcode])
+	}
+	pol.take()
+
+	// Not on the list, denied (deny beats the wildcard), the wildcard's
+	// apex: NXDOMAIN, and the upstream is not even asked.
+	before := up.queries.Load()
+	for _, n := range []string{"denied.test", "bad.wild.test", "wild.test", "allowed.test.evil.com", "xallowed.test"} {
+		if r := query(t, p, "", n, dns.TypeA); r.Rcode != dns.RcodeNameError || len(r.Answer) != 0 {
+			t.Errorf("%s: got %s with %d answers, want NXDOMAIN", n, dns.RcodeToString[r.Rcode], len(r.Answer))
+		}
+	}
+	if n := up.queries.Load() - before; n != 0 {
+		t.Errorf("the upstream got %d queries for names not allowed, want 0", n)
+	}
+	if a := pol.take(); len(a) != 0 {
+		t.Errorf("names not allowed added addresses: %+v", a)
+	}
+	// AAAA of an allowed name: empty (sandboxes are IPv4 only).
+	if r := query(t, p, "", "allowed.test", dns.TypeAAAA); r.Rcode != dns.RcodeSuccess || len(r.Answer) != 0 {
+		t.Errorf("AAAA allowed.test: got %s with %d answers, want NOERROR, none", dns.RcodeToString[r.Rcode], len(r.Answer))
+	}
+	// A source that is no sandbox with names: REFUSED.
+	if r := query(t, p, "127.0.0.2", "allowed.test", dns.TypeA); r.Rcode != dns.RcodeRefused {
+		t.Errorf("from 127.0.0.2: got %s, want REFUSED", dns.RcodeToString[r.Rcode])
+	}
+	// An upstream that does not answer: SERVFAIL within the timeout.
+	if r := query(t, p, "", "slow.test", dns.TypeA); r.Rcode != dns.RcodeServerFailure {
+		t.Errorf("slow.test: got %s, want SERVFAIL", dns.RcodeToString[r.Rcode])
+	}
+	// A full set: SERVFAIL, not an answer the sandbox could not use.
+	pol.mu.Lock()
+	pol.err = fmt.Errorf("full: %w", errdefs.ErrResourceExhausted)
+	pol.mu.Unlock()
+	if r := query(t, p, "", "allowed.test", dns.TypeA); r.Rcode != dns.RcodeServerFailure || len(r.Answer) != 0 {
+		t.Errorf("set full: got %s with %d answers, want SERVFAIL", dns.RcodeToString[r.Rcode], len(r.Answer))
+	}
+	// The policy changed between question and answer: NXDOMAIN.
+	pol.mu.Lock()
+	pol.err = fmt.Errorf("changed: %w", errdefs.ErrFailedPrecondition)
+	pol.mu.Unlock()
+	if r := query(t, p, "", "allowed.test", dns.TypeA); r.Rcode != dns.RcodeNameError || len(r.Answer) != 0 {
+		t.Errorf("policy changed: got %s with %d answers, want NXDOMAIN", dns.RcodeToString[r.Rcode], len(r.Answer))
+	}
+}
+
+// TestProxyAbuse: malformed, oversized and too many queries.
+func TestProxyAbuse(t *testing.T) {
+	up := startUpstream(t)
+	pol := &fakePolicies{}
+	p := startProxy(t, pol, up.addr, func(c *Config) { c.Rate, c.Burst = 1, 5 })
+
+	// Two questions in one query: FORMERR.
+	m := new(dns.Msg)
+	m.SetQuestion("allowed.test.", dns.TypeA)
+	m.Question = append(m.Question, dns.Question{Name: "other.test.", Qtype: dns.TypeA, Qclass: dns.ClassINET})
+	c := &dns.Client{Net: "udp", Timeout: 5 * time.Second}
+	if r, _, err := c.Exchange(m, p.Addr().String()); err != nil || r.Rcode != dns.RcodeFormatError {
+		t.Errorf("two questions: got %v, %v; want FORMERR", r, err)
+	}
+	// A query over 512 bytes over TCP (UDP cuts it at the buffer): FORMERR.
+	big := new(dns.Msg)
+	big.SetQuestion("allowed.test.", dns.TypeA)
+	big.Extra = append(big.Extra, &dns.TXT{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeTXT, Class: dns.ClassINET},
+		Txt: []string{strings.Repeat("x", 250), strings.Repeat("y", 250), strings.Repeat("z", 250)}})
+	tc := &dns.Client{Net: "tcp", Timeout: 5 * time.Second}
+	if r, _, err := tc.Exchange(big, p.Addr().String()); err != nil || r.Rcode != dns.RcodeFormatError {
+		t.Errorf("a %d-byte query over TCP: got %v, %v; want FORMERR", big.Len(), r, err)
+	}
+	// Over UDP it does not fit the buffer: no answer at all.
+	uc := &dns.Client{Net: "udp", Timeout: 500 * time.Millisecond}
+	if r, _, err := uc.Exchange(big, p.Addr().String()); err == nil && r.Rcode == dns.RcodeSuccess {
+		t.Errorf("a %d-byte query over UDP was answered: %v", big.Len(), r)
+	}
+	// The rate: after the burst, REFUSED.
+	refused := 0
+	for range 20 {
+		if r := query(t, p, "", "allowed.test", dns.TypeA); r.Rcode == dns.RcodeRefused {
+			refused++
+		}
+	}
+	if refused < 10 {
+		t.Errorf("20 queries at once with a burst of 5: %d refused, want most", refused)
+	}
+}
+
+func TestStartBadConfig(t *testing.T) {
+	for _, cfg := range []Config{
+		{Listen: netip.MustParseAddrPort("127.0.0.1:0"), Policies: &fakePolicies{}, MatchName: network.MatchName},
+		{Listen: netip.MustParseAddrPort("127.0.0.1:0"), Policies: &fakePolicies{}, MatchName: network.MatchName, Upstream: "nohostport"},
+	} {
+		if _, err := Start(context.Background(), cfg); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("Start(%+v): %v, want InvalidArgument", cfg, err)
+		}
+	}
+}

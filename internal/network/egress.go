@@ -1,0 +1,104 @@
+package network
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+// checkPolicy checks a Policy built by hand the way ParsePolicy checks
+// lists (the daemon parses; tests and callers may not).
+func checkPolicy(pol Policy) error {
+	allow, deny := pol.Lists()
+	got, err := ParsePolicy(string(pol.Mode), allow, deny)
+	if err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	if got.Mode != pol.Mode {
+		return fmt.Errorf("network: egress %q: %w", pol.Mode, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// SetPolicy changes the egress policy of the running sandbox id at ip:
+// its lists in nftables are replaced in one transaction, and the addresses
+// resolved under the old policy are dropped (connections already open
+// stay). The daemon also calls it on restart, to give the DNS proxy the
+// policies of the sandboxes it finds.
+func (m *Manager) SetPolicy(ctx context.Context, id string, ip netip.Addr, pol Policy) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	if err := m.checkIP(ip); err != nil {
+		return err
+	}
+	if err := checkPolicy(pol); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if pol.Mode != EgressNone {
+		if err := m.enableForwarding(); err != nil {
+			return err
+		}
+	}
+	// polMu across the change: the proxy never adds an address resolved
+	// under the old policy to the new one's set.
+	m.polMu.Lock()
+	defer m.polMu.Unlock()
+	if err := m.applyPolicy(ip, pol, true); err != nil {
+		return err
+	}
+	m.setPolicyLocked(ip, pol)
+	m.log.Debug("egress policy set", slog.String("sandbox", id), slog.String("egress", string(pol.Mode)))
+	return nil
+}
+
+func (m *Manager) setPolicyLocked(ip netip.Addr, pol Policy) {
+	if pol.HasNames() {
+		m.policies[ip] = pol
+	} else {
+		delete(m.policies, ip)
+	}
+}
+
+// dropPolicy removes the egress objects of the sandbox at ip.
+func (m *Manager) dropPolicy(ip netip.Addr) error {
+	m.polMu.Lock()
+	defer m.polMu.Unlock()
+	delete(m.policies, ip)
+	return m.applyPolicy(ip, Policy{Mode: EgressNone}, true)
+}
+
+// Names returns the allowed and denied names of the sandbox at src, and
+// false when it does not resolve through the proxy. The DNS proxy asks.
+func (m *Manager) Names(src netip.Addr) (allow, deny []string, ok bool) {
+	m.polMu.RLock()
+	defer m.polMu.RUnlock()
+	p, ok := m.policies[src.Unmap()]
+	return p.AllowNames, p.DenyNames, ok
+}
+
+// AddResolved lets the sandbox at src reach addrs, resolved for name, for
+// timeout. IPv6 addresses are ignored (sandboxes have none). It fails with
+// FailedPrecondition when the sandbox's policy (which may have changed
+// since the query came in) does not allow name, ResourceExhausted when its
+// set is full.
+func (m *Manager) AddResolved(ctx context.Context, src netip.Addr, name string, addrs []netip.Addr, timeout time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	src = src.Unmap()
+	m.polMu.RLock()
+	defer m.polMu.RUnlock()
+	p, ok := m.policies[src]
+	if !ok || !MatchName(p.AllowNames, name) || MatchName(p.DenyNames, name) {
+		return fmt.Errorf("network: %s may not resolve %q: %w", src, name, errdefs.ErrFailedPrecondition)
+	}
+	return m.addResolved(src, addrs, timeout)
+}
