@@ -5,6 +5,7 @@
 //
 //	probe escapes HOSTDEVMAJOR HOSTDEVMINOR   privileged syscalls and files
 //	probe dial ADDR...                        TCP connects (2 s each, in parallel)
+//	probe alloc MB                            maps and touches MB MiB in one mapping, as fast as it can
 package main
 
 import (
@@ -33,9 +34,28 @@ func main() {
 		escapes(uint32(maj), uint32(min))
 	case "dial":
 		dial(os.Args[2:])
+	case "alloc":
+		mb, _ := strconv.Atoi(arg(2))
+		alloc(mb)
 	default:
 		os.Exit(2)
 	}
+}
+
+// alloc maps mb MiB of private anonymous memory and writes one byte per
+// page, with no pause and no allocator in between: the fastest way for a
+// tenant to take memory. It prints "allocated MB" when it got all of it.
+func alloc(mb int) {
+	n := mb << 20
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		fmt.Println("alloc denied", err)
+		os.Exit(3)
+	}
+	for i := 0; i < n; i += os.Getpagesize() {
+		b[i] = 1
+	}
+	fmt.Println("allocated", mb)
 }
 
 func arg(i int) string {
