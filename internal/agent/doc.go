@@ -91,13 +91,14 @@
 // figures in SECURITY.md, "Memory limits under gVisor"): with the host
 // limit at the tenant's plus the sentry's overhead and oom_kill_disable=1,
 // the allocating stub thread sleeps at the limit, but so does the gofer,
-// and the sandbox cannot take a kill (runsc exec fails with ENOMEM, control
-// replies fail for socket memory, runsc kill waits); raising the limit by a
-// rescue margin wakes the allocation first, which fills the margin at host
-// speed before the kill lands (10 of 10 rounds with 64 MiB), and a sandbox
-// rescued several times was left wedged; holding the blocked stub process
-// in a frozen freezer cgroup while raising kills the sandbox (systrap loses
-// the stub). The limit has to live in the sentry's allocator.
+// and the sandbox cannot take a kill (runsc exec fails with ENOMEM or kills
+// the sentry, control replies fail for socket memory, runsc kill waits);
+// raising the limit by a rescue margin wakes the allocation first, which
+// fills the margin at host speed before the kill lands (10 of 10 rounds
+// with 64 MiB), and a sandbox rescued several times was left wedged;
+// keeping the blocked stub from running while the limit is raised (frozen
+// freezer cgroup, or a throttled cpu cgroup) loses the sandbox (systrap
+// loses the stub). The limit has to live in the sentry's allocator.
 //
 // # Wire protocol
 //
