@@ -7,6 +7,7 @@
 //	probe dial ADDR...                        TCP connects (2 s each, in parallel)
 //	probe lookup NAME...                      DNS lookups through /etc/resolv.conf
 //	probe dnsflood SERVER COUNT NAME          COUNT A queries at once over UDP, then a 600-byte one (over the proxy's 512)
+//	probe alloc MB                            maps and touches MB MiB in one mapping, as fast as it can
 package main
 
 import (
@@ -43,9 +44,28 @@ func main() {
 	case "dnsflood":
 		n, _ := strconv.Atoi(arg(3))
 		dnsFlood(arg(2), n, arg(4))
+	case "alloc":
+		mb, _ := strconv.Atoi(arg(2))
+		alloc(mb)
 	default:
 		os.Exit(2)
 	}
+}
+
+// alloc maps mb MiB of private anonymous memory and writes one byte per
+// page, with no pause and no allocator in between: the fastest way for a
+// tenant to take memory. It prints "allocated MB" when it got all of it.
+func alloc(mb int) {
+	n := mb << 20
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		fmt.Println("alloc denied", err)
+		os.Exit(3)
+	}
+	for i := 0; i < n; i += os.Getpagesize() {
+		b[i] = 1
+	}
+	fmt.Println("allocated", mb)
 }
 
 func arg(i int) string {

@@ -76,20 +76,29 @@
 // --total-memory only sets what the sandbox is told; RLIMIT_AS is enforced
 // per mmap but breaks runtimes that reserve address space (V8, the JVM);
 // RLIMIT_DATA binds only brk. When the host cgroup reaches its limit the
-// kernel OOM killer kills the sentry (it maps all sandbox memory:
-// shmem-rss 246 MB of a 256 MB limit): the whole sandbox dies. With
-// oom_kill_disable=1 the allocating task blocks at the limit instead and
-// an eventfd on memory.oom_control fires, but the sandbox cannot run an
-// exec or a kill until the limit is raised (every sentry allocation
-// blocks); raising it lets the blocked allocation continue. So the agent's
-// watchdog stays the in-sandbox enforcer (it kills the largest process and
-// marks its exec OOM-killed; the exec is registered before the watchdog
-// can see its pid) and the host cgroup the backstop; an allocation that
-// completes between two polls can pass the limit up to the backstop. An
-// exact limit needs the daemon: host limit at the tenant's limit plus the
-// sentry's overhead, oom_kill_disable, and on the OOM event raise the limit
-// by a rescue margin, call the agent to kill the largest process, then
-// lower it again.
+// kernel OOM killer kills the sentry (it maps all sandbox memory): the
+// whole sandbox dies. So the agent's watchdog is the in-sandbox enforcer
+// (it kills the largest process and marks its exec OOM-killed; the exec is
+// registered before the watchdog can see its pid) and the host cgroup the
+// backstop. It enforces after the fact: against an allocation of twice a
+// 64 MiB limit (e2e TestMeasureFastAllocation, 20 rounds each) the process
+// was killed with oom_killed and the agent lived every time, but a
+// page-faulting allocator held up to 5.8 MiB over the limit and a single
+// 128 MiB read(2) (the sentry copies it into tenant memory) its whole
+// buffer.
+//
+// An exact limit from the host does not work with this gVisor (spiked,
+// figures in SECURITY.md, "Memory limits under gVisor"): with the host
+// limit at the tenant's plus the sentry's overhead and oom_kill_disable=1,
+// the allocating stub thread sleeps at the limit, but so does the gofer,
+// and the sandbox cannot take a kill (runsc exec fails with ENOMEM or kills
+// the sentry, control replies fail for socket memory, runsc kill waits);
+// raising the limit by a rescue margin wakes the allocation first, which
+// fills the margin at host speed before the kill lands (10 of 10 rounds
+// with 64 MiB), and a sandbox rescued several times was left wedged;
+// keeping the blocked stub from running while the limit is raised (frozen
+// freezer cgroup, or a throttled cpu cgroup) loses the sandbox (systrap
+// loses the stub). The limit has to live in the sentry's allocator.
 //
 // # Wire protocol
 //
