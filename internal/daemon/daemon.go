@@ -74,7 +74,10 @@ type Config struct {
 	MaxCopyBytes int64
 	// MaxSandboxes bounds live sandboxes (0 = 100).
 	MaxSandboxes int
-	Log          *slog.Logger
+	// PtyStallTimeout ends a pty session whose client has taken none of
+	// its output for this long (0 = DefaultPtyStallTimeout); see pty.go.
+	PtyStallTimeout time.Duration
+	Log             *slog.Logger
 }
 
 // Daemon is the sandbox manager.
@@ -128,6 +131,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxSandboxes == 0 {
 		c.MaxSandboxes = 100
+	}
+	if c.PtyStallTimeout <= 0 {
+		c.PtyStallTimeout = DefaultPtyStallTimeout
 	}
 	if c.AgentPath == "" {
 		exe, err := os.Executable()
