@@ -150,6 +150,7 @@ func (df *daemonFlags) register(cmd *cobra.Command) {
 	f.StringVar(&df.cfg.CgroupParent, "cgroup-parent", "forkbox", "cgroup under which sandboxes get theirs")
 	f.DurationVar(&df.cfg.CheckpointRetention, "checkpoint-retention", 0, "delete checkpoints of closed sandboxes once older than this (0 = keep)")
 	f.DurationVar(&df.cfg.IdleHibernate, "idle-hibernate", 0, "hibernate gvisor sandboxes idle for this long; the next exec wakes them (0 = never)")
+	f.DurationVar(&df.cfg.PtyStallTimeout, "pty-stall-timeout", daemon.DefaultPtyStallTimeout, "end a terminal session (exec -t) whose client has taken none of its output for this long")
 	f.IntVar(&df.cfg.MaxSandboxes, "max-sandboxes", 100, "limit on live sandboxes")
 	f.StringVar(&df.level, "log-level", "info", "debug, info, warn or error")
 }
