@@ -55,8 +55,20 @@ func runPty(ctx context.Context, sb *client.Sandbox, o client.ExecOptions, input
 		defer term.Restore(inFd, state)
 	}
 
+	// Every return stops and joins the goroutines below.
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	var wake, wakeR *os.File
+	defer func() {
+		close(stop)
+		if wake != nil {
+			wake.Close() // forwardInput returns
+		}
+		wg.Wait()
+		if wakeR != nil {
+			wakeR.Close()
+		}
+	}()
 	winch := make(chan os.Signal, 1)
 	signal.Notify(winch, syscall.SIGWINCH)
 	defer signal.Stop(winch)
@@ -74,28 +86,20 @@ func runPty(ctx context.Context, sb *client.Sandbox, o client.ExecOptions, input
 			}
 		}
 	}()
-	var wake *os.File
 	if input {
 		r, w, err := os.Pipe()
 		if err != nil {
 			p.Kill()
 			return nil, err
 		}
-		defer r.Close()
-		wake = w
+		wake, wakeR = w, r
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			forwardInput(inFd, int(r.Fd()), !term.IsTerminal(inFd), p.SendInput)
 		}()
 	}
-	res, err := p.Wait()
-	close(stop)
-	if wake != nil {
-		wake.Close() // forwardInput returns
-	}
-	wg.Wait()
-	return res, err
+	return p.Wait()
 }
 
 // forwardInput reads fd and sends what it reads until wakeFd becomes

@@ -20,6 +20,13 @@ const testToken = "s3cret-token"
 // startServer runs a non-init agent on 127.0.0.1:0 until the test ends.
 func startServer(tb testing.TB, cfg Config) *Client {
 	tb.Helper()
+	_, c := startServerWith(tb, cfg)
+	return c
+}
+
+// startServerWith is startServer, also returning the server.
+func startServerWith(tb testing.TB, cfg Config) (*Server, *Client) {
+	tb.Helper()
 	if cfg.Token == "" {
 		cfg.Token = testToken
 	}
@@ -48,7 +55,7 @@ func startServer(tb testing.TB, cfg Config) *Client {
 		cancel()
 		<-done
 	})
-	return NewClient(ln.Addr().String(), cfg.Token)
+	return s, NewClient(ln.Addr().String(), cfg.Token)
 }
 
 func testCtx(t *testing.T) context.Context {

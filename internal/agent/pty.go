@@ -35,9 +35,21 @@ import (
 // Bounds: rows and columns in 1..MaxPtyRows/MaxPtyCols; input the terminal
 // has not taken yet is queued up to MaxPtyInput bytes, and input past that is
 // dropped, as a terminal drops typeahead past its input queue (so the agent
-// never stops reading the connection, and a kill always gets through); the
-// exec's timeout applies. The pids limit and the memory watchdog cover a
+// never stops reading the connection, and a kill always gets through), in
+// one buffer, so that tiny frames cost no more than large ones; the exec's
+// timeout applies. A client that stops reading the output holds the exec at
+// most ptyWriteGrace past the process's exit: then writes to it fail and the
+// exec ends. When the exec ends, every process left in its session (nohup,
+// disowned jobs) is killed. The pids limit and the memory watchdog cover a
 // pty exec as any other.
+
+// ptyWriteGrace bounds how long, after the process exited and its output
+// was drained, the agent waits for a client that does not read what was
+// printed before it gives up writing to it.
+const ptyWriteGrace = 5 * time.Second
+
+// maxPtyKillPasses bounds the passes of killSessionAll.
+const maxPtyKillPasses = 50
 
 // Terminal size bounds and defaults.
 const (
@@ -177,7 +189,8 @@ func (s *Server) handlePty(body *reqBody, fw *frameWriter, hdr *request) error {
 		defer close(inDone)
 		in.run(master)
 	}()
-	go s.readPtyClient(body.handOff(), st, master, in)
+	conn := body.handOff()
+	go s.readPtyClient(conn, st, master, in)
 	if startErr != nil {
 		st.killGroup() // the client is gone already
 	}
@@ -194,7 +207,16 @@ func (s *Server) handlePty(body *reqBody, fw *frameWriter, hdr *request) error {
 	// What the process printed is read to the end (EIO once no process holds
 	// the slave), at most drainGrace after it exited.
 	master.SetReadDeadline(time.Now().Add(drainGrace))
-	pumps.Wait()
+	if !waitGroupFor(&pumps, drainGrace+ptyWriteGrace) {
+		// The pump is stuck writing to a client that does not read: its
+		// writes fail from now on (so does the result), and it ends.
+		log.Info("pty client stopped reading its output; dropping the rest", "grace", ptyWriteGrace)
+		conn.SetWriteDeadline(time.Now())
+		pumps.Wait()
+	}
+	// Jobs of the session that outlived its leader (nohup, disown) end
+	// with it.
+	killSessionAll(pid)
 	in.close()
 	master.Close() // a write blocked on a full terminal returns
 	<-inDone
@@ -240,12 +262,13 @@ func (s *Server) readPtyClient(conn net.Conn, st *execState, master *os.File, in
 }
 
 // ptyInput is the queue of input for a terminal: pushed by the connection's
-// reader, written to the master by run. Bounded by MaxPtyInput; past that,
-// input is dropped and counted.
+// reader, written to the master by run. It is one byte buffer of at most
+// MaxPtyInput bytes (however the input was framed: a million 1-byte frames
+// cost what one 1 MiB frame does); past that, input is dropped and counted.
 type ptyInput struct {
 	mu      sync.Mutex
-	q       [][]byte
-	n       int
+	buf     []byte // queued, not yet taken by run
+	spare   []byte // the buffer run wrote last, reused
 	closed  bool
 	dropped int64
 	wake    chan struct{}
@@ -259,12 +282,17 @@ func (in *ptyInput) push(p []byte) {
 	if in.closed || len(p) == 0 {
 		return
 	}
-	if in.n+len(p) > MaxPtyInput {
-		in.dropped += int64(len(p))
+	if room := MaxPtyInput - len(in.buf); len(p) > room {
+		in.dropped += int64(len(p) - room)
+		p = p[:room]
+	}
+	if len(p) == 0 {
 		return
 	}
-	in.q = append(in.q, p)
-	in.n += len(p)
+	if in.buf == nil {
+		in.buf, in.spare = in.spare[:0], nil
+	}
+	in.buf = append(in.buf, p...)
 	in.signal()
 }
 
@@ -290,6 +318,13 @@ func (in *ptyInput) droppedBytes() int64 {
 	return in.dropped
 }
 
+// queued returns the bytes queued and the capacity held for them.
+func (in *ptyInput) queued() (n, capacity int) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return len(in.buf), cap(in.buf) + cap(in.spare)
+}
+
 // run writes queued input to w until the input is closed and written, or a
 // write fails (the master was closed).
 func (in *ptyInput) run(w io.Writer) {
@@ -297,7 +332,7 @@ func (in *ptyInput) run(w io.Writer) {
 		<-in.wake
 		for {
 			in.mu.Lock()
-			if len(in.q) == 0 {
+			if len(in.buf) == 0 {
 				closed := in.closed
 				in.mu.Unlock()
 				if closed {
@@ -305,18 +340,19 @@ func (in *ptyInput) run(w io.Writer) {
 				}
 				break
 			}
-			p := in.q[0]
-			in.q[0] = nil
-			in.q = in.q[1:]
-			in.n -= len(p)
+			p := in.buf
+			in.buf = nil
 			in.mu.Unlock()
-			if _, err := w.Write(p); err != nil {
-				in.mu.Lock()
+			_, err := w.Write(p)
+			in.mu.Lock()
+			in.spare = p[:0]
+			if err != nil {
 				in.closed = true
-				in.q, in.n = nil, 0
+				in.buf = nil
 				in.mu.Unlock()
 				return
 			}
+			in.mu.Unlock()
 		}
 	}
 }
@@ -331,5 +367,41 @@ func killSession(sid int) {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 			}
 		}
+	}
+}
+
+// killSessionAll SIGKILLs every process of session sid until a scan of
+// /proc finds none left (zombies count as gone), at most maxPtyKillPasses
+// scans. The session id stays reserved while any of its processes lives,
+// so the scan never reaches a process of another session.
+func killSessionAll(sid int) {
+	for pass := 0; pass < maxPtyKillPasses; pass++ {
+		found := false
+		for pid, p := range scanProcs(1) {
+			if p.sid == sid {
+				found = true
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		if !found {
+			return
+		}
+	}
+}
+
+// waitGroupFor waits for wg at most d and says whether it is done.
+func waitGroupFor(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
 	}
 }

@@ -92,7 +92,10 @@ type Config struct {
 	// DNSUpstream is the resolver (ip:port) the DNS proxy forwards allowed
 	// names to; "" = the first of the host's /etc/resolv.conf.
 	DNSUpstream string
-	Log         *slog.Logger
+	// PtyStallTimeout ends a pty session whose client has taken none of
+	// its output for this long (0 = DefaultPtyStallTimeout); see pty.go.
+	PtyStallTimeout time.Duration
+	Log             *slog.Logger
 }
 
 // Daemon is the sandbox manager.
@@ -150,6 +153,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxSandboxes == 0 {
 		c.MaxSandboxes = 100
+	}
+	if c.PtyStallTimeout <= 0 {
+		c.PtyStallTimeout = DefaultPtyStallTimeout
 	}
 	if c.AgentPath == "" {
 		exe, err := os.Executable()

@@ -18,10 +18,13 @@ type activity struct {
 	mu       sync.Mutex
 	last     map[string]time.Time
 	inFlight map[string]int
+	ptys     map[string]int // pty sessions open, per sandbox
 }
 
 func (d *Daemon) act() *activity {
-	d.actOnce.Do(func() { d.activity = &activity{last: map[string]time.Time{}, inFlight: map[string]int{}} })
+	d.actOnce.Do(func() {
+		d.activity = &activity{last: map[string]time.Time{}, inFlight: map[string]int{}, ptys: map[string]int{}}
+	})
 	return d.activity
 }
 

@@ -12,6 +12,16 @@ import (
 	"github.com/forkbox/forkbox/internal/store"
 )
 
+// Bounds of pty sessions.
+const (
+	// MaxPtySessions bounds the pty sessions open at once on one sandbox;
+	// past it, Pty fails with ResourceExhausted.
+	MaxPtySessions = 16
+	// DefaultPtyStallTimeout is Config.PtyStallTimeout's default: a session
+	// whose client took none of its output for this long is ended.
+	DefaultPtyStallTimeout = 60 * time.Second
+)
+
 // PtyOptions is one command to run on a terminal in a sandbox. Stdin must
 // be empty (input goes through PtySession.Input); a pty exec is never
 // replayed by Resume (it is interactive).
@@ -26,14 +36,18 @@ type PtySession struct {
 	*agent.Pty
 	// ExecID is the exec's id in the ledger.
 	ExecID string
+	// StallTimeout is Config.PtyStallTimeout: how long the caller of Wait
+	// may take none of the output before it ends the session.
+	StallTimeout time.Duration
 
-	d        *Daemon
-	sb       *store.Sandbox
-	start    time.Time
-	oomBase  int64
-	oomErr   error
-	doneOnce sync.Once
-	done     func()
+	d          *Daemon
+	sb         *store.Sandbox
+	start      time.Time
+	oomBase    int64
+	oomErr     error
+	finishOnce sync.Once // exec.finished is written once
+	doneOnce   sync.Once
+	done       func()
 }
 
 // Pty starts a command on a terminal in a sandbox and records exec.started
@@ -62,6 +76,15 @@ func (d *Daemon) Pty(ctx context.Context, idOrName string, o PtyOptions) (*PtySe
 			done()
 		}
 	}()
+	release, err := d.ptySlot(sb.ID)
+	if err != nil {
+		return nil, err
+	}
+	sbDone := done
+	done = func() {
+		release()
+		sbDone()
+	}
 	execID := newID("ex-")
 	data := d.recordedExec(sb.ID, execID, &eo, false)
 	data["pty"] = true
@@ -73,7 +96,7 @@ func (d *Daemon) Pty(ctx context.Context, idOrName string, o PtyOptions) (*PtySe
 	if err != nil {
 		return nil, err
 	}
-	s := &PtySession{ExecID: execID, d: d, sb: sb, done: done}
+	s := &PtySession{ExecID: execID, StallTimeout: d.cfg.PtyStallTimeout, d: d, sb: sb, done: done}
 	s.oomBase, s.oomErr = cgroups.OOMKills(d.cgroupPath(sb.ID))
 	s.start = time.Now()
 	p, err := d.agent(sb).Pty(ctx, req, size)
@@ -101,13 +124,21 @@ func (s *PtySession) Wait(ctx context.Context, onData func([]byte) error) (ExecR
 }
 
 // Close ends the session (killing its command if it still runs) and
-// releases the sandbox.
+// releases the sandbox. A session closed before Wait returned is recorded
+// as finished with a Canceled error.
 func (s *PtySession) Close() {
 	s.Pty.Close()
+	s.finish(context.Background(), ExecResult{}, fmt.Errorf("pty session closed before its command ended: %w", errdefs.ErrCanceled))
+}
+
+// finish records exec.finished, the first time only, and releases the
+// sandbox.
+func (s *PtySession) finish(ctx context.Context, res ExecResult, err error) {
+	s.finishOnce.Do(func() { s.record(ctx, res, err) })
 	s.doneOnce.Do(s.done)
 }
 
-func (s *PtySession) finish(ctx context.Context, res ExecResult, err error) {
+func (s *PtySession) record(ctx context.Context, res ExecResult, err error) {
 	data := map[string]any{"exec_id": s.ExecID, "duration_ms": float64(time.Since(s.start).Microseconds()) / 1000}
 	if err != nil {
 		data["error"] = err.Error()
@@ -118,5 +149,26 @@ func (s *PtySession) finish(ctx context.Context, res ExecResult, err error) {
 		data["oom_killed"] = res.OOMKilled
 	}
 	s.d.note(context.WithoutCancel(ctx), s.sb.ID, store.EventExecFinished, data)
-	s.doneOnce.Do(s.done)
+}
+
+// ptySlot takes one of sandbox id's MaxPtySessions; call the returned func
+// to give it back.
+func (d *Daemon) ptySlot(id string) (func(), error) {
+	a := d.act()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.ptys[id] >= MaxPtySessions {
+		return nil, fmt.Errorf("sandbox %s has %d pty sessions open, the most it may: %w", id, MaxPtySessions, errdefs.ErrResourceExhausted)
+	}
+	a.ptys[id]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			a.mu.Lock()
+			if a.ptys[id]--; a.ptys[id] <= 0 {
+				delete(a.ptys, id)
+			}
+			a.mu.Unlock()
+		})
+	}, nil
 }

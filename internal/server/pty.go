@@ -53,10 +53,11 @@ func (s *sandboxes) ExecPty(ctx context.Context, stream *connect.BidiStream[v1.P
 	}
 	defer sess.Close()
 	if err := stream.Send(&v1.PtyResponse{Event: &v1.PtyResponse_Started{Started: &v1.ExecStarted{ExecId: sess.ExecID, Pid: int64(sess.Pid())}}}); err != nil {
-		return err
+		return err // Close records the exec as finished (canceled)
 	}
-	// The reader ends when the caller closes its side, or when the stream
-	// is torn down after this handler returns.
+	ctl := streamControl(ctx)
+	// The reader ends when the caller closes its side, or when ctl ends it;
+	// it is joined on every path.
 	var (
 		mu     sync.Mutex
 		badMsg error
@@ -81,23 +82,45 @@ func (s *sandboxes) ExecPty(ctx context.Context, stream *connect.BidiStream[v1.P
 			}
 		}
 	}()
-	res, err := sess.Wait(ctx, func(b []byte) error {
+	joinReader := func() {
+		ctl.endReceive()
+		<-recvDone
+	}
+	out := newPtyOutput(sess.StallTimeout, func(b []byte) error {
 		return stream.Send(&v1.PtyResponse{Event: &v1.PtyResponse_Data{Data: b}})
 	})
+	res, err := sess.Wait(ctx, out.push)
+	if err != nil {
+		// The session is over (a stalled caller, a gone agent): kill what is
+		// left before the stream goes.
+		sess.Close()
+	}
+	// What is queued still goes to a caller that reads, for a bounded time.
+	flush := closeWait
+	if errdefs.IsResourceExhausted(err) {
+		flush = 0
+	}
+	sendErr := out.close(flush, ctl.reset)
 	mu.Lock()
 	bad := badMsg
 	mu.Unlock()
 	if bad != nil {
+		joinReader()
 		return bad
 	}
 	if err != nil {
+		joinReader()
 		return err
 	}
-	if err := stream.Send(&v1.PtyResponse{Event: &v1.PtyResponse_Exit{Exit: &v1.ExecExit{
-		ExitCode: int32(res.ExitCode), Signal: res.Signal, DurationMs: float64(res.Duration.Microseconds()) / 1000,
-		TimedOut: res.TimedOut, OomKilled: res.OOMKilled,
-	}}}); err != nil {
-		return err
+	if sendErr == nil {
+		sendErr = stream.Send(&v1.PtyResponse{Event: &v1.PtyResponse_Exit{Exit: &v1.ExecExit{
+			ExitCode: int32(res.ExitCode), Signal: res.Signal, DurationMs: float64(res.Duration.Microseconds()) / 1000,
+			TimedOut: res.TimedOut, OomKilled: res.OOMKilled,
+		}}})
+	}
+	if sendErr != nil {
+		joinReader()
+		return sendErr
 	}
 	// The SDKs close their side on exit. Returning before they did resets
 	// the stream, which HTTP/2 clients (Node's) report as an error that can
@@ -109,6 +132,7 @@ func (s *sandboxes) ExecPty(ctx context.Context, stream *connect.BidiStream[v1.P
 	case <-t.C:
 	case <-ctx.Done():
 	}
+	joinReader()
 	return nil
 }
 

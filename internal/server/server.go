@@ -46,7 +46,7 @@ func Handler(d *daemon.Daemon, log *slog.Logger, extra ...connect.Interceptor) h
 	mux.Handle(forkboxv1connect.NewSandboxServiceHandler(&sandboxes{d: d}, opts...))
 	mux.Handle(forkboxv1connect.NewImageServiceHandler(&images{d: d}, opts...))
 	mux.Handle(forkboxv1connect.NewEnvironmentServiceHandler(&environments{d: d}, opts...))
-	return mux
+	return withStreamControl(forkboxv1connect.SandboxServiceExecPtyProcedure, mux)
 }
 
 // Server is the API server: a unix socket, and optionally TCP with a token.
