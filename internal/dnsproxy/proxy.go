@@ -4,7 +4,10 @@
 // "*.example.com" wildcards, deny winning), forwards those to the host's
 // upstream resolver, and before answering lets the sandbox reach the
 // addresses in the answer (Policies.AddResolved, an nftables set element
-// with a timeout from the TTL). Every other name gets NXDOMAIN; a source
+// with a timeout from the TTL). Private and reserved addresses in an answer
+// (DNS rebinding: an allowed name answering 10.0.0.5) are left out of the
+// answer and never allowed, unless a CIDR on the sandbox's allow list
+// covers them (network.PublicAddr has the list). Every other name gets NXDOMAIN; a source
 // that is not such a sandbox, or that asks too fast, gets REFUSED.
 //
 // Everything a sandbox sends is bounded: one question per query, 512 bytes
@@ -32,9 +35,11 @@ type Policies interface {
 	// Names returns the allowed and denied names of the sandbox at src,
 	// and false when src is no sandbox that resolves through the proxy.
 	Names(src netip.Addr) (allow, deny []string, ok bool)
-	// AddResolved lets the sandbox at src reach addrs, resolved for name,
-	// for timeout. It checks name against the sandbox's policy again.
-	AddResolved(ctx context.Context, src netip.Addr, name string, addrs []netip.Addr, timeout time.Duration) error
+	// AddResolved lets the sandbox at src reach those of addrs, resolved
+	// for name, that its policy permits (public addresses, or ones a CIDR
+	// on its allow list covers), for timeout, and returns them. It checks
+	// name against the sandbox's policy again.
+	AddResolved(ctx context.Context, src netip.Addr, name string, addrs []netip.Addr, timeout time.Duration) ([]netip.Addr, error)
 }
 
 // Config configures a Proxy. Zero values take the defaults.

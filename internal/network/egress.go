@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -84,21 +85,39 @@ func (m *Manager) Names(src netip.Addr) (allow, deny []string, ok bool) {
 	return p.AllowNames, p.DenyNames, ok
 }
 
-// AddResolved lets the sandbox at src reach addrs, resolved for name, for
-// timeout. IPv6 addresses are ignored (sandboxes have none). It fails with
-// FailedPrecondition when the sandbox's policy (which may have changed
-// since the query came in) does not allow name, ResourceExhausted when its
-// set is full.
-func (m *Manager) AddResolved(ctx context.Context, src netip.Addr, name string, addrs []netip.Addr, timeout time.Duration) error {
+// AddResolved lets the sandbox at src reach those of addrs, resolved for
+// name, that it may, for timeout, and returns them: IPv4 addresses that
+// are public (PublicAddr) or covered by a CIDR on its allow list. Others
+// (a private answer: DNS rebinding) are left out; the proxy leaves them out
+// of its answer too. It fails with FailedPrecondition when the sandbox's
+// policy (which may have changed since the query came in) does not allow
+// name, ResourceExhausted when its set is full.
+func (m *Manager) AddResolved(ctx context.Context, src netip.Addr, name string, addrs []netip.Addr, timeout time.Duration) ([]netip.Addr, error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, err
 	}
 	src = src.Unmap()
 	m.polMu.RLock()
 	defer m.polMu.RUnlock()
 	p, ok := m.policies[src]
 	if !ok || !MatchName(p.AllowNames, name) || MatchName(p.DenyNames, name) {
-		return fmt.Errorf("network: %s may not resolve %q: %w", src, name, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("network: %s may not resolve %q: %w", src, name, errdefs.ErrFailedPrecondition)
 	}
-	return m.addResolved(src, addrs, timeout)
+	var kept []netip.Addr
+	for _, a := range addrs {
+		a = a.Unmap()
+		if !a.Is4() {
+			continue
+		}
+		if PublicAddr(a) || slices.ContainsFunc(p.Allow, func(c netip.Prefix) bool { return c.Contains(a) }) {
+			kept = append(kept, a)
+		}
+	}
+	if len(kept) == 0 {
+		return nil, nil
+	}
+	if err := m.addResolved(src, kept, timeout); err != nil {
+		return nil, err
+	}
+	return kept, nil
 }
