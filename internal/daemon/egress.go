@@ -37,8 +37,9 @@ type EgressOptions struct {
 // SetEgress replaces the egress policy of a live sandbox (running, paused,
 // hibernated or degraded). The config is recorded first: a crash before
 // the network has it is put right by reconcile, which applies every live
-// sandbox's recorded policy. Connections already open stay open; addresses
-// resolved under the old policy no longer pass.
+// sandbox's recorded policy. Addresses resolved under the old policy no
+// longer pass, and open connections the new policy would not let start are
+// cut (their conntrack entries deleted); those it allows stay open.
 func (d *Daemon) SetEgress(ctx context.Context, idOrName string, o EgressOptions) (*store.Sandbox, error) {
 	pol, err := network.ParsePolicy(o.Egress, o.Allow, o.Deny)
 	if err != nil {

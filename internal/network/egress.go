@@ -2,6 +2,7 @@ package network
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -26,10 +27,12 @@ func checkPolicy(pol Policy) error {
 }
 
 // SetPolicy changes the egress policy of the running sandbox id at ip:
-// its lists in nftables are replaced in one transaction, and the addresses
-// resolved under the old policy are dropped (connections already open
-// stay). The daemon also calls it on restart, to give the DNS proxy the
-// policies of the sandboxes it finds.
+// its lists in nftables are replaced in one transaction, the addresses
+// resolved under the old policy are dropped, and so are the conntrack
+// entries of its open connections that the new policy would not let
+// start (conntrack.go). The daemon also calls it on restart, to give the
+// DNS proxy the policies of the sandboxes it finds (a policy this Manager
+// has not seen before deletes no connection).
 func (m *Manager) SetPolicy(ctx context.Context, id string, ip netip.Addr, pol Policy) error {
 	if err := validID(id); err != nil {
 		return err
@@ -52,15 +55,22 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, ip netip.Addr, pol P
 	// under the old policy to the new one's set.
 	m.polMu.Lock()
 	defer m.polMu.Unlock()
+	old, known := m.applied[ip]
 	if err := m.applyPolicy(ip, pol, true); err != nil {
 		return err
 	}
 	m.setPolicyLocked(ip, pol)
+	if known && !samePolicy(old, pol) {
+		if err := m.flushFlows(ip, &pol); err != nil {
+			return err
+		}
+	}
 	m.log.Debug("egress policy set", slog.String("sandbox", id), slog.String("egress", string(pol.Mode)))
 	return nil
 }
 
 func (m *Manager) setPolicyLocked(ip netip.Addr, pol Policy) {
+	m.applied[ip] = pol
 	if pol.HasNames() {
 		m.policies[ip] = pol
 	} else {
@@ -68,12 +78,14 @@ func (m *Manager) setPolicyLocked(ip netip.Addr, pol Policy) {
 	}
 }
 
-// dropPolicy removes the egress objects of the sandbox at ip.
+// dropPolicy removes the egress objects of the sandbox at ip and the
+// conntrack entries of its flows (the address is reused).
 func (m *Manager) dropPolicy(ip netip.Addr) error {
 	m.polMu.Lock()
 	defer m.polMu.Unlock()
 	delete(m.policies, ip)
-	return m.applyPolicy(ip, Policy{Mode: EgressNone}, true)
+	delete(m.applied, ip)
+	return errors.Join(m.applyPolicy(ip, Policy{Mode: EgressNone}, true), m.flushFlows(ip, nil))
 }
 
 // Names returns the allowed and denied names of the sandbox at src, and

@@ -105,6 +105,7 @@ type Manager struct {
 
 	polMu    sync.RWMutex
 	policies map[netip.Addr]Policy // by sandbox address, for the DNS proxy
+	applied  map[netip.Addr]Policy // every sandbox's, as set since New
 }
 
 // New returns a Manager, creating or reusing the bridge (up, with the
@@ -143,7 +144,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	m := &Manager{cfg: cfg, log: cfg.Log, gateway: cfg.Subnet.Addr().Next(), policies: map[netip.Addr]Policy{}}
+	m := &Manager{cfg: cfg, log: cfg.Log, gateway: cfg.Subnet.Addr().Next(), policies: map[netip.Addr]Policy{}, applied: map[netip.Addr]Policy{}}
 	if err := ensureNetnsDir(cfg.NetnsDir); err != nil {
 		return nil, err
 	}
