@@ -284,3 +284,36 @@ func TestStartBadConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestProxyDeviceAndClients: the sockets are bound to the device (a device
+// that does not exist fails the start); sources outside Clients are
+// refused and get no rate limiter (a flood of them cannot clear the
+// sandboxes' limiters).
+func TestProxyDeviceAndClients(t *testing.T) {
+	up := startUpstream(t)
+	pol := &fakePolicies{}
+	cfg := Config{Listen: netip.MustParseAddrPort("127.0.0.1:0"), Device: "fbx-no-such-dev", Upstream: up.addr, Policies: pol, MatchName: network.MatchName}
+	if p, err := Start(context.Background(), cfg); !errdefs.IsUnavailable(err) {
+		if err == nil {
+			p.Close()
+		}
+		t.Fatalf("Start on a device that does not exist: %v, want Unavailable", err)
+	}
+	p := startProxy(t, pol, up.addr, func(c *Config) {
+		c.Device, c.Clients = "lo", netip.MustParsePrefix("127.0.0.1/32")
+	})
+	if r := query(t, p, "", "allowed.test", dns.TypeA); r.Rcode != dns.RcodeSuccess {
+		t.Errorf("bound to lo, from a client: got %s, want NOERROR", dns.RcodeToString[r.Rcode])
+	}
+	for _, from := range []string{"127.0.0.2", "127.0.0.3"} {
+		if r := query(t, p, from, "allowed.test", dns.TypeA); r.Rcode != dns.RcodeRefused {
+			t.Errorf("from %s, outside Clients: got %s, want REFUSED", from, dns.RcodeToString[r.Rcode])
+		}
+	}
+	p.mu.Lock()
+	n := len(p.limiters)
+	p.mu.Unlock()
+	if n != 1 {
+		t.Errorf("%d rate limiters, want 1 (the client's only)", n)
+	}
+}

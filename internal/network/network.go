@@ -161,6 +161,12 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 // Gateway returns the bridge address, the sandboxes' default gateway.
 func (m *Manager) Gateway() netip.Addr { return m.gateway }
 
+// Bridge is the name of the sandboxes' bridge.
+func (m *Manager) Bridge() string { return m.cfg.Bridge }
+
+// Subnet is the sandboxes' subnet.
+func (m *Manager) Subnet() netip.Prefix { return m.cfg.Subnet }
+
 // Close releases the Manager. Sandbox networks, the bridge and the rules are
 // left in place, for the next daemon to find.
 func (m *Manager) Close() error { return nil }

@@ -90,6 +90,16 @@ func (p Policy) Lists() (allow, deny []string) {
 // HasNames reports whether the sandbox resolves names through the proxy.
 func (p Policy) HasNames() bool { return p.Mode == EgressAllow && len(p.AllowNames) > 0 }
 
+// WithoutNames is the policy without its names: its CIDRs, or egress
+// "none" when an allow list had names only.
+func (p Policy) WithoutNames() Policy {
+	p.AllowNames, p.DenyNames = nil, nil
+	if p.Mode == EgressAllow && len(p.Allow) == 0 {
+		return Policy{Mode: EgressNone}
+	}
+	return p
+}
+
 // chained reports whether the policy needs the sandbox's own chain.
 func (p Policy) chained() bool {
 	return p.Mode == EgressAllow || p.Mode == EgressAll && len(p.Deny) > 0
