@@ -195,7 +195,7 @@ func TestProxyPolicy(t *testing.T) {
 	// Not on the list, denied (deny beats the wildcard), the wildcard's
 	// apex: NXDOMAIN, and the upstream is not even asked.
 	before := up.queries.Load()
-	for _, n := range []string{"denied.test", "bad.wild.test", "wild.test", "allowed.test.evil.com", "xallowed.test"} {
+	for _, n := range []string{"denied.test", "bad.wild.test", "wild.test", "allowed.test.evil.com", "xallowed.test", `x\.bad.wild.test`} {
 		if r := query(t, p, "", n, dns.TypeA); r.Rcode != dns.RcodeNameError || len(r.Answer) != 0 {
 			t.Errorf("%s: got %s with %d answers, want NXDOMAIN", n, dns.RcodeToString[r.Rcode], len(r.Answer))
 		}

@@ -282,8 +282,14 @@ func canonicalName(e string) (string, error) {
 }
 
 // MatchName reports whether the DNS name q (any case, trailing dot or not)
-// is matched by an entry of names (canonical, as in a Policy).
+// is matched by an entry of names (canonical, as in a Policy). q is a
+// name as miekg/dns prints it: a name with an escape ("x\.corp.example.com",
+// whose first label is "x.corp") never matches, so that a wildcard is
+// matched on labels, not on the printed text (host names have none).
 func MatchName(names []string, q string) bool {
+	if strings.ContainsRune(q, '\\') {
+		return false
+	}
 	q = strings.ToLower(strings.TrimSuffix(q, "."))
 	for _, n := range names {
 		if suffix, ok := strings.CutPrefix(n, "*."); ok {
