@@ -22,22 +22,38 @@ import (
 
 // fakeWorld is "the outside world" of the egress tests: a network
 // namespace on this host, reached from the host by a veth pair, with
-// addresses in 10.250.<third>.0/24 (routed from the host through the veth),
-// a TCP listener on port 80 of every one of them, and a DNS server at .53.
+// addresses in 10.250.<third>.0/24 and two in the documentation ranges
+// (routed from the host through the veth), a TCP listener on port 80 of
+// every one of them, and a DNS server at .53.
 type fakeWorld struct {
 	prefix  string // "10.250.<third>."
 	dnsAddr string // ip:port of the DNS server
 }
 
-func (w fakeWorld) addr(last int) string { return fmt.Sprintf("%s%d", w.prefix, last) }
+// addr is the fake world's address last: 10.250.<third>.<last>, but for
+// the names' answers, which must be public addresses for the DNS proxy to
+// pass them on (it drops private ones): allowed.test is 198.51.100.<third>
+// (TEST-NET-2), denied.test 203.0.113.<third> (TEST-NET-3). Both are routed
+// nowhere but to this run's namespace.
+func (w fakeWorld) addr(last int) string {
+	switch last {
+	case worldAllowed:
+		return fmt.Sprintf("198.51.100.%d", third)
+	case worldDenied:
+		return fmt.Sprintf("203.0.113.%d", third)
+	}
+	return fmt.Sprintf("%s%d", w.prefix, last)
+}
 
-// The fake world's addresses: .10 is allowed.test, .20 denied.test; .29 and
-// .30 are in the allowed CIDR .28/30, .30 is also denied.
+// The fake world's addresses: allowed.test, denied.test; .29 and .30 are
+// in the allowed CIDR .28/30, .30 is also denied; private.test answers .40,
+// a private address (DNS rebinding).
 const (
 	worldAllowed  = 10
 	worldDenied   = 20
 	worldCIDR     = 29
 	worldCIDRDeny = 30
+	worldPrivate  = 40
 	worldDNS      = 53
 )
 
@@ -63,13 +79,19 @@ func startFakeWorld(t *testing.T) fakeWorld {
 	ipCmd(t, "addr", "add", hostIP+"/30", "dev", hostVeth)
 	ipCmd(t, "link", "set", hostVeth, "up")
 	ipCmd(t, "-n", ns, "addr", "add", nsIP+"/30", "dev", "eth0")
-	for _, last := range []int{worldAllowed, worldDenied, worldCIDR, worldCIDRDeny, worldDNS} {
+	for _, last := range []int{worldAllowed, worldDenied, worldCIDR, worldCIDRDeny, worldPrivate, worldDNS} {
 		ipCmd(t, "-n", ns, "addr", "add", w.addr(last)+"/32", "dev", "eth0")
 	}
 	ipCmd(t, "-n", ns, "link", "set", "eth0", "up")
 	ipCmd(t, "-n", ns, "link", "set", "lo", "up")
 	ipCmd(t, "route", "add", w.prefix+"0/24", "via", nsIP)
 	t.Cleanup(func() { exec.Command("ip", "route", "del", w.prefix+"0/24").Run() })
+	for _, last := range []int{worldAllowed, worldDenied} {
+		dst := w.addr(last) + "/32"
+		exec.Command("ip", "route", "del", dst).Run() // left by a killed run
+		ipCmd(t, "route", "add", dst, "via", nsIP)
+		t.Cleanup(func() { exec.Command("ip", "route", "del", dst).Run() })
+	}
 
 	// Sockets made while this thread is in the namespace stay in it.
 	var tcp net.Listener
@@ -104,7 +126,7 @@ func startFakeWorld(t *testing.T) fakeWorld {
 			c.Close()
 		}
 	}()
-	answers := map[string]string{"allowed.test.": w.addr(worldAllowed), "denied.test.": w.addr(worldDenied)}
+	answers := map[string]string{"allowed.test.": w.addr(worldAllowed), "denied.test.": w.addr(worldDenied), "private.test.": w.addr(worldPrivate)}
 	srv := &dns.Server{PacketConn: udp, Handler: dns.HandlerFunc(func(rw dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(r)
@@ -216,10 +238,10 @@ func TestEgressAllowlist(t *testing.T) {
 			t.Fatal(err)
 		}
 		o := clientOpts()
-		o.EgressAllow = []string{"allowed.test", w.prefix + "28/30"}
+		o.EgressAllow = []string{"allowed.test", "private.test", w.prefix + "28/30"}
 		o.EgressDeny = []string{w.addr(worldCIDRDeny)}
 		sb := newSandbox(t, o)
-		if sb.Info.Egress != "allow" || !slices.Equal(sb.Info.EgressAllow, []string{w.prefix + "28/30", "allowed.test"}) ||
+		if sb.Info.Egress != "allow" || !slices.Equal(sb.Info.EgressAllow, []string{w.prefix + "28/30", "allowed.test", "private.test"}) ||
 			!slices.Equal(sb.Info.EgressDeny, []string{w.addr(worldCIDRDeny) + "/32"}) {
 			t.Errorf("inspect: egress %q allow %v deny %v", sb.Info.Egress, sb.Info.EgressAllow, sb.Info.EgressDeny)
 		}
@@ -243,6 +265,19 @@ func TestEgressAllowlist(t *testing.T) {
 		expectEgress(t, sb, "allowlist", dials, map[string]bool{"allowed.test": true, "denied.test": false})
 		if line := probeLines(t, sb, "lookup", "allowed.test")["allowed.test"]; line != "ok "+w.addr(worldAllowed) {
 			t.Errorf("allowed.test resolved to %q, want ok %s", line, w.addr(worldAllowed))
+		}
+
+		// DNS rebinding: private.test is allowed but answers a private
+		// address; the sandbox is not told of it and cannot reach it...
+		expectEgress(t, sb, "a private answer", map[string]bool{"private.test:80": false, port80(worldPrivate): false},
+			map[string]bool{"private.test": false})
+		// ... unless a CIDR on its list covers it.
+		if err := sb.SetEgress(ctx, client.EgressOptions{Allow: append(slices.Clone(o.EgressAllow), w.addr(worldPrivate)), Deny: o.EgressDeny}); err != nil {
+			t.Fatal(err)
+		}
+		expectEgress(t, sb, "a private answer, its CIDR allowed", map[string]bool{"private.test:80": true}, map[string]bool{"private.test": true})
+		if line := probeLines(t, sb, "lookup", "private.test")["private.test"]; line != "ok "+w.addr(worldPrivate) {
+			t.Errorf("private.test with its CIDR allowed resolved to %q, want ok %s", line, w.addr(worldPrivate))
 		}
 
 		// Live change: only denied.test now. The addresses allowed.test

@@ -310,6 +310,9 @@ func (d *Daemon) prepare(ctx context.Context, sb *store.Sandbox, img image.Image
 	if err != nil {
 		return nil, err
 	}
+	if err := d.requireDNS(pol); err != nil {
+		return nil, err
+	}
 	nw, err := d.net.Setup(ctx, sb.ID, netip.MustParseAddr(sb.IP), pol)
 	if err != nil {
 		return nil, fmt.Errorf("network: %w", err)

@@ -127,6 +127,7 @@ type Daemon struct {
 	portKeys     *ports.Keys
 	portSrv      *ports.Server   // nil without Config.PortsAddr
 	dns          *dnsproxy.Proxy // nil: not started (see startDNSProxy)
+	dnsErr       error           // why the proxy did not start (requireDNS)
 }
 
 func (c *Config) setDefaults() error {

@@ -37,11 +37,15 @@ type EgressOptions struct {
 // SetEgress replaces the egress policy of a live sandbox (running, paused,
 // hibernated or degraded). The config is recorded first: a crash before
 // the network has it is put right by reconcile, which applies every live
-// sandbox's recorded policy. Connections already open stay open; addresses
-// resolved under the old policy no longer pass.
+// sandbox's recorded policy. Addresses resolved under the old policy no
+// longer pass, and open connections the new policy would not let start are
+// cut (their conntrack entries deleted); those it allows stay open.
 func (d *Daemon) SetEgress(ctx context.Context, idOrName string, o EgressOptions) (*store.Sandbox, error) {
 	pol, err := network.ParsePolicy(o.Egress, o.Allow, o.Deny)
 	if err != nil {
+		return nil, err
+	}
+	if err := d.requireDNS(pol); err != nil {
 		return nil, err
 	}
 	sb, unlock, err := d.locked(ctx, idOrName)
@@ -68,37 +72,55 @@ func (d *Daemon) SetEgress(ctx context.Context, idOrName string, o EgressOptions
 	return sb, nil
 }
 
+// requireDNS fails with Unavailable when pol has names and the DNS proxy
+// did not start: the sandbox would be let through to port 53 of the
+// gateway, where some other resolver of the host may listen.
+func (d *Daemon) requireDNS(pol network.Policy) error {
+	if pol.HasNames() && d.dnsErr != nil {
+		return fmt.Errorf("egress allow lists with names need the DNS proxy, which did not start (%v): give CIDRs only, or fix the proxy (--dns-upstream) and restart the daemon: %w", d.dnsErr, errdefs.ErrUnavailable)
+	}
+	return nil
+}
+
 // reapplyEgress gives the network a sandbox's recorded policy again (on
-// restart: the DNS proxy's view of it lives in memory).
+// restart: the DNS proxy's view of it lives in memory). Without the proxy,
+// a policy with names is applied without them (its CIDRs only).
 func (d *Daemon) reapplyEgress(ctx context.Context, sb *store.Sandbox) error {
 	pol, err := policyOf(sb.Config)
 	if err != nil {
 		return err
 	}
+	if d.requireDNS(pol) != nil {
+		d.log.Warn("dns proxy not running: the names on the sandbox's allow list do not resolve", slog.String("sandbox", sb.ID))
+		pol = pol.WithoutNames()
+	}
 	return d.net.SetPolicy(ctx, sb.ID, netip.MustParseAddr(sb.IP), pol)
 }
 
-// startDNSProxy starts the DNS proxy on the gateway, port 53, forwarding
-// to cfg.DNSUpstream or the host's first resolver. A proxy that cannot
-// start is logged, not fatal: sandboxes with only CIDRs on their lists
-// are not affected, and names do not resolve.
+// startDNSProxy starts the DNS proxy on the gateway, port 53, bound to the
+// bridge, forwarding to cfg.DNSUpstream or the host's first resolver. A
+// proxy that cannot start is logged, not fatal: sandboxes with only CIDRs
+// on their lists are not affected; lists with names are refused
+// (requireDNS).
 func (d *Daemon) startDNSProxy(ctx context.Context, nm *network.Manager) {
 	upstream := d.cfg.DNSUpstream
 	if upstream == "" {
 		cc, err := dns.ClientConfigFromFile("/etc/resolv.conf")
 		if err != nil || len(cc.Servers) == 0 {
-			d.log.Warn("dns proxy: no upstream resolver in /etc/resolv.conf (give --dns-upstream): names on egress allow lists will not resolve", slog.Any("error", err))
+			d.dnsErr = fmt.Errorf("no upstream resolver in /etc/resolv.conf (give --dns-upstream): %v", err)
+			d.log.Warn("dns proxy: not started: egress allow lists with names are refused", slog.Any("error", d.dnsErr))
 			return
 		}
 		upstream = net.JoinHostPort(cc.Servers[0], cc.Port)
 	}
-	p, err := dnsproxy.Start(ctx, dnsproxy.Config{Listen: netip.AddrPortFrom(nm.Gateway(), 53), Upstream: upstream,
-		Policies: nm, MatchName: network.MatchName, Log: d.log})
+	p, err := dnsproxy.Start(ctx, dnsproxy.Config{Listen: netip.AddrPortFrom(nm.Gateway(), 53), Device: nm.Bridge(), Clients: nm.Subnet(),
+		Upstream: upstream, Policies: nm, MatchName: network.MatchName, Log: d.log})
 	if err != nil {
-		d.log.Error("dns proxy: not started: names on egress allow lists will not resolve", slog.Any("error", err))
+		d.dnsErr = err
+		d.log.Error("dns proxy: not started: egress allow lists with names are refused", slog.Any("error", err))
 		return
 	}
-	d.dns = p
+	d.dns, d.dnsErr = p, nil
 }
 
 // nameservers are the resolvers in a sandbox's /etc/resolv.conf: the DNS

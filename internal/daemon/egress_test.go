@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"reflect"
 	"slices"
 	"testing"
@@ -86,5 +87,44 @@ func TestEgressLists(t *testing.T) {
 	}
 	if _, err := h.d.SetEgress(ctx, id, EgressOptions{Egress: "none"}); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("SetEgress of a closed sandbox: %v, want FailedPrecondition", err)
+	}
+}
+
+// TestEgressNamesNeedDNS: when the DNS proxy did not start, a create or a
+// change with names on its allow list fails Unavailable (the sandbox would
+// reach whatever else listens on the gateway's port 53) and changes
+// nothing; lists of CIDRs only still work; a restart applies a recorded
+// list without its names.
+func TestEgressNamesNeedDNS(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	net := fakeNet{h.w}
+	h.d.dnsErr = errors.New("listen udp 10.0.0.1:53: address already in use")
+	if _, err := h.d.Create(ctx, CreateOptions{Image: "unit:1", Name: "named", EgressAllow: []string{"api.example.com"}}); !errdefs.IsUnavailable(err) {
+		t.Fatalf("create with a name, no DNS proxy: %v, want Unavailable", err)
+	}
+	if sbs, err := h.d.store.ListSandboxes(ctx, false); err == nil {
+		for _, sb := range sbs {
+			if sb.Name == "named" && sb.State != store.StateClosed {
+				t.Errorf("the refused create left sandbox %s in state %s", sb.ID, sb.State)
+			}
+		}
+	}
+	id := h.create(CreateOptions{Name: "cidrs", EgressAllow: []string{"192.0.2.0/24"}})
+	if _, err := h.d.SetEgress(ctx, id, EgressOptions{Allow: []string{"api.example.com", "192.0.2.0/24"}}); !errdefs.IsUnavailable(err) {
+		t.Errorf("SetEgress with a name, no DNS proxy: %v, want Unavailable", err)
+	}
+	if pol := net.policy(id); pol.Mode != network.EgressAllow || len(pol.AllowNames) != 0 || len(pol.Allow) != 1 {
+		t.Errorf("after the refused change: %+v, want the CIDR list", pol)
+	}
+	sb, err := h.d.store.GetSandbox(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(sb.Config.EgressAllow, "api.example.com") {
+		t.Errorf("the refused change was recorded: %v", sb.Config.EgressAllow)
+	}
+	if _, err := h.d.SetEgress(ctx, id, EgressOptions{Egress: "all"}); err != nil {
+		t.Errorf("SetEgress all, no DNS proxy: %v", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -76,7 +77,7 @@ func (p *Proxy) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	}
 	answer, addrs, ttl := p.filter(resp)
 	if len(addrs) > 0 {
-		err := p.cfg.Policies.AddResolved(ctx, src, q.Name, addrs, p.timeout(ttl))
+		kept, err := p.cfg.Policies.AddResolved(ctx, src, q.Name, addrs, p.timeout(ttl))
 		switch {
 		case errdefs.IsFailedPrecondition(err): // the policy changed meanwhile
 			reply(dns.RcodeNameError, nil)
@@ -85,6 +86,11 @@ func (p *Proxy) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 			p.log.Warn("dns proxy: allow resolved addresses", slog.String("client", src.String()), slog.String("name", q.Name), slog.Any("error", err))
 			reply(dns.RcodeServerFailure, nil)
 			return
+		}
+		if len(kept) < len(addrs) {
+			p.log.Debug("dns proxy: addresses left out of an answer", slog.String("client", src.String()), slog.String("name", q.Name),
+				slog.Int("answered", len(addrs)), slog.Int("kept", len(kept)))
+			answer = keepAddrs(answer, kept)
 		}
 	}
 	reply(resp.Rcode, answer)
@@ -134,6 +140,22 @@ func (p *Proxy) filter(resp *dns.Msg) ([]dns.RR, []netip.Addr, time.Duration) {
 		out = append(out, rr)
 	}
 	return out, addrs, time.Duration(ttl) * time.Second
+}
+
+// keepAddrs drops the A records of answer whose address is not in kept:
+// the sandbox is not told of an address it may not reach.
+func keepAddrs(answer []dns.RR, kept []netip.Addr) []dns.RR {
+	out := answer[:0:0]
+	for _, rr := range answer {
+		if a, ok := rr.(*dns.A); ok {
+			addr, _ := netip.AddrFromSlice(a.A.To4())
+			if !slices.Contains(kept, addr) {
+				continue
+			}
+		}
+		out = append(out, rr)
+	}
+	return out
 }
 
 // timeout is how long resolved addresses stay reachable: their TTL, within

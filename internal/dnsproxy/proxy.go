@@ -4,7 +4,10 @@
 // "*.example.com" wildcards, deny winning), forwards those to the host's
 // upstream resolver, and before answering lets the sandbox reach the
 // addresses in the answer (Policies.AddResolved, an nftables set element
-// with a timeout from the TTL). Every other name gets NXDOMAIN; a source
+// with a timeout from the TTL). Private and reserved addresses in an answer
+// (DNS rebinding: an allowed name answering 10.0.0.5) are left out of the
+// answer and never allowed, unless a CIDR on the sandbox's allow list
+// covers them (network.PublicAddr has the list). Every other name gets NXDOMAIN; a source
 // that is not such a sandbox, or that asks too fast, gets REFUSED.
 //
 // Everything a sandbox sends is bounded: one question per query, 512 bytes
@@ -20,10 +23,12 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/miekg/dns"
+	"golang.org/x/sys/unix"
 	"golang.org/x/time/rate"
 )
 
@@ -32,15 +37,23 @@ type Policies interface {
 	// Names returns the allowed and denied names of the sandbox at src,
 	// and false when src is no sandbox that resolves through the proxy.
 	Names(src netip.Addr) (allow, deny []string, ok bool)
-	// AddResolved lets the sandbox at src reach addrs, resolved for name,
-	// for timeout. It checks name against the sandbox's policy again.
-	AddResolved(ctx context.Context, src netip.Addr, name string, addrs []netip.Addr, timeout time.Duration) error
+	// AddResolved lets the sandbox at src reach those of addrs, resolved
+	// for name, that its policy permits (public addresses, or ones a CIDR
+	// on its allow list covers), for timeout, and returns them. It checks
+	// name against the sandbox's policy again.
+	AddResolved(ctx context.Context, src netip.Addr, name string, addrs []netip.Addr, timeout time.Duration) ([]netip.Addr, error)
 }
 
 // Config configures a Proxy. Zero values take the defaults.
 type Config struct {
-	Listen   netip.AddrPort // UDP and TCP; port 0 picks one (tests)
-	Upstream string         // host:port of the resolver names are forwarded to
+	Listen netip.AddrPort // UDP and TCP; port 0 picks one (tests)
+	// Device, if set, binds the sockets to that interface as well
+	// (SO_BINDTODEVICE): the proxy answers only what comes in by it.
+	Device string
+	// Clients, if valid, is where sandboxes are: queries from elsewhere
+	// are refused before a rate limiter is made for them.
+	Clients  netip.Prefix
+	Upstream string // host:port of the resolver names are forwarded to
 	Policies Policies
 	// MatchName reports whether q matches one of names (network.MatchName).
 	MatchName func(names []string, q string) bool
@@ -113,12 +126,16 @@ func Start(ctx context.Context, cfg Config) (*Proxy, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	pc, err := net.ListenPacket("udp", cfg.Listen.String())
+	var lc net.ListenConfig
+	if cfg.Device != "" {
+		lc.Control = bindToDevice(cfg.Device)
+	}
+	pc, err := lc.ListenPacket(ctx, "udp", cfg.Listen.String())
 	if err != nil {
-		return nil, fmt.Errorf("dnsproxy: listen udp %s: %v: %w", cfg.Listen, err, errdefs.ErrUnavailable)
+		return nil, fmt.Errorf("dnsproxy: listen udp %s (device %q): %v: %w", cfg.Listen, cfg.Device, err, errdefs.ErrUnavailable)
 	}
 	addr := pc.LocalAddr().(*net.UDPAddr).AddrPort()
-	ln, err := net.Listen("tcp", addr.String())
+	ln, err := lc.Listen(ctx, "tcp", addr.String())
 	if err != nil {
 		pc.Close()
 		return nil, fmt.Errorf("dnsproxy: listen tcp %s: %v: %w", addr, err, errdefs.ErrUnavailable)
@@ -168,8 +185,26 @@ func (p *Proxy) Close() error {
 	return err
 }
 
-// allow takes a token of src's rate limiter.
+// bindToDevice is a ListenConfig.Control binding the socket to dev.
+func bindToDevice(dev string) func(network, address string, c syscall.RawConn) error {
+	return func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) { serr = unix.BindToDevice(int(fd), dev) }); err != nil {
+			return err
+		}
+		if serr != nil {
+			return fmt.Errorf("bind to device %s: %w", dev, serr)
+		}
+		return nil
+	}
+}
+
+// allow takes a token of src's rate limiter. A source outside Clients is
+// refused without one (random sources cannot fill the map).
 func (p *Proxy) allow(src netip.Addr) bool {
+	if p.cfg.Clients.IsValid() && !p.cfg.Clients.Contains(src) {
+		return false
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	l, ok := p.limiters[src]

@@ -19,7 +19,9 @@ import (
 )
 
 // fakeUpstream is a resolver on loopback: allowed.test, denied.test and
-// anything below wild.test have A records; slow.test never answers.
+// anything below wild.test have A records (TEST-NET-2 addresses: public to
+// network.PublicAddr); rebind.test answers a private address and a public
+// one; slow.test never answers.
 type fakeUpstream struct {
 	queries atomic.Int64
 	addr    string
@@ -46,8 +48,13 @@ func startUpstream(t *testing.T) *fakeUpstream {
 		case name == "allowed.test." || name == "denied.test." || strings.HasSuffix(name, ".wild.test."):
 			m.Answer = append(m.Answer,
 				&dns.CNAME{Hdr: dns.RR_Header{Name: name, Rrtype: dns.TypeCNAME, Class: dns.ClassINET, Ttl: 7200}, Target: "target.test."},
-				&dns.A{Hdr: dns.RR_Header{Name: "target.test.", Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 5}, A: net.IPv4(10, 250, 0, 7)},
-				&dns.A{Hdr: dns.RR_Header{Name: "target.test.", Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 7200}, A: net.IPv4(10, 250, 0, 8)})
+				&dns.A{Hdr: dns.RR_Header{Name: "target.test.", Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 5}, A: net.IPv4(198, 51, 100, 7)},
+				&dns.A{Hdr: dns.RR_Header{Name: "target.test.", Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 7200}, A: net.IPv4(198, 51, 100, 8)})
+		case name == "rebind.test.":
+			m.Answer = append(m.Answer,
+				&dns.CNAME{Hdr: dns.RR_Header{Name: name, Rrtype: dns.TypeCNAME, Class: dns.ClassINET, Ttl: 60}, Target: "inside.corp."},
+				&dns.A{Hdr: dns.RR_Header{Name: "inside.corp.", Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.IPv4(10, 0, 0, 5)},
+				&dns.A{Hdr: dns.RR_Header{Name: "inside.corp.", Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.IPv4(198, 51, 100, 9)})
 		default:
 			m.Rcode = dns.RcodeNameError
 		}
@@ -69,8 +76,9 @@ type added struct {
 	timeout time.Duration
 }
 
-// fakePolicies gives 127.0.0.1 an allow list; AddResolved records, or
-// fails with err.
+// fakePolicies gives 127.0.0.1 an allow list; AddResolved records, keeps
+// the public addresses (as network.Manager does for a list without
+// CIDRs), or fails with err.
 type fakePolicies struct {
 	mu    sync.Mutex
 	added []added
@@ -81,17 +89,23 @@ func (f *fakePolicies) Names(src netip.Addr) ([]string, []string, bool) {
 	if src != netip.MustParseAddr("127.0.0.1") {
 		return nil, nil, false
 	}
-	return []string{"allowed.test", "*.wild.test", "slow.test"}, []string{"bad.wild.test"}, true
+	return []string{"allowed.test", "*.wild.test", "slow.test", "rebind.test"}, []string{"bad.wild.test"}, true
 }
 
-func (f *fakePolicies) AddResolved(_ context.Context, src netip.Addr, name string, addrs []netip.Addr, timeout time.Duration) error {
+func (f *fakePolicies) AddResolved(_ context.Context, src netip.Addr, name string, addrs []netip.Addr, timeout time.Duration) ([]netip.Addr, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.err != nil {
-		return f.err
+		return nil, f.err
 	}
 	f.added = append(f.added, added{src, name, addrs, timeout})
-	return nil
+	var kept []netip.Addr
+	for _, a := range addrs {
+		if network.PublicAddr(a) {
+			kept = append(kept, a)
+		}
+	}
+	return kept, nil
 }
 
 func (f *fakePolicies) take() []added {
@@ -152,13 +166,26 @@ func TestProxyPolicy(t *testing.T) {
 		}
 	}
 	got := pol.take()
-	want := []netip.Addr{netip.MustParseAddr("10.250.0.7"), netip.MustParseAddr("10.250.0.8")}
+	want := []netip.Addr{netip.MustParseAddr("198.51.100.7"), netip.MustParseAddr("198.51.100.8")}
 	if len(got) != 1 || fmt.Sprint(got[0].addrs) != fmt.Sprint(want) || got[0].name != "Allowed.Test." {
 		t.Fatalf("AddResolved calls: got %+v, want one for allowed.test with %v", got, want)
 	}
 	if got[0].timeout != 30*time.Second { // the smallest TTL (5s), raised to MinTTL
 		t.Errorf("timeout: got %v, want 30s", got[0].timeout)
 	}
+	// An allowed name answering a private address (DNS rebinding): the
+	// sandbox is not told of it, only of the public one.
+	r = query(t, p, "", "rebind.test", dns.TypeA)
+	var answered []string
+	for _, rr := range r.Answer {
+		if a, ok := rr.(*dns.A); ok {
+			answered = append(answered, a.A.String())
+		}
+	}
+	if r.Rcode != dns.RcodeSuccess || fmt.Sprint(answered) != "[198.51.100.9]" {
+		t.Errorf("rebind.test: got %s with A records %v, want NOERROR with [198.51.100.9] only", dns.RcodeToString[r.Rcode], answered)
+	}
+	pol.take()
 	// A wildcard.
 	if r := query(t, p, "", "a.b.wild.test", dns.TypeA); r.Rcode != dns.RcodeSuccess || len(r.Answer) == 0 {
 		t.Errorf("a.b.wild.test: got %s, want an answer", dns.RcodeToString[r.Rcode])
@@ -168,7 +195,7 @@ func TestProxyPolicy(t *testing.T) {
 	// Not on the list, denied (deny beats the wildcard), the wildcard's
 	// apex: NXDOMAIN, and the upstream is not even asked.
 	before := up.queries.Load()
-	for _, n := range []string{"denied.test", "bad.wild.test", "wild.test", "allowed.test.evil.com", "xallowed.test"} {
+	for _, n := range []string{"denied.test", "bad.wild.test", "wild.test", "allowed.test.evil.com", "xallowed.test", `x\.bad.wild.test`} {
 		if r := query(t, p, "", n, dns.TypeA); r.Rcode != dns.RcodeNameError || len(r.Answer) != 0 {
 			t.Errorf("%s: got %s with %d answers, want NXDOMAIN", n, dns.RcodeToString[r.Rcode], len(r.Answer))
 		}
@@ -255,5 +282,38 @@ func TestStartBadConfig(t *testing.T) {
 		if _, err := Start(context.Background(), cfg); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("Start(%+v): %v, want InvalidArgument", cfg, err)
 		}
+	}
+}
+
+// TestProxyDeviceAndClients: the sockets are bound to the device (a device
+// that does not exist fails the start); sources outside Clients are
+// refused and get no rate limiter (a flood of them cannot clear the
+// sandboxes' limiters).
+func TestProxyDeviceAndClients(t *testing.T) {
+	up := startUpstream(t)
+	pol := &fakePolicies{}
+	cfg := Config{Listen: netip.MustParseAddrPort("127.0.0.1:0"), Device: "fbx-no-such-dev", Upstream: up.addr, Policies: pol, MatchName: network.MatchName}
+	if p, err := Start(context.Background(), cfg); !errdefs.IsUnavailable(err) {
+		if err == nil {
+			p.Close()
+		}
+		t.Fatalf("Start on a device that does not exist: %v, want Unavailable", err)
+	}
+	p := startProxy(t, pol, up.addr, func(c *Config) {
+		c.Device, c.Clients = "lo", netip.MustParsePrefix("127.0.0.1/32")
+	})
+	if r := query(t, p, "", "allowed.test", dns.TypeA); r.Rcode != dns.RcodeSuccess {
+		t.Errorf("bound to lo, from a client: got %s, want NOERROR", dns.RcodeToString[r.Rcode])
+	}
+	for _, from := range []string{"127.0.0.2", "127.0.0.3"} {
+		if r := query(t, p, from, "allowed.test", dns.TypeA); r.Rcode != dns.RcodeRefused {
+			t.Errorf("from %s, outside Clients: got %s, want REFUSED", from, dns.RcodeToString[r.Rcode])
+		}
+	}
+	p.mu.Lock()
+	n := len(p.limiters)
+	p.mu.Unlock()
+	if n != 1 {
+		t.Errorf("%d rate limiters, want 1 (the client's only)", n)
 	}
 }

@@ -2,9 +2,11 @@ package network
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -25,10 +27,12 @@ func checkPolicy(pol Policy) error {
 }
 
 // SetPolicy changes the egress policy of the running sandbox id at ip:
-// its lists in nftables are replaced in one transaction, and the addresses
-// resolved under the old policy are dropped (connections already open
-// stay). The daemon also calls it on restart, to give the DNS proxy the
-// policies of the sandboxes it finds.
+// its lists in nftables are replaced in one transaction, the addresses
+// resolved under the old policy are dropped, and so are the conntrack
+// entries of its open connections that the new policy would not let
+// start (conntrack.go). The daemon also calls it on restart, to give the
+// DNS proxy the policies of the sandboxes it finds (a policy this Manager
+// has not seen before deletes no connection).
 func (m *Manager) SetPolicy(ctx context.Context, id string, ip netip.Addr, pol Policy) error {
 	if err := validID(id); err != nil {
 		return err
@@ -51,15 +55,22 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, ip netip.Addr, pol P
 	// under the old policy to the new one's set.
 	m.polMu.Lock()
 	defer m.polMu.Unlock()
+	old, known := m.applied[ip]
 	if err := m.applyPolicy(ip, pol, true); err != nil {
 		return err
 	}
 	m.setPolicyLocked(ip, pol)
+	if known && !samePolicy(old, pol) {
+		if err := m.flushFlows(ip, &pol); err != nil {
+			return err
+		}
+	}
 	m.log.Debug("egress policy set", slog.String("sandbox", id), slog.String("egress", string(pol.Mode)))
 	return nil
 }
 
 func (m *Manager) setPolicyLocked(ip netip.Addr, pol Policy) {
+	m.applied[ip] = pol
 	if pol.HasNames() {
 		m.policies[ip] = pol
 	} else {
@@ -67,12 +78,14 @@ func (m *Manager) setPolicyLocked(ip netip.Addr, pol Policy) {
 	}
 }
 
-// dropPolicy removes the egress objects of the sandbox at ip.
+// dropPolicy removes the egress objects of the sandbox at ip and the
+// conntrack entries of its flows (the address is reused).
 func (m *Manager) dropPolicy(ip netip.Addr) error {
 	m.polMu.Lock()
 	defer m.polMu.Unlock()
 	delete(m.policies, ip)
-	return m.applyPolicy(ip, Policy{Mode: EgressNone}, true)
+	delete(m.applied, ip)
+	return errors.Join(m.applyPolicy(ip, Policy{Mode: EgressNone}, true), m.flushFlows(ip, nil))
 }
 
 // Names returns the allowed and denied names of the sandbox at src, and
@@ -84,21 +97,39 @@ func (m *Manager) Names(src netip.Addr) (allow, deny []string, ok bool) {
 	return p.AllowNames, p.DenyNames, ok
 }
 
-// AddResolved lets the sandbox at src reach addrs, resolved for name, for
-// timeout. IPv6 addresses are ignored (sandboxes have none). It fails with
-// FailedPrecondition when the sandbox's policy (which may have changed
-// since the query came in) does not allow name, ResourceExhausted when its
-// set is full.
-func (m *Manager) AddResolved(ctx context.Context, src netip.Addr, name string, addrs []netip.Addr, timeout time.Duration) error {
+// AddResolved lets the sandbox at src reach those of addrs, resolved for
+// name, that it may, for timeout, and returns them: IPv4 addresses that
+// are public (PublicAddr) or covered by a CIDR on its allow list. Others
+// (a private answer: DNS rebinding) are left out; the proxy leaves them out
+// of its answer too. It fails with FailedPrecondition when the sandbox's
+// policy (which may have changed since the query came in) does not allow
+// name, ResourceExhausted when its set is full.
+func (m *Manager) AddResolved(ctx context.Context, src netip.Addr, name string, addrs []netip.Addr, timeout time.Duration) ([]netip.Addr, error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, err
 	}
 	src = src.Unmap()
 	m.polMu.RLock()
 	defer m.polMu.RUnlock()
 	p, ok := m.policies[src]
 	if !ok || !MatchName(p.AllowNames, name) || MatchName(p.DenyNames, name) {
-		return fmt.Errorf("network: %s may not resolve %q: %w", src, name, errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("network: %s may not resolve %q: %w", src, name, errdefs.ErrFailedPrecondition)
 	}
-	return m.addResolved(src, addrs, timeout)
+	var kept []netip.Addr
+	for _, a := range addrs {
+		a = a.Unmap()
+		if !a.Is4() {
+			continue
+		}
+		if PublicAddr(a) || slices.ContainsFunc(p.Allow, func(c netip.Prefix) bool { return c.Contains(a) }) {
+			kept = append(kept, a)
+		}
+	}
+	if len(kept) == 0 {
+		return nil, nil
+	}
+	if err := m.addResolved(src, kept, timeout); err != nil {
+		return nil, err
+	}
+	return kept, nil
 }

@@ -2,6 +2,7 @@ package network
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"testing"
@@ -48,9 +49,10 @@ func outsideAddr(t *testing.T, outside string, outIP, a netip.Addr) string {
 func TestEgressLists(t *testing.T) {
 	m := newTestManager(t, 16)
 	outside, outIP := fakeUplink(t, 17)
-	a1 := outsideAddr(t, outside, outIP, netip.MustParseAddr("10.251.1.1")) // allowed CIDR
-	a2 := outsideAddr(t, outside, outIP, netip.MustParseAddr("10.251.1.9")) // allowed CIDR, denied /32
-	a3 := outsideAddr(t, outside, outIP, netip.MustParseAddr("10.251.2.1")) // resolved only
+	a1 := outsideAddr(t, outside, outIP, netip.MustParseAddr("10.251.1.1"))   // allowed CIDR
+	a2 := outsideAddr(t, outside, outIP, netip.MustParseAddr("10.251.1.9"))   // allowed CIDR, denied /32
+	a3 := outsideAddr(t, outside, outIP, netip.MustParseAddr("203.0.113.1"))  // resolved only (TEST-NET-3: public)
+	priv := outsideAddr(t, outside, outIP, netip.MustParseAddr("10.251.2.1")) // a private answer
 	meta := outsideAddr(t, outside, outIP, netip.MustParseAddr("169.254.169.254"))
 	ctx := context.Background()
 
@@ -83,18 +85,32 @@ func TestEgressLists(t *testing.T) {
 	check(all, meta, false)
 
 	// The proxy resolved allowed.test to a3: it passes, until its timeout.
-	if err := m.AddResolved(ctx, sb.IP, "allowed.test", []netip.Addr{netip.MustParseAddr("10.251.2.1")}, 2*time.Second); err != nil {
+	if _, err := m.AddResolved(ctx, sb.IP, "allowed.test", []netip.Addr{netip.MustParseAddr("203.0.113.1")}, 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	check(sb, a3, true)
+	// An allowed name answering private addresses (DNS rebinding): not
+	// allowed, unless a CIDR of the list covers them (10.251.1.0/24).
+	kept, err := m.AddResolved(ctx, sb.IP, "allowed.test", []netip.Addr{netip.MustParseAddr("10.251.2.1"),
+		netip.MustParseAddr("10.251.1.7"), netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("100.64.0.1"), netip.MustParseAddr("203.0.113.5")}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(kept) != "[10.251.1.7 203.0.113.5]" {
+		t.Errorf("AddResolved kept %v, want [10.251.1.7 203.0.113.5]", kept)
+	}
+	check(sb, priv, false)
+	if el := m.setElements(t, m.resolvedSet(sb.IP)); el["10.251.2.1"] || el["127.0.0.1"] || el["100.64.0.1"] {
+		t.Errorf("private answers in the resolved set: %v", el)
+	}
 	// Resolved again with a longer TTL: the element takes the new timeout.
-	if err := m.AddResolved(ctx, sb.IP, "allowed.test", []netip.Addr{netip.MustParseAddr("10.251.2.9")}, 2*time.Second); err != nil {
+	if _, err := m.AddResolved(ctx, sb.IP, "allowed.test", []netip.Addr{netip.MustParseAddr("203.0.113.9")}, 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.AddResolved(ctx, sb.IP, "allowed.test", []netip.Addr{netip.MustParseAddr("10.251.2.9")}, time.Hour); err != nil {
+	if _, err := m.AddResolved(ctx, sb.IP, "allowed.test", []netip.Addr{netip.MustParseAddr("203.0.113.9")}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if got := resolvedExpiry(t, m, sb.IP, netip.MustParseAddr("10.251.2.9")); got < 50*time.Minute {
+	if got := resolvedExpiry(t, m, sb.IP, netip.MustParseAddr("203.0.113.9")); got < 50*time.Minute {
 		t.Errorf("re-resolved with a 1h TTL: expires in %v, want about 1h", got)
 	}
 	deadline := time.Now().Add(30 * time.Second)
@@ -104,23 +120,23 @@ func TestEgressLists(t *testing.T) {
 		}
 	}
 	// A name not on the list, or a sandbox without names, adds nothing.
-	if err := m.AddResolved(ctx, sb.IP, "other.test", []netip.Addr{netip.MustParseAddr("10.251.2.1")}, time.Minute); !errdefs.IsFailedPrecondition(err) {
+	if _, err := m.AddResolved(ctx, sb.IP, "other.test", []netip.Addr{netip.MustParseAddr("203.0.113.1")}, time.Minute); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("AddResolved for a name not on the list: %v, want FailedPrecondition", err)
 	}
-	if err := m.AddResolved(ctx, all.IP, "allowed.test", []netip.Addr{netip.MustParseAddr("10.251.2.1")}, time.Minute); !errdefs.IsFailedPrecondition(err) {
+	if _, err := m.AddResolved(ctx, all.IP, "allowed.test", []netip.Addr{netip.MustParseAddr("203.0.113.1")}, time.Minute); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("AddResolved for a sandbox without names: %v, want FailedPrecondition", err)
 	}
 	// The set is bounded.
 	many := make([]netip.Addr, MaxResolved+1)
 	for i := range many {
-		many[i] = netip.AddrFrom4([4]byte{10, 252, byte(i >> 8), byte(i)})
+		many[i] = netip.AddrFrom4([4]byte{11, 252, byte(i >> 8), byte(i)})
 	}
-	if err := m.AddResolved(ctx, sb.IP, "allowed.test", many, time.Minute); !errdefs.IsResourceExhausted(err) {
+	if _, err := m.AddResolved(ctx, sb.IP, "allowed.test", many, time.Minute); !errdefs.IsResourceExhausted(err) {
 		t.Errorf("AddResolved of %d addresses: %v, want ResourceExhausted", len(many), err)
 	}
 
 	// Live change: the lists are replaced, resolved addresses dropped.
-	if err := m.AddResolved(ctx, sb.IP, "allowed.test", []netip.Addr{netip.MustParseAddr("10.251.2.1")}, time.Minute); err != nil {
+	if _, err := m.AddResolved(ctx, sb.IP, "allowed.test", []netip.Addr{netip.MustParseAddr("203.0.113.1")}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	pol2, err := ParsePolicy("", []string{"10.251.1.9", "allowed.test"}, nil)

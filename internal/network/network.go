@@ -105,6 +105,7 @@ type Manager struct {
 
 	polMu    sync.RWMutex
 	policies map[netip.Addr]Policy // by sandbox address, for the DNS proxy
+	applied  map[netip.Addr]Policy // every sandbox's, as set since New
 }
 
 // New returns a Manager, creating or reusing the bridge (up, with the
@@ -143,7 +144,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	m := &Manager{cfg: cfg, log: cfg.Log, gateway: cfg.Subnet.Addr().Next(), policies: map[netip.Addr]Policy{}}
+	m := &Manager{cfg: cfg, log: cfg.Log, gateway: cfg.Subnet.Addr().Next(), policies: map[netip.Addr]Policy{}, applied: map[netip.Addr]Policy{}}
 	if err := ensureNetnsDir(cfg.NetnsDir); err != nil {
 		return nil, err
 	}
@@ -159,6 +160,12 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 
 // Gateway returns the bridge address, the sandboxes' default gateway.
 func (m *Manager) Gateway() netip.Addr { return m.gateway }
+
+// Bridge is the name of the sandboxes' bridge.
+func (m *Manager) Bridge() string { return m.cfg.Bridge }
+
+// Subnet is the sandboxes' subnet.
+func (m *Manager) Subnet() netip.Prefix { return m.cfg.Subnet }
 
 // Close releases the Manager. Sandbox networks, the bridge and the rules are
 // left in place, for the next daemon to find.

@@ -90,6 +90,16 @@ func (p Policy) Lists() (allow, deny []string) {
 // HasNames reports whether the sandbox resolves names through the proxy.
 func (p Policy) HasNames() bool { return p.Mode == EgressAllow && len(p.AllowNames) > 0 }
 
+// WithoutNames is the policy without its names: its CIDRs, or egress
+// "none" when an allow list had names only.
+func (p Policy) WithoutNames() Policy {
+	p.AllowNames, p.DenyNames = nil, nil
+	if p.Mode == EgressAllow && len(p.Allow) == 0 {
+		return Policy{Mode: EgressNone}
+	}
+	return p
+}
+
 // chained reports whether the policy needs the sandbox's own chain.
 func (p Policy) chained() bool {
 	return p.Mode == EgressAllow || p.Mode == EgressAll && len(p.Deny) > 0
@@ -112,6 +122,54 @@ var linkLocal4 = netip.MustParsePrefix("169.254.0.0/16")
 // use, as they are dropped before the lists are looked at (link-local) or
 // never leave the sandbox (loopback, "this network").
 var unreachable = []netip.Prefix{linkLocal4, netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("0.0.0.0/8")}
+
+// nonPublic are the IPv4 ranges a DNS answer may not open for a sandbox
+// unless a CIDR on its allow list covers them: an allowed name (or a CNAME
+// under it) answering 10.0.0.5 would otherwise let the sandbox into the
+// host's own network, masqueraded (DNS rebinding). They are:
+//
+//	0.0.0.0/8        "this network"
+//	10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16   private (RFC 1918)
+//	100.64.0.0/10    shared address space, carrier-grade NAT (RFC 6598)
+//	127.0.0.0/8      loopback
+//	169.254.0.0/16   link-local (cloud metadata)
+//	192.0.0.0/24     IETF protocol assignments (RFC 6890)
+//	192.88.99.0/24   6to4 relay anycast (RFC 7526)
+//	198.18.0.0/15    benchmarking (RFC 2544)
+//	224.0.0.0/4      multicast
+//	240.0.0.0/4      reserved, and the broadcast address 255.255.255.255
+//
+// The documentation ranges (192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24)
+// are routed nowhere on the internet and are not on the list.
+var nonPublic = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),
+	netip.MustParsePrefix("10.0.0.0/8"),
+	netip.MustParsePrefix("100.64.0.0/10"),
+	netip.MustParsePrefix("127.0.0.0/8"),
+	linkLocal4,
+	netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.0.0.0/24"),
+	netip.MustParsePrefix("192.88.99.0/24"),
+	netip.MustParsePrefix("192.168.0.0/16"),
+	netip.MustParsePrefix("198.18.0.0/15"),
+	netip.MustParsePrefix("224.0.0.0/4"),
+	netip.MustParsePrefix("240.0.0.0/4"),
+}
+
+// PublicAddr reports whether a is an IPv4 address a DNS answer may open
+// for a sandbox without a CIDR on its allow list (see nonPublic).
+func PublicAddr(a netip.Addr) bool {
+	a = a.Unmap()
+	if !a.Is4() || a.IsPrivate() || a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsMulticast() || a.IsUnspecified() {
+		return false
+	}
+	for _, p := range nonPublic {
+		if p.Contains(a) {
+			return false
+		}
+	}
+	return true
+}
 
 // parseList splits a list into CIDRs and names, canonical, sorted and
 // without duplicates.
@@ -224,8 +282,14 @@ func canonicalName(e string) (string, error) {
 }
 
 // MatchName reports whether the DNS name q (any case, trailing dot or not)
-// is matched by an entry of names (canonical, as in a Policy).
+// is matched by an entry of names (canonical, as in a Policy). q is a
+// name as miekg/dns prints it: a name with an escape ("x\.corp.example.com",
+// whose first label is "x.corp") never matches, so that a wildcard is
+// matched on labels, not on the printed text (host names have none).
 func MatchName(names []string, q string) bool {
+	if strings.ContainsRune(q, '\\') {
+		return false
+	}
 	q = strings.ToLower(strings.TrimSuffix(q, "."))
 	for _, n := range names {
 		if suffix, ok := strings.CutPrefix(n, "*."); ok {

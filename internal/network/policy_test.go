@@ -80,10 +80,15 @@ func TestParsePolicy(t *testing.T) {
 }
 
 func TestMatchName(t *testing.T) {
-	names := []string{"*.example.org", "api.example.com"}
+	names := []string{"*.corp.example.net", "*.example.org", "api.example.com"}
 	for q, want := range map[string]bool{
 		"api.example.com": true, "API.example.COM.": true, "x.api.example.com": false, "example.com": false,
 		"a.example.org": true, "a.b.example.org.": true, "example.org": false, "badexample.org": false,
+		"x.corp.example.net.": true,
+		// Escapes in the printed name (as miekg/dns gives a question): the
+		// labels are "x.corp", "example", "net", not below corp.example.net.
+		`x\.corp.example.net.`: false, `a\.example.org`: false, `api\.example.com`: false,
+		`a.b\.example.org.`: false, `\097.example.org`: false, `x\046corp.example.net`: false,
 	} {
 		if got := MatchName(names, q); got != want {
 			t.Errorf("MatchName(%q) = %v, want %v", q, got, want)

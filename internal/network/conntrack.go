@@ -1,0 +1,81 @@
+package network
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/vishvananda/netlink"
+)
+
+// Connections already open outlive an nftables change: their conntrack
+// entries match "ct state established" before any list is looked at. So
+// when a sandbox's policy changes, the entries of its flows that the new
+// policy would not let start are deleted (the next packet of such a flow
+// is new again, and dropped); when its network goes, all of them are.
+
+// staleFlows matches the conntrack entries of flows started by the
+// sandbox at ip (original source) that pol does not permit. With pol nil,
+// all of them.
+type staleFlows struct {
+	ip      netip.Addr
+	gateway netip.Addr
+	pol     *Policy
+}
+
+func (f staleFlows) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
+	src, ok := netip.AddrFromSlice(flow.Forward.SrcIP.To4())
+	if !ok || src != f.ip {
+		return false
+	}
+	if f.pol == nil {
+		return true
+	}
+	dst, ok := netip.AddrFromSlice(flow.Forward.DstIP.To4())
+	if !ok {
+		return true
+	}
+	return !f.pol.permits(dst, f.gateway)
+}
+
+// permits reports whether a new connection to dst would pass pol by its
+// mode and CIDRs. Addresses resolved for names do not count: a policy
+// change empties them.
+func (p Policy) permits(dst, gateway netip.Addr) bool {
+	in := func(l []netip.Prefix) bool {
+		return slices.ContainsFunc(l, func(c netip.Prefix) bool { return c.Contains(dst) })
+	}
+	switch {
+	case dst == gateway:
+		return p.HasNames() // DNS to the proxy
+	case linkLocal4.Contains(dst), in(p.Deny):
+		return false
+	case p.Mode == EgressAll:
+		return true
+	case p.Mode == EgressAllow:
+		return in(p.Allow)
+	}
+	return false
+}
+
+// flushFlows deletes the conntrack entries of the sandbox at ip's flows
+// that pol does not permit (all of them when pol is nil).
+func (m *Manager) flushFlows(ip netip.Addr, pol *Policy) error {
+	n, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.FAMILY_V4, staleFlows{ip: ip, gateway: m.gateway, pol: pol})
+	if err != nil {
+		return fmt.Errorf("network: delete the conntrack entries of %s: %v: %w", ip, err, errdefs.ErrInternal)
+	}
+	if n > 0 {
+		m.log.Debug("conntrack entries deleted", slog.String("addr", ip.String()), slog.Uint64("flows", uint64(n)))
+	}
+	return nil
+}
+
+// samePolicy reports whether a and b are the same policy.
+func samePolicy(a, b Policy) bool {
+	aa, ad := a.Lists()
+	ba, bd := b.Lists()
+	return a.Mode == b.Mode && slices.Equal(aa, ba) && slices.Equal(ad, bd)
+}
