@@ -118,6 +118,13 @@ func (d *Daemon) Exec(ctx context.Context, idOrName string, o ExecOptions, stdou
 			res.OOMKilled = true
 		}
 	}
+	d.note(context.WithoutCancel(ctx), sb.ID, store.EventExecFinished, execFinished(execID, start, res, err))
+	return res, err
+}
+
+// execFinished is the data of an exec.finished event: how the exec ended
+// (or the error that ended it) and how long it ran.
+func execFinished(execID string, start time.Time, res ExecResult, err error) map[string]any {
 	data := map[string]any{"exec_id": execID, "duration_ms": float64(time.Since(start).Microseconds()) / 1000}
 	if err != nil {
 		data["error"] = err.Error()
@@ -127,8 +134,7 @@ func (d *Daemon) Exec(ctx context.Context, idOrName string, o ExecOptions, stdou
 		data["timed_out"] = res.TimedOut
 		data["oom_killed"] = res.OOMKilled
 	}
-	d.store.AppendEvent(context.WithoutCancel(ctx), sb.ID, store.EventExecFinished, data)
-	return res, err
+	return data
 }
 
 // Start runs a command in the background and returns its pid.

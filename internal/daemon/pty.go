@@ -139,16 +139,7 @@ func (s *PtySession) finish(ctx context.Context, res ExecResult, err error) {
 }
 
 func (s *PtySession) record(ctx context.Context, res ExecResult, err error) {
-	data := map[string]any{"exec_id": s.ExecID, "duration_ms": float64(time.Since(s.start).Microseconds()) / 1000}
-	if err != nil {
-		data["error"] = err.Error()
-	} else {
-		data["exit_code"] = res.ExitCode
-		data["signal"] = res.Signal
-		data["timed_out"] = res.TimedOut
-		data["oom_killed"] = res.OOMKilled
-	}
-	s.d.note(context.WithoutCancel(ctx), s.sb.ID, store.EventExecFinished, data)
+	s.d.note(context.WithoutCancel(ctx), s.sb.ID, store.EventExecFinished, execFinished(s.ExecID, s.start, res, err))
 }
 
 // ptySlot takes one of sandbox id's MaxPtySessions; call the returned func
