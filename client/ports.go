@@ -32,7 +32,8 @@ type PortURL struct {
 	// Host is the preview host name and port, <port>-<id>.<domain>:<p>.
 	Host string `json:"host"`
 	// HostURL is the host form (the same as URL); PathURL the path form,
-	// for clients that cannot set Host or resolve *.localhost.
+	// for non-browser clients that cannot set Host or resolve *.localhost:
+	// it takes no cookie, so send the token with every request.
 	HostURL string `json:"host_url"`
 	PathURL string `json:"path_url"`
 }

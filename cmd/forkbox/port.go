@@ -23,8 +23,11 @@ func portCmd(g *globals) *cobra.Command {
 		Use:   "port SANDBOX PORT [--forward LOCALADDR]",
 		Short: "Print the preview URL of a sandbox port, or forward a local TCP port to it",
 		Long: `Print the preview URL of a sandbox port (the daemon runs with --ports ADDR).
-The URL carries the sandbox's port token: it reaches this sandbox's ports and
-nothing else. --json prints {url, token, host, host_url, path_url}.
+The URL carries the sandbox's port token: it reaches every port of this
+sandbox (but the agent's) and nothing else, and does not expire. --json prints
+{url, token, host, host_url, path_url}; path_url is for non-browser clients
+that cannot set Host: it takes no cookie, so send the token (?forkbox_token=
+or the X-Forkbox-Port-Token header) with every request.
 
 With --forward LOCALADDR (e.g. 127.0.0.1:9000), listen there and tunnel each
 connection to the port through the preview listener (HTTP CONNECT), until

@@ -27,7 +27,7 @@ func (d *Daemon) startPorts() error {
 	if d.cfg.PortsAddr == "" {
 		return nil
 	}
-	h := ports.NewHandler(portBackend{d}, ports.Options{Keys: keys, APIToken: d.cfg.APIToken, Log: d.log})
+	h := ports.NewHandler(portBackend{d}, ports.Options{Keys: keys, APIToken: d.cfg.APIToken, Log: d.log, Domain: d.cfg.PortsDomain})
 	d.portSrv, err = ports.Listen(d.cfg.PortsAddr, h, d.log)
 	return err
 }

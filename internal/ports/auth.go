@@ -1,9 +1,12 @@
 package ports
 
 import (
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
+
+	"github.com/forkbox/forkbox/errdefs"
 )
 
 // Where a request may carry its port token.
@@ -24,11 +27,18 @@ const (
 	wrong           // something offered, none of it right: 403
 )
 
-// authorize checks the credentials a request offers for sandbox id: the
-// API token as a bearer (when the daemon has one), or the sandbox's port
-// token in the header, the query or the cookie. fromQuery says the query
-// token was the one that was right (the caller turns it into a cookie).
-func (h *Handler) authorize(r *http.Request, id string) (v verdict, fromQuery bool) {
+// authorize checks the credentials a request offers for route's sandbox:
+// the API token as a bearer (when the daemon has one), or the sandbox's port
+// token in the header, the query (q, the request's parsed query) or, in the
+// host form only, the cookie. fromQuery says the query token was the one
+// that was right (in the host form the caller turns it into a cookie).
+//
+// The path form never takes the cookie: every sandbox shares its origin, so
+// a cookie there would be sent along with one sandbox's page's fetches of
+// another's path URLs (and a token captured by one sandbox's script would
+// stick). Path-form clients offer the token with each request.
+func (h *Handler) authorize(r *http.Request, route Route, q url.Values) (v verdict, fromQuery bool) {
+	id := route.Sandbox
 	offered := false
 	if a := r.Header.Get("Authorization"); h.o.APIToken != "" && strings.HasPrefix(a, bearer) {
 		if equal(strings.TrimPrefix(a, bearer), h.o.APIToken) {
@@ -46,12 +56,14 @@ func (h *Handler) authorize(r *http.Request, id string) (v verdict, fromQuery bo
 	if check(r.Header.Get(Header)) {
 		return allowed, false
 	}
-	if check(r.URL.Query().Get(QueryParam)) {
+	if check(q.Get(QueryParam)) {
 		return allowed, true
 	}
-	for _, c := range r.Cookies() {
-		if c.Name == CookieName && check(c.Value) {
-			return allowed, false
+	if route.ByHost {
+		for _, c := range r.Cookies() {
+			if c.Name == CookieName && check(c.Value) {
+				return allowed, false
+			}
 		}
 	}
 	if offered {
@@ -60,23 +72,37 @@ func (h *Handler) authorize(r *http.Request, id string) (v verdict, fromQuery bo
 	return missing, false
 }
 
-// withoutQueryToken returns rawQuery without the token parameter.
-func withoutQueryToken(rawQuery string) string {
-	if !strings.Contains(rawQuery, QueryParam) {
-		return rawQuery
-	}
+// parseQuery parses a request's query once, for the token and for
+// stripping it: a query that does not parse is refused (Go's own parsing
+// would drop the bad pairs, and what the proxy checked and what the app
+// sees must not differ).
+func parseQuery(rawQuery string) (url.Values, error) {
 	q, err := url.ParseQuery(rawQuery)
 	if err != nil {
+		return nil, fmt.Errorf("the query does not parse: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return q, nil
+}
+
+// withoutQueryToken returns rawQuery (parsed as q) without the token
+// parameter, however it was escaped; rawQuery unchanged when it has none.
+func withoutQueryToken(rawQuery string, q url.Values) string {
+	if !q.Has(QueryParam) {
 		return rawQuery
 	}
-	q.Del(QueryParam)
-	return q.Encode()
+	c := make(url.Values, len(q))
+	for k, v := range q {
+		if k != QueryParam {
+			c[k] = v
+		}
+	}
+	return c.Encode()
 }
 
 // stripCredentials removes forkbox's credentials from a request headed for
 // the sandbox: the app must never see the API token, and has no use for
-// its port token.
-func (h *Handler) stripCredentials(out *http.Request) {
+// its port token. q is the request's parsed query.
+func (h *Handler) stripCredentials(out *http.Request, q url.Values) {
 	out.Header.Del(Header)
 	if a := out.Header.Get("Authorization"); h.o.APIToken != "" && strings.HasPrefix(a, bearer) && equal(strings.TrimPrefix(a, bearer), h.o.APIToken) {
 		out.Header.Del("Authorization")
@@ -96,5 +122,5 @@ func (h *Handler) stripCredentials(out *http.Request) {
 			out.Header.Set("Cookie", strings.Join(keep, "; "))
 		}
 	}
-	out.URL.RawQuery = withoutQueryToken(out.URL.RawQuery)
+	out.URL.RawQuery = withoutQueryToken(out.URL.RawQuery, q)
 }

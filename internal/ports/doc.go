@@ -4,8 +4,10 @@
 // A request names its sandbox and port in the Host header,
 // "<port>-<sandbox id>.<anything>" (so http://8080-sb-abc.localhost:8089/
 // works: *.localhost resolves to loopback), or in the path,
-// "/sandboxes/<id>/ports/<port>/..." (the prefix is stripped), for clients
-// that cannot set Host. HTTP and WebSocket go through a reverse proxy; raw
+// "/sandboxes/<id>/ports/<port>/..." (the prefix is stripped), for
+// non-browser clients that cannot set Host: every sandbox shares that
+// origin, so the path form takes no cookie (each request carries the token)
+// and no response may register a service worker above its own path. HTTP and WebSocket go through a reverse proxy; raw
 // TCP goes through an HTTP CONNECT tunnel to the same routes.
 //
 // Every request carries the sandbox's port token: an HMAC-SHA256 of the

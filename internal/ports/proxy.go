@@ -33,10 +33,27 @@ type Options struct {
 	Log      *slog.Logger
 	// DialTimeout bounds connecting to the sandbox's port (default 5s).
 	DialTimeout time.Duration
-	// TunnelIdle closes a CONNECT tunnel that has moved no byte for this
-	// long (default 30m).
+	// TunnelIdle closes a CONNECT tunnel, an upgraded (WebSocket)
+	// connection or any other connection to the listener that has moved no
+	// byte for this long (default 30m).
 	TunnelIdle time.Duration
+	// Domain is the one below which preview host names are taken
+	// ("<port>-<id>.<Domain>"; default DefaultDomain). Any other Host is
+	// routed by path, or not at all.
+	Domain string
+	// MaxConns caps the listener's open connections (default
+	// DefaultMaxConns); more wait in the kernel's accept queue.
+	MaxConns int
+	// MaxUpgrades caps one sandbox's open WebSockets and tunnels together
+	// (default DefaultMaxUpgrades); more are refused with 429.
+	MaxUpgrades int
 }
+
+// Defaults of Options.
+const (
+	DefaultMaxConns    = 1024
+	DefaultMaxUpgrades = 64
+)
 
 // Handler proxies requests to sandbox ports.
 type Handler struct {
@@ -46,6 +63,9 @@ type Handler struct {
 	ctx    context.Context // canceled by Close: ends upgrades and tunnels
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // requests in flight
+
+	mu       sync.Mutex
+	upgrades map[string]int // sandbox ID -> open WebSockets and tunnels
 }
 
 type targetKey struct{}
@@ -53,6 +73,7 @@ type targetKey struct{}
 type target struct {
 	addr  string
 	route Route
+	query url.Values // the request's, parsed
 }
 
 // NewHandler returns a handler over b.
@@ -66,7 +87,16 @@ func NewHandler(b Backend, o Options) *Handler {
 	if o.TunnelIdle == 0 {
 		o.TunnelIdle = 30 * time.Minute
 	}
-	h := &Handler{b: b, o: o}
+	if o.Domain == "" {
+		o.Domain = DefaultDomain
+	}
+	if o.MaxConns == 0 {
+		o.MaxConns = DefaultMaxConns
+	}
+	if o.MaxUpgrades == 0 {
+		o.MaxUpgrades = DefaultMaxUpgrades
+	}
+	h := &Handler{b: b, o: o, upgrades: map[string]int{}}
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 	tr := &http.Transport{
 		Proxy:                  nil, // never an environment proxy: only the sandbox's address
@@ -95,7 +125,11 @@ func NewHandler(b Backend, o Options) *Handler {
 			}
 			pr.Out.URL = &u
 			pr.Out.Host = pr.In.Host // the app sees the name it was reached by
-			h.stripCredentials(pr.Out)
+			h.stripCredentials(pr.Out, t.query)
+		},
+		ModifyResponse: func(resp *http.Response) error {
+			sanitizeResponse(resp.Header)
+			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			t := r.Context().Value(targetKey{}).(target)
@@ -168,7 +202,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	stop := context.AfterFunc(h.ctx, cancel)
 	defer stop()
 
-	route, err := Parse(r.Host, r.URL.Path)
+	route, err := Parse(r.Host, h.o.Domain, r.URL.Path)
+	if err != nil {
+		fail(w, status(err), message(err))
+		return
+	}
+	q, err := parseQuery(r.URL.RawQuery)
 	if err != nil {
 		fail(w, status(err), message(err))
 		return
@@ -183,32 +222,41 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, loc, http.StatusPermanentRedirect)
 		return
 	}
-	v, fromQuery := h.authorize(r, route.Sandbox)
+	v, fromQuery := h.authorize(r, route, q)
 	switch v {
 	case missing:
 		w.Header().Set("WWW-Authenticate", `Bearer realm="forkbox preview"`)
-		fail(w, http.StatusUnauthorized, fmt.Sprintf("sandbox %s port %d needs its port token (?%s=, header %s or the cookie; `forkbox port %s %d` prints the URL)",
-			route.Sandbox, route.Port, QueryParam, Header, route.Sandbox, route.Port))
+		how := "?" + QueryParam + "=, header " + Header + " or the cookie"
+		if !route.ByHost {
+			how = "?" + QueryParam + "= or header " + Header + " on every request: the path form takes no cookie; browsers use the host form"
+		}
+		fail(w, http.StatusUnauthorized, fmt.Sprintf("sandbox %s port %d needs its port token (%s; `forkbox port %s %d` prints the URLs)",
+			route.Sandbox, route.Port, how, route.Sandbox, route.Port))
 		return
 	case wrong:
 		fail(w, http.StatusForbidden, fmt.Sprintf("the port token is not sandbox %s's", route.Sandbox))
 		return
 	}
-	if fromQuery && r.Method != http.MethodConnect {
-		cookiePath := "/"
-		if p := route.Prefix(); p != "" {
-			cookiePath = p + "/"
-		}
-		http.SetCookie(w, &http.Cookie{Name: CookieName, Value: h.o.Keys.Token(route.Sandbox), Path: cookiePath,
+	if fromQuery && route.ByHost && r.Method != http.MethodConnect {
+		// A host-only cookie: the host is this sandbox port's alone.
+		http.SetCookie(w, &http.Cookie{Name: CookieName, Value: h.o.Keys.Token(route.Sandbox), Path: "/",
 			HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: r.TLS != nil})
 		if (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.Header.Get("Upgrade") == "" {
 			loc := r.URL.EscapedPath()
-			if q := withoutQueryToken(r.URL.RawQuery); q != "" {
-				loc += "?" + q
+			if rest := withoutQueryToken(r.URL.RawQuery, q); rest != "" {
+				loc += "?" + rest
 			}
 			http.Redirect(w, r, loc, http.StatusFound)
 			return
 		}
+	}
+	if r.Method == http.MethodConnect || isUpgrade(r) {
+		release, ok := h.upgradeSlot(route.Sandbox)
+		if !ok {
+			fail(w, http.StatusTooManyRequests, fmt.Sprintf("sandbox %s has %d WebSockets and tunnels open, the most it may: close one", route.Sandbox, h.o.MaxUpgrades))
+			return
+		}
+		defer release()
 	}
 	addr, done, err := h.b.Target(ctx, route.Sandbox, route.Port)
 	if err != nil {
@@ -224,5 +272,5 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.tunnel(ctx, w, r, addr, route)
 		return
 	}
-	h.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, targetKey{}, target{addr: addr, route: route})))
+	h.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, targetKey{}, target{addr: addr, route: route, query: q})))
 }

@@ -51,6 +51,12 @@ func (b *fakeBackend) Target(_ context.Context, id string, port int) (string, fu
 func echoApp() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/ws", websocket.Handler(func(c *websocket.Conn) { io.Copy(c, c) }))
+	mux.HandleFunc("/sw.js", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Service-Worker-Allowed", "/")
+		w.Header().Add("Set-Cookie", "app=1; Path=/; Domain=localhost; HttpOnly")
+		w.Header().Add("Set-Cookie", "other=2;domain=.localhost;Secure")
+		fmt.Fprint(w, "self.addEventListener('fetch', () => {})")
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "%s %s?%s host=%s auth=%q token=%q cookie=%q", r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Host,
 			r.Header.Get("Authorization"), r.Header.Get(Header), r.Header.Get("Cookie"))
@@ -69,6 +75,13 @@ type fixture struct {
 
 func newFixture(t *testing.T, apiToken string) *fixture {
 	t.Helper()
+	return newFixtureWith(t, Options{APIToken: apiToken, TunnelIdle: time.Minute})
+}
+
+// newFixtureWith is newFixture with the handler's options (Keys are the
+// fixture's).
+func newFixtureWith(t *testing.T, o Options) *fixture {
+	t.Helper()
 	app := httptest.NewServer(echoApp())
 	t.Cleanup(app.Close)
 	u, _ := url.Parse(app.URL)
@@ -77,7 +90,8 @@ func newFixture(t *testing.T, apiToken string) *fixture {
 		"sb-paused": fmt.Errorf("sandbox sb-paused is paused: unpause it to reach its ports: %w", errdefs.ErrFailedPrecondition),
 	}}, keys: NewKeys([]byte("0123456789abcdef0123456789abcdef"))}
 	fmt.Sscan(p, &f.port)
-	h := NewHandler(f.b, Options{Keys: f.keys, APIToken: apiToken, TunnelIdle: time.Minute})
+	o.Keys = f.keys
+	h := NewHandler(f.b, o)
 	srv, err := Listen("127.0.0.1:0", h, slogDiscard())
 	if err != nil {
 		t.Fatal(err)
@@ -166,7 +180,7 @@ func TestProxyQueryTokenBecomesCookie(t *testing.T) {
 	tok := f.keys.Token("sb-a")
 	for _, tc := range []struct{ host, path, loc, cookiePath string }{
 		{f.host("sb-a"), "/p?a=1&" + QueryParam + "=" + tok, "/p?a=1", "/"},
-		{f.addr, fmt.Sprintf("/sandboxes/sb-a/ports/%d/p?%s=%s", f.port, QueryParam, tok), fmt.Sprintf("/sandboxes/sb-a/ports/%d/p", f.port), fmt.Sprintf("/sandboxes/sb-a/ports/%d/", f.port)},
+		{f.host("sb-a"), "/p?" + QueryParam + "=" + tok, "/p", "/"},
 	} {
 		resp, _ := f.do(t, "GET", tc.host, tc.path, nil)
 		if resp.StatusCode != http.StatusFound || resp.Header.Get("Location") != tc.loc {
@@ -182,7 +196,7 @@ func TestProxyQueryTokenBecomesCookie(t *testing.T) {
 		}
 	}
 	// The path form without its trailing slash: first the slash (query
-	// kept), then the cookie for the prefix.
+	// kept).
 	bare := fmt.Sprintf("/sandboxes/sb-a/ports/%d", f.port)
 	resp, _ := f.do(t, "GET", f.addr, bare+"?"+QueryParam+"="+tok, nil)
 	if resp.StatusCode != http.StatusPermanentRedirect || resp.Header.Get("Location") != bare+"/?"+QueryParam+"="+tok {
@@ -366,6 +380,7 @@ func connect(t *testing.T, f *fixture, path, token string, want int) net.Conn {
 	if err != nil {
 		t.Fatal(err)
 	}
+	c.SetDeadline(time.Now().Add(30 * time.Second)) // a wrong answer's body may never end
 	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n", path, f.addr)
 	if token != "" {
 		fmt.Fprintf(c, "%s: %s\r\n", Header, token)
@@ -388,6 +403,7 @@ func connect(t *testing.T, f *fixture, path, token string, want int) net.Conn {
 		b, _ := br.Peek(br.Buffered())
 		t.Fatalf("%d bytes after the CONNECT response: %q", br.Buffered(), b)
 	}
+	c.SetDeadline(time.Time{})
 	return c
 }
 

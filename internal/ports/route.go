@@ -60,16 +60,20 @@ func parsePort(s string) (int, error) {
 	return n, CheckPort(n)
 }
 
-// ParseHost parses the host form "<port>-<id>.<anything>[:port]". ok is
-// false when host is not of that form (the request may use the path form);
-// err is set when it is but names a bad port.
-func ParseHost(host string) (r Route, ok bool, err error) {
+// ParseHost parses the host form "<port>-<id>.<domain>[:port]" (domain ""
+// is DefaultDomain). ok is false when host is not of that form, below that
+// domain (the request may use the path form); err is set when it is but
+// names a bad port.
+func ParseHost(host, domain string) (r Route, ok bool, err error) {
 	if h, _, serr := net.SplitHostPort(host); serr == nil {
 		host = h
 	}
+	if domain == "" {
+		domain = DefaultDomain
+	}
 	host = strings.ToLower(host)
 	label, rest, found := strings.Cut(host, ".")
-	if !found || rest == "" {
+	if !found || rest == "" || rest != strings.ToLower(strings.TrimSuffix(domain, ".")) {
 		return Route{}, false, nil
 	}
 	p, id, found := strings.Cut(label, "-")
@@ -107,10 +111,10 @@ func ParsePath(path string) (r Route, ok bool, err error) {
 	return r, true, nil
 }
 
-// Parse finds the route of a request: the host form first, then the path
-// form.
-func Parse(host, path string) (Route, error) {
-	r, ok, err := ParseHost(host)
+// Parse finds the route of a request: the host form below domain first,
+// then the path form.
+func Parse(host, domain, path string) (Route, error) {
+	r, ok, err := ParseHost(host, domain)
 	if err != nil {
 		return Route{}, err
 	}

@@ -10,14 +10,21 @@ import (
 func TestParseHost(t *testing.T) {
 	for _, tc := range []struct {
 		host     string
+		domain   string // "x" unless set
 		ok       bool
 		bad      bool
 		id       string
 		port     int
 		badClass func(error) bool
 	}{
-		{host: "8080-sb-abc123.localhost:8089", ok: true, id: "sb-abc123", port: 8080},
-		{host: "8080-SB-ABC123.Example.COM", ok: true, id: "sb-abc123", port: 8080},
+		{host: "8080-sb-abc123.localhost:8089", domain: "localhost", ok: true, id: "sb-abc123", port: 8080},
+		{host: "8080-sb-abc123.localhost:8089", domain: "-", ok: true, id: "sb-abc123", port: 8080}, // "" is localhost
+		{host: "8080-SB-ABC123.Example.COM", domain: "preview.example.com"},                         // another domain
+		{host: "8080-SB-ABC123.Preview.Example.COM", domain: "preview.example.COM", ok: true, id: "sb-abc123", port: 8080},
+		{host: "8080-sb-a.evil.preview.example.com", domain: "preview.example.com"}, // deeper
+		{host: "8080-sb-a.example.com", domain: "preview.example.com"},              // shallower
+		{host: "8080-sb-a.xpreview.example.com", domain: "preview.example.com"},     // a suffix, not a label
+		{host: "8080-sb-a.x.localhost", domain: "localhost"},
 		{host: "1-sb-a.x", ok: true, id: "sb-a", port: 1},
 		{host: "65535-sb-a.x", ok: true, id: "sb-a", port: 65535},
 		{host: "127.0.0.1:8089"},
@@ -35,7 +42,14 @@ func TestParseHost(t *testing.T) {
 		{host: "999999-sb-a.x", bad: true, badClass: errdefs.IsInvalidArgument},
 		{host: "7077-sb-a.x", bad: true, badClass: errdefs.IsPermissionDenied},
 	} {
-		r, ok, err := ParseHost(tc.host)
+		domain := tc.domain
+		switch domain {
+		case "":
+			domain = "x"
+		case "-":
+			domain = ""
+		}
+		r, ok, err := ParseHost(tc.host, domain)
 		if tc.bad {
 			if !ok || err == nil || !tc.badClass(err) {
 				t.Errorf("ParseHost(%q): got ok=%v err=%v, want a rejected port of the right class", tc.host, ok, err)
@@ -91,11 +105,11 @@ func TestParsePath(t *testing.T) {
 }
 
 func TestParsePrefersHost(t *testing.T) {
-	r, err := Parse("80-sb-h.localhost", "/sandboxes/sb-p/ports/81/x")
+	r, err := Parse("80-sb-h.localhost", "localhost", "/sandboxes/sb-p/ports/81/x")
 	if err != nil || r.Sandbox != "sb-h" || r.Port != 80 || r.Path != "/sandboxes/sb-p/ports/81/x" {
 		t.Errorf("got %+v %v, want the host's route with the path unchanged", r, err)
 	}
-	if _, err := Parse("127.0.0.1:8089", "/index.html"); !errdefs.IsNotFound(err) {
+	if _, err := Parse("127.0.0.1:8089", "localhost", "/index.html"); !errdefs.IsNotFound(err) {
 		t.Errorf("neither form: got %v, want NotFound", err)
 	}
 }
@@ -123,7 +137,7 @@ func FuzzParse(f *testing.F) {
 		f.Add(s[0], s[1])
 	}
 	f.Fuzz(func(t *testing.T, host, path string) {
-		r, err := Parse(host, path)
+		r, err := Parse(host, "localhost", path)
 		if err != nil {
 			return
 		}

@@ -23,16 +23,17 @@ const (
 type Server struct {
 	h    *Handler
 	srv  *http.Server
-	ln   net.Listener
+	ln   *limitListener
 	done chan struct{}
 }
 
 // Listen serves h on addr until Close.
 func Listen(addr string, h *Handler, log *slog.Logger) (*Server, error) {
-	ln, err := net.Listen("tcp", addr)
+	tl, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("preview listener %s: %v: %w", addr, err, errdefs.ErrFailedPrecondition)
 	}
+	ln := newLimitListener(tl, h.o.MaxConns, h.o.TunnelIdle)
 	s := &Server{h: h, ln: ln, done: make(chan struct{}), srv: &http.Server{
 		Handler:           h,
 		MaxHeaderBytes:    MaxHeaderBytes,

@@ -8,7 +8,9 @@ import (
 )
 
 // URLs are the ways to reach one sandbox port. Every URL carries the
-// token; URL is the host form (the one to share), PathURL the path form.
+// token; URL is the host form (the one to share, and the one for browsers),
+// PathURL the path form, for non-browser clients: it takes no cookie, so
+// each request carries the token (query or header).
 type URLs struct {
 	URL     string `json:"url"`
 	Token   string `json:"token"`

@@ -4588,7 +4588,10 @@ type GetPortURLResponse struct {
 	Host string `protobuf:"bytes,3,opt,name=host,proto3" json:"host,omitempty"`
 	// The host form (the same as url).
 	HostUrl string `protobuf:"bytes,4,opt,name=host_url,json=hostUrl,proto3" json:"host_url,omitempty"`
-	// The path form, for clients that cannot set Host: http://<addr>/sandboxes/<id>/ports/<port>/?forkbox_token=T
+	// The path form, for non-browser clients that cannot set Host:
+	// http://<addr>/sandboxes/<id>/ports/<port>/?forkbox_token=T. It takes no
+	// cookie (every sandbox shares its origin): send the token with every
+	// request, as ?forkbox_token= or the X-Forkbox-Port-Token header.
 	PathUrl       string `protobuf:"bytes,5,opt,name=path_url,json=pathUrl,proto3" json:"path_url,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -299,7 +299,8 @@ class PortURL:
     host: str = ""
     #: The host form (the same as url).
     host_url: str = ""
-    #: The path form, for clients that cannot set Host.
+    #: The path form, for non-browser clients that cannot set Host. It takes
+    #: no cookie: send the token (query or X-Forkbox-Port-Token) each time.
     path_url: str = ""
 
     @classmethod

@@ -73,7 +73,11 @@ export interface PortURL {
   host: string;
   /** The host form (the same as url). */
   hostUrl: string;
-  /** The path form, for clients that cannot set Host: http://<addr>/sandboxes/<id>/ports/<port>/?forkbox_token=T. */
+  /**
+   * The path form, for non-browser clients that cannot set Host:
+   * http://<addr>/sandboxes/<id>/ports/<port>/?forkbox_token=T. It takes no
+   * cookie: send the token (query or X-Forkbox-Port-Token) with every request.
+   */
   pathUrl: string;
 }
 

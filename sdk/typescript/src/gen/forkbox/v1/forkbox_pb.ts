@@ -2193,7 +2193,10 @@ export type GetPortURLResponse = Message<"forkbox.v1.GetPortURLResponse"> & {
   hostUrl: string;
 
   /**
-   * The path form, for clients that cannot set Host: http://<addr>/sandboxes/<id>/ports/<port>/?forkbox_token=T
+   * The path form, for non-browser clients that cannot set Host:
+   * http://<addr>/sandboxes/<id>/ports/<port>/?forkbox_token=T. It takes no
+   * cookie (every sandbox shares its origin): send the token with every
+   * request, as ?forkbox_token= or the X-Forkbox-Port-Token header.
    *
    * @generated from field: string path_url = 5;
    */

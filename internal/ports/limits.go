@@ -1,0 +1,153 @@
+package ports
+
+import (
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http/httpguts"
+)
+
+// Bounds on what one sandbox's link holders, and the listener's clients
+// together, can hold open: a cap on the listener's connections, a cap on
+// each sandbox's upgraded connections, and an idle deadline on every
+// connection (so on every WebSocket and tunnel).
+
+// isUpgrade says r asks to switch protocols (a WebSocket): the reverse
+// proxy then holds the connection for as long as it lasts.
+func isUpgrade(r *http.Request) bool {
+	return r.Header.Get("Upgrade") != "" && httpguts.HeaderValuesContainsToken(r.Header["Connection"], "Upgrade")
+}
+
+// upgradeSlot takes one of sandbox id's MaxUpgrades slots for a WebSocket or
+// tunnel; ok is false when all are taken.
+func (h *Handler) upgradeSlot(id string) (release func(), ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.upgrades[id] >= h.o.MaxUpgrades {
+		return nil, false
+	}
+	h.upgrades[id]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if h.upgrades[id]--; h.upgrades[id] <= 0 {
+				delete(h.upgrades, id)
+			}
+		})
+	}, true
+}
+
+// sanitizeResponse removes from an app's response headers what would reach
+// beyond its own sandbox port: Service-Worker-Allowed (a service worker
+// scoped above its script's path would, in the path form, capture every
+// sandbox's pages and links), and the Domain attribute of its cookies (a
+// cookie for the parent domain would be sent to every other sandbox's
+// host).
+func sanitizeResponse(hdr http.Header) {
+	hdr.Del("Service-Worker-Allowed")
+	cs := hdr.Values("Set-Cookie")
+	if len(cs) == 0 {
+		return
+	}
+	out := make([]string, 0, len(cs))
+	for _, c := range cs {
+		parts := strings.Split(c, ";")
+		keep := parts[:1]
+		for _, p := range parts[1:] {
+			name, _, _ := strings.Cut(strings.TrimSpace(p), "=")
+			if !strings.EqualFold(strings.TrimSpace(name), "domain") {
+				keep = append(keep, p)
+			}
+		}
+		out = append(out, strings.Join(keep, ";"))
+	}
+	hdr["Set-Cookie"] = out
+}
+
+// limitListener accepts at most max connections at a time (more wait in
+// the kernel's queue) and closes a connection that moves no byte for idle.
+type limitListener struct {
+	net.Listener
+	idle  time.Duration
+	slots chan struct{}
+	done  chan struct{}
+	once  sync.Once
+}
+
+func newLimitListener(l net.Listener, max int, idle time.Duration) *limitListener {
+	return &limitListener{Listener: l, idle: idle, slots: make(chan struct{}, max), done: make(chan struct{})}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	select {
+	case l.slots <- struct{}{}:
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.slots
+		return nil, err
+	}
+	ic := &idleConn{Conn: c, idle: l.idle, release: func() { <-l.slots }}
+	ic.timer = time.AfterFunc(l.idle, func() { ic.Close() })
+	return ic, nil
+}
+
+func (l *limitListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+// idleConn is a connection that closes itself after idle without a read or
+// a write returning, or one starting. A read blocked for idle counts as
+// idle: that is what ends a WebSocket or tunnel nobody uses.
+type idleConn struct {
+	net.Conn
+	idle    time.Duration
+	timer   *time.Timer
+	once    sync.Once
+	closed  atomic.Bool
+	release func()
+}
+
+// touch restarts the idle clock.
+func (c *idleConn) touch() {
+	if !c.closed.Load() {
+		c.timer.Reset(c.idle)
+	}
+}
+
+func (c *idleConn) Read(b []byte) (int, error) {
+	c.touch()
+	n, err := c.Conn.Read(b)
+	c.touch()
+	return n, err
+}
+
+func (c *idleConn) Write(b []byte) (int, error) {
+	c.touch()
+	n, err := c.Conn.Write(b)
+	c.touch()
+	return n, err
+}
+
+// CloseWrite passes a half-close on (a tunnel's).
+func (c *idleConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Close()
+}
+
+func (c *idleConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { c.closed.Store(true); c.timer.Stop(); c.release() })
+	return err
+}

@@ -1,0 +1,255 @@
+package ports
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/net/websocket"
+)
+
+// TestProxyPathFormTakesNoCookie: every sandbox's path URLs share one
+// origin, so there the cookie is neither set nor accepted: one sandbox's
+// page cannot fetch another's path URL with that one's cookie attached.
+func TestProxyPathFormTakesNoCookie(t *testing.T) {
+	f := newFixture(t, "")
+	tok := f.keys.Token("sb-a")
+	p := fmt.Sprintf("/sandboxes/sb-a/ports/%d/p?a=1", f.port)
+	resp, body := f.do(t, "GET", f.addr, p, http.Header{"Cookie": {CookieName + "=" + tok}})
+	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "takes no cookie") {
+		t.Errorf("path form with only the cookie: got %d %q, want 401 saying it takes no cookie", resp.StatusCode, body)
+	}
+	// The query token is served at once, with no cookie and no redirect,
+	// and the app does not see it.
+	resp, body = f.do(t, "GET", f.addr, p+"&"+QueryParam+"="+tok, nil)
+	if resp.StatusCode != 200 || len(resp.Cookies()) != 0 || !strings.HasPrefix(body, "GET /p?a=1 ") || strings.Contains(body, tok) {
+		t.Errorf("path form with the query token: got %d cookies %v %q, want 200, no cookie, the token stripped", resp.StatusCode, resp.Cookies(), body)
+	}
+	resp, _ = f.do(t, "GET", f.addr, p, http.Header{Header: {tok}})
+	if resp.StatusCode != 200 || len(resp.Cookies()) != 0 {
+		t.Errorf("path form with the header: got %d cookies %v", resp.StatusCode, resp.Cookies())
+	}
+	// The host form still takes its host-only cookie.
+	resp, _ = f.do(t, "GET", f.host("sb-a"), "/p", http.Header{"Cookie": {CookieName + "=" + tok}})
+	if resp.StatusCode != 200 {
+		t.Errorf("host form with the cookie: got %d", resp.StatusCode)
+	}
+}
+
+// TestProxySanitizesResponses: an app cannot widen a service worker's scope
+// (in the path form it would capture every sandbox's pages) nor set a
+// cookie for the parent domain (sent to every sandbox's host).
+func TestProxySanitizesResponses(t *testing.T) {
+	f := newFixture(t, "")
+	tok := f.keys.Token("sb-a")
+	for _, tc := range []struct{ host, path string }{
+		{f.host("sb-a"), "/sw.js"},
+		{f.addr, fmt.Sprintf("/sandboxes/sb-a/ports/%d/sw.js", f.port)},
+	} {
+		resp, body := f.do(t, "GET", tc.host, tc.path, http.Header{Header: {tok}})
+		if resp.StatusCode != 200 || !strings.Contains(body, "addEventListener") {
+			t.Fatalf("%s: got %d %q", tc.path, resp.StatusCode, body)
+		}
+		if v, ok := resp.Header["Service-Worker-Allowed"]; ok {
+			t.Errorf("%s: Service-Worker-Allowed %q passed through", tc.path, v)
+		}
+		got := resp.Header.Values("Set-Cookie")
+		want := []string{"app=1; Path=/; HttpOnly", "other=2;Secure"}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s: Set-Cookie %q, want %q (no Domain)", tc.path, got, want)
+		}
+	}
+}
+
+// TestProxyQueryTokenAnyEscape: the token's key is matched decoded, so an
+// escaped key is stripped like a plain one (it used to reach the app, and
+// its redirect pointed back at itself); a query that does not parse is
+// refused.
+func TestProxyQueryTokenAnyEscape(t *testing.T) {
+	f := newFixture(t, "")
+	tok := f.keys.Token("sb-a")
+	resp, _ := f.do(t, "GET", f.host("sb-a"), "/p?forkbox%5Ftoken="+tok+"&a=1", nil)
+	if resp.StatusCode != http.StatusFound || resp.Header.Get("Location") != "/p?a=1" {
+		t.Errorf("escaped key: got %d to %q, want 302 to /p?a=1", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	for _, tc := range []struct{ host, path string }{
+		{f.host("sb-a"), "/p?forkbox%5Ftoken=" + tok + "&a=1"},
+		{f.addr, fmt.Sprintf("/sandboxes/sb-a/ports/%d/p?forkbox%%5Ftoken=%s&a=1", f.port, tok)},
+	} {
+		resp, body := f.do(t, "POST", tc.host, tc.path, nil)
+		if resp.StatusCode != 200 || !strings.HasPrefix(body, "POST /p?a=1 ") || strings.Contains(body, tok) {
+			t.Errorf("POST %s: got %d %q, want 200 and the token stripped", tc.path, resp.StatusCode, body)
+		}
+	}
+	for _, q := range []string{"a=%zz", "a=1;b=2", "forkbox_token=%zz" + tok} {
+		resp, body := f.do(t, "GET", f.host("sb-a"), "/p?"+q, http.Header{Header: {tok}})
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "does not parse") {
+			t.Errorf("query %q: got %d %q, want 400", q, resp.StatusCode, body)
+		}
+	}
+	if n := f.b.calls.Load(); n != 2 {
+		t.Errorf("the sandbox was resolved %d times, want 2 (for the POSTs, never for a bad query)", n)
+	}
+}
+
+// TestProxyHostBelowDomainOnly: a Host outside the configured domain is
+// not a host-form route.
+func TestProxyHostBelowDomainOnly(t *testing.T) {
+	f := newFixtureWith(t, Options{Domain: "preview.test"})
+	tok := f.keys.Token("sb-a")
+	for _, host := range []string{f.host("sb-a"), fmt.Sprintf("%d-sb-a.evil.test", f.port), fmt.Sprintf("%d-sb-a.x.preview.test", f.port)} {
+		resp, body := f.do(t, "GET", host, "/p", http.Header{Header: {tok}})
+		if resp.StatusCode != http.StatusNotFound || !strings.Contains(body, "no sandbox port named") {
+			t.Errorf("Host %s: got %d %q, want 404", host, resp.StatusCode, body)
+		}
+	}
+	resp, body := f.do(t, "GET", fmt.Sprintf("%d-sb-a.Preview.Test:1", f.port), "/p", http.Header{Header: {tok}})
+	if resp.StatusCode != 200 || !strings.HasPrefix(body, "GET /p?") {
+		t.Errorf("below the domain: got %d %q", resp.StatusCode, body)
+	}
+}
+
+// upgrade sends a WebSocket handshake for sb's /ws and returns the status
+// and the connection (open if 101).
+func upgrade(t *testing.T, f *fixture, sb string) (int, net.Conn) {
+	t.Helper()
+	c, err := net.Dial("tcp", f.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nOrigin: http://x/\r\n%s: %s\r\n\r\n",
+		f.host(sb), Header, f.keys.Token(sb))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		c.Close()
+		return resp.StatusCode, nil
+	}
+	c.SetDeadline(time.Time{})
+	return resp.StatusCode, c
+}
+
+// TestProxyUpgradeCap: one sandbox holds at most MaxUpgrades WebSockets and
+// tunnels; the next is refused, other sandboxes are not, and a closed one
+// frees its slot.
+func TestProxyUpgradeCap(t *testing.T) {
+	f := newFixtureWith(t, Options{MaxUpgrades: 2})
+	echo := tcpEcho(t)
+	var open []net.Conn
+	defer func() {
+		for _, c := range open {
+			c.Close()
+		}
+	}()
+	code, ws := upgrade(t, f, "sb-a")
+	if code != 101 {
+		t.Fatalf("first WebSocket: %d", code)
+	}
+	open = append(open, ws)
+	open = append(open, connect(t, f, fmt.Sprintf("/sandboxes/sb-a/ports/%s", portOf(echo)), f.keys.Token("sb-a"), 200))
+	if code, c := upgrade(t, f, "sb-a"); code != http.StatusTooManyRequests {
+		if c != nil {
+			c.Close()
+		}
+		t.Fatalf("third upgrade of sb-a: got %d, want 429", code)
+	}
+	connect(t, f, fmt.Sprintf("/sandboxes/sb-a/ports/%s", portOf(echo)), f.keys.Token("sb-a"), http.StatusTooManyRequests).Close()
+	code, ws = upgrade(t, f, "sb-b")
+	if code != 101 {
+		t.Errorf("sb-b's first WebSocket: got %d, want 101", code)
+	} else {
+		open = append(open, ws)
+	}
+	// Closing sb-a's WebSocket frees its slot once the proxy sees the end.
+	open[0].Close()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for deadline := time.Now().Add(30 * time.Second); ; <-tick.C {
+		code, ws := upgrade(t, f, "sb-a")
+		if code == 101 {
+			open = append(open, ws)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after closing a WebSocket: still %d", code)
+		}
+	}
+}
+
+// TestProxyIdleWebSocketClosed: a WebSocket that moves no byte for
+// TunnelIdle is closed by the proxy (the app's end too: it is no longer
+// marked busy).
+func TestProxyIdleWebSocketClosed(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	f := newFixtureWith(t, Options{TunnelIdle: idle})
+	ws := dialWS(t, f, f.host("sb-a"), f.keys.Token("sb-a"))
+	defer ws.Close()
+	ws.SetDeadline(time.Now().Add(30 * time.Second))
+	var got string
+	if err := websocket.Message.Send(ws, "hi"); err != nil {
+		t.Fatal(err)
+	}
+	if err := websocket.Message.Receive(ws, &got); err != nil || got != "hi" {
+		t.Fatalf("echo: %q %v", got, err)
+	}
+	last := time.Now()
+	err := websocket.Message.Receive(ws, &got)
+	var ne net.Error
+	if err == nil || (errors.As(err, &ne) && ne.Timeout()) {
+		t.Fatalf("an idle WebSocket: got %v, want it closed by the proxy well before the test's 30s", err)
+	}
+	if d := time.Since(last); d < idle/2 { // the proxy's clock restarted a moment before last
+		t.Errorf("closed after %v, before the idle time %v", d, idle)
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for deadline := time.Now().Add(30 * time.Second); f.b.inFlight.Load() != 0; <-tick.C {
+		if time.Now().After(deadline) {
+			t.Fatalf("the closed WebSocket is still marked busy")
+		}
+	}
+}
+
+// TestListenerConnCap: past MaxConns, a connection waits until another
+// closes.
+func TestListenerConnCap(t *testing.T) {
+	f := newFixtureWith(t, Options{MaxConns: 1})
+	tok := f.keys.Token("sb-a")
+	req := fmt.Sprintf("GET /p HTTP/1.1\r\nHost: %s\r\n%s: %s\r\n\r\n", f.host("sb-a"), Header, tok)
+	first, err := net.Dial("tcp", f.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	first.SetDeadline(time.Now().Add(30 * time.Second))
+	fmt.Fprint(first, req)
+	if resp, err := http.ReadResponse(bufio.NewReader(first), nil); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("first connection: %v %v", resp, err)
+	}
+	// first stays open (keep-alive): second is not served...
+	second, err := net.Dial("tcp", f.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	fmt.Fprint(second, req)
+	br := bufio.NewReader(second)
+	second.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	if _, err := br.Peek(1); err == nil {
+		t.Fatal("a second connection was served while the first held the only slot")
+	}
+	// ...until first closes.
+	first.Close()
+	second.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("second connection after the first closed: %v %v", resp, err)
+	}
+}
