@@ -4,9 +4,7 @@ import (
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/rand"
-	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -42,10 +40,7 @@ func NewSealer(key []byte) (*Sealer, error) {
 // synced, so a crash never leaves a key that sealed values but is lost.
 func OpenSealer(stateDir string) (*Sealer, error) {
 	path := filepath.Join(stateDir, KeyFile)
-	key, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		key, err = createKey(stateDir, path)
-	}
+	key, err := LoadKey(stateDir, KeyFile)
 	if err != nil {
 		return nil, fmt.Errorf("credentials key %s: %w", path, err)
 	}
@@ -54,45 +49,6 @@ func OpenSealer(stateDir string) (*Sealer, error) {
 		return nil, fmt.Errorf("credentials key %s: %w", path, err)
 	}
 	return s, nil
-}
-
-func createKey(dir, path string) ([]byte, error) {
-	key := make([]byte, 32)
-	rand.Read(key) // never fails (crypto/rand panics instead)
-	f, err := os.CreateTemp(dir, "."+KeyFile+".tmp-*")
-	if err != nil {
-		return nil, err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	_, err = f.Write(key)
-	if err == nil {
-		err = f.Chmod(0o600)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return nil, err
-	}
-	if err := os.Link(tmp, path); errors.Is(err, os.ErrExist) {
-		// Another process made it first: use theirs.
-		return os.ReadFile(path)
-	} else if err != nil {
-		return nil, err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return nil, err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return nil, err
-	}
-	return key, nil
 }
 
 // Seal encrypts value bound to name.

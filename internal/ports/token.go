@@ -2,14 +2,13 @@ package ports
 
 import (
 	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
-	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
+
+	"github.com/forkbox/forkbox/internal/credentials"
 )
 
 // SecretFile is the name of the port-token secret in the state dir.
@@ -24,10 +23,7 @@ type Keys struct{ secret []byte }
 // a whole one.
 func OpenKeys(stateDir string) (*Keys, error) {
 	path := filepath.Join(stateDir, SecretFile)
-	secret, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		secret, err = createSecret(stateDir, path)
-	}
+	secret, err := credentials.LoadKey(stateDir, SecretFile)
 	if err != nil {
 		return nil, fmt.Errorf("port token secret %s: %w", path, err)
 	}
@@ -39,43 +35,6 @@ func OpenKeys(stateDir string) (*Keys, error) {
 
 // NewKeys returns keys over a given secret (tests).
 func NewKeys(secret []byte) *Keys { return &Keys{secret: secret} }
-
-func createSecret(dir, path string) ([]byte, error) {
-	secret := make([]byte, 32)
-	rand.Read(secret) // never fails (crypto/rand panics instead)
-	f, err := os.CreateTemp(dir, "."+SecretFile+".tmp-*")
-	if err != nil {
-		return nil, err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	_, err = f.Write(secret)
-	if err == nil {
-		err = f.Chmod(0o600)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return nil, err
-	}
-	if err := os.Link(tmp, path); errors.Is(err, os.ErrExist) {
-		return os.ReadFile(path) // another process made it first: use theirs
-	} else if err != nil {
-		return nil, err
-	}
-	if d, err := os.Open(dir); err == nil {
-		err = d.Sync()
-		d.Close()
-		if err != nil {
-			return nil, err
-		}
-	}
-	return secret, nil
-}
 
 // Token returns the port token of sandbox id (43 URL-safe characters).
 func (k *Keys) Token(id string) string {
