@@ -31,6 +31,9 @@ func takeEnv(name string) string {
 	return val
 }
 
+// environSpan is how much of the top of the stack eraseEnviron reads.
+const environSpan = 512 << 10
+
 // eraseEnviron overwrites with NULs the value part of every occurrence of
 // the entry kv ("KEY=VALUE") in the main thread's stack mapping.
 func eraseEnviron(kv string) error {
@@ -51,9 +54,14 @@ func eraseEnviron(kv string) error {
 	if end <= start {
 		return fmt.Errorf("no [stack] mapping")
 	}
-	// The environment block sits at the very top; 4 MiB bounds the read.
-	if end-start > 4<<20 {
-		start = end - 4<<20
+	// The environment block sits at the very top: argv, envp and auxv
+	// strings, below which the stack grows. The daemon caps a sandbox's
+	// environment at 256 KiB, so the top 512 KiB hold it. Reading more is
+	// not free: under gVisor every untouched stack page read through
+	// /proc/self/mem is faulted in (4 MiB cost every sandbox's start ~50 ms
+	// and the agent 4 MiB of memory).
+	if end-start > environSpan {
+		start = end - environSpan
 	}
 	mem, err := os.OpenFile("/proc/self/mem", os.O_RDWR, 0)
 	if err != nil {

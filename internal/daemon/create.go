@@ -283,9 +283,11 @@ func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, 
 	}
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
+	t0 := time.Now()
 	if err := agent.WaitReady(rctx, d.agent(sb)); err != nil {
 		return fmt.Errorf("sandbox agent did not answer within %s (%v); its output: %q: %w", readyTimeout, err, d.initOutput(sb.ID), errdefs.ErrUnavailable)
 	}
+	d.log.Debug("agent ready", "sandbox", sb.ID, "took", time.Since(t0))
 	return nil
 }
 
