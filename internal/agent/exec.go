@@ -128,13 +128,7 @@ func (s *Server) handleExec(body *reqBody, fw *frameWriter, hdr *request) error 
 	go s.readClient(body.handOff(), st, stdinW, stdinDone)
 	stdinW = nil // readClient owns it now
 
-	if req.Timeout > 0 {
-		t := time.AfterFunc(req.Timeout, func() {
-			st.timedOut.Store(true)
-			st.killGroup()
-		})
-		defer t.Stop()
-	}
+	defer st.killAfter(req.Timeout)()
 	ws := <-done
 	st.markExited()
 	dur := time.Since(start)
@@ -288,4 +282,17 @@ func (s *Server) handleStart(fw *frameWriter, hdr *request) error {
 			"oom_killed", st.oomKilled.Load())
 	}()
 	return fw.writeJSON(frameResult, startResult{Pid: pid})
+}
+
+// killAfter kills the exec's process group once d has passed (marking it
+// timed out) and returns what cancels that; d <= 0 is no timeout.
+func (e *execState) killAfter(d time.Duration) (stop func()) {
+	if d <= 0 {
+		return func() {}
+	}
+	t := time.AfterFunc(d, func() {
+		e.timedOut.Store(true)
+		e.killGroup()
+	})
+	return func() { t.Stop() }
 }

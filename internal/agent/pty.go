@@ -194,13 +194,7 @@ func (s *Server) handlePty(body *reqBody, fw *frameWriter, hdr *request) error {
 	if startErr != nil {
 		st.killGroup() // the client is gone already
 	}
-	if req.Timeout > 0 {
-		t := time.AfterFunc(req.Timeout, func() {
-			st.timedOut.Store(true)
-			st.killGroup()
-		})
-		defer t.Stop()
-	}
+	defer st.killAfter(req.Timeout)()
 	ws := <-done
 	st.markExited()
 	dur := time.Since(start)
