@@ -174,20 +174,7 @@ func TestEgressLists(t *testing.T) {
 
 func setupPolicy(tb testing.TB, m *Manager, name string, pol Policy) *Network {
 	tb.Helper()
-	var used []netip.Addr
-	ids, _ := m.List(context.Background())
-	for range ids {
-		a, _ := m.Allocate(used)
-		used = append(used, a)
-	}
-	ip, err := m.Allocate(used)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	nw, err := m.Setup(context.Background(), testID(name), ip, pol)
-	if err != nil {
-		tb.Fatal(err)
-	}
+	nw := setupWith(tb, m, name, pol)
 	tb.Cleanup(func() { m.Teardown(context.Background(), nw.ID) })
 	return nw
 }

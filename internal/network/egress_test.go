@@ -103,33 +103,11 @@ func TestEgress(t *testing.T) {
 	// A link-local service behind the uplink (a cloud's metadata address)
 	// is not "the outside world": egress all does not reach it.
 	meta := netip.MustParseAddr("169.254.169.254")
-	ns, err := netns.GetFromPath(outside)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	eth, err := h.LinkByName("eth0")
-	if err == nil {
-		err = h.AddrAdd(eth, &netlink.Addr{IPNet: ipNet(meta, 32)})
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	route := &netlink.Route{Dst: ipNet(meta, 32), Gw: net.IP(outIP.AsSlice())}
-	if err := netlink.RouteAdd(route); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { netlink.RouteDel(route) })
-	ml := listenIn(t, outside, net.JoinHostPort(meta.String(), "80"))
-	if err := dial("", ml.Addr().String()); err != nil {
+	ml := outsideAddr(t, outside, outIP, meta)
+	if err := dial("", ml); err != nil {
 		t.Fatalf("the metadata listener does not answer the host: %v", err)
 	}
-	if err := dial(all.NSPath, ml.Addr().String()); err == nil {
+	if err := dial(all.NSPath, ml); err == nil {
 		t.Errorf("egress all -> link-local %s: connected, want blocked", meta)
 	}
 }

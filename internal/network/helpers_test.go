@@ -85,6 +85,13 @@ func testID(name string) string { return fmt.Sprintf("t%d-%s", os.Getpid(), name
 
 func setup(tb testing.TB, m *Manager, name string, egress Egress) *Network {
 	tb.Helper()
+	return setupWith(tb, m, name, Policy{Mode: egress})
+}
+
+// setupWith sets up a sandbox network with policy pol at the next free
+// address; the test tears it down itself.
+func setupWith(tb testing.TB, m *Manager, name string, pol Policy) *Network {
+	tb.Helper()
 	var used []netip.Addr
 	ids, _ := m.List(context.Background())
 	for range ids {
@@ -95,7 +102,7 @@ func setup(tb testing.TB, m *Manager, name string, egress Egress) *Network {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	nw, err := m.Setup(context.Background(), testID(name), ip, Policy{Mode: egress})
+	nw, err := m.Setup(context.Background(), testID(name), ip, pol)
 	if err != nil {
 		tb.Fatalf("Setup(%s): %v", name, err)
 	}
