@@ -344,17 +344,7 @@ func TestEgressAllowlist(t *testing.T) {
 // TestEgressCLI: the lists through the forkbox binary, as the README shows
 // them: create with lists, inspect, change, refuse bad input.
 func TestEgressCLI(t *testing.T) {
-	fb := func(args ...string) (string, string, int) {
-		cmd := exec.Command(env.bin, append([]string{"--host", "unix://" + env.socket}, args...)...)
-		var out, errb strings.Builder
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		err := cmd.Run()
-		code := 0
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		}
-		return out.String(), errb.String(), code
-	}
+	fb := func(args ...string) (string, string, int) { return cli(t, args...) }
 	info := func(out string) v1Sandbox {
 		t.Helper()
 		var s v1Sandbox
