@@ -254,3 +254,53 @@ func TestMemoryCheckpointFailure(t *testing.T) {
 		})
 	}
 }
+
+// A hibernation cut by a crash before its image is whole leaves the
+// container running (gVisor checkpoints a running sandbox, so a paused one
+// was resumed first): reconcile brings it back as it was, paused again if
+// a caller had paused it (and not since woken: a wake leaves it running).
+func TestReconcileCutHibernation(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		pause, wake bool
+	}{{"running", false, false}, {"paused", true, false}, {"paused then woken", true, true}} {
+		pause := tc.pause && !tc.wake
+		want := map[bool]store.State{false: store.StateRunning, true: store.StatePaused}[pause]
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			ctx := context.Background()
+			id := h.create(CreateOptions{Name: "h"})
+			if tc.pause {
+				if _, err := h.d.Pause(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.wake {
+				if _, err := h.d.Hibernate(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := h.d.Wake(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// What hibernateLocked has done when the daemon dies inside
+			// the checkpoint: state recorded, container resumed, no image.
+			sb := h.state(id)
+			if err := h.d.setState(ctx, sb, store.StateHibernating, ""); err != nil {
+				t.Fatal(err)
+			}
+			if pause {
+				if err := h.d.unsuspend(ctx, sb); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h.reopen(h.runtimes(RuntimeGVisor, RuntimeCrun))
+			if got := h.state(id).State; got != want {
+				t.Errorf("after reconcile: state %s, want %s", got, want)
+			}
+			if s := h.suspended(id); s != pause {
+				t.Errorf("after reconcile: suspended %v, want %v", s, pause)
+			}
+		})
+	}
+}

@@ -89,7 +89,14 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *store.Sandbox) error {
 			log.Info("reconcile: sandbox hibernated")
 			return nil
 		}
-		if err := d.setState(ctx, sb, store.StateRunning, ""); err != nil {
+		// The checkpoint never finished, and gVisor checkpoints a running
+		// sandbox: one a caller had paused was resumed for it, and goes
+		// back to paused (checkHealth suspends it again).
+		back := store.StateRunning
+		if d.userPaused(ctx, sb.ID) {
+			back = store.StatePaused
+		}
+		if err := d.setState(ctx, sb, back, ""); err != nil {
 			return err
 		}
 	}
@@ -357,7 +364,8 @@ func (d *Daemon) sweepOrphans(ctx context.Context) error {
 func cgroupRoots() []string { return cgroups.Roots() }
 
 // userPaused reports whether a sandbox's ledger last says a caller paused
-// it (sandbox.paused after any sandbox.unpaused). A degraded sandbox found
+// it (sandbox.paused after any sandbox.unpaused, and after any wake or
+// restore, which leave it running). A degraded sandbox found
 // suspended was either paused by its user before it degraded, or cut in a
 // capture's stop; only the first stays paused.
 func (d *Daemon) userPaused(ctx context.Context, id string) bool {
@@ -369,7 +377,7 @@ func (d *Daemon) userPaused(ctx context.Context, id string) bool {
 		switch evs[i].Type {
 		case store.EventPaused:
 			return true
-		case store.EventUnpaused:
+		case store.EventUnpaused, store.EventWoken, store.EventRestored:
 			return false
 		}
 	}
