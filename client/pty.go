@@ -172,8 +172,11 @@ func (p *Pty) Wait() (*ExecResult, error) {
 // waits for the receiving goroutine.
 func (p *Pty) Close() error {
 	p.cancel()
+	// The transport watches the cancelled context only once the request
+	// body ends: closing it first is what unblocks the receiving side.
+	err := p.closeRequest()
 	<-p.done
-	return p.closeRequest()
+	return err
 }
 
 // closeRequest closes the sending side once; later sends are refused.

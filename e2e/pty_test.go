@@ -317,3 +317,61 @@ func TestPtyOverTCP(t *testing.T) {
 		t.Errorf("no token: got %v, want Unauthenticated", err)
 	}
 }
+
+// TestPtySessionCap fills a sandbox's terminal sessions from one client:
+// one more is refused with ResourceExhausted, closing a live one (a shell
+// still running) returns at once and frees its slot for a new session.
+func TestPtySessionCap(t *testing.T) {
+	opts := clientOpts()
+	opts.Runtime = "crun" // the cap is the daemon's; one runtime shows it
+	sb := newSandbox(t, opts)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	open := func() (*client.Pty, error) {
+		return sb.Pty(ctx, client.PtyOptions{Command: []string{"sh"}})
+	}
+	var ptys []*client.Pty
+	defer func() {
+		for _, p := range ptys {
+			p.Close()
+		}
+	}()
+	for i := 0; i < 16; i++ {
+		p, err := open()
+		if err != nil {
+			t.Fatalf("session %d: %v", i+1, err)
+		}
+		ptys = append(ptys, p)
+	}
+	if p, err := open(); !errdefs.IsResourceExhausted(err) {
+		if p != nil {
+			p.Close()
+		}
+		t.Fatalf("17th session: got %v, want ResourceExhausted", err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- ptys[3].Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Errorf("close a live session: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("closing a live session with 16 open did not return")
+	}
+	ptys = append(ptys[:3], ptys[4:]...)
+	// The slot is freed once the daemon has seen the session end: a new
+	// session may be refused a moment, never for long.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		p, err := open()
+		if err == nil {
+			ptys = append(ptys, p)
+			break
+		}
+		if !errdefs.IsResourceExhausted(err) || time.Now().After(deadline) {
+			t.Fatalf("a session after one was closed: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
