@@ -141,6 +141,17 @@ class SandboxInfo:
     #: Names of the credentials attached (never the values).
     credentials: List[str] = field(default_factory=list)
     machine_id: str = ""
+    #: When the sandbox's lifetime ends (its timeout, or the daemon's
+    #: --max-lifetime), or None when it has no deadline.
+    expires_at: Optional[datetime] = None
+    #: The sandbox's own timeout in seconds (0: none), counted from its
+    #: creation or the last set_timeout().
+    timeout: float = 0.0
+    #: What happens at the deadline: "close" or "hibernate".
+    on_timeout: str = ""
+    #: The egress allow and deny lists (names, ``*.`` wildcards, CIDRs).
+    egress_allow: List[str] = field(default_factory=list)
+    egress_deny: List[str] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, d: Json) -> "SandboxInfo":
@@ -164,6 +175,11 @@ class SandboxInfo:
             parent_id=d.get("parentId", ""),
             credentials=list(d.get("credentials") or []),
             machine_id=d.get("machineId", ""),
+            expires_at=_time(d.get("expiresAtUnixMs")),
+            timeout=_int(d.get("timeoutMs")) / 1000,
+            on_timeout=d.get("onTimeout", ""),
+            egress_allow=list(d.get("egressAllow") or []),
+            egress_deny=list(d.get("egressDeny") or []),
         )
 
 
@@ -282,6 +298,56 @@ class Checkpoint:
             image=d.get("image", ""),
             capture_ms=_float(d.get("captureMs")),
             flush_ms=_float(d.get("flushMs")),
+        )
+
+
+@dataclass
+class SandboxMetrics:
+    """One reading of a sandbox's counters. Under gVisor CPU, memory and
+    pids are those of the sandbox's host cgroup (the runtime included);
+    under crun its processes' own."""
+
+    sandbox_id: str = ""
+    name: str = ""
+    state: str = ""
+    runtime: str = ""
+    time: Optional[datetime] = None
+    #: CPU time since the sandbox started; a rate is the difference of two
+    #: readings over their time difference.
+    cpu_seconds: float = 0.0
+    #: The CPU limit in cores (0: none).
+    cpu_limit: float = 0.0
+    memory_bytes: int = 0
+    memory_limit_bytes: int = 0
+    #: What the writable layer holds of its own, and its limit (0: none).
+    disk_bytes: int = 0
+    disk_limit_bytes: int = 0
+    net_rx_bytes: int = 0
+    net_tx_bytes: int = 0
+    pids: int = 0
+    pids_limit: int = 0
+    #: Counters that could not be read this time, by name, with why.
+    unavailable: Dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: Json) -> "SandboxMetrics":
+        return cls(
+            sandbox_id=d.get("sandboxId", ""),
+            name=d.get("name", ""),
+            state=d.get("state", ""),
+            runtime=d.get("runtime", ""),
+            time=_time(d.get("timeUnixMs")),
+            cpu_seconds=_float(d.get("cpuSeconds")),
+            cpu_limit=_float(d.get("cpuLimit")),
+            memory_bytes=_int(d.get("memoryBytes")),
+            memory_limit_bytes=_int(d.get("memoryLimitBytes")),
+            disk_bytes=_int(d.get("diskBytes")),
+            disk_limit_bytes=_int(d.get("diskLimitBytes")),
+            net_rx_bytes=_int(d.get("netRxBytes")),
+            net_tx_bytes=_int(d.get("netTxBytes")),
+            pids=_int(d.get("pids")),
+            pids_limit=_int(d.get("pidsLimit")),
+            unavailable=dict(d.get("unavailable") or {}),
         )
 
 

@@ -55,6 +55,7 @@ from ._models import (
     PortURL,
     Resources,
     SandboxInfo,
+    SandboxMetrics,
     Step,
 )
 from .client import Client
@@ -296,6 +297,21 @@ class AsyncSandbox:
     async def get_host(self, port: int) -> str:
         return await self._runner.run(self.sync.get_host, port)
 
+    async def set_timeout(self, timeout: float) -> SandboxInfo:
+        return await self._runner.run(self.sync.set_timeout, timeout)
+
+    async def set_egress(
+        self,
+        egress: Optional[str] = None,
+        *,
+        allow: Optional[Sequence[str]] = None,
+        deny: Optional[Sequence[str]] = None,
+    ) -> SandboxInfo:
+        return await self._runner.run(self.sync.set_egress, egress, allow=allow, deny=deny)
+
+    async def metrics(self) -> SandboxMetrics:
+        return await self._runner.run(self.sync.metrics)
+
     async def hibernate(self) -> None:
         await self._runner.run(self.sync.hibernate)
 
@@ -433,6 +449,10 @@ class AsyncClient:
         cwd: Optional[str] = None,
         egress: Optional[str] = None,
         runtime: Optional[str] = None,
+        timeout: Optional[float] = None,
+        on_timeout: Optional[str] = None,
+        egress_allow: Optional[Sequence[str]] = None,
+        egress_deny: Optional[Sequence[str]] = None,
     ) -> AsyncSandbox:
         return self._wrap(
             await self._runner.run(
@@ -444,8 +464,15 @@ class AsyncClient:
                 cwd=cwd,
                 egress=egress,
                 runtime=runtime,
+                timeout=timeout,
+                on_timeout=on_timeout,
+                egress_allow=egress_allow,
+                egress_deny=egress_deny,
             )
         )
+
+    async def metrics(self) -> List[SandboxMetrics]:
+        return await self._runner.run(self.sync.metrics)
 
     async def get_sandbox(self, id_or_name: str) -> AsyncSandbox:
         return self._wrap(await self._runner.run(self.sync.get_sandbox, id_or_name))

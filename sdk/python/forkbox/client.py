@@ -18,6 +18,7 @@ from ._models import (
     Resources,
     Resumed,
     SandboxInfo,
+    SandboxMetrics,
     Step,
 )
 from ._transport import Transport
@@ -86,11 +87,22 @@ class Client:
         cwd: Optional[str] = None,
         egress: Optional[str] = None,
         runtime: Optional[str] = None,
+        timeout: Optional[float] = None,
+        on_timeout: Optional[str] = None,
+        egress_allow: Optional[Sequence[str]] = None,
+        egress_deny: Optional[Sequence[str]] = None,
     ) -> Sandbox:
         """Creates a sandbox and returns once it is ready for exec. Holds a
         slot until close(). ``resources`` is a Resources or a dict
-        ``{"cpu": "1", "memory": "512Mi"}``; ``egress`` "none" (default) or
-        "all"; ``runtime`` "gvisor" (default) or "crun"."""
+        ``{"cpu": "1", "memory": "512Mi"}``; ``egress`` "none" (default),
+        "all" or "allow"; ``egress_allow`` / ``egress_deny`` list names
+        (``api.example.com``, ``*.example.com``) and CIDRs, deny winning
+        (an allow list alone means egress "allow"); ``runtime`` "gvisor"
+        (default) or "crun". ``timeout`` (seconds) ends the sandbox's life
+        that long after creation, by ``on_timeout`` "close" (default) or
+        "hibernate"; ``set_timeout()`` moves the deadline."""
+        if timeout is not None and timeout < 0:
+            raise ValueError("timeout must be >= 0 seconds")
         self._acquire(1)
         try:
             msg: Dict[str, Any] = {
@@ -100,6 +112,10 @@ class Client:
                 "cwd": cwd or "",
                 "egress": egress or "",
                 "runtime": runtime or "",
+                "timeoutMs": int((timeout or 0) * 1000),
+                "onTimeout": on_timeout or "",
+                "egressAllow": list(egress_allow or []),
+                "egressDeny": list(egress_deny or []),
             }
             res = Resources.of(resources)
             if res is not None:
@@ -114,6 +130,11 @@ class Client:
         """A handle on an existing sandbox. It holds no slot of this client."""
         r = self._call("GetSandbox", {"sandbox": id_or_name})
         return Sandbox(self, SandboxInfo.from_json(r.get("sandbox") or {}), False)
+
+    def metrics(self) -> List[SandboxMetrics]:
+        """One reading of every live sandbox's counters (see Sandbox.metrics)."""
+        r = self._call("GetSandboxMetrics", {})
+        return [SandboxMetrics.from_json(m) for m in r.get("metrics") or []]
 
     def list_sandboxes(self, all: bool = False) -> List[SandboxInfo]:
         """Live sandboxes (``all``: closed ones too)."""

@@ -18,6 +18,7 @@ from ._models import (
     PortURL,
     Resumed,
     SandboxInfo,
+    SandboxMetrics,
     b64decode,
     b64encode,
 )
@@ -277,6 +278,44 @@ class Sandbox:
         """The preview host of a port, ``8080-sb-….localhost:8089``;
         requests to it need the token too."""
         return self.port_url(port).host
+
+    def set_timeout(self, timeout: float) -> SandboxInfo:
+        """Moves the sandbox's deadline to ``timeout`` seconds from now (0
+        removes its own timeout; the daemon's --max-lifetime still holds).
+        Returns the sandbox with its effective deadline (``expires_at``)."""
+        if timeout < 0:
+            raise ValueError("timeout must be >= 0 seconds")
+        self._update(self._call("SetTimeout", {"sandbox": self.id, "timeoutMs": int(timeout * 1000)}))
+        return self.info
+
+    def set_egress(
+        self,
+        egress: Optional[str] = None,
+        *,
+        allow: Optional[Sequence[str]] = None,
+        deny: Optional[Sequence[str]] = None,
+    ) -> SandboxInfo:
+        """Replaces the sandbox's egress policy while it runs: ``egress``
+        "none", "all" or "allow" (default: "allow" if ``allow`` is given,
+        else "none"); ``allow`` / ``deny`` list names and CIDRs, deny
+        winning. Open connections the new policy forbids are cut."""
+        msg: Dict[str, Any] = {
+            "sandbox": self.id,
+            "egress": egress or "",
+            "egressAllow": list(allow or []),
+            "egressDeny": list(deny or []),
+        }
+        self._update(self._call("SetEgress", msg))
+        return self.info
+
+    def metrics(self) -> SandboxMetrics:
+        """One reading of the sandbox's counters: CPU, memory, disk,
+        network and pids, with their limits."""
+        r = self._call("GetSandboxMetrics", {"sandbox": self.id})
+        ms = r.get("metrics") or []
+        if not ms:
+            raise InternalError(f"the daemon returned no metrics for {self.id}")
+        return SandboxMetrics.from_json(ms[0])
 
     def hibernate(self) -> None:
         """Saves memory and processes to disk and releases them (gVisor); the

@@ -169,3 +169,16 @@ def test_async_max_concurrency(daemon: Daemon, image: str) -> None:
             assert client.slots_in_use == 0
 
     run(main())
+
+
+def test_async_lifetime_egress_metrics(daemon: Daemon, image: str) -> None:
+    async def main() -> None:
+        async with aclient(daemon) as c:
+            async with await c.sandbox(image=image, resources=RES, timeout=120) as sb:
+                assert (await sb.set_timeout(240)).timeout == 240
+                assert (await sb.set_egress(allow=["10.8.0.0/16"])).egress == "allow"
+                m = await sb.metrics()
+                assert m.sandbox_id == sb.id and m.memory_limit_bytes >= 256 << 20
+                assert any(x.sandbox_id == sb.id for x in await c.metrics())
+
+    run(main())

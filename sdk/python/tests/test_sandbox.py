@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import sys
+import time
 
 import pytest
 
@@ -389,3 +390,55 @@ def test_port_url(client: forkbox.Client, daemon: Daemon, image: str) -> None:
         assert get({})[0] == 401
         with pytest.raises(forkbox.PermissionDeniedError):
             sb.url(7077)
+
+
+def test_lifetime(client: forkbox.Client, image: str) -> None:
+    with client.sandbox(image=image, resources=RES, name="py-life", timeout=300) as sb:
+        assert sb.info.timeout == 300 and sb.info.expires_at is not None
+        first = sb.info.expires_at
+        info = sb.set_timeout(600)
+        assert info.timeout == 600 and info.expires_at is not None and info.expires_at > first
+        assert sb.set_timeout(0).timeout == 0
+        with pytest.raises(ValueError):
+            sb.set_timeout(-1)
+        # A short deadline ends the sandbox: the daemon closes it.
+        sb.set_timeout(0.2)
+        deadline = time.monotonic() + 60
+        while sb.refresh().state != "closed":
+            assert time.monotonic() < deadline, f"still {sb.info.state} after its deadline"
+            time.sleep(0.05)
+        types = [e.type for e in client.events(sb.id)]
+        assert "sandbox.expired" in types and "sandbox.closed" in types
+
+
+def test_egress_lists(client: forkbox.Client, image: str) -> None:
+    allow = ["10.9.0.0/16", "api.example.com"]
+    with client.sandbox(
+        image=image, resources=RES, name="py-egress", egress_allow=allow, egress_deny=["10.9.9.9"]
+    ) as sb:
+        assert (sb.info.egress, sb.info.egress_allow, sb.info.egress_deny) == (
+            "allow",
+            allow,
+            ["10.9.9.9/32"],  # an address is kept as its /32
+        )
+        info = sb.set_egress(allow=["*.example.org"])
+        assert (info.egress, info.egress_allow, info.egress_deny) == ("allow", ["*.example.org"], [])
+        info = sb.set_egress("none")
+        assert (info.egress, info.egress_allow) == ("none", [])
+        with pytest.raises(forkbox.InvalidArgumentError):
+            sb.set_egress(allow=["not a name!"])
+        with sb.fork("egress") as child:
+            assert child.info.egress == "none"
+
+
+def test_metrics(client: forkbox.Client, image: str) -> None:
+    with client.sandbox(image=image, resources=RES, name="py-metrics") as sb:
+        m = sb.metrics()
+        assert isinstance(m, forkbox.SandboxMetrics)
+        assert (m.sandbox_id, m.name, m.state) == (sb.id, "py-metrics", "running")
+        # Under gVisor the host cgroup's limit is the backstop above the
+        # sandbox's own (the sentry is charged there too); crun's is exact.
+        assert m.memory_limit_bytes >= 256 << 20 and m.memory_bytes > 0
+        assert m.cpu_limit == 1 and m.pids > 0
+        assert m.time is not None
+        assert any(x.sandbox_id == sb.id for x in client.metrics())
