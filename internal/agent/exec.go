@@ -119,6 +119,12 @@ func (s *Server) handleExec(body *reqBody, fw *frameWriter, hdr *request) error 
 	stdinR, outW, errW = nil, nil, nil
 	log := s.log.With("exec", pid)
 	log.Debug("exec started", "argv", req.Argv, "shell", req.Shell)
+	if hdr.Notify {
+		// Before the pumps start: the pid comes ahead of any output.
+		if err := fw.writeJSON(frameStarted, startResult{Pid: pid}); err != nil {
+			st.killGroup()
+		}
+	}
 
 	var pumps sync.WaitGroup
 	pumps.Add(2)
