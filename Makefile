@@ -33,11 +33,13 @@ setup:
 
 # test is the full test suite (root: real runsc, btrfs, netns, nftables):
 # the Go packages and e2e, then the TypeScript and Python SDKs against a real
-# daemon (Python: Debian's python3 with python3-pytest, from setup.sh).
+# daemon (Python: Debian's python3 with python3-pytest, from setup.sh), then
+# E2B's own JavaScript SDK (npm e2b, pinned) against `serve --e2b`.
 test: setup
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 45m ./...
 	cd sdk/typescript && npm ci --no-audit --no-fund && npm test
+	cd sdk/e2b-compat && npm ci --no-audit --no-fund && npm test
 	cd sdk/python && /usr/bin/python3 -m pytest -q
 
 # reliability is the long form of the reliability battery (root): hostile
