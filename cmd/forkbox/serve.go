@@ -94,6 +94,9 @@ func serveCmd() *cobra.Command {
 		Use:   "serve",
 		Short: "Run the forkbox daemon (as root)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if df.e2b != "" && df.token == "" {
+				return fmt.Errorf("--e2b needs --api-token (it is the E2B API key callers send): %w", errdefs.ErrInvalidArgument)
+			}
 			cfg, err := df.config()
 			if err != nil {
 				return err
@@ -115,10 +118,6 @@ func serveCmd() *cobra.Command {
 			}
 			var e2bSrv *e2b.Server
 			if df.e2b != "" {
-				if df.token == "" {
-					srv.Shutdown(context.Background())
-					return fmt.Errorf("--e2b needs --api-token (it is the E2B API key callers send): %w", errdefs.ErrInvalidArgument)
-				}
 				if e2bSrv, err = e2b.New(d, e2b.Config{APIKey: df.token, DefaultTemplate: df.e2bTemplate, Log: log}); err == nil {
 					_, err = e2bSrv.Listen(df.e2b)
 				}

@@ -64,21 +64,31 @@ func checkFileQuery(r *http.Request) error {
 	return checkUser(r.Header)
 }
 
+// failFile answers a /files error: a file past the size bound is a 400
+// (E2B's SDK: InvalidArgumentError), not a 429 (RateLimitError).
+func failFile(w http.ResponseWriter, err error) {
+	if errdefs.IsResourceExhausted(err) {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	fail(w, err)
+}
+
 // download is GET /files?path=: the file's bytes.
 func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 	sb := sandboxOf(r.Context())
 	if err := checkFileQuery(r); err != nil {
-		fail(w, err)
+		failFile(w, err)
 		return
 	}
 	p, err := filePath(r.URL.Query().Get("path"))
 	if err != nil {
-		fail(w, err)
+		failFile(w, err)
 		return
 	}
 	data, err := s.d.ReadFile(r.Context(), sb.ID, resolve(sb, p))
 	if err != nil {
-		fail(w, err)
+		failFile(w, err)
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
@@ -102,7 +112,7 @@ func readBounded(r io.Reader) ([]byte, error) {
 		return nil, fmt.Errorf("read upload: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
 	if n > MaxFileBytes {
-		return nil, fmt.Errorf("upload is more than %d bytes: %w", MaxFileBytes, errdefs.ErrResourceExhausted)
+		return nil, fmt.Errorf("upload is more than %d bytes, the most forkbox moves in one file: %w", MaxFileBytes, errdefs.ErrResourceExhausted)
 	}
 	return buf.Bytes(), nil
 }
@@ -113,7 +123,7 @@ func readBounded(r io.Reader) ([]byte, error) {
 func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 	sb := sandboxOf(r.Context())
 	if err := checkFileQuery(r); err != nil {
-		fail(w, err)
+		failFile(w, err)
 		return
 	}
 	for k := range r.Header {
@@ -181,7 +191,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 				err = put(p, data)
 			}
 			if err != nil {
-				fail(w, err)
+				failFile(w, err)
 				return
 			}
 		}
@@ -191,7 +201,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 			err = put(qpath, data)
 		}
 		if err != nil {
-			fail(w, err)
+			failFile(w, err)
 			return
 		}
 	default:

@@ -27,6 +27,7 @@ import (
 	"log/slog"
 	"net/http"
 	"regexp"
+	"strings"
 	"sync"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -56,11 +57,21 @@ const (
 	hdrSandboxID   = "E2b-Sandbox-Id"
 )
 
-var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$`)
+// A sandbox id is forkbox's (sb-…); a template or snapshot id may also be
+// an image reference (registry/name:tag) or a snapshot name.
+var (
+	sandboxIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]*$`)
+	refRE       = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$`)
+)
 
-// checkID validates an id from a caller.
+// checkID validates an id from a caller: what is "sandbox", or the kind of
+// reference (template, snapshot).
 func checkID(what, id string) error {
-	if id == "" || len(id) > maxIDLen || !idRE.MatchString(id) {
+	re := refRE
+	if what == "sandbox" {
+		re = sandboxIDRE
+	}
+	if id == "" || len(id) > maxIDLen || !re.MatchString(id) || strings.Contains(id, "..") {
 		return fmt.Errorf("%s %.64q is not a valid id: %w", what, id, errdefs.ErrInvalidArgument)
 	}
 	return nil

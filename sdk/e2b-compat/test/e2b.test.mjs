@@ -129,6 +129,8 @@ describe("E2B SDK against forkbox serve --e2b", { skip }, () => {
       for (const [i, c] of children.entries()) assert.equal(await c.files.read("/state/child.txt"), `child ${i}`);
       assert.equal(await sb.files.exists("/state/child.txt"), false, "a child's write reached the parent");
 
+      const bg = await sb.commands.run("while true; do date +%s%N >> /state/ticks; sleep 0.05; done", { background: true, timeoutMs: 0 });
+      await waitFor(async () => (await sb.files.read("/state/ticks")).split("\n").length > 3, "ticks before pause");
       assert.equal(await sb.betaPause(), true);
       assert.equal((await Sandbox.getInfo(sb.sandboxId)).state, "paused");
       assert.equal(await sb.betaPause(), false, "a second pause");
@@ -136,6 +138,16 @@ describe("E2B SDK against forkbox serve --e2b", { skip }, () => {
       assert.equal((await Sandbox.getInfo(sb.sandboxId)).state, "running");
       assert.equal(await again.files.read("/state/parent.txt"), `parent on ${rt}`);
       assert.equal((await again.commands.run("echo alive")).stdout, "alive\n");
+      if (rt === "crun") {
+        // A freeze keeps processes and their streams; a gVisor hibernation
+        // keeps processes in its image, but ends the streams attached to
+        // them, which ends those processes (see README, "Coming from E2B").
+        const ticks = async () => (await again.files.read("/state/ticks")).trim().split("\n").length;
+        const n = await ticks();
+        await waitFor(async () => (await ticks()) > n + 2, "the background process ticking after connect");
+        assert.ok((await again.commands.list()).some((p) => p.pid === bg.pid), "the process is listed after connect");
+      }
+      await again.commands.kill(bg.pid).catch(() => {});
     });
   }
 
