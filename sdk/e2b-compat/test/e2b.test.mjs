@@ -10,11 +10,11 @@ import { useE2BDaemon, skipReason } from "./helpers/daemon.mjs";
 
 const skip = skipReason();
 
-/** Polls cond until it holds, failing after a generous deadline. */
+/** Polls cond until it holds (an error counts as not yet), failing after a generous deadline. */
 async function waitFor(cond, what) {
   const deadline = Date.now() + 20_000;
   for (;;) {
-    if (await cond()) return;
+    if (await Promise.resolve().then(cond).catch(() => false)) return;
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
     await new Promise((r) => setTimeout(r, 20));
   }
@@ -29,84 +29,89 @@ describe("E2B SDK against forkbox serve --e2b", { skip }, () => {
     return sb;
   };
 
-  it("creates from an image (gVisor) and runs commands: exit codes, streaming, stdin, background + kill", async () => {
-    const sb = await make(d.image, { metadata: { suite: "e2b", kind: "image" }, envs: { GREETING: "hi" } });
-    const r = await sb.commands.run("echo $GREETING; echo oops >&2");
-    assert.equal(r.exitCode, 0);
-    assert.equal(r.stdout, "hi\n");
-    assert.equal(r.stderr, "oops\n");
+  // The image starts on the daemon's default runtime (gVisor); the crun
+  // environment runs the same scenarios on crun.
+  for (const [where, template] of [["image, gVisor", "image"], ["environment, crun", "crun"]]) {
+    const tmpl = () => (template === "image" ? d.image : d.envs.crun);
+    it(`runs commands (${where}): exit codes, streaming, stdin, background + kill`, async () => {
+      const sb = await make(tmpl(), { metadata: { suite: "e2b", kind: template }, envs: { GREETING: "hi" } });
+      const r = await sb.commands.run("echo $GREETING; echo oops >&2");
+      assert.equal(r.exitCode, 0);
+      assert.equal(r.stdout, "hi\n");
+      assert.equal(r.stderr, "oops\n");
 
-    await assert.rejects(sb.commands.run("echo partial; exit 7"), (err) => {
-      assert.ok(err instanceof CommandExitError, `got ${err}`);
-      assert.equal(err.exitCode, 7);
-      assert.equal(err.stdout, "partial\n");
-      return true;
+      await assert.rejects(sb.commands.run("echo partial; exit 7"), (err) => {
+        assert.ok(err instanceof CommandExitError, `got ${err}`);
+        assert.equal(err.exitCode, 7);
+        assert.equal(err.stdout, "partial\n");
+        return true;
+      });
+
+      const out = [];
+      const errs = [];
+      await sb.commands.run("for i in 1 2 3; do echo out$i; echo err$i >&2; done", {
+        onStdout: (s) => out.push(s),
+        onStderr: (s) => errs.push(s),
+      });
+      assert.equal(out.join(""), "out1\nout2\nout3\n");
+      assert.equal(errs.join(""), "err1\nerr2\nerr3\n");
+
+      const cat = await sb.commands.run("read line; echo got:$line; cat", { background: true, stdin: true });
+      await sb.commands.sendStdin(cat.pid, "first\n");
+      await sb.commands.sendStdin(cat.pid, "second\n");
+      await sb.commands.closeStdin(cat.pid);
+      const done = await cat.wait();
+      assert.equal(done.stdout, "got:first\nsecond\n");
+
+      const bg = await sb.commands.run("echo started; sleep 600", { background: true });
+      await waitFor(() => bg.stdout.includes("started"), "background output");
+      const listed = await sb.commands.list();
+      assert.ok(listed.some((p) => p.pid === bg.pid), `pid ${bg.pid} not in ${JSON.stringify(listed)}`);
+      assert.equal(await sb.commands.kill(bg.pid), true);
+      await assert.rejects(bg.wait(), (err) => err instanceof CommandExitError);
+      assert.equal(await sb.commands.kill(bg.pid), false, "a second kill finds no process");
     });
 
-    const out = [];
-    const errs = [];
-    await sb.commands.run("for i in 1 2 3; do echo out$i; echo err$i >&2; done", {
-      onStdout: (s) => out.push(s),
-      onStderr: (s) => errs.push(s),
+    it(`moves files (${where}): text, binary, ~5 MB, list with depth, remove, rename, watch`, async () => {
+      const sb = await make(tmpl());
+      await sb.files.write("/work/hello.txt", "hello e2b");
+      assert.equal(await sb.files.read("/work/hello.txt"), "hello e2b");
+      const bin = new Uint8Array(256).map((_, i) => i);
+      await sb.files.write("/work/bin.dat", bin.buffer);
+      assert.deepEqual(await sb.files.read("/work/bin.dat", { format: "bytes" }), bin);
+      const big = new Uint8Array(5 << 20).map((_, i) => (i * 7) & 0xff);
+      await sb.files.write("/work/big.dat", new Blob([big]));
+      const back = await sb.files.read("/work/big.dat", { format: "bytes" });
+      assert.equal(back.length, big.length);
+      assert.ok(Buffer.from(back).equals(Buffer.from(big)), "the 5 MB file came back changed");
+      assert.equal((await sb.commands.run("wc -c < /work/big.dat")).stdout.trim(), String(5 << 20));
+
+      assert.equal(await sb.files.makeDir("/work/sub/deeper"), true);
+      assert.equal(await sb.files.makeDir("/work/sub/deeper"), false, "makeDir of an existing dir");
+      await sb.files.write("/work/sub/deeper/x.txt", "x");
+      const top = (await sb.files.list("/work")).map((e) => e.name).sort();
+      assert.deepEqual(top, ["big.dat", "bin.dat", "hello.txt", "sub"]);
+      const deep = (await sb.files.list("/work", { depth: 3 })).map((e) => e.path).sort();
+      assert.ok(deep.includes("/work/sub/deeper/x.txt"), `depth 3 lists ${deep}`);
+      const info = await sb.files.getInfo("/work/hello.txt");
+      assert.equal(info.size, 9);
+      assert.equal(info.type, "file");
+      await sb.files.rename("/work/hello.txt", "/work/renamed.txt");
+      assert.equal(await sb.files.exists("/work/hello.txt"), false);
+      assert.equal(await sb.files.exists("/work/renamed.txt"), true);
+      await sb.files.remove("/work/sub");
+      assert.equal(await sb.files.exists("/work/sub"), false);
+      await assert.rejects(sb.files.read("/work/missing"), (err) => err instanceof NotFoundError);
+
+      const events = [];
+      const w = await sb.files.watchDir("/work", (e) => events.push(`${e.type} ${e.name}`), { recursive: true });
+      await sb.files.write("/work/new.txt", "n");
+      await sb.commands.run("echo more >> /work/renamed.txt; rm /work/bin.dat");
+      await waitFor(() => ["create new.txt", "write renamed.txt", "remove bin.dat"].every((x) => events.includes(x)),
+        `watch events (got ${events})`);
+      await w.stop();
     });
-    assert.equal(out.join(""), "out1\nout2\nout3\n");
-    assert.equal(errs.join(""), "err1\nerr2\nerr3\n");
-
-    const cat = await sb.commands.run("read line; echo got:$line; cat", { background: true, stdin: true });
-    await sb.commands.sendStdin(cat.pid, "first\n");
-    await sb.commands.sendStdin(cat.pid, "second\n");
-    await sb.commands.closeStdin(cat.pid);
-    const done = await cat.wait();
-    assert.equal(done.stdout, "got:first\nsecond\n");
-
-    const bg = await sb.commands.run("echo started; sleep 600", { background: true });
-    await waitFor(() => bg.stdout.includes("started"), "background output");
-    const listed = await sb.commands.list();
-    assert.ok(listed.some((p) => p.pid === bg.pid), `pid ${bg.pid} not in ${JSON.stringify(listed)}`);
-    assert.equal(await sb.commands.kill(bg.pid), true);
-    await assert.rejects(bg.wait(), (err) => err instanceof CommandExitError);
-    assert.equal(await sb.commands.kill(bg.pid), false, "a second kill finds no process");
-  });
-
-  it("moves files: text, binary, ~5 MB, list with depth, remove, rename, watch", async () => {
-    const sb = await make(d.image);
-    await sb.files.write("/work/hello.txt", "hello e2b");
-    assert.equal(await sb.files.read("/work/hello.txt"), "hello e2b");
-    const bin = new Uint8Array(256).map((_, i) => i);
-    await sb.files.write("/work/bin.dat", bin.buffer);
-    assert.deepEqual(await sb.files.read("/work/bin.dat", { format: "bytes" }), bin);
-    const big = new Uint8Array(5 << 20).map((_, i) => (i * 7) & 0xff);
-    await sb.files.write("/work/big.dat", new Blob([big]));
-    const back = await sb.files.read("/work/big.dat", { format: "bytes" });
-    assert.equal(back.length, big.length);
-    assert.ok(Buffer.from(back).equals(Buffer.from(big)), "the 5 MB file came back changed");
-    assert.equal((await sb.commands.run("wc -c < /work/big.dat")).stdout.trim(), String(5 << 20));
-
-    assert.equal(await sb.files.makeDir("/work/sub/deeper"), true);
-    assert.equal(await sb.files.makeDir("/work/sub/deeper"), false, "makeDir of an existing dir");
-    await sb.files.write("/work/sub/deeper/x.txt", "x");
-    const top = (await sb.files.list("/work")).map((e) => e.name).sort();
-    assert.deepEqual(top, ["big.dat", "bin.dat", "hello.txt", "sub"]);
-    const deep = (await sb.files.list("/work", { depth: 3 })).map((e) => e.path).sort();
-    assert.ok(deep.includes("/work/sub/deeper/x.txt"), `depth 3 lists ${deep}`);
-    const info = await sb.files.getInfo("/work/hello.txt");
-    assert.equal(info.size, 9);
-    assert.equal(info.type, "file");
-    await sb.files.rename("/work/hello.txt", "/work/renamed.txt");
-    assert.equal(await sb.files.exists("/work/hello.txt"), false);
-    assert.equal(await sb.files.exists("/work/renamed.txt"), true);
-    await sb.files.remove("/work/sub");
-    assert.equal(await sb.files.exists("/work/sub"), false);
-    await assert.rejects(sb.files.read("/work/missing"), (err) => err instanceof NotFoundError);
-
-    const events = [];
-    const w = await sb.files.watchDir("/work", (e) => events.push(`${e.type} ${e.name}`), { recursive: true });
-    await sb.files.write("/work/new.txt", "n");
-    await sb.commands.run("echo more >> /work/renamed.txt; rm /work/bin.dat");
-    await waitFor(() => ["create new.txt", "write renamed.txt", "remove bin.dat"].every((x) => events.includes(x)),
-      `watch events (got ${events})`);
-    await w.stop();
-  });
+  }
 
   for (const rt of ["gvisor", "crun"]) {
     it(`creates from an environment (${rt}), forks 3 children with the parent's state, pauses and connects`, async () => {
@@ -128,6 +133,14 @@ describe("E2B SDK against forkbox serve --e2b", { skip }, () => {
       assert.equal(ids.size, 3);
       for (const [i, c] of children.entries()) assert.equal(await c.files.read("/state/child.txt"), `child ${i}`);
       assert.equal(await sb.files.exists("/state/child.txt"), false, "a child's write reached the parent");
+
+      // The SDK hides it; the REST answer says what the fork captured.
+      const res = await fetch(`${d.url}/sandboxes/${sb.sandboxId}/fork`, { method: "POST",
+        headers: { "X-API-Key": d.key, "Content-Type": "application/json" }, body: JSON.stringify({ count: 1, timeout: 60 }) });
+      assert.equal(res.status, 201);
+      const [one] = await res.json();
+      assert.equal(one.forkbox.captured, rt === "gvisor" ? "filesystem+memory" : "filesystem");
+      created.push(await Sandbox.connect(one.sandbox.sandboxID));
 
       const bg = await sb.commands.run("while true; do date +%s%N >> /state/ticks; sleep 0.05; done", { background: true, timeoutMs: 0 });
       await waitFor(async () => (await sb.files.read("/state/ticks")).split("\n").length > 3, "ticks before pause");
