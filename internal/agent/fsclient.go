@@ -105,6 +105,10 @@ type ExecIO struct {
 	Stdout, Stderr io.Writer
 	// Started, if set, is called with the command's pid before any output.
 	Started func(pid int)
+	// Detach keeps the command running if the connection fails (the
+	// sandbox hibernates, say); Attach collects it then. Its stdin ends with
+	// the connection.
+	Detach bool
 }
 
 // ExecStream runs req as Exec does, with its standard input streamed from
@@ -115,11 +119,33 @@ func (c *Client) ExecStream(ctx context.Context, req ExecRequest, eio ExecIO) (E
 	if len(req.Stdin) > 0 {
 		return res, fmt.Errorf("agent exec: stdin bytes and a stdin stream both given: %w", errdefs.ErrInvalidArgument)
 	}
-	cl, err := c.open(ctx, request{Op: opExec, Exec: &req, HasStdin: eio.Stdin != nil, Notify: true})
+	cl, err := c.open(ctx, request{Op: opExec, Exec: &req, HasStdin: eio.Stdin != nil, Notify: true, Detach: eio.Detach})
 	if err != nil {
 		return res, err
 	}
 	defer cl.close()
+	return cl.stream(ctx, opExec, eio)
+}
+
+// Attach reattaches to the detached exec pid (see ExecIO.Detach): from its
+// started frame on, its output goes to eio and its result is returned, as
+// ExecStream would have. eio.Stdin must be nil.
+func (c *Client) Attach(ctx context.Context, pid int, eio ExecIO) (ExecResult, error) {
+	if eio.Stdin != nil {
+		return ExecResult{}, fmt.Errorf("agent attach: an attached exec takes no stdin: %w", errdefs.ErrInvalidArgument)
+	}
+	cl, err := c.open(ctx, request{Op: opAttach, Pid: pid})
+	if err != nil {
+		return ExecResult{}, err
+	}
+	defer cl.close()
+	return cl.stream(ctx, opAttach, eio)
+}
+
+// stream runs a streamed exec's call once its header is buffered: stdin
+// out, started frame, output and result in.
+func (cl *call) stream(ctx context.Context, op string, eio ExecIO) (ExecResult, error) {
+	var res ExecResult
 	stopKill := context.AfterFunc(ctx, func() { cl.sendKill() })
 	defer stopKill()
 	_ = cl.bw.Flush() // a write error shows up as a read error below
@@ -136,7 +162,7 @@ func (c *Client) ExecStream(ctx context.Context, req ExecRequest, eio ExecIO) (E
 		}()
 	}
 	var started startResult
-	if err := cl.result(ctx, opExec, nil, &started, frameStarted); err != nil {
+	if err := cl.result(ctx, op, nil, &started, frameStarted); err != nil {
 		return res, err
 	}
 	if eio.Started != nil {
@@ -156,7 +182,7 @@ func (c *Client) ExecStream(ctx context.Context, req ExecRequest, eio ExecIO) (E
 		}
 		return nil
 	}
-	err = cl.result(ctx, opExec, onData, &res)
+	err := cl.result(ctx, op, onData, &res)
 	return res, err
 }
 

@@ -69,6 +69,8 @@ const (
 	opWalk   = "walk"
 	opSignal = "signal"
 	opWatch  = "watch"
+	// opAttach reattaches to a detached exec (request.Pid; see attach.go).
+	opAttach = "attach"
 )
 
 // request is the JSON header frame that opens every connection.
@@ -91,6 +93,9 @@ type request struct {
 	// Notify asks an exec to send a started frame with its pid before any
 	// output (Client.ExecStream).
 	Notify bool `json:"notify,omitempty"`
+	// Detach keeps an exec running when its connection fails, for an
+	// attach to collect its output and result (Client.Attach).
+	Detach bool `json:"detach,omitempty"`
 	// Dest is a move's destination; Depth a walk's depth; Recursive says a
 	// watch covers subdirectories.
 	Dest      string `json:"dest,omitempty"`

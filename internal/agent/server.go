@@ -244,6 +244,8 @@ func (s *Server) dispatch(body *reqBody, fw *frameWriter, req *request, received
 		return s.handleSignal(fw, req)
 	case opWatch:
 		return s.handleWatch(body, fw, req)
+	case opAttach:
+		return s.handleAttach(body, fw, req)
 	}
 	return fmt.Errorf("unknown op %q: %w", req.Op, errdefs.ErrNotImplemented)
 }

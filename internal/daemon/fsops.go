@@ -121,3 +121,15 @@ func (d *Daemon) ExecStream(ctx context.Context, idOrName string, o ExecOptions,
 	d.note(context.WithoutCancel(ctx), sb.ID, store.EventExecFinished, execFinished(execID, start, res, err))
 	return res, err
 }
+
+// Attach reattaches to a detached exec of a sandbox (agent.ExecIO.Detach)
+// whose stream ended with its connection, as a hibernation ends it. The
+// exec is in the ledger already; its end is not recorded again.
+func (d *Daemon) Attach(ctx context.Context, idOrName string, pid int, eio agent.ExecIO) (ExecResult, error) {
+	sb, done, err := d.running(ctx, idOrName)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	defer done()
+	return d.agent(sb).Attach(ctx, pid, eio)
+}
