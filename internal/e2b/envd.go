@@ -64,6 +64,14 @@ func (s *Server) envdRoutes() http.Handler {
 			fmt.Fprintf(w, `{"sandboxId":%q,"message":"The sandbox was not found","code":502}`, id)
 			return
 		}
+		if s.pauses.paused(sb.ID) {
+			// Hibernated by a pause: this request wakes it (as any exec
+			// would), and the processes that were attached reattach.
+			if sb, _, err = s.wake(r.Context(), sb); err != nil {
+				fail(w, err)
+				return
+			}
+		}
 		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey{}, sb)))
 	})
 }

@@ -138,9 +138,10 @@ func (s *Server) startProc(ctx context.Context, sb *store.Sandbox, m *process.St
 	}
 	started := make(chan error, 1)
 	var didStart atomic.Bool
+	epoch, _ := s.pauses.state(sb.ID)
 	s.goOwned(func() {
 		res, err := s.d.ExecStream(s.ctx, sb.ID, daemon.ExecOptions{ExecRequest: req}, agent.ExecIO{
-			Stdin: stdin, Stdout: output{p: p}, Stderr: output{p: p, stderr: true},
+			Stdin: stdin, Stdout: output{p: p}, Stderr: output{p: p, stderr: true}, Detach: true,
 			Started: func(pid int) {
 				p.pid = uint32(pid)
 				s.procs.add(p)
@@ -154,6 +155,7 @@ func (s *Server) startProc(ctx context.Context, sb *store.Sandbox, m *process.St
 			started <- err
 			return
 		}
+		res, err = s.reattach(sb.ID, p, epoch, res, err)
 		s.finish(p, res, err)
 	})
 	if err := <-started; err != nil {
@@ -163,6 +165,32 @@ func (s *Server) startProc(ctx context.Context, sb *store.Sandbox, m *process.St
 		return nil, nil, err
 	}
 	return p, first, nil
+}
+
+// reattach follows a process across the hibernations of its sandbox: its
+// stream ends with its connection when the endpoint hibernates the
+// sandbox (epoch counts those), and once the sandbox is awake again it
+// reattaches to the process, which ran on in the sandbox's memory (its
+// stdin is closed by then). It returns how the process ended, or the
+// first error that was not a hibernation's.
+func (s *Server) reattach(id string, p *proc, epoch int, res daemon.ExecResult, err error) (daemon.ExecResult, error) {
+	for err != nil {
+		now, woke := s.pauses.state(id)
+		if now == epoch {
+			return res, err // no hibernation since: a real failure
+		}
+		if woke != nil {
+			select {
+			case <-woke:
+			case <-s.ctx.Done():
+				return res, err
+			}
+		}
+		epoch = now
+		s.log.Debug("reattaching to a process after a hibernation", "sandbox", id, "exec", p.pid)
+		res, err = s.d.Attach(s.ctx, id, int(p.pid), agent.ExecIO{Stdout: output{p: p}, Stderr: output{p: p, stderr: true}})
+	}
+	return res, err
 }
 
 // finish publishes a process's end and forgets it.

@@ -199,6 +199,7 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
 	}
 	s.procs.dropSandbox(sb.ID)
 	s.watchers.dropSandbox(sb.ID)
+	defer s.pauses.drop(sb.ID)
 	if err := s.d.Delete(r.Context(), sb.ID); err != nil {
 		fail(w, err)
 		return

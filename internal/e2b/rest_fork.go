@@ -38,7 +38,10 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	}
 	s.watchers.dropSandbox(sb.ID)
 	if sb.Runtime == daemon.RuntimeGVisor {
-		_, err = s.d.Hibernate(r.Context(), sb.ID)
+		s.pauses.begin(sb.ID)
+		if _, err = s.d.Hibernate(r.Context(), sb.ID); err != nil {
+			s.pauses.end(sb.ID)
+		}
 	} else {
 		_, err = s.d.Pause(r.Context(), sb.ID)
 	}
@@ -56,6 +59,9 @@ func (s *Server) wake(ctx context.Context, sb *store.Sandbox) (*store.Sandbox, b
 	switch sb.State {
 	case store.StateHibernated, store.StateHibernating:
 		sb, err = s.d.Wake(ctx, sb.ID)
+		if err == nil {
+			s.pauses.end(sb.ID)
+		}
 		return sb, true, err
 	case store.StatePaused:
 		sb, err = s.d.Unpause(ctx, sb.ID)

@@ -104,6 +104,7 @@ type Server struct {
 
 	procs    *procTable
 	watchers *watcherTable
+	pauses   *pauseTable
 	bash     sync.Map // sandbox id → bool: whether /bin/bash exists
 }
 
@@ -115,7 +116,7 @@ func New(d *daemon.Daemon, cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	s := &Server{d: d, cfg: cfg, log: cfg.Log.With("component", "e2b"), procs: newProcTable(), watchers: newWatcherTable()}
+	s := &Server{d: d, cfg: cfg, log: cfg.Log.With("component", "e2b"), procs: newProcTable(), watchers: newWatcherTable(), pauses: newPauseTable()}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.mux = s.restRoutes()
 	s.envd = s.envdRoutes()
