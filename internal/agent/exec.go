@@ -49,7 +49,9 @@ type execState struct {
 // execSink writes to an exec's current sink.
 type execSink struct{ st *execState }
 
-func (e execSink) write(typ, stream byte, p []byte) error { return e.st.sink.Load().write(typ, stream, p) }
+func (e execSink) write(typ, stream byte, p []byte) error {
+	return e.st.sink.Load().write(typ, stream, p)
+}
 
 // killGroup SIGKILLs the exec's process group (for a session leader, its
 // whole session) unless it was already reaped.
