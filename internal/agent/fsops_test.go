@@ -96,7 +96,9 @@ func TestFileOpsRefuse(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := c.Walk(ctx, dir, 1); !errdefs.IsResourceExhausted(err) {
+	wctx, wcancel := context.WithTimeout(context.Background(), 2*time.Minute) // the tree took a while
+	defer wcancel()
+	if _, err := c.Walk(wctx, dir, 1); !errdefs.IsResourceExhausted(err) {
 		t.Errorf("Walk of %d entries: got %v, want ResourceExhausted", MaxWalkEntries+1, err)
 	}
 	if err := c.Signal(ctx, os.Getpid(), 15); !errdefs.IsNotFound(err) {
@@ -218,7 +220,9 @@ func TestWatch(t *testing.T) {
 	for i := 0; i <= MaxWatchEntries; i++ {
 		os.WriteFile(filepath.Join(big, fmt.Sprint(i)), nil, 0o644)
 	}
-	if err := c.Watch(ctx, big, false, nil, nil); !errdefs.IsResourceExhausted(err) {
+	bctx, bcancel := context.WithTimeout(context.Background(), 2*time.Minute) // the tree took a while
+	defer bcancel()
+	if err := c.Watch(bctx, big, false, nil, nil); !errdefs.IsResourceExhausted(err) {
 		t.Fatalf("Watch of %d entries: got %v, want ResourceExhausted", MaxWatchEntries+1, err)
 	}
 }
