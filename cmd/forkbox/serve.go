@@ -14,6 +14,7 @@ import (
 	"github.com/forkbox/forkbox/client"
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/daemon"
+	"github.com/forkbox/forkbox/internal/e2b"
 	"github.com/forkbox/forkbox/internal/metrics"
 	"github.com/forkbox/forkbox/internal/server"
 )
@@ -31,6 +32,7 @@ type daemonFlags struct {
 	socket, tcp, token, level, btr, disk string
 	copyMax                              string
 	metrics, ui                          string
+	e2b, e2bTemplate                     string
 	metricsMax                           int
 }
 
@@ -92,6 +94,9 @@ func serveCmd() *cobra.Command {
 		Use:   "serve",
 		Short: "Run the forkbox daemon (as root)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if df.e2b != "" && df.token == "" {
+				return fmt.Errorf("--e2b needs --api-token (it is the E2B API key callers send): %w", errdefs.ErrInvalidArgument)
+			}
 			cfg, err := df.config()
 			if err != nil {
 				return err
@@ -111,12 +116,25 @@ func serveCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			var e2bSrv *e2b.Server
+			if df.e2b != "" {
+				if e2bSrv, err = e2b.New(d, e2b.Config{APIKey: df.token, DefaultTemplate: df.e2bTemplate, Log: log}); err == nil {
+					_, err = e2bSrv.Listen(df.e2b)
+				}
+				if err != nil {
+					srv.Shutdown(context.Background())
+					return err
+				}
+			}
 			ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
 			defer stop()
 			<-ctx.Done()
 			log.Info("shutting down; sandboxes keep running and are found again on the next start")
 			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
+			if e2bSrv != nil {
+				e2bSrv.Shutdown(sctx)
+			}
 			return srv.Shutdown(sctx)
 		},
 	}
@@ -126,6 +144,8 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&df.ui, "ui", "", "serve the dashboard on this address (needs --api-token; open http://ADDR/?token=T)")
 	f.StringVar(&df.cfg.PortsAddr, "ports", "", "serve preview URLs of sandbox ports on this address (http://<port>-<id>.localhost:PORT/, each with its sandbox's token; see `forkbox port`)")
 	f.StringVar(&df.cfg.PortsDomain, "ports-domain", "localhost", "domain of preview host names: <port>-<sandbox id>.<domain> (point a wildcard DNS name at the listener)")
+	f.StringVar(&df.e2b, "e2b", "", "also serve an E2B-compatible endpoint (REST and envd) on this address (needs --api-token, the E2B API key): E2B_API_URL=E2B_SANDBOX_URL=http://ADDR")
+	f.StringVar(&df.e2bTemplate, "e2b-default-template", "", "what E2B's default templateID \"base\" creates from: an environment, image or snapshot")
 	f.IntVar(&df.metricsMax, "metrics-max-sandboxes", metrics.DefaultMaxSandboxSeries, "at most this many sandboxes get CPU and memory series (the oldest first)")
 	return cmd
 }

@@ -35,6 +35,22 @@ type execState struct {
 
 	mu     sync.Mutex
 	exited bool
+
+	// A detached exec (request.Detach) outlives its client's connection:
+	// its output and result go to sink, the connection that started it or
+	// the one that attached since (see attach.go); finished is closed once
+	// the result was written, and resulted (under mu) set just before.
+	detach   atomic.Bool
+	sink     atomic.Pointer[frameWriter]
+	finished chan struct{}
+	resulted bool
+}
+
+// execSink writes to an exec's current sink.
+type execSink struct{ st *execState }
+
+func (e execSink) write(typ, stream byte, p []byte) error {
+	return e.st.sink.Load().write(typ, stream, p)
 }
 
 // killGroup SIGKILLs the exec's process group (for a session leader, its
@@ -113,17 +129,26 @@ func (s *Server) handleExec(body *reqBody, fw *frameWriter, hdr *request) error 
 	}
 	pid := st.pid
 	defer s.removeExec(st)
+	st.sink.Store(fw)
+	st.finished = make(chan struct{})
+	st.detach.Store(hdr.Detach)
 	stdinR.Close()
 	outW.Close()
 	errW.Close()
 	stdinR, outW, errW = nil, nil, nil
 	log := s.log.With("exec", pid)
 	log.Debug("exec started", "argv", req.Argv, "shell", req.Shell)
+	if hdr.Notify {
+		// Before the pumps start: the pid comes ahead of any output.
+		if err := fw.writeJSON(frameStarted, startResult{Pid: pid}); err != nil {
+			st.killGroup()
+		}
+	}
 
 	var pumps sync.WaitGroup
 	pumps.Add(2)
-	go s.pump(&pumps, fw, streamStdout, outR)
-	go s.pump(&pumps, fw, streamStderr, errR)
+	go s.pump(&pumps, execSink{st}, streamStdout, outR)
+	go s.pump(&pumps, execSink{st}, streamStderr, errR)
 	stdinDone := make(chan struct{})
 	go s.readClient(body.handOff(), st, stdinW, stdinDone)
 	stdinW = nil // readClient owns it now
@@ -140,7 +165,12 @@ func (s *Server) handleExec(body *reqBody, fw *frameWriter, hdr *request) error 
 	res := ExecResult{Pid: pid, Duration: dur, TimedOut: st.timedOut.Load(), OOMKilled: st.oomKilled.Load()}
 	res.ExitCode, res.Signal = exitStatus(ws)
 	log.Debug("exec finished", "exit_code", res.ExitCode, "signal", res.Signal, "duration", dur)
-	err = fw.writeJSON(frameResult, res)
+	st.mu.Lock()
+	out := st.sink.Load()
+	st.resulted = true
+	st.mu.Unlock()
+	err = out.writeJSON(frameResult, res)
+	close(st.finished)
 	if hdr.HasStdin {
 		// Stdin the process did not read is still coming: wait for its end,
 		// or closing the connection resets it and can lose the result.
@@ -167,8 +197,13 @@ func exitStatus(ws syscall.WaitStatus) (int, string) {
 	return ws.ExitStatus(), ""
 }
 
+// frameSink takes data frames: a frameWriter, or an exec's current sink.
+type frameSink interface {
+	write(typ, stream byte, payload []byte) error
+}
+
 // pump copies r into data frames on stream until EOF or its read deadline.
-func (s *Server) pump(wg *sync.WaitGroup, fw *frameWriter, stream byte, r *os.File) {
+func (s *Server) pump(wg *sync.WaitGroup, fw frameSink, stream byte, r *os.File) {
 	defer wg.Done()
 	buf := make([]byte, chunkSize)
 	for {
@@ -204,7 +239,9 @@ func (s *Server) readClient(conn net.Conn, st *execState, stdinW *os.File, stdin
 	for {
 		f, err := readFrame(conn)
 		if err != nil {
-			st.killGroup()
+			if !st.detach.Load() { // a detached exec waits for an attach
+				st.killGroup()
+			}
 			return
 		}
 		switch f.typ {

@@ -60,6 +60,17 @@ const (
 	opRotate = "rotate"
 	// opPty runs request.Exec on a new pseudo-terminal of size request.Pty.
 	opPty = "pty"
+	// File operations and exec signals (see fsops.go) and the polling
+	// watch of a directory (see watch.go).
+	opStat   = "stat"
+	opMkdir  = "mkdir"
+	opMove   = "move"
+	opRemove = "remove"
+	opWalk   = "walk"
+	opSignal = "signal"
+	opWatch  = "watch"
+	// opAttach reattaches to a detached exec (request.Pid; see attach.go).
+	opAttach = "attach"
 )
 
 // request is the JSON header frame that opens every connection.
@@ -79,6 +90,20 @@ type request struct {
 	Stream bool `json:"stream,omitempty"`
 	// Pty is the terminal size of a pty exec.
 	Pty *PtySize `json:"pty,omitempty"`
+	// Notify asks an exec to send a started frame with its pid before any
+	// output (Client.ExecStream).
+	Notify bool `json:"notify,omitempty"`
+	// Detach keeps an exec running when its connection fails, for an
+	// attach to collect its output and result (Client.Attach).
+	Detach bool `json:"detach,omitempty"`
+	// Dest is a move's destination; Depth a walk's depth; Recursive says a
+	// watch covers subdirectories.
+	Dest      string `json:"dest,omitempty"`
+	Depth     int    `json:"depth,omitempty"`
+	Recursive bool   `json:"recursive,omitempty"`
+	// Pid and Signal name a signal op's exec and signal number.
+	Pid    int `json:"pid,omitempty"`
+	Signal int `json:"signal,omitempty"`
 }
 
 // ExecRequest describes one command to run in the sandbox.

@@ -238,6 +238,14 @@ func (s *Server) dispatch(body *reqBody, fw *frameWriter, req *request, received
 		return s.handleForked(fw, req, received)
 	case opRotate:
 		return s.handleRotate(fw, req)
+	case opStat, opMkdir, opMove, opRemove, opWalk:
+		return s.handleFileOp(fw, req)
+	case opSignal:
+		return s.handleSignal(fw, req)
+	case opWatch:
+		return s.handleWatch(body, fw, req)
+	case opAttach:
+		return s.handleAttach(body, fw, req)
 	}
 	return fmt.Errorf("unknown op %q: %w", req.Op, errdefs.ErrNotImplemented)
 }

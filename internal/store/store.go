@@ -102,6 +102,17 @@ var migrations = []string{
 	// which the daemon's --max-lifetime counts from.
 	`ALTER TABLE sandboxes ADD COLUMN deadline INTEGER NOT NULL DEFAULT 0;
 	ALTER TABLE sandboxes ADD COLUMN lifetime_from INTEGER NOT NULL DEFAULT 0;`,
+	// What the E2B-compatible endpoint keeps beyond forkbox's own records
+	// (see e2b.go): a sandbox's template and metadata, a snapshot's name.
+	`CREATE TABLE e2b_objects (
+		id         TEXT PRIMARY KEY,
+		kind       TEXT NOT NULL,
+		template   TEXT NOT NULL DEFAULT '',
+		name       TEXT NOT NULL DEFAULT '',
+		source     TEXT NOT NULL DEFAULT '',
+		metadata   TEXT NOT NULL DEFAULT '{}',
+		created_at INTEGER NOT NULL
+	);`,
 }
 
 // Open opens (creating if needed) the database at path and migrates it.

@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -34,6 +37,8 @@ type daemon struct {
 	dir, stateDir, runDir, socket string
 	cmd                           *exec.Cmd
 	log                           *os.File
+	// e2bURL and e2bKey are its E2B endpoint's (with e2b set).
+	e2bURL, e2bKey string
 }
 
 // binaries returns the forkbox and forkbox-agent binaries: bin/ of the
@@ -61,8 +66,9 @@ func fileExists(p string) bool {
 	return err == nil && st.Mode().IsRegular()
 }
 
-// startDaemon starts the throwaway daemon below dir and waits for its socket.
-func startDaemon(ctx context.Context, dir, logLevel string) (*daemon, error) {
+// startDaemon starts the throwaway daemon below dir and waits for its
+// socket; with e2b, it also serves its E2B endpoint on a free loopback port.
+func startDaemon(ctx context.Context, dir, logLevel string, e2b bool) (*daemon, error) {
 	bin, agent, err := binaries(ctx, dir)
 	if err != nil {
 		return nil, err
@@ -72,10 +78,23 @@ func startDaemon(ctx context.Context, dir, logLevel string) (*daemon, error) {
 	if d.log, err = os.Create(filepath.Join(dir, "daemon.log")); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, "serve", "--state-dir", d.stateDir, "--run-dir", d.runDir, "--socket", d.socket,
+	args := []string{"serve", "--state-dir", d.stateDir, "--run-dir", d.runDir, "--socket", d.socket,
 		"--agent", agent, "--bridge", benchBridge, "--net-table", benchNetTable, "--veth-prefix", benchVethPrefix,
 		"--subnet", benchSubnet, "--cgroup-parent", benchCgroupParent, "--max-sandboxes", benchMaxSandboxes,
-		"--btrfs-size", benchBtrfsSize, "--log-level", logLevel)
+		"--btrfs-size", benchBtrfsSize, "--log-level", logLevel}
+	if e2b {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		key := make([]byte, 16)
+		rand.Read(key)
+		d.e2bURL, d.e2bKey = "http://"+addr, "bench_"+hex.EncodeToString(key)
+		args = append(args, "--e2b", addr, "--api-token", d.e2bKey)
+	}
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = d.log, d.log
 	// Its own process group: a Ctrl-C in the terminal reaches the bench
 	// only, which then closes the sandboxes and stops the daemon in order.

@@ -16,6 +16,7 @@
 //	go run ./tools/bench [--quick] [--json] [--sizes 1MB,100MB,1GB] [--runtimes gvisor,crun]
 //	go run ./tools/bench --sections env [--env-setup 10s] [--env-runs 10] [--env-samples 20]
 //	go run ./tools/bench --sections memory [--mem-sizes 10MB,256MB,1GB] [--mem-reps 5] [--mem-fanout 10]
+//	go run ./tools/bench --sections e2b [--reps 10] [--exec-reps 50]
 package main
 
 import (
@@ -24,6 +25,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -58,6 +60,9 @@ type options struct {
 	memSizes     []string
 	memReps      int
 	memFanout    int
+	// e2bURL and e2bKey reach a --host daemon's E2B endpoint; the throwaway
+	// daemon serves one of its own.
+	e2bURL, e2bKey string
 }
 
 func parseFlags(args []string) (options, error) {
@@ -76,7 +81,9 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.memory, "memory", "256Mi", "memory limit of every sandbox")
 	fs.BoolVar(&o.quick, "quick", false, "smoke run: sizes 1MB,10MB, 3 reps, fan-out 10, env setup 2s x 3 runs, 5 hand-overs, memory 10MB x 3 reps, memory fan-out 3")
 	fs.BoolVar(&o.json, "json", false, "print the results as JSON")
-	fs.StringVar(&sections, "sections", "start,fork,fanout,busy,env,memory", "sections to run")
+	fs.StringVar(&sections, "sections", "start,fork,fanout,busy,env,memory,e2b", "sections to run")
+	fs.StringVar(&o.e2bURL, "e2b-url", "", "the --host daemon's E2B endpoint (serve --e2b), for the e2b section")
+	fs.StringVar(&o.e2bKey, "e2b-key", os.Getenv("E2B_API_KEY"), "its API key (the daemon's --api-token)")
 	fs.DurationVar(&o.envSetup, "env-setup", 10*time.Second, "environment setup work to calibrate for (env section)")
 	fs.IntVar(&o.envRuns, "env-runs", 10, "runs of fresh setup vs build once and fork (env section)")
 	fs.IntVar(&o.envSamples, "env-samples", 20, "warm-pool hand-over samples (env section)")
@@ -138,8 +145,8 @@ func parseFlags(args []string) (options, error) {
 	o.memSizes = splitList(memSizes)
 	o.sections = map[string]bool{}
 	for _, x := range splitList(sections) {
-		if x != "start" && x != "fork" && x != "fanout" && x != "busy" && x != "env" && x != "memory" {
-			return o, fmt.Errorf("section %q: want start, fork, fanout, busy, env or memory: %w", x, errdefs.ErrInvalidArgument)
+		if x != "start" && x != "fork" && x != "fanout" && x != "busy" && x != "env" && x != "memory" && x != "e2b" {
+			return o, fmt.Errorf("section %q: want start, fork, fanout, busy, env, memory or e2b: %w", x, errdefs.ErrInvalidArgument)
 		}
 		o.sections[x] = true
 	}
@@ -253,9 +260,12 @@ func run(o options) (err error) {
 			b.c.URL = o.host
 		}
 		rep.Daemon = o.host
+		if o.e2bURL != "" {
+			b.e2b = &e2bClient{url: o.e2bURL, key: o.e2bKey, hc: &http.Client{}}
+		}
 	} else {
 		progress("starting a throwaway daemon in %s", dir)
-		d, err := startDaemon(ctx, dir, o.logLevel)
+		d, err := startDaemon(ctx, dir, o.logLevel, o.sections["e2b"])
 		if d != nil {
 			defer d.cleanup()
 		}
@@ -264,6 +274,9 @@ func run(o options) (err error) {
 		}
 		b.c = &client.Client{Socket: d.socket}
 		b.daemonLog, b.stateDir = d.log.Name(), d.stateDir
+		if d.e2bURL != "" {
+			b.e2b = &e2bClient{url: d.e2bURL, key: d.e2bKey, hc: &http.Client{}}
+		}
 		rep.Daemon = "throwaway (" + d.socket + ")"
 	}
 	defer b.closeLeft()
@@ -372,6 +385,18 @@ func (b *bench) measureAll(ctx context.Context, rep *Report, rootfs string) erro
 			return err
 		}
 		rep.Env = &r
+	}
+	if o.sections["e2b"] {
+		if b.e2b == nil {
+			progress("e2b: skipped (a --host daemon needs --e2b-url and --e2b-key)")
+		} else {
+			progress("e2b endpoint vs forkbox API: %d creates, %d runs, %d forks of %d", o.reps, o.execReps, o.reps, e2bForkCount)
+			r, err := b.measureE2B(ctx, b.e2b)
+			if err != nil {
+				return err
+			}
+			rep.E2B = &r
+		}
 	}
 	if b.memorySection() {
 		for _, s := range o.memSizes {

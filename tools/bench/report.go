@@ -25,6 +25,7 @@ type Report struct {
 	Busy        []BusyResult    `json:"busy_capture"`
 	Env         *EnvResult      `json:"environments,omitempty"`
 	Memory      []MemoryResult  `json:"memory_forks,omitempty"`
+	E2B         *E2BResult      `json:"e2b,omitempty"`
 	BaseUsedGiB float64         `json:"mem_used_at_start_gib"`
 	PeakUsedGiB float64         `json:"mem_used_peak_gib"`
 	Targets     []Target        `json:"targets"`
@@ -70,6 +71,9 @@ func (r *Report) targets() []Target {
 		if f.Runtime == "gvisor" && f.Count == 100 {
 			add("100 gVisor children (TotalMS)", goalFanoutGvisorMS, f.TotalMS)
 		}
+	}
+	if e := r.E2B; e != nil {
+		add("E2B endpoint overhead per call (run true, p50 difference)", goalE2BOverheadMS, e.ExecOverheadMS)
 	}
 	for _, m := range r.Memory {
 		if m.Bytes <= goalMemSmallBytes && m.ChildStart.N > 0 {
@@ -132,6 +136,9 @@ func (r *Report) print(out io.Writer) {
 	}
 	if len(r.Memory) > 0 {
 		printMemory(w, r.Memory)
+	}
+	if r.E2B != nil {
+		r.E2B.print(w)
 	}
 
 	fmt.Fprintln(w, "targets")

@@ -20,6 +20,8 @@ type bench struct {
 	// stateDir are the throwaway daemon's (empty with --host).
 	memhog              []byte
 	daemonLog, stateDir string
+	// e2b reaches the daemon's E2B endpoint (nil: none).
+	e2b *e2bClient
 
 	mu   sync.Mutex
 	live map[string]*client.Sandbox
