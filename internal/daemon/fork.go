@@ -110,7 +110,7 @@ func (d *Daemon) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) {
 		unlock := d.lock(src.ID)
 		if src, err = d.live(ctx, src.ID); err == nil {
 			if o.Memory {
-				ck, err = d.checkpointMemoryLocked(ctx, src, o.Tag)
+				ck, err = d.checkpointMemoryLocked(ctx, src, o.Tag, false)
 			} else {
 				ck, err = d.checkpointLocked(ctx, src, o.Tag)
 			}

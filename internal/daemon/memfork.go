@@ -47,8 +47,9 @@ func (d *Daemon) memImageDir(ckID string) string {
 }
 
 // checkpointMemoryLocked takes a memory checkpoint of sb (running or
-// paused; the caller holds its lock) and restores the source in place.
-func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, tag string) (_ *store.Checkpoint, err error) {
+// paused; the caller holds its lock) and restores the source in place; a
+// disposable source (an environment's builder) is closed instead.
+func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, tag string, disposable bool) (_ *store.Checkpoint, err error) {
 	mc, rt, err := d.memoryRuntime(sb)
 	if err != nil {
 		return nil, err
@@ -127,6 +128,18 @@ func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, 
 	if captureErr == nil {
 		undo.release() // the checkpoint owns its snapshot and image now
 	}
+	if disposable {
+		if captureErr != nil {
+			return nil, fmt.Errorf("memory checkpoint: %w", captureErr)
+		}
+		// Nothing restores it: it is closed now, its image kept for the
+		// checkpoint's children.
+		if derr := d.deleteLocked(ctx, sb); derr != nil {
+			d.bestEffort(ctx, "close a disposable sandbox after its memory checkpoint", derr, slog.String("sandbox", sb.ID))
+		}
+		d.log.Info("memory checkpoint of a disposable sandbox", "sandbox", sb.ID, "checkpoint", id, "capture_ms", captureMS)
+		return ck, nil
+	}
 	// The source is brought back in any case (from the image, which the
 	// undo stack removes only after this).
 	if rerr := rt.Delete(ctx, sb.ID, true); rerr != nil {
@@ -187,11 +200,21 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 	if err != nil {
 		return err
 	}
-	src, err := d.store.GetSandbox(ctx, ck.SandboxID)
-	if err != nil {
-		return err
-	}
 	dir := d.memImageDir(ck.ID)
+	// The child's agent wakes with the token its image holds: reach it with
+	// that, and give it its own. (Images of older daemons have no token
+	// file: their source's recorded token is the image's.) The source may
+	// be closed by now (an environment's builder).
+	tok := ""
+	if b, err := os.ReadFile(filepath.Join(dir, imageTokenFile)); err == nil && len(b) > 0 {
+		tok = string(b)
+	} else {
+		src, err := d.store.GetSandbox(ctx, ck.SandboxID)
+		if err != nil {
+			return err
+		}
+		tok = src.AgentToken
+	}
 	s, err := spec.ReadBundle(dir)
 	if err != nil {
 		return fmt.Errorf("the memory checkpoint's spec: %w", err)
@@ -229,12 +252,6 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 	}
 	if err := mc.Restore(ctx, sb.ID, bundle, filepath.Join(dir, memImageSub)); err != nil {
 		return fmt.Errorf("restore the memory image: %w", err)
-	}
-	// The child's agent wakes with the source's token: reach it with that,
-	// and give it its own.
-	tok := src.AgentToken
-	if b, err := os.ReadFile(filepath.Join(dir, imageTokenFile)); err == nil && len(b) > 0 {
-		tok = string(b)
 	}
 	c := d.agentWithToken(sb, tok)
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
