@@ -22,6 +22,8 @@ type (
 	EnvDefinition = env.Definition
 	// SetupStep is one step of an environment's setup.
 	SetupStep = env.SetupStep
+	// StartCommand is what an environment leaves running in its snapshot.
+	StartCommand = env.StartCommand
 	// EnvStatus is an environment as the API shows it.
 	EnvStatus = env.Status
 	// EnvProgress is one build progress event.
