@@ -44,7 +44,8 @@ func (d *Daemon) CheckpointWith(ctx context.Context, idOrName, tag string, memor
 		if sb.State == store.StateHibernated {
 			return nil, fmt.Errorf("sandbox %s is hibernated: wake it to take a memory checkpoint: %w", sb.ID, errdefs.ErrFailedPrecondition)
 		}
-		return d.checkpointMemoryLocked(ctx, sb, tag, false)
+		ck, _, err := d.checkpointMemoryLocked(ctx, sb, tag, false)
+		return ck, err
 	}
 	return d.checkpointLocked(ctx, sb, tag)
 }
@@ -65,7 +66,8 @@ func (d *Daemon) checkpointDisposable(ctx context.Context, idOrName, tag string)
 	if err := requireState(sb, "take a memory checkpoint of", store.StateRunning); err != nil {
 		return nil, err
 	}
-	return d.checkpointMemoryLocked(ctx, sb, tag, true)
+	ck, _, err := d.checkpointMemoryLocked(ctx, sb, tag, true)
+	return ck, err
 }
 
 // checkpointLocked takes the checkpoint; the caller holds the sandbox lock.

@@ -46,14 +46,60 @@ func (d *Daemon) memImageDir(ckID string) string {
 	return filepath.Join(d.cfg.StateDir, "memimages", ckID)
 }
 
+// prepareMemImage makes the image dir of memory checkpoint id (its removal
+// pushed on undo), flushes what sb wrote, and keeps sb's spec and agent
+// token beside the image. It returns the dir and the flush's time (ms).
+func (d *Daemon) prepareMemImage(sb *store.Sandbox, id string, undo *undoStack) (string, float64, error) {
+	dir := d.memImageDir(id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", 0, err
+	}
+	undo.push(func(context.Context) error { return removeTree(dir) })
+	flushStart := time.Now()
+	if err := syncFS(d.rootfsDir(sb.ID)); err != nil {
+		return "", 0, fmt.Errorf("flush before checkpoint: %w", err)
+	}
+	flushMS := msSince(flushStart)
+	// The spec children adapt: kept with the image, as the source's bundle
+	// goes when the source closes.
+	cfgJSON, err := os.ReadFile(filepath.Join(d.bundleDir(sb.ID), "config.json"))
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, "config.json"), cfgJSON, 0o600)
+	}
+	if err == nil {
+		// The token the image's agent holds: children are reached with it
+		// (the source's own is rotated after the checkpoint).
+		err = os.WriteFile(filepath.Join(dir, imageTokenFile), []byte(sb.AgentToken), 0o600)
+	}
+	if err != nil {
+		return "", 0, fmt.Errorf("keep the source's spec: %w", err)
+	}
+	return dir, flushMS, nil
+}
+
 // checkpointMemoryLocked takes a memory checkpoint of sb (running or
-// paused; the caller holds its lock) and restores the source in place; a
-// disposable source (an environment's builder) is closed instead.
-func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, tag string, disposable bool) (_ *store.Checkpoint, err error) {
+// paused; the caller holds its lock) and returns it with how long the
+// source stood still (ms). Where the runtime can (gVisor's leave-running)
+// the source is only paused around the save and the snapshot of its
+// writable layer (checkpointMemoryLive); else it stops for the checkpoint
+// and is restored in place. A disposable source (an environment's
+// builder) is closed instead.
+func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, tag string, disposable bool) (_ *store.Checkpoint, downtimeMS float64, err error) {
 	mc, rt, err := d.memoryRuntime(sb)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
+	if lc, ok := rt.(runtime.LiveCheckpointer); ok && !disposable {
+		return d.checkpointMemoryLive(ctx, sb, lc, tag)
+	}
+	ck, err := d.checkpointMemoryStop(ctx, sb, mc, rt, tag, disposable)
+	return ck, 0, err
+}
+
+// checkpointMemoryStop is a memory checkpoint that stops the source: it is
+// restored in place from the image at once (it keeps its ID, address and
+// token), or closed when disposable.
+func (d *Daemon) checkpointMemoryStop(ctx context.Context, sb *store.Sandbox, mc runtime.MemoryCheckpointer, rt runtime.Runtime, tag string, disposable bool) (_ *store.Checkpoint, err error) {
 	var undo undoStack
 	defer func() {
 		if err != nil {
@@ -78,29 +124,9 @@ func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, 
 		}()
 	}
 	id := newID("ck-")
-	dir := d.memImageDir(id)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
-	}
-	undo.push(func(context.Context) error { return removeTree(dir) })
-	flushStart := time.Now()
-	if err := syncFS(d.rootfsDir(sb.ID)); err != nil {
-		return nil, fmt.Errorf("flush before checkpoint: %w", err)
-	}
-	flushMS := msSince(flushStart)
-	// The spec children adapt: kept with the image, as the source's bundle
-	// goes when the source closes.
-	cfgJSON, err := os.ReadFile(filepath.Join(d.bundleDir(sb.ID), "config.json"))
-	if err == nil {
-		err = os.WriteFile(filepath.Join(dir, "config.json"), cfgJSON, 0o600)
-	}
-	if err == nil {
-		// The token the image's agent holds: children are reached with it
-		// (the source's own is rotated after the checkpoint).
-		err = os.WriteFile(filepath.Join(dir, imageTokenFile), []byte(sb.AgentToken), 0o600)
-	}
+	dir, flushMS, err := d.prepareMemImage(sb, id, &undo)
 	if err != nil {
-		return nil, fmt.Errorf("keep the source's spec: %w", err)
+		return nil, err
 	}
 	// Nothing here may stop half-way because a caller went away.
 	ctx = context.WithoutCancel(ctx)
