@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -162,4 +163,91 @@ func countEvents(evs []client.Event, typ string) int {
 		}
 	}
 	return n
+}
+
+// signalWriter collects output and closes seen once it contains want.
+type signalWriter struct {
+	mu   sync.Mutex
+	buf  strings.Builder
+	want string
+	seen chan struct{}
+	once sync.Once
+}
+
+func (w *signalWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if strings.Contains(w.buf.String(), w.want) {
+		w.once.Do(func() { close(w.seen) })
+	}
+	return len(p), nil
+}
+
+func (w *signalWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
+}
+
+// TestMemoryForkExecInFlight: an exec streaming in the source while it is
+// memory-forked completes with all its output (the source is only paused
+// for the fork), or fails with the retryable class Unavailable (the project
+// has no Aborted class); it never hangs. The fork reports the source's downtime.
+func TestMemoryForkExecInFlight(t *testing.T) {
+	ctx := context.Background()
+	src := newSandbox(t, clientOpts())
+	const ticks = 30
+	out := &signalWriter{want: "tick 3\n", seen: make(chan struct{})}
+	type result struct {
+		res *client.ExecResult
+		err error
+	}
+	done := make(chan result, 1)
+	ectx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	go func() {
+		res, err := src.Exec(ectx, client.ExecOptions{Shell: fmt.Sprintf("for i in $(seq 1 %d); do echo tick $i; sleep 0.05; done", ticks), Stdout: out})
+		done <- result{res, err}
+	}()
+	select {
+	case <-out.seen:
+	case r := <-done:
+		t.Fatalf("the exec ended before the fork: %+v %v", r.res, r.err)
+	case <-ectx.Done():
+		t.Fatal("the exec printed nothing in 3 minutes")
+	}
+	fork, err := src.Fork(ctx, client.ForkOptions{Memory: true})
+	if err != nil {
+		t.Fatalf("memory fork with an exec in flight: %v", err)
+	}
+	closeAll(t, fork.Sandboxes())
+	if fork.SourceDowntimeMS <= 0 {
+		t.Errorf("the fork reports a source downtime of %v ms", fork.SourceDowntimeMS)
+	}
+	t.Logf("source downtime %.1f ms, capture %.1f ms", fork.SourceDowntimeMS, fork.CaptureMS)
+	var r result
+	select {
+	case r = <-done:
+	case <-ectx.Done():
+		t.Fatalf("the exec in flight during the fork hung; its output: %q", out.String())
+	}
+	switch {
+	case r.err == nil:
+		var want strings.Builder
+		for i := 1; i <= ticks; i++ {
+			fmt.Fprintf(&want, "tick %d\n", i)
+		}
+		if r.res.ExitCode != 0 || out.String() != want.String() {
+			t.Errorf("the exec across the fork: exit %d, output %q; want exit 0 and every tick once, in order", r.res.ExitCode, out.String())
+		}
+	case errdefs.IsUnavailable(r.err):
+		t.Logf("the exec across the fork failed with the retryable class Unavailable: %v", r.err)
+	default:
+		t.Errorf("the exec across the fork: got %v, want success or Unavailable", r.err)
+	}
+	// The source runs on.
+	if got := mustSh(t, src, "echo ok"); got != "ok\n" {
+		t.Errorf("the source after the fork: %q", got)
+	}
 }
