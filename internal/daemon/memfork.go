@@ -245,10 +245,12 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 	if err != nil {
 		return fmt.Errorf("the memory checkpoint's spec: %w", err)
 	}
+	t0 := time.Now()
 	nw, err := d.prepare(ctx, sb, img, ck.ID)
 	if err != nil {
 		return err
 	}
+	prepareMS := msSince(t0)
 	// The spec must keep the source's args, cwd and mount list; sources,
 	// hostname, netns, cgroup and limits are the child's.
 	bundle := d.bundleDir(sb.ID)
@@ -276,20 +278,30 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 	if err := spec.WriteBundle(bundle, s); err != nil {
 		return err
 	}
+	t1 := time.Now()
 	if err := mc.Restore(ctx, sb.ID, bundle, filepath.Join(dir, memImageSub)); err != nil {
 		return fmt.Errorf("restore the memory image: %w", err)
 	}
+	restoreMS := msSince(t1)
+	t2 := time.Now()
 	c := d.agentWithToken(sb, tok)
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	if err := agent.WaitReady(rctx, c); err != nil {
 		return fmt.Errorf("restored agent did not answer (%v); its output: %q: %w", err, d.initOutput(sb.ID), errdefs.ErrUnavailable)
 	}
+	readyMS := msSince(t2)
+	t3 := time.Now()
 	reply, err := c.Forked(ctx, agent.ForkNotice{Token: sb.AgentToken, Hostname: sb.Config.Hostname, MachineID: sb.Config.MachineID,
 		ParentID: ck.SandboxID, Reason: agent.ForkReasonFork, Time: time.Now()})
 	if err != nil {
 		return fmt.Errorf("tell the child it was forked: %w", err)
 	}
+	// Where a child's start goes (bench and issue 17): our own work before
+	// (snapshot, mounts, network, bundle), runsc restore, the agent's first
+	// answer, the fork notice.
+	d.log.Debug("memory child started", "sandbox", sb.ID, "checkpoint", ck.ID, "prepare_ms", prepareMS, "restore_ms", restoreMS,
+		"agent_ready_ms", readyMS, "fork_notice_ms", msSince(t3), "total_ms", msSince(t0))
 	data := map[string]any{"hook_ran": reply.HookRan, "clock_skew_ms": reply.ClockSkew.Milliseconds()}
 	if reply.HookRan {
 		data["hook_exit_code"] = reply.HookExitCode

@@ -47,7 +47,9 @@ func (d *Daemon) checkpointMemoryLive(ctx context.Context, sb *store.Sandbox, lc
 			return nil, 0, fmt.Errorf("pause the source for its memory checkpoint: %w", err)
 		}
 	}
+	pauseMS := msSince(start)
 	ck, captureErr := d.captureLive(ctx, sb, lc, id, dir, tag, flushMS, start, &undo)
+	captured := time.Now()
 	var resumeErr error
 	if running {
 		if resumeErr = d.unsuspend(ctx, sb); resumeErr != nil {
@@ -69,7 +71,8 @@ func (d *Daemon) checkpointMemoryLive(ctx context.Context, sb *store.Sandbox, lc
 	// Children of this image wake up knowing the source's token: it gets
 	// a new one (a paused source is unpaused for that, and paused again).
 	d.bestEffort(ctx, "rotate the source's agent token after a memory checkpoint", d.rotateTokenOf(ctx, sb, running), slog.String("sandbox", sb.ID))
-	d.log.Info("memory checkpoint", "sandbox", sb.ID, "checkpoint", id, "capture_ms", ck.CaptureMS, "source_downtime_ms", downtimeMS, "live", true)
+	d.log.Info("memory checkpoint", "sandbox", sb.ID, "checkpoint", id, "capture_ms", ck.CaptureMS, "source_downtime_ms", downtimeMS, "live", true,
+		"pause_ms", pauseMS, "save_and_snapshot_ms", ck.CaptureMS-pauseMS, "resume_ms", downtimeMS-msSinceAt(start, captured))
 	return ck, downtimeMS, nil
 }
 
@@ -113,3 +116,6 @@ func (d *Daemon) rotateTokenOf(ctx context.Context, sb *store.Sandbox, running b
 	}
 	return rerr
 }
+
+// msSinceAt is the time from start to t in milliseconds.
+func msSinceAt(start, t time.Time) float64 { return float64(t.Sub(start).Microseconds()) / 1000 }
