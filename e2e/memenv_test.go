@@ -2,9 +2,12 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -249,5 +252,46 @@ func TestMemoryForkExecInFlight(t *testing.T) {
 	// The source runs on.
 	if got := mustSh(t, src, "echo ok"); got != "ok\n" {
 		t.Errorf("the source after the fork: %q", got)
+	}
+}
+
+// TestMemoryEnvironmentCLI: the README's commands: an environment file with
+// a start command, `env build -f`, then `create --environment` hands over a
+// sandbox whose server answers the first request.
+func TestMemoryEnvironmentCLI(t *testing.T) {
+	ctx := context.Background()
+	const name = "e2e-memenv-cli"
+	defer env.c.DeleteEnvironment(ctx, name)
+	file := filepath.Join(t.TempDir(), "web.json")
+	def := fmt.Sprintf(`{"name": %q, "image": %q, "runtime": "gvisor",
+ "setup": ["mkdir -p /www && echo hello > /www/index.html"],
+ "start": {"run": "exec httpd -f -p 8080 -h /www", "ready_port": 8080, "ready_timeout": "120s"}}`, name, env.image)
+	if err := os.WriteFile(file, []byte(def), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, errs, code := cli(t, "env", "build", "-f", file); code != 0 {
+		t.Fatalf("env build: exit %d, %q %q", code, out, errs)
+	}
+	out, errs, code := cli(t, "--json", "create", "--environment", name)
+	var res struct {
+		Sandbox client.Info `json:"sandbox"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil {
+		t.Fatalf("create --environment: exit %d, %q %q", code, out, errs)
+	}
+	defer func() {
+		if sb, err := env.c.Sandbox(ctx, res.Sandbox.Id); err == nil {
+			sb.Close(ctx)
+		}
+	}()
+	if body, err := getOnce(t, fmt.Sprintf("http://%s:8080/index.html", res.Sandbox.Ip)); err != nil || body != "hello\n" {
+		t.Errorf("the first request to the environment's server: %q, %v", body, err)
+	}
+	// A bad start in the file is refused before anything is built.
+	if err := os.WriteFile(file, []byte(fmt.Sprintf(`{"name": %q, "image": %q, "start": {"ready_port": 8080}}`, name+"-bad", env.image)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, errs, code := cli(t, "env", "build", "-f", file); code == 0 || !strings.Contains(errs, "start") {
+		t.Errorf("env build of a start without a command: exit %d, %q", code, errs)
 	}
 }
