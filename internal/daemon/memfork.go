@@ -21,10 +21,11 @@ import (
 
 // Memory checkpoints (gVisor): the sandbox's memory and processes are saved
 // with its filesystem, and sandboxes started from the checkpoint continue
-// the source's processes where they were. The source stops for the
-// checkpoint (gVisor cannot leave it running), its writable layer is
-// snapshotted while nothing runs, and it is restored in place at once: it
-// keeps its ID, address and token.
+// the source's processes where they were. The source is paused for the
+// save and the snapshot of its writable layer and then resumed (memlive.go);
+// a runtime that cannot leave it running stops it for the checkpoint and
+// restores it in place at once (it keeps its ID, address and token). An
+// environment's builder is disposable: it is closed by its checkpoint.
 //
 // A child restores the same memory image over its own writable snapshot,
 // in its own netns with its own address (gVisor reads the netns again on
