@@ -36,7 +36,17 @@ type EnvironmentOptions struct {
 	MaxAge time.Duration
 	// PoolSize keeps that many sandboxes forked and started, ready to hand over.
 	PoolSize int
+	// Start leaves processes running after the setup (gVisor only): the
+	// snapshot is a memory checkpoint, and every sandbox of the
+	// environment continues them (a server started here answers at once).
+	Start *StartCommand
 }
+
+// StartCommand is what an environment leaves running: Run is started in
+// the background after the setup steps; the snapshot is taken once
+// ReadyPort listens and ReadyCommand exits 0 (those that are set), within
+// ReadyTimeoutMs (0: 60 s).
+type StartCommand = v1.StartCommand
 
 // EnvironmentInfo is what the daemon knows of an environment.
 type EnvironmentInfo = v1.Environment
@@ -53,7 +63,7 @@ func (c *Client) Environment(name string, o EnvironmentOptions) *Environment {
 	c.init()
 	return &Environment{c: c, def: &v1.EnvironmentDefinition{Name: name, Image: o.Image, Env: o.Env, Cwd: o.Cwd,
 		Runtime: o.Runtime, Egress: o.Egress, Steps: o.Setup, MaxAgeSeconds: int64(o.MaxAge / time.Second), PoolSize: int32(o.PoolSize),
-		Resources: o.Resources.proto()}}
+		Resources: o.Resources.proto(), Start: o.Start}}
 }
 
 // BuildProgress is one progress event of a build.

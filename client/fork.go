@@ -67,9 +67,12 @@ type ForkResult struct {
 	// CaptureMS is how long the source was frozen (freeze + snapshot +
 	// thaw); FlushMS the writeback of its dirty data before that.
 	CaptureMS float64
-	FlushMS   float64
-	TotalMS   float64
-	Children  []ForkChild
+	// SourceDowntimeMS is how long the source stood still for a memory
+	// fork (0 for a filesystem fork).
+	SourceDowntimeMS float64
+	FlushMS          float64
+	TotalMS          float64
+	Children         []ForkChild
 }
 
 // Sandboxes returns the children that started.
@@ -104,7 +107,8 @@ func (s *Sandbox) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) 
 		return nil, errconnect.FromConnect(err)
 	}
 	m := resp.Msg
-	res := &ForkResult{Checkpoint: m.Checkpoint, Captured: m.Captured, CaptureMS: m.CaptureMs, FlushMS: m.FlushMs, TotalMS: m.TotalMs}
+	res := &ForkResult{Checkpoint: m.Checkpoint, Captured: m.Captured, CaptureMS: m.CaptureMs, FlushMS: m.FlushMs, TotalMS: m.TotalMs,
+		SourceDowntimeMS: m.SourceDowntimeMs}
 	started := 0
 	for _, c := range m.Children {
 		fc := ForkChild{StartMS: c.StartMs}

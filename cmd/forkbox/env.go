@@ -18,7 +18,10 @@ import (
 //
 //	{"name": "py", "image": "IMAGE", "resources": {"cpu": "1", "memory": "1Gi"},
 //	 "env": {"K": "V"}, "setup": ["shell command", {"path": "/f", "content": "..."}],
-//	 "max_age": "24h", "pool_size": 2, "runtime": "gvisor"}
+//	 "max_age": "24h", "pool_size": 2, "runtime": "gvisor",
+//	 "start": {"run": "httpd -f -p 8080", "ready_port": 8080, "ready_command": "...", "ready_timeout": "30s"}}
+//
+// "start" may also be just the command string.
 type envFile struct {
 	Name      string            `json:"name"`
 	Image     string            `json:"image"`
@@ -30,6 +33,36 @@ type envFile struct {
 	Setup     []json.RawMessage `json:"setup"`
 	MaxAge    string            `json:"max_age"`
 	PoolSize  int               `json:"pool_size"`
+	Start     json.RawMessage   `json:"start"`
+}
+
+// startFile is the "start" of an environment file.
+type startFile struct {
+	Run          string `json:"run"`
+	ReadyPort    int32  `json:"ready_port"`
+	ReadyCommand string `json:"ready_command"`
+	ReadyTimeout string `json:"ready_timeout"`
+}
+
+func parseStart(raw json.RawMessage) (*client.StartCommand, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var f startFile
+	if json.Unmarshal(raw, &f.Run) != nil {
+		if err := json.Unmarshal(raw, &f); err != nil || f.Run == "" {
+			return nil, fmt.Errorf("start: want a command string or {\"run\", \"ready_port\", \"ready_command\", \"ready_timeout\"}: %w", errdefs.ErrInvalidArgument)
+		}
+	}
+	s := &client.StartCommand{Run: f.Run, ReadyPort: f.ReadyPort, ReadyCommand: f.ReadyCommand}
+	if f.ReadyTimeout != "" {
+		d, err := time.ParseDuration(f.ReadyTimeout)
+		if err != nil {
+			return nil, fmt.Errorf("start: ready_timeout %q: %v: %w", f.ReadyTimeout, err, errdefs.ErrInvalidArgument)
+		}
+		s.ReadyTimeoutMs = d.Milliseconds()
+	}
+	return s, nil
 }
 
 func loadEnvFile(path string) (string, client.EnvironmentOptions, error) {
@@ -44,6 +77,9 @@ func loadEnvFile(path string) (string, client.EnvironmentOptions, error) {
 	}
 	o = client.EnvironmentOptions{Image: f.Image, Resources: f.Resources, Env: f.Env, Cwd: f.Cwd, Runtime: f.Runtime,
 		Egress: f.Egress, PoolSize: f.PoolSize}
+	if o.Start, err = parseStart(f.Start); err != nil {
+		return "", o, err
+	}
 	if f.MaxAge != "" {
 		if o.MaxAge, err = time.ParseDuration(f.MaxAge); err != nil {
 			return "", o, fmt.Errorf("max_age %q: %v: %w", f.MaxAge, err, errdefs.ErrInvalidArgument)

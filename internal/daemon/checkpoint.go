@@ -44,9 +44,30 @@ func (d *Daemon) CheckpointWith(ctx context.Context, idOrName, tag string, memor
 		if sb.State == store.StateHibernated {
 			return nil, fmt.Errorf("sandbox %s is hibernated: wake it to take a memory checkpoint: %w", sb.ID, errdefs.ErrFailedPrecondition)
 		}
-		return d.checkpointMemoryLocked(ctx, sb, tag)
+		ck, _, err := d.checkpointMemoryLocked(ctx, sb, tag, false)
+		return ck, err
 	}
 	return d.checkpointLocked(ctx, sb, tag)
+}
+
+// checkpointDisposable takes a memory checkpoint of a running sandbox that
+// nothing needs afterwards (an environment's builder): it is closed by it
+// rather than restored in place.
+func (d *Daemon) checkpointDisposable(ctx context.Context, idOrName, tag string) (*store.Checkpoint, error) {
+	sb, err := d.store.GetSandbox(ctx, idOrName)
+	if err != nil {
+		return nil, err
+	}
+	unlock := d.lock(sb.ID)
+	defer unlock()
+	if sb, err = d.live(ctx, sb.ID); err != nil {
+		return nil, err
+	}
+	if err := requireState(sb, "take a memory checkpoint of", store.StateRunning); err != nil {
+		return nil, err
+	}
+	ck, _, err := d.checkpointMemoryLocked(ctx, sb, tag, true)
+	return ck, err
 }
 
 // checkpointLocked takes the checkpoint; the caller holds the sandbox lock.

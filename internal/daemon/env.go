@@ -2,7 +2,12 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/runtime"
 
 	"github.com/forkbox/forkbox/internal/agent"
 	"github.com/forkbox/forkbox/internal/env"
@@ -17,6 +22,8 @@ type (
 	EnvDefinition = env.Definition
 	// SetupStep is one step of an environment's setup.
 	SetupStep = env.SetupStep
+	// StartCommand is what an environment leaves running in its snapshot.
+	StartCommand = env.StartCommand
 	// EnvStatus is an environment as the API shows it.
 	EnvStatus = env.Status
 	// EnvProgress is one build progress event.
@@ -93,6 +100,14 @@ func (a envSandboxes) Validate(ctx context.Context, def *env.Definition) (string
 		return "", err
 	}
 	def.Runtime = o.Runtime
+	if def.Start != nil {
+		// Its snapshot is a memory checkpoint: refused before anything is
+		// built where the runtime cannot take one.
+		if _, ok := a.d.runtimes[o.Runtime].(runtime.MemoryCheckpointer); !ok {
+			return "", fmt.Errorf("environment %s has a start command, so its snapshot is a memory checkpoint, which the %s runtime cannot take (use the gvisor runtime): %w",
+				def.Name, o.Runtime, errdefs.ErrFailedPrecondition)
+		}
+	}
 	return img.Digest, nil
 }
 
@@ -127,6 +142,28 @@ func (a envSandboxes) WriteFile(ctx context.Context, sandbox, path string, data 
 
 func (a envSandboxes) Checkpoint(ctx context.Context, sandbox, tag string) (string, error) {
 	ck, err := a.d.Checkpoint(ctx, sandbox, tag)
+	if err != nil {
+		return "", err
+	}
+	return ck.ID, nil
+}
+
+func (a envSandboxes) Start(ctx context.Context, sandbox, shell string) (int, error) {
+	return a.d.Start(ctx, sandbox, ExecOptions{ExecRequest: agent.ExecRequest{Shell: shell}})
+}
+
+func (a envSandboxes) Probe(ctx context.Context, sandbox, shell string, timeout time.Duration) (int, error) {
+	res, err := a.d.Exec(ctx, sandbox, ExecOptions{ExecRequest: agent.ExecRequest{Shell: shell, Timeout: timeout}, NonReplayable: true},
+		io.Discard, io.Discard)
+	return res.ExitCode, err
+}
+
+func (a envSandboxes) ReadFile(ctx context.Context, sandbox, path string) ([]byte, error) {
+	return a.d.ReadFile(ctx, sandbox, path)
+}
+
+func (a envSandboxes) CheckpointMemory(ctx context.Context, sandbox, tag string) (string, error) {
+	ck, err := a.d.checkpointDisposable(ctx, sandbox, tag)
 	if err != nil {
 		return "", err
 	}

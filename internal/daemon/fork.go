@@ -42,8 +42,11 @@ type ForkResult struct {
 	Checkpoint *store.Checkpoint
 	Captured   string
 	CaptureMS  float64
-	Children   []ForkChild
-	TotalMS    float64
+	// SourceDowntimeMS is how long the source stood still for a memory
+	// fork (0 for a filesystem fork, whose freeze is CaptureMS).
+	SourceDowntimeMS float64
+	Children         []ForkChild
+	TotalMS          float64
 }
 
 // Fork checkpoints the source (or uses an existing checkpoint of it) and
@@ -110,7 +113,7 @@ func (d *Daemon) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) {
 		unlock := d.lock(src.ID)
 		if src, err = d.live(ctx, src.ID); err == nil {
 			if o.Memory {
-				ck, err = d.checkpointMemoryLocked(ctx, src, o.Tag)
+				ck, res.SourceDowntimeMS, err = d.checkpointMemoryLocked(ctx, src, o.Tag, false)
 			} else {
 				ck, err = d.checkpointLocked(ctx, src, o.Tag)
 			}

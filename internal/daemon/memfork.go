@@ -21,10 +21,11 @@ import (
 
 // Memory checkpoints (gVisor): the sandbox's memory and processes are saved
 // with its filesystem, and sandboxes started from the checkpoint continue
-// the source's processes where they were. The source stops for the
-// checkpoint (gVisor cannot leave it running), its writable layer is
-// snapshotted while nothing runs, and it is restored in place at once: it
-// keeps its ID, address and token.
+// the source's processes where they were. The source is paused for the
+// save and the snapshot of its writable layer and then resumed (memlive.go);
+// a runtime that cannot leave it running stops it for the checkpoint and
+// restores it in place at once (it keeps its ID, address and token). An
+// environment's builder is disposable: it is closed by its checkpoint.
 //
 // A child restores the same memory image over its own writable snapshot,
 // in its own netns with its own address (gVisor reads the netns again on
@@ -46,13 +47,60 @@ func (d *Daemon) memImageDir(ckID string) string {
 	return filepath.Join(d.cfg.StateDir, "memimages", ckID)
 }
 
+// prepareMemImage makes the image dir of memory checkpoint id (its removal
+// pushed on undo), flushes what sb wrote, and keeps sb's spec and agent
+// token beside the image. It returns the dir and the flush's time (ms).
+func (d *Daemon) prepareMemImage(sb *store.Sandbox, id string, undo *undoStack) (string, float64, error) {
+	dir := d.memImageDir(id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", 0, err
+	}
+	undo.push(func(context.Context) error { return removeTree(dir) })
+	flushStart := time.Now()
+	if err := syncFS(d.rootfsDir(sb.ID)); err != nil {
+		return "", 0, fmt.Errorf("flush before checkpoint: %w", err)
+	}
+	flushMS := msSince(flushStart)
+	// The spec children adapt: kept with the image, as the source's bundle
+	// goes when the source closes.
+	cfgJSON, err := os.ReadFile(filepath.Join(d.bundleDir(sb.ID), "config.json"))
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, "config.json"), cfgJSON, 0o600)
+	}
+	if err == nil {
+		// The token the image's agent holds: children are reached with it
+		// (the source's own is rotated after the checkpoint).
+		err = os.WriteFile(filepath.Join(dir, imageTokenFile), []byte(sb.AgentToken), 0o600)
+	}
+	if err != nil {
+		return "", 0, fmt.Errorf("keep the source's spec: %w", err)
+	}
+	return dir, flushMS, nil
+}
+
 // checkpointMemoryLocked takes a memory checkpoint of sb (running or
-// paused; the caller holds its lock) and restores the source in place.
-func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, tag string) (_ *store.Checkpoint, err error) {
+// paused; the caller holds its lock) and returns it with how long the
+// source stood still (ms). Where the runtime can (gVisor's leave-running)
+// the source is only paused around the save and the snapshot of its
+// writable layer (checkpointMemoryLive); else it stops for the checkpoint
+// and is restored in place. A disposable source (an environment's
+// builder) is closed instead.
+func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, tag string, disposable bool) (_ *store.Checkpoint, downtimeMS float64, err error) {
 	mc, rt, err := d.memoryRuntime(sb)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
+	if lc, ok := rt.(runtime.LiveCheckpointer); ok && !disposable {
+		return d.checkpointMemoryLive(ctx, sb, lc, tag)
+	}
+	ck, err := d.checkpointMemoryStop(ctx, sb, mc, rt, tag, disposable)
+	return ck, 0, err
+}
+
+// checkpointMemoryStop is a memory checkpoint that stops the source: it is
+// restored in place from the image at once (it keeps its ID, address and
+// token), or closed when disposable.
+func (d *Daemon) checkpointMemoryStop(ctx context.Context, sb *store.Sandbox, mc runtime.MemoryCheckpointer, rt runtime.Runtime, tag string, disposable bool) (_ *store.Checkpoint, err error) {
 	var undo undoStack
 	defer func() {
 		if err != nil {
@@ -77,29 +125,9 @@ func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, 
 		}()
 	}
 	id := newID("ck-")
-	dir := d.memImageDir(id)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
-	}
-	undo.push(func(context.Context) error { return removeTree(dir) })
-	flushStart := time.Now()
-	if err := syncFS(d.rootfsDir(sb.ID)); err != nil {
-		return nil, fmt.Errorf("flush before checkpoint: %w", err)
-	}
-	flushMS := msSince(flushStart)
-	// The spec children adapt: kept with the image, as the source's bundle
-	// goes when the source closes.
-	cfgJSON, err := os.ReadFile(filepath.Join(d.bundleDir(sb.ID), "config.json"))
-	if err == nil {
-		err = os.WriteFile(filepath.Join(dir, "config.json"), cfgJSON, 0o600)
-	}
-	if err == nil {
-		// The token the image's agent holds: children are reached with it
-		// (the source's own is rotated after the checkpoint).
-		err = os.WriteFile(filepath.Join(dir, imageTokenFile), []byte(sb.AgentToken), 0o600)
-	}
+	dir, flushMS, err := d.prepareMemImage(sb, id, &undo)
 	if err != nil {
-		return nil, fmt.Errorf("keep the source's spec: %w", err)
+		return nil, err
 	}
 	// Nothing here may stop half-way because a caller went away.
 	ctx = context.WithoutCancel(ctx)
@@ -126,6 +154,18 @@ func (d *Daemon) checkpointMemoryLocked(ctx context.Context, sb *store.Sandbox, 
 	}
 	if captureErr == nil {
 		undo.release() // the checkpoint owns its snapshot and image now
+	}
+	if disposable {
+		if captureErr != nil {
+			return nil, fmt.Errorf("memory checkpoint: %w", captureErr)
+		}
+		// Nothing restores it: it is closed now, its image kept for the
+		// checkpoint's children.
+		if derr := d.deleteLocked(ctx, sb); derr != nil {
+			d.bestEffort(ctx, "close a disposable sandbox after its memory checkpoint", derr, slog.String("sandbox", sb.ID))
+		}
+		d.log.Info("memory checkpoint of a disposable sandbox", "sandbox", sb.ID, "checkpoint", id, "capture_ms", captureMS)
+		return ck, nil
 	}
 	// The source is brought back in any case (from the image, which the
 	// undo stack removes only after this).
@@ -187,19 +227,31 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 	if err != nil {
 		return err
 	}
-	src, err := d.store.GetSandbox(ctx, ck.SandboxID)
-	if err != nil {
-		return err
-	}
 	dir := d.memImageDir(ck.ID)
+	// The child's agent wakes with the token its image holds: reach it with
+	// that, and give it its own. (Images of older daemons have no token
+	// file: their source's recorded token is the image's.) The source may
+	// be closed by now (an environment's builder).
+	tok := ""
+	if b, err := os.ReadFile(filepath.Join(dir, imageTokenFile)); err == nil && len(b) > 0 {
+		tok = string(b)
+	} else {
+		src, err := d.store.GetSandbox(ctx, ck.SandboxID)
+		if err != nil {
+			return err
+		}
+		tok = src.AgentToken
+	}
 	s, err := spec.ReadBundle(dir)
 	if err != nil {
 		return fmt.Errorf("the memory checkpoint's spec: %w", err)
 	}
+	t0 := time.Now()
 	nw, err := d.prepare(ctx, sb, img, ck.ID)
 	if err != nil {
 		return err
 	}
+	prepareMS := msSince(t0)
 	// The spec must keep the source's args, cwd and mount list; sources,
 	// hostname, netns, cgroup and limits are the child's.
 	bundle := d.bundleDir(sb.ID)
@@ -227,26 +279,30 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 	if err := spec.WriteBundle(bundle, s); err != nil {
 		return err
 	}
+	t1 := time.Now()
 	if err := mc.Restore(ctx, sb.ID, bundle, filepath.Join(dir, memImageSub)); err != nil {
 		return fmt.Errorf("restore the memory image: %w", err)
 	}
-	// The child's agent wakes with the source's token: reach it with that,
-	// and give it its own.
-	tok := src.AgentToken
-	if b, err := os.ReadFile(filepath.Join(dir, imageTokenFile)); err == nil && len(b) > 0 {
-		tok = string(b)
-	}
+	restoreMS := msSince(t1)
+	t2 := time.Now()
 	c := d.agentWithToken(sb, tok)
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	if err := agent.WaitReady(rctx, c); err != nil {
 		return fmt.Errorf("restored agent did not answer (%v); its output: %q: %w", err, d.initOutput(sb.ID), errdefs.ErrUnavailable)
 	}
+	readyMS := msSince(t2)
+	t3 := time.Now()
 	reply, err := c.Forked(ctx, agent.ForkNotice{Token: sb.AgentToken, Hostname: sb.Config.Hostname, MachineID: sb.Config.MachineID,
 		ParentID: ck.SandboxID, Reason: agent.ForkReasonFork, Time: time.Now()})
 	if err != nil {
 		return fmt.Errorf("tell the child it was forked: %w", err)
 	}
+	// Where a child's start goes (bench and issue 17): our own work before
+	// (snapshot, mounts, network, bundle), runsc restore, the agent's first
+	// answer, the fork notice.
+	d.log.Debug("memory child started", "sandbox", sb.ID, "checkpoint", ck.ID, "prepare_ms", prepareMS, "restore_ms", restoreMS,
+		"agent_ready_ms", readyMS, "fork_notice_ms", msSince(t3), "total_ms", msSince(t0))
 	data := map[string]any{"hook_ran": reply.HookRan, "clock_skew_ms": reply.ClockSkew.Milliseconds()}
 	if reply.HookRan {
 		data["hook_exit_code"] = reply.HookExitCode

@@ -128,7 +128,13 @@ func (m *Manager) build(ctx context.Context, def Definition, hash string, force 
 	// The longest prefix of the steps already built.
 	from, fromCk := 0, ""
 	if !force {
-		for n := len(def.Steps) - 1; n >= 1; n-- {
+		// With a start command, the snapshot of all the steps is a prefix
+		// too (the start command runs on it).
+		top := len(def.Steps) - 1
+		if def.Start != nil {
+			top = len(def.Steps)
+		}
+		for n := top; n >= 1; n-- {
 			ck, _, err := m.store.EnvSnapshot(ctx, def.hashPrefix(digest, n))
 			if err != nil {
 				return "", err
@@ -155,8 +161,8 @@ func (m *Manager) build(ctx context.Context, def Definition, hash string, force 
 			return "", err
 		}
 	}
-	if len(def.Steps) == 0 || (from == len(def.Steps) && fromCk == "") {
-		if ck, err = m.sb.Checkpoint(ctx, builder.ID, "env:"+def.Name); err != nil {
+	if def.Start != nil || len(def.Steps) == 0 {
+		if ck, err = m.capture(ctx, def, builder.ID, progress); err != nil {
 			return "", err
 		}
 		if err := m.store.PutEnvSnapshot(ctx, hash, def.Name, ck, len(def.Steps)); err != nil {
@@ -164,6 +170,16 @@ func (m *Manager) build(ctx context.Context, def Definition, hash string, force 
 		}
 	}
 	return ck, m.finishBuild(ctx, def, hash, ck, from, start, progress)
+}
+
+// capture takes the environment's snapshot of a builder whose steps have
+// run: a memory checkpoint after the start command when there is one, else
+// a filesystem checkpoint.
+func (m *Manager) capture(ctx context.Context, def Definition, builder string, progress func(Progress)) (string, error) {
+	if def.Start != nil {
+		return m.startAndCapture(ctx, def, builder, progress)
+	}
+	return m.sb.Checkpoint(ctx, builder, "env:"+def.Name)
 }
 
 // runStep runs step i in the builder and checkpoints the result.

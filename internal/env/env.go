@@ -54,15 +54,18 @@ type Definition struct {
 	Pids   int64  `json:"pids,omitempty"`
 	// Disk is the disk limit of the builder and of every sandbox of the
 	// environment ("2Gi"; "0" = none; "" = the daemon's default).
-	Disk      string            `json:"disk,omitempty"`
-	Env       map[string]string `json:"env,omitempty"`
-	Cwd       string            `json:"cwd,omitempty"`
-	Egress    string            `json:"egress,omitempty"`
-	Runtime   string            `json:"runtime,omitempty"`
-	Steps     []SetupStep       `json:"steps,omitempty"`
-	MaxAge    time.Duration     `json:"max_age,omitempty"`
-	PoolSize  int               `json:"pool_size,omitempty"`
-	SetupHash string            `json:"setup_hash,omitempty"`
+	Disk    string            `json:"disk,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Cwd     string            `json:"cwd,omitempty"`
+	Egress  string            `json:"egress,omitempty"`
+	Runtime string            `json:"runtime,omitempty"`
+	Steps   []SetupStep       `json:"steps,omitempty"`
+	// Start, when set, leaves processes running after the steps: the
+	// snapshot is then a memory checkpoint (see start.go).
+	Start     *StartCommand `json:"start,omitempty"`
+	MaxAge    time.Duration `json:"max_age,omitempty"`
+	PoolSize  int           `json:"pool_size,omitempty"`
+	SetupHash string        `json:"setup_hash,omitempty"`
 }
 
 // Status is an environment as the API shows it.
@@ -118,6 +121,17 @@ type Sandboxes interface {
 	WriteFile(ctx context.Context, sandbox, path string, data []byte, mode uint32) error
 	// Checkpoint captures a sandbox and returns the checkpoint's ID.
 	Checkpoint(ctx context.Context, sandbox, tag string) (string, error)
+	// Start runs a shell command in the background in a sandbox.
+	Start(ctx context.Context, sandbox, shell string) (int, error)
+	// Probe runs a shell command, bounded by timeout, and returns its exit
+	// code (its output is discarded).
+	Probe(ctx context.Context, sandbox, shell string, timeout time.Duration) (int, error)
+	// ReadFile reads a file in a sandbox.
+	ReadFile(ctx context.Context, sandbox, path string) ([]byte, error)
+	// CheckpointMemory captures a disposable sandbox's memory, processes
+	// and filesystem and returns the checkpoint's ID; the sandbox is
+	// closed by it.
+	CheckpointMemory(ctx context.Context, sandbox, tag string) (string, error)
 	// DeleteCheckpoint deletes a checkpoint and its snapshot.
 	DeleteCheckpoint(ctx context.Context, checkpoint string) error
 	// Delete closes a sandbox.
@@ -212,6 +226,11 @@ func (m *Manager) spawn(f func(ctx context.Context)) bool {
 // the snapshot after step n is keyed by. Name, max age and pool size are
 // not part of it (they do not change what is built).
 func (def *Definition) hashPrefix(digest string, n int) string {
+	return def.hashOf(digest, n, false)
+}
+
+// hashOf is hashPrefix, with the start command too when start is set.
+func (def *Definition) hashOf(digest string, n int, start bool) string {
 	keys := make([]string, 0, len(def.Env))
 	for k := range def.Env {
 		keys = append(keys, k)
@@ -230,9 +249,19 @@ func (def *Definition) hashPrefix(digest string, n int) string {
 		// disk limits were part of definitions stay the same.
 		h["disk"] = def.Disk
 	}
+	if start {
+		h["start"] = def.Start
+	}
 	b, _ := json.Marshal(h)
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
+}
+
+// hash is the hash of the whole definition: its snapshot's key. With a
+// start command it differs from the hash of all its steps (the filesystem
+// snapshot the start command runs on).
+func (def *Definition) hash(digest string) string {
+	return def.hashOf(digest, len(def.Steps), def.Start != nil)
 }
 
 // check validates a definition and returns its image's digest.
@@ -259,6 +288,9 @@ func (m *Manager) check(ctx context.Context, def *Definition) (string, error) {
 	if size > maxDefinitionBytes {
 		return "", fmt.Errorf("setup steps are %d bytes, more than %d: %w", size, maxDefinitionBytes, errdefs.ErrResourceExhausted)
 	}
+	if err := checkStart(def.Start); err != nil {
+		return "", err
+	}
 	return m.sb.Validate(ctx, def)
 }
 
@@ -269,7 +301,7 @@ func (m *Manager) define(ctx context.Context, def *Definition) (*store.Environme
 	if err != nil {
 		return nil, err
 	}
-	hash := def.hashPrefix(digest, len(def.Steps))
+	hash := def.hash(digest)
 	js, _ := json.Marshal(def)
 	rec, err := m.store.GetEnvironment(ctx, def.Name)
 	if errdefs.IsNotFound(err) {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/store"
@@ -30,6 +31,9 @@ type fakeSandboxes struct {
 	// checkpoint, once it is recorded; closed, the ID of each closed one.
 	started chan string
 	closed  chan string
+	// procNet, when set, is what the sandboxes' /proc/net/tcp holds (it is
+	// read under mu; a test may change it).
+	procNet []byte
 
 	mu       sync.Mutex
 	n        int
@@ -135,6 +139,40 @@ func (f *fakeSandboxes) WriteFile(ctx context.Context, sandbox, path string, dat
 func (f *fakeSandboxes) Checkpoint(ctx context.Context, sandbox, tag string) (string, error) {
 	ck := &store.Checkpoint{ID: f.next("ck-"), SandboxID: sandbox, Tag: tag, Kind: "filesystem", Runtime: "fake"}
 	return ck.ID, f.st.AddCheckpoint(ctx, ck)
+}
+
+func (f *fakeSandboxes) Start(ctx context.Context, sandbox, shell string) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.execs = append(f.execs, "start:"+shell)
+	return 42, nil
+}
+
+func (f *fakeSandboxes) Probe(ctx context.Context, sandbox, shell string, timeout time.Duration) (int, error) {
+	return f.Exec(ctx, sandbox, shell, io.Discard, io.Discard)
+}
+
+func (f *fakeSandboxes) ReadFile(ctx context.Context, sandbox, path string) ([]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if path != "/proc/net/tcp" || f.procNet == nil {
+		return nil, fmt.Errorf("%s: %w", path, errdefs.ErrNotFound)
+	}
+	return append([]byte(nil), f.procNet...), nil
+}
+
+func (f *fakeSandboxes) setProcNet(b string) {
+	f.mu.Lock()
+	f.procNet = []byte(b)
+	f.mu.Unlock()
+}
+
+func (f *fakeSandboxes) CheckpointMemory(ctx context.Context, sandbox, tag string) (string, error) {
+	ck := &store.Checkpoint{ID: f.next("ck-"), SandboxID: sandbox, Tag: tag, Kind: "filesystem+memory", Runtime: "fake"}
+	if err := f.st.AddCheckpoint(ctx, ck); err != nil {
+		return "", err
+	}
+	return ck.ID, f.Delete(ctx, sandbox)
 }
 
 func (f *fakeSandboxes) DeleteCheckpoint(ctx context.Context, checkpoint string) error {

@@ -170,7 +170,8 @@ func (m *Manager) startLease(ctx context.Context, l *lease) (*store.Sandbox, str
 }
 
 // CompleteBuild ends a lease: with ok, the builder is checkpointed as the
-// environment's snapshot; either way the builder is closed and waiters are
+// environment's snapshot (after its start command, if the definition has
+// one); either way the builder is closed and waiters are
 // released.
 func (m *Manager) CompleteBuild(ctx context.Context, id string, ok bool, reason string) (*Status, error) {
 	m.mu.Lock()
@@ -190,7 +191,7 @@ func (m *Manager) CompleteBuild(ctx context.Context, id string, ok bool, reason 
 		m.event(ctx, l.def.Name, "env.build_failed", map[string]any{"hash": l.hash, "error": reason})
 		return nil, err
 	}
-	ck, err := m.sb.Checkpoint(ctx, l.builder.ID, "env:"+l.def.Name)
+	ck, err := m.capture(ctx, l.def, l.builder.ID, func(Progress) {})
 	if err == nil {
 		err = m.store.PutEnvSnapshot(ctx, l.hash, l.def.Name, ck, len(l.def.Steps))
 	}

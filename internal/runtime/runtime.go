@@ -76,3 +76,12 @@ type MemoryCheckpointer interface {
 	Checkpoint(ctx context.Context, id, imageDir string) error
 	Restore(ctx context.Context, id, bundle, imageDir string) error
 }
+
+// LiveCheckpointer is the optional feature of memory checkpointers that can
+// save a container's memory and processes without stopping it for good
+// (gVisor's checkpoint --leave-running): CheckpointLive takes a running or
+// paused container and leaves it so (the caller pauses it around the save
+// when it needs the filesystem captured at the same instant).
+type LiveCheckpointer interface {
+	CheckpointLive(ctx context.Context, id, imageDir string) error
+}

@@ -27,6 +27,13 @@ func fromDefinition(p *v1.EnvironmentDefinition) (daemon.EnvDefinition, error) {
 	for _, s := range p.Steps {
 		def.Steps = append(def.Steps, daemon.SetupStep{Run: s.Run, WritePath: s.WritePath, WriteContent: s.WriteContent, WriteMode: s.WriteMode})
 	}
+	if st := p.Start; st != nil {
+		if st.ReadyTimeoutMs < 0 {
+			return def, fmt.Errorf("start: ready timeout %d ms is negative: %w", st.ReadyTimeoutMs, errdefs.ErrInvalidArgument)
+		}
+		def.Start = &daemon.StartCommand{Run: st.Run, ReadyPort: int(st.ReadyPort), ReadyCommand: st.ReadyCommand,
+			ReadyTimeout: time.Duration(min(st.ReadyTimeoutMs, int64(time.Hour/time.Millisecond))) * time.Millisecond}
+	}
 	return def, nil
 }
 
@@ -36,6 +43,10 @@ func toDefinition(def daemon.EnvDefinition) *v1.EnvironmentDefinition {
 		Resources: &v1.Resources{Cpu: def.CPU, Memory: def.Memory, Pids: def.Pids, Disk: def.Disk}}
 	for _, s := range def.Steps {
 		p.Steps = append(p.Steps, &v1.SetupStep{Run: s.Run, WritePath: s.WritePath, WriteContent: s.WriteContent, WriteMode: s.WriteMode})
+	}
+	if st := def.Start; st != nil {
+		p.Start = &v1.StartCommand{Run: st.Run, ReadyPort: int32(st.ReadyPort), ReadyCommand: st.ReadyCommand,
+			ReadyTimeoutMs: st.ReadyTimeout.Milliseconds()}
 	}
 	return p
 }

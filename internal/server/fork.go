@@ -95,7 +95,8 @@ func (s *sandboxes) Fork(ctx context.Context, req *connect.Request[v1.ForkReques
 		return nil, err
 	}
 	out := &v1.ForkResponse{Checkpoint: toCheckpoint(res.Checkpoint, s.name(ctx, res.Checkpoint.SandboxID)),
-		Captured: res.Captured, CaptureMs: res.CaptureMS, FlushMs: res.Checkpoint.FlushMS, TotalMs: res.TotalMS}
+		Captured: res.Captured, CaptureMs: res.CaptureMS, FlushMs: res.Checkpoint.FlushMS, TotalMs: res.TotalMS,
+		SourceDowntimeMs: res.SourceDowntimeMS}
 	for _, c := range res.Children {
 		fc := &v1.ForkChild{StartMs: c.StartMS}
 		if c.Sandbox != nil {

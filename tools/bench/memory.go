@@ -68,6 +68,10 @@ type MemFanout struct {
 	// Restore is each child's `runsc restore` (daemon debug log only).
 	Restore Summary `json:"runsc_restore"`
 	CloseMS float64 `json:"close_ms"`
+	// HostMBPerChild is the host memory in use (MemTotal - MemAvailable)
+	// after the fan-out minus before it, per started child: what one more
+	// child of the image costs the host (other work on the host adds noise).
+	HostMBPerChild float64 `json:"host_mb_per_child"`
 }
 
 // memLimit is the sandbox memory limit for a source holding size bytes.
@@ -226,6 +230,7 @@ func (b *bench) memFanout(ctx context.Context, r *MemoryResult, src *client.Sand
 	progress("  %s: one memory fork of %d children", r.Size, n)
 	f := &MemFanout{Count: n}
 	r.Fanout = f
+	usedBefore := usedGiB()
 	t := time.Now()
 	res, err := src.Fork(ctx, client.ForkOptions{Tag: "bench-memfanout", Count: n, Memory: true})
 	f.WallMS = ms(time.Since(t))
@@ -252,6 +257,9 @@ func (b *bench) memFanout(ctx context.Context, r *MemoryResult, src *client.Sand
 		}
 	}
 	f.ChildStart, f.Restore = summarize(starts), summarize(restores)
+	if f.Started > 0 {
+		f.HostMBPerChild = (usedGiB() - usedBefore) * 1024 / float64(f.Started)
+	}
 	t = time.Now()
 	b.close(ctx, kids...)
 	f.CloseMS = ms(time.Since(t))

@@ -8,7 +8,7 @@ import (
 // printMemory writes section 6.
 func printMemory(w io.Writer, ms []MemoryResult) {
 	fmt.Fprintf(w, "6. memory forks on gVisor: a source whose process holds N of resident memory (n=%d each; limit = 2N + 256Mi)\n", ms[0].Checkpoint.N)
-	fmt.Fprintln(w, "   memory checkpoint (CheckpointMemory): runsc checkpoint + snapshot; the source stops, then is restored in place")
+	fmt.Fprintln(w, "   memory checkpoint (CheckpointMemory): the source is paused, saved (runsc checkpoint --leave-running) and snapshotted, then resumed")
 	fmt.Fprintln(w, "resident\tsetup\timage MB\tcheckpoint (CaptureMs)\tsource downtime\tcall\t")
 	for _, m := range ms {
 		img := "-"
@@ -27,17 +27,18 @@ func printMemory(w io.Writer, ms []MemoryResult) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "   fan-out: one memory fork call")
-	fmt.Fprintln(w, "resident\tchildren\tstarted\talive\tcapture\ttotal\tchild start\trunsc restore\tclose all\t")
+	fmt.Fprintln(w, "resident\tchildren\tstarted\talive\tcapture\ttotal\tchild start\trunsc restore\tclose all\thost MB/child\t")
 	for _, m := range ms {
 		f := m.Fanout
 		if f == nil {
 			fmt.Fprintf(w, "%s\tskipped: %s\t\t\t\t\t\t\t\t\n", m.Size, m.FanoutSkip)
 			continue
 		}
-		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n", m.Size, f.Count, f.Started, f.Alive, num(f.CaptureMS),
-			num(f.TotalMS), pp(f.ChildStart), pp(f.Restore), num(f.CloseMS))
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", m.Size, f.Count, f.Started, f.Alive, num(f.CaptureMS),
+			num(f.TotalMS), pp(f.ChildStart), pp(f.Restore), num(f.CloseMS), num(f.HostMBPerChild))
 	}
 	fmt.Fprintln(w)
+	printMemTargets(w, ms)
 	fmt.Fprintln(w, "   allocator still running and beating (source after each checkpoint/fork, every memory-forked child)")
 	fmt.Fprintln(w, "resident\tchecks\tfailures\tfirst failure\t")
 	for _, m := range ms {
@@ -49,6 +50,51 @@ func printMemory(w io.Writer, ms []MemoryResult) {
 			}
 		}
 		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t\n", m.Size, m.Checks, m.Failures, first)
+	}
+	fmt.Fprintln(w)
+}
+
+// memTarget is one of issue 17's targets for this machine.
+type memTarget struct {
+	size, what string
+	limit      float64
+	got        func(m MemoryResult) (float64, bool)
+}
+
+var memTargets = []memTarget{
+	{"10MB", "memory-fork child start p50", 120, func(m MemoryResult) (float64, bool) { return m.ChildStart.Median, m.ChildStart.N > 0 }},
+	{"256MB", "memory-fork child start p50", 300, func(m MemoryResult) (float64, bool) { return m.ChildStart.Median, m.ChildStart.N > 0 }},
+	{"256MB", "fan-out of 10 children, total", 2000, func(m MemoryResult) (float64, bool) {
+		return fanoutTotal(m), m.Fanout != nil && m.Fanout.Count == 10
+	}},
+	{"256MB", "source downtime of a memory fork p50", 150, func(m MemoryResult) (float64, bool) { return m.ForkDowntime.Median, m.ForkDowntime.N > 0 }},
+}
+
+func fanoutTotal(m MemoryResult) float64 {
+	if m.Fanout == nil {
+		return 0
+	}
+	return m.Fanout.TotalMS
+}
+
+// printMemTargets says which targets this run met.
+func printMemTargets(w io.Writer, ms []MemoryResult) {
+	fmt.Fprintln(w, "   targets (issue 17, this machine)")
+	fmt.Fprintln(w, "resident\ttarget\tlimit ms\tmeasured ms\tstatus\t")
+	for _, t := range memTargets {
+		for _, m := range ms {
+			if m.Size != t.size {
+				continue
+			}
+			v, ok := t.got(m)
+			status := "not measured"
+			if ok && v <= t.limit {
+				status = "met"
+			} else if ok {
+				status = "missed"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t\n", m.Size, t.what, num(t.limit), num(v), status)
+		}
 	}
 	fmt.Fprintln(w)
 }

@@ -3124,13 +3124,16 @@ type ForkResponse struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Checkpoint *Checkpoint            `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
 	// What the children start from: "filesystem" or "filesystem+memory".
-	Captured      string       `protobuf:"bytes,2,opt,name=captured,proto3" json:"captured,omitempty"`
-	CaptureMs     float64      `protobuf:"fixed64,3,opt,name=capture_ms,json=captureMs,proto3" json:"capture_ms,omitempty"`
-	FlushMs       float64      `protobuf:"fixed64,6,opt,name=flush_ms,json=flushMs,proto3" json:"flush_ms,omitempty"`
-	Children      []*ForkChild `protobuf:"bytes,4,rep,name=children,proto3" json:"children,omitempty"`
-	TotalMs       float64      `protobuf:"fixed64,5,opt,name=total_ms,json=totalMs,proto3" json:"total_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Captured  string       `protobuf:"bytes,2,opt,name=captured,proto3" json:"captured,omitempty"`
+	CaptureMs float64      `protobuf:"fixed64,3,opt,name=capture_ms,json=captureMs,proto3" json:"capture_ms,omitempty"`
+	FlushMs   float64      `protobuf:"fixed64,6,opt,name=flush_ms,json=flushMs,proto3" json:"flush_ms,omitempty"`
+	Children  []*ForkChild `protobuf:"bytes,4,rep,name=children,proto3" json:"children,omitempty"`
+	TotalMs   float64      `protobuf:"fixed64,5,opt,name=total_ms,json=totalMs,proto3" json:"total_ms,omitempty"`
+	// How long the source stood still for a memory fork (from the start of
+	// its checkpoint until it ran again), in milliseconds; 0 otherwise.
+	SourceDowntimeMs float64 `protobuf:"fixed64,141,opt,name=source_downtime_ms,json=sourceDowntimeMs,proto3" json:"source_downtime_ms,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ForkResponse) Reset() {
@@ -3201,6 +3204,13 @@ func (x *ForkResponse) GetChildren() []*ForkChild {
 func (x *ForkResponse) GetTotalMs() float64 {
 	if x != nil {
 		return x.TotalMs
+	}
+	return 0
+}
+
+func (x *ForkResponse) GetSourceDowntimeMs() float64 {
+	if x != nil {
+		return x.SourceDowntimeMs
 	}
 	return 0
 }
@@ -5158,8 +5168,12 @@ type EnvironmentDefinition struct {
 	PoolSize int32 `protobuf:"varint,9,opt,name=pool_size,json=poolSize,proto3" json:"pool_size,omitempty"`
 	// For client-run setups: a hash of the setup code, part of the
 	// definition's hash.
-	SetupHash     string `protobuf:"bytes,10,opt,name=setup_hash,json=setupHash,proto3" json:"setup_hash,omitempty"`
-	Egress        string `protobuf:"bytes,11,opt,name=egress,proto3" json:"egress,omitempty"`
+	SetupHash string `protobuf:"bytes,10,opt,name=setup_hash,json=setupHash,proto3" json:"setup_hash,omitempty"`
+	Egress    string `protobuf:"bytes,11,opt,name=egress,proto3" json:"egress,omitempty"`
+	// Processes left running after the steps (gVisor only): the snapshot is
+	// then a memory checkpoint of the builder, and every sandbox of the
+	// environment continues them. Part of the definition's hash.
+	Start         *StartCommand `protobuf:"bytes,140,opt,name=start,proto3" json:"start,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5271,6 +5285,87 @@ func (x *EnvironmentDefinition) GetEgress() string {
 	return ""
 }
 
+func (x *EnvironmentDefinition) GetStart() *StartCommand {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+// StartCommand is what an environment leaves running in its snapshot, like
+// an E2B template's start command.
+type StartCommand struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A shell command started in the background after the setup steps.
+	Run string `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	// When set, the snapshot waits for a listening TCP socket on this port.
+	ReadyPort int32 `protobuf:"varint,2,opt,name=ready_port,json=readyPort,proto3" json:"ready_port,omitempty"`
+	// When set, a shell command run until it exits 0 before the snapshot.
+	ReadyCommand string `protobuf:"bytes,3,opt,name=ready_command,json=readyCommand,proto3" json:"ready_command,omitempty"`
+	// Bounds the wait for readiness (0: 60 s; at most 30 min).
+	ReadyTimeoutMs int64 `protobuf:"varint,4,opt,name=ready_timeout_ms,json=readyTimeoutMs,proto3" json:"ready_timeout_ms,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *StartCommand) Reset() {
+	*x = StartCommand{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartCommand) ProtoMessage() {}
+
+func (x *StartCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartCommand.ProtoReflect.Descriptor instead.
+func (*StartCommand) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{82}
+}
+
+func (x *StartCommand) GetRun() string {
+	if x != nil {
+		return x.Run
+	}
+	return ""
+}
+
+func (x *StartCommand) GetReadyPort() int32 {
+	if x != nil {
+		return x.ReadyPort
+	}
+	return 0
+}
+
+func (x *StartCommand) GetReadyCommand() string {
+	if x != nil {
+		return x.ReadyCommand
+	}
+	return ""
+}
+
+func (x *StartCommand) GetReadyTimeoutMs() int64 {
+	if x != nil {
+		return x.ReadyTimeoutMs
+	}
+	return 0
+}
+
 type Environment struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Definition *EnvironmentDefinition `protobuf:"bytes,1,opt,name=definition,proto3" json:"definition,omitempty"`
@@ -5292,7 +5387,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5304,7 +5399,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5317,7 +5412,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{82}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *Environment) GetDefinition() *EnvironmentDefinition {
@@ -5392,7 +5487,7 @@ type BuildEnvironmentRequest struct {
 
 func (x *BuildEnvironmentRequest) Reset() {
 	*x = BuildEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5404,7 +5499,7 @@ func (x *BuildEnvironmentRequest) String() string {
 func (*BuildEnvironmentRequest) ProtoMessage() {}
 
 func (x *BuildEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5417,7 +5512,7 @@ func (x *BuildEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*BuildEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{83}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *BuildEnvironmentRequest) GetDefinition() *EnvironmentDefinition {
@@ -5445,7 +5540,7 @@ type BuildProgress struct {
 
 func (x *BuildProgress) Reset() {
 	*x = BuildProgress{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5457,7 +5552,7 @@ func (x *BuildProgress) String() string {
 func (*BuildProgress) ProtoMessage() {}
 
 func (x *BuildProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5470,7 +5565,7 @@ func (x *BuildProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildProgress.ProtoReflect.Descriptor instead.
 func (*BuildProgress) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{84}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *BuildProgress) GetPhase() string {
@@ -5538,7 +5633,7 @@ type EnvironmentSandboxRequest struct {
 
 func (x *EnvironmentSandboxRequest) Reset() {
 	*x = EnvironmentSandboxRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[85]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5550,7 +5645,7 @@ func (x *EnvironmentSandboxRequest) String() string {
 func (*EnvironmentSandboxRequest) ProtoMessage() {}
 
 func (x *EnvironmentSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[85]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5563,7 +5658,7 @@ func (x *EnvironmentSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentSandboxRequest.ProtoReflect.Descriptor instead.
 func (*EnvironmentSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{85}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *EnvironmentSandboxRequest) GetDefinition() *EnvironmentDefinition {
@@ -5610,7 +5705,7 @@ type EnvironmentSandboxResponse struct {
 
 func (x *EnvironmentSandboxResponse) Reset() {
 	*x = EnvironmentSandboxResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[86]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5622,7 +5717,7 @@ func (x *EnvironmentSandboxResponse) String() string {
 func (*EnvironmentSandboxResponse) ProtoMessage() {}
 
 func (x *EnvironmentSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[86]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5635,7 +5730,7 @@ func (x *EnvironmentSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentSandboxResponse.ProtoReflect.Descriptor instead.
 func (*EnvironmentSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{86}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *EnvironmentSandboxResponse) GetSandbox() *Sandbox {
@@ -5682,7 +5777,7 @@ type GetEnvironmentRequest struct {
 
 func (x *GetEnvironmentRequest) Reset() {
 	*x = GetEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[87]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5694,7 +5789,7 @@ func (x *GetEnvironmentRequest) String() string {
 func (*GetEnvironmentRequest) ProtoMessage() {}
 
 func (x *GetEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[87]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5707,7 +5802,7 @@ func (x *GetEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*GetEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{87}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *GetEnvironmentRequest) GetName() string {
@@ -5726,7 +5821,7 @@ type GetEnvironmentResponse struct {
 
 func (x *GetEnvironmentResponse) Reset() {
 	*x = GetEnvironmentResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[88]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5738,7 +5833,7 @@ func (x *GetEnvironmentResponse) String() string {
 func (*GetEnvironmentResponse) ProtoMessage() {}
 
 func (x *GetEnvironmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[88]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5751,7 +5846,7 @@ func (x *GetEnvironmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEnvironmentResponse.ProtoReflect.Descriptor instead.
 func (*GetEnvironmentResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{88}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *GetEnvironmentResponse) GetEnvironment() *Environment {
@@ -5769,7 +5864,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[89]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5781,7 +5876,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[89]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5794,7 +5889,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{89}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{90}
 }
 
 type ListEnvironmentsResponse struct {
@@ -5806,7 +5901,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[90]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5818,7 +5913,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[90]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5831,7 +5926,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{90}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -5850,7 +5945,7 @@ type DeleteEnvironmentRequest struct {
 
 func (x *DeleteEnvironmentRequest) Reset() {
 	*x = DeleteEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[91]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5862,7 +5957,7 @@ func (x *DeleteEnvironmentRequest) String() string {
 func (*DeleteEnvironmentRequest) ProtoMessage() {}
 
 func (x *DeleteEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[91]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5875,7 +5970,7 @@ func (x *DeleteEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*DeleteEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{91}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *DeleteEnvironmentRequest) GetName() string {
@@ -5893,7 +5988,7 @@ type DeleteEnvironmentResponse struct {
 
 func (x *DeleteEnvironmentResponse) Reset() {
 	*x = DeleteEnvironmentResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[92]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5905,7 +6000,7 @@ func (x *DeleteEnvironmentResponse) String() string {
 func (*DeleteEnvironmentResponse) ProtoMessage() {}
 
 func (x *DeleteEnvironmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[92]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5918,7 +6013,7 @@ func (x *DeleteEnvironmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteEnvironmentResponse.ProtoReflect.Descriptor instead.
 func (*DeleteEnvironmentResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{92}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{93}
 }
 
 type BeginBuildRequest struct {
@@ -5930,7 +6025,7 @@ type BeginBuildRequest struct {
 
 func (x *BeginBuildRequest) Reset() {
 	*x = BeginBuildRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[93]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5942,7 +6037,7 @@ func (x *BeginBuildRequest) String() string {
 func (*BeginBuildRequest) ProtoMessage() {}
 
 func (x *BeginBuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[93]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5955,7 +6050,7 @@ func (x *BeginBuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginBuildRequest.ProtoReflect.Descriptor instead.
 func (*BeginBuildRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{93}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *BeginBuildRequest) GetDefinition() *EnvironmentDefinition {
@@ -5978,7 +6073,7 @@ type BeginBuildResponse struct {
 
 func (x *BeginBuildResponse) Reset() {
 	*x = BeginBuildResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[94]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5990,7 +6085,7 @@ func (x *BeginBuildResponse) String() string {
 func (*BeginBuildResponse) ProtoMessage() {}
 
 func (x *BeginBuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[94]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6003,7 +6098,7 @@ func (x *BeginBuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginBuildResponse.ProtoReflect.Descriptor instead.
 func (*BeginBuildResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{94}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *BeginBuildResponse) GetEnvironment() *Environment {
@@ -6039,7 +6134,7 @@ type CompleteBuildRequest struct {
 
 func (x *CompleteBuildRequest) Reset() {
 	*x = CompleteBuildRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[95]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6051,7 +6146,7 @@ func (x *CompleteBuildRequest) String() string {
 func (*CompleteBuildRequest) ProtoMessage() {}
 
 func (x *CompleteBuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[95]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6064,7 +6159,7 @@ func (x *CompleteBuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteBuildRequest.ProtoReflect.Descriptor instead.
 func (*CompleteBuildRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{95}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *CompleteBuildRequest) GetLease() string {
@@ -6097,7 +6192,7 @@ type CompleteBuildResponse struct {
 
 func (x *CompleteBuildResponse) Reset() {
 	*x = CompleteBuildResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[96]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6109,7 +6204,7 @@ func (x *CompleteBuildResponse) String() string {
 func (*CompleteBuildResponse) ProtoMessage() {}
 
 func (x *CompleteBuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[96]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6122,7 +6217,7 @@ func (x *CompleteBuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteBuildResponse.ProtoReflect.Descriptor instead.
 func (*CompleteBuildResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{96}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *CompleteBuildResponse) GetEnvironment() *Environment {
@@ -6145,7 +6240,7 @@ type SetEgressRequest struct {
 
 func (x *SetEgressRequest) Reset() {
 	*x = SetEgressRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[97]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6157,7 +6252,7 @@ func (x *SetEgressRequest) String() string {
 func (*SetEgressRequest) ProtoMessage() {}
 
 func (x *SetEgressRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[97]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6170,7 +6265,7 @@ func (x *SetEgressRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEgressRequest.ProtoReflect.Descriptor instead.
 func (*SetEgressRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{97}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *SetEgressRequest) GetSandbox() string {
@@ -6210,7 +6305,7 @@ type SetEgressResponse struct {
 
 func (x *SetEgressResponse) Reset() {
 	*x = SetEgressResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[98]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6222,7 +6317,7 @@ func (x *SetEgressResponse) String() string {
 func (*SetEgressResponse) ProtoMessage() {}
 
 func (x *SetEgressResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[98]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6235,7 +6330,7 @@ func (x *SetEgressResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEgressResponse.ProtoReflect.Descriptor instead.
 func (*SetEgressResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{98}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *SetEgressResponse) GetSandbox() *Sandbox {
@@ -6498,7 +6593,7 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\x1f\n" +
 	"\verror_class\x18\x03 \x01(\tR\n" +
 	"errorClass\x12\x19\n" +
-	"\bstart_ms\x18\x04 \x01(\x01R\astartMs\"\xea\x01\n" +
+	"\bstart_ms\x18\x04 \x01(\x01R\astartMs\"\x99\x02\n" +
 	"\fForkResponse\x126\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\v2\x16.forkbox.v1.CheckpointR\n" +
@@ -6508,7 +6603,8 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"capture_ms\x18\x03 \x01(\x01R\tcaptureMs\x12\x19\n" +
 	"\bflush_ms\x18\x06 \x01(\x01R\aflushMs\x121\n" +
 	"\bchildren\x18\x04 \x03(\v2\x15.forkbox.v1.ForkChildR\bchildren\x12\x19\n" +
-	"\btotal_ms\x18\x05 \x01(\x01R\atotalMs\"\x84\x02\n" +
+	"\btotal_ms\x18\x05 \x01(\x01R\atotalMs\x12-\n" +
+	"\x12source_downtime_ms\x18\x8d\x01 \x01(\x01R\x10sourceDowntimeMs\"\x84\x02\n" +
 	"\x16RestoreSnapshotRequest\x12\x1e\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\tR\n" +
@@ -6654,7 +6750,7 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"write_path\x18\x02 \x01(\tR\twritePath\x12#\n" +
 	"\rwrite_content\x18\x03 \x01(\fR\fwriteContent\x12\x1d\n" +
 	"\n" +
-	"write_mode\x18\x04 \x01(\rR\twriteMode\"\xc1\x03\n" +
+	"write_mode\x18\x04 \x01(\rR\twriteMode\"\xf2\x03\n" +
 	"\x15EnvironmentDefinition\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x123\n" +
@@ -6668,10 +6764,17 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\n" +
 	"setup_hash\x18\n" +
 	" \x01(\tR\tsetupHash\x12\x16\n" +
-	"\x06egress\x18\v \x01(\tR\x06egress\x1a6\n" +
+	"\x06egress\x18\v \x01(\tR\x06egress\x12/\n" +
+	"\x05start\x18\x8c\x01 \x01(\v2\x18.forkbox.v1.StartCommandR\x05start\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb6\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8e\x01\n" +
+	"\fStartCommand\x12\x10\n" +
+	"\x03run\x18\x01 \x01(\tR\x03run\x12\x1d\n" +
+	"\n" +
+	"ready_port\x18\x02 \x01(\x05R\treadyPort\x12#\n" +
+	"\rready_command\x18\x03 \x01(\tR\freadyCommand\x12(\n" +
+	"\x10ready_timeout_ms\x18\x04 \x01(\x03R\x0ereadyTimeoutMs\"\xb6\x02\n" +
 	"\vEnvironment\x12A\n" +
 	"\n" +
 	"definition\x18\x01 \x01(\v2!.forkbox.v1.EnvironmentDefinitionR\n" +
@@ -6807,7 +6910,7 @@ func file_forkbox_v1_forkbox_proto_rawDescGZIP() []byte {
 	return file_forkbox_v1_forkbox_proto_rawDescData
 }
 
-var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 108)
+var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 109)
 var file_forkbox_v1_forkbox_proto_goTypes = []any{
 	(*Resources)(nil),                  // 0: forkbox.v1.Resources
 	(*Sandbox)(nil),                    // 1: forkbox.v1.Sandbox
@@ -6891,45 +6994,46 @@ var file_forkbox_v1_forkbox_proto_goTypes = []any{
 	(*RemoveImageResponse)(nil),        // 79: forkbox.v1.RemoveImageResponse
 	(*SetupStep)(nil),                  // 80: forkbox.v1.SetupStep
 	(*EnvironmentDefinition)(nil),      // 81: forkbox.v1.EnvironmentDefinition
-	(*Environment)(nil),                // 82: forkbox.v1.Environment
-	(*BuildEnvironmentRequest)(nil),    // 83: forkbox.v1.BuildEnvironmentRequest
-	(*BuildProgress)(nil),              // 84: forkbox.v1.BuildProgress
-	(*EnvironmentSandboxRequest)(nil),  // 85: forkbox.v1.EnvironmentSandboxRequest
-	(*EnvironmentSandboxResponse)(nil), // 86: forkbox.v1.EnvironmentSandboxResponse
-	(*GetEnvironmentRequest)(nil),      // 87: forkbox.v1.GetEnvironmentRequest
-	(*GetEnvironmentResponse)(nil),     // 88: forkbox.v1.GetEnvironmentResponse
-	(*ListEnvironmentsRequest)(nil),    // 89: forkbox.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil),   // 90: forkbox.v1.ListEnvironmentsResponse
-	(*DeleteEnvironmentRequest)(nil),   // 91: forkbox.v1.DeleteEnvironmentRequest
-	(*DeleteEnvironmentResponse)(nil),  // 92: forkbox.v1.DeleteEnvironmentResponse
-	(*BeginBuildRequest)(nil),          // 93: forkbox.v1.BeginBuildRequest
-	(*BeginBuildResponse)(nil),         // 94: forkbox.v1.BeginBuildResponse
-	(*CompleteBuildRequest)(nil),       // 95: forkbox.v1.CompleteBuildRequest
-	(*CompleteBuildResponse)(nil),      // 96: forkbox.v1.CompleteBuildResponse
-	(*SetEgressRequest)(nil),           // 97: forkbox.v1.SetEgressRequest
-	(*SetEgressResponse)(nil),          // 98: forkbox.v1.SetEgressResponse
-	nil,                                // 99: forkbox.v1.Sandbox.EnvEntry
-	nil,                                // 100: forkbox.v1.CreateSandboxRequest.EnvEntry
-	nil,                                // 101: forkbox.v1.ExecRequest.EnvEntry
-	nil,                                // 102: forkbox.v1.PtyStart.EnvEntry
-	nil,                                // 103: forkbox.v1.Overrides.EnvEntry
-	nil,                                // 104: forkbox.v1.ForkRequest.CredentialsEntry
-	nil,                                // 105: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
-	nil,                                // 106: forkbox.v1.SandboxMetrics.UnavailableEntry
-	nil,                                // 107: forkbox.v1.EnvironmentDefinition.EnvEntry
+	(*StartCommand)(nil),               // 82: forkbox.v1.StartCommand
+	(*Environment)(nil),                // 83: forkbox.v1.Environment
+	(*BuildEnvironmentRequest)(nil),    // 84: forkbox.v1.BuildEnvironmentRequest
+	(*BuildProgress)(nil),              // 85: forkbox.v1.BuildProgress
+	(*EnvironmentSandboxRequest)(nil),  // 86: forkbox.v1.EnvironmentSandboxRequest
+	(*EnvironmentSandboxResponse)(nil), // 87: forkbox.v1.EnvironmentSandboxResponse
+	(*GetEnvironmentRequest)(nil),      // 88: forkbox.v1.GetEnvironmentRequest
+	(*GetEnvironmentResponse)(nil),     // 89: forkbox.v1.GetEnvironmentResponse
+	(*ListEnvironmentsRequest)(nil),    // 90: forkbox.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil),   // 91: forkbox.v1.ListEnvironmentsResponse
+	(*DeleteEnvironmentRequest)(nil),   // 92: forkbox.v1.DeleteEnvironmentRequest
+	(*DeleteEnvironmentResponse)(nil),  // 93: forkbox.v1.DeleteEnvironmentResponse
+	(*BeginBuildRequest)(nil),          // 94: forkbox.v1.BeginBuildRequest
+	(*BeginBuildResponse)(nil),         // 95: forkbox.v1.BeginBuildResponse
+	(*CompleteBuildRequest)(nil),       // 96: forkbox.v1.CompleteBuildRequest
+	(*CompleteBuildResponse)(nil),      // 97: forkbox.v1.CompleteBuildResponse
+	(*SetEgressRequest)(nil),           // 98: forkbox.v1.SetEgressRequest
+	(*SetEgressResponse)(nil),          // 99: forkbox.v1.SetEgressResponse
+	nil,                                // 100: forkbox.v1.Sandbox.EnvEntry
+	nil,                                // 101: forkbox.v1.CreateSandboxRequest.EnvEntry
+	nil,                                // 102: forkbox.v1.ExecRequest.EnvEntry
+	nil,                                // 103: forkbox.v1.PtyStart.EnvEntry
+	nil,                                // 104: forkbox.v1.Overrides.EnvEntry
+	nil,                                // 105: forkbox.v1.ForkRequest.CredentialsEntry
+	nil,                                // 106: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	nil,                                // 107: forkbox.v1.SandboxMetrics.UnavailableEntry
+	nil,                                // 108: forkbox.v1.EnvironmentDefinition.EnvEntry
 }
 var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	0,   // 0: forkbox.v1.Sandbox.resources:type_name -> forkbox.v1.Resources
-	99,  // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
+	100, // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
 	0,   // 2: forkbox.v1.CreateSandboxRequest.resources:type_name -> forkbox.v1.Resources
-	100, // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
+	101, // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
 	1,   // 4: forkbox.v1.CreateSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,   // 5: forkbox.v1.GetSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,   // 6: forkbox.v1.ListSandboxesResponse.sandboxes:type_name -> forkbox.v1.Sandbox
-	101, // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
+	102, // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
 	12,  // 8: forkbox.v1.ExecResponse.started:type_name -> forkbox.v1.ExecStarted
 	13,  // 9: forkbox.v1.ExecResponse.exit:type_name -> forkbox.v1.ExecExit
-	102, // 10: forkbox.v1.PtyStart.env:type_name -> forkbox.v1.PtyStart.EnvEntry
+	103, // 10: forkbox.v1.PtyStart.env:type_name -> forkbox.v1.PtyStart.EnvEntry
 	14,  // 11: forkbox.v1.PtyStart.size:type_name -> forkbox.v1.PtySize
 	15,  // 12: forkbox.v1.PtyRequest.start:type_name -> forkbox.v1.PtyStart
 	14,  // 13: forkbox.v1.PtyRequest.resize:type_name -> forkbox.v1.PtySize
@@ -6945,14 +7049,14 @@ var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	37,  // 23: forkbox.v1.CheckpointResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
 	37,  // 24: forkbox.v1.ListCheckpointsResponse.checkpoints:type_name -> forkbox.v1.Checkpoint
 	0,   // 25: forkbox.v1.Overrides.resources:type_name -> forkbox.v1.Resources
-	103, // 26: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
+	104, // 26: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
 	44,  // 27: forkbox.v1.ForkRequest.overrides:type_name -> forkbox.v1.Overrides
-	104, // 28: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
+	105, // 28: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
 	1,   // 29: forkbox.v1.ForkChild.sandbox:type_name -> forkbox.v1.Sandbox
 	37,  // 30: forkbox.v1.ForkResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
 	46,  // 31: forkbox.v1.ForkResponse.children:type_name -> forkbox.v1.ForkChild
 	44,  // 32: forkbox.v1.RestoreSnapshotRequest.overrides:type_name -> forkbox.v1.Overrides
-	105, // 33: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	106, // 33: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
 	1,   // 34: forkbox.v1.RestoreSnapshotResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,   // 35: forkbox.v1.ResumeResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	37,  // 36: forkbox.v1.ResumeResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
@@ -6960,114 +7064,115 @@ var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	53,  // 38: forkbox.v1.SetCredentialRequest.credential:type_name -> forkbox.v1.Credential
 	53,  // 39: forkbox.v1.SetCredentialResponse.credential:type_name -> forkbox.v1.Credential
 	53,  // 40: forkbox.v1.ListCredentialsResponse.credentials:type_name -> forkbox.v1.Credential
-	106, // 41: forkbox.v1.SandboxMetrics.unavailable:type_name -> forkbox.v1.SandboxMetrics.UnavailableEntry
+	107, // 41: forkbox.v1.SandboxMetrics.unavailable:type_name -> forkbox.v1.SandboxMetrics.UnavailableEntry
 	61,  // 42: forkbox.v1.GetSandboxMetricsResponse.metrics:type_name -> forkbox.v1.SandboxMetrics
 	63,  // 43: forkbox.v1.CopyToRequest.header:type_name -> forkbox.v1.CopyToHeader
 	1,   // 44: forkbox.v1.SetTimeoutResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	72,  // 45: forkbox.v1.ImageProgress.image:type_name -> forkbox.v1.Image
 	72,  // 46: forkbox.v1.ListImagesResponse.images:type_name -> forkbox.v1.Image
 	0,   // 47: forkbox.v1.EnvironmentDefinition.resources:type_name -> forkbox.v1.Resources
-	107, // 48: forkbox.v1.EnvironmentDefinition.env:type_name -> forkbox.v1.EnvironmentDefinition.EnvEntry
+	108, // 48: forkbox.v1.EnvironmentDefinition.env:type_name -> forkbox.v1.EnvironmentDefinition.EnvEntry
 	80,  // 49: forkbox.v1.EnvironmentDefinition.steps:type_name -> forkbox.v1.SetupStep
-	81,  // 50: forkbox.v1.Environment.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	81,  // 51: forkbox.v1.BuildEnvironmentRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	82,  // 52: forkbox.v1.BuildProgress.environment:type_name -> forkbox.v1.Environment
-	81,  // 53: forkbox.v1.EnvironmentSandboxRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	44,  // 54: forkbox.v1.EnvironmentSandboxRequest.overrides:type_name -> forkbox.v1.Overrides
-	1,   // 55: forkbox.v1.EnvironmentSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	82,  // 56: forkbox.v1.EnvironmentSandboxResponse.environment:type_name -> forkbox.v1.Environment
-	82,  // 57: forkbox.v1.GetEnvironmentResponse.environment:type_name -> forkbox.v1.Environment
-	82,  // 58: forkbox.v1.ListEnvironmentsResponse.environments:type_name -> forkbox.v1.Environment
-	81,  // 59: forkbox.v1.BeginBuildRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	82,  // 60: forkbox.v1.BeginBuildResponse.environment:type_name -> forkbox.v1.Environment
-	1,   // 61: forkbox.v1.BeginBuildResponse.builder:type_name -> forkbox.v1.Sandbox
-	82,  // 62: forkbox.v1.CompleteBuildResponse.environment:type_name -> forkbox.v1.Environment
-	1,   // 63: forkbox.v1.SetEgressResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	2,   // 64: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
-	4,   // 65: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
-	6,   // 66: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
-	8,   // 67: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
-	10,  // 68: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
-	19,  // 69: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
-	21,  // 70: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
-	23,  // 71: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
-	26,  // 72: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
-	29,  // 73: forkbox.v1.SandboxService.PauseSandbox:input_type -> forkbox.v1.PauseSandboxRequest
-	31,  // 74: forkbox.v1.SandboxService.UnpauseSandbox:input_type -> forkbox.v1.UnpauseSandboxRequest
-	33,  // 75: forkbox.v1.SandboxService.HibernateSandbox:input_type -> forkbox.v1.HibernateSandboxRequest
-	35,  // 76: forkbox.v1.SandboxService.WakeSandbox:input_type -> forkbox.v1.WakeSandboxRequest
-	38,  // 77: forkbox.v1.SandboxService.Checkpoint:input_type -> forkbox.v1.CheckpointRequest
-	40,  // 78: forkbox.v1.SandboxService.ListCheckpoints:input_type -> forkbox.v1.ListCheckpointsRequest
-	42,  // 79: forkbox.v1.SandboxService.DeleteCheckpoint:input_type -> forkbox.v1.DeleteCheckpointRequest
-	45,  // 80: forkbox.v1.SandboxService.Fork:input_type -> forkbox.v1.ForkRequest
-	48,  // 81: forkbox.v1.SandboxService.RestoreSnapshot:input_type -> forkbox.v1.RestoreSnapshotRequest
-	50,  // 82: forkbox.v1.SandboxService.Resume:input_type -> forkbox.v1.ResumeRequest
-	54,  // 83: forkbox.v1.SandboxService.SetCredential:input_type -> forkbox.v1.SetCredentialRequest
-	56,  // 84: forkbox.v1.SandboxService.ListCredentials:input_type -> forkbox.v1.ListCredentialsRequest
-	58,  // 85: forkbox.v1.SandboxService.DeleteCredential:input_type -> forkbox.v1.DeleteCredentialRequest
-	17,  // 86: forkbox.v1.SandboxService.ExecPty:input_type -> forkbox.v1.PtyRequest
-	60,  // 87: forkbox.v1.SandboxService.GetSandboxMetrics:input_type -> forkbox.v1.GetSandboxMetricsRequest
-	64,  // 88: forkbox.v1.SandboxService.CopyTo:input_type -> forkbox.v1.CopyToRequest
-	66,  // 89: forkbox.v1.SandboxService.CopyFrom:input_type -> forkbox.v1.CopyFromRequest
-	68,  // 90: forkbox.v1.SandboxService.SetTimeout:input_type -> forkbox.v1.SetTimeoutRequest
-	70,  // 91: forkbox.v1.SandboxService.GetPortURL:input_type -> forkbox.v1.GetPortURLRequest
-	97,  // 92: forkbox.v1.SandboxService.SetEgress:input_type -> forkbox.v1.SetEgressRequest
-	73,  // 93: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
-	74,  // 94: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
-	76,  // 95: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
-	78,  // 96: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
-	83,  // 97: forkbox.v1.EnvironmentService.BuildEnvironment:input_type -> forkbox.v1.BuildEnvironmentRequest
-	85,  // 98: forkbox.v1.EnvironmentService.EnvironmentSandbox:input_type -> forkbox.v1.EnvironmentSandboxRequest
-	87,  // 99: forkbox.v1.EnvironmentService.GetEnvironment:input_type -> forkbox.v1.GetEnvironmentRequest
-	89,  // 100: forkbox.v1.EnvironmentService.ListEnvironments:input_type -> forkbox.v1.ListEnvironmentsRequest
-	91,  // 101: forkbox.v1.EnvironmentService.DeleteEnvironment:input_type -> forkbox.v1.DeleteEnvironmentRequest
-	93,  // 102: forkbox.v1.EnvironmentService.BeginBuild:input_type -> forkbox.v1.BeginBuildRequest
-	95,  // 103: forkbox.v1.EnvironmentService.CompleteBuild:input_type -> forkbox.v1.CompleteBuildRequest
-	3,   // 104: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
-	5,   // 105: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
-	7,   // 106: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
-	9,   // 107: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
-	11,  // 108: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
-	20,  // 109: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
-	22,  // 110: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
-	25,  // 111: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
-	28,  // 112: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
-	30,  // 113: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
-	32,  // 114: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
-	34,  // 115: forkbox.v1.SandboxService.HibernateSandbox:output_type -> forkbox.v1.HibernateSandboxResponse
-	36,  // 116: forkbox.v1.SandboxService.WakeSandbox:output_type -> forkbox.v1.WakeSandboxResponse
-	39,  // 117: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
-	41,  // 118: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
-	43,  // 119: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
-	47,  // 120: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
-	49,  // 121: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
-	52,  // 122: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
-	55,  // 123: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
-	57,  // 124: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
-	59,  // 125: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
-	18,  // 126: forkbox.v1.SandboxService.ExecPty:output_type -> forkbox.v1.PtyResponse
-	62,  // 127: forkbox.v1.SandboxService.GetSandboxMetrics:output_type -> forkbox.v1.GetSandboxMetricsResponse
-	65,  // 128: forkbox.v1.SandboxService.CopyTo:output_type -> forkbox.v1.CopyToResponse
-	67,  // 129: forkbox.v1.SandboxService.CopyFrom:output_type -> forkbox.v1.CopyFromResponse
-	69,  // 130: forkbox.v1.SandboxService.SetTimeout:output_type -> forkbox.v1.SetTimeoutResponse
-	71,  // 131: forkbox.v1.SandboxService.GetPortURL:output_type -> forkbox.v1.GetPortURLResponse
-	98,  // 132: forkbox.v1.SandboxService.SetEgress:output_type -> forkbox.v1.SetEgressResponse
-	75,  // 133: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
-	75,  // 134: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
-	77,  // 135: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
-	79,  // 136: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
-	84,  // 137: forkbox.v1.EnvironmentService.BuildEnvironment:output_type -> forkbox.v1.BuildProgress
-	86,  // 138: forkbox.v1.EnvironmentService.EnvironmentSandbox:output_type -> forkbox.v1.EnvironmentSandboxResponse
-	88,  // 139: forkbox.v1.EnvironmentService.GetEnvironment:output_type -> forkbox.v1.GetEnvironmentResponse
-	90,  // 140: forkbox.v1.EnvironmentService.ListEnvironments:output_type -> forkbox.v1.ListEnvironmentsResponse
-	92,  // 141: forkbox.v1.EnvironmentService.DeleteEnvironment:output_type -> forkbox.v1.DeleteEnvironmentResponse
-	94,  // 142: forkbox.v1.EnvironmentService.BeginBuild:output_type -> forkbox.v1.BeginBuildResponse
-	96,  // 143: forkbox.v1.EnvironmentService.CompleteBuild:output_type -> forkbox.v1.CompleteBuildResponse
-	104, // [104:144] is the sub-list for method output_type
-	64,  // [64:104] is the sub-list for method input_type
-	64,  // [64:64] is the sub-list for extension type_name
-	64,  // [64:64] is the sub-list for extension extendee
-	0,   // [0:64] is the sub-list for field type_name
+	82,  // 50: forkbox.v1.EnvironmentDefinition.start:type_name -> forkbox.v1.StartCommand
+	81,  // 51: forkbox.v1.Environment.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	81,  // 52: forkbox.v1.BuildEnvironmentRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	83,  // 53: forkbox.v1.BuildProgress.environment:type_name -> forkbox.v1.Environment
+	81,  // 54: forkbox.v1.EnvironmentSandboxRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	44,  // 55: forkbox.v1.EnvironmentSandboxRequest.overrides:type_name -> forkbox.v1.Overrides
+	1,   // 56: forkbox.v1.EnvironmentSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	83,  // 57: forkbox.v1.EnvironmentSandboxResponse.environment:type_name -> forkbox.v1.Environment
+	83,  // 58: forkbox.v1.GetEnvironmentResponse.environment:type_name -> forkbox.v1.Environment
+	83,  // 59: forkbox.v1.ListEnvironmentsResponse.environments:type_name -> forkbox.v1.Environment
+	81,  // 60: forkbox.v1.BeginBuildRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	83,  // 61: forkbox.v1.BeginBuildResponse.environment:type_name -> forkbox.v1.Environment
+	1,   // 62: forkbox.v1.BeginBuildResponse.builder:type_name -> forkbox.v1.Sandbox
+	83,  // 63: forkbox.v1.CompleteBuildResponse.environment:type_name -> forkbox.v1.Environment
+	1,   // 64: forkbox.v1.SetEgressResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	2,   // 65: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
+	4,   // 66: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
+	6,   // 67: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
+	8,   // 68: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
+	10,  // 69: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
+	19,  // 70: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
+	21,  // 71: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
+	23,  // 72: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
+	26,  // 73: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
+	29,  // 74: forkbox.v1.SandboxService.PauseSandbox:input_type -> forkbox.v1.PauseSandboxRequest
+	31,  // 75: forkbox.v1.SandboxService.UnpauseSandbox:input_type -> forkbox.v1.UnpauseSandboxRequest
+	33,  // 76: forkbox.v1.SandboxService.HibernateSandbox:input_type -> forkbox.v1.HibernateSandboxRequest
+	35,  // 77: forkbox.v1.SandboxService.WakeSandbox:input_type -> forkbox.v1.WakeSandboxRequest
+	38,  // 78: forkbox.v1.SandboxService.Checkpoint:input_type -> forkbox.v1.CheckpointRequest
+	40,  // 79: forkbox.v1.SandboxService.ListCheckpoints:input_type -> forkbox.v1.ListCheckpointsRequest
+	42,  // 80: forkbox.v1.SandboxService.DeleteCheckpoint:input_type -> forkbox.v1.DeleteCheckpointRequest
+	45,  // 81: forkbox.v1.SandboxService.Fork:input_type -> forkbox.v1.ForkRequest
+	48,  // 82: forkbox.v1.SandboxService.RestoreSnapshot:input_type -> forkbox.v1.RestoreSnapshotRequest
+	50,  // 83: forkbox.v1.SandboxService.Resume:input_type -> forkbox.v1.ResumeRequest
+	54,  // 84: forkbox.v1.SandboxService.SetCredential:input_type -> forkbox.v1.SetCredentialRequest
+	56,  // 85: forkbox.v1.SandboxService.ListCredentials:input_type -> forkbox.v1.ListCredentialsRequest
+	58,  // 86: forkbox.v1.SandboxService.DeleteCredential:input_type -> forkbox.v1.DeleteCredentialRequest
+	17,  // 87: forkbox.v1.SandboxService.ExecPty:input_type -> forkbox.v1.PtyRequest
+	60,  // 88: forkbox.v1.SandboxService.GetSandboxMetrics:input_type -> forkbox.v1.GetSandboxMetricsRequest
+	64,  // 89: forkbox.v1.SandboxService.CopyTo:input_type -> forkbox.v1.CopyToRequest
+	66,  // 90: forkbox.v1.SandboxService.CopyFrom:input_type -> forkbox.v1.CopyFromRequest
+	68,  // 91: forkbox.v1.SandboxService.SetTimeout:input_type -> forkbox.v1.SetTimeoutRequest
+	70,  // 92: forkbox.v1.SandboxService.GetPortURL:input_type -> forkbox.v1.GetPortURLRequest
+	98,  // 93: forkbox.v1.SandboxService.SetEgress:input_type -> forkbox.v1.SetEgressRequest
+	73,  // 94: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
+	74,  // 95: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
+	76,  // 96: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
+	78,  // 97: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
+	84,  // 98: forkbox.v1.EnvironmentService.BuildEnvironment:input_type -> forkbox.v1.BuildEnvironmentRequest
+	86,  // 99: forkbox.v1.EnvironmentService.EnvironmentSandbox:input_type -> forkbox.v1.EnvironmentSandboxRequest
+	88,  // 100: forkbox.v1.EnvironmentService.GetEnvironment:input_type -> forkbox.v1.GetEnvironmentRequest
+	90,  // 101: forkbox.v1.EnvironmentService.ListEnvironments:input_type -> forkbox.v1.ListEnvironmentsRequest
+	92,  // 102: forkbox.v1.EnvironmentService.DeleteEnvironment:input_type -> forkbox.v1.DeleteEnvironmentRequest
+	94,  // 103: forkbox.v1.EnvironmentService.BeginBuild:input_type -> forkbox.v1.BeginBuildRequest
+	96,  // 104: forkbox.v1.EnvironmentService.CompleteBuild:input_type -> forkbox.v1.CompleteBuildRequest
+	3,   // 105: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
+	5,   // 106: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
+	7,   // 107: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
+	9,   // 108: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
+	11,  // 109: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
+	20,  // 110: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
+	22,  // 111: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
+	25,  // 112: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
+	28,  // 113: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
+	30,  // 114: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
+	32,  // 115: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
+	34,  // 116: forkbox.v1.SandboxService.HibernateSandbox:output_type -> forkbox.v1.HibernateSandboxResponse
+	36,  // 117: forkbox.v1.SandboxService.WakeSandbox:output_type -> forkbox.v1.WakeSandboxResponse
+	39,  // 118: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
+	41,  // 119: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
+	43,  // 120: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
+	47,  // 121: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
+	49,  // 122: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
+	52,  // 123: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
+	55,  // 124: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
+	57,  // 125: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
+	59,  // 126: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
+	18,  // 127: forkbox.v1.SandboxService.ExecPty:output_type -> forkbox.v1.PtyResponse
+	62,  // 128: forkbox.v1.SandboxService.GetSandboxMetrics:output_type -> forkbox.v1.GetSandboxMetricsResponse
+	65,  // 129: forkbox.v1.SandboxService.CopyTo:output_type -> forkbox.v1.CopyToResponse
+	67,  // 130: forkbox.v1.SandboxService.CopyFrom:output_type -> forkbox.v1.CopyFromResponse
+	69,  // 131: forkbox.v1.SandboxService.SetTimeout:output_type -> forkbox.v1.SetTimeoutResponse
+	71,  // 132: forkbox.v1.SandboxService.GetPortURL:output_type -> forkbox.v1.GetPortURLResponse
+	99,  // 133: forkbox.v1.SandboxService.SetEgress:output_type -> forkbox.v1.SetEgressResponse
+	75,  // 134: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
+	75,  // 135: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
+	77,  // 136: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
+	79,  // 137: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
+	85,  // 138: forkbox.v1.EnvironmentService.BuildEnvironment:output_type -> forkbox.v1.BuildProgress
+	87,  // 139: forkbox.v1.EnvironmentService.EnvironmentSandbox:output_type -> forkbox.v1.EnvironmentSandboxResponse
+	89,  // 140: forkbox.v1.EnvironmentService.GetEnvironment:output_type -> forkbox.v1.GetEnvironmentResponse
+	91,  // 141: forkbox.v1.EnvironmentService.ListEnvironments:output_type -> forkbox.v1.ListEnvironmentsResponse
+	93,  // 142: forkbox.v1.EnvironmentService.DeleteEnvironment:output_type -> forkbox.v1.DeleteEnvironmentResponse
+	95,  // 143: forkbox.v1.EnvironmentService.BeginBuild:output_type -> forkbox.v1.BeginBuildResponse
+	97,  // 144: forkbox.v1.EnvironmentService.CompleteBuild:output_type -> forkbox.v1.CompleteBuildResponse
+	105, // [105:145] is the sub-list for method output_type
+	65,  // [65:105] is the sub-list for method input_type
+	65,  // [65:65] is the sub-list for extension type_name
+	65,  // [65:65] is the sub-list for extension extendee
+	0,   // [0:65] is the sub-list for field type_name
 }
 
 func init() { file_forkbox_v1_forkbox_proto_init() }
@@ -7102,7 +7207,7 @@ func file_forkbox_v1_forkbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkbox_v1_forkbox_proto_rawDesc), len(file_forkbox_v1_forkbox_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   108,
+			NumMessages:   109,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

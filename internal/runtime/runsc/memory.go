@@ -26,6 +26,8 @@ import (
 	"github.com/forkbox/forkbox/internal/runtime"
 )
 
+var _ runtime.LiveCheckpointer = (*Runsc)(nil)
+
 // CheckpointImageFile is the file runsc writes into an image dir (the
 // kernel state; memory pages go to pages files beside it). Its presence
 // tells a complete image from an empty or failed one.
@@ -39,6 +41,20 @@ const CheckpointImageFile = "checkpoint.img"
 // imageDir; the container may then be stopped or still running (State
 // tells).
 func (r *Runsc) Checkpoint(ctx context.Context, id, imageDir string) error {
+	return r.checkpoint(ctx, id, imageDir, false)
+}
+
+// CheckpointLive implements runtime.LiveCheckpointer: `runsc checkpoint
+// --leave-running`. The sentry saves the image and goes on in place (same
+// sandbox process, network stack and connections): a paused container
+// stays paused, a running one runs on. Measured on the pinned build
+// (2026-12-01): a paused container is saved and left paused, with its
+// pid; resume continues its processes.
+func (r *Runsc) CheckpointLive(ctx context.Context, id, imageDir string) error {
+	return r.checkpoint(ctx, id, imageDir, true)
+}
+
+func (r *Runsc) checkpoint(ctx context.Context, id, imageDir string, live bool) error {
 	if err := validID(id); err != nil {
 		return err
 	}
@@ -52,20 +68,28 @@ func (r *Runsc) Checkpoint(ctx context.Context, id, imageDir string) error {
 	if err != nil {
 		return err
 	}
-	if st.Status != runtime.StatusRunning {
+	if st.Status != runtime.StatusRunning && !(live && st.Status == runtime.StatusPaused) {
 		return fmt.Errorf("runsc checkpoint %s: container is %s, not running: %w", id, st.Status, errdefs.ErrFailedPrecondition)
 	}
 	if err := os.MkdirAll(imageDir, 0o700); err != nil {
 		return fmt.Errorf("runsc checkpoint %s: %v: %w", id, err, errdefs.ErrInternal)
 	}
 	t0 := time.Now()
-	if _, err := r.command(ctx, id, "checkpoint", "--image-path", imageDir, id); err != nil {
+	args := []string{"checkpoint", "--image-path", imageDir}
+	if live {
+		args = append(args, "--leave-running")
+	}
+	if _, err := r.command(ctx, id, append(args, id)...); err != nil {
 		os.RemoveAll(imageDir)
 		return err
 	}
 	if _, err := os.Stat(filepath.Join(imageDir, CheckpointImageFile)); err != nil {
 		os.RemoveAll(imageDir)
 		return fmt.Errorf("runsc checkpoint %s: no %s in the image: %v: %w", id, CheckpointImageFile, err, errdefs.ErrInternal)
+	}
+	if live {
+		r.log.Debug("container checkpointed, left as it was", "sandbox", id, "image", imageDir, "took", time.Since(t0))
+		return nil
 	}
 	// The sandbox process exits after the save, but runsc state keeps
 	// saying "running" while it is an unreaped zombie (its parent is
@@ -100,7 +124,13 @@ func (r *Runsc) Restore(ctx context.Context, id, bundle, imageDir string) error 
 	}
 	// A path the spec or the image needs is missing: the caller's input
 	// (or a rootfs that does not match the image), not an unknown container.
-	return r.detached(ctx, "restore", id, bundle, errdefs.ErrFailedPrecondition, "--image-path", imageDir)
+	//
+	// --background: the sentry goes on loading the image's pages after
+	// the restore returns (the image is uncompressed: checkpoints are
+	// taken with runsc's default --compression=none), so a child runs
+	// before all of its memory is read; pages it touches first are loaded
+	// on demand.
+	return r.detached(ctx, "restore", id, bundle, errdefs.ErrFailedPrecondition, "--image-path", imageDir, "--background")
 }
 
 // waitExited waits until host pid is gone or a zombie.

@@ -520,6 +520,7 @@ class AsyncClient:
         egress: Optional[str] = None,
         max_age: Union[int, float, str, None] = None,
         pool_size: int = 0,
+        start: Union[str, Mapping[str, Any], None] = None,
     ) -> AsyncEnvironment:
         return AsyncEnvironment(
             self.sync.environment(
@@ -533,6 +534,7 @@ class AsyncClient:
                 egress=egress,
                 max_age=max_age,
                 pool_size=pool_size,
+                start=start,
             ),
             self._runner,
         )

@@ -208,6 +208,7 @@ class Client:
         egress: Optional[str] = None,
         max_age: Union[int, float, str, None] = None,
         pool_size: int = 0,
+        start: Union[str, Mapping[str, Any], None] = None,
     ) -> Environment:
         """An environment: image + resources + setup, built once into a warm
         snapshot; ``env.sandbox()`` hands over a fork of it. ``setup`` is a
@@ -228,6 +229,7 @@ class Client:
             egress=egress,
             max_age=max_age,
             pool_size=pool_size,
+            start=start,
         )
 
     def list_environments(self) -> List[EnvironmentInfo]:

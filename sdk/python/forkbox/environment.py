@@ -62,6 +62,23 @@ def setup_source(fn: Callable[..., Any]) -> bytes:
         return marshal.dumps(code)
 
 
+def start_to_json(s: Union[str, Mapping[str, Any]]) -> Dict[str, Any]:
+    """A start command (what the environment leaves running; gVisor only):
+    a shell string, or {"run", "ready_port", "ready_command",
+    "ready_timeout_ms"}."""
+    if isinstance(s, str):
+        s = {"run": s}
+    unknown = set(s) - {"run", "ready_port", "ready_command", "ready_timeout_ms"}
+    if unknown or not s.get("run"):
+        raise InvalidArgumentError(f"start {s!r}: want a command or a mapping with run, ready_port, ready_command, ready_timeout_ms")
+    return {
+        "run": s["run"],
+        "readyPort": int(s.get("ready_port") or 0),
+        "readyCommand": s.get("ready_command") or "",
+        "readyTimeoutMs": str(int(s.get("ready_timeout_ms") or 0)),
+    }
+
+
 class _Definition:
     """The definition both the sync and the asyncio environments send."""
 
@@ -78,6 +95,7 @@ class _Definition:
         egress: Optional[str],
         max_age: Union[int, float, str, None],
         pool_size: int,
+        start: Union[str, Mapping[str, Any], None] = None,
     ) -> None:
         res = Resources.of(resources)
         self.name = name
@@ -94,6 +112,8 @@ class _Definition:
         }
         if res is not None:
             self.json["resources"] = res.to_json()
+        if start is not None:
+            self.json["start"] = start_to_json(start)
         if callable(setup):
             self.setup_fn = setup
             rest = json.dumps(self.json, sort_keys=True).encode("utf-8")
@@ -136,6 +156,7 @@ class Environment:
         egress: Optional[str] = None,
         max_age: Union[int, float, str, None] = None,
         pool_size: int = 0,
+        start: Union[str, Mapping[str, Any], None] = None,
     ) -> None:
         self.client = client
         self.name = name
@@ -150,6 +171,7 @@ class Environment:
             egress=egress,
             max_age=max_age,
             pool_size=pool_size,
+            start=start,
         )
 
     def _call(self, method: str, message: Dict[str, Any]) -> Dict[str, Any]:

@@ -191,6 +191,18 @@ def test_max_age_and_setup_hash() -> None:
     assert "setupHash" not in _Definition("e", "img", setup=["make"], **kw).json
 
 
+def test_start_command_json() -> None:
+    kw = dict(resources=None, env=None, cwd=None, runtime="gvisor", egress=None, max_age=None, pool_size=0)
+    d = _Definition("web", "img", setup=["make"], start="httpd -f -p 8080", **kw).json
+    assert d["start"] == {"run": "httpd -f -p 8080", "readyPort": 0, "readyCommand": "", "readyTimeoutMs": "0"}
+    d = _Definition("web", "img", setup=None, start={"run": "srv", "ready_port": 8080, "ready_timeout_ms": 5000}, **kw).json
+    assert d["start"]["readyPort"] == 8080 and d["start"]["readyTimeoutMs"] == "5000"
+    assert "start" not in _Definition("web", "img", setup=None, **kw).json
+    for bad in ({"ready_port": 8080}, {"run": "x", "port": 1}, ""):
+        with pytest.raises(forkbox.InvalidArgumentError):
+            _Definition("web", "img", setup=None, start=bad, **kw)
+
+
 # ---------------------------------------------------------------- transport against a fake server
 
 

@@ -31,6 +31,28 @@ export interface EnvironmentOptions {
   maxAge?: number | string;
   /** Sandboxes kept forked and started, ready to hand over. */
   poolSize?: number;
+  /**
+   * Processes left running after the setup (gVisor only), like an E2B
+   * template's start command: the snapshot is a memory checkpoint, and every
+   * sandbox of the environment continues them (a server started here answers
+   * at once). The snapshot waits for readyPort to listen and readyCommand to
+   * exit 0 (those given), within readyTimeoutMs (default 60 s).
+   */
+  start?: string | StartCommand;
+}
+
+/** What an environment leaves running in its snapshot. */
+export interface StartCommand {
+  run: string;
+  readyPort?: number;
+  readyCommand?: string;
+  readyTimeoutMs?: number;
+}
+
+function startProto(s: string | StartCommand | undefined) {
+  if (s === undefined) return undefined;
+  const c = typeof s === "string" ? { run: s } : s;
+  return { run: c.run, readyPort: c.readyPort ?? 0, readyCommand: c.readyCommand ?? "", readyTimeoutMs: BigInt(c.readyTimeoutMs ?? 0) };
 }
 
 const units: Record<string, number> = { s: 1, m: 60, h: 3600, d: 86400 };
@@ -62,7 +84,7 @@ export class Environment {
     this.definition = {
       name, image: o.image, resources: resourcesProto(o.resources),
       env: o.env, cwd: o.cwd, runtime: o.runtime, egress: o.egress,
-      maxAgeSeconds: BigInt(seconds(o.maxAge)), poolSize: o.poolSize ?? 0,
+      maxAgeSeconds: BigInt(seconds(o.maxAge)), poolSize: o.poolSize ?? 0, start: startProto(o.start),
     };
     if (typeof setup === "function") {
       this.setupFn = setup;

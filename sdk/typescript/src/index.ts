@@ -9,7 +9,7 @@ export type { ExecOptions, ExecResult } from "./exec.js";
 export { PtyHandle, Ptys } from "./pty.js";
 export type { PtyOptions, PtyResult } from "./pty.js";
 export { Environment } from "./environment.js";
-export type { EnvironmentOptions, Step, SetupFunction } from "./environment.js";
+export type { EnvironmentOptions, Step, SetupFunction, StartCommand } from "./environment.js";
 export {
   ForkboxError, ExecError, isForkboxError, isExecError, isNotFound, isInvalidArgument, isAlreadyExists,
   isFailedPrecondition, isResourceExhausted, isUnavailable, isNotImplemented, isPermissionDenied,

@@ -178,6 +178,8 @@ export interface EnvironmentDefinition {
   poolSize: number;
   setupHash: string;
   egress: string;
+  /** What the environment leaves running (its snapshot holds memory). */
+  start?: { run: string; readyPort: number; readyCommand: string; readyTimeoutMs: number };
 }
 
 /** An environment as the daemon knows it. */
@@ -290,6 +292,8 @@ function definitionFrom(d: pb.EnvironmentDefinition): EnvironmentDefinition {
     name: d.name, image: d.image, resources: resourcesFrom(d.resources), env: { ...d.env }, cwd: d.cwd, runtime: d.runtime,
     steps: d.steps.map((s) => ({ run: s.run, writePath: s.writePath, writeContent: s.writeContent, writeMode: s.writeMode })),
     maxAgeSeconds: Number(d.maxAgeSeconds), poolSize: d.poolSize, setupHash: d.setupHash, egress: d.egress,
+    start: d.start && { run: d.start.run, readyPort: d.start.readyPort, readyCommand: d.start.readyCommand,
+      readyTimeoutMs: Number(d.start.readyTimeoutMs) },
   };
 }
 

@@ -1,0 +1,93 @@
+// Live checkpoints (--leave-running): the container is saved and left as
+// it was, paused or running, with the same sandbox process; a child
+// restored from the image continues the processes.
+
+package runsc
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/forkbox/forkbox/internal/runtime"
+	"github.com/forkbox/forkbox/internal/runtime/testsuite"
+)
+
+func TestCheckpointLive(t *testing.T) {
+	requireRunsc(t)
+	tmp := t.TempDir()
+	rt, err := New(Options{Root: filepath.Join(tmp, "state"), LogDir: filepath.Join(tmp, "logs")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	lower := filepath.Join(tmp, "lower")
+	testsuite.BusyboxRootfs(t, lower)
+	args := []string{"/bin/sh", "-c", mfScript}
+	srcDir := filepath.Join(tmp, "src")
+	src := mfBundle(t, rt, srcDir, mfOverlay(t, lower, srcDir), "fbx-live", testsuite.Netns(t), args)
+	if err := rt.Run(ctx, src.ID, src.Bundle); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	src.WaitLog(t, "tick=3 ", 60*time.Second)
+	before, err := rt.State(ctx, src.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Paused: saved and left paused, the same sandbox process.
+	if err := rt.Pause(ctx, src.ID); err != nil {
+		t.Fatal(err)
+	}
+	img := filepath.Join(tmp, "image")
+	if err := rt.CheckpointLive(ctx, src.ID, img); err != nil {
+		t.Fatalf("live checkpoint of a paused container: %v", err)
+	}
+	st, err := rt.State(ctx, src.ID)
+	if err != nil || st.Status != runtime.StatusPaused || st.Pid != before.Pid {
+		t.Fatalf("after a live checkpoint of a paused container: %+v, %v; want paused with pid %d", st, err, before.Pid)
+	}
+	n := lastInt(filepath.Join(src.Bundle, "stdio.log"))
+	if err := rt.Resume(ctx, src.ID); err != nil {
+		t.Fatal(err)
+	}
+	src.WaitLog(t, fmt.Sprintf("tick=%d ", n+3), 60*time.Second)
+
+	// Running: saved and left running.
+	img2 := filepath.Join(tmp, "image2")
+	if err := rt.CheckpointLive(ctx, src.ID, img2); err != nil {
+		t.Fatalf("live checkpoint of a running container: %v", err)
+	}
+	if st, err := rt.State(ctx, src.ID); err != nil || st.Status != runtime.StatusRunning || st.Pid != before.Pid {
+		t.Fatalf("after a live checkpoint of a running container: %+v, %v", st, err)
+	}
+	n = lastInt(filepath.Join(src.Bundle, "stdio.log"))
+	src.WaitLog(t, fmt.Sprintf("tick=%d ", n+3), 60*time.Second)
+
+	// A child restored (with background page loading) from the first
+	// image continues from where the source was paused.
+	kidDir := filepath.Join(tmp, "kid")
+	if err := os.MkdirAll(kidDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	copyTree(t, filepath.Join(srcDir, "upper"), filepath.Join(kidDir, "upper"))
+	kid := mfBundle(t, rt, kidDir, mfOverlay(t, lower, kidDir), "fbx-live-kid", testsuite.Netns(t), args)
+	if err := rt.Restore(ctx, kid.ID, kid.Bundle, img); err != nil {
+		t.Fatalf("restore from a live checkpoint: %v", err)
+	}
+	log := kid.WaitLog(t, "tick=", 60*time.Second)
+	if first := firstTick(log); first < 3 {
+		t.Errorf("the child's first tick is %d; the source had passed 3 at the checkpoint", first)
+	}
+
+	// A stopped container is refused.
+	if err := rt.Delete(ctx, kid.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.CheckpointLive(ctx, kid.ID, filepath.Join(tmp, "image3")); err == nil {
+		t.Errorf("live checkpoint of a deleted container: no error")
+	}
+}
