@@ -257,19 +257,31 @@ func (s *Store) TakeFromPool(ctx context.Context, env, checkpoint string) (*Sand
 	return sb, err
 }
 
-// Pooled returns the live sandboxes in env's pool.
+// Pooled returns the live sandboxes in env's pool, oldest first.
 func (s *Store) Pooled(ctx context.Context, env string) ([]*Sandbox, error) {
-	all, err := s.ListSandboxes(ctx, false)
+	rows, err := s.db.QueryContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE pool = ? AND pool != '' AND state != 'closed' ORDER BY created_at, id`, env)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("store: pooled sandboxes: %w", err)
 	}
+	defer rows.Close()
 	var out []*Sandbox
-	for _, sb := range all {
-		if sb.Pool == env {
-			out = append(out, sb)
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, err
 		}
+		out = append(out, sb)
 	}
-	return out, nil
+	return out, rows.Err()
+}
+
+// CountLive returns how many sandboxes are not closed.
+func (s *Store) CountLive(ctx context.Context) (int, error) {
+	var n int
+	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM sandboxes WHERE state != 'closed'`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: count sandboxes: %w", err)
+	}
+	return n, nil
 }
 
 // ClaimFromPool takes sandbox id out of env's pool; it reports false when

@@ -102,6 +102,12 @@ var migrations = []string{
 	// which the daemon's --max-lifetime counts from.
 	`ALTER TABLE sandboxes ADD COLUMN deadline INTEGER NOT NULL DEFAULT 0;
 	ALTER TABLE sandboxes ADD COLUMN lifetime_from INTEGER NOT NULL DEFAULT 0;`,
+	// Density: list pages and the live count read indexes in list order,
+	// whatever the number of closed sandboxes kept (page.go).
+	`CREATE INDEX sandboxes_order ON sandboxes(created_at, id);
+	CREATE INDEX sandboxes_live_order ON sandboxes(created_at, id) WHERE state != 'closed';
+	CREATE INDEX sandboxes_pool ON sandboxes(pool) WHERE pool != '';
+	CREATE INDEX checkpoints_order ON checkpoints(created_at, ledger_seq, id);`,
 }
 
 // Open opens (creating if needed) the database at path and migrates it.
