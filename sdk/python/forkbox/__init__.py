@@ -40,6 +40,7 @@ from ._models import (
     Resources,
     Resumed,
     SandboxInfo,
+    SandboxPage,
     Step,
     WriteFile,
 )
@@ -87,6 +88,7 @@ __all__ = [
     "WriteFile",
     "Step",
     "SandboxInfo",
+    "SandboxPage",
     "ExecResult",
     "ExecChunk",
     "FileInfo",
