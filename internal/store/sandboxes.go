@@ -205,6 +205,15 @@ func (s *Store) SetSandboxConfig(ctx context.Context, id string, cfg SandboxConf
 	return nil
 }
 
+// IPInUse reports whether a sandbox that is not closed holds address ip.
+func (s *Store) IPInUse(ctx context.Context, ip string) (bool, error) {
+	var n int
+	if err := s.db.QueryRowContext(ctx, `SELECT EXISTS(SELECT 1 FROM sandboxes WHERE ip = ? AND state != 'closed')`, ip).Scan(&n); err != nil {
+		return false, fmt.Errorf("store: address in use: %w", err)
+	}
+	return n == 1, nil
+}
+
 // UsedIPs returns the addresses held by sandboxes that are not closed.
 func (s *Store) UsedIPs(ctx context.Context) ([]string, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT ip FROM sandboxes WHERE state != 'closed' AND ip != ''`)
