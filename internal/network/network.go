@@ -106,6 +106,10 @@ type Manager struct {
 	polMu    sync.RWMutex
 	policies map[netip.Addr]Policy // by sandbox address, for the DNS proxy
 	applied  map[netip.Addr]Policy // every sandbox's, as set since New
+	// mayHaveFlows are the addresses whose conntrack entries a teardown
+	// must delete: those found with flows at New, and those given a policy
+	// that lets flows start since (until a flush under a flow-free policy).
+	mayHaveFlows map[netip.Addr]bool
 }
 
 // New returns a Manager, creating or reusing the bridge (up, with the
@@ -144,7 +148,8 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	m := &Manager{cfg: cfg, log: cfg.Log, gateway: cfg.Subnet.Addr().Next(), policies: map[netip.Addr]Policy{}, applied: map[netip.Addr]Policy{}}
+	m := &Manager{cfg: cfg, log: cfg.Log, gateway: cfg.Subnet.Addr().Next(), policies: map[netip.Addr]Policy{}, applied: map[netip.Addr]Policy{},
+		mayHaveFlows: map[netip.Addr]bool{}}
 	if err := ensureNetnsDir(cfg.NetnsDir); err != nil {
 		return nil, err
 	}
@@ -152,6 +157,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	if err := m.ensureTables(); err != nil {
+		return nil, err
+	}
+	if err := m.findFlows(); err != nil {
 		return nil, err
 	}
 	m.log.Debug("network ready", slog.String("bridge", cfg.Bridge), slog.String("subnet", cfg.Subnet.String()))

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -22,9 +23,9 @@ const (
 	benchBridge       = "fbxbench0"
 	benchNetTable     = "forkbox_bench"
 	benchVethPrefix   = "fbb"
-	benchSubnet       = "10.214.0.0/22"
+	benchSubnet       = "10.214.0.0/20" // 4,094 addresses: the density section's thousand and more
 	benchCgroupParent = "forkbox-bench"
-	benchMaxSandboxes = "150"
+	benchMaxSandboxes = 150
 	benchBtrfsSize    = "32Gi"
 )
 
@@ -62,7 +63,7 @@ func fileExists(p string) bool {
 }
 
 // startDaemon starts the throwaway daemon below dir and waits for its socket.
-func startDaemon(ctx context.Context, dir, logLevel string) (*daemon, error) {
+func startDaemon(ctx context.Context, dir, logLevel string, maxSandboxes int) (*daemon, error) {
 	bin, agent, err := binaries(ctx, dir)
 	if err != nil {
 		return nil, err
@@ -74,7 +75,7 @@ func startDaemon(ctx context.Context, dir, logLevel string) (*daemon, error) {
 	}
 	cmd := exec.Command(bin, "serve", "--state-dir", d.stateDir, "--run-dir", d.runDir, "--socket", d.socket,
 		"--agent", agent, "--bridge", benchBridge, "--net-table", benchNetTable, "--veth-prefix", benchVethPrefix,
-		"--subnet", benchSubnet, "--cgroup-parent", benchCgroupParent, "--max-sandboxes", benchMaxSandboxes,
+		"--subnet", benchSubnet, "--cgroup-parent", benchCgroupParent, "--max-sandboxes", strconv.Itoa(maxSandboxes),
 		"--btrfs-size", benchBtrfsSize, "--log-level", logLevel)
 	cmd.Stdout, cmd.Stderr = d.log, d.log
 	// Its own process group: a Ctrl-C in the terminal reaches the bench

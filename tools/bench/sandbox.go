@@ -20,6 +20,7 @@ type bench struct {
 	// stateDir are the throwaway daemon's (empty with --host).
 	memhog              []byte
 	daemonLog, stateDir string
+	daemonPID           int // the throwaway daemon's (0 with --host)
 
 	mu   sync.Mutex
 	live map[string]*client.Sandbox
