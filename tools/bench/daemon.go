@@ -17,21 +17,38 @@ import (
 	"github.com/forkbox/forkbox/internal/snapshot/btrfs"
 )
 
-// The throwaway daemon's host names, distinct from the default daemon's and
-// from the e2e suite's so that both can run beside the bench.
+// The throwaway daemon's host names are its own per run (from the bench's
+// pid), distinct from the default daemon's, the e2e suite's and another
+// bench run's, so that they all run beside each other on one host.
 const (
-	benchBridge       = "fbxbench0"
-	benchNetTable     = "forkbox_bench"
-	benchVethPrefix   = "fbb"
-	benchSubnet       = "10.214.0.0/20" // 4,094 addresses: the density section's thousand and more
-	benchCgroupParent = "forkbox-bench"
 	benchMaxSandboxes = 150
 	benchBtrfsSize    = "32Gi"
 )
 
+// hostNames are the names and the subnet of one run's daemon.
+type hostNames struct {
+	bridge, table, veth, subnet, cgroup string
+}
+
+// namesFor derives the names from n (the pid): one of 128 /20 subnets in
+// 10.216.0.0/13 (4,094 addresses: the density section's thousand and
+// more), away from the default daemon's 10.88/16, e2e's 10.213 and the
+// unit tests' 10.23x.
+func namesFor(n int) hostNames {
+	slot := n % 128
+	return hostNames{
+		bridge: fmt.Sprintf("fbxb%d", n%100000),
+		table:  fmt.Sprintf("forkbox_bench_%d", n),
+		veth:   fmt.Sprintf("fb%02d", n%100),
+		subnet: fmt.Sprintf("10.%d.%d.0/20", 216+slot/16, (slot%16)*16),
+		cgroup: fmt.Sprintf("forkbox-bench-%d", n),
+	}
+}
+
 // daemon is a throwaway `forkbox serve` with its own state, run dir, socket,
 // bridge, nftables table, veth prefix, subnet and cgroup parent.
 type daemon struct {
+	names                         hostNames
 	dir, stateDir, runDir, socket string
 	cmd                           *exec.Cmd
 	log                           *os.File
@@ -68,14 +85,14 @@ func startDaemon(ctx context.Context, dir, logLevel string, maxSandboxes int) (*
 	if err != nil {
 		return nil, err
 	}
-	d := &daemon{dir: dir, stateDir: filepath.Join(dir, "state"), runDir: filepath.Join(dir, "run"),
+	d := &daemon{names: namesFor(os.Getpid()), dir: dir, stateDir: filepath.Join(dir, "state"), runDir: filepath.Join(dir, "run"),
 		socket: filepath.Join(dir, "forkbox.sock")}
 	if d.log, err = os.Create(filepath.Join(dir, "daemon.log")); err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(bin, "serve", "--state-dir", d.stateDir, "--run-dir", d.runDir, "--socket", d.socket,
-		"--agent", agent, "--bridge", benchBridge, "--net-table", benchNetTable, "--veth-prefix", benchVethPrefix,
-		"--subnet", benchSubnet, "--cgroup-parent", benchCgroupParent, "--max-sandboxes", strconv.Itoa(maxSandboxes),
+		"--agent", agent, "--bridge", d.names.bridge, "--net-table", d.names.table, "--veth-prefix", d.names.veth,
+		"--subnet", d.names.subnet, "--cgroup-parent", d.names.cgroup, "--max-sandboxes", strconv.Itoa(maxSandboxes),
 		"--btrfs-size", benchBtrfsSize, "--log-level", logLevel)
 	cmd.Stdout, cmd.Stderr = d.log, d.log
 	// Its own process group: a Ctrl-C in the terminal reaches the bench
@@ -136,12 +153,12 @@ func (d *daemon) cleanup() {
 	if err := btrfs.Detach(ctx, filepath.Join(d.stateDir, "snapshots")); err != nil {
 		fmt.Fprintln(os.Stderr, "bench: detach btrfs:", err)
 	}
-	if m, err := network.New(ctx, network.Config{Bridge: benchBridge, Subnet: netip.MustParsePrefix(benchSubnet), Table: benchNetTable, VethPrefix: benchVethPrefix,
+	if m, err := network.New(ctx, network.Config{Bridge: d.names.bridge, Subnet: netip.MustParsePrefix(d.names.subnet), Table: d.names.table, VethPrefix: d.names.veth,
 		NetnsDir: filepath.Join(d.runDir, "netns")}); err == nil {
 		m.Destroy(ctx)
 	}
 	exec.Command("umount", "-l", filepath.Join(d.runDir, "netns")).Run()
-	removeCgroupParent(benchCgroupParent)
+	removeCgroupParent(d.names.cgroup)
 	if d.log != nil {
 		d.log.Close()
 	}
