@@ -108,3 +108,17 @@ func TestNamesFor(t *testing.T) {
 		t.Errorf("two runs share names: %+v and %+v", a, b)
 	}
 }
+
+func TestFreeSubnet(t *testing.T) {
+	h := namesFor(3) // slot 3: 10.216.48.0/20
+	if got := h.freeSubnet(nil); got != "10.216.48.0/20" {
+		t.Fatalf("no routes: got %s, want 10.216.48.0/20", got)
+	}
+	taken := []netip.Prefix{netip.MustParsePrefix("10.216.50.0/24"), netip.MustParsePrefix("10.216.64.0/22")}
+	if got := h.freeSubnet(taken); got != "10.216.80.0/20" {
+		t.Fatalf("slots 3 and 4 taken: got %s, want 10.216.80.0/20", got)
+	}
+	if got := namesFor(127).freeSubnet([]netip.Prefix{netip.MustParsePrefix("10.223.240.0/20")}); got != "10.216.0.0/20" {
+		t.Fatalf("the last slot taken: got %s, want the first (wrapped)", got)
+	}
+}

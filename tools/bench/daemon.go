@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -15,6 +16,7 @@ import (
 	"github.com/forkbox/forkbox/client"
 	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/snapshot/btrfs"
+	"github.com/vishvananda/netlink"
 )
 
 // The throwaway daemon's host names are its own per run (from the bench's
@@ -40,9 +42,51 @@ func namesFor(n int) hostNames {
 		bridge: fmt.Sprintf("fbxb%d", n%100000),
 		table:  fmt.Sprintf("forkbox_bench_%d", n),
 		veth:   fmt.Sprintf("fb%02d", n%100),
-		subnet: fmt.Sprintf("10.%d.%d.0/20", 216+slot/16, (slot%16)*16),
+		subnet: benchSlot(slot).String(),
 		cgroup: fmt.Sprintf("forkbox-bench-%d", n),
 	}
+}
+
+// benchSlot is the i-th /20 of 10.216.0.0/13 (i mod 128).
+func benchSlot(i int) netip.Prefix {
+	i %= 128
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(216 + i/16), byte((i % 16) * 16), 0}), 20)
+}
+
+// freeSubnet returns the first slot from h's that overlaps none of the
+// host's routes (another daemon's or test's subnet), or h's own when all do.
+func (h hostNames) freeSubnet(routes []netip.Prefix) string {
+	start := netip.MustParsePrefix(h.subnet)
+	for i := range 128 {
+		p := start
+		if i > 0 {
+			p = benchSlot(int(start.Addr().As4()[1]-216)*16 + int(start.Addr().As4()[2])/16 + i)
+		}
+		if !slices.ContainsFunc(routes, p.Overlaps) {
+			return p.String()
+		}
+	}
+	return h.subnet
+}
+
+// hostRoutes are the destinations of the host's IPv4 routes.
+func hostRoutes() []netip.Prefix {
+	rs, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil
+	}
+	var out []netip.Prefix
+	for _, r := range rs {
+		if r.Dst == nil {
+			continue
+		}
+		a, ok := netip.AddrFromSlice(r.Dst.IP.To4())
+		ones, _ := r.Dst.Mask.Size()
+		if ok {
+			out = append(out, netip.PrefixFrom(a, ones).Masked())
+		}
+	}
+	return out
 }
 
 // daemon is a throwaway `forkbox serve` with its own state, run dir, socket,
@@ -85,7 +129,9 @@ func startDaemon(ctx context.Context, dir, logLevel string, maxSandboxes int) (*
 	if err != nil {
 		return nil, err
 	}
-	d := &daemon{names: namesFor(os.Getpid()), dir: dir, stateDir: filepath.Join(dir, "state"), runDir: filepath.Join(dir, "run"),
+	names := namesFor(os.Getpid())
+	names.subnet = names.freeSubnet(hostRoutes())
+	d := &daemon{names: names, dir: dir, stateDir: filepath.Join(dir, "state"), runDir: filepath.Join(dir, "run"),
 		socket: filepath.Join(dir, "forkbox.sock")}
 	if d.log, err = os.Create(filepath.Join(dir, "daemon.log")); err != nil {
 		return nil, err
