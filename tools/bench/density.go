@@ -84,6 +84,8 @@ const (
 	// densityGuessMiB is the host memory assumed per sandbox before ten
 	// have been measured.
 	densityGuessMiB = 32
+	// densityMinMiB is the least host memory counted per sandbox.
+	densityMinMiB = 8
 )
 
 // measureDensity grows to the count, measures at full count, hibernates
@@ -145,9 +147,10 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 		all, first, firstMS = append(all, sb), append(first, sb), append(firstMS, d)
 	}
 	r.CreateFirst10 = summarize(firstMS)
-	if n := len(all); n > 0 {
-		perMiB = max(perMiB, (usedGiB()-baseUsed)*1024/float64(n))
-	}
+	// From here the budget counts what the first ten took (the host is
+	// shared, so the figure is noisy: MemAvailable's floor is the guard).
+	measured := func() float64 { return max(densityMinMiB, (usedGiB()-baseUsed)*1024/float64(max(len(all), 1))) }
+	perMiB = measured()
 	progress("density: %d created, about %.0f MiB each; exec at 10", len(all), perMiB)
 	var err error
 	if r.ExecAt10, err = b.execSpread(ctx, all, densityExecs); err != nil {
@@ -187,7 +190,7 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 		}
 		if len(all)%100 < densityParallel {
 			progress("density: %d live, %.1f GiB available", len(all), memAvailableGiB())
-			perMiB = max(perMiB, (usedGiB()-baseUsed)*1024/float64(len(all)))
+			perMiB = measured()
 		}
 	}
 	var lastMS []float64
