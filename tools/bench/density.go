@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,7 +31,9 @@ import (
 //	sandbox_memory_limit           each sandbox's memory limit
 //	mem_available_start_gib        the host's MemAvailable before the first create
 //	mem_available_min_gib          its lowest while the sandboxes lived
-//	host_mem_per_idle_sandbox_mib  (host used at full - used before) / count_reached
+//	host_mem_per_idle_sandbox_mib  (host used at full - used before) / count_reached (noisy on a shared host)
+//	cgroup_mem_per_sandbox_mib     the sandboxes' parent cgroup's memory usage at full count / count_reached (0 with --host)
+//	idle_cpu_ms_per_s_per_sandbox  host CPU the idle sandboxes use (their parent cgroup's cpuacct), per sandbox, over idle_window_s (0 with --host)
 //	create_first10, create_last10  create call-to-ready of the first and the last 10 (sequential, one at a time)
 //	create_last10_over_first10     their p50 ratio
 //	exec_at_10, exec_at_full       `true` round trips with 10 live and at full count
@@ -52,6 +55,9 @@ type DensityResult struct {
 	MemAvailStartGiB float64 `json:"mem_available_start_gib"`
 	MemAvailMinGiB   float64 `json:"mem_available_min_gib"`
 	PerSandboxMiB    float64 `json:"host_mem_per_idle_sandbox_mib"`
+	CgroupMiB        float64 `json:"cgroup_mem_per_sandbox_mib"`
+	IdleCPUms        float64 `json:"idle_cpu_ms_per_s_per_sandbox"`
+	IdleWindowS      float64 `json:"idle_window_s"`
 	CreateFirst10    Summary `json:"create_first10"`
 	CreateLast10     Summary `json:"create_last10"`
 	CreateRatio      float64 `json:"create_last10_over_first10"`
@@ -86,6 +92,8 @@ const (
 	densityGuessMiB = 32
 	// densityMinMiB is the least host memory counted per sandbox.
 	densityMinMiB = 8
+	// densityIdleWindow is how long the idle sandboxes' CPU is counted.
+	densityIdleWindow = 10 * time.Second
 )
 
 // measureDensity grows to the count, measures at full count, hibernates
@@ -215,7 +223,13 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 	r.CreateRatio = ratio(r.CreateLast10.Median, r.CreateFirst10.Median)
 	r.PerSandboxMiB = (usedGiB() - baseUsed) * 1024 / float64(max(len(all), 1))
 	r.DaemonRSSFull = rssMiB(b.daemonPID)
-	progress("density: %d live (%s); exec, fork and list at full count", len(all), r.StopReason)
+	if b.cgroupParent != "" && len(all) > 0 {
+		r.CgroupMiB = cgroupMemMiB(b.cgroupParent) / float64(len(all))
+		r.IdleWindowS = densityIdleWindow.Seconds()
+		progress("density: %d live (%s); idle CPU over %v", len(all), r.StopReason, densityIdleWindow)
+		r.IdleCPUms = idleCPU(ctx, b.cgroupParent, densityIdleWindow) / float64(len(all))
+	}
+	progress("density: exec, fork and list at %d live", len(all))
 
 	if r.ExecAtFull, err = b.execSpread(ctx, all, densityExecs); err != nil {
 		return r, err
@@ -346,4 +360,40 @@ func rssMiB(pid int) float64 {
 		}
 	}
 	return 0
+}
+
+// cgroupMemMiB is the memory usage of a cgroup (v1) below every hierarchy's
+// root (0 when unknown).
+func cgroupMemMiB(name string) float64 {
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", name, "memory.usage_in_bytes"))
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
+	return n / (1 << 20)
+}
+
+// idleCPU is the CPU (ms per second) a cgroup (v1 cpuacct) used over a
+// window in which nothing is asked of its sandboxes (0 when unknown).
+func idleCPU(ctx context.Context, name string, window time.Duration) float64 {
+	read := func() (float64, bool) {
+		b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpuacct", name, "cpuacct.usage"))
+		if err != nil {
+			return 0, false
+		}
+		n, err := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
+		return n, err == nil
+	}
+	a, ok := read()
+	t := time.Now()
+	select {
+	case <-ctx.Done():
+		return 0
+	case <-time.After(window): // the measurement window itself
+	}
+	z, ok2 := read()
+	if !ok || !ok2 {
+		return 0
+	}
+	return (z - a) / 1e6 / time.Since(t).Seconds()
 }

@@ -10,6 +10,8 @@ func (d *DensityResult) print(w io.Writer) {
 		d.Count, d.Runtime, densityTargetText(d.Target), d.StopReason, d.MemLimit)
 	fmt.Fprintf(w, "  host memory per idle sandbox\t%.1f MiB\t(MemAvailable %.1f GiB at start, %.1f GiB lowest)\t\n",
 		d.PerSandboxMiB, d.MemAvailStartGiB, d.MemAvailMinGiB)
+	fmt.Fprintf(w, "  sandboxes' cgroup memory, each\t%.1f MiB\t\t\n", d.CgroupMiB)
+	fmt.Fprintf(w, "  idle CPU, each\t%.2f ms/s\t(over %.0f s)\t\n", d.IdleCPUms, d.IdleWindowS)
 	fmt.Fprintf(w, "  create, first 10 / last 10\t%s\t%s\t(%.2fx)\n", pp(d.CreateFirst10), pp(d.CreateLast10), d.CreateRatio)
 	fmt.Fprintf(w, "  exec true, at 10 / at %d\t%s\t%s\t(%.2fx)\n", d.Count, pp(d.ExecAt10), pp(d.ExecAtFull), d.ExecRatio)
 	fmt.Fprintf(w, "  fork to ready at %d\t%s\t\t\n", d.Count, pp(d.ForkAtFull))

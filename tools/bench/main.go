@@ -279,6 +279,7 @@ func run(o options) (err error) {
 		if d.cmd != nil {
 			b.daemonPID = d.cmd.Process.Pid
 		}
+		b.cgroupParent = d.names.cgroup
 		rep.Daemon = "throwaway (" + d.socket + ")"
 	}
 	defer b.closeLeft()

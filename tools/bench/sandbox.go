@@ -20,7 +20,8 @@ type bench struct {
 	// stateDir are the throwaway daemon's (empty with --host).
 	memhog              []byte
 	daemonLog, stateDir string
-	daemonPID           int // the throwaway daemon's (0 with --host)
+	daemonPID           int    // the throwaway daemon's (0 with --host)
+	cgroupParent        string // its --cgroup-parent ("" with --host)
 
 	mu   sync.Mutex
 	live map[string]*client.Sandbox
