@@ -155,9 +155,17 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 		all, first, firstMS = append(all, sb), append(first, sb), append(firstMS, d)
 	}
 	r.CreateFirst10 = summarize(firstMS)
-	// From here the budget counts what the first ten took (the host is
-	// shared, so the figure is noisy: MemAvailable's floor is the guard).
-	measured := func() float64 { return max(densityMinMiB, (usedGiB()-baseUsed)*1024/float64(max(len(all), 1))) }
+	// From here the budget counts what the sandboxes take: their parent
+	// cgroup's memory when the bench knows it, else the host's used memory
+	// since the start (noisy on a shared host: MemAvailable's floor is the
+	// guard).
+	measured := func() float64 {
+		per := (usedGiB() - baseUsed) * 1024 / float64(max(len(all), 1))
+		if b.cgroupParent != "" {
+			per = cgroupMemMiB(b.cgroupParent) / float64(max(len(all), 1))
+		}
+		return max(densityMinMiB, per)
+	}
 	perMiB = measured()
 	progress("density: %d created, about %.0f MiB each; exec at 10", len(all), perMiB)
 	var err error
