@@ -284,6 +284,26 @@ func (s *Store) Pooled(ctx context.Context, env string) ([]*Sandbox, error) {
 	return out, rows.Err()
 }
 
+// ListSandboxesInState lists the sandboxes in state, oldest first: the
+// periodic scans (idle hibernation, the degraded recheck) read only the
+// rows they act on, whatever the number of others (an index on state).
+func (s *Store) ListSandboxesInState(ctx context.Context, state State) ([]*Sandbox, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE state = ? ORDER BY created_at, id`, state)
+	if err != nil {
+		return nil, fmt.Errorf("store: list %s sandboxes: %w", state, err)
+	}
+	defer rows.Close()
+	var out []*Sandbox
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sb)
+	}
+	return out, rows.Err()
+}
+
 // CountLive returns how many sandboxes are not closed.
 func (s *Store) CountLive(ctx context.Context) (int, error) {
 	var n int

@@ -108,6 +108,7 @@ var migrations = []string{
 	CREATE INDEX sandboxes_live_order ON sandboxes(created_at, id) WHERE state != 'closed';
 	CREATE INDEX sandboxes_pool ON sandboxes(pool) WHERE pool != '';
 	CREATE INDEX sandboxes_live_ip ON sandboxes(ip) WHERE state != 'closed';
+	CREATE INDEX sandboxes_state ON sandboxes(state);
 	CREATE INDEX checkpoints_order ON checkpoints(created_at, ledger_seq, id);`,
 }
 
