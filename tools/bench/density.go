@@ -145,7 +145,7 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 	var firstMS []float64
 	for len(all) < min(10, target) {
 		if ok, why := fits(len(all)); !ok {
-			r.StopReason = why
+			r.StopReason, target = why, len(all)
 			break
 		}
 		sb, d, err := create()
@@ -179,8 +179,10 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 	for r.StopReason == "" && len(all) < target-10 {
 		batch := min(densityParallel, target-10-len(all))
 		for i := range batch {
-			if ok, why := fits(len(all) + i); !ok {
-				r.StopReason, batch = why, i
+			// Room is kept for the last 10, made one at a time below.
+			if ok, why := fits(len(all) + i + 10); !ok {
+				target, batch = len(all)+i+10, i
+				r.StopReason = why
 				break
 			}
 		}
@@ -202,6 +204,7 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 		wg.Wait()
 		if growErr != nil {
 			r.StopReason = "create failed: " + growErr.Error()
+			target = len(all)
 			break
 		}
 		if len(all)%100 < densityParallel {
@@ -210,8 +213,8 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 		}
 	}
 	var lastMS []float64
-	for r.StopReason == "" && len(all) < target {
-		if ok, why := fits(len(all)); !ok {
+	for !strings.HasPrefix(r.StopReason, "create failed") && len(all) < target {
+		if ok, why := fits(len(all)); !ok && why == "min free" {
 			r.StopReason = why
 			break
 		}

@@ -83,8 +83,10 @@ func (r *Report) targets() []Target {
 		}
 	}
 	if d := r.Density; d != nil && d.Count > 0 {
-		add(fmt.Sprintf("density: create p50 of the last 10 (at %d live) within %.1fx the first 10", d.Count, goalDensityRatio),
-			goalDensityRatio*d.CreateFirst10.Median, d.CreateLast10.Median)
+		if d.CreateLast10.N > 0 {
+			add(fmt.Sprintf("density: create p50 of the last 10 (at %d live) within %.1fx the first 10", d.Count, goalDensityRatio),
+				goalDensityRatio*d.CreateFirst10.Median, d.CreateLast10.Median)
+		}
 		add(fmt.Sprintf("density: exec p50 at %d live within %.1fx at 10", d.Count, goalDensityRatio),
 			goalDensityRatio*d.ExecAt10.Median, d.ExecAtFull.Median)
 		if d.DaemonRSSFull > 0 {
