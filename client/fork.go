@@ -161,11 +161,19 @@ func (s *Sandbox) checkpoint(ctx context.Context, tag string, memory bool) (*Che
 
 // ListCheckpoints lists the sandbox's checkpoints, oldest first.
 func (s *Sandbox) ListCheckpoints(ctx context.Context) ([]*Checkpoint, error) {
-	resp, err := s.c.sbx.ListCheckpoints(ctx, connect.NewRequest(&v1.ListCheckpointsRequest{Sandbox: s.ID}))
-	if err != nil {
-		return nil, errconnect.FromConnect(err)
+	var out []*Checkpoint
+	req := &v1.ListCheckpointsRequest{Sandbox: s.ID, PageSize: fullPage}
+	for {
+		resp, err := s.c.sbx.ListCheckpoints(ctx, connect.NewRequest(req))
+		if err != nil {
+			return nil, errconnect.FromConnect(err)
+		}
+		out = append(out, resp.Msg.Checkpoints...)
+		if resp.Msg.NextPageToken == "" {
+			return out, nil
+		}
+		req.PageToken = resp.Msg.NextPageToken
 	}
-	return resp.Msg.Checkpoints, nil
 }
 
 // DeleteCheckpoint deletes a checkpoint.

@@ -94,14 +94,10 @@ func (c *Client) Sandbox(ctx context.Context, idOrName string) (*Sandbox, error)
 	return &Sandbox{c: c, ID: resp.Msg.Sandbox.Id, Info: resp.Msg.Sandbox}, nil
 }
 
-// ListSandboxes lists live sandboxes, or all (closed too).
+// ListSandboxes lists live sandboxes, or all (closed too), following every
+// page (ListSandboxesPage and AllSandboxes take one page at a time).
 func (c *Client) ListSandboxes(ctx context.Context, all bool) ([]*Info, error) {
-	c.init()
-	resp, err := c.sbx.ListSandboxes(ctx, connect.NewRequest(&v1.ListSandboxesRequest{All: all}))
-	if err != nil {
-		return nil, errconnect.FromConnect(err)
-	}
-	return resp.Msg.Sandboxes, nil
+	return c.ListAll(ctx, ListOptions{All: all, PageSize: fullPage})
 }
 
 // Refresh reloads the sandbox's info.
@@ -266,15 +262,21 @@ func (s *Sandbox) Events(ctx context.Context) ([]Event, error) {
 // Events returns a sandbox's ledger (closed sandboxes too), oldest first.
 func (c *Client) Events(ctx context.Context, idOrName string) ([]Event, error) {
 	c.init()
-	resp, err := c.sbx.Events(ctx, connect.NewRequest(&v1.EventsRequest{Sandbox: idOrName}))
-	if err != nil {
-		return nil, errconnect.FromConnect(err)
+	var out []Event
+	req := &v1.EventsRequest{Sandbox: idOrName, PageSize: fullPage}
+	for {
+		resp, err := c.sbx.Events(ctx, connect.NewRequest(req))
+		if err != nil {
+			return nil, errconnect.FromConnect(err)
+		}
+		for _, e := range resp.Msg.Events {
+			ev := Event{Seq: e.Seq, Type: e.Type, Time: time.UnixMilli(e.TimeUnixMs)}
+			_ = json.Unmarshal([]byte(e.DataJson), &ev.Data)
+			out = append(out, ev)
+		}
+		if resp.Msg.NextPageToken == "" {
+			return out, nil
+		}
+		req.PageToken = resp.Msg.NextPageToken
 	}
-	out := make([]Event, 0, len(resp.Msg.Events))
-	for _, e := range resp.Msg.Events {
-		ev := Event{Seq: e.Seq, Type: e.Type, Time: time.UnixMilli(e.TimeUnixMs)}
-		_ = json.Unmarshal([]byte(e.DataJson), &ev.Data)
-		out = append(out, ev)
-	}
-	return out, nil
 }

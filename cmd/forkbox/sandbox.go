@@ -214,12 +214,13 @@ func readAllLimited(f *os.File) ([]byte, error) {
 
 func lsCmd(g *globals) *cobra.Command {
 	var all bool
+	var pageSize int
 	cmd := &cobra.Command{
 		Use:   "ls",
-		Short: "List sandboxes",
+		Short: "List sandboxes (every page of the list, oldest first)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			list, err := g.client().ListSandboxes(cmd.Context(), all)
+			list, err := g.client().ListAll(cmd.Context(), client.ListOptions{All: all, PageSize: pageSize})
 			if err != nil {
 				return err
 			}
@@ -236,6 +237,7 @@ func lsCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "include closed sandboxes")
+	cmd.Flags().IntVar(&pageSize, "page-size", 1000, "sandboxes per API page (1 to 1000; ls follows every page)")
 	return cmd
 }
 

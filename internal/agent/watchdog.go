@@ -11,12 +11,13 @@ import (
 	"time"
 )
 
-// Poll intervals of the watchdog: while any process but the agent lives (or
-// an exec runs), and when there is none.
-const (
-	watchInterval = 10 * time.Millisecond
-	idleInterval  = 100 * time.Millisecond
-)
+// watchInterval is the watchdog's poll interval while any process but the
+// agent lives (or an exec runs). With none it does not poll at all: only
+// the agent starts processes in a sandbox with no other (startProcess wakes
+// the watchdog), and an idle sandbox with a timer firing ten times a second
+// costs its host CPU that a thousand of them cannot afford (several ms a
+// second each under gVisor, for nothing).
+const watchInterval = 10 * time.Millisecond
 
 // watchdog enforces the sandbox's memory limit: gVisor has no OOM killer
 // inside the sandbox, and the host cgroup's kills the whole sentry. Whenever
@@ -24,8 +25,8 @@ const (
 // and, above the limit, SIGKILLs the largest and marks the exec it belongs
 // to as OOM-killed. It polls every watchInterval while there is any such
 // process, so background execs and processes that outlive their exec are
-// watched too, and every idleInterval otherwise; starting a process wakes
-// it at once.
+// watched too, and not at all otherwise; starting a process wakes it at
+// once.
 //
 // In non-init mode (tests, an agent that is not PID 1) it counts only the
 // agent's descendants and the members of the process groups of the
@@ -38,6 +39,7 @@ type watchdog struct {
 	wake   chan struct{}
 	killed map[int]bool // pids killed and not yet gone; not counted again
 	page   int64
+	idle   atomic.Bool // no timer armed: waiting for a process to start
 
 	// groups are the process groups of the processes the agent started
 	// (non-init mode only), each with the scan generation current when it
@@ -96,11 +98,13 @@ func (w *watchdog) run(ctx context.Context) {
 		case <-t.C:
 		case <-w.wake:
 		}
-		d := idleInterval
+		w.idle.Store(false)
 		if w.check() || w.active.Load() > 0 {
-			d = watchInterval
+			t.Reset(watchInterval)
+		} else {
+			t.Stop() // idle: until the next process starts
+			w.idle.Store(true)
 		}
-		t.Reset(d)
 	}
 }
 

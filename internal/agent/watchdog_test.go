@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -161,5 +162,32 @@ func TestWatchdogKillsOrphan(t *testing.T) {
 	}
 	if _, err := c.Ping(ctx); err != nil {
 		t.Fatalf("agent gone after the kill: %v", err)
+	}
+}
+
+// TestWatchdogIdleDoesNotPoll: with no process but the agent, the watchdog
+// arms no timer (an idle sandbox costs its host no CPU), and the next
+// process wakes it: an over-allocating exec after it went idle is still
+// killed.
+func TestWatchdogIdleDoesNotPoll(t *testing.T) {
+	if _, err := os.Stat("/bin/dd"); err != nil {
+		t.Skip("needs /bin/dd")
+	}
+	s, c := startServerWith(t, Config{MemoryLimit: 64 << 20})
+	ctx := testCtx(t)
+	if res, err := c.Exec(ctx, ExecRequest{Argv: []string{"true"}}, nil, nil); err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec true: %+v, %v", res, err)
+	}
+	// It goes idle (no timer armed) once the exec is gone.
+	deadline := time.Now().Add(30 * time.Second)
+	for !s.watch.idle.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("the watchdog keeps a timer with nothing running")
+		}
+		runtime.Gosched()
+	}
+	res, err := c.Exec(ctx, ExecRequest{Argv: []string{"dd", "if=/dev/zero", "of=" + stuckFifo(t), "bs=300M", "count=1"}}, nil, nil)
+	if err != nil || !res.OOMKilled {
+		t.Fatalf("dd of 300M after the watchdog went idle: got %+v, %v; want OOM-killed", res, err)
 	}
 }

@@ -134,6 +134,25 @@ func (d *Daemon) ListCheckpoints(ctx context.Context, idOrName string) ([]*store
 	return cks, nil
 }
 
+// ListCheckpointsPage is one page of ListCheckpoints, with the token of
+// the next ("" after the last).
+func (d *Daemon) ListCheckpointsPage(ctx context.Context, idOrName string, p store.Page) ([]*store.Checkpoint, string, error) {
+	sb, err := d.store.GetSandbox(ctx, idOrName)
+	if err != nil {
+		return nil, "", err
+	}
+	cks, next, err := d.store.ListCheckpointsPage(ctx, sb.ID, p)
+	if err != nil {
+		return nil, "", err
+	}
+	for _, ck := range cks {
+		if n, err := d.snaps.Usage(ctx, ck.ID); err == nil {
+			ck.Size = n
+		}
+	}
+	return cks, next, nil
+}
+
 // GetCheckpoint returns one checkpoint.
 func (d *Daemon) GetCheckpoint(ctx context.Context, id string) (*store.Checkpoint, error) {
 	return d.store.GetCheckpoint(ctx, id)

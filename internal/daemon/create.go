@@ -209,11 +209,11 @@ func msSince(t time.Time) float64 { return float64(time.Since(t).Microseconds())
 func (d *Daemon) reserveSlots(ctx context.Context, n int, bestEffort bool) (int, error) {
 	d.ipAlloc.Lock()
 	defer d.ipAlloc.Unlock()
-	live, err := d.store.ListSandboxes(ctx, false)
+	live, err := d.store.CountLive(ctx)
 	if err != nil {
 		return 0, err
 	}
-	free := d.cfg.MaxSandboxes - len(live) - d.pendingSlots
+	free := d.cfg.MaxSandboxes - live - d.pendingSlots
 	if free < n && !bestEffort {
 		return 0, fmt.Errorf("%d slots needed, %d free (the daemon's limit is %d live sandboxes): %w", n, max(free, 0), d.cfg.MaxSandboxes, errdefs.ErrResourceExhausted)
 	}
@@ -238,24 +238,16 @@ func (d *Daemon) reserve(ctx context.Context, sb *store.Sandbox, slotReserved bo
 	if slotReserved {
 		d.pendingSlots--
 	}
-	live, err := d.store.ListSandboxes(ctx, false)
+	// A count and an address lookup or two, whatever the number of live
+	// sandboxes: this runs under the allocation lock, once per sandbox.
+	live, err := d.store.CountLive(ctx)
 	if err != nil {
 		return err
 	}
-	if !slotReserved && len(live)+d.pendingSlots >= d.cfg.MaxSandboxes {
-		return fmt.Errorf("%d sandboxes are live, the daemon's limit: %w", len(live), errdefs.ErrResourceExhausted)
+	if !slotReserved && live+d.pendingSlots >= d.cfg.MaxSandboxes {
+		return fmt.Errorf("%d sandboxes are live, the daemon's limit: %w", live, errdefs.ErrResourceExhausted)
 	}
-	used, err := d.store.UsedIPs(ctx)
-	if err != nil {
-		return err
-	}
-	var addrs []netip.Addr
-	for _, u := range used {
-		if a, err := netip.ParseAddr(u); err == nil {
-			addrs = append(addrs, a)
-		}
-	}
-	ip, err := d.net.AllocateAfter(addrs, d.lastIP)
+	ip, err := d.net.AllocateFunc(d.lastIP, func(a netip.Addr) (bool, error) { return d.store.IPInUse(ctx, a.String()) })
 	if err != nil {
 		return err
 	}

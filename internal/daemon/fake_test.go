@@ -199,14 +199,14 @@ func (w *world) AgentAddr(id string, _ netip.Addr) string {
 // fakeNet allocates addresses and records namespaces; it sets up nothing.
 type fakeNet struct{ w *world }
 
-func (n fakeNet) AllocateAfter(used []netip.Addr, last netip.Addr) (netip.Addr, error) {
-	taken := map[netip.Addr]bool{}
-	for _, a := range used {
-		taken[a] = true
-	}
+func (n fakeNet) AllocateFunc(last netip.Addr, taken network.Taken) (netip.Addr, error) {
 	for i := 2; i < 255; i++ {
 		a := netip.AddrFrom4([4]byte{10, 201, 0, byte(i)})
-		if !taken[a] && a != last {
+		t, err := taken(a)
+		if err != nil {
+			return netip.Addr{}, err
+		}
+		if !t && a != last {
 			return a, nil
 		}
 	}

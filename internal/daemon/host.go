@@ -20,7 +20,9 @@ import (
 // netManager is the sandbox network as the daemon uses it: a
 // *network.Manager.
 type netManager interface {
-	AllocateAfter(used []netip.Addr, last netip.Addr) (netip.Addr, error)
+	// AllocateFunc returns a free address after last (wrapping around),
+	// asking taken about each candidate.
+	AllocateFunc(last netip.Addr, taken network.Taken) (netip.Addr, error)
 	Setup(ctx context.Context, id string, ip netip.Addr, pol network.Policy) (*network.Network, error)
 	SetPolicy(ctx context.Context, id string, ip netip.Addr, pol network.Policy) error
 	Reconfigure(ctx context.Context, id string, ip netip.Addr) error

@@ -105,13 +105,13 @@ func (d *Daemon) startIdleHibernation(ctx context.Context) {
 // time; a sandbox it skipped (busy again, or not running under its lock)
 // gets no event.
 func (d *Daemon) hibernateIdle(ctx context.Context, now time.Time) {
-	live, err := d.store.ListSandboxes(ctx, false)
+	running, err := d.store.ListSandboxesInState(ctx, store.StateRunning)
 	if err != nil {
 		d.bestEffort(ctx, "idle hibernation: list sandboxes", err)
 		return
 	}
-	for _, sb := range live {
-		if sb.State != store.StateRunning || sb.Pool != "" || d.idleFor(sb.ID, now) < d.cfg.IdleHibernate {
+	for _, sb := range running {
+		if sb.Pool != "" || d.idleFor(sb.ID, now) < d.cfg.IdleHibernate {
 			continue
 		}
 		if _, _, err := d.memoryRuntime(sb); err != nil {

@@ -158,15 +158,12 @@ func (d *Daemon) startDegradedRecheck(ctx context.Context) {
 
 // recheckDegraded reconciles every degraded sandbox, under its lock.
 func (d *Daemon) recheckDegraded(ctx context.Context) error {
-	recs, err := d.store.ListSandboxes(ctx, false)
+	recs, err := d.store.ListSandboxesInState(ctx, store.StateDegraded)
 	if err != nil {
 		return err
 	}
 	var errs []error
 	for _, rec := range recs {
-		if rec.State != store.StateDegraded {
-			continue
-		}
 		sb, unlock, err := d.locked(ctx, rec.ID)
 		if err != nil {
 			errs = append(errs, err)

@@ -112,6 +112,31 @@ func (d *Daemon) List(ctx context.Context, all bool) ([]*store.Sandbox, error) {
 	return d.store.ListSandboxes(ctx, all)
 }
 
+// ListPage is one page of List, with the token of the next ("" after the
+// last); see store.Page.
+func (d *Daemon) ListPage(ctx context.Context, all bool, p store.Page) ([]*store.Sandbox, string, error) {
+	return d.store.ListSandboxesPage(ctx, all, p)
+}
+
+// EventsPage is one page of Events, with the token of the next ("" after
+// the last).
+func (d *Daemon) EventsPage(ctx context.Context, idOrName string, p store.Page) ([]*store.Event, string, error) {
+	id := idOrName
+	if name, ok := strings.CutPrefix(idOrName, "env:"); ok {
+		if _, err := d.store.GetEnvironment(ctx, name); err != nil {
+			return nil, "", err
+		}
+	} else {
+		sb, err := d.store.GetSandbox(ctx, idOrName)
+		if err != nil {
+			return nil, "", err
+		}
+		id = sb.ID
+	}
+	evs, next, err := d.store.EventsPage(ctx, id, p)
+	return publicEvents(evs), next, err // replay input stays sealed and out of sight
+}
+
 // Events returns a sandbox's ledger, or an environment's with "env:<name>"
 // (its builds, steps and hand-overs).
 func (d *Daemon) Events(ctx context.Context, idOrName string) ([]*store.Event, error) {

@@ -16,6 +16,29 @@ import (
 // policy would not let start are deleted (the next packet of such a flow
 // is new again, and dropped); when its network goes, all of them are.
 
+// flowFree reports whether a sandbox under pol can have no flow of its
+// own in conntrack: with egress "none" and no lists, everything it starts
+// is dropped (forward and input chains) before its entry is confirmed.
+func (p Policy) flowFree() bool {
+	return p.Mode == EgressNone && len(p.Allow)+len(p.AllowNames)+len(p.Deny)+len(p.DenyNames) == 0
+}
+
+// findFlows marks the subnet's addresses that have flows in conntrack now
+// (New calls it once): flows of sandboxes set up before this Manager, whose
+// policies it has not seen, are deleted when their networks go.
+func (m *Manager) findFlows() error {
+	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("network: list conntrack entries: %v: %w", err, errdefs.ErrInternal)
+	}
+	for _, f := range flows {
+		if src, ok := netip.AddrFromSlice(f.Forward.SrcIP.To4()); ok && m.cfg.Subnet.Contains(src) {
+			m.mayHaveFlows[src] = true
+		}
+	}
+	return nil
+}
+
 // staleFlows matches the conntrack entries of flows started by the
 // sandbox at ip (original source) that pol does not permit. With pol nil,
 // all of them.

@@ -5,8 +5,11 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
 )
 
 // echoIn serves TCP and UDP echo on addr inside the netns at path.
@@ -118,5 +121,99 @@ func TestPolicyChangeCutsFlows(t *testing.T) {
 		if err := echoes(c, r, 3*time.Second); err == nil {
 			t.Errorf("%s after SetPolicy none: still echoed", name)
 		}
+	}
+}
+
+// flowsFrom counts the conntrack entries of flows started at ip.
+func flowsFrom(t *testing.T, ip netip.Addr) int {
+	t.Helper()
+	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, f := range flows {
+		if src, ok := netip.AddrFromSlice(f.Forward.SrcIP.To4()); ok && src == ip {
+			n++
+		}
+	}
+	return n
+}
+
+// TestTeardownDeletesFlows: the conntrack entries of a sandbox that could
+// open connections go with its network, also when a new Manager (a
+// restarted daemon) tears it down; a sandbox with egress "none" is known
+// to have none, and its teardown reads no conntrack table.
+func TestTeardownDeletesFlows(t *testing.T) {
+	m := newTestManager(t, 22)
+	outside, outIP := fakeUplink(t, 23)
+	target := net.JoinHostPort(outIP.String(), "7")
+	echoIn(t, outside, target)
+	ctx := context.Background()
+	talk := func(nw *Network) {
+		t.Helper()
+		err := inNetns(nw.NSPath, func() error {
+			c, err := net.Dial("udp4", target)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			return echoes(c, bufio.NewReader(c), 5*time.Second)
+		})
+		if err != nil {
+			t.Fatalf("a flow from %s: %v", nw.IP, err)
+		}
+		if flowsFrom(t, nw.IP) == 0 {
+			t.Fatalf("no conntrack entry from %s after a flow", nw.IP)
+		}
+	}
+
+	a := setup(t, m, "ct-a", EgressAll)
+	talk(a)
+	if err := m.Teardown(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := flowsFrom(t, a.IP); n != 0 {
+		t.Errorf("after teardown: got %d entries from %s, want 0", n, a.IP)
+	}
+
+	// Set up by one Manager, torn down by the next (a restart).
+	b := setup(t, m, "ct-b", EgressAll)
+	talk(b)
+	m2, err := New(ctx, m.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m2.mayHaveFlows[b.IP] {
+		t.Errorf("a new Manager did not find the flows of %s", b.IP)
+	}
+	if err := m2.Teardown(ctx, b.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := flowsFrom(t, b.IP); n != 0 {
+		t.Errorf("after teardown by a new Manager: got %d entries from %s, want 0", n, b.IP)
+	}
+
+	// Egress "none", then "all" and back: flow-free again only after the
+	// change to "none" deleted its flows.
+	c := setup(t, m, "ct-c", EgressNone)
+	if m.mayHaveFlows[c.IP] {
+		t.Errorf("egress none: %s marked as having flows", c.IP)
+	}
+	if err := m.SetPolicy(ctx, c.ID, c.IP, Policy{Mode: EgressAll}); err != nil {
+		t.Fatal(err)
+	}
+	talk(c)
+	if !m.mayHaveFlows[c.IP] {
+		t.Errorf("egress all: %s not marked as having flows", c.IP)
+	}
+	if err := m.SetPolicy(ctx, c.ID, c.IP, Policy{Mode: EgressNone}); err != nil {
+		t.Fatal(err)
+	}
+	if m.mayHaveFlows[c.IP] || flowsFrom(t, c.IP) != 0 {
+		t.Errorf("back to none: marked %v, %d entries; want neither", m.mayHaveFlows[c.IP], flowsFrom(t, c.IP))
+	}
+	if err := m.Teardown(ctx, c.ID); err != nil {
+		t.Fatal(err)
 	}
 }

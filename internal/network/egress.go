@@ -56,6 +56,9 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, ip netip.Addr, pol P
 	m.polMu.Lock()
 	defer m.polMu.Unlock()
 	old, known := m.applied[ip]
+	if !pol.flowFree() {
+		m.mayHaveFlows[ip] = true // before the rules let any start
+	}
 	if err := m.applyPolicy(ip, pol, true); err != nil {
 		return err
 	}
@@ -63,6 +66,9 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, ip netip.Addr, pol P
 	if known && !samePolicy(old, pol) {
 		if err := m.flushFlows(ip, &pol); err != nil {
 			return err
+		}
+		if pol.flowFree() {
+			delete(m.mayHaveFlows, ip) // every flow went, none can start
 		}
 	}
 	m.log.Debug("egress policy set", slog.String("sandbox", id), slog.String("egress", string(pol.Mode)))
@@ -79,13 +85,24 @@ func (m *Manager) setPolicyLocked(ip netip.Addr, pol Policy) {
 }
 
 // dropPolicy removes the egress objects of the sandbox at ip and the
-// conntrack entries of its flows (the address is reused).
+// conntrack entries of its flows (the address is reused). Deleting them
+// reads the host's whole conntrack table (the kernel has no delete by
+// source address), so it is done only for an address that may have flows
+// (see flowFree): not for the common sandbox with egress "none".
 func (m *Manager) dropPolicy(ip netip.Addr) error {
 	m.polMu.Lock()
 	defer m.polMu.Unlock()
 	delete(m.policies, ip)
 	delete(m.applied, ip)
-	return errors.Join(m.applyPolicy(ip, Policy{Mode: EgressNone}, true), m.flushFlows(ip, nil))
+	err := m.applyPolicy(ip, Policy{Mode: EgressNone}, true)
+	if !m.mayHaveFlows[ip] {
+		return err
+	}
+	ferr := m.flushFlows(ip, nil)
+	if ferr == nil {
+		delete(m.mayHaveFlows, ip)
+	}
+	return errors.Join(err, ferr)
 }
 
 // Names returns the allowed and denied names of the sandbox at src, and

@@ -43,11 +43,17 @@ func requirePrivileges(tb testing.TB) {
 // subnet 10.231.<n>.0/24, destroyed with everything in it at cleanup.
 func newTestManager(tb testing.TB, n int) *Manager {
 	tb.Helper()
+	return newTestManagerIn(tb, n, netip.MustParsePrefix(fmt.Sprintf("10.231.%d.0/24", n)))
+}
+
+// newTestManagerIn is newTestManager with its own subnet.
+func newTestManagerIn(tb testing.TB, n int, subnet netip.Prefix) *Manager {
+	tb.Helper()
 	requirePrivileges(tb)
 	restoreForwarding(tb) // Setup with egress "all" turns it on
 	cfg := Config{
 		Bridge:     fmt.Sprintf("fbt%d-%d", os.Getpid()%100000, n),
-		Subnet:     netip.MustParsePrefix(fmt.Sprintf("10.231.%d.0/24", n)),
+		Subnet:     subnet,
 		NetnsDir:   tb.TempDir() + "/netns",
 		Table:      fmt.Sprintf("forkbox_test_%d_%d", os.Getpid(), n),
 		VethPrefix: fmt.Sprintf("ft%02d", n),

@@ -106,6 +106,10 @@ type Manager struct {
 	polMu    sync.RWMutex
 	policies map[netip.Addr]Policy // by sandbox address, for the DNS proxy
 	applied  map[netip.Addr]Policy // every sandbox's, as set since New
+	// mayHaveFlows are the addresses whose conntrack entries a teardown
+	// must delete: those found with flows at New, and those given a policy
+	// that lets flows start since (until a flush under a flow-free policy).
+	mayHaveFlows map[netip.Addr]bool
 }
 
 // New returns a Manager, creating or reusing the bridge (up, with the
@@ -144,7 +148,8 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	m := &Manager{cfg: cfg, log: cfg.Log, gateway: cfg.Subnet.Addr().Next(), policies: map[netip.Addr]Policy{}, applied: map[netip.Addr]Policy{}}
+	m := &Manager{cfg: cfg, log: cfg.Log, gateway: cfg.Subnet.Addr().Next(), policies: map[netip.Addr]Policy{}, applied: map[netip.Addr]Policy{},
+		mayHaveFlows: map[netip.Addr]bool{}}
 	if err := ensureNetnsDir(cfg.NetnsDir); err != nil {
 		return nil, err
 	}
@@ -152,6 +157,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	if err := m.ensureTables(); err != nil {
+		return nil, err
+	}
+	if err := m.findFlows(); err != nil {
 		return nil, err
 	}
 	m.log.Debug("network ready", slog.String("bridge", cfg.Bridge), slog.String("subnet", cfg.Subnet.String()))
@@ -194,30 +202,55 @@ func (m *Manager) Allocate(used []netip.Addr) (netip.Addr, error) {
 // others are free, so nothing on the host (neighbour entries, conntrack,
 // packets in flight) still points at the sandbox that had it.
 func (m *Manager) AllocateAfter(used []netip.Addr, last netip.Addr) (netip.Addr, error) {
-	taken := make(map[netip.Addr]bool, len(used))
+	return AllocateAfter(m.cfg.Subnet, used, last)
+}
+
+// Taken reports whether an address is in use.
+type Taken func(netip.Addr) (bool, error)
+
+// AllocateFunc is AllocateAfter asking taken about each candidate instead
+// of reading a list of every address in use.
+func (m *Manager) AllocateFunc(last netip.Addr, taken Taken) (netip.Addr, error) {
+	return AllocateFunc(m.cfg.Subnet, last, taken)
+}
+
+// AllocateAfter is Manager.AllocateAfter in subnet (its first address is
+// the gateway's).
+func AllocateAfter(subnet netip.Prefix, used []netip.Addr, last netip.Addr) (netip.Addr, error) {
+	set := make(map[netip.Addr]struct{}, len(used))
 	for _, a := range used {
-		taken[a] = true
+		set[a] = struct{}{}
 	}
-	first := m.gateway.Next()
-	var free []netip.Addr // in order, for the wrap-around
-	for a := first; a.IsValid() && m.cfg.Subnet.Contains(a); a = a.Next() {
-		if !m.cfg.Subnet.Contains(a.Next()) { // a is the broadcast address
-			break
-		}
-		if taken[a] {
-			continue
-		}
-		if !last.IsValid() || a.Compare(last) > 0 {
-			return a, nil
-		}
-		if len(free) == 0 {
-			free = append(free, a)
+	return AllocateFunc(subnet, last, func(a netip.Addr) (bool, error) { _, ok := set[a]; return ok, nil })
+}
+
+// AllocateFunc is AllocateAfter in subnet with taken answering for each
+// candidate. Candidates are tried from the one after last, so with
+// addresses handed out in order one or two are asked about, whatever the
+// number in use; an error of taken ends the search (and is returned, with
+// an address the caller must not use).
+func AllocateFunc(subnet netip.Prefix, last netip.Addr, taken Taken) (netip.Addr, error) {
+	subnet = subnet.Masked()
+	first := subnet.Addr().Next().Next() // after the network address and the gateway
+	host := func(a netip.Addr) bool {
+		return a.IsValid() && subnet.Contains(a) && subnet.Contains(a.Next()) && a.Compare(first) >= 0
+	}
+	start := first
+	if host(last) && host(last.Next()) {
+		start = last.Next()
+	}
+	// From start to the end of the subnet, then from first to start.
+	for a := start; host(a); a = a.Next() {
+		if t, err := taken(a); err != nil || !t {
+			return a, err
 		}
 	}
-	if len(free) > 0 {
-		return free[0], nil
+	for a := first; host(a) && a.Compare(start) < 0; a = a.Next() {
+		if t, err := taken(a); err != nil || !t {
+			return a, err
+		}
 	}
-	return netip.Addr{}, fmt.Errorf("network: no free address in %s: %w", m.cfg.Subnet, errdefs.ErrResourceExhausted)
+	return netip.Addr{}, fmt.Errorf("network: no free address in %s: %w", subnet, errdefs.ErrResourceExhausted)
 }
 
 // checkIP reports whether ip can be a sandbox address in the subnet.

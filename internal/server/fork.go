@@ -69,11 +69,11 @@ func (s *sandboxes) Checkpoint(ctx context.Context, req *connect.Request[v1.Chec
 }
 
 func (s *sandboxes) ListCheckpoints(ctx context.Context, req *connect.Request[v1.ListCheckpointsRequest]) (*connect.Response[v1.ListCheckpointsResponse], error) {
-	cks, err := s.d.ListCheckpoints(ctx, req.Msg.Sandbox)
+	cks, next, err := s.d.ListCheckpointsPage(ctx, req.Msg.Sandbox, pageOf(req.Msg))
 	if err != nil {
 		return nil, err
 	}
-	out := &v1.ListCheckpointsResponse{}
+	out := &v1.ListCheckpointsResponse{NextPageToken: next}
 	for _, ck := range cks {
 		out.Checkpoints = append(out.Checkpoints, toCheckpoint(ck, s.name(ctx, ck.SandboxID)))
 	}

@@ -90,15 +90,26 @@ func (s *sandboxes) GetSandbox(ctx context.Context, req *connect.Request[v1.GetS
 }
 
 func (s *sandboxes) ListSandboxes(ctx context.Context, req *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error) {
-	list, err := s.d.List(ctx, req.Msg.All)
+	list, next, err := s.d.ListPage(ctx, req.Msg.All, pageOf(req.Msg))
 	if err != nil {
 		return nil, err
 	}
-	out := &v1.ListSandboxesResponse{}
+	out := &v1.ListSandboxesResponse{NextPageToken: next}
 	for _, sb := range list {
 		out.Sandboxes = append(out.Sandboxes, toSandbox(s.d, sb))
 	}
 	return connect.NewResponse(out), nil
+}
+
+// pageRequest is a list request with pagination fields.
+type pageRequest interface {
+	GetPageSize() int32
+	GetPageToken() string
+}
+
+// pageOf is the page a list request asks for (the store bounds it).
+func pageOf(r pageRequest) store.Page {
+	return store.Page{Size: int(r.GetPageSize()), Token: r.GetPageToken()}
 }
 
 func (s *sandboxes) DeleteSandbox(ctx context.Context, req *connect.Request[v1.DeleteSandboxRequest]) (*connect.Response[v1.DeleteSandboxResponse], error) {
@@ -186,11 +197,11 @@ func (s *sandboxes) ListFiles(ctx context.Context, req *connect.Request[v1.ListF
 }
 
 func (s *sandboxes) Events(ctx context.Context, req *connect.Request[v1.EventsRequest]) (*connect.Response[v1.EventsResponse], error) {
-	evs, err := s.d.Events(ctx, req.Msg.Sandbox)
+	evs, next, err := s.d.EventsPage(ctx, req.Msg.Sandbox, pageOf(req.Msg))
 	if err != nil {
 		return nil, err
 	}
-	out := &v1.EventsResponse{}
+	out := &v1.EventsResponse{NextPageToken: next}
 	for _, e := range evs {
 		data, _ := json.Marshal(e.Data)
 		out.Events = append(out.Events, &v1.Event{Seq: e.Seq, SandboxId: e.SandboxID, Type: e.Type, TimeUnixMs: e.Time.UnixMilli(), DataJson: string(data)})

@@ -83,7 +83,12 @@ func (s *Store) ListCheckpoints(ctx context.Context, sandboxID string) ([]*Check
 	if sandboxID != "" {
 		q, args = q+` WHERE sandbox_id = ?`, append(args, sandboxID)
 	}
-	rows, err := s.db.QueryContext(ctx, q+` ORDER BY created_at, ledger_seq`, args...)
+	return s.checkpoints(ctx, q+` ORDER BY created_at, ledger_seq, id`, args...)
+}
+
+// checkpoints runs a query of checkpoints (checkpointCols).
+func (s *Store) checkpoints(ctx context.Context, q string, args ...any) ([]*Checkpoint, error) {
+	rows, err := s.db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("store: list checkpoints: %w", err)
 	}

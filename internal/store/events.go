@@ -82,7 +82,12 @@ func (s *Store) AppendEvent(ctx context.Context, sandboxID, typ string, data map
 
 // Events returns a sandbox's ledger, oldest first.
 func (s *Store) Events(ctx context.Context, sandboxID string) ([]*Event, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT seq, sandbox_id, type, time, data FROM events WHERE sandbox_id = ? ORDER BY seq`, sandboxID)
+	return s.events(ctx, `SELECT seq, sandbox_id, type, time, data FROM events WHERE sandbox_id = ? ORDER BY seq`, sandboxID)
+}
+
+// events runs a query of events (seq, sandbox_id, type, time, data).
+func (s *Store) events(ctx context.Context, q string, args ...any) ([]*Event, error) {
+	rows, err := s.db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("store: events: %w", err)
 	}

@@ -205,6 +205,15 @@ func (s *Store) SetSandboxConfig(ctx context.Context, id string, cfg SandboxConf
 	return nil
 }
 
+// IPInUse reports whether a sandbox that is not closed holds address ip.
+func (s *Store) IPInUse(ctx context.Context, ip string) (bool, error) {
+	var n int
+	if err := s.db.QueryRowContext(ctx, `SELECT EXISTS(SELECT 1 FROM sandboxes WHERE ip = ? AND state != 'closed')`, ip).Scan(&n); err != nil {
+		return false, fmt.Errorf("store: address in use: %w", err)
+	}
+	return n == 1, nil
+}
+
 // UsedIPs returns the addresses held by sandboxes that are not closed.
 func (s *Store) UsedIPs(ctx context.Context) ([]string, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT ip FROM sandboxes WHERE state != 'closed' AND ip != ''`)
@@ -257,19 +266,51 @@ func (s *Store) TakeFromPool(ctx context.Context, env, checkpoint string) (*Sand
 	return sb, err
 }
 
-// Pooled returns the live sandboxes in env's pool.
+// Pooled returns the live sandboxes in env's pool, oldest first.
 func (s *Store) Pooled(ctx context.Context, env string) ([]*Sandbox, error) {
-	all, err := s.ListSandboxes(ctx, false)
+	rows, err := s.db.QueryContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE pool = ? AND pool != '' AND state != 'closed' ORDER BY created_at, id`, env)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("store: pooled sandboxes: %w", err)
 	}
+	defer rows.Close()
 	var out []*Sandbox
-	for _, sb := range all {
-		if sb.Pool == env {
-			out = append(out, sb)
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, err
 		}
+		out = append(out, sb)
 	}
-	return out, nil
+	return out, rows.Err()
+}
+
+// ListSandboxesInState lists the sandboxes in state, oldest first: the
+// periodic scans (idle hibernation, the degraded recheck) read only the
+// rows they act on, whatever the number of others (an index on state).
+func (s *Store) ListSandboxesInState(ctx context.Context, state State) ([]*Sandbox, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE state = ? ORDER BY created_at, id`, state)
+	if err != nil {
+		return nil, fmt.Errorf("store: list %s sandboxes: %w", state, err)
+	}
+	defer rows.Close()
+	var out []*Sandbox
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sb)
+	}
+	return out, rows.Err()
+}
+
+// CountLive returns how many sandboxes are not closed.
+func (s *Store) CountLive(ctx context.Context) (int, error) {
+	var n int
+	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM sandboxes WHERE state != 'closed'`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: count sandboxes: %w", err)
+	}
+	return n, nil
 }
 
 // ClaimFromPool takes sandbox id out of env's pool; it reports false when

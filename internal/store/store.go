@@ -113,6 +113,14 @@ var migrations = []string{
 		metadata   TEXT NOT NULL DEFAULT '{}',
 		created_at INTEGER NOT NULL
 	);`,
+	// Density: list pages and the live count read indexes in list order,
+	// whatever the number of closed sandboxes kept (page.go).
+	`CREATE INDEX sandboxes_order ON sandboxes(created_at, id);
+	CREATE INDEX sandboxes_live_order ON sandboxes(created_at, id) WHERE state != 'closed';
+	CREATE INDEX sandboxes_pool ON sandboxes(pool) WHERE pool != '';
+	CREATE INDEX sandboxes_live_ip ON sandboxes(ip) WHERE state != 'closed';
+	CREATE INDEX sandboxes_state ON sandboxes(state);
+	CREATE INDEX checkpoints_order ON checkpoints(created_at, ledger_seq, id);`,
 }
 
 // Open opens (creating if needed) the database at path and migrates it.

@@ -1,6 +1,9 @@
 package main
 
-import "testing"
+import (
+	"net/netip"
+	"testing"
+)
 
 func TestStats(t *testing.T) {
 	tests := []struct {
@@ -87,5 +90,35 @@ func TestParseFlagsMemory(t *testing.T) {
 	}
 	if _, err := parseFlags([]string{"--mem-sizes", "x"}); err == nil {
 		t.Error("--mem-sizes x: no error")
+	}
+}
+
+func TestNamesFor(t *testing.T) {
+	for _, n := range []int{1, 2, 127, 128, 4194303} {
+		h := namesFor(n)
+		if len(h.bridge) > 15 || len(h.veth) > 5 {
+			t.Errorf("pid %d: bridge %q or veth prefix %q too long", n, h.bridge, h.veth)
+		}
+		p, err := netip.ParsePrefix(h.subnet)
+		if err != nil || p.Bits() != 20 || !netip.MustParsePrefix("10.216.0.0/13").Contains(p.Addr()) {
+			t.Errorf("pid %d: subnet %q, want a /20 in 10.216.0.0/13", n, h.subnet)
+		}
+	}
+	if a, b := namesFor(1), namesFor(2); a.subnet == b.subnet || a.bridge == b.bridge || a.table == b.table || a.veth == b.veth {
+		t.Errorf("two runs share names: %+v and %+v", a, b)
+	}
+}
+
+func TestFreeSubnet(t *testing.T) {
+	h := namesFor(3) // slot 3: 10.216.48.0/20
+	if got := h.freeSubnet(nil); got != "10.216.48.0/20" {
+		t.Fatalf("no routes: got %s, want 10.216.48.0/20", got)
+	}
+	taken := []netip.Prefix{netip.MustParsePrefix("10.216.50.0/24"), netip.MustParsePrefix("10.216.64.0/22")}
+	if got := h.freeSubnet(taken); got != "10.216.80.0/20" {
+		t.Fatalf("slots 3 and 4 taken: got %s, want 10.216.80.0/20", got)
+	}
+	if got := namesFor(127).freeSubnet([]netip.Prefix{netip.MustParsePrefix("10.223.240.0/20")}); got != "10.216.0.0/20" {
+		t.Fatalf("the last slot taken: got %s, want the first (wrapped)", got)
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -17,23 +19,83 @@ import (
 	"github.com/forkbox/forkbox/client"
 	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/snapshot/btrfs"
+	"github.com/vishvananda/netlink"
 )
 
-// The throwaway daemon's host names, distinct from the default daemon's and
-// from the e2e suite's so that both can run beside the bench.
+// The throwaway daemon's host names are its own per run (from the bench's
+// pid), distinct from the default daemon's, the e2e suite's and another
+// bench run's, so that they all run beside each other on one host.
 const (
-	benchBridge       = "fbxbench0"
-	benchNetTable     = "forkbox_bench"
-	benchVethPrefix   = "fbb"
-	benchSubnet       = "10.214.0.0/22"
-	benchCgroupParent = "forkbox-bench"
-	benchMaxSandboxes = "150"
+	benchMaxSandboxes = 150
 	benchBtrfsSize    = "32Gi"
 )
+
+// hostNames are the names and the subnet of one run's daemon.
+type hostNames struct {
+	bridge, table, veth, subnet, cgroup string
+}
+
+// namesFor derives the names from n (the pid): one of 128 /20 subnets in
+// 10.216.0.0/13 (4,094 addresses: the density section's thousand and
+// more), away from the default daemon's 10.88/16, e2e's 10.213 and the
+// unit tests' 10.23x.
+func namesFor(n int) hostNames {
+	slot := n % 128
+	return hostNames{
+		bridge: fmt.Sprintf("fbxb%d", n%100000),
+		table:  fmt.Sprintf("forkbox_bench_%d", n),
+		veth:   fmt.Sprintf("fb%02d", n%100),
+		subnet: benchSlot(slot).String(),
+		cgroup: fmt.Sprintf("forkbox-bench-%d", n),
+	}
+}
+
+// benchSlot is the i-th /20 of 10.216.0.0/13 (i mod 128).
+func benchSlot(i int) netip.Prefix {
+	i %= 128
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(216 + i/16), byte((i % 16) * 16), 0}), 20)
+}
+
+// freeSubnet returns the first slot from h's that overlaps none of the
+// host's routes (another daemon's or test's subnet), or h's own when all do.
+func (h hostNames) freeSubnet(routes []netip.Prefix) string {
+	start := netip.MustParsePrefix(h.subnet)
+	for i := range 128 {
+		p := start
+		if i > 0 {
+			p = benchSlot(int(start.Addr().As4()[1]-216)*16 + int(start.Addr().As4()[2])/16 + i)
+		}
+		if !slices.ContainsFunc(routes, p.Overlaps) {
+			return p.String()
+		}
+	}
+	return h.subnet
+}
+
+// hostRoutes are the destinations of the host's IPv4 routes.
+func hostRoutes() []netip.Prefix {
+	rs, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil
+	}
+	var out []netip.Prefix
+	for _, r := range rs {
+		if r.Dst == nil {
+			continue
+		}
+		a, ok := netip.AddrFromSlice(r.Dst.IP.To4())
+		ones, _ := r.Dst.Mask.Size()
+		if ok {
+			out = append(out, netip.PrefixFrom(a, ones).Masked())
+		}
+	}
+	return out
+}
 
 // daemon is a throwaway `forkbox serve` with its own state, run dir, socket,
 // bridge, nftables table, veth prefix, subnet and cgroup parent.
 type daemon struct {
+	names                         hostNames
 	dir, stateDir, runDir, socket string
 	cmd                           *exec.Cmd
 	log                           *os.File
@@ -68,19 +130,21 @@ func fileExists(p string) bool {
 
 // startDaemon starts the throwaway daemon below dir and waits for its
 // socket; with e2b, it also serves its E2B endpoint on a free loopback port.
-func startDaemon(ctx context.Context, dir, logLevel string, e2b bool) (*daemon, error) {
+func startDaemon(ctx context.Context, dir, logLevel string, maxSandboxes int, e2b bool) (*daemon, error) {
 	bin, agent, err := binaries(ctx, dir)
 	if err != nil {
 		return nil, err
 	}
-	d := &daemon{dir: dir, stateDir: filepath.Join(dir, "state"), runDir: filepath.Join(dir, "run"),
+	names := namesFor(os.Getpid())
+	names.subnet = names.freeSubnet(hostRoutes())
+	d := &daemon{names: names, dir: dir, stateDir: filepath.Join(dir, "state"), runDir: filepath.Join(dir, "run"),
 		socket: filepath.Join(dir, "forkbox.sock")}
 	if d.log, err = os.Create(filepath.Join(dir, "daemon.log")); err != nil {
 		return nil, err
 	}
 	args := []string{"serve", "--state-dir", d.stateDir, "--run-dir", d.runDir, "--socket", d.socket,
-		"--agent", agent, "--bridge", benchBridge, "--net-table", benchNetTable, "--veth-prefix", benchVethPrefix,
-		"--subnet", benchSubnet, "--cgroup-parent", benchCgroupParent, "--max-sandboxes", benchMaxSandboxes,
+		"--agent", agent, "--bridge", d.names.bridge, "--net-table", d.names.table, "--veth-prefix", d.names.veth,
+		"--subnet", d.names.subnet, "--cgroup-parent", d.names.cgroup, "--max-sandboxes", strconv.Itoa(maxSandboxes),
 		"--btrfs-size", benchBtrfsSize, "--log-level", logLevel}
 	if e2b {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -154,12 +218,12 @@ func (d *daemon) cleanup() {
 	if err := btrfs.Detach(ctx, filepath.Join(d.stateDir, "snapshots")); err != nil {
 		fmt.Fprintln(os.Stderr, "bench: detach btrfs:", err)
 	}
-	if m, err := network.New(ctx, network.Config{Bridge: benchBridge, Subnet: netip.MustParsePrefix(benchSubnet), Table: benchNetTable, VethPrefix: benchVethPrefix,
+	if m, err := network.New(ctx, network.Config{Bridge: d.names.bridge, Subnet: netip.MustParsePrefix(d.names.subnet), Table: d.names.table, VethPrefix: d.names.veth,
 		NetnsDir: filepath.Join(d.runDir, "netns")}); err == nil {
 		m.Destroy(ctx)
 	}
 	exec.Command("umount", "-l", filepath.Join(d.runDir, "netns")).Run()
-	removeCgroupParent(benchCgroupParent)
+	removeCgroupParent(d.names.cgroup)
 	if d.log != nil {
 		d.log.Close()
 	}

@@ -63,6 +63,11 @@ type options struct {
 	// e2bURL and e2bKey reach a --host daemon's E2B endpoint; the throwaway
 	// daemon serves one of its own.
 	e2bURL, e2bKey string
+	// density section
+	densityCount   int
+	densityMemory  string
+	densityBudget  float64 // GiB
+	densityMinFree float64 // GiB
 }
 
 func parseFlags(args []string) (options, error) {
@@ -90,6 +95,10 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&memSizes, "mem-sizes", "10MB,256MB,1GB", "resident memory of the memory section's sources (gVisor)")
 	fs.IntVar(&o.memReps, "mem-reps", 5, "memory checkpoints, memory forks and filesystem forks per size (memory section)")
 	fs.IntVar(&o.memFanout, "mem-fanout", 10, "children of the memory fan-out fork, when the host's memory holds them (0 skips it)")
+	fs.IntVar(&o.densityCount, "density-count", 0, "live gVisor sandboxes the density section grows to (0: 1,000, or as many as the memory budget allows)")
+	fs.StringVar(&o.densityMemory, "density-memory", "128Mi", "memory limit of each density sandbox")
+	fs.Float64Var(&o.densityBudget, "density-budget", 8, "GiB of host memory the density sandboxes may use at most")
+	fs.Float64Var(&o.densityMinFree, "density-min-free", 4, "GiB of MemAvailable the density section always leaves (it stops growing there)")
 	fs.StringVar(&o.logLevel, "daemon-log-level", "info", "log level of the throwaway daemon (debug when the memory section runs)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the throwaway daemon's directory (logs) after the run")
 	if err := fs.Parse(args); err != nil {
@@ -145,8 +154,8 @@ func parseFlags(args []string) (options, error) {
 	o.memSizes = splitList(memSizes)
 	o.sections = map[string]bool{}
 	for _, x := range splitList(sections) {
-		if x != "start" && x != "fork" && x != "fanout" && x != "busy" && x != "env" && x != "memory" && x != "e2b" {
-			return o, fmt.Errorf("section %q: want start, fork, fanout, busy, env, memory or e2b: %w", x, errdefs.ErrInvalidArgument)
+		if x != "start" && x != "fork" && x != "fanout" && x != "busy" && x != "env" && x != "memory" && x != "e2b" && x != "density" {
+			return o, fmt.Errorf("section %q: want start, fork, fanout, busy, env, memory, e2b or density: %w", x, errdefs.ErrInvalidArgument)
 		}
 		o.sections[x] = true
 	}
@@ -162,6 +171,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.reps < 1 || o.execReps < 1 || o.baselineReps < 1 || o.floorReps < 1 || o.fanout < 0 || o.fanout > 100 {
 		return o, fmt.Errorf("reps must be >= 1 and fanout 0..100: %w", errdefs.ErrInvalidArgument)
+	}
+	if o.densityCount < 0 || o.densityCount > 100_000 || o.densityBudget <= 0 || o.densityMinFree < 0 {
+		return o, fmt.Errorf("density-count must be 0..100000, density-budget > 0 and density-min-free >= 0: %w", errdefs.ErrInvalidArgument)
 	}
 	if o.memReps < 1 || o.memFanout < 0 || o.memFanout > 100 {
 		return o, fmt.Errorf("mem-reps must be >= 1 and mem-fanout 0..100: %w", errdefs.ErrInvalidArgument)
@@ -265,7 +277,7 @@ func run(o options) (err error) {
 		}
 	} else {
 		progress("starting a throwaway daemon in %s", dir)
-		d, err := startDaemon(ctx, dir, o.logLevel, o.sections["e2b"])
+		d, err := startDaemon(ctx, dir, o.logLevel, o.maxSandboxes(), o.sections["e2b"])
 		if d != nil {
 			defer d.cleanup()
 		}
@@ -277,6 +289,10 @@ func run(o options) (err error) {
 		if d.e2bURL != "" {
 			b.e2b = &e2bClient{url: d.e2bURL, key: d.e2bKey, hc: &http.Client{}}
 		}
+		if d.cmd != nil {
+			b.daemonPID = d.cmd.Process.Pid
+		}
+		b.cgroupParent = d.names.cgroup
 		rep.Daemon = "throwaway (" + d.socket + ")"
 	}
 	defer b.closeLeft()
@@ -323,12 +339,15 @@ func run(o options) (err error) {
 
 func (b *bench) measureAll(ctx context.Context, rep *Report, rootfs string) error {
 	o := b.opts
-	progress("raw floor: %d namespaced starts of /bin/true", o.floorReps)
-	floor, err := measureFloor(ctx, rootfs, o.floorReps)
-	if err != nil {
-		return err
+	var floor Summary
+	if len(o.sections) > 1 || !o.sections["density"] { // the floor is the start section's yardstick
+		progress("raw floor: %d namespaced starts of /bin/true", o.floorReps)
+		var err error
+		if floor, err = measureFloor(ctx, rootfs, o.floorReps); err != nil {
+			return err
+		}
+		rep.Floor = floor
 	}
-	rep.Floor = floor
 	for _, rt := range o.runtimes {
 		if !o.sections["start"] {
 			break
@@ -398,6 +417,15 @@ func (b *bench) measureAll(ctx context.Context, rep *Report, rootfs string) erro
 			rep.E2B = &r
 		}
 	}
+	if o.sections["density"] {
+		progress("density: free memory %.1f GiB; growing to %s gVisor sandboxes (budget %.1f GiB, leaving %.1f GiB free)",
+			memAvailableGiB(), densityTargetText(o.densityCount), o.densityBudget, o.densityMinFree)
+		r, err := b.measureDensity(ctx)
+		if err != nil {
+			return err
+		}
+		rep.Density = &r
+	}
 	if b.memorySection() {
 		for _, s := range o.memSizes {
 			size, _ := parseSize(s)
@@ -410,6 +438,25 @@ func (b *bench) measureAll(ctx context.Context, rep *Report, rootfs string) erro
 		}
 	}
 	return nil
+}
+
+// maxSandboxes is the throwaway daemon's --max-sandboxes.
+func (o options) maxSandboxes() int {
+	if !o.sections["density"] {
+		return benchMaxSandboxes
+	}
+	n := o.densityCount
+	if n == 0 {
+		n = densityDefault
+	}
+	return max(benchMaxSandboxes, n+densityForks+10)
+}
+
+func densityTargetText(n int) string {
+	if n == 0 {
+		return fmt.Sprintf("up to %d", densityDefault)
+	}
+	return strconv.Itoa(n)
 }
 
 // memorySection says whether the memory section runs: it is gVisor only.

@@ -26,6 +26,7 @@ type Report struct {
 	Env         *EnvResult      `json:"environments,omitempty"`
 	Memory      []MemoryResult  `json:"memory_forks,omitempty"`
 	E2B         *E2BResult      `json:"e2b,omitempty"`
+	Density     *DensityResult  `json:"density,omitempty"`
 	BaseUsedGiB float64         `json:"mem_used_at_start_gib"`
 	PeakUsedGiB float64         `json:"mem_used_peak_gib"`
 	Targets     []Target        `json:"targets"`
@@ -52,6 +53,11 @@ const (
 	// of at most goalMemSmallBytes resident.
 	goalMemChildSmallMS = 250
 	goalMemSmallBytes   = 16_000_000
+	// Density: the last creates and execs at full count within this
+	// factor of the first; the daemon's RSS (MiB) and a wake on exec.
+	goalDensityRatio = 1.5
+	goalDaemonRSSMiB = 500
+	goalWakeMS       = 300
 )
 
 func (r *Report) targets() []Target {
@@ -78,6 +84,20 @@ func (r *Report) targets() []Target {
 	for _, m := range r.Memory {
 		if m.Bytes <= goalMemSmallBytes && m.ChildStart.N > 0 {
 			add(fmt.Sprintf("gVisor memory fork, child start p50 (%s resident)", m.Size), goalMemChildSmallMS, m.ChildStart.Median)
+		}
+	}
+	if d := r.Density; d != nil && d.Count > 0 {
+		if d.CreateLast10.N > 0 {
+			add(fmt.Sprintf("density: create p50 of the last 10 (at %d live) within %.1fx the first 10", d.Count, goalDensityRatio),
+				goalDensityRatio*d.CreateFirst10.Median, d.CreateLast10.Median)
+		}
+		add(fmt.Sprintf("density: exec p50 at %d live within %.1fx at 10", d.Count, goalDensityRatio),
+			goalDensityRatio*d.ExecAt10.Median, d.ExecAtFull.Median)
+		if d.DaemonRSSFull > 0 {
+			add(fmt.Sprintf("density: daemon RSS at %d live (MiB, not ms)", d.Count), goalDaemonRSSMiB, d.DaemonRSSFull)
+		}
+		if d.WakeOnExec.N > 0 {
+			add(fmt.Sprintf("density: wake-on-exec p50 with %d hibernated", d.Hibernated), goalWakeMS, d.WakeOnExec.Median)
 		}
 	}
 	if e := r.Env; e != nil {
@@ -139,6 +159,9 @@ func (r *Report) print(out io.Writer) {
 	}
 	if r.E2B != nil {
 		r.E2B.print(w)
+	}
+	if r.Density != nil {
+		r.Density.print(w)
 	}
 
 	fmt.Fprintln(w, "targets")

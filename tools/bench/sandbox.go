@@ -22,6 +22,8 @@ type bench struct {
 	daemonLog, stateDir string
 	// e2b reaches the daemon's E2B endpoint (nil: none).
 	e2b *e2bClient
+	daemonPID           int    // the throwaway daemon's (0 with --host)
+	cgroupParent        string // its --cgroup-parent ("" with --host)
 
 	mu   sync.Mutex
 	live map[string]*client.Sandbox

@@ -620,8 +620,14 @@ func (x *GetSandboxResponse) GetSandbox() *Sandbox {
 }
 
 type ListSandboxesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	All           bool                   `protobuf:"varint,1,opt,name=all,proto3" json:"all,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	All   bool                   `protobuf:"varint,1,opt,name=all,proto3" json:"all,omitempty"`
+	// Pagination: at most page_size items (0 = 100, at most 1,000), from
+	// page_token (the next_page_token of the previous page; "" = the first).
+	// A token is opaque, valid only for the same request filters; a malformed
+	// or foreign one is InvalidArgument.
+	PageSize      int32  `protobuf:"varint,110,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,111,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -663,9 +669,26 @@ func (x *ListSandboxesRequest) GetAll() bool {
 	return false
 }
 
+func (x *ListSandboxesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListSandboxesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// Sandboxes oldest first (created_at, then id).
 type ListSandboxesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandboxes     []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Sandboxes []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	// next_page_token fetches the next page; "" when this is the last.
+	NextPageToken string `protobuf:"bytes,110,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -705,6 +728,13 @@ func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
 		return x.Sandboxes
 	}
 	return nil
+}
+
+func (x *ListSandboxesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type DeleteSandboxRequest struct {
@@ -1914,8 +1944,14 @@ func (x *ListFilesResponse) GetFiles() []*FileInfo {
 }
 
 type EventsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// Pagination: at most page_size items (0 = 100, at most 1,000), from
+	// page_token (the next_page_token of the previous page; "" = the first).
+	// A token is opaque, valid only for the same request filters; a malformed
+	// or foreign one is InvalidArgument.
+	PageSize      int32  `protobuf:"varint,110,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,111,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1953,6 +1989,20 @@ func (*EventsRequest) Descriptor() ([]byte, []int) {
 func (x *EventsRequest) GetSandbox() string {
 	if x != nil {
 		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *EventsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *EventsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
 	}
 	return ""
 }
@@ -2034,9 +2084,12 @@ func (x *Event) GetDataJson() string {
 	return ""
 }
 
+// Events oldest first (by seq).
 type EventsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Events        []*Event               `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Events []*Event               `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// next_page_token fetches the next page; "" when this is the last.
+	NextPageToken string `protobuf:"bytes,110,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2076,6 +2129,13 @@ func (x *EventsResponse) GetEvents() []*Event {
 		return x.Events
 	}
 	return nil
+}
+
+func (x *EventsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type PauseSandboxRequest struct {
@@ -2660,8 +2720,14 @@ func (x *CheckpointResponse) GetCheckpoint() *Checkpoint {
 }
 
 type ListCheckpointsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandbox       string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// Pagination: at most page_size items (0 = 100, at most 1,000), from
+	// page_token (the next_page_token of the previous page; "" = the first).
+	// A token is opaque, valid only for the same request filters; a malformed
+	// or foreign one is InvalidArgument.
+	PageSize      int32  `protobuf:"varint,110,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,111,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2703,9 +2769,26 @@ func (x *ListCheckpointsRequest) GetSandbox() string {
 	return ""
 }
 
+func (x *ListCheckpointsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListCheckpointsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// Checkpoints oldest first.
 type ListCheckpointsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Checkpoints   []*Checkpoint          `protobuf:"bytes,1,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Checkpoints []*Checkpoint          `protobuf:"bytes,1,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
+	// next_page_token fetches the next page; "" when this is the last.
+	NextPageToken string `protobuf:"bytes,110,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2745,6 +2828,13 @@ func (x *ListCheckpointsResponse) GetCheckpoints() []*Checkpoint {
 		return x.Checkpoints
 	}
 	return nil
+}
+
+func (x *ListCheckpointsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type DeleteCheckpointRequest struct {
@@ -6408,11 +6498,15 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x11GetSandboxRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\"C\n" +
 	"\x12GetSandboxResponse\x12-\n" +
-	"\asandbox\x18\x01 \x01(\v2\x13.forkbox.v1.SandboxR\asandbox\"(\n" +
+	"\asandbox\x18\x01 \x01(\v2\x13.forkbox.v1.SandboxR\asandbox\"d\n" +
 	"\x14ListSandboxesRequest\x12\x10\n" +
-	"\x03all\x18\x01 \x01(\bR\x03all\"J\n" +
+	"\x03all\x18\x01 \x01(\bR\x03all\x12\x1b\n" +
+	"\tpage_size\x18n \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18o \x01(\tR\tpageToken\"r\n" +
 	"\x15ListSandboxesResponse\x121\n" +
-	"\tsandboxes\x18\x01 \x03(\v2\x13.forkbox.v1.SandboxR\tsandboxes\"0\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x13.forkbox.v1.SandboxR\tsandboxes\x12&\n" +
+	"\x0fnext_page_token\x18n \x01(\tR\rnextPageToken\"0\n" +
 	"\x14DeleteSandboxRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\"\x17\n" +
 	"\x15DeleteSandboxResponse\"\xcb\x02\n" +
@@ -6498,9 +6592,12 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x03dir\x18\x04 \x01(\bR\x03dir\x12\"\n" +
 	"\rmtime_unix_ms\x18\x05 \x01(\x03R\vmtimeUnixMs\"?\n" +
 	"\x11ListFilesResponse\x12*\n" +
-	"\x05files\x18\x01 \x03(\v2\x14.forkbox.v1.FileInfoR\x05files\")\n" +
+	"\x05files\x18\x01 \x03(\v2\x14.forkbox.v1.FileInfoR\x05files\"e\n" +
 	"\rEventsRequest\x12\x18\n" +
-	"\asandbox\x18\x01 \x01(\tR\asandbox\"\x8b\x01\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x1b\n" +
+	"\tpage_size\x18n \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18o \x01(\tR\tpageToken\"\x8b\x01\n" +
 	"\x05Event\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\x12\x1d\n" +
 	"\n" +
@@ -6508,9 +6605,10 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x04type\x18\x03 \x01(\tR\x04type\x12 \n" +
 	"\ftime_unix_ms\x18\x04 \x01(\x03R\n" +
 	"timeUnixMs\x12\x1b\n" +
-	"\tdata_json\x18\x05 \x01(\tR\bdataJson\";\n" +
+	"\tdata_json\x18\x05 \x01(\tR\bdataJson\"c\n" +
 	"\x0eEventsResponse\x12)\n" +
-	"\x06events\x18\x01 \x03(\v2\x11.forkbox.v1.EventR\x06events\"/\n" +
+	"\x06events\x18\x01 \x03(\v2\x11.forkbox.v1.EventR\x06events\x12&\n" +
+	"\x0fnext_page_token\x18n \x01(\tR\rnextPageToken\"/\n" +
 	"\x13PauseSandboxRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\"E\n" +
 	"\x14PauseSandboxResponse\x12-\n" +
@@ -6549,11 +6647,15 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x12CheckpointResponse\x126\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\v2\x16.forkbox.v1.CheckpointR\n" +
-	"checkpoint\"2\n" +
+	"checkpoint\"n\n" +
 	"\x16ListCheckpointsRequest\x12\x18\n" +
-	"\asandbox\x18\x01 \x01(\tR\asandbox\"S\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x1b\n" +
+	"\tpage_size\x18n \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18o \x01(\tR\tpageToken\"{\n" +
 	"\x17ListCheckpointsResponse\x128\n" +
-	"\vcheckpoints\x18\x01 \x03(\v2\x16.forkbox.v1.CheckpointR\vcheckpoints\"9\n" +
+	"\vcheckpoints\x18\x01 \x03(\v2\x16.forkbox.v1.CheckpointR\vcheckpoints\x12&\n" +
+	"\x0fnext_page_token\x18n \x01(\tR\rnextPageToken\"9\n" +
 	"\x17DeleteCheckpointRequest\x12\x1e\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\tR\n" +

@@ -41,6 +41,7 @@ from ._models import (
     Resumed,
     SandboxInfo,
     SandboxMetrics,
+    SandboxPage,
     Step,
     WriteFile,
 )
@@ -89,6 +90,7 @@ __all__ = [
     "Step",
     "SandboxInfo",
     "SandboxMetrics",
+    "SandboxPage",
     "ExecResult",
     "ExecChunk",
     "FileInfo",

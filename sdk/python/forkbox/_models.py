@@ -184,6 +184,15 @@ class SandboxInfo:
 
 
 @dataclass
+class SandboxPage:
+    """One page of the sandbox list, oldest first; ``next_page_token`` is ""
+    on the last page."""
+
+    sandboxes: List[SandboxInfo]
+    next_page_token: str
+
+
+@dataclass
 class ExecResult:
     """How a command ended, and what it printed (the last max_output_bytes of each stream)."""
 

@@ -56,6 +56,7 @@ from ._models import (
     Resources,
     SandboxInfo,
     SandboxMetrics,
+    SandboxPage,
     Step,
 )
 from .client import Client
@@ -479,6 +480,25 @@ class AsyncClient:
 
     async def list_sandboxes(self, all: bool = False) -> List[SandboxInfo]:
         return await self._runner.run(self.sync.list_sandboxes, all)
+
+    async def list_sandboxes_page(
+        self, *, all: bool = False, page_size: int = 0, page_token: str = ""
+    ) -> SandboxPage:
+        return await self._runner.run(
+            self.sync.list_sandboxes_page, all=all, page_size=page_size, page_token=page_token
+        )
+
+    async def iter_sandboxes(
+        self, *, all: bool = False, page_size: int = 0, page_token: str = ""
+    ) -> AsyncIterator[SandboxInfo]:
+        """Every sandbox, fetching a page at a time: ``async for sb in client.iter_sandboxes()``."""
+        while True:
+            page = await self.list_sandboxes_page(all=all, page_size=page_size, page_token=page_token)
+            for sb in page.sandboxes:
+                yield sb
+            if not page.next_page_token:
+                return
+            page_token = page.next_page_token
 
     async def restore_snapshot(
         self,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 from ._models import (
     Checkpoint,
@@ -19,8 +19,10 @@ from ._models import (
     Resumed,
     SandboxInfo,
     SandboxMetrics,
+    SandboxPage,
     Step,
 )
+from ._pages import FULL_PAGE, pages
 from ._transport import Transport
 from .environment import Environment
 from .errors import ResourceExhaustedError, UnavailableError
@@ -28,7 +30,6 @@ from .sandbox import Sandbox
 
 #: Where the daemon listens by default.
 DEFAULT_SOCKET = "/run/forkbox/forkbox.sock"
-
 
 class Client:
     """A connection to a forkbox daemon. ``Client()`` talks to the local one.
@@ -137,9 +138,29 @@ class Client:
         return [SandboxMetrics.from_json(m) for m in r.get("metrics") or []]
 
     def list_sandboxes(self, all: bool = False) -> List[SandboxInfo]:
-        """Live sandboxes (``all``: closed ones too)."""
-        r = self._call("ListSandboxes", {"all": all})
-        return [SandboxInfo.from_json(s) for s in r.get("sandboxes") or []]
+        """Live sandboxes (``all``: closed ones too), oldest first: every page."""
+        return list(self.iter_sandboxes(all=all, page_size=FULL_PAGE))
+
+    def list_sandboxes_page(
+        self, *, all: bool = False, page_size: int = 0, page_token: str = ""
+    ) -> SandboxPage:
+        """One page of sandboxes, oldest first: at most ``page_size`` (0 = the
+        daemon's default, 100; at most 1,000) after ``page_token`` (the
+        previous page's ``next_page_token``; "" = the first page). A token
+        from another request, or made up, is InvalidArgumentError."""
+        r = self._call("ListSandboxes", {"all": all, "pageSize": page_size, "pageToken": page_token})
+        return SandboxPage(
+            sandboxes=[SandboxInfo.from_json(s) for s in r.get("sandboxes") or []],
+            next_page_token=r.get("nextPageToken") or "",
+        )
+
+    def iter_sandboxes(
+        self, *, all: bool = False, page_size: int = 0, page_token: str = ""
+    ) -> Iterator[SandboxInfo]:
+        """Every sandbox, fetching a page at a time as the loop goes."""
+        msg = {"all": all, "pageSize": page_size, "pageToken": page_token}
+        for s in pages(self._call, "ListSandboxes", msg, "sandboxes"):
+            yield SandboxInfo.from_json(s)
 
     def restore_snapshot(
         self,
@@ -188,8 +209,8 @@ class Client:
 
     def events(self, id_or_name: str) -> List[Event]:
         """A sandbox's ledger (closed sandboxes too), oldest first."""
-        r = self._call("Events", {"sandbox": id_or_name})
-        return [Event.from_json(e) for e in r.get("events") or []]
+        msg = {"sandbox": id_or_name, "pageSize": FULL_PAGE}
+        return [Event.from_json(e) for e in pages(self._call, "Events", msg, "events")]
 
     # ------------------------------------------------------------ environments
 

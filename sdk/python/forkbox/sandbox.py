@@ -22,6 +22,7 @@ from ._models import (
     b64decode,
     b64encode,
 )
+from ._pages import FULL_PAGE, pages
 from .errors import InternalError, NotFoundError, ResourceExhaustedError, from_class_name
 from .execution import DEFAULT_MAX_OUTPUT_BYTES, Execution
 
@@ -253,8 +254,8 @@ class Sandbox:
 
     def list_checkpoints(self) -> List[Checkpoint]:
         """The sandbox's checkpoints (forks' too), oldest first."""
-        r = self._call("ListCheckpoints", {"sandbox": self.id})
-        return [Checkpoint.from_json(c) for c in r.get("checkpoints") or []]
+        msg = {"sandbox": self.id, "pageSize": FULL_PAGE}
+        return [Checkpoint.from_json(c) for c in pages(self._call, "ListCheckpoints", msg, "checkpoints")]
 
     # ------------------------------------------------------------ live state
 

@@ -122,6 +122,22 @@ export interface Rpc {
   environments: ConnectClient<typeof EnvironmentService>;
 }
 
+/** Selects a page of sandboxes: closed ones too with all; at most pageSize (0 = the daemon's default, 100; at most 1,000). */
+export interface ListOptions {
+  all?: boolean;
+  pageSize?: number;
+  pageToken?: string;
+}
+
+/** One page of the sandbox list; nextPageToken is "" on the last. */
+export interface SandboxPage {
+  sandboxes: SandboxInfo[];
+  nextPageToken: string;
+}
+
+/** The page size of the helpers that list everything. */
+export const FULL_PAGE = 1000;
+
 /** A connection to a forkbox daemon. `new Client()` talks to the local daemon. */
 export class Client {
   /** @internal */
@@ -197,10 +213,37 @@ export class Client {
     return new SandboxHandle(this, r.sandbox!, false);
   }
 
-  /** Live sandboxes (all: closed ones too). */
+  /** Live sandboxes (all: closed ones too), oldest first: every page. */
   async listSandboxes(all = false): Promise<SandboxInfo[]> {
-    const r = await this.rpc.sandboxes.listSandboxes({ all }).catch(rethrow);
-    return r.sandboxes.map(sandboxFrom);
+    const out: SandboxInfo[] = [];
+    for await (const sb of this.allSandboxes({ all, pageSize: FULL_PAGE })) out.push(sb);
+    return out;
+  }
+
+  /**
+   * One page of sandboxes, oldest first; pass its nextPageToken as
+   * pageToken for the next ("" on the last page). A token from another
+   * request (or made up) is InvalidArgument.
+   */
+  async listSandboxesPage(o: ListOptions = {}): Promise<SandboxPage> {
+    const r = await this.rpc.sandboxes
+      .listSandboxes({ all: o.all ?? false, pageSize: o.pageSize ?? 0, pageToken: o.pageToken ?? "" })
+      .catch(rethrow);
+    return { sandboxes: r.sandboxes.map(sandboxFrom), nextPageToken: r.nextPageToken };
+  }
+
+  /**
+   * Every sandbox, fetching a page at a time as the loop goes:
+   * `for await (const sb of client.allSandboxes()) { ... }`.
+   */
+  async *allSandboxes(o: ListOptions = {}): AsyncGenerator<SandboxInfo, void, undefined> {
+    let pageToken = o.pageToken ?? "";
+    for (;;) {
+      const page = await this.listSandboxesPage({ ...o, pageToken });
+      yield* page.sandboxes;
+      if (!page.nextPageToken) return;
+      pageToken = page.nextPageToken;
+    }
   }
 
   /** Starts a new sandbox from a checkpoint, with a clean exec history. */
@@ -242,8 +285,14 @@ export class Client {
 
   /** A sandbox's ledger (closed sandboxes too), oldest first. */
   async events(idOrName: string): Promise<Event[]> {
-    const r = await this.rpc.sandboxes.events({ sandbox: idOrName }).catch(rethrow);
-    return r.events.map(eventFrom);
+    const out: Event[] = [];
+    let pageToken = "";
+    for (;;) {
+      const r = await this.rpc.sandboxes.events({ sandbox: idOrName, pageSize: FULL_PAGE, pageToken }).catch(rethrow);
+      out.push(...r.events.map(eventFrom));
+      if (!r.nextPageToken) return out;
+      pageToken = r.nextPageToken;
+    }
   }
 
   /**

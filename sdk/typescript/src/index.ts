@@ -1,7 +1,7 @@
 // The forkbox TypeScript SDK: sandboxes, exec, forks, checkpoints, restore and
 // resume, credentials and environments, over the daemon's Connect API.
-export { Client, DEFAULT_SOCKET } from "./client.js";
-export type { ClientOptions, Resources, SandboxOptions, Overrides } from "./client.js";
+export { Client, DEFAULT_SOCKET, FULL_PAGE } from "./client.js";
+export type { ClientOptions, ListOptions, SandboxPage, Resources, SandboxOptions, Overrides } from "./client.js";
 export { SandboxHandle, Credentials } from "./sandbox.js";
 export type { ForkOptions, ForkResult, ForkChild, CredentialOptions, PortURL } from "./sandbox.js";
 export { ExecPromise, DEFAULT_MAX_OUTPUT_BYTES } from "./exec.js";

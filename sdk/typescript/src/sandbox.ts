@@ -10,7 +10,7 @@ import { ExecPromise, type ExecOptions } from "./exec.js";
 import { Ptys } from "./pty.js";
 import { ForkboxError, rethrow } from "./errors.js";
 import { msProto, type Client, type Overrides } from "./client.js";
-import { overridesProto } from "./client.js";
+import { overridesProto, FULL_PAGE } from "./client.js";
 
 /** Options of sb.forkMany(). */
 export interface ForkOptions {
@@ -192,8 +192,16 @@ export class SandboxHandle {
 
   /** The sandbox's checkpoints (forks' too), oldest first. */
   async listCheckpoints(): Promise<Checkpoint[]> {
-    const r = await this.client.rpc.sandboxes.listCheckpoints({ sandbox: this.id }).catch(rethrow);
-    return r.checkpoints.map(checkpointFrom);
+    const out: Checkpoint[] = [];
+    let pageToken = "";
+    for (;;) {
+      const r = await this.client.rpc.sandboxes
+        .listCheckpoints({ sandbox: this.id, pageSize: FULL_PAGE, pageToken })
+        .catch(rethrow);
+      out.push(...r.checkpoints.map(checkpointFrom));
+      if (!r.nextPageToken) return out;
+      pageToken = r.nextPageToken;
+    }
   }
 
   /** Freezes the sandbox in place (processes stop, memory kept). */

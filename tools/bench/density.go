@@ -1,0 +1,410 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/forkbox/forkbox/client"
+)
+
+// The density section: as many idle gVisor sandboxes as this host holds
+// (or --density-count), and what stays flat as they pile up. It checks the
+// host's free memory before it starts and before every create, and stops
+// growing before MemAvailable falls under --density-min-free or the
+// sandboxes' host memory would pass --density-budget (other people share
+// the host); the count it reached and why it stopped are in the result.
+//
+// JSON (the "density" object; names are kept stable, times in ms unless
+// the name says otherwise):
+//
+//	runtime                        the runtime measured ("gvisor")
+//	target_count                   --density-count (0: as many as fit)
+//	count_reached                  live sandboxes at full count
+//	stop_reason                    "target", "memory budget", "min free", or the error that stopped growth
+//	sandbox_memory_limit           each sandbox's memory limit
+//	mem_available_start_gib        the host's MemAvailable before the first create
+//	mem_available_min_gib          its lowest while the sandboxes lived
+//	host_mem_per_idle_sandbox_mib  (host used at full - used before) / count_reached (noisy on a shared host)
+//	cgroup_mem_per_sandbox_mib     the sandboxes' parent cgroup's memory usage at full count / count_reached (0 with --host)
+//	idle_cpu_ms_per_s_per_sandbox  host CPU the idle sandboxes use (their parent cgroup's cpuacct), per sandbox, over idle_window_s (0 with --host)
+//	create_first10, create_last10  create call-to-ready of the first and the last 10 (sequential, one at a time)
+//	create_last10_over_first10     their p50 ratio
+//	exec_at_10, exec_at_full       `true` round trips with 10 live and at full count
+//	exec_full_over_10              their p50 ratio
+//	fork_to_ready_at_full          fork of one child, call to ready, at full count
+//	daemon_rss_start_mib           the daemon's RSS before the first create (0 with --host)
+//	daemon_rss_full_mib            its RSS at full count
+//	list_all_ms, list_pages        listing every sandbox through pages of list_page_size
+//	hibernated, hibernate          sandboxes hibernated, and each hibernate call
+//	hibernate_all_s                wall time to hibernate them all (a few at once)
+//	wake_on_exec                   an exec on a hibernated sandbox (the wake included)
+//	grow_s, close_all_s            wall time to create them all, and to close them all
+type DensityResult struct {
+	Runtime          string  `json:"runtime"`
+	Target           int     `json:"target_count"`
+	Count            int     `json:"count_reached"`
+	StopReason       string  `json:"stop_reason"`
+	MemLimit         string  `json:"sandbox_memory_limit"`
+	MemAvailStartGiB float64 `json:"mem_available_start_gib"`
+	MemAvailMinGiB   float64 `json:"mem_available_min_gib"`
+	PerSandboxMiB    float64 `json:"host_mem_per_idle_sandbox_mib"`
+	CgroupMiB        float64 `json:"cgroup_mem_per_sandbox_mib"`
+	IdleCPUms        float64 `json:"idle_cpu_ms_per_s_per_sandbox"`
+	IdleWindowS      float64 `json:"idle_window_s"`
+	CreateFirst10    Summary `json:"create_first10"`
+	CreateLast10     Summary `json:"create_last10"`
+	CreateRatio      float64 `json:"create_last10_over_first10"`
+	ExecAt10         Summary `json:"exec_at_10"`
+	ExecAtFull       Summary `json:"exec_at_full"`
+	ExecRatio        float64 `json:"exec_full_over_10"`
+	ForkAtFull       Summary `json:"fork_to_ready_at_full"`
+	DaemonRSSStart   float64 `json:"daemon_rss_start_mib"`
+	DaemonRSSFull    float64 `json:"daemon_rss_full_mib"`
+	ListAllMS        float64 `json:"list_all_ms"`
+	ListPages        int     `json:"list_pages"`
+	ListPageSize     int     `json:"list_page_size"`
+	Hibernated       int     `json:"hibernated"`
+	Hibernate        Summary `json:"hibernate"`
+	HibernateAllS    float64 `json:"hibernate_all_s"`
+	WakeOnExec       Summary `json:"wake_on_exec"`
+	GrowS            float64 `json:"grow_s"`
+	CloseAllS        float64 `json:"close_all_s"`
+}
+
+const (
+	densityRuntime  = "gvisor"
+	densityParallel = 4 // creates (and hibernates) at once between the first and last 10
+	densityExecs    = 50
+	densityForks    = 5
+	densityWakes    = 10
+	densityListPage = 100
+	// densityDefault is the count tried when none is given (if it fits).
+	densityDefault = 1000
+	// densityGuessMiB is the host memory assumed per sandbox before ten
+	// have been measured.
+	densityGuessMiB = 32
+	// densityMinMiB is the least host memory counted per sandbox.
+	densityMinMiB = 8
+	// densityIdleWindow is how long the idle sandboxes' CPU is counted.
+	densityIdleWindow = 10 * time.Second
+)
+
+// measureDensity grows to the count, measures at full count, hibernates
+// them all, wakes some, and closes them all.
+func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
+	o := b.opts
+	r := DensityResult{Runtime: densityRuntime, Target: o.densityCount, MemLimit: o.densityMemory, ListPageSize: densityListPage}
+	target := o.densityCount
+	if target == 0 {
+		target = densityDefault
+	}
+	avail := memAvailableGiB()
+	r.MemAvailStartGiB, r.MemAvailMinGiB = avail, avail
+	if avail < o.densityMinFree+1 {
+		return r, fmt.Errorf("density: %.1f GiB available, want at least %.1f (the --density-min-free floor) + 1", avail, o.densityMinFree)
+	}
+	r.DaemonRSSStart = rssMiB(b.daemonPID)
+	baseUsed := usedGiB()
+	var all []*client.Sandbox
+	var first []*client.Sandbox
+	defer func() { b.close(context.WithoutCancel(ctx), all...) }()
+
+	// Stops growing before the host runs short: the budget is the least of
+	// --density-budget and what is available above the floor.
+	budgetGiB := min(o.densityBudget, avail-o.densityMinFree)
+	perMiB := float64(densityGuessMiB)
+	fits := func(n int) (bool, string) {
+		if a := memAvailableGiB(); a < o.densityMinFree {
+			return false, "min free"
+		} else {
+			r.MemAvailMinGiB = min(r.MemAvailMinGiB, a)
+		}
+		if float64(n+1)*perMiB/1024 > budgetGiB {
+			return false, "memory budget"
+		}
+		return true, ""
+	}
+	create := func() (*client.Sandbox, float64, error) {
+		t := time.Now()
+		sb, err := b.c.CreateSandbox(ctx, client.CreateOptions{Image: b.image, Runtime: densityRuntime,
+			Resources: client.Resources{Memory: o.densityMemory}})
+		if err != nil {
+			return nil, 0, err
+		}
+		b.track(sb)
+		return sb, ms(time.Since(t)), nil
+	}
+	began := time.Now()
+	var firstMS []float64
+	for len(all) < min(10, target) {
+		if ok, why := fits(len(all)); !ok {
+			r.StopReason, target = why, len(all)
+			break
+		}
+		sb, d, err := create()
+		if err != nil {
+			return r, fmt.Errorf("density: create %d: %w", len(all)+1, err)
+		}
+		all, first, firstMS = append(all, sb), append(first, sb), append(firstMS, d)
+	}
+	r.CreateFirst10 = summarize(firstMS)
+	// From here the budget counts what the sandboxes take: their parent
+	// cgroup's memory when the bench knows it, else the host's used memory
+	// since the start (noisy on a shared host: MemAvailable's floor is the
+	// guard).
+	measured := func() float64 {
+		per := (usedGiB() - baseUsed) * 1024 / float64(max(len(all), 1))
+		if b.cgroupParent != "" {
+			per = cgroupMemMiB(b.cgroupParent) / float64(max(len(all), 1))
+		}
+		return max(densityMinMiB, per)
+	}
+	perMiB = measured()
+	progress("density: %d created, about %.0f MiB each; exec at 10", len(all), perMiB)
+	var err error
+	if r.ExecAt10, err = b.execSpread(ctx, all, densityExecs); err != nil {
+		return r, err
+	}
+
+	// The middle, a few at a time; the last 10 one at a time again.
+	var mu sync.Mutex
+	var growErr error
+	for r.StopReason == "" && len(all) < target-10 {
+		batch := min(densityParallel, target-10-len(all))
+		for i := range batch {
+			// Room is kept for the last 10, made one at a time below.
+			if ok, why := fits(len(all) + i + 10); !ok {
+				target, batch = len(all)+i+10, i
+				r.StopReason = why
+				break
+			}
+		}
+		var wg sync.WaitGroup
+		for range batch {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sb, _, err := create()
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					growErr = err
+					return
+				}
+				all = append(all, sb)
+			}()
+		}
+		wg.Wait()
+		if growErr != nil {
+			r.StopReason = "create failed: " + growErr.Error()
+			target = len(all)
+			break
+		}
+		if len(all)%100 < densityParallel {
+			progress("density: %d live, %.1f GiB available", len(all), memAvailableGiB())
+			perMiB = measured()
+		}
+	}
+	var lastMS []float64
+	for !strings.HasPrefix(r.StopReason, "create failed") && len(all) < target {
+		if ok, why := fits(len(all)); !ok && why == "min free" {
+			r.StopReason = why
+			break
+		}
+		sb, d, err := create()
+		if err != nil {
+			r.StopReason = "create failed: " + err.Error()
+			break
+		}
+		all, lastMS = append(all, sb), append(lastMS, d)
+	}
+	if r.StopReason == "" {
+		r.StopReason = "target"
+	}
+	r.GrowS = time.Since(began).Seconds()
+	r.Count = len(all)
+	r.CreateLast10 = summarize(lastMS)
+	r.CreateRatio = ratio(r.CreateLast10.Median, r.CreateFirst10.Median)
+	r.PerSandboxMiB = (usedGiB() - baseUsed) * 1024 / float64(max(len(all), 1))
+	r.DaemonRSSFull = rssMiB(b.daemonPID)
+	if b.cgroupParent != "" && len(all) > 0 {
+		r.CgroupMiB = cgroupMemMiB(b.cgroupParent) / float64(len(all))
+		r.IdleWindowS = densityIdleWindow.Seconds()
+		progress("density: %d live (%s); idle CPU over %v", len(all), r.StopReason, densityIdleWindow)
+		r.IdleCPUms = idleCPU(ctx, b.cgroupParent, densityIdleWindow) / float64(len(all))
+	}
+	progress("density: exec, fork and list at %d live", len(all))
+
+	if r.ExecAtFull, err = b.execSpread(ctx, all, densityExecs); err != nil {
+		return r, err
+	}
+	r.ExecRatio = ratio(r.ExecAtFull.Median, r.ExecAt10.Median)
+	var forks []float64
+	for i := range min(densityForks, len(all)) {
+		_, _, wall, err := b.forkOnce(ctx, all[rand.IntN(len(all))], fmt.Sprintf("density-%d", i))
+		if err != nil {
+			return r, err
+		}
+		forks = append(forks, wall)
+	}
+	r.ForkAtFull = summarize(forks)
+	t := time.Now()
+	n, pages, err := b.listAll(ctx)
+	if err != nil {
+		return r, err
+	}
+	r.ListAllMS = ms(time.Since(t))
+	r.ListPages = pages
+	if n < len(all) {
+		return r, fmt.Errorf("density: the list has %d sandboxes, want at least %d", n, len(all))
+	}
+	r.DaemonRSSFull = max(r.DaemonRSSFull, rssMiB(b.daemonPID))
+
+	progress("density: hibernating %d sandboxes", len(all))
+	hib, wall, err := b.hibernateAll(ctx, all)
+	if err != nil {
+		return r, err
+	}
+	r.Hibernated, r.Hibernate, r.HibernateAllS = len(hib), summarize(hib), wall
+	var wakes []float64
+	for i := range min(densityWakes, len(all)) {
+		d, err := execTrue(ctx, all[(i*len(all))/min(densityWakes, len(all))])
+		if err != nil {
+			return r, fmt.Errorf("density: wake on exec: %w", err)
+		}
+		wakes = append(wakes, d)
+	}
+	r.WakeOnExec = summarize(wakes)
+
+	t = time.Now()
+	b.close(context.WithoutCancel(ctx), all...)
+	r.CloseAllS = time.Since(t).Seconds()
+	all = nil
+	return r, nil
+}
+
+// execSpread runs n `true` execs, each in a sandbox picked at random from sbs.
+func (b *bench) execSpread(ctx context.Context, sbs []*client.Sandbox, n int) (Summary, error) {
+	if len(sbs) == 0 {
+		return Summary{}, nil
+	}
+	var xs []float64
+	for range n {
+		d, err := execTrue(ctx, sbs[rand.IntN(len(sbs))])
+		if err != nil {
+			return Summary{}, err
+		}
+		xs = append(xs, d)
+	}
+	return summarize(xs), nil
+}
+
+// listAll lists every live sandbox through pages of densityListPage.
+func (b *bench) listAll(ctx context.Context) (n, pages int, err error) {
+	o := client.ListOptions{PageSize: densityListPage}
+	for {
+		p, err := b.c.ListSandboxesPage(ctx, o)
+		if err != nil {
+			return 0, 0, fmt.Errorf("density: list: %w", err)
+		}
+		n, pages = n+len(p.Sandboxes), pages+1
+		if p.NextPageToken == "" {
+			return n, pages, nil
+		}
+		o.PageToken = p.NextPageToken
+	}
+}
+
+// hibernateAll hibernates sbs a few at a time; it returns each call's time
+// and the wall time (s).
+func (b *bench) hibernateAll(ctx context.Context, sbs []*client.Sandbox) ([]float64, float64, error) {
+	t := time.Now()
+	var mu sync.Mutex
+	var xs []float64
+	var firstErr error
+	sem := make(chan struct{}, densityParallel)
+	var wg sync.WaitGroup
+	for _, sb := range sbs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			t0 := time.Now()
+			err := sb.Hibernate(ctx)
+			d := ms(time.Since(t0))
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && firstErr == nil {
+				firstErr = fmt.Errorf("density: hibernate %s: %w", sb.ID, err)
+			}
+			xs = append(xs, d)
+		}()
+	}
+	wg.Wait()
+	return xs, time.Since(t).Seconds(), firstErr
+}
+
+// memAvailableGiB is the host's MemAvailable.
+func memAvailableGiB() float64 { return meminfo()["MemAvailable"] }
+
+// rssMiB is a process's resident memory (0 when unknown).
+func rssMiB(pid int) float64 {
+	if pid <= 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// cgroupMemMiB is the memory usage of a cgroup (v1) below every hierarchy's
+// root (0 when unknown).
+func cgroupMemMiB(name string) float64 {
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", name, "memory.usage_in_bytes"))
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
+	return n / (1 << 20)
+}
+
+// idleCPU is the CPU (ms per second) a cgroup (v1 cpuacct) used over a
+// window in which nothing is asked of its sandboxes (0 when unknown).
+func idleCPU(ctx context.Context, name string, window time.Duration) float64 {
+	read := func() (float64, bool) {
+		b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpuacct", name, "cpuacct.usage"))
+		if err != nil {
+			return 0, false
+		}
+		n, err := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
+		return n, err == nil
+	}
+	a, ok := read()
+	t := time.Now()
+	select {
+	case <-ctx.Done():
+		return 0
+	case <-time.After(window): // the measurement window itself
+	}
+	z, ok2 := read()
+	if !ok || !ok2 {
+		return 0
+	}
+	return (z - a) / 1e6 / time.Since(t).Seconds()
+}

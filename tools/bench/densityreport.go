@@ -1,0 +1,23 @@
+package main
+
+import (
+	"fmt"
+	"io"
+)
+
+func (d *DensityResult) print(w io.Writer) {
+	fmt.Fprintf(w, "density: %d live %s sandboxes (target %s, stopped: %s), memory limit %s each\n",
+		d.Count, d.Runtime, densityTargetText(d.Target), d.StopReason, d.MemLimit)
+	fmt.Fprintf(w, "  host memory per idle sandbox\t%.1f MiB\t(MemAvailable %.1f GiB at start, %.1f GiB lowest)\t\n",
+		d.PerSandboxMiB, d.MemAvailStartGiB, d.MemAvailMinGiB)
+	fmt.Fprintf(w, "  sandboxes' cgroup memory, each\t%.1f MiB\t\t\n", d.CgroupMiB)
+	fmt.Fprintf(w, "  idle CPU, each\t%.2f ms/s\t(over %.0f s)\t\n", d.IdleCPUms, d.IdleWindowS)
+	fmt.Fprintf(w, "  create, first 10 / last 10\t%s\t%s\t(%.2fx)\n", pp(d.CreateFirst10), pp(d.CreateLast10), d.CreateRatio)
+	fmt.Fprintf(w, "  exec true, at 10 / at %d\t%s\t%s\t(%.2fx)\n", d.Count, pp(d.ExecAt10), pp(d.ExecAtFull), d.ExecRatio)
+	fmt.Fprintf(w, "  fork to ready at %d\t%s\t\t\n", d.Count, pp(d.ForkAtFull))
+	fmt.Fprintf(w, "  daemon RSS, start / full\t%.0f MiB\t%.0f MiB\t\n", d.DaemonRSSStart, d.DaemonRSSFull)
+	fmt.Fprintf(w, "  list all (%d pages of %d)\t%s ms\t\t\n", d.ListPages, d.ListPageSize, num(d.ListAllMS))
+	fmt.Fprintf(w, "  hibernate each / all %d\t%s\t%.0f s\t\n", d.Hibernated, pp(d.Hibernate), d.HibernateAllS)
+	fmt.Fprintf(w, "  wake on exec\t%s\t\t\n", pp(d.WakeOnExec))
+	fmt.Fprintf(w, "  grow / close all\t%.0f s\t%.0f s\t\n\n", d.GrowS, d.CloseAllS)
+}
