@@ -21,9 +21,9 @@ type bench struct {
 	memhog              []byte
 	daemonLog, stateDir string
 	// e2b reaches the daemon's E2B endpoint (nil: none).
-	e2b *e2bClient
-	daemonPID           int    // the throwaway daemon's (0 with --host)
-	cgroupParent        string // its --cgroup-parent ("" with --host)
+	e2b          *e2bClient
+	daemonPID    int    // the throwaway daemon's (0 with --host)
+	cgroupParent string // its --cgroup-parent ("" with --host)
 
 	mu   sync.Mutex
 	live map[string]*client.Sandbox
