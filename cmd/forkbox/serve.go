@@ -157,6 +157,7 @@ func (df *daemonFlags) register(cmd *cobra.Command) {
 	f.DurationVar(&df.cfg.IdleTimeout, "idle-timeout", 0, "expire (close, or hibernate per the sandbox's on_timeout) a sandbox with no exec or file activity for this long (0 = never)")
 	f.DurationVar(&df.cfg.PtyStallTimeout, "pty-stall-timeout", daemon.DefaultPtyStallTimeout, "end a terminal session (exec -t) whose client has taken none of its output for this long")
 	f.IntVar(&df.cfg.MaxSandboxes, "max-sandboxes", 100, "limit on live sandboxes")
+	f.IntVar(&df.cfg.Preboot, "preboot", 0, "keep this many gVisor sandboxes booted ahead of demand, for creates and fork children that match their resources and egress (0 = none)")
 	f.StringVar(&df.cfg.DNSUpstream, "dns-upstream", "", "resolver (ip:port) the sandboxes' DNS proxy forwards allowed names to (default: the first in /etc/resolv.conf)")
 	f.StringVar(&df.level, "log-level", "info", "debug, info, warn or error")
 }

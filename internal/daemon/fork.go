@@ -51,6 +51,7 @@ type ForkResult struct {
 // child failing does not fail the others. There is no fallback: without a
 // usable snapshot the call fails with FailedPrecondition.
 func (d *Daemon) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) {
+	defer d.busyUntil()()
 	start := time.Now()
 	if o.Count == 0 {
 		o.Count = 1

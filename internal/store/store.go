@@ -102,6 +102,13 @@ var migrations = []string{
 	// which the daemon's --max-lifetime counts from.
 	`ALTER TABLE sandboxes ADD COLUMN deadline INTEGER NOT NULL DEFAULT 0;
 	ALTER TABLE sandboxes ADD COLUMN lifetime_from INTEGER NOT NULL DEFAULT 0;`,
+	// Pre-booted sandboxes (preboots.go): booted, not yet handed out.
+	`CREATE TABLE preboots (
+		id         TEXT PRIMARY KEY,
+		ip         TEXT NOT NULL,
+		runtime    TEXT NOT NULL,
+		created_at INTEGER NOT NULL
+	);`,
 }
 
 // Open opens (creating if needed) the database at path and migrates it.
