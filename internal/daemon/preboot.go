@@ -417,17 +417,26 @@ func (d *Daemon) setPodHostname(ctx context.Context, sb *store.Sandbox) error {
 }
 
 // deleteContainers deletes a sandbox's container and, when it ran in a
-// pre-booted sandbox, its placeholder (the sandbox itself).
+// pre-booted sandbox, its placeholder (the sandbox itself). The placeholder
+// goes first: runsc cannot delete a second container whose sandbox has
+// stopped (after a checkpoint) without failing, though it forgets it; so
+// the tenant's delete counts as done when runsc no longer knows it.
 func (d *Daemon) deleteContainers(ctx context.Context, sb *store.Sandbox) error {
 	rt, ok := d.runtimes[sb.Runtime]
 	if !ok {
 		return nil
 	}
-	err := rt.Delete(ctx, sb.ID, true)
-	if d.pooled(sb.ID) {
-		err = errors.Join(err, rt.Delete(ctx, podID(sb.ID), true))
+	if !d.pooled(sb.ID) {
+		return rt.Delete(ctx, sb.ID, true)
 	}
-	return err
+	perr := rt.Delete(ctx, podID(sb.ID), true)
+	err := rt.Delete(ctx, sb.ID, true)
+	if err != nil {
+		if _, serr := rt.State(ctx, sb.ID); errdefs.IsNotFound(serr) {
+			err = nil
+		}
+	}
+	return errors.Join(perr, err)
 }
 
 // podSpecFile holds, beside a memory image of a sandbox that ran in a
