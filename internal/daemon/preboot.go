@@ -42,8 +42,9 @@ import (
 //     rows name what to tear down (dropPreboots);
 //   - at most size members exist (ready or booting); one boots at a time,
 //     and none while a create or fork is under way (the pool takes CPU only
-//     when the daemon is otherwise idle); members of a key no longer asked
-//     for make room for the last one asked for;
+//     when the daemon is otherwise idle); the pool fills with members for
+//     the key asked for last (the daemon's defaults at first), and members
+//     of another key make room for them, oldest first;
 //   - Close stops the refill and destroys the members not handed out.
 
 // podPrefix makes a pre-booted sandbox's placeholder container id from the
@@ -144,10 +145,18 @@ func (p *prebootPool) next() (key prebootKey, evict *prebooted, boot bool) {
 	if p.booting {
 		return key, nil, false
 	}
-	if len(p.ready) >= p.size {
-		if slices.ContainsFunc(p.ready, func(m *prebooted) bool { return m.key == p.want }) {
-			return key, nil, false
+	wanted := 0
+	for _, m := range p.ready {
+		if m.key == p.want {
+			wanted++
 		}
+	}
+	if wanted >= p.size {
+		return key, nil, false
+	}
+	if len(p.ready) >= p.size {
+		// Full, but not all of the key asked for last: the oldest of
+		// another key makes room.
 		i := slices.IndexFunc(p.ready, func(m *prebooted) bool { return m.key != p.want })
 		evict = p.ready[i]
 		p.ready = slices.Delete(p.ready, i, i+1)
