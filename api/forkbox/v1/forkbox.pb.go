@@ -3205,6 +3205,295 @@ func (x *ForkResponse) GetTotalMs() float64 {
 	return 0
 }
 
+type ForkStreamResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*ForkStreamResponse_Captured
+	//	*ForkStreamResponse_Child
+	//	*ForkStreamResponse_Done
+	Event         isForkStreamResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkStreamResponse) Reset() {
+	*x = ForkStreamResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkStreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkStreamResponse) ProtoMessage() {}
+
+func (x *ForkStreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkStreamResponse.ProtoReflect.Descriptor instead.
+func (*ForkStreamResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ForkStreamResponse) GetEvent() isForkStreamResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *ForkStreamResponse) GetCaptured() *ForkCaptured {
+	if x != nil {
+		if x, ok := x.Event.(*ForkStreamResponse_Captured); ok {
+			return x.Captured
+		}
+	}
+	return nil
+}
+
+func (x *ForkStreamResponse) GetChild() *ForkStreamChild {
+	if x != nil {
+		if x, ok := x.Event.(*ForkStreamResponse_Child); ok {
+			return x.Child
+		}
+	}
+	return nil
+}
+
+func (x *ForkStreamResponse) GetDone() *ForkDone {
+	if x != nil {
+		if x, ok := x.Event.(*ForkStreamResponse_Done); ok {
+			return x.Done
+		}
+	}
+	return nil
+}
+
+type isForkStreamResponse_Event interface {
+	isForkStreamResponse_Event()
+}
+
+type ForkStreamResponse_Captured struct {
+	Captured *ForkCaptured `protobuf:"bytes,1,opt,name=captured,proto3,oneof"`
+}
+
+type ForkStreamResponse_Child struct {
+	Child *ForkStreamChild `protobuf:"bytes,2,opt,name=child,proto3,oneof"`
+}
+
+type ForkStreamResponse_Done struct {
+	Done *ForkDone `protobuf:"bytes,3,opt,name=done,proto3,oneof"`
+}
+
+func (*ForkStreamResponse_Captured) isForkStreamResponse_Event() {}
+
+func (*ForkStreamResponse_Child) isForkStreamResponse_Event() {}
+
+func (*ForkStreamResponse_Done) isForkStreamResponse_Event() {}
+
+// ForkCaptured: the snapshot the children start from (as ForkResponse).
+type ForkCaptured struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Checkpoint *Checkpoint            `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	Captured   string                 `protobuf:"bytes,2,opt,name=captured,proto3" json:"captured,omitempty"`
+	CaptureMs  float64                `protobuf:"fixed64,3,opt,name=capture_ms,json=captureMs,proto3" json:"capture_ms,omitempty"`
+	FlushMs    float64                `protobuf:"fixed64,4,opt,name=flush_ms,json=flushMs,proto3" json:"flush_ms,omitempty"`
+	// Children asked for: this many ForkStreamChild messages follow.
+	Count         int32 `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkCaptured) Reset() {
+	*x = ForkCaptured{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkCaptured) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkCaptured) ProtoMessage() {}
+
+func (x *ForkCaptured) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkCaptured.ProtoReflect.Descriptor instead.
+func (*ForkCaptured) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *ForkCaptured) GetCheckpoint() *Checkpoint {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return nil
+}
+
+func (x *ForkCaptured) GetCaptured() string {
+	if x != nil {
+		return x.Captured
+	}
+	return ""
+}
+
+func (x *ForkCaptured) GetCaptureMs() float64 {
+	if x != nil {
+		return x.CaptureMs
+	}
+	return 0
+}
+
+func (x *ForkCaptured) GetFlushMs() float64 {
+	if x != nil {
+		return x.FlushMs
+	}
+	return 0
+}
+
+func (x *ForkCaptured) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+// ForkStreamChild: child number index (0-based, in the order asked for).
+type ForkStreamChild struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         int32                  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Child         *ForkChild             `protobuf:"bytes,2,opt,name=child,proto3" json:"child,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkStreamChild) Reset() {
+	*x = ForkStreamChild{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkStreamChild) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkStreamChild) ProtoMessage() {}
+
+func (x *ForkStreamChild) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkStreamChild.ProtoReflect.Descriptor instead.
+func (*ForkStreamChild) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *ForkStreamChild) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *ForkStreamChild) GetChild() *ForkChild {
+	if x != nil {
+		return x.Child
+	}
+	return nil
+}
+
+type ForkDone struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TotalMs       float64                `protobuf:"fixed64,1,opt,name=total_ms,json=totalMs,proto3" json:"total_ms,omitempty"`
+	Started       int32                  `protobuf:"varint,2,opt,name=started,proto3" json:"started,omitempty"`
+	Failed        int32                  `protobuf:"varint,3,opt,name=failed,proto3" json:"failed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkDone) Reset() {
+	*x = ForkDone{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkDone) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkDone) ProtoMessage() {}
+
+func (x *ForkDone) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkDone.ProtoReflect.Descriptor instead.
+func (*ForkDone) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *ForkDone) GetTotalMs() float64 {
+	if x != nil {
+		return x.TotalMs
+	}
+	return 0
+}
+
+func (x *ForkDone) GetStarted() int32 {
+	if x != nil {
+		return x.Started
+	}
+	return 0
+}
+
+func (x *ForkDone) GetFailed() int32 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
 type RestoreSnapshotRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Checkpoint    string                 `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
@@ -3216,7 +3505,7 @@ type RestoreSnapshotRequest struct {
 
 func (x *RestoreSnapshotRequest) Reset() {
 	*x = RestoreSnapshotRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[48]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3228,7 +3517,7 @@ func (x *RestoreSnapshotRequest) String() string {
 func (*RestoreSnapshotRequest) ProtoMessage() {}
 
 func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[48]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3241,7 +3530,7 @@ func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{48}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RestoreSnapshotRequest) GetCheckpoint() string {
@@ -3275,7 +3564,7 @@ type RestoreSnapshotResponse struct {
 
 func (x *RestoreSnapshotResponse) Reset() {
 	*x = RestoreSnapshotResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[49]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3287,7 +3576,7 @@ func (x *RestoreSnapshotResponse) String() string {
 func (*RestoreSnapshotResponse) ProtoMessage() {}
 
 func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[49]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3300,7 +3589,7 @@ func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{49}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RestoreSnapshotResponse) GetSandbox() *Sandbox {
@@ -3327,7 +3616,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[50]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3339,7 +3628,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[50]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3352,7 +3641,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{50}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ResumeRequest) GetSession() string {
@@ -3377,7 +3666,7 @@ type ReplayedExec struct {
 
 func (x *ReplayedExec) Reset() {
 	*x = ReplayedExec{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[51]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3389,7 +3678,7 @@ func (x *ReplayedExec) String() string {
 func (*ReplayedExec) ProtoMessage() {}
 
 func (x *ReplayedExec) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[51]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3402,7 +3691,7 @@ func (x *ReplayedExec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayedExec.ProtoReflect.Descriptor instead.
 func (*ReplayedExec) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{51}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ReplayedExec) GetExecId() string {
@@ -3465,7 +3754,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[52]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3477,7 +3766,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[52]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3490,7 +3779,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{52}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ResumeResponse) GetSandbox() *Sandbox {
@@ -3530,7 +3819,7 @@ type Credential struct {
 
 func (x *Credential) Reset() {
 	*x = Credential{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[53]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3542,7 +3831,7 @@ func (x *Credential) String() string {
 func (*Credential) ProtoMessage() {}
 
 func (x *Credential) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[53]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3555,7 +3844,7 @@ func (x *Credential) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Credential.ProtoReflect.Descriptor instead.
 func (*Credential) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{53}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *Credential) GetName() string {
@@ -3604,7 +3893,7 @@ type SetCredentialRequest struct {
 
 func (x *SetCredentialRequest) Reset() {
 	*x = SetCredentialRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[54]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3616,7 +3905,7 @@ func (x *SetCredentialRequest) String() string {
 func (*SetCredentialRequest) ProtoMessage() {}
 
 func (x *SetCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[54]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3629,7 +3918,7 @@ func (x *SetCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCredentialRequest.ProtoReflect.Descriptor instead.
 func (*SetCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{54}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *SetCredentialRequest) GetSandbox() string {
@@ -3662,7 +3951,7 @@ type SetCredentialResponse struct {
 
 func (x *SetCredentialResponse) Reset() {
 	*x = SetCredentialResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3674,7 +3963,7 @@ func (x *SetCredentialResponse) String() string {
 func (*SetCredentialResponse) ProtoMessage() {}
 
 func (x *SetCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3687,7 +3976,7 @@ func (x *SetCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCredentialResponse.ProtoReflect.Descriptor instead.
 func (*SetCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{55}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *SetCredentialResponse) GetCredential() *Credential {
@@ -3706,7 +3995,7 @@ type ListCredentialsRequest struct {
 
 func (x *ListCredentialsRequest) Reset() {
 	*x = ListCredentialsRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3718,7 +4007,7 @@ func (x *ListCredentialsRequest) String() string {
 func (*ListCredentialsRequest) ProtoMessage() {}
 
 func (x *ListCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3731,7 +4020,7 @@ func (x *ListCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*ListCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{56}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ListCredentialsRequest) GetSandbox() string {
@@ -3750,7 +4039,7 @@ type ListCredentialsResponse struct {
 
 func (x *ListCredentialsResponse) Reset() {
 	*x = ListCredentialsResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3762,7 +4051,7 @@ func (x *ListCredentialsResponse) String() string {
 func (*ListCredentialsResponse) ProtoMessage() {}
 
 func (x *ListCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3775,7 +4064,7 @@ func (x *ListCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*ListCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{57}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListCredentialsResponse) GetCredentials() []*Credential {
@@ -3795,7 +4084,7 @@ type DeleteCredentialRequest struct {
 
 func (x *DeleteCredentialRequest) Reset() {
 	*x = DeleteCredentialRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3807,7 +4096,7 @@ func (x *DeleteCredentialRequest) String() string {
 func (*DeleteCredentialRequest) ProtoMessage() {}
 
 func (x *DeleteCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3820,7 +4109,7 @@ func (x *DeleteCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCredentialRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{58}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *DeleteCredentialRequest) GetSandbox() string {
@@ -3845,7 +4134,7 @@ type DeleteCredentialResponse struct {
 
 func (x *DeleteCredentialResponse) Reset() {
 	*x = DeleteCredentialResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3857,7 +4146,7 @@ func (x *DeleteCredentialResponse) String() string {
 func (*DeleteCredentialResponse) ProtoMessage() {}
 
 func (x *DeleteCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3870,7 +4159,7 @@ func (x *DeleteCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCredentialResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{59}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{63}
 }
 
 type GetSandboxMetricsRequest struct {
@@ -3884,7 +4173,7 @@ type GetSandboxMetricsRequest struct {
 
 func (x *GetSandboxMetricsRequest) Reset() {
 	*x = GetSandboxMetricsRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3896,7 +4185,7 @@ func (x *GetSandboxMetricsRequest) String() string {
 func (*GetSandboxMetricsRequest) ProtoMessage() {}
 
 func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3909,7 +4198,7 @@ func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{60}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *GetSandboxMetricsRequest) GetSandbox() string {
@@ -3957,7 +4246,7 @@ type SandboxMetrics struct {
 
 func (x *SandboxMetrics) Reset() {
 	*x = SandboxMetrics{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3969,7 +4258,7 @@ func (x *SandboxMetrics) String() string {
 func (*SandboxMetrics) ProtoMessage() {}
 
 func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3982,7 +4271,7 @@ func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxMetrics.ProtoReflect.Descriptor instead.
 func (*SandboxMetrics) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{61}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *SandboxMetrics) GetSandboxId() string {
@@ -4106,7 +4395,7 @@ type GetSandboxMetricsResponse struct {
 
 func (x *GetSandboxMetricsResponse) Reset() {
 	*x = GetSandboxMetricsResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4118,7 +4407,7 @@ func (x *GetSandboxMetricsResponse) String() string {
 func (*GetSandboxMetricsResponse) ProtoMessage() {}
 
 func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4131,7 +4420,7 @@ func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{62}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *GetSandboxMetricsResponse) GetMetrics() []*SandboxMetrics {
@@ -4152,7 +4441,7 @@ type CopyToHeader struct {
 
 func (x *CopyToHeader) Reset() {
 	*x = CopyToHeader{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4164,7 +4453,7 @@ func (x *CopyToHeader) String() string {
 func (*CopyToHeader) ProtoMessage() {}
 
 func (x *CopyToHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4177,7 +4466,7 @@ func (x *CopyToHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToHeader.ProtoReflect.Descriptor instead.
 func (*CopyToHeader) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{63}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *CopyToHeader) GetSandbox() string {
@@ -4207,7 +4496,7 @@ type CopyToRequest struct {
 
 func (x *CopyToRequest) Reset() {
 	*x = CopyToRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4219,7 +4508,7 @@ func (x *CopyToRequest) String() string {
 func (*CopyToRequest) ProtoMessage() {}
 
 func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4232,7 +4521,7 @@ func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToRequest.ProtoReflect.Descriptor instead.
 func (*CopyToRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{64}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *CopyToRequest) GetMsg() isCopyToRequest_Msg {
@@ -4287,7 +4576,7 @@ type CopyToResponse struct {
 
 func (x *CopyToResponse) Reset() {
 	*x = CopyToResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4299,7 +4588,7 @@ func (x *CopyToResponse) String() string {
 func (*CopyToResponse) ProtoMessage() {}
 
 func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4312,7 +4601,7 @@ func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToResponse.ProtoReflect.Descriptor instead.
 func (*CopyToResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{65}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *CopyToResponse) GetBytes() int64 {
@@ -4340,7 +4629,7 @@ type CopyFromRequest struct {
 
 func (x *CopyFromRequest) Reset() {
 	*x = CopyFromRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4352,7 +4641,7 @@ func (x *CopyFromRequest) String() string {
 func (*CopyFromRequest) ProtoMessage() {}
 
 func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4365,7 +4654,7 @@ func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFromRequest.ProtoReflect.Descriptor instead.
 func (*CopyFromRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{66}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *CopyFromRequest) GetSandbox() string {
@@ -4391,7 +4680,7 @@ type CopyFromResponse struct {
 
 func (x *CopyFromResponse) Reset() {
 	*x = CopyFromResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4403,7 +4692,7 @@ func (x *CopyFromResponse) String() string {
 func (*CopyFromResponse) ProtoMessage() {}
 
 func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4416,7 +4705,7 @@ func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFromResponse.ProtoReflect.Descriptor instead.
 func (*CopyFromResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{67}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *CopyFromResponse) GetData() []byte {
@@ -4438,7 +4727,7 @@ type SetTimeoutRequest struct {
 
 func (x *SetTimeoutRequest) Reset() {
 	*x = SetTimeoutRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4450,7 +4739,7 @@ func (x *SetTimeoutRequest) String() string {
 func (*SetTimeoutRequest) ProtoMessage() {}
 
 func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4463,7 +4752,7 @@ func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*SetTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{68}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *SetTimeoutRequest) GetSandbox() string {
@@ -4490,7 +4779,7 @@ type SetTimeoutResponse struct {
 
 func (x *SetTimeoutResponse) Reset() {
 	*x = SetTimeoutResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4502,7 +4791,7 @@ func (x *SetTimeoutResponse) String() string {
 func (*SetTimeoutResponse) ProtoMessage() {}
 
 func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4515,7 +4804,7 @@ func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutResponse.ProtoReflect.Descriptor instead.
 func (*SetTimeoutResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{69}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *SetTimeoutResponse) GetSandbox() *Sandbox {
@@ -4536,7 +4825,7 @@ type GetPortURLRequest struct {
 
 func (x *GetPortURLRequest) Reset() {
 	*x = GetPortURLRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4548,7 +4837,7 @@ func (x *GetPortURLRequest) String() string {
 func (*GetPortURLRequest) ProtoMessage() {}
 
 func (x *GetPortURLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4561,7 +4850,7 @@ func (x *GetPortURLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPortURLRequest.ProtoReflect.Descriptor instead.
 func (*GetPortURLRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{70}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *GetPortURLRequest) GetSandbox() string {
@@ -4599,7 +4888,7 @@ type GetPortURLResponse struct {
 
 func (x *GetPortURLResponse) Reset() {
 	*x = GetPortURLResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4611,7 +4900,7 @@ func (x *GetPortURLResponse) String() string {
 func (*GetPortURLResponse) ProtoMessage() {}
 
 func (x *GetPortURLResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4624,7 +4913,7 @@ func (x *GetPortURLResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPortURLResponse.ProtoReflect.Descriptor instead.
 func (*GetPortURLResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{71}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *GetPortURLResponse) GetUrl() string {
@@ -4675,7 +4964,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4687,7 +4976,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4700,7 +4989,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{72}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *Image) GetName() string {
@@ -4749,7 +5038,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4761,7 +5050,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4774,7 +5063,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{73}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *PullImageRequest) GetRef() string {
@@ -4802,7 +5091,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4814,7 +5103,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4827,7 +5116,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{74}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ImportImageRequest) GetPath() string {
@@ -4857,7 +5146,7 @@ type ImageProgress struct {
 
 func (x *ImageProgress) Reset() {
 	*x = ImageProgress{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4869,7 +5158,7 @@ func (x *ImageProgress) String() string {
 func (*ImageProgress) ProtoMessage() {}
 
 func (x *ImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4882,7 +5171,7 @@ func (x *ImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageProgress.ProtoReflect.Descriptor instead.
 func (*ImageProgress) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{75}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ImageProgress) GetPhase() string {
@@ -4921,7 +5210,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4933,7 +5222,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4946,7 +5235,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{76}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{80}
 }
 
 type ListImagesResponse struct {
@@ -4958,7 +5247,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4970,7 +5259,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4983,7 +5272,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{77}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -5002,7 +5291,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5014,7 +5303,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5027,7 +5316,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{78}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *RemoveImageRequest) GetName() string {
@@ -5045,7 +5334,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5057,7 +5346,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5070,7 +5359,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{79}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{83}
 }
 
 type SetupStep struct {
@@ -5087,7 +5376,7 @@ type SetupStep struct {
 
 func (x *SetupStep) Reset() {
 	*x = SetupStep{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5099,7 +5388,7 @@ func (x *SetupStep) String() string {
 func (*SetupStep) ProtoMessage() {}
 
 func (x *SetupStep) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5112,7 +5401,7 @@ func (x *SetupStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetupStep.ProtoReflect.Descriptor instead.
 func (*SetupStep) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{80}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *SetupStep) GetRun() string {
@@ -5166,7 +5455,7 @@ type EnvironmentDefinition struct {
 
 func (x *EnvironmentDefinition) Reset() {
 	*x = EnvironmentDefinition{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5178,7 +5467,7 @@ func (x *EnvironmentDefinition) String() string {
 func (*EnvironmentDefinition) ProtoMessage() {}
 
 func (x *EnvironmentDefinition) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5191,7 +5480,7 @@ func (x *EnvironmentDefinition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentDefinition.ProtoReflect.Descriptor instead.
 func (*EnvironmentDefinition) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{81}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *EnvironmentDefinition) GetName() string {
@@ -5292,7 +5581,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5304,7 +5593,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5317,7 +5606,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{82}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *Environment) GetDefinition() *EnvironmentDefinition {
@@ -5392,7 +5681,7 @@ type BuildEnvironmentRequest struct {
 
 func (x *BuildEnvironmentRequest) Reset() {
 	*x = BuildEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5404,7 +5693,7 @@ func (x *BuildEnvironmentRequest) String() string {
 func (*BuildEnvironmentRequest) ProtoMessage() {}
 
 func (x *BuildEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5417,7 +5706,7 @@ func (x *BuildEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*BuildEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{83}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *BuildEnvironmentRequest) GetDefinition() *EnvironmentDefinition {
@@ -5445,7 +5734,7 @@ type BuildProgress struct {
 
 func (x *BuildProgress) Reset() {
 	*x = BuildProgress{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5457,7 +5746,7 @@ func (x *BuildProgress) String() string {
 func (*BuildProgress) ProtoMessage() {}
 
 func (x *BuildProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5470,7 +5759,7 @@ func (x *BuildProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildProgress.ProtoReflect.Descriptor instead.
 func (*BuildProgress) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{84}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *BuildProgress) GetPhase() string {
@@ -5538,7 +5827,7 @@ type EnvironmentSandboxRequest struct {
 
 func (x *EnvironmentSandboxRequest) Reset() {
 	*x = EnvironmentSandboxRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[85]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5550,7 +5839,7 @@ func (x *EnvironmentSandboxRequest) String() string {
 func (*EnvironmentSandboxRequest) ProtoMessage() {}
 
 func (x *EnvironmentSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[85]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5563,7 +5852,7 @@ func (x *EnvironmentSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentSandboxRequest.ProtoReflect.Descriptor instead.
 func (*EnvironmentSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{85}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *EnvironmentSandboxRequest) GetDefinition() *EnvironmentDefinition {
@@ -5610,7 +5899,7 @@ type EnvironmentSandboxResponse struct {
 
 func (x *EnvironmentSandboxResponse) Reset() {
 	*x = EnvironmentSandboxResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[86]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5622,7 +5911,7 @@ func (x *EnvironmentSandboxResponse) String() string {
 func (*EnvironmentSandboxResponse) ProtoMessage() {}
 
 func (x *EnvironmentSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[86]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5635,7 +5924,7 @@ func (x *EnvironmentSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentSandboxResponse.ProtoReflect.Descriptor instead.
 func (*EnvironmentSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{86}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *EnvironmentSandboxResponse) GetSandbox() *Sandbox {
@@ -5682,7 +5971,7 @@ type GetEnvironmentRequest struct {
 
 func (x *GetEnvironmentRequest) Reset() {
 	*x = GetEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[87]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5694,7 +5983,7 @@ func (x *GetEnvironmentRequest) String() string {
 func (*GetEnvironmentRequest) ProtoMessage() {}
 
 func (x *GetEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[87]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5707,7 +5996,7 @@ func (x *GetEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*GetEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{87}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *GetEnvironmentRequest) GetName() string {
@@ -5726,7 +6015,7 @@ type GetEnvironmentResponse struct {
 
 func (x *GetEnvironmentResponse) Reset() {
 	*x = GetEnvironmentResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[88]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5738,7 +6027,7 @@ func (x *GetEnvironmentResponse) String() string {
 func (*GetEnvironmentResponse) ProtoMessage() {}
 
 func (x *GetEnvironmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[88]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5751,7 +6040,7 @@ func (x *GetEnvironmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEnvironmentResponse.ProtoReflect.Descriptor instead.
 func (*GetEnvironmentResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{88}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *GetEnvironmentResponse) GetEnvironment() *Environment {
@@ -5769,7 +6058,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[89]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5781,7 +6070,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[89]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5794,7 +6083,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{89}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{93}
 }
 
 type ListEnvironmentsResponse struct {
@@ -5806,7 +6095,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[90]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5818,7 +6107,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[90]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5831,7 +6120,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{90}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -5850,7 +6139,7 @@ type DeleteEnvironmentRequest struct {
 
 func (x *DeleteEnvironmentRequest) Reset() {
 	*x = DeleteEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[91]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5862,7 +6151,7 @@ func (x *DeleteEnvironmentRequest) String() string {
 func (*DeleteEnvironmentRequest) ProtoMessage() {}
 
 func (x *DeleteEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[91]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5875,7 +6164,7 @@ func (x *DeleteEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*DeleteEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{91}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *DeleteEnvironmentRequest) GetName() string {
@@ -5893,7 +6182,7 @@ type DeleteEnvironmentResponse struct {
 
 func (x *DeleteEnvironmentResponse) Reset() {
 	*x = DeleteEnvironmentResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[92]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5905,7 +6194,7 @@ func (x *DeleteEnvironmentResponse) String() string {
 func (*DeleteEnvironmentResponse) ProtoMessage() {}
 
 func (x *DeleteEnvironmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[92]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5918,7 +6207,7 @@ func (x *DeleteEnvironmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteEnvironmentResponse.ProtoReflect.Descriptor instead.
 func (*DeleteEnvironmentResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{92}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{96}
 }
 
 type BeginBuildRequest struct {
@@ -5930,7 +6219,7 @@ type BeginBuildRequest struct {
 
 func (x *BeginBuildRequest) Reset() {
 	*x = BeginBuildRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[93]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5942,7 +6231,7 @@ func (x *BeginBuildRequest) String() string {
 func (*BeginBuildRequest) ProtoMessage() {}
 
 func (x *BeginBuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[93]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5955,7 +6244,7 @@ func (x *BeginBuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginBuildRequest.ProtoReflect.Descriptor instead.
 func (*BeginBuildRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{93}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *BeginBuildRequest) GetDefinition() *EnvironmentDefinition {
@@ -5978,7 +6267,7 @@ type BeginBuildResponse struct {
 
 func (x *BeginBuildResponse) Reset() {
 	*x = BeginBuildResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[94]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5990,7 +6279,7 @@ func (x *BeginBuildResponse) String() string {
 func (*BeginBuildResponse) ProtoMessage() {}
 
 func (x *BeginBuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[94]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6003,7 +6292,7 @@ func (x *BeginBuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginBuildResponse.ProtoReflect.Descriptor instead.
 func (*BeginBuildResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{94}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *BeginBuildResponse) GetEnvironment() *Environment {
@@ -6039,7 +6328,7 @@ type CompleteBuildRequest struct {
 
 func (x *CompleteBuildRequest) Reset() {
 	*x = CompleteBuildRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[95]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6051,7 +6340,7 @@ func (x *CompleteBuildRequest) String() string {
 func (*CompleteBuildRequest) ProtoMessage() {}
 
 func (x *CompleteBuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[95]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6064,7 +6353,7 @@ func (x *CompleteBuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteBuildRequest.ProtoReflect.Descriptor instead.
 func (*CompleteBuildRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{95}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *CompleteBuildRequest) GetLease() string {
@@ -6097,7 +6386,7 @@ type CompleteBuildResponse struct {
 
 func (x *CompleteBuildResponse) Reset() {
 	*x = CompleteBuildResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[96]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6109,7 +6398,7 @@ func (x *CompleteBuildResponse) String() string {
 func (*CompleteBuildResponse) ProtoMessage() {}
 
 func (x *CompleteBuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[96]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6122,7 +6411,7 @@ func (x *CompleteBuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteBuildResponse.ProtoReflect.Descriptor instead.
 func (*CompleteBuildResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{96}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *CompleteBuildResponse) GetEnvironment() *Environment {
@@ -6145,7 +6434,7 @@ type SetEgressRequest struct {
 
 func (x *SetEgressRequest) Reset() {
 	*x = SetEgressRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[97]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6157,7 +6446,7 @@ func (x *SetEgressRequest) String() string {
 func (*SetEgressRequest) ProtoMessage() {}
 
 func (x *SetEgressRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[97]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6170,7 +6459,7 @@ func (x *SetEgressRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEgressRequest.ProtoReflect.Descriptor instead.
 func (*SetEgressRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{97}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *SetEgressRequest) GetSandbox() string {
@@ -6210,7 +6499,7 @@ type SetEgressResponse struct {
 
 func (x *SetEgressResponse) Reset() {
 	*x = SetEgressResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[98]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6222,7 +6511,7 @@ func (x *SetEgressResponse) String() string {
 func (*SetEgressResponse) ProtoMessage() {}
 
 func (x *SetEgressResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[98]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6235,7 +6524,7 @@ func (x *SetEgressResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEgressResponse.ProtoReflect.Descriptor instead.
 func (*SetEgressResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{98}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *SetEgressResponse) GetSandbox() *Sandbox {
@@ -6508,7 +6797,28 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"capture_ms\x18\x03 \x01(\x01R\tcaptureMs\x12\x19\n" +
 	"\bflush_ms\x18\x06 \x01(\x01R\aflushMs\x121\n" +
 	"\bchildren\x18\x04 \x03(\v2\x15.forkbox.v1.ForkChildR\bchildren\x12\x19\n" +
-	"\btotal_ms\x18\x05 \x01(\x01R\atotalMs\"\x84\x02\n" +
+	"\btotal_ms\x18\x05 \x01(\x01R\atotalMs\"\xb6\x01\n" +
+	"\x12ForkStreamResponse\x126\n" +
+	"\bcaptured\x18\x01 \x01(\v2\x18.forkbox.v1.ForkCapturedH\x00R\bcaptured\x123\n" +
+	"\x05child\x18\x02 \x01(\v2\x1b.forkbox.v1.ForkStreamChildH\x00R\x05child\x12*\n" +
+	"\x04done\x18\x03 \x01(\v2\x14.forkbox.v1.ForkDoneH\x00R\x04doneB\a\n" +
+	"\x05event\"\xb2\x01\n" +
+	"\fForkCaptured\x126\n" +
+	"\n" +
+	"checkpoint\x18\x01 \x01(\v2\x16.forkbox.v1.CheckpointR\n" +
+	"checkpoint\x12\x1a\n" +
+	"\bcaptured\x18\x02 \x01(\tR\bcaptured\x12\x1d\n" +
+	"\n" +
+	"capture_ms\x18\x03 \x01(\x01R\tcaptureMs\x12\x19\n" +
+	"\bflush_ms\x18\x04 \x01(\x01R\aflushMs\x12\x14\n" +
+	"\x05count\x18\x05 \x01(\x05R\x05count\"T\n" +
+	"\x0fForkStreamChild\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12+\n" +
+	"\x05child\x18\x02 \x01(\v2\x15.forkbox.v1.ForkChildR\x05child\"W\n" +
+	"\bForkDone\x12\x19\n" +
+	"\btotal_ms\x18\x01 \x01(\x01R\atotalMs\x12\x18\n" +
+	"\astarted\x18\x02 \x01(\x05R\astarted\x12\x16\n" +
+	"\x06failed\x18\x03 \x01(\x05R\x06failed\"\x84\x02\n" +
 	"\x16RestoreSnapshotRequest\x12\x1e\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\tR\n" +
@@ -6744,7 +7054,7 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\vegress_deny\x18\x04 \x03(\tR\n" +
 	"egressDeny\"B\n" +
 	"\x11SetEgressResponse\x12-\n" +
-	"\asandbox\x18\x01 \x01(\v2\x13.forkbox.v1.SandboxR\asandbox2\x96\x12\n" +
+	"\asandbox\x18\x01 \x01(\v2\x13.forkbox.v1.SandboxR\asandbox2\xdf\x12\n" +
 	"\x0eSandboxService\x12T\n" +
 	"\rCreateSandbox\x12 .forkbox.v1.CreateSandboxRequest\x1a!.forkbox.v1.CreateSandboxResponse\x12K\n" +
 	"\n" +
@@ -6778,7 +7088,9 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"SetTimeout\x12\x1d.forkbox.v1.SetTimeoutRequest\x1a\x1e.forkbox.v1.SetTimeoutResponse\x12K\n" +
 	"\n" +
 	"GetPortURL\x12\x1d.forkbox.v1.GetPortURLRequest\x1a\x1e.forkbox.v1.GetPortURLResponse\x12H\n" +
-	"\tSetEgress\x12\x1c.forkbox.v1.SetEgressRequest\x1a\x1d.forkbox.v1.SetEgressResponse2\xbf\x02\n" +
+	"\tSetEgress\x12\x1c.forkbox.v1.SetEgressRequest\x1a\x1d.forkbox.v1.SetEgressResponse\x12G\n" +
+	"\n" +
+	"ForkStream\x12\x17.forkbox.v1.ForkRequest\x1a\x1e.forkbox.v1.ForkStreamResponse0\x012\xbf\x02\n" +
 	"\fImageService\x12F\n" +
 	"\tPullImage\x12\x1c.forkbox.v1.PullImageRequest\x1a\x19.forkbox.v1.ImageProgress0\x01\x12J\n" +
 	"\vImportImage\x12\x1e.forkbox.v1.ImportImageRequest\x1a\x19.forkbox.v1.ImageProgress0\x01\x12K\n" +
@@ -6807,7 +7119,7 @@ func file_forkbox_v1_forkbox_proto_rawDescGZIP() []byte {
 	return file_forkbox_v1_forkbox_proto_rawDescData
 }
 
-var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 108)
+var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 112)
 var file_forkbox_v1_forkbox_proto_goTypes = []any{
 	(*Resources)(nil),                  // 0: forkbox.v1.Resources
 	(*Sandbox)(nil),                    // 1: forkbox.v1.Sandbox
@@ -6857,79 +7169,83 @@ var file_forkbox_v1_forkbox_proto_goTypes = []any{
 	(*ForkRequest)(nil),                // 45: forkbox.v1.ForkRequest
 	(*ForkChild)(nil),                  // 46: forkbox.v1.ForkChild
 	(*ForkResponse)(nil),               // 47: forkbox.v1.ForkResponse
-	(*RestoreSnapshotRequest)(nil),     // 48: forkbox.v1.RestoreSnapshotRequest
-	(*RestoreSnapshotResponse)(nil),    // 49: forkbox.v1.RestoreSnapshotResponse
-	(*ResumeRequest)(nil),              // 50: forkbox.v1.ResumeRequest
-	(*ReplayedExec)(nil),               // 51: forkbox.v1.ReplayedExec
-	(*ResumeResponse)(nil),             // 52: forkbox.v1.ResumeResponse
-	(*Credential)(nil),                 // 53: forkbox.v1.Credential
-	(*SetCredentialRequest)(nil),       // 54: forkbox.v1.SetCredentialRequest
-	(*SetCredentialResponse)(nil),      // 55: forkbox.v1.SetCredentialResponse
-	(*ListCredentialsRequest)(nil),     // 56: forkbox.v1.ListCredentialsRequest
-	(*ListCredentialsResponse)(nil),    // 57: forkbox.v1.ListCredentialsResponse
-	(*DeleteCredentialRequest)(nil),    // 58: forkbox.v1.DeleteCredentialRequest
-	(*DeleteCredentialResponse)(nil),   // 59: forkbox.v1.DeleteCredentialResponse
-	(*GetSandboxMetricsRequest)(nil),   // 60: forkbox.v1.GetSandboxMetricsRequest
-	(*SandboxMetrics)(nil),             // 61: forkbox.v1.SandboxMetrics
-	(*GetSandboxMetricsResponse)(nil),  // 62: forkbox.v1.GetSandboxMetricsResponse
-	(*CopyToHeader)(nil),               // 63: forkbox.v1.CopyToHeader
-	(*CopyToRequest)(nil),              // 64: forkbox.v1.CopyToRequest
-	(*CopyToResponse)(nil),             // 65: forkbox.v1.CopyToResponse
-	(*CopyFromRequest)(nil),            // 66: forkbox.v1.CopyFromRequest
-	(*CopyFromResponse)(nil),           // 67: forkbox.v1.CopyFromResponse
-	(*SetTimeoutRequest)(nil),          // 68: forkbox.v1.SetTimeoutRequest
-	(*SetTimeoutResponse)(nil),         // 69: forkbox.v1.SetTimeoutResponse
-	(*GetPortURLRequest)(nil),          // 70: forkbox.v1.GetPortURLRequest
-	(*GetPortURLResponse)(nil),         // 71: forkbox.v1.GetPortURLResponse
-	(*Image)(nil),                      // 72: forkbox.v1.Image
-	(*PullImageRequest)(nil),           // 73: forkbox.v1.PullImageRequest
-	(*ImportImageRequest)(nil),         // 74: forkbox.v1.ImportImageRequest
-	(*ImageProgress)(nil),              // 75: forkbox.v1.ImageProgress
-	(*ListImagesRequest)(nil),          // 76: forkbox.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),         // 77: forkbox.v1.ListImagesResponse
-	(*RemoveImageRequest)(nil),         // 78: forkbox.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),        // 79: forkbox.v1.RemoveImageResponse
-	(*SetupStep)(nil),                  // 80: forkbox.v1.SetupStep
-	(*EnvironmentDefinition)(nil),      // 81: forkbox.v1.EnvironmentDefinition
-	(*Environment)(nil),                // 82: forkbox.v1.Environment
-	(*BuildEnvironmentRequest)(nil),    // 83: forkbox.v1.BuildEnvironmentRequest
-	(*BuildProgress)(nil),              // 84: forkbox.v1.BuildProgress
-	(*EnvironmentSandboxRequest)(nil),  // 85: forkbox.v1.EnvironmentSandboxRequest
-	(*EnvironmentSandboxResponse)(nil), // 86: forkbox.v1.EnvironmentSandboxResponse
-	(*GetEnvironmentRequest)(nil),      // 87: forkbox.v1.GetEnvironmentRequest
-	(*GetEnvironmentResponse)(nil),     // 88: forkbox.v1.GetEnvironmentResponse
-	(*ListEnvironmentsRequest)(nil),    // 89: forkbox.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil),   // 90: forkbox.v1.ListEnvironmentsResponse
-	(*DeleteEnvironmentRequest)(nil),   // 91: forkbox.v1.DeleteEnvironmentRequest
-	(*DeleteEnvironmentResponse)(nil),  // 92: forkbox.v1.DeleteEnvironmentResponse
-	(*BeginBuildRequest)(nil),          // 93: forkbox.v1.BeginBuildRequest
-	(*BeginBuildResponse)(nil),         // 94: forkbox.v1.BeginBuildResponse
-	(*CompleteBuildRequest)(nil),       // 95: forkbox.v1.CompleteBuildRequest
-	(*CompleteBuildResponse)(nil),      // 96: forkbox.v1.CompleteBuildResponse
-	(*SetEgressRequest)(nil),           // 97: forkbox.v1.SetEgressRequest
-	(*SetEgressResponse)(nil),          // 98: forkbox.v1.SetEgressResponse
-	nil,                                // 99: forkbox.v1.Sandbox.EnvEntry
-	nil,                                // 100: forkbox.v1.CreateSandboxRequest.EnvEntry
-	nil,                                // 101: forkbox.v1.ExecRequest.EnvEntry
-	nil,                                // 102: forkbox.v1.PtyStart.EnvEntry
-	nil,                                // 103: forkbox.v1.Overrides.EnvEntry
-	nil,                                // 104: forkbox.v1.ForkRequest.CredentialsEntry
-	nil,                                // 105: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
-	nil,                                // 106: forkbox.v1.SandboxMetrics.UnavailableEntry
-	nil,                                // 107: forkbox.v1.EnvironmentDefinition.EnvEntry
+	(*ForkStreamResponse)(nil),         // 48: forkbox.v1.ForkStreamResponse
+	(*ForkCaptured)(nil),               // 49: forkbox.v1.ForkCaptured
+	(*ForkStreamChild)(nil),            // 50: forkbox.v1.ForkStreamChild
+	(*ForkDone)(nil),                   // 51: forkbox.v1.ForkDone
+	(*RestoreSnapshotRequest)(nil),     // 52: forkbox.v1.RestoreSnapshotRequest
+	(*RestoreSnapshotResponse)(nil),    // 53: forkbox.v1.RestoreSnapshotResponse
+	(*ResumeRequest)(nil),              // 54: forkbox.v1.ResumeRequest
+	(*ReplayedExec)(nil),               // 55: forkbox.v1.ReplayedExec
+	(*ResumeResponse)(nil),             // 56: forkbox.v1.ResumeResponse
+	(*Credential)(nil),                 // 57: forkbox.v1.Credential
+	(*SetCredentialRequest)(nil),       // 58: forkbox.v1.SetCredentialRequest
+	(*SetCredentialResponse)(nil),      // 59: forkbox.v1.SetCredentialResponse
+	(*ListCredentialsRequest)(nil),     // 60: forkbox.v1.ListCredentialsRequest
+	(*ListCredentialsResponse)(nil),    // 61: forkbox.v1.ListCredentialsResponse
+	(*DeleteCredentialRequest)(nil),    // 62: forkbox.v1.DeleteCredentialRequest
+	(*DeleteCredentialResponse)(nil),   // 63: forkbox.v1.DeleteCredentialResponse
+	(*GetSandboxMetricsRequest)(nil),   // 64: forkbox.v1.GetSandboxMetricsRequest
+	(*SandboxMetrics)(nil),             // 65: forkbox.v1.SandboxMetrics
+	(*GetSandboxMetricsResponse)(nil),  // 66: forkbox.v1.GetSandboxMetricsResponse
+	(*CopyToHeader)(nil),               // 67: forkbox.v1.CopyToHeader
+	(*CopyToRequest)(nil),              // 68: forkbox.v1.CopyToRequest
+	(*CopyToResponse)(nil),             // 69: forkbox.v1.CopyToResponse
+	(*CopyFromRequest)(nil),            // 70: forkbox.v1.CopyFromRequest
+	(*CopyFromResponse)(nil),           // 71: forkbox.v1.CopyFromResponse
+	(*SetTimeoutRequest)(nil),          // 72: forkbox.v1.SetTimeoutRequest
+	(*SetTimeoutResponse)(nil),         // 73: forkbox.v1.SetTimeoutResponse
+	(*GetPortURLRequest)(nil),          // 74: forkbox.v1.GetPortURLRequest
+	(*GetPortURLResponse)(nil),         // 75: forkbox.v1.GetPortURLResponse
+	(*Image)(nil),                      // 76: forkbox.v1.Image
+	(*PullImageRequest)(nil),           // 77: forkbox.v1.PullImageRequest
+	(*ImportImageRequest)(nil),         // 78: forkbox.v1.ImportImageRequest
+	(*ImageProgress)(nil),              // 79: forkbox.v1.ImageProgress
+	(*ListImagesRequest)(nil),          // 80: forkbox.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),         // 81: forkbox.v1.ListImagesResponse
+	(*RemoveImageRequest)(nil),         // 82: forkbox.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),        // 83: forkbox.v1.RemoveImageResponse
+	(*SetupStep)(nil),                  // 84: forkbox.v1.SetupStep
+	(*EnvironmentDefinition)(nil),      // 85: forkbox.v1.EnvironmentDefinition
+	(*Environment)(nil),                // 86: forkbox.v1.Environment
+	(*BuildEnvironmentRequest)(nil),    // 87: forkbox.v1.BuildEnvironmentRequest
+	(*BuildProgress)(nil),              // 88: forkbox.v1.BuildProgress
+	(*EnvironmentSandboxRequest)(nil),  // 89: forkbox.v1.EnvironmentSandboxRequest
+	(*EnvironmentSandboxResponse)(nil), // 90: forkbox.v1.EnvironmentSandboxResponse
+	(*GetEnvironmentRequest)(nil),      // 91: forkbox.v1.GetEnvironmentRequest
+	(*GetEnvironmentResponse)(nil),     // 92: forkbox.v1.GetEnvironmentResponse
+	(*ListEnvironmentsRequest)(nil),    // 93: forkbox.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil),   // 94: forkbox.v1.ListEnvironmentsResponse
+	(*DeleteEnvironmentRequest)(nil),   // 95: forkbox.v1.DeleteEnvironmentRequest
+	(*DeleteEnvironmentResponse)(nil),  // 96: forkbox.v1.DeleteEnvironmentResponse
+	(*BeginBuildRequest)(nil),          // 97: forkbox.v1.BeginBuildRequest
+	(*BeginBuildResponse)(nil),         // 98: forkbox.v1.BeginBuildResponse
+	(*CompleteBuildRequest)(nil),       // 99: forkbox.v1.CompleteBuildRequest
+	(*CompleteBuildResponse)(nil),      // 100: forkbox.v1.CompleteBuildResponse
+	(*SetEgressRequest)(nil),           // 101: forkbox.v1.SetEgressRequest
+	(*SetEgressResponse)(nil),          // 102: forkbox.v1.SetEgressResponse
+	nil,                                // 103: forkbox.v1.Sandbox.EnvEntry
+	nil,                                // 104: forkbox.v1.CreateSandboxRequest.EnvEntry
+	nil,                                // 105: forkbox.v1.ExecRequest.EnvEntry
+	nil,                                // 106: forkbox.v1.PtyStart.EnvEntry
+	nil,                                // 107: forkbox.v1.Overrides.EnvEntry
+	nil,                                // 108: forkbox.v1.ForkRequest.CredentialsEntry
+	nil,                                // 109: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	nil,                                // 110: forkbox.v1.SandboxMetrics.UnavailableEntry
+	nil,                                // 111: forkbox.v1.EnvironmentDefinition.EnvEntry
 }
 var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	0,   // 0: forkbox.v1.Sandbox.resources:type_name -> forkbox.v1.Resources
-	99,  // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
+	103, // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
 	0,   // 2: forkbox.v1.CreateSandboxRequest.resources:type_name -> forkbox.v1.Resources
-	100, // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
+	104, // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
 	1,   // 4: forkbox.v1.CreateSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,   // 5: forkbox.v1.GetSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,   // 6: forkbox.v1.ListSandboxesResponse.sandboxes:type_name -> forkbox.v1.Sandbox
-	101, // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
+	105, // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
 	12,  // 8: forkbox.v1.ExecResponse.started:type_name -> forkbox.v1.ExecStarted
 	13,  // 9: forkbox.v1.ExecResponse.exit:type_name -> forkbox.v1.ExecExit
-	102, // 10: forkbox.v1.PtyStart.env:type_name -> forkbox.v1.PtyStart.EnvEntry
+	106, // 10: forkbox.v1.PtyStart.env:type_name -> forkbox.v1.PtyStart.EnvEntry
 	14,  // 11: forkbox.v1.PtyStart.size:type_name -> forkbox.v1.PtySize
 	15,  // 12: forkbox.v1.PtyRequest.start:type_name -> forkbox.v1.PtyStart
 	14,  // 13: forkbox.v1.PtyRequest.resize:type_name -> forkbox.v1.PtySize
@@ -6945,129 +7261,136 @@ var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	37,  // 23: forkbox.v1.CheckpointResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
 	37,  // 24: forkbox.v1.ListCheckpointsResponse.checkpoints:type_name -> forkbox.v1.Checkpoint
 	0,   // 25: forkbox.v1.Overrides.resources:type_name -> forkbox.v1.Resources
-	103, // 26: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
+	107, // 26: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
 	44,  // 27: forkbox.v1.ForkRequest.overrides:type_name -> forkbox.v1.Overrides
-	104, // 28: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
+	108, // 28: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
 	1,   // 29: forkbox.v1.ForkChild.sandbox:type_name -> forkbox.v1.Sandbox
 	37,  // 30: forkbox.v1.ForkResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
 	46,  // 31: forkbox.v1.ForkResponse.children:type_name -> forkbox.v1.ForkChild
-	44,  // 32: forkbox.v1.RestoreSnapshotRequest.overrides:type_name -> forkbox.v1.Overrides
-	105, // 33: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
-	1,   // 34: forkbox.v1.RestoreSnapshotResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	1,   // 35: forkbox.v1.ResumeResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	37,  // 36: forkbox.v1.ResumeResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
-	51,  // 37: forkbox.v1.ResumeResponse.replayed:type_name -> forkbox.v1.ReplayedExec
-	53,  // 38: forkbox.v1.SetCredentialRequest.credential:type_name -> forkbox.v1.Credential
-	53,  // 39: forkbox.v1.SetCredentialResponse.credential:type_name -> forkbox.v1.Credential
-	53,  // 40: forkbox.v1.ListCredentialsResponse.credentials:type_name -> forkbox.v1.Credential
-	106, // 41: forkbox.v1.SandboxMetrics.unavailable:type_name -> forkbox.v1.SandboxMetrics.UnavailableEntry
-	61,  // 42: forkbox.v1.GetSandboxMetricsResponse.metrics:type_name -> forkbox.v1.SandboxMetrics
-	63,  // 43: forkbox.v1.CopyToRequest.header:type_name -> forkbox.v1.CopyToHeader
-	1,   // 44: forkbox.v1.SetTimeoutResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	72,  // 45: forkbox.v1.ImageProgress.image:type_name -> forkbox.v1.Image
-	72,  // 46: forkbox.v1.ListImagesResponse.images:type_name -> forkbox.v1.Image
-	0,   // 47: forkbox.v1.EnvironmentDefinition.resources:type_name -> forkbox.v1.Resources
-	107, // 48: forkbox.v1.EnvironmentDefinition.env:type_name -> forkbox.v1.EnvironmentDefinition.EnvEntry
-	80,  // 49: forkbox.v1.EnvironmentDefinition.steps:type_name -> forkbox.v1.SetupStep
-	81,  // 50: forkbox.v1.Environment.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	81,  // 51: forkbox.v1.BuildEnvironmentRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	82,  // 52: forkbox.v1.BuildProgress.environment:type_name -> forkbox.v1.Environment
-	81,  // 53: forkbox.v1.EnvironmentSandboxRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	44,  // 54: forkbox.v1.EnvironmentSandboxRequest.overrides:type_name -> forkbox.v1.Overrides
-	1,   // 55: forkbox.v1.EnvironmentSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	82,  // 56: forkbox.v1.EnvironmentSandboxResponse.environment:type_name -> forkbox.v1.Environment
-	82,  // 57: forkbox.v1.GetEnvironmentResponse.environment:type_name -> forkbox.v1.Environment
-	82,  // 58: forkbox.v1.ListEnvironmentsResponse.environments:type_name -> forkbox.v1.Environment
-	81,  // 59: forkbox.v1.BeginBuildRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	82,  // 60: forkbox.v1.BeginBuildResponse.environment:type_name -> forkbox.v1.Environment
-	1,   // 61: forkbox.v1.BeginBuildResponse.builder:type_name -> forkbox.v1.Sandbox
-	82,  // 62: forkbox.v1.CompleteBuildResponse.environment:type_name -> forkbox.v1.Environment
-	1,   // 63: forkbox.v1.SetEgressResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	2,   // 64: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
-	4,   // 65: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
-	6,   // 66: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
-	8,   // 67: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
-	10,  // 68: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
-	19,  // 69: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
-	21,  // 70: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
-	23,  // 71: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
-	26,  // 72: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
-	29,  // 73: forkbox.v1.SandboxService.PauseSandbox:input_type -> forkbox.v1.PauseSandboxRequest
-	31,  // 74: forkbox.v1.SandboxService.UnpauseSandbox:input_type -> forkbox.v1.UnpauseSandboxRequest
-	33,  // 75: forkbox.v1.SandboxService.HibernateSandbox:input_type -> forkbox.v1.HibernateSandboxRequest
-	35,  // 76: forkbox.v1.SandboxService.WakeSandbox:input_type -> forkbox.v1.WakeSandboxRequest
-	38,  // 77: forkbox.v1.SandboxService.Checkpoint:input_type -> forkbox.v1.CheckpointRequest
-	40,  // 78: forkbox.v1.SandboxService.ListCheckpoints:input_type -> forkbox.v1.ListCheckpointsRequest
-	42,  // 79: forkbox.v1.SandboxService.DeleteCheckpoint:input_type -> forkbox.v1.DeleteCheckpointRequest
-	45,  // 80: forkbox.v1.SandboxService.Fork:input_type -> forkbox.v1.ForkRequest
-	48,  // 81: forkbox.v1.SandboxService.RestoreSnapshot:input_type -> forkbox.v1.RestoreSnapshotRequest
-	50,  // 82: forkbox.v1.SandboxService.Resume:input_type -> forkbox.v1.ResumeRequest
-	54,  // 83: forkbox.v1.SandboxService.SetCredential:input_type -> forkbox.v1.SetCredentialRequest
-	56,  // 84: forkbox.v1.SandboxService.ListCredentials:input_type -> forkbox.v1.ListCredentialsRequest
-	58,  // 85: forkbox.v1.SandboxService.DeleteCredential:input_type -> forkbox.v1.DeleteCredentialRequest
-	17,  // 86: forkbox.v1.SandboxService.ExecPty:input_type -> forkbox.v1.PtyRequest
-	60,  // 87: forkbox.v1.SandboxService.GetSandboxMetrics:input_type -> forkbox.v1.GetSandboxMetricsRequest
-	64,  // 88: forkbox.v1.SandboxService.CopyTo:input_type -> forkbox.v1.CopyToRequest
-	66,  // 89: forkbox.v1.SandboxService.CopyFrom:input_type -> forkbox.v1.CopyFromRequest
-	68,  // 90: forkbox.v1.SandboxService.SetTimeout:input_type -> forkbox.v1.SetTimeoutRequest
-	70,  // 91: forkbox.v1.SandboxService.GetPortURL:input_type -> forkbox.v1.GetPortURLRequest
-	97,  // 92: forkbox.v1.SandboxService.SetEgress:input_type -> forkbox.v1.SetEgressRequest
-	73,  // 93: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
-	74,  // 94: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
-	76,  // 95: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
-	78,  // 96: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
-	83,  // 97: forkbox.v1.EnvironmentService.BuildEnvironment:input_type -> forkbox.v1.BuildEnvironmentRequest
-	85,  // 98: forkbox.v1.EnvironmentService.EnvironmentSandbox:input_type -> forkbox.v1.EnvironmentSandboxRequest
-	87,  // 99: forkbox.v1.EnvironmentService.GetEnvironment:input_type -> forkbox.v1.GetEnvironmentRequest
-	89,  // 100: forkbox.v1.EnvironmentService.ListEnvironments:input_type -> forkbox.v1.ListEnvironmentsRequest
-	91,  // 101: forkbox.v1.EnvironmentService.DeleteEnvironment:input_type -> forkbox.v1.DeleteEnvironmentRequest
-	93,  // 102: forkbox.v1.EnvironmentService.BeginBuild:input_type -> forkbox.v1.BeginBuildRequest
-	95,  // 103: forkbox.v1.EnvironmentService.CompleteBuild:input_type -> forkbox.v1.CompleteBuildRequest
-	3,   // 104: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
-	5,   // 105: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
-	7,   // 106: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
-	9,   // 107: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
-	11,  // 108: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
-	20,  // 109: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
-	22,  // 110: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
-	25,  // 111: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
-	28,  // 112: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
-	30,  // 113: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
-	32,  // 114: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
-	34,  // 115: forkbox.v1.SandboxService.HibernateSandbox:output_type -> forkbox.v1.HibernateSandboxResponse
-	36,  // 116: forkbox.v1.SandboxService.WakeSandbox:output_type -> forkbox.v1.WakeSandboxResponse
-	39,  // 117: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
-	41,  // 118: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
-	43,  // 119: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
-	47,  // 120: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
-	49,  // 121: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
-	52,  // 122: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
-	55,  // 123: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
-	57,  // 124: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
-	59,  // 125: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
-	18,  // 126: forkbox.v1.SandboxService.ExecPty:output_type -> forkbox.v1.PtyResponse
-	62,  // 127: forkbox.v1.SandboxService.GetSandboxMetrics:output_type -> forkbox.v1.GetSandboxMetricsResponse
-	65,  // 128: forkbox.v1.SandboxService.CopyTo:output_type -> forkbox.v1.CopyToResponse
-	67,  // 129: forkbox.v1.SandboxService.CopyFrom:output_type -> forkbox.v1.CopyFromResponse
-	69,  // 130: forkbox.v1.SandboxService.SetTimeout:output_type -> forkbox.v1.SetTimeoutResponse
-	71,  // 131: forkbox.v1.SandboxService.GetPortURL:output_type -> forkbox.v1.GetPortURLResponse
-	98,  // 132: forkbox.v1.SandboxService.SetEgress:output_type -> forkbox.v1.SetEgressResponse
-	75,  // 133: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
-	75,  // 134: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
-	77,  // 135: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
-	79,  // 136: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
-	84,  // 137: forkbox.v1.EnvironmentService.BuildEnvironment:output_type -> forkbox.v1.BuildProgress
-	86,  // 138: forkbox.v1.EnvironmentService.EnvironmentSandbox:output_type -> forkbox.v1.EnvironmentSandboxResponse
-	88,  // 139: forkbox.v1.EnvironmentService.GetEnvironment:output_type -> forkbox.v1.GetEnvironmentResponse
-	90,  // 140: forkbox.v1.EnvironmentService.ListEnvironments:output_type -> forkbox.v1.ListEnvironmentsResponse
-	92,  // 141: forkbox.v1.EnvironmentService.DeleteEnvironment:output_type -> forkbox.v1.DeleteEnvironmentResponse
-	94,  // 142: forkbox.v1.EnvironmentService.BeginBuild:output_type -> forkbox.v1.BeginBuildResponse
-	96,  // 143: forkbox.v1.EnvironmentService.CompleteBuild:output_type -> forkbox.v1.CompleteBuildResponse
-	104, // [104:144] is the sub-list for method output_type
-	64,  // [64:104] is the sub-list for method input_type
-	64,  // [64:64] is the sub-list for extension type_name
-	64,  // [64:64] is the sub-list for extension extendee
-	0,   // [0:64] is the sub-list for field type_name
+	49,  // 32: forkbox.v1.ForkStreamResponse.captured:type_name -> forkbox.v1.ForkCaptured
+	50,  // 33: forkbox.v1.ForkStreamResponse.child:type_name -> forkbox.v1.ForkStreamChild
+	51,  // 34: forkbox.v1.ForkStreamResponse.done:type_name -> forkbox.v1.ForkDone
+	37,  // 35: forkbox.v1.ForkCaptured.checkpoint:type_name -> forkbox.v1.Checkpoint
+	46,  // 36: forkbox.v1.ForkStreamChild.child:type_name -> forkbox.v1.ForkChild
+	44,  // 37: forkbox.v1.RestoreSnapshotRequest.overrides:type_name -> forkbox.v1.Overrides
+	109, // 38: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	1,   // 39: forkbox.v1.RestoreSnapshotResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	1,   // 40: forkbox.v1.ResumeResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	37,  // 41: forkbox.v1.ResumeResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
+	55,  // 42: forkbox.v1.ResumeResponse.replayed:type_name -> forkbox.v1.ReplayedExec
+	57,  // 43: forkbox.v1.SetCredentialRequest.credential:type_name -> forkbox.v1.Credential
+	57,  // 44: forkbox.v1.SetCredentialResponse.credential:type_name -> forkbox.v1.Credential
+	57,  // 45: forkbox.v1.ListCredentialsResponse.credentials:type_name -> forkbox.v1.Credential
+	110, // 46: forkbox.v1.SandboxMetrics.unavailable:type_name -> forkbox.v1.SandboxMetrics.UnavailableEntry
+	65,  // 47: forkbox.v1.GetSandboxMetricsResponse.metrics:type_name -> forkbox.v1.SandboxMetrics
+	67,  // 48: forkbox.v1.CopyToRequest.header:type_name -> forkbox.v1.CopyToHeader
+	1,   // 49: forkbox.v1.SetTimeoutResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	76,  // 50: forkbox.v1.ImageProgress.image:type_name -> forkbox.v1.Image
+	76,  // 51: forkbox.v1.ListImagesResponse.images:type_name -> forkbox.v1.Image
+	0,   // 52: forkbox.v1.EnvironmentDefinition.resources:type_name -> forkbox.v1.Resources
+	111, // 53: forkbox.v1.EnvironmentDefinition.env:type_name -> forkbox.v1.EnvironmentDefinition.EnvEntry
+	84,  // 54: forkbox.v1.EnvironmentDefinition.steps:type_name -> forkbox.v1.SetupStep
+	85,  // 55: forkbox.v1.Environment.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	85,  // 56: forkbox.v1.BuildEnvironmentRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	86,  // 57: forkbox.v1.BuildProgress.environment:type_name -> forkbox.v1.Environment
+	85,  // 58: forkbox.v1.EnvironmentSandboxRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	44,  // 59: forkbox.v1.EnvironmentSandboxRequest.overrides:type_name -> forkbox.v1.Overrides
+	1,   // 60: forkbox.v1.EnvironmentSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	86,  // 61: forkbox.v1.EnvironmentSandboxResponse.environment:type_name -> forkbox.v1.Environment
+	86,  // 62: forkbox.v1.GetEnvironmentResponse.environment:type_name -> forkbox.v1.Environment
+	86,  // 63: forkbox.v1.ListEnvironmentsResponse.environments:type_name -> forkbox.v1.Environment
+	85,  // 64: forkbox.v1.BeginBuildRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	86,  // 65: forkbox.v1.BeginBuildResponse.environment:type_name -> forkbox.v1.Environment
+	1,   // 66: forkbox.v1.BeginBuildResponse.builder:type_name -> forkbox.v1.Sandbox
+	86,  // 67: forkbox.v1.CompleteBuildResponse.environment:type_name -> forkbox.v1.Environment
+	1,   // 68: forkbox.v1.SetEgressResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	2,   // 69: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
+	4,   // 70: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
+	6,   // 71: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
+	8,   // 72: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
+	10,  // 73: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
+	19,  // 74: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
+	21,  // 75: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
+	23,  // 76: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
+	26,  // 77: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
+	29,  // 78: forkbox.v1.SandboxService.PauseSandbox:input_type -> forkbox.v1.PauseSandboxRequest
+	31,  // 79: forkbox.v1.SandboxService.UnpauseSandbox:input_type -> forkbox.v1.UnpauseSandboxRequest
+	33,  // 80: forkbox.v1.SandboxService.HibernateSandbox:input_type -> forkbox.v1.HibernateSandboxRequest
+	35,  // 81: forkbox.v1.SandboxService.WakeSandbox:input_type -> forkbox.v1.WakeSandboxRequest
+	38,  // 82: forkbox.v1.SandboxService.Checkpoint:input_type -> forkbox.v1.CheckpointRequest
+	40,  // 83: forkbox.v1.SandboxService.ListCheckpoints:input_type -> forkbox.v1.ListCheckpointsRequest
+	42,  // 84: forkbox.v1.SandboxService.DeleteCheckpoint:input_type -> forkbox.v1.DeleteCheckpointRequest
+	45,  // 85: forkbox.v1.SandboxService.Fork:input_type -> forkbox.v1.ForkRequest
+	52,  // 86: forkbox.v1.SandboxService.RestoreSnapshot:input_type -> forkbox.v1.RestoreSnapshotRequest
+	54,  // 87: forkbox.v1.SandboxService.Resume:input_type -> forkbox.v1.ResumeRequest
+	58,  // 88: forkbox.v1.SandboxService.SetCredential:input_type -> forkbox.v1.SetCredentialRequest
+	60,  // 89: forkbox.v1.SandboxService.ListCredentials:input_type -> forkbox.v1.ListCredentialsRequest
+	62,  // 90: forkbox.v1.SandboxService.DeleteCredential:input_type -> forkbox.v1.DeleteCredentialRequest
+	17,  // 91: forkbox.v1.SandboxService.ExecPty:input_type -> forkbox.v1.PtyRequest
+	64,  // 92: forkbox.v1.SandboxService.GetSandboxMetrics:input_type -> forkbox.v1.GetSandboxMetricsRequest
+	68,  // 93: forkbox.v1.SandboxService.CopyTo:input_type -> forkbox.v1.CopyToRequest
+	70,  // 94: forkbox.v1.SandboxService.CopyFrom:input_type -> forkbox.v1.CopyFromRequest
+	72,  // 95: forkbox.v1.SandboxService.SetTimeout:input_type -> forkbox.v1.SetTimeoutRequest
+	74,  // 96: forkbox.v1.SandboxService.GetPortURL:input_type -> forkbox.v1.GetPortURLRequest
+	101, // 97: forkbox.v1.SandboxService.SetEgress:input_type -> forkbox.v1.SetEgressRequest
+	45,  // 98: forkbox.v1.SandboxService.ForkStream:input_type -> forkbox.v1.ForkRequest
+	77,  // 99: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
+	78,  // 100: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
+	80,  // 101: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
+	82,  // 102: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
+	87,  // 103: forkbox.v1.EnvironmentService.BuildEnvironment:input_type -> forkbox.v1.BuildEnvironmentRequest
+	89,  // 104: forkbox.v1.EnvironmentService.EnvironmentSandbox:input_type -> forkbox.v1.EnvironmentSandboxRequest
+	91,  // 105: forkbox.v1.EnvironmentService.GetEnvironment:input_type -> forkbox.v1.GetEnvironmentRequest
+	93,  // 106: forkbox.v1.EnvironmentService.ListEnvironments:input_type -> forkbox.v1.ListEnvironmentsRequest
+	95,  // 107: forkbox.v1.EnvironmentService.DeleteEnvironment:input_type -> forkbox.v1.DeleteEnvironmentRequest
+	97,  // 108: forkbox.v1.EnvironmentService.BeginBuild:input_type -> forkbox.v1.BeginBuildRequest
+	99,  // 109: forkbox.v1.EnvironmentService.CompleteBuild:input_type -> forkbox.v1.CompleteBuildRequest
+	3,   // 110: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
+	5,   // 111: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
+	7,   // 112: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
+	9,   // 113: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
+	11,  // 114: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
+	20,  // 115: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
+	22,  // 116: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
+	25,  // 117: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
+	28,  // 118: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
+	30,  // 119: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
+	32,  // 120: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
+	34,  // 121: forkbox.v1.SandboxService.HibernateSandbox:output_type -> forkbox.v1.HibernateSandboxResponse
+	36,  // 122: forkbox.v1.SandboxService.WakeSandbox:output_type -> forkbox.v1.WakeSandboxResponse
+	39,  // 123: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
+	41,  // 124: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
+	43,  // 125: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
+	47,  // 126: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
+	53,  // 127: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
+	56,  // 128: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
+	59,  // 129: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
+	61,  // 130: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
+	63,  // 131: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
+	18,  // 132: forkbox.v1.SandboxService.ExecPty:output_type -> forkbox.v1.PtyResponse
+	66,  // 133: forkbox.v1.SandboxService.GetSandboxMetrics:output_type -> forkbox.v1.GetSandboxMetricsResponse
+	69,  // 134: forkbox.v1.SandboxService.CopyTo:output_type -> forkbox.v1.CopyToResponse
+	71,  // 135: forkbox.v1.SandboxService.CopyFrom:output_type -> forkbox.v1.CopyFromResponse
+	73,  // 136: forkbox.v1.SandboxService.SetTimeout:output_type -> forkbox.v1.SetTimeoutResponse
+	75,  // 137: forkbox.v1.SandboxService.GetPortURL:output_type -> forkbox.v1.GetPortURLResponse
+	102, // 138: forkbox.v1.SandboxService.SetEgress:output_type -> forkbox.v1.SetEgressResponse
+	48,  // 139: forkbox.v1.SandboxService.ForkStream:output_type -> forkbox.v1.ForkStreamResponse
+	79,  // 140: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
+	79,  // 141: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
+	81,  // 142: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
+	83,  // 143: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
+	88,  // 144: forkbox.v1.EnvironmentService.BuildEnvironment:output_type -> forkbox.v1.BuildProgress
+	90,  // 145: forkbox.v1.EnvironmentService.EnvironmentSandbox:output_type -> forkbox.v1.EnvironmentSandboxResponse
+	92,  // 146: forkbox.v1.EnvironmentService.GetEnvironment:output_type -> forkbox.v1.GetEnvironmentResponse
+	94,  // 147: forkbox.v1.EnvironmentService.ListEnvironments:output_type -> forkbox.v1.ListEnvironmentsResponse
+	96,  // 148: forkbox.v1.EnvironmentService.DeleteEnvironment:output_type -> forkbox.v1.DeleteEnvironmentResponse
+	98,  // 149: forkbox.v1.EnvironmentService.BeginBuild:output_type -> forkbox.v1.BeginBuildResponse
+	100, // 150: forkbox.v1.EnvironmentService.CompleteBuild:output_type -> forkbox.v1.CompleteBuildResponse
+	110, // [110:151] is the sub-list for method output_type
+	69,  // [69:110] is the sub-list for method input_type
+	69,  // [69:69] is the sub-list for extension type_name
+	69,  // [69:69] is the sub-list for extension extendee
+	0,   // [0:69] is the sub-list for field type_name
 }
 
 func init() { file_forkbox_v1_forkbox_proto_init() }
@@ -7092,7 +7415,12 @@ func file_forkbox_v1_forkbox_proto_init() {
 		(*PtyResponse_Data)(nil),
 		(*PtyResponse_Exit)(nil),
 	}
-	file_forkbox_v1_forkbox_proto_msgTypes[64].OneofWrappers = []any{
+	file_forkbox_v1_forkbox_proto_msgTypes[48].OneofWrappers = []any{
+		(*ForkStreamResponse_Captured)(nil),
+		(*ForkStreamResponse_Child)(nil),
+		(*ForkStreamResponse_Done)(nil),
+	}
+	file_forkbox_v1_forkbox_proto_msgTypes[68].OneofWrappers = []any{
 		(*CopyToRequest_Header)(nil),
 		(*CopyToRequest_Data)(nil),
 	}
@@ -7102,7 +7430,7 @@ func file_forkbox_v1_forkbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkbox_v1_forkbox_proto_rawDesc), len(file_forkbox_v1_forkbox_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   108,
+			NumMessages:   112,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
