@@ -127,6 +127,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&df.cfg.PortsAddr, "ports", "", "serve preview URLs of sandbox ports on this address (http://<port>-<id>.localhost:PORT/, each with its sandbox's token; see `forkbox port`)")
 	f.StringVar(&df.cfg.PortsDomain, "ports-domain", "localhost", "domain of preview host names: <port>-<sandbox id>.<domain> (point a wildcard DNS name at the listener)")
 	f.IntVar(&df.metricsMax, "metrics-max-sandboxes", metrics.DefaultMaxSandboxSeries, "at most this many sandboxes get CPU and memory series (the oldest first)")
+	f.IntVar(&df.cfg.Preboot, "preboot", 2, "keep this many gVisor sandboxes booted ahead of demand (about 40 MB each), for creates and fork children that match their resources and egress (0 = none)")
 	return cmd
 }
 
@@ -157,7 +158,6 @@ func (df *daemonFlags) register(cmd *cobra.Command) {
 	f.DurationVar(&df.cfg.IdleTimeout, "idle-timeout", 0, "expire (close, or hibernate per the sandbox's on_timeout) a sandbox with no exec or file activity for this long (0 = never)")
 	f.DurationVar(&df.cfg.PtyStallTimeout, "pty-stall-timeout", daemon.DefaultPtyStallTimeout, "end a terminal session (exec -t) whose client has taken none of its output for this long")
 	f.IntVar(&df.cfg.MaxSandboxes, "max-sandboxes", 100, "limit on live sandboxes")
-	f.IntVar(&df.cfg.Preboot, "preboot", 0, "keep this many gVisor sandboxes booted ahead of demand, for creates and fork children that match their resources and egress (0 = none)")
 	f.StringVar(&df.cfg.DNSUpstream, "dns-upstream", "", "resolver (ip:port) the sandboxes' DNS proxy forwards allowed names to (default: the first in /etc/resolv.conf)")
 	f.StringVar(&df.level, "log-level", "info", "debug, info, warn or error")
 }
