@@ -96,12 +96,17 @@ func prebootOpts() client.CreateOptions {
 // nothing.
 func TestPrebootCreate(t *testing.T) {
 	ctx := context.Background()
-	withDaemonFlags(t, "--preboot", "2")
+	maddr := freeAddr(t)
+	withDaemonFlags(t, "--preboot", "2", "--metrics", maddr)
 	waitSpares(t, 1)
+	before := scrape(t, "http://"+maddr+"/metrics", "")
 	o := prebootOpts()
 	o.Name, o.Env = "preboot-one", map[string]string{"GREETING": "hi"}
 	sb := newSandbox(t, o)
 	assertPooled(t, sb)
+	if after := scrape(t, "http://"+maddr+"/metrics", ""); after["forkbox_preboot_hits_total"] != before["forkbox_preboot_hits_total"]+1 {
+		t.Errorf("forkbox_preboot_hits_total %v -> %v, want one more", before["forkbox_preboot_hits_total"], after["forkbox_preboot_hits_total"])
+	}
 	if got := strings.TrimSpace(mustSh(t, sb, "hostname; cat /etc/hostname; echo $GREETING")); got != "preboot-one\npreboot-one\nhi" {
 		t.Errorf("hostname, /etc/hostname, env: got %q", got)
 	}

@@ -105,7 +105,10 @@ func serveCmd() *cobra.Command {
 			}
 			defer d.Close()
 			m := metrics.New(metrics.Options{Sandboxes: d.Store(), CgroupParent: cfg.CgroupParent,
-				MaxSandboxSeries: df.metricsMax, Log: log})
+				MaxSandboxSeries: df.metricsMax, Log: log, Preboot: func() (int, int64, int64) {
+					s := d.PrebootStats()
+					return s.Ready, s.Hits, s.Misses
+				}})
 			srv, err := server.Listen(d, df.socket, df.tcp, df.token, log,
 				server.Web{Metrics: m, MetricsAddr: df.metrics, UIAddr: df.ui})
 			if err != nil {
