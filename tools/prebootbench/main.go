@@ -41,8 +41,17 @@ func main() {
 	flag.StringVar(&on.runscRoot, "on-runsc-root", "", "its runsc state root (<run-dir>/runsc)")
 	flag.StringVar(&off.host, "off", "", "daemon without a pool")
 	n := flag.Int("n", 10, "rounds")
+	fanout := flag.Int("fanout", 0, "instead: fan-outs of this many children, -old (unary Fork) against -new (ForkStream), interleaved")
+	oldHost := flag.String("old", "", "with -fanout: a daemon of the previous build")
+	newHost := flag.String("new", "", "with -fanout: a daemon of this build")
 	flag.Parse()
 	ctx := context.Background()
+	if *fanout > 0 {
+		if err := fanouts(ctx, *oldHost, *newHost, *fanout, *n); err != nil {
+			fail(err)
+		}
+		return
+	}
 	for _, s := range []*side{on, off} {
 		s.c = &client.Client{Socket: strings.TrimPrefix(s.host, "unix://")}
 		if err := s.importImage(ctx); err != nil {
@@ -193,4 +202,85 @@ func summary(v []float64) string {
 	slices.Sort(s)
 	p := func(q float64) float64 { return s[min(len(s)-1, int(q*float64(len(s))))] }
 	return fmt.Sprintf("%.0f / %.0f ms", p(0.5), p(0.95))
+}
+
+// fanouts forks n times count children on each daemon, alternating: the
+// old one with the unary Fork (its first child is usable when the call
+// returns), the new one with ForkStream (its first child is usable when its
+// event arrives).
+func fanouts(ctx context.Context, oldHost, newHost string, count, n int) error {
+	old, cur := &side{name: "old", host: oldHost}, &side{name: "new", host: newHost}
+	for _, s := range []*side{old, cur} {
+		s.c = &client.Client{Socket: strings.TrimPrefix(s.host, "unix://")}
+		if err := s.importImage(ctx); err != nil {
+			return err
+		}
+	}
+	for i := range n {
+		order := []*side{old, cur}
+		if i%2 == 1 {
+			order = []*side{cur, old}
+		}
+		for _, s := range order {
+			first, total, err := s.fanout(ctx, count, s == cur)
+			if err != nil {
+				return err
+			}
+			s.create, s.fork = append(s.create, first), append(s.fork, total)
+			fmt.Printf("round %d %s: first child %.0f ms, all %.0f ms\n", i, s.name, first, total)
+		}
+	}
+	fmt.Printf("gVisor fan-out of %d, n=%d, interleaved\n", count, n)
+	for _, s := range []*side{old, cur} {
+		fmt.Printf("%-4s first child usable p50 %s   all children p50 %s\n", s.name, summary(s.create), summary(s.fork))
+	}
+	return nil
+}
+
+func (s *side) fanout(ctx context.Context, count int, stream bool) (first, total float64, err error) {
+	src, err := s.c.CreateSandbox(ctx, client.CreateOptions{Image: s.image, Runtime: "gvisor", Resources: client.Resources{Memory: "256Mi"}})
+	if err != nil {
+		return 0, 0, err
+	}
+	defer src.Close(context.WithoutCancel(ctx))
+	var kids []*client.Sandbox
+	defer func() {
+		for _, k := range kids {
+			k.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	t := time.Now()
+	if !stream {
+		res, err := src.Fork(ctx, client.ForkOptions{Count: count})
+		if err != nil {
+			return 0, 0, err
+		}
+		total = ms(time.Since(t))
+		kids = res.Sandboxes()
+		if len(kids) != count {
+			return 0, 0, fmt.Errorf("%s: %d of %d children started", s.name, len(kids), count)
+		}
+		_ = s.c.DeleteCheckpoint(ctx, res.Checkpoint.Id)
+		return total, total, nil
+	}
+	fs, err := src.ForkStream(ctx, client.ForkOptions{Count: count})
+	if err != nil {
+		return 0, 0, err
+	}
+	defer fs.Close()
+	for _, c := range fs.Children() {
+		if c.Err != nil {
+			return 0, 0, c.Err
+		}
+		if len(kids) == 0 {
+			first = ms(time.Since(t))
+		}
+		kids = append(kids, c.Sandbox)
+	}
+	total = ms(time.Since(t))
+	if err := fs.Err(); err != nil || len(kids) != count {
+		return 0, 0, fmt.Errorf("%s: %d of %d children, %v", s.name, len(kids), count, err)
+	}
+	_ = s.c.DeleteCheckpoint(ctx, fs.Checkpoint.Id)
+	return first, total, nil
 }
