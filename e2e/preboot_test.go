@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -54,17 +55,27 @@ func spares(t *testing.T) []string {
 	return out
 }
 
-// waitSpares waits until at least n pre-booted sandboxes are ready.
-func waitSpares(t *testing.T, n int) []string {
+// prebootDaemon restarts the daemon with a pool of n (and metrics, which
+// say how many are ready) for the test; it returns the metrics address.
+func prebootDaemon(t *testing.T, n int) string {
 	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
+	maddr := freeAddr(t)
+	withDaemonFlags(t, "--preboot", strconv.Itoa(n), "--metrics", maddr)
+	return maddr
+}
+
+// waitReady waits until the daemon says n pre-booted sandboxes are ready
+// (forkbox_preboot_ready; a placeholder runsc lists may still be booting)
+// and returns those runsc lists as spares.
+func waitReady(t *testing.T, maddr string, n int) []string {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
 	for {
-		s := spares(t)
-		if len(s) >= n {
-			return s
+		if scrape(t, "http://"+maddr+"/metrics", "")["forkbox_preboot_ready"] >= float64(n) {
+			return spares(t)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d pre-booted sandboxes after 90 s, want %d", len(s), n)
+			t.Fatalf("fewer than %d pre-booted sandboxes ready after 3 minutes (spares: %v)", n, spares(t))
 		}
 		time.Sleep(100 * time.Millisecond) // polling a condition, with a deadline
 	}
@@ -96,9 +107,8 @@ func prebootOpts() client.CreateOptions {
 // nothing.
 func TestPrebootCreate(t *testing.T) {
 	ctx := context.Background()
-	maddr := freeAddr(t)
-	withDaemonFlags(t, "--preboot", "2", "--metrics", maddr)
-	waitSpares(t, 1)
+	maddr := prebootDaemon(t, 2)
+	waitReady(t, maddr, 1)
 	before := scrape(t, "http://"+maddr+"/metrics", "")
 	o := prebootOpts()
 	o.Name, o.Env = "preboot-one", map[string]string{"GREETING": "hi"}
@@ -148,8 +158,8 @@ func TestPrebootCreate(t *testing.T) {
 // sandboxes are never reused, which this checks too.
 func TestPrebootCarriesNothing(t *testing.T) {
 	ctx := context.Background()
-	withDaemonFlags(t, "--preboot", "1")
-	waitSpares(t, 1)
+	maddr := prebootDaemon(t, 1)
+	waitReady(t, maddr, 1)
 	o := prebootOpts()
 	o.Name, o.Env = "tenant-a", map[string]string{"SECRET_ENV": "a-env"}
 	a := newSandbox(t, o)
@@ -163,7 +173,7 @@ func TestPrebootCarriesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkNoLeftovers(t, aID)
-	waitSpares(t, 1)
+	waitReady(t, maddr, 1)
 	o = prebootOpts()
 	o.Name = "tenant-b"
 	b := newSandbox(t, o)
@@ -187,8 +197,8 @@ func TestPrebootCarriesNothing(t *testing.T) {
 // checkpoint restores both of its containers, placeholder first.
 func TestPrebootMemory(t *testing.T) {
 	ctx := context.Background()
-	withDaemonFlags(t, "--preboot", "1")
-	waitSpares(t, 1)
+	maddr := prebootDaemon(t, 1)
+	waitReady(t, maddr, 1)
 	sb := newSandbox(t, prebootOpts())
 	assertPooled(t, sb)
 	mustSh(t, sb, "echo kept > /root/k; (while :; do sleep 1; done &) ; echo ok")
@@ -225,18 +235,18 @@ func TestPrebootMemory(t *testing.T) {
 // never handed out are destroyed (never handed out after the restart), and
 // a sandbox running in one is found again and keeps working.
 func TestPrebootRestart(t *testing.T) {
-	withDaemonFlags(t, "--preboot", "2")
-	waitSpares(t, 1)
+	maddr := prebootDaemon(t, 2)
+	waitReady(t, maddr, 1)
 	sb := newSandbox(t, prebootOpts())
 	assertPooled(t, sb)
-	before := waitSpares(t, 2)
+	before := waitReady(t, maddr, 2)
 	restartDaemon(t, syscall.SIGKILL)
 	for _, id := range before {
 		if _, err := env.c.Sandbox(context.Background(), id); err == nil {
 			t.Errorf("spare %s became a sandbox", id)
 		}
 	}
-	after := waitSpares(t, 2)
+	after := waitReady(t, maddr, 2)
 	for _, id := range before {
 		if slices.Contains(after, id) {
 			t.Errorf("spare %s of the killed daemon is still a spare: %v", id, after)
