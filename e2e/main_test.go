@@ -146,7 +146,11 @@ func tail(b []byte, n int) []byte {
 func startDaemon() error {
 	args := append([]string{"serve", "--state-dir", env.stateDir, "--run-dir", env.runDir, "--socket", env.socket,
 		"--agent", env.agent, "--bridge", bridge, "--net-table", netTable, "--veth-prefix", vethPrefix,
-		"--subnet", subnet, "--cgroup-parent", cgroupParent, "--btrfs-size", "8Gi", "--log-level", "debug"}, env.extra...)
+		"--subnet", subnet, "--cgroup-parent", cgroupParent, "--btrfs-size", "8Gi", "--log-level", "debug",
+		// The suite's daemon has no pre-booted sandboxes (their tests,
+		// preboot_test.go, turn them on): its tests count and time what
+		// they make.
+		"--preboot", "0"}, env.extra...)
 	cmd := exec.Command(env.bin, args...)
 	cmd.Stdout, cmd.Stderr = env.logFile, env.logFile
 	if err := cmd.Start(); err != nil {

@@ -5,6 +5,8 @@
 //	/.forkbox/agent serve    serve only, watching just its own descendants
 //	/.forkbox/agent version  print the version
 //
+// and, in a pre-booted sandbox's placeholder, hold and sethostname (hold.go).
+//
 // Configuration comes from FORKBOX_AGENT_ADDR (default ":7077"),
 // FORKBOX_AGENT_TOKEN (required; erased from the environment block at
 // start), FORKBOX_MEMORY_LIMIT (bytes, 0 = off) and FORKBOX_PIDS_LIMIT
@@ -37,6 +39,17 @@ func main() {
 		err := agent.ExecLimited(os.Args[2:])
 		fmt.Fprintf(os.Stderr, "forkbox-agent: %v\n", err)
 		os.Exit(127)
+	}
+	switch mode {
+	case "hold":
+		hold()
+		return
+	case "sethostname":
+		if err := setHostname(os.Args[2:]); err != nil {
+			fmt.Fprintf(os.Stderr, "forkbox-agent: %v\n", err)
+			os.Exit(1)
+		}
+		return
 	}
 	// The agent's log goes to init's stderr, a file on the host: bounded.
 	log := slog.New(slog.NewTextHandler(agent.NewCappedWriter(os.Stderr, agent.MaxLogBytes), &slog.HandlerOptions{Level: slog.LevelInfo}))

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"text/tabwriter"
@@ -72,7 +73,7 @@ func checkpointCmds(g *globals) []*cobra.Command {
 	var env, creds []string
 	var cpu, mem, disk string
 	fork := &cobra.Command{
-		Use:   "fork SANDBOX [--count N] [--tag TAG] [--env K=V]...",
+		Use:   "fork SANDBOX [-n N] [--tag TAG] [--env K=V]...",
 		Short: "Checkpoint a sandbox and start children from it; it keeps running",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -88,55 +89,41 @@ func checkpointCmds(g *globals) []*cobra.Command {
 			if err != nil {
 				return err
 			}
+			if !g.json {
+				return forkStreamed(cmd.Context(), sb, o)
+			}
 			res, err := sb.Fork(cmd.Context(), o)
 			if err != nil {
 				return err
 			}
-			if g.json {
-				type child struct {
-					Sandbox    *client.Info `json:"sandbox,omitempty"`
-					Error      string       `json:"error,omitempty"`
-					ErrorClass string       `json:"error_class,omitempty"`
-					StartMS    float64      `json:"start_ms"`
-				}
-				out := struct {
-					Checkpoint *client.Checkpoint `json:"checkpoint"`
-					Captured   string             `json:"captured"`
-					CaptureMS  float64            `json:"capture_ms"`
-					FlushMS    float64            `json:"flush_ms"`
-					TotalMS    float64            `json:"total_ms"`
-					Children   []child            `json:"children"`
-				}{res.Checkpoint, res.Captured, res.CaptureMS, res.FlushMS, res.TotalMS, nil}
-				failed := 0
-				for _, c := range res.Children {
-					ch := child{StartMS: c.StartMS}
-					if c.Sandbox != nil {
-						ch.Sandbox = c.Sandbox.Info
-					}
-					if c.Err != nil {
-						failed++
-						ch.Error, ch.ErrorClass = c.Err.Error(), errdefs.ClassName(c.Err)
-					}
-					out.Children = append(out.Children, ch)
-				}
-				if err := printJSON(out); err != nil {
-					return err
-				}
-				if failed > 0 {
-					return exitError{1}
-				}
-				return nil
+			type child struct {
+				Sandbox    *client.Info `json:"sandbox,omitempty"`
+				Error      string       `json:"error,omitempty"`
+				ErrorClass string       `json:"error_class,omitempty"`
+				StartMS    float64      `json:"start_ms"`
 			}
-			fmt.Printf("checkpoint %s (%s): frozen %.1f ms after %.0f ms of writeback; total %.0f ms\n",
-				res.Checkpoint.Id, res.Captured, res.CaptureMS, res.FlushMS, res.TotalMS)
+			out := struct {
+				Checkpoint *client.Checkpoint `json:"checkpoint"`
+				Captured   string             `json:"captured"`
+				CaptureMS  float64            `json:"capture_ms"`
+				FlushMS    float64            `json:"flush_ms"`
+				TotalMS    float64            `json:"total_ms"`
+				Children   []child            `json:"children"`
+			}{res.Checkpoint, res.Captured, res.CaptureMS, res.FlushMS, res.TotalMS, nil}
 			failed := 0
 			for _, c := range res.Children {
+				ch := child{StartMS: c.StartMS}
+				if c.Sandbox != nil {
+					ch.Sandbox = c.Sandbox.Info
+				}
 				if c.Err != nil {
 					failed++
-					fmt.Printf("error\t%s (%s)\n", c.Err, errdefs.ClassName(c.Err))
-					continue
+					ch.Error, ch.ErrorClass = c.Err.Error(), errdefs.ClassName(c.Err)
 				}
-				fmt.Printf("%s\t%s\tready in %.0f ms\n", c.Sandbox.ID, c.Sandbox.Info.Name, c.StartMS)
+				out.Children = append(out.Children, ch)
+			}
+			if err := printJSON(out); err != nil {
+				return err
 			}
 			if failed > 0 {
 				return exitError{1}
@@ -145,7 +132,7 @@ func checkpointCmds(g *globals) []*cobra.Command {
 		},
 	}
 	f := fork.Flags()
-	f.IntVar(&o.Count, "count", 1, "number of children (1-100)")
+	f.IntVarP(&o.Count, "count", "n", 1, "number of children (1-100); each is printed as soon as it is ready")
 	f.StringVar(&o.Tag, "tag", "", "tag of the checkpoint")
 	f.StringArrayVar(&env, "env", nil, "KEY=VALUE override, repeatable")
 	f.StringArrayVar(&creds, "credential", nil, "NAME=VALUE for a per-fork credential, repeatable")
@@ -321,4 +308,34 @@ func credsCmd(g *globals) *cobra.Command {
 	}
 	cmd.AddCommand(set, ls, rm)
 	return cmd
+}
+
+// forkStreamed forks and prints the capture, then each child as soon as it
+// is ready (or has failed), then the total.
+func forkStreamed(ctx context.Context, sb *client.Sandbox, o client.ForkOptions) error {
+	fs, err := sb.ForkStream(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer fs.Close()
+	fmt.Printf("checkpoint %s (%s): frozen %.1f ms after %.0f ms of writeback; starting %d\n",
+		fs.Checkpoint.Id, fs.Captured, fs.CaptureMS, fs.FlushMS, fs.Count)
+	failed, seen := 0, 0
+	for i, c := range fs.Children() {
+		seen++
+		if c.Err != nil {
+			failed++
+			fmt.Printf("%d\terror\t%s (%s)\n", i, c.Err, errdefs.ClassName(c.Err))
+			continue
+		}
+		fmt.Printf("%d\t%s\t%s\tready in %.0f ms\n", i, c.Sandbox.ID, c.Sandbox.Info.Name, c.StartMS)
+	}
+	if err := fs.Err(); err != nil {
+		return err
+	}
+	fmt.Printf("%d started, %d failed; total %.0f ms\n", seen-failed, failed, fs.TotalMS)
+	if failed > 0 || seen < fs.Count {
+		return exitError{1}
+	}
+	return nil
 }

@@ -110,7 +110,10 @@ func serveCmd() *cobra.Command {
 			}
 			defer d.Close()
 			m := metrics.New(metrics.Options{Sandboxes: d.Store(), CgroupParent: cfg.CgroupParent,
-				MaxSandboxSeries: df.metricsMax, Log: log})
+				MaxSandboxSeries: df.metricsMax, Log: log, Preboot: func() (int, int64, int64) {
+					s := d.PrebootStats()
+					return s.Ready, s.Hits, s.Misses
+				}})
 			srv, err := server.Listen(d, df.socket, df.tcp, df.token, log,
 				server.Web{Metrics: m, MetricsAddr: df.metrics, UIAddr: df.ui})
 			if err != nil {
@@ -147,6 +150,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&df.e2b, "e2b", "", "also serve an E2B-compatible endpoint (REST and envd) on this address (needs --api-token, the E2B API key): E2B_API_URL=E2B_SANDBOX_URL=http://ADDR")
 	f.StringVar(&df.e2bTemplate, "e2b-default-template", "", "what E2B's default templateID \"base\" creates from: an environment, image or snapshot")
 	f.IntVar(&df.metricsMax, "metrics-max-sandboxes", metrics.DefaultMaxSandboxSeries, "at most this many sandboxes get CPU and memory series (the oldest first)")
+	f.IntVar(&df.cfg.Preboot, "preboot", 2, "keep this many gVisor sandboxes booted ahead of demand (about 40 MB each), for creates and fork children that match their resources and egress (0 = none)")
 	return cmd
 }
 

@@ -62,8 +62,9 @@ func agentPidsLimit(runtimeName string, pids int64) int64 {
 }
 
 // writeBundle writes the OCI bundle (config.json and the small /etc files)
-// of a sandbox.
-func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Network) error {
+// of a sandbox. With pod, its container starts in that running pre-booted
+// sandbox, whose cgroup and limits it shares (set when it booted).
+func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Network, pod string) error {
 	dir := d.bundleDir(sb.ID)
 	env := append([]string{}, img.Config.Env...)
 	keys := make([]string, 0, len(sb.Config.Env))
@@ -115,6 +116,10 @@ func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Net
 	}
 	if sb.Runtime == RuntimeCrun {
 		crun.Adapt(s)
+	}
+	if pod != "" {
+		runsc.AsTenant(s, pod)
+		s.Linux.CgroupsPath = ""
 	}
 	if err := spec.PrepareRootfs(filepath.Join(dir, "rootfs")); err != nil {
 		return err

@@ -62,7 +62,7 @@ func (d *Daemon) teardown(ctx context.Context, sb *store.Sandbox) error {
 	_ = d.host.Thaw(ctx, d.cgroupPath(sb.ID))
 	if rt, ok := d.runtimes[sb.Runtime]; ok {
 		_ = rt.Kill(ctx, sb.ID, syscall.SIGKILL, true)
-		if err := rt.Delete(ctx, sb.ID, true); err != nil {
+		if err := d.deleteContainers(ctx, sb); err != nil {
 			errs = append(errs, fmt.Errorf("delete container: %w", err))
 		}
 	}

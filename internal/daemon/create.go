@@ -112,12 +112,21 @@ type launchSpec struct {
 // launch records and starts a sandbox. On failure everything it made is torn
 // down and the record is closed with the reason.
 func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, err error) {
+	defer d.busyUntil()()
 	start := time.Now()
 	id := newID("sb-")
+	cfg := l.cfg
+	// A pre-booted sandbox, when one fits, is this sandbox: its ID,
+	// address, netns and cgroup.
+	var pm *prebooted
+	if d.pre != nil && l.memory == nil && l.runtime == RuntimeGVisor {
+		if pm = d.pre.take(keyOf(l.runtime, cfg)); pm != nil {
+			id = pm.id
+		}
+	}
 	if l.name == "" {
 		l.name = id
 	}
-	cfg := l.cfg
 	cfg.Hostname = l.name
 	cfg.Snapshotter = d.cfg.Snapshotter
 	cfg.MachineID = randomHex(16)
@@ -130,7 +139,7 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 
 	unlock := d.lock(id)
 	defer unlock()
-	if err := d.reserve(ctx, sb, l.slotReserved); err != nil {
+	if err := d.reserve(ctx, sb, l.slotReserved, pm); err != nil {
 		return nil, err
 	}
 	log := d.log.With("sandbox", id, "name", sb.Name)
@@ -146,6 +155,9 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 	}
 	for k, v := range l.event {
 		ev[k] = v
+	}
+	if pm != nil {
+		ev["preboot"] = true
 	}
 	defer func() {
 		if err != nil {
@@ -176,7 +188,7 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 	if l.memory != nil {
 		err = d.startFromMemory(ctx, sb, l.img, l.memory)
 	} else {
-		err = d.start(ctx, sb, l.img, l.parentSnapshot)
+		err = d.start(ctx, sb, l.img, l.parentSnapshot, pm)
 	}
 	if err != nil {
 		return nil, err
@@ -231,8 +243,21 @@ func (d *Daemon) releaseSlots(n int) {
 
 // reserve checks the live-sandbox limit (or takes a slot reserveSlots set
 // aside), allocates an address and records the sandbox, atomically with
-// respect to other creates.
-func (d *Daemon) reserve(ctx context.Context, sb *store.Sandbox, slotReserved bool) error {
+// respect to other creates. With pm, the sandbox takes the pre-booted
+// sandbox's address and its preboot record (store.ClaimPreboot); pm goes
+// back to the pool if the limit refuses it, and is destroyed if the claim
+// fails.
+func (d *Daemon) reserve(ctx context.Context, sb *store.Sandbox, slotReserved bool, pm *prebooted) (err error) {
+	claimed := false
+	defer func() {
+		switch {
+		case pm == nil || err == nil:
+		case claimed:
+			d.destroyPreboot(context.WithoutCancel(ctx), pm)
+		default:
+			d.pre.putBack(pm)
+		}
+	}()
 	d.ipAlloc.Lock()
 	defer d.ipAlloc.Unlock()
 	if slotReserved {
@@ -246,6 +271,11 @@ func (d *Daemon) reserve(ctx context.Context, sb *store.Sandbox, slotReserved bo
 	}
 	if !slotReserved && live+d.pendingSlots >= d.cfg.MaxSandboxes {
 		return fmt.Errorf("%d sandboxes are live, the daemon's limit: %w", live, errdefs.ErrResourceExhausted)
+	}
+	if pm != nil {
+		claimed = true
+		sb.IP = pm.ip.String()
+		return d.store.ClaimPreboot(ctx, sb)
 	}
 	ip, err := d.net.AllocateFunc(d.lastIP, func(a netip.Addr) (bool, error) { return d.store.IPInUse(ctx, a.String()) })
 	if err != nil {
@@ -261,16 +291,37 @@ func (d *Daemon) reserve(ctx context.Context, sb *store.Sandbox, slotReserved bo
 // It undoes nothing itself: every step makes something teardown finds by the
 // sandbox's ID, so launch's failure path (and reconcile, after a crash in the
 // middle) removes whatever was made.
-func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, parentSnapshot string) error {
-	nw, err := d.prepare(ctx, sb, img, parentSnapshot)
+//
+// With pm the sandbox is that pre-booted sandbox: its network is made, and
+// its container starts inside it while the placeholder takes its hostname.
+func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, parentSnapshot string, pm *prebooted) error {
+	var nw *network.Network
+	var err error
+	pod := ""
+	if pm != nil {
+		nw, pod = pm.nw, podID(sb.ID)
+		err = d.prepareRootfs(ctx, sb, img, parentSnapshot)
+	} else {
+		nw, err = d.prepare(ctx, sb, img, parentSnapshot)
+	}
 	if err != nil {
 		return err
 	}
-	if err := d.writeBundle(sb, img, nw); err != nil {
+	if err := d.writeBundle(sb, img, nw, pod); err != nil {
 		return err
 	}
+	named := make(chan error, 1)
+	if pm != nil {
+		go func() { named <- d.setPodHostname(ctx, sb) }()
+	} else {
+		named <- nil
+	}
 	rt := d.runtimes[sb.Runtime]
-	if err := rt.Run(ctx, sb.ID, d.bundleDir(sb.ID)); err != nil {
+	err = rt.Run(ctx, sb.ID, d.bundleDir(sb.ID))
+	if herr := <-named; err == nil && herr != nil {
+		err = herr
+	}
+	if err != nil {
 		return fmt.Errorf("start %s: %w", rt.Name(), err)
 	}
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
@@ -286,19 +337,8 @@ func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, 
 // prepare makes a sandbox's writable layer (from parentSnapshot, if set),
 // mounts its rootfs and sets up its network.
 func (d *Daemon) prepare(ctx context.Context, sb *store.Sandbox, img image.Image, parentSnapshot string) (*network.Network, error) {
-	if err := d.snaps.Prepare(ctx, sb.ID, parentSnapshot, d.diskOpts(sb.Config)...); err != nil {
-		return nil, fmt.Errorf("prepare rootfs: %w", err)
-	}
-	mounts, err := d.snaps.Mounts(ctx, sb.ID, img.Layers)
-	if err != nil {
-		return nil, fmt.Errorf("rootfs mounts: %w", err)
-	}
-	rootfs := d.rootfsDir(sb.ID)
-	if err := os.MkdirAll(rootfs, 0o700); err != nil {
-		return nil, fmt.Errorf("bundle: %w", err)
-	}
-	if err := d.host.MountAll(ctx, mounts, rootfs); err != nil {
-		return nil, fmt.Errorf("mount rootfs: %w", err)
+	if err := d.prepareRootfs(ctx, sb, img, parentSnapshot); err != nil {
+		return nil, err
 	}
 	pol, err := policyOf(sb.Config)
 	if err != nil {
@@ -312,4 +352,24 @@ func (d *Daemon) prepare(ctx context.Context, sb *store.Sandbox, img image.Image
 		return nil, fmt.Errorf("network: %w", err)
 	}
 	return nw, nil
+}
+
+// prepareRootfs makes a sandbox's writable layer (from parentSnapshot, if
+// set) and mounts its rootfs.
+func (d *Daemon) prepareRootfs(ctx context.Context, sb *store.Sandbox, img image.Image, parentSnapshot string) error {
+	if err := d.snaps.Prepare(ctx, sb.ID, parentSnapshot, d.diskOpts(sb.Config)...); err != nil {
+		return fmt.Errorf("prepare rootfs: %w", err)
+	}
+	mounts, err := d.snaps.Mounts(ctx, sb.ID, img.Layers)
+	if err != nil {
+		return fmt.Errorf("rootfs mounts: %w", err)
+	}
+	rootfs := d.rootfsDir(sb.ID)
+	if err := os.MkdirAll(rootfs, 0o700); err != nil {
+		return fmt.Errorf("bundle: %w", err)
+	}
+	if err := d.host.MountAll(ctx, mounts, rootfs); err != nil {
+		return fmt.Errorf("mount rootfs: %w", err)
+	}
+	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -95,7 +96,10 @@ type Config struct {
 	// PtyStallTimeout ends a pty session whose client has taken none of
 	// its output for this long (0 = DefaultPtyStallTimeout); see pty.go.
 	PtyStallTimeout time.Duration
-	Log             *slog.Logger
+	// Preboot is how many gVisor sandboxes are kept booted ahead of demand
+	// (0 = none; see preboot.go).
+	Preboot int
+	Log     *slog.Logger
 }
 
 // Daemon is the sandbox manager.
@@ -128,6 +132,8 @@ type Daemon struct {
 	portSrv      *ports.Server   // nil without Config.PortsAddr
 	dns          *dnsproxy.Proxy // nil: not started (see startDNSProxy)
 	dnsErr       error           // why the proxy did not start (requireDNS)
+	pre          *prebootPool    // nil: no pre-booted sandboxes
+	launching    atomic.Int32    // creates and forks under way (busyUntil)
 }
 
 func (c *Config) setDefaults() error {
@@ -257,11 +263,16 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 		d.envs.Close()
 		return nil, err
 	}
+	if err := d.dropPreboots(ctx); err != nil {
+		d.log.Warn("reconcile: pre-booted sandboxes of the last run", "err", err)
+	}
 	if err := d.sweepOrphans(ctx); err != nil {
 		// Leftovers that cannot be removed now do not stop the daemon: they
 		// are logged, and tried again on the next start.
 		d.log.Warn("reconcile: some orphans could not be removed", "err", err)
 	}
+	// After the sweep: what the pool makes is nobody's sandbox yet.
+	d.startPreboot(janitorCtx)
 	return d, nil
 }
 
@@ -279,6 +290,7 @@ func (d *Daemon) Close() error {
 		d.stopJanitor()
 	}
 	d.bg.Wait()
+	d.closePreboot(context.Background())
 	return errors.Join(perr, d.closeDNS(), d.snaps.Close(), d.store.Close())
 }
 

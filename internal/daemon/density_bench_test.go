@@ -43,7 +43,7 @@ func benchReserve(b *testing.B, live int) {
 		n++
 		sb := &store.Sandbox{ID: fmt.Sprintf("sb-%012d", n), Name: fmt.Sprintf("n%d", n), State: store.StateRunning,
 			Image: "img", Runtime: RuntimeGVisor, Config: store.SandboxConfig{Egress: "none", Env: map[string]string{"A": "b"}}}
-		if err := d.reserve(ctx, sb, false); err != nil {
+		if err := d.reserve(ctx, sb, false, nil); err != nil {
 			b.Fatal(err)
 		}
 		return sb

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	goruntime "runtime"
 	"sync"
 	"time"
 
@@ -13,8 +14,10 @@ import (
 // MaxForkCount bounds the children of one fork call.
 const MaxForkCount = 100
 
-// forkParallelism is how many children start at once.
-const forkParallelism = 4
+// forkParallelism is how many children of one fork start at once: two
+// per core (a child's start waits on runsc and its agent about as long as
+// it computes), at least 2 and at most 16. 4 on a 2-core host.
+var forkParallelism = min(max(2*goruntime.NumCPU(), 2), 16)
 
 // ForkOptions is one fork call.
 type ForkOptions struct {
@@ -54,6 +57,26 @@ type ForkResult struct {
 // child failing does not fail the others. There is no fallback: without a
 // usable snapshot the call fails with FailedPrecondition.
 func (d *Daemon) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) {
+	return d.ForkStream(ctx, o, ForkEvents{})
+}
+
+// ForkEvents receive a fork's progress as it happens (ForkStream). Either
+// may be nil. They are called one at a time, never after ForkStream
+// returns.
+type ForkEvents struct {
+	// Captured is called once the snapshot is taken (res has no children
+	// yet), before any child starts.
+	Captured func(res *ForkResult)
+	// Child is called with child i's outcome as soon as it is ready or has
+	// failed, before the next waiting child takes its start slot; children
+	// that get no slot are reported first.
+	Child func(i int, c ForkChild)
+}
+
+// ForkStream is Fork, reporting the capture and each child to ev as they
+// happen; it returns the whole result as Fork does.
+func (d *Daemon) ForkStream(ctx context.Context, o ForkOptions, ev ForkEvents) (*ForkResult, error) {
+	defer d.busyUntil()()
 	start := time.Now()
 	if o.Count == 0 {
 		o.Count = 1
@@ -125,14 +148,25 @@ func (d *Daemon) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) {
 		res.CaptureMS = ck.CaptureMS
 	}
 	res.Checkpoint, res.Captured = ck, ck.Kind
+	if ev.Captured != nil {
+		ev.Captured(res)
+	}
 	res.Children = make([]ForkChild, o.Count)
+	var evMu sync.Mutex // results and events, one child at a time
+	report := func(i int, c ForkChild) {
+		evMu.Lock()
+		defer evMu.Unlock()
+		res.Children[i] = c
+		if ev.Child != nil {
+			ev.Child(i, c)
+		}
+	}
+	for i := granted; i < o.Count; i++ {
+		report(i, ForkChild{Err: fmt.Errorf("child %d of %d: no free sandbox slot: %w", i+1, o.Count, errdefs.ErrResourceExhausted)})
+	}
 	sem := make(chan struct{}, forkParallelism)
 	var wg sync.WaitGroup
-	for i := range o.Count {
-		if i >= granted {
-			res.Children[i].Err = fmt.Errorf("child %d of %d: no free sandbox slot: %w", i+1, o.Count, errdefs.ErrResourceExhausted)
-			continue
-		}
+	for i := range min(granted, o.Count) {
 		used++
 		wg.Add(1)
 		go func() {
@@ -143,7 +177,9 @@ func (d *Daemon) Fork(ctx context.Context, o ForkOptions) (*ForkResult, error) {
 			sb, err := d.startFromCheckpoint(ctx, startOptions{checkpoint: ck, overrides: o.Overrides,
 				defaultName: "fork-" + src.Name + "-" + randomHex(3), parentID: src.ID, creds: creds, slotReserved: true,
 				event: map[string]any{"forked_from": src.ID, "checkpoint": ck.ID, "tag": ck.Tag}})
-			res.Children[i] = ForkChild{Sandbox: sb, Err: err, StartMS: msSince(t)}
+			// Reported before the slot is given back: the next child starts
+			// after this one is known.
+			report(i, ForkChild{Sandbox: sb, Err: err, StartMS: msSince(t)})
 		}()
 	}
 	wg.Wait()

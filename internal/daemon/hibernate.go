@@ -120,7 +120,7 @@ func (d *Daemon) hibernateLocked(ctx context.Context, sb *store.Sandbox) (err er
 	// The image is whole: the sandbox is hibernated in substance. What
 	// fails from here leaves it hibernating, which reconcile completes.
 	undo.release()
-	if err := rt.Delete(ctx, sb.ID, true); err != nil {
+	if err := d.deleteContainers(ctx, sb); err != nil {
 		return fmt.Errorf("hibernate: release the stopped container: %w", err)
 	}
 	if err := d.setState(ctx, sb, store.StateHibernated, ""); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/forkbox/forkbox/internal/agent"
 	"github.com/forkbox/forkbox/internal/image"
 	"github.com/forkbox/forkbox/internal/runtime"
+	"github.com/forkbox/forkbox/internal/runtime/runsc"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
 	"github.com/forkbox/forkbox/internal/store"
 )
@@ -66,6 +67,10 @@ func (d *Daemon) prepareMemImage(sb *store.Sandbox, id string, undo *undoStack) 
 	cfgJSON, err := os.ReadFile(filepath.Join(d.bundleDir(sb.ID), "config.json"))
 	if err == nil {
 		err = os.WriteFile(filepath.Join(dir, "config.json"), cfgJSON, 0o600)
+	}
+	if err == nil && d.pooled(sb.ID) {
+		// The placeholder is in the image too: children restore it first.
+		err = copyFile(filepath.Join(d.podBundleDir(sb.ID), "config.json"), filepath.Join(dir, podSpecFile))
 	}
 	if err == nil {
 		// The token the image's agent holds: children are reached with it
@@ -169,7 +174,7 @@ func (d *Daemon) checkpointMemoryStop(ctx context.Context, sb *store.Sandbox, mc
 	}
 	// The source is brought back in any case (from the image, which the
 	// undo stack removes only after this).
-	if rerr := rt.Delete(ctx, sb.ID, true); rerr != nil {
+	if rerr := d.deleteContainers(ctx, sb); rerr != nil {
 		d.recordState(ctx, sb, store.StateFailed, rerr.Error())
 		return nil, errors.Join(captureErr, fmt.Errorf("memory checkpoint: the stopped source could not be released: %w", rerr))
 	}
@@ -211,6 +216,11 @@ func (d *Daemon) rotateAgentToken(ctx context.Context, sb *store.Sandbox) error 
 func (d *Daemon) restoreAsItself(ctx context.Context, sb *store.Sandbox, mc runtime.MemoryCheckpointer, image string) error {
 	if err := d.net.Reconfigure(ctx, sb.ID, netip.MustParseAddr(sb.IP)); err != nil {
 		return err
+	}
+	if d.pooled(sb.ID) {
+		if err := mc.Restore(ctx, podID(sb.ID), d.podBundleDir(sb.ID), image); err != nil {
+			return fmt.Errorf("restore the placeholder: %w", err)
+		}
 	}
 	if err := mc.Restore(ctx, sb.ID, d.bundleDir(sb.ID), image); err != nil {
 		return err
@@ -271,19 +281,41 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 			s.Linux.Namespaces[i].Path = nw.NSPath
 		}
 	}
-	s.Linux.CgroupsPath = d.cgroupPath(sb.ID)
-	if r := s.Linux.Resources; r != nil && r.Memory != nil && r.Memory.Limit != nil {
-		lim := hostMemoryLimit(sb.Runtime, sb.Config.MemoryBytes)
-		r.Memory.Limit = &lim
+	pod, err := d.readPodSpec(dir)
+	if err != nil {
+		return err
+	}
+	if pod != nil {
+		// The source ran in a pre-booted sandbox: its placeholder is
+		// restored first, as this sandbox's, which holds the cgroup.
+		runsc.AsTenant(s, podID(sb.ID))
+		if err := d.writeRestoredPod(sb, pod, nw.NSPath); err != nil {
+			return err
+		}
+	} else {
+		s.Linux.CgroupsPath = d.cgroupPath(sb.ID)
+		setMemoryLimit(s, hostMemoryLimit(sb.Runtime, sb.Config.MemoryBytes))
 	}
 	if err := spec.WriteBundle(bundle, s); err != nil {
 		return err
 	}
 	t1 := time.Now()
+	if pod != nil {
+		if err := mc.Restore(ctx, podID(sb.ID), d.podBundleDir(sb.ID), filepath.Join(dir, memImageSub)); err != nil {
+			return fmt.Errorf("restore the memory image's placeholder: %w", err)
+		}
+	}
 	if err := mc.Restore(ctx, sb.ID, bundle, filepath.Join(dir, memImageSub)); err != nil {
 		return fmt.Errorf("restore the memory image: %w", err)
 	}
 	restoreMS := msSince(t1)
+	if pod != nil {
+		// gVisor keeps the image's hostname; the child's is set by the
+		// placeholder, as at a pre-booted start.
+		if err := d.setPodHostname(ctx, sb); err != nil {
+			return err
+		}
+	}
 	t2 := time.Now()
 	c := d.agentWithToken(sb, tok)
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)

@@ -75,10 +75,8 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *store.Sandbox) error {
 			// left by a hibernation or a wake cut by the crash (whose
 			// restore may have gone on without us), and would make the
 			// next wake's restore fail. The image is whole: nothing is lost.
-			if rt, ok := d.runtimes[sb.Runtime]; ok {
-				if err := rt.Delete(ctx, sb.ID, true); !errdefs.IsNotFound(err) {
-					d.bestEffort(ctx, "reconcile: release a hibernated container", err, slog.String("sandbox", sb.ID))
-				}
+			if err := d.deleteContainers(ctx, sb); !errdefs.IsNotFound(err) {
+				d.bestEffort(ctx, "reconcile: release a hibernated container", err, slog.String("sandbox", sb.ID))
 			}
 			if sb.State == store.StateHibernating {
 				if err := d.setState(ctx, sb, store.StateHibernated, ""); err != nil {
@@ -299,9 +297,13 @@ func (d *Daemon) sweepOrphans(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 		for _, st := range states {
-			if orphan(st.ID) {
-				d.log.Warn("reconcile: removing orphan container", "sandbox", st.ID, "runtime", name)
-				errs = append(errs, d.teardown(ctx, &store.Sandbox{ID: st.ID, Runtime: name}))
+			// A pre-booted sandbox's placeholder belongs to its sandbox.
+			if id := strings.TrimPrefix(st.ID, podPrefix); orphan(id) {
+				d.log.Warn("reconcile: removing orphan container", "sandbox", id, "container", st.ID, "runtime", name)
+				if id != st.ID {
+					errs = append(errs, rt.Delete(ctx, st.ID, true))
+				}
+				errs = append(errs, d.teardown(ctx, &store.Sandbox{ID: id, Runtime: name}))
 			}
 		}
 	}

@@ -46,6 +46,10 @@ type Options struct {
 	MaxSandboxSeries int
 	// Log receives scrape errors (default: discarded).
 	Log *slog.Logger
+	// Preboot reads the pre-booted sandbox pool at scrape time: members
+	// ready, and creates or fork children that took one (hits) or found
+	// none (misses). Nil: no pool series.
+	Preboot func() (ready int, hits, misses int64)
 }
 
 // Metrics is the daemon's registry and the collectors the interceptor feeds.
@@ -131,6 +135,18 @@ func New(o Options) *Metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if o.Sandboxes != nil {
 		m.reg.MustRegister(&sandboxCollector{o: o})
+	}
+	if pre := o.Preboot; pre != nil {
+		m.reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "forkbox_preboot_ready",
+				Help: "Pre-booted gVisor sandboxes ready to be handed out (serve --preboot)."},
+				func() float64 { r, _, _ := pre(); return float64(r) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "forkbox_preboot_hits_total",
+				Help: "Creates and fork children that started in a pre-booted sandbox."},
+				func() float64 { _, h, _ := pre(); return float64(h) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "forkbox_preboot_misses_total",
+				Help: "gVisor creates and fork children that found no pre-booted sandbox of their resources and egress."},
+				func() float64 { _, _, m := pre(); return float64(m) }))
 	}
 	return m
 }

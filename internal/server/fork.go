@@ -87,10 +87,24 @@ func (s *sandboxes) DeleteCheckpoint(ctx context.Context, req *connect.Request[v
 	return connect.NewResponse(&v1.DeleteCheckpointResponse{}), nil
 }
 
+func forkOptions(m *v1.ForkRequest) daemon.ForkOptions {
+	return daemon.ForkOptions{Source: m.Sandbox, Tag: m.Tag, Count: int(m.Count), Overrides: fromOverrides(m.Overrides),
+		Credentials: m.Credentials, FromCheckpoint: m.FromCheckpoint, BestEffort: m.BestEffort, Memory: m.Memory}
+}
+
+func (s *sandboxes) toForkChild(c daemon.ForkChild) *v1.ForkChild {
+	fc := &v1.ForkChild{StartMs: c.StartMS}
+	if c.Sandbox != nil {
+		fc.Sandbox = toSandbox(s.d, c.Sandbox)
+	}
+	if c.Err != nil {
+		fc.Error, fc.ErrorClass = c.Err.Error(), errdefs.ClassName(c.Err)
+	}
+	return fc
+}
+
 func (s *sandboxes) Fork(ctx context.Context, req *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
-	m := req.Msg
-	res, err := s.d.Fork(ctx, daemon.ForkOptions{Source: m.Sandbox, Tag: m.Tag, Count: int(m.Count), Overrides: fromOverrides(m.Overrides),
-		Credentials: m.Credentials, FromCheckpoint: m.FromCheckpoint, BestEffort: m.BestEffort, Memory: m.Memory})
+	res, err := s.d.Fork(ctx, forkOptions(req.Msg))
 	if err != nil {
 		return nil, err
 	}
@@ -98,16 +112,45 @@ func (s *sandboxes) Fork(ctx context.Context, req *connect.Request[v1.ForkReques
 		Captured: res.Captured, CaptureMs: res.CaptureMS, FlushMs: res.Checkpoint.FlushMS, TotalMs: res.TotalMS,
 		SourceDowntimeMs: res.SourceDowntimeMS}
 	for _, c := range res.Children {
-		fc := &v1.ForkChild{StartMs: c.StartMS}
-		if c.Sandbox != nil {
-			fc.Sandbox = toSandbox(s.d, c.Sandbox)
-		}
-		if c.Err != nil {
-			fc.Error, fc.ErrorClass = c.Err.Error(), errdefs.ClassName(c.Err)
-		}
-		out.Children = append(out.Children, fc)
+		out.Children = append(out.Children, s.toForkChild(c))
 	}
 	return connect.NewResponse(out), nil
+}
+
+// ForkStream sends the capture, then each child as the daemon reports it.
+// A send that fails (the client went away) stops the sending; the children
+// still start, as with a unary Fork whose caller goes away.
+func (s *sandboxes) ForkStream(ctx context.Context, req *connect.Request[v1.ForkRequest], stream *connect.ServerStream[v1.ForkStreamResponse]) error {
+	var sendErr error
+	send := func(m *v1.ForkStreamResponse) {
+		if sendErr == nil {
+			sendErr = stream.Send(m)
+		}
+	}
+	count := max(req.Msg.Count, 1)
+	res, err := s.d.ForkStream(ctx, forkOptions(req.Msg), daemon.ForkEvents{
+		Captured: func(r *daemon.ForkResult) {
+			send(&v1.ForkStreamResponse{Event: &v1.ForkStreamResponse_Captured{Captured: &v1.ForkCaptured{
+				Checkpoint: toCheckpoint(r.Checkpoint, s.name(ctx, r.Checkpoint.SandboxID)), Captured: r.Captured,
+				CaptureMs: r.CaptureMS, FlushMs: r.Checkpoint.FlushMS, Count: count}}})
+		},
+		Child: func(i int, c daemon.ForkChild) {
+			send(&v1.ForkStreamResponse{Event: &v1.ForkStreamResponse_Child{Child: &v1.ForkStreamChild{Index: int32(i), Child: s.toForkChild(c)}}})
+		},
+	})
+	if err != nil {
+		return err
+	}
+	done := &v1.ForkDone{TotalMs: res.TotalMS}
+	for _, c := range res.Children {
+		if c.Sandbox != nil {
+			done.Started++
+		} else {
+			done.Failed++
+		}
+	}
+	send(&v1.ForkStreamResponse{Event: &v1.ForkStreamResponse_Done{Done: done}})
+	return sendErr
 }
 
 func (s *sandboxes) RestoreSnapshot(ctx context.Context, req *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error) {

@@ -97,13 +97,22 @@ const sandboxCols = `id, name, state, image, image_digest, runtime, config, ip, 
 // CreateSandbox records a new sandbox. A live sandbox with the same name is
 // an AlreadyExists error.
 func (s *Store) CreateSandbox(ctx context.Context, sb *Sandbox) error {
+	return createSandbox(ctx, s.db, sb)
+}
+
+// execer is a database or a transaction.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+func createSandbox(ctx context.Context, db execer, sb *Sandbox) error {
 	cfg, err := json.Marshal(sb.Config)
 	if err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
 	now := time.Now()
 	sb.CreatedAt, sb.UpdatedAt = now, now
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err = db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Name, sb.State, sb.Image, sb.ImageDigest, sb.Runtime, string(cfg), sb.IP, sb.AgentToken, sb.Error,
 		now.UnixMilli(), now.UnixMilli(), sb.ParentID, sb.FromCheckpoint, sb.Pool, unixMilli(sb.Deadline), unixMilli(sb.LifetimeFrom))
 	if err != nil {
@@ -205,18 +214,22 @@ func (s *Store) SetSandboxConfig(ctx context.Context, id string, cfg SandboxConf
 	return nil
 }
 
-// IPInUse reports whether a sandbox that is not closed holds address ip.
+// IPInUse reports whether a sandbox that is not closed, or a pre-booted
+// sandbox, holds address ip.
 func (s *Store) IPInUse(ctx context.Context, ip string) (bool, error) {
 	var n int
-	if err := s.db.QueryRowContext(ctx, `SELECT EXISTS(SELECT 1 FROM sandboxes WHERE ip = ? AND state != 'closed')`, ip).Scan(&n); err != nil {
+	if err := s.db.QueryRowContext(ctx, `SELECT EXISTS(SELECT 1 FROM sandboxes WHERE ip = ? AND state != 'closed')
+		OR EXISTS(SELECT 1 FROM preboots WHERE ip = ?)`, ip, ip).Scan(&n); err != nil {
 		return false, fmt.Errorf("store: address in use: %w", err)
 	}
 	return n == 1, nil
 }
 
-// UsedIPs returns the addresses held by sandboxes that are not closed.
+// UsedIPs returns the addresses held by sandboxes that are not closed and
+// by pre-booted sandboxes.
 func (s *Store) UsedIPs(ctx context.Context) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT ip FROM sandboxes WHERE state != 'closed' AND ip != ''`)
+	rows, err := s.db.QueryContext(ctx, `SELECT ip FROM sandboxes WHERE state != 'closed' AND ip != ''
+		UNION ALL SELECT ip FROM preboots`)
 	if err != nil {
 		return nil, fmt.Errorf("store: used ips: %w", err)
 	}

@@ -121,6 +121,13 @@ var migrations = []string{
 	CREATE INDEX sandboxes_live_ip ON sandboxes(ip) WHERE state != 'closed';
 	CREATE INDEX sandboxes_state ON sandboxes(state);
 	CREATE INDEX checkpoints_order ON checkpoints(created_at, ledger_seq, id);`,
+	// Pre-booted sandboxes (preboots.go): booted, not yet handed out.
+	`CREATE TABLE preboots (
+		id         TEXT PRIMARY KEY,
+		ip         TEXT NOT NULL,
+		runtime    TEXT NOT NULL,
+		created_at INTEGER NOT NULL
+	);`,
 }
 
 // Open opens (creating if needed) the database at path and migrates it.

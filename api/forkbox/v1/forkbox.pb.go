@@ -3305,6 +3305,295 @@ func (x *ForkResponse) GetSourceDowntimeMs() float64 {
 	return 0
 }
 
+type ForkStreamResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*ForkStreamResponse_Captured
+	//	*ForkStreamResponse_Child
+	//	*ForkStreamResponse_Done
+	Event         isForkStreamResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkStreamResponse) Reset() {
+	*x = ForkStreamResponse{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkStreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkStreamResponse) ProtoMessage() {}
+
+func (x *ForkStreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkStreamResponse.ProtoReflect.Descriptor instead.
+func (*ForkStreamResponse) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ForkStreamResponse) GetEvent() isForkStreamResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *ForkStreamResponse) GetCaptured() *ForkCaptured {
+	if x != nil {
+		if x, ok := x.Event.(*ForkStreamResponse_Captured); ok {
+			return x.Captured
+		}
+	}
+	return nil
+}
+
+func (x *ForkStreamResponse) GetChild() *ForkStreamChild {
+	if x != nil {
+		if x, ok := x.Event.(*ForkStreamResponse_Child); ok {
+			return x.Child
+		}
+	}
+	return nil
+}
+
+func (x *ForkStreamResponse) GetDone() *ForkDone {
+	if x != nil {
+		if x, ok := x.Event.(*ForkStreamResponse_Done); ok {
+			return x.Done
+		}
+	}
+	return nil
+}
+
+type isForkStreamResponse_Event interface {
+	isForkStreamResponse_Event()
+}
+
+type ForkStreamResponse_Captured struct {
+	Captured *ForkCaptured `protobuf:"bytes,1,opt,name=captured,proto3,oneof"`
+}
+
+type ForkStreamResponse_Child struct {
+	Child *ForkStreamChild `protobuf:"bytes,2,opt,name=child,proto3,oneof"`
+}
+
+type ForkStreamResponse_Done struct {
+	Done *ForkDone `protobuf:"bytes,3,opt,name=done,proto3,oneof"`
+}
+
+func (*ForkStreamResponse_Captured) isForkStreamResponse_Event() {}
+
+func (*ForkStreamResponse_Child) isForkStreamResponse_Event() {}
+
+func (*ForkStreamResponse_Done) isForkStreamResponse_Event() {}
+
+// ForkCaptured: the snapshot the children start from (as ForkResponse).
+type ForkCaptured struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Checkpoint *Checkpoint            `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	Captured   string                 `protobuf:"bytes,2,opt,name=captured,proto3" json:"captured,omitempty"`
+	CaptureMs  float64                `protobuf:"fixed64,3,opt,name=capture_ms,json=captureMs,proto3" json:"capture_ms,omitempty"`
+	FlushMs    float64                `protobuf:"fixed64,4,opt,name=flush_ms,json=flushMs,proto3" json:"flush_ms,omitempty"`
+	// Children asked for: this many ForkStreamChild messages follow.
+	Count         int32 `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkCaptured) Reset() {
+	*x = ForkCaptured{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkCaptured) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkCaptured) ProtoMessage() {}
+
+func (x *ForkCaptured) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkCaptured.ProtoReflect.Descriptor instead.
+func (*ForkCaptured) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *ForkCaptured) GetCheckpoint() *Checkpoint {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return nil
+}
+
+func (x *ForkCaptured) GetCaptured() string {
+	if x != nil {
+		return x.Captured
+	}
+	return ""
+}
+
+func (x *ForkCaptured) GetCaptureMs() float64 {
+	if x != nil {
+		return x.CaptureMs
+	}
+	return 0
+}
+
+func (x *ForkCaptured) GetFlushMs() float64 {
+	if x != nil {
+		return x.FlushMs
+	}
+	return 0
+}
+
+func (x *ForkCaptured) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+// ForkStreamChild: child number index (0-based, in the order asked for).
+type ForkStreamChild struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         int32                  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Child         *ForkChild             `protobuf:"bytes,2,opt,name=child,proto3" json:"child,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkStreamChild) Reset() {
+	*x = ForkStreamChild{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkStreamChild) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkStreamChild) ProtoMessage() {}
+
+func (x *ForkStreamChild) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkStreamChild.ProtoReflect.Descriptor instead.
+func (*ForkStreamChild) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *ForkStreamChild) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *ForkStreamChild) GetChild() *ForkChild {
+	if x != nil {
+		return x.Child
+	}
+	return nil
+}
+
+type ForkDone struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TotalMs       float64                `protobuf:"fixed64,1,opt,name=total_ms,json=totalMs,proto3" json:"total_ms,omitempty"`
+	Started       int32                  `protobuf:"varint,2,opt,name=started,proto3" json:"started,omitempty"`
+	Failed        int32                  `protobuf:"varint,3,opt,name=failed,proto3" json:"failed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkDone) Reset() {
+	*x = ForkDone{}
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkDone) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkDone) ProtoMessage() {}
+
+func (x *ForkDone) ProtoReflect() protoreflect.Message {
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkDone.ProtoReflect.Descriptor instead.
+func (*ForkDone) Descriptor() ([]byte, []int) {
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *ForkDone) GetTotalMs() float64 {
+	if x != nil {
+		return x.TotalMs
+	}
+	return 0
+}
+
+func (x *ForkDone) GetStarted() int32 {
+	if x != nil {
+		return x.Started
+	}
+	return 0
+}
+
+func (x *ForkDone) GetFailed() int32 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
 type RestoreSnapshotRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Checkpoint    string                 `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
@@ -3316,7 +3605,7 @@ type RestoreSnapshotRequest struct {
 
 func (x *RestoreSnapshotRequest) Reset() {
 	*x = RestoreSnapshotRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[48]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3328,7 +3617,7 @@ func (x *RestoreSnapshotRequest) String() string {
 func (*RestoreSnapshotRequest) ProtoMessage() {}
 
 func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[48]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3341,7 +3630,7 @@ func (x *RestoreSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{48}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RestoreSnapshotRequest) GetCheckpoint() string {
@@ -3375,7 +3664,7 @@ type RestoreSnapshotResponse struct {
 
 func (x *RestoreSnapshotResponse) Reset() {
 	*x = RestoreSnapshotResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[49]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3387,7 +3676,7 @@ func (x *RestoreSnapshotResponse) String() string {
 func (*RestoreSnapshotResponse) ProtoMessage() {}
 
 func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[49]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3400,7 +3689,7 @@ func (x *RestoreSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*RestoreSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{49}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RestoreSnapshotResponse) GetSandbox() *Sandbox {
@@ -3427,7 +3716,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[50]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3439,7 +3728,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[50]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3452,7 +3741,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{50}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ResumeRequest) GetSession() string {
@@ -3477,7 +3766,7 @@ type ReplayedExec struct {
 
 func (x *ReplayedExec) Reset() {
 	*x = ReplayedExec{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[51]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3489,7 +3778,7 @@ func (x *ReplayedExec) String() string {
 func (*ReplayedExec) ProtoMessage() {}
 
 func (x *ReplayedExec) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[51]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3502,7 +3791,7 @@ func (x *ReplayedExec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayedExec.ProtoReflect.Descriptor instead.
 func (*ReplayedExec) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{51}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ReplayedExec) GetExecId() string {
@@ -3565,7 +3854,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[52]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3577,7 +3866,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[52]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3590,7 +3879,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{52}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ResumeResponse) GetSandbox() *Sandbox {
@@ -3630,7 +3919,7 @@ type Credential struct {
 
 func (x *Credential) Reset() {
 	*x = Credential{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[53]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3642,7 +3931,7 @@ func (x *Credential) String() string {
 func (*Credential) ProtoMessage() {}
 
 func (x *Credential) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[53]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3655,7 +3944,7 @@ func (x *Credential) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Credential.ProtoReflect.Descriptor instead.
 func (*Credential) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{53}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *Credential) GetName() string {
@@ -3704,7 +3993,7 @@ type SetCredentialRequest struct {
 
 func (x *SetCredentialRequest) Reset() {
 	*x = SetCredentialRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[54]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3716,7 +4005,7 @@ func (x *SetCredentialRequest) String() string {
 func (*SetCredentialRequest) ProtoMessage() {}
 
 func (x *SetCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[54]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3729,7 +4018,7 @@ func (x *SetCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCredentialRequest.ProtoReflect.Descriptor instead.
 func (*SetCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{54}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *SetCredentialRequest) GetSandbox() string {
@@ -3762,7 +4051,7 @@ type SetCredentialResponse struct {
 
 func (x *SetCredentialResponse) Reset() {
 	*x = SetCredentialResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3774,7 +4063,7 @@ func (x *SetCredentialResponse) String() string {
 func (*SetCredentialResponse) ProtoMessage() {}
 
 func (x *SetCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[55]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3787,7 +4076,7 @@ func (x *SetCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetCredentialResponse.ProtoReflect.Descriptor instead.
 func (*SetCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{55}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *SetCredentialResponse) GetCredential() *Credential {
@@ -3806,7 +4095,7 @@ type ListCredentialsRequest struct {
 
 func (x *ListCredentialsRequest) Reset() {
 	*x = ListCredentialsRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3818,7 +4107,7 @@ func (x *ListCredentialsRequest) String() string {
 func (*ListCredentialsRequest) ProtoMessage() {}
 
 func (x *ListCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[56]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3831,7 +4120,7 @@ func (x *ListCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*ListCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{56}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ListCredentialsRequest) GetSandbox() string {
@@ -3850,7 +4139,7 @@ type ListCredentialsResponse struct {
 
 func (x *ListCredentialsResponse) Reset() {
 	*x = ListCredentialsResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3862,7 +4151,7 @@ func (x *ListCredentialsResponse) String() string {
 func (*ListCredentialsResponse) ProtoMessage() {}
 
 func (x *ListCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[57]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3875,7 +4164,7 @@ func (x *ListCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*ListCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{57}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListCredentialsResponse) GetCredentials() []*Credential {
@@ -3895,7 +4184,7 @@ type DeleteCredentialRequest struct {
 
 func (x *DeleteCredentialRequest) Reset() {
 	*x = DeleteCredentialRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3907,7 +4196,7 @@ func (x *DeleteCredentialRequest) String() string {
 func (*DeleteCredentialRequest) ProtoMessage() {}
 
 func (x *DeleteCredentialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[58]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3920,7 +4209,7 @@ func (x *DeleteCredentialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCredentialRequest.ProtoReflect.Descriptor instead.
 func (*DeleteCredentialRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{58}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *DeleteCredentialRequest) GetSandbox() string {
@@ -3945,7 +4234,7 @@ type DeleteCredentialResponse struct {
 
 func (x *DeleteCredentialResponse) Reset() {
 	*x = DeleteCredentialResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3957,7 +4246,7 @@ func (x *DeleteCredentialResponse) String() string {
 func (*DeleteCredentialResponse) ProtoMessage() {}
 
 func (x *DeleteCredentialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[59]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3970,7 +4259,7 @@ func (x *DeleteCredentialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteCredentialResponse.ProtoReflect.Descriptor instead.
 func (*DeleteCredentialResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{59}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{63}
 }
 
 type GetSandboxMetricsRequest struct {
@@ -3984,7 +4273,7 @@ type GetSandboxMetricsRequest struct {
 
 func (x *GetSandboxMetricsRequest) Reset() {
 	*x = GetSandboxMetricsRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3996,7 +4285,7 @@ func (x *GetSandboxMetricsRequest) String() string {
 func (*GetSandboxMetricsRequest) ProtoMessage() {}
 
 func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[60]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4009,7 +4298,7 @@ func (x *GetSandboxMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{60}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *GetSandboxMetricsRequest) GetSandbox() string {
@@ -4057,7 +4346,7 @@ type SandboxMetrics struct {
 
 func (x *SandboxMetrics) Reset() {
 	*x = SandboxMetrics{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4069,7 +4358,7 @@ func (x *SandboxMetrics) String() string {
 func (*SandboxMetrics) ProtoMessage() {}
 
 func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[61]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4082,7 +4371,7 @@ func (x *SandboxMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxMetrics.ProtoReflect.Descriptor instead.
 func (*SandboxMetrics) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{61}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *SandboxMetrics) GetSandboxId() string {
@@ -4206,7 +4495,7 @@ type GetSandboxMetricsResponse struct {
 
 func (x *GetSandboxMetricsResponse) Reset() {
 	*x = GetSandboxMetricsResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4218,7 +4507,7 @@ func (x *GetSandboxMetricsResponse) String() string {
 func (*GetSandboxMetricsResponse) ProtoMessage() {}
 
 func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[62]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4231,7 +4520,7 @@ func (x *GetSandboxMetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxMetricsResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxMetricsResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{62}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *GetSandboxMetricsResponse) GetMetrics() []*SandboxMetrics {
@@ -4252,7 +4541,7 @@ type CopyToHeader struct {
 
 func (x *CopyToHeader) Reset() {
 	*x = CopyToHeader{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4264,7 +4553,7 @@ func (x *CopyToHeader) String() string {
 func (*CopyToHeader) ProtoMessage() {}
 
 func (x *CopyToHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[63]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4277,7 +4566,7 @@ func (x *CopyToHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToHeader.ProtoReflect.Descriptor instead.
 func (*CopyToHeader) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{63}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *CopyToHeader) GetSandbox() string {
@@ -4307,7 +4596,7 @@ type CopyToRequest struct {
 
 func (x *CopyToRequest) Reset() {
 	*x = CopyToRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4319,7 +4608,7 @@ func (x *CopyToRequest) String() string {
 func (*CopyToRequest) ProtoMessage() {}
 
 func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[64]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4332,7 +4621,7 @@ func (x *CopyToRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToRequest.ProtoReflect.Descriptor instead.
 func (*CopyToRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{64}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *CopyToRequest) GetMsg() isCopyToRequest_Msg {
@@ -4387,7 +4676,7 @@ type CopyToResponse struct {
 
 func (x *CopyToResponse) Reset() {
 	*x = CopyToResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4399,7 +4688,7 @@ func (x *CopyToResponse) String() string {
 func (*CopyToResponse) ProtoMessage() {}
 
 func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[65]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4412,7 +4701,7 @@ func (x *CopyToResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyToResponse.ProtoReflect.Descriptor instead.
 func (*CopyToResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{65}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *CopyToResponse) GetBytes() int64 {
@@ -4440,7 +4729,7 @@ type CopyFromRequest struct {
 
 func (x *CopyFromRequest) Reset() {
 	*x = CopyFromRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4452,7 +4741,7 @@ func (x *CopyFromRequest) String() string {
 func (*CopyFromRequest) ProtoMessage() {}
 
 func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[66]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4465,7 +4754,7 @@ func (x *CopyFromRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFromRequest.ProtoReflect.Descriptor instead.
 func (*CopyFromRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{66}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *CopyFromRequest) GetSandbox() string {
@@ -4491,7 +4780,7 @@ type CopyFromResponse struct {
 
 func (x *CopyFromResponse) Reset() {
 	*x = CopyFromResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4503,7 +4792,7 @@ func (x *CopyFromResponse) String() string {
 func (*CopyFromResponse) ProtoMessage() {}
 
 func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[67]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4516,7 +4805,7 @@ func (x *CopyFromResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFromResponse.ProtoReflect.Descriptor instead.
 func (*CopyFromResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{67}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *CopyFromResponse) GetData() []byte {
@@ -4538,7 +4827,7 @@ type SetTimeoutRequest struct {
 
 func (x *SetTimeoutRequest) Reset() {
 	*x = SetTimeoutRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4550,7 +4839,7 @@ func (x *SetTimeoutRequest) String() string {
 func (*SetTimeoutRequest) ProtoMessage() {}
 
 func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[68]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4563,7 +4852,7 @@ func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*SetTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{68}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *SetTimeoutRequest) GetSandbox() string {
@@ -4590,7 +4879,7 @@ type SetTimeoutResponse struct {
 
 func (x *SetTimeoutResponse) Reset() {
 	*x = SetTimeoutResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4602,7 +4891,7 @@ func (x *SetTimeoutResponse) String() string {
 func (*SetTimeoutResponse) ProtoMessage() {}
 
 func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[69]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4615,7 +4904,7 @@ func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetTimeoutResponse.ProtoReflect.Descriptor instead.
 func (*SetTimeoutResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{69}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *SetTimeoutResponse) GetSandbox() *Sandbox {
@@ -4636,7 +4925,7 @@ type GetPortURLRequest struct {
 
 func (x *GetPortURLRequest) Reset() {
 	*x = GetPortURLRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4648,7 +4937,7 @@ func (x *GetPortURLRequest) String() string {
 func (*GetPortURLRequest) ProtoMessage() {}
 
 func (x *GetPortURLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[70]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4661,7 +4950,7 @@ func (x *GetPortURLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPortURLRequest.ProtoReflect.Descriptor instead.
 func (*GetPortURLRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{70}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *GetPortURLRequest) GetSandbox() string {
@@ -4699,7 +4988,7 @@ type GetPortURLResponse struct {
 
 func (x *GetPortURLResponse) Reset() {
 	*x = GetPortURLResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4711,7 +5000,7 @@ func (x *GetPortURLResponse) String() string {
 func (*GetPortURLResponse) ProtoMessage() {}
 
 func (x *GetPortURLResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[71]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4724,7 +5013,7 @@ func (x *GetPortURLResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPortURLResponse.ProtoReflect.Descriptor instead.
 func (*GetPortURLResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{71}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *GetPortURLResponse) GetUrl() string {
@@ -4775,7 +5064,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4787,7 +5076,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[72]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4800,7 +5089,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{72}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *Image) GetName() string {
@@ -4849,7 +5138,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4861,7 +5150,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[73]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4874,7 +5163,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{73}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *PullImageRequest) GetRef() string {
@@ -4902,7 +5191,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4914,7 +5203,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[74]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4927,7 +5216,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{74}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ImportImageRequest) GetPath() string {
@@ -4957,7 +5246,7 @@ type ImageProgress struct {
 
 func (x *ImageProgress) Reset() {
 	*x = ImageProgress{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4969,7 +5258,7 @@ func (x *ImageProgress) String() string {
 func (*ImageProgress) ProtoMessage() {}
 
 func (x *ImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[75]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4982,7 +5271,7 @@ func (x *ImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageProgress.ProtoReflect.Descriptor instead.
 func (*ImageProgress) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{75}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ImageProgress) GetPhase() string {
@@ -5021,7 +5310,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5033,7 +5322,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[76]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5046,7 +5335,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{76}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{80}
 }
 
 type ListImagesResponse struct {
@@ -5058,7 +5347,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5070,7 +5359,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[77]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5083,7 +5372,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{77}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -5102,7 +5391,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5114,7 +5403,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[78]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5127,7 +5416,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{78}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *RemoveImageRequest) GetName() string {
@@ -5145,7 +5434,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5157,7 +5446,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[79]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5170,7 +5459,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{79}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{83}
 }
 
 type SetupStep struct {
@@ -5187,7 +5476,7 @@ type SetupStep struct {
 
 func (x *SetupStep) Reset() {
 	*x = SetupStep{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5199,7 +5488,7 @@ func (x *SetupStep) String() string {
 func (*SetupStep) ProtoMessage() {}
 
 func (x *SetupStep) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[80]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5212,7 +5501,7 @@ func (x *SetupStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetupStep.ProtoReflect.Descriptor instead.
 func (*SetupStep) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{80}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *SetupStep) GetRun() string {
@@ -5270,7 +5559,7 @@ type EnvironmentDefinition struct {
 
 func (x *EnvironmentDefinition) Reset() {
 	*x = EnvironmentDefinition{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5282,7 +5571,7 @@ func (x *EnvironmentDefinition) String() string {
 func (*EnvironmentDefinition) ProtoMessage() {}
 
 func (x *EnvironmentDefinition) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[81]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5295,7 +5584,7 @@ func (x *EnvironmentDefinition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentDefinition.ProtoReflect.Descriptor instead.
 func (*EnvironmentDefinition) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{81}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *EnvironmentDefinition) GetName() string {
@@ -5400,7 +5689,7 @@ type StartCommand struct {
 
 func (x *StartCommand) Reset() {
 	*x = StartCommand{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5412,7 +5701,7 @@ func (x *StartCommand) String() string {
 func (*StartCommand) ProtoMessage() {}
 
 func (x *StartCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[82]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5425,7 +5714,7 @@ func (x *StartCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartCommand.ProtoReflect.Descriptor instead.
 func (*StartCommand) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{82}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *StartCommand) GetRun() string {
@@ -5477,7 +5766,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5489,7 +5778,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[83]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5502,7 +5791,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{83}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *Environment) GetDefinition() *EnvironmentDefinition {
@@ -5577,7 +5866,7 @@ type BuildEnvironmentRequest struct {
 
 func (x *BuildEnvironmentRequest) Reset() {
 	*x = BuildEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5589,7 +5878,7 @@ func (x *BuildEnvironmentRequest) String() string {
 func (*BuildEnvironmentRequest) ProtoMessage() {}
 
 func (x *BuildEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[84]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5602,7 +5891,7 @@ func (x *BuildEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*BuildEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{84}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *BuildEnvironmentRequest) GetDefinition() *EnvironmentDefinition {
@@ -5630,7 +5919,7 @@ type BuildProgress struct {
 
 func (x *BuildProgress) Reset() {
 	*x = BuildProgress{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[85]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5642,7 +5931,7 @@ func (x *BuildProgress) String() string {
 func (*BuildProgress) ProtoMessage() {}
 
 func (x *BuildProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[85]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5655,7 +5944,7 @@ func (x *BuildProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildProgress.ProtoReflect.Descriptor instead.
 func (*BuildProgress) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{85}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *BuildProgress) GetPhase() string {
@@ -5723,7 +6012,7 @@ type EnvironmentSandboxRequest struct {
 
 func (x *EnvironmentSandboxRequest) Reset() {
 	*x = EnvironmentSandboxRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[86]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5735,7 +6024,7 @@ func (x *EnvironmentSandboxRequest) String() string {
 func (*EnvironmentSandboxRequest) ProtoMessage() {}
 
 func (x *EnvironmentSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[86]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5748,7 +6037,7 @@ func (x *EnvironmentSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentSandboxRequest.ProtoReflect.Descriptor instead.
 func (*EnvironmentSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{86}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *EnvironmentSandboxRequest) GetDefinition() *EnvironmentDefinition {
@@ -5795,7 +6084,7 @@ type EnvironmentSandboxResponse struct {
 
 func (x *EnvironmentSandboxResponse) Reset() {
 	*x = EnvironmentSandboxResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[87]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5807,7 +6096,7 @@ func (x *EnvironmentSandboxResponse) String() string {
 func (*EnvironmentSandboxResponse) ProtoMessage() {}
 
 func (x *EnvironmentSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[87]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5820,7 +6109,7 @@ func (x *EnvironmentSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvironmentSandboxResponse.ProtoReflect.Descriptor instead.
 func (*EnvironmentSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{87}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *EnvironmentSandboxResponse) GetSandbox() *Sandbox {
@@ -5867,7 +6156,7 @@ type GetEnvironmentRequest struct {
 
 func (x *GetEnvironmentRequest) Reset() {
 	*x = GetEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[88]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5879,7 +6168,7 @@ func (x *GetEnvironmentRequest) String() string {
 func (*GetEnvironmentRequest) ProtoMessage() {}
 
 func (x *GetEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[88]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5892,7 +6181,7 @@ func (x *GetEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*GetEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{88}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *GetEnvironmentRequest) GetName() string {
@@ -5911,7 +6200,7 @@ type GetEnvironmentResponse struct {
 
 func (x *GetEnvironmentResponse) Reset() {
 	*x = GetEnvironmentResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[89]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5923,7 +6212,7 @@ func (x *GetEnvironmentResponse) String() string {
 func (*GetEnvironmentResponse) ProtoMessage() {}
 
 func (x *GetEnvironmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[89]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5936,7 +6225,7 @@ func (x *GetEnvironmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEnvironmentResponse.ProtoReflect.Descriptor instead.
 func (*GetEnvironmentResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{89}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *GetEnvironmentResponse) GetEnvironment() *Environment {
@@ -5954,7 +6243,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[90]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5966,7 +6255,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[90]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5979,7 +6268,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{90}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{94}
 }
 
 type ListEnvironmentsResponse struct {
@@ -5991,7 +6280,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[91]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6003,7 +6292,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[91]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6016,7 +6305,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{91}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -6035,7 +6324,7 @@ type DeleteEnvironmentRequest struct {
 
 func (x *DeleteEnvironmentRequest) Reset() {
 	*x = DeleteEnvironmentRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[92]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6047,7 +6336,7 @@ func (x *DeleteEnvironmentRequest) String() string {
 func (*DeleteEnvironmentRequest) ProtoMessage() {}
 
 func (x *DeleteEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[92]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6060,7 +6349,7 @@ func (x *DeleteEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*DeleteEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{92}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *DeleteEnvironmentRequest) GetName() string {
@@ -6078,7 +6367,7 @@ type DeleteEnvironmentResponse struct {
 
 func (x *DeleteEnvironmentResponse) Reset() {
 	*x = DeleteEnvironmentResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[93]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6090,7 +6379,7 @@ func (x *DeleteEnvironmentResponse) String() string {
 func (*DeleteEnvironmentResponse) ProtoMessage() {}
 
 func (x *DeleteEnvironmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[93]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6103,7 +6392,7 @@ func (x *DeleteEnvironmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteEnvironmentResponse.ProtoReflect.Descriptor instead.
 func (*DeleteEnvironmentResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{93}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{97}
 }
 
 type BeginBuildRequest struct {
@@ -6115,7 +6404,7 @@ type BeginBuildRequest struct {
 
 func (x *BeginBuildRequest) Reset() {
 	*x = BeginBuildRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[94]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6127,7 +6416,7 @@ func (x *BeginBuildRequest) String() string {
 func (*BeginBuildRequest) ProtoMessage() {}
 
 func (x *BeginBuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[94]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6140,7 +6429,7 @@ func (x *BeginBuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginBuildRequest.ProtoReflect.Descriptor instead.
 func (*BeginBuildRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{94}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *BeginBuildRequest) GetDefinition() *EnvironmentDefinition {
@@ -6163,7 +6452,7 @@ type BeginBuildResponse struct {
 
 func (x *BeginBuildResponse) Reset() {
 	*x = BeginBuildResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[95]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6175,7 +6464,7 @@ func (x *BeginBuildResponse) String() string {
 func (*BeginBuildResponse) ProtoMessage() {}
 
 func (x *BeginBuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[95]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6188,7 +6477,7 @@ func (x *BeginBuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginBuildResponse.ProtoReflect.Descriptor instead.
 func (*BeginBuildResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{95}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *BeginBuildResponse) GetEnvironment() *Environment {
@@ -6224,7 +6513,7 @@ type CompleteBuildRequest struct {
 
 func (x *CompleteBuildRequest) Reset() {
 	*x = CompleteBuildRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[96]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6236,7 +6525,7 @@ func (x *CompleteBuildRequest) String() string {
 func (*CompleteBuildRequest) ProtoMessage() {}
 
 func (x *CompleteBuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[96]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6249,7 +6538,7 @@ func (x *CompleteBuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteBuildRequest.ProtoReflect.Descriptor instead.
 func (*CompleteBuildRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{96}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *CompleteBuildRequest) GetLease() string {
@@ -6282,7 +6571,7 @@ type CompleteBuildResponse struct {
 
 func (x *CompleteBuildResponse) Reset() {
 	*x = CompleteBuildResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[97]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6294,7 +6583,7 @@ func (x *CompleteBuildResponse) String() string {
 func (*CompleteBuildResponse) ProtoMessage() {}
 
 func (x *CompleteBuildResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[97]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6307,7 +6596,7 @@ func (x *CompleteBuildResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteBuildResponse.ProtoReflect.Descriptor instead.
 func (*CompleteBuildResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{97}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *CompleteBuildResponse) GetEnvironment() *Environment {
@@ -6330,7 +6619,7 @@ type SetEgressRequest struct {
 
 func (x *SetEgressRequest) Reset() {
 	*x = SetEgressRequest{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[98]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6342,7 +6631,7 @@ func (x *SetEgressRequest) String() string {
 func (*SetEgressRequest) ProtoMessage() {}
 
 func (x *SetEgressRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[98]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6355,7 +6644,7 @@ func (x *SetEgressRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEgressRequest.ProtoReflect.Descriptor instead.
 func (*SetEgressRequest) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{98}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *SetEgressRequest) GetSandbox() string {
@@ -6395,7 +6684,7 @@ type SetEgressResponse struct {
 
 func (x *SetEgressResponse) Reset() {
 	*x = SetEgressResponse{}
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[99]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6407,7 +6696,7 @@ func (x *SetEgressResponse) String() string {
 func (*SetEgressResponse) ProtoMessage() {}
 
 func (x *SetEgressResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_forkbox_v1_forkbox_proto_msgTypes[99]
+	mi := &file_forkbox_v1_forkbox_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6420,7 +6709,7 @@ func (x *SetEgressResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetEgressResponse.ProtoReflect.Descriptor instead.
 func (*SetEgressResponse) Descriptor() ([]byte, []int) {
-	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{99}
+	return file_forkbox_v1_forkbox_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *SetEgressResponse) GetSandbox() *Sandbox {
@@ -6706,7 +6995,28 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\bflush_ms\x18\x06 \x01(\x01R\aflushMs\x121\n" +
 	"\bchildren\x18\x04 \x03(\v2\x15.forkbox.v1.ForkChildR\bchildren\x12\x19\n" +
 	"\btotal_ms\x18\x05 \x01(\x01R\atotalMs\x12-\n" +
-	"\x12source_downtime_ms\x18\x8d\x01 \x01(\x01R\x10sourceDowntimeMs\"\x84\x02\n" +
+	"\x12source_downtime_ms\x18\x8d\x01 \x01(\x01R\x10sourceDowntimeMs\"\xb6\x01\n" +
+	"\x12ForkStreamResponse\x126\n" +
+	"\bcaptured\x18\x01 \x01(\v2\x18.forkbox.v1.ForkCapturedH\x00R\bcaptured\x123\n" +
+	"\x05child\x18\x02 \x01(\v2\x1b.forkbox.v1.ForkStreamChildH\x00R\x05child\x12*\n" +
+	"\x04done\x18\x03 \x01(\v2\x14.forkbox.v1.ForkDoneH\x00R\x04doneB\a\n" +
+	"\x05event\"\xb2\x01\n" +
+	"\fForkCaptured\x126\n" +
+	"\n" +
+	"checkpoint\x18\x01 \x01(\v2\x16.forkbox.v1.CheckpointR\n" +
+	"checkpoint\x12\x1a\n" +
+	"\bcaptured\x18\x02 \x01(\tR\bcaptured\x12\x1d\n" +
+	"\n" +
+	"capture_ms\x18\x03 \x01(\x01R\tcaptureMs\x12\x19\n" +
+	"\bflush_ms\x18\x04 \x01(\x01R\aflushMs\x12\x14\n" +
+	"\x05count\x18\x05 \x01(\x05R\x05count\"T\n" +
+	"\x0fForkStreamChild\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12+\n" +
+	"\x05child\x18\x02 \x01(\v2\x15.forkbox.v1.ForkChildR\x05child\"W\n" +
+	"\bForkDone\x12\x19\n" +
+	"\btotal_ms\x18\x01 \x01(\x01R\atotalMs\x12\x18\n" +
+	"\astarted\x18\x02 \x01(\x05R\astarted\x12\x16\n" +
+	"\x06failed\x18\x03 \x01(\x05R\x06failed\"\x84\x02\n" +
 	"\x16RestoreSnapshotRequest\x12\x1e\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\tR\n" +
@@ -6949,7 +7259,7 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\vegress_deny\x18\x04 \x03(\tR\n" +
 	"egressDeny\"B\n" +
 	"\x11SetEgressResponse\x12-\n" +
-	"\asandbox\x18\x01 \x01(\v2\x13.forkbox.v1.SandboxR\asandbox2\x96\x12\n" +
+	"\asandbox\x18\x01 \x01(\v2\x13.forkbox.v1.SandboxR\asandbox2\xdf\x12\n" +
 	"\x0eSandboxService\x12T\n" +
 	"\rCreateSandbox\x12 .forkbox.v1.CreateSandboxRequest\x1a!.forkbox.v1.CreateSandboxResponse\x12K\n" +
 	"\n" +
@@ -6983,7 +7293,9 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"SetTimeout\x12\x1d.forkbox.v1.SetTimeoutRequest\x1a\x1e.forkbox.v1.SetTimeoutResponse\x12K\n" +
 	"\n" +
 	"GetPortURL\x12\x1d.forkbox.v1.GetPortURLRequest\x1a\x1e.forkbox.v1.GetPortURLResponse\x12H\n" +
-	"\tSetEgress\x12\x1c.forkbox.v1.SetEgressRequest\x1a\x1d.forkbox.v1.SetEgressResponse2\xbf\x02\n" +
+	"\tSetEgress\x12\x1c.forkbox.v1.SetEgressRequest\x1a\x1d.forkbox.v1.SetEgressResponse\x12G\n" +
+	"\n" +
+	"ForkStream\x12\x17.forkbox.v1.ForkRequest\x1a\x1e.forkbox.v1.ForkStreamResponse0\x012\xbf\x02\n" +
 	"\fImageService\x12F\n" +
 	"\tPullImage\x12\x1c.forkbox.v1.PullImageRequest\x1a\x19.forkbox.v1.ImageProgress0\x01\x12J\n" +
 	"\vImportImage\x12\x1e.forkbox.v1.ImportImageRequest\x1a\x19.forkbox.v1.ImageProgress0\x01\x12K\n" +
@@ -7012,7 +7324,7 @@ func file_forkbox_v1_forkbox_proto_rawDescGZIP() []byte {
 	return file_forkbox_v1_forkbox_proto_rawDescData
 }
 
-var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 109)
+var file_forkbox_v1_forkbox_proto_msgTypes = make([]protoimpl.MessageInfo, 113)
 var file_forkbox_v1_forkbox_proto_goTypes = []any{
 	(*Resources)(nil),                  // 0: forkbox.v1.Resources
 	(*Sandbox)(nil),                    // 1: forkbox.v1.Sandbox
@@ -7062,80 +7374,84 @@ var file_forkbox_v1_forkbox_proto_goTypes = []any{
 	(*ForkRequest)(nil),                // 45: forkbox.v1.ForkRequest
 	(*ForkChild)(nil),                  // 46: forkbox.v1.ForkChild
 	(*ForkResponse)(nil),               // 47: forkbox.v1.ForkResponse
-	(*RestoreSnapshotRequest)(nil),     // 48: forkbox.v1.RestoreSnapshotRequest
-	(*RestoreSnapshotResponse)(nil),    // 49: forkbox.v1.RestoreSnapshotResponse
-	(*ResumeRequest)(nil),              // 50: forkbox.v1.ResumeRequest
-	(*ReplayedExec)(nil),               // 51: forkbox.v1.ReplayedExec
-	(*ResumeResponse)(nil),             // 52: forkbox.v1.ResumeResponse
-	(*Credential)(nil),                 // 53: forkbox.v1.Credential
-	(*SetCredentialRequest)(nil),       // 54: forkbox.v1.SetCredentialRequest
-	(*SetCredentialResponse)(nil),      // 55: forkbox.v1.SetCredentialResponse
-	(*ListCredentialsRequest)(nil),     // 56: forkbox.v1.ListCredentialsRequest
-	(*ListCredentialsResponse)(nil),    // 57: forkbox.v1.ListCredentialsResponse
-	(*DeleteCredentialRequest)(nil),    // 58: forkbox.v1.DeleteCredentialRequest
-	(*DeleteCredentialResponse)(nil),   // 59: forkbox.v1.DeleteCredentialResponse
-	(*GetSandboxMetricsRequest)(nil),   // 60: forkbox.v1.GetSandboxMetricsRequest
-	(*SandboxMetrics)(nil),             // 61: forkbox.v1.SandboxMetrics
-	(*GetSandboxMetricsResponse)(nil),  // 62: forkbox.v1.GetSandboxMetricsResponse
-	(*CopyToHeader)(nil),               // 63: forkbox.v1.CopyToHeader
-	(*CopyToRequest)(nil),              // 64: forkbox.v1.CopyToRequest
-	(*CopyToResponse)(nil),             // 65: forkbox.v1.CopyToResponse
-	(*CopyFromRequest)(nil),            // 66: forkbox.v1.CopyFromRequest
-	(*CopyFromResponse)(nil),           // 67: forkbox.v1.CopyFromResponse
-	(*SetTimeoutRequest)(nil),          // 68: forkbox.v1.SetTimeoutRequest
-	(*SetTimeoutResponse)(nil),         // 69: forkbox.v1.SetTimeoutResponse
-	(*GetPortURLRequest)(nil),          // 70: forkbox.v1.GetPortURLRequest
-	(*GetPortURLResponse)(nil),         // 71: forkbox.v1.GetPortURLResponse
-	(*Image)(nil),                      // 72: forkbox.v1.Image
-	(*PullImageRequest)(nil),           // 73: forkbox.v1.PullImageRequest
-	(*ImportImageRequest)(nil),         // 74: forkbox.v1.ImportImageRequest
-	(*ImageProgress)(nil),              // 75: forkbox.v1.ImageProgress
-	(*ListImagesRequest)(nil),          // 76: forkbox.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),         // 77: forkbox.v1.ListImagesResponse
-	(*RemoveImageRequest)(nil),         // 78: forkbox.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),        // 79: forkbox.v1.RemoveImageResponse
-	(*SetupStep)(nil),                  // 80: forkbox.v1.SetupStep
-	(*EnvironmentDefinition)(nil),      // 81: forkbox.v1.EnvironmentDefinition
-	(*StartCommand)(nil),               // 82: forkbox.v1.StartCommand
-	(*Environment)(nil),                // 83: forkbox.v1.Environment
-	(*BuildEnvironmentRequest)(nil),    // 84: forkbox.v1.BuildEnvironmentRequest
-	(*BuildProgress)(nil),              // 85: forkbox.v1.BuildProgress
-	(*EnvironmentSandboxRequest)(nil),  // 86: forkbox.v1.EnvironmentSandboxRequest
-	(*EnvironmentSandboxResponse)(nil), // 87: forkbox.v1.EnvironmentSandboxResponse
-	(*GetEnvironmentRequest)(nil),      // 88: forkbox.v1.GetEnvironmentRequest
-	(*GetEnvironmentResponse)(nil),     // 89: forkbox.v1.GetEnvironmentResponse
-	(*ListEnvironmentsRequest)(nil),    // 90: forkbox.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil),   // 91: forkbox.v1.ListEnvironmentsResponse
-	(*DeleteEnvironmentRequest)(nil),   // 92: forkbox.v1.DeleteEnvironmentRequest
-	(*DeleteEnvironmentResponse)(nil),  // 93: forkbox.v1.DeleteEnvironmentResponse
-	(*BeginBuildRequest)(nil),          // 94: forkbox.v1.BeginBuildRequest
-	(*BeginBuildResponse)(nil),         // 95: forkbox.v1.BeginBuildResponse
-	(*CompleteBuildRequest)(nil),       // 96: forkbox.v1.CompleteBuildRequest
-	(*CompleteBuildResponse)(nil),      // 97: forkbox.v1.CompleteBuildResponse
-	(*SetEgressRequest)(nil),           // 98: forkbox.v1.SetEgressRequest
-	(*SetEgressResponse)(nil),          // 99: forkbox.v1.SetEgressResponse
-	nil,                                // 100: forkbox.v1.Sandbox.EnvEntry
-	nil,                                // 101: forkbox.v1.CreateSandboxRequest.EnvEntry
-	nil,                                // 102: forkbox.v1.ExecRequest.EnvEntry
-	nil,                                // 103: forkbox.v1.PtyStart.EnvEntry
-	nil,                                // 104: forkbox.v1.Overrides.EnvEntry
-	nil,                                // 105: forkbox.v1.ForkRequest.CredentialsEntry
-	nil,                                // 106: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
-	nil,                                // 107: forkbox.v1.SandboxMetrics.UnavailableEntry
-	nil,                                // 108: forkbox.v1.EnvironmentDefinition.EnvEntry
+	(*ForkStreamResponse)(nil),         // 48: forkbox.v1.ForkStreamResponse
+	(*ForkCaptured)(nil),               // 49: forkbox.v1.ForkCaptured
+	(*ForkStreamChild)(nil),            // 50: forkbox.v1.ForkStreamChild
+	(*ForkDone)(nil),                   // 51: forkbox.v1.ForkDone
+	(*RestoreSnapshotRequest)(nil),     // 52: forkbox.v1.RestoreSnapshotRequest
+	(*RestoreSnapshotResponse)(nil),    // 53: forkbox.v1.RestoreSnapshotResponse
+	(*ResumeRequest)(nil),              // 54: forkbox.v1.ResumeRequest
+	(*ReplayedExec)(nil),               // 55: forkbox.v1.ReplayedExec
+	(*ResumeResponse)(nil),             // 56: forkbox.v1.ResumeResponse
+	(*Credential)(nil),                 // 57: forkbox.v1.Credential
+	(*SetCredentialRequest)(nil),       // 58: forkbox.v1.SetCredentialRequest
+	(*SetCredentialResponse)(nil),      // 59: forkbox.v1.SetCredentialResponse
+	(*ListCredentialsRequest)(nil),     // 60: forkbox.v1.ListCredentialsRequest
+	(*ListCredentialsResponse)(nil),    // 61: forkbox.v1.ListCredentialsResponse
+	(*DeleteCredentialRequest)(nil),    // 62: forkbox.v1.DeleteCredentialRequest
+	(*DeleteCredentialResponse)(nil),   // 63: forkbox.v1.DeleteCredentialResponse
+	(*GetSandboxMetricsRequest)(nil),   // 64: forkbox.v1.GetSandboxMetricsRequest
+	(*SandboxMetrics)(nil),             // 65: forkbox.v1.SandboxMetrics
+	(*GetSandboxMetricsResponse)(nil),  // 66: forkbox.v1.GetSandboxMetricsResponse
+	(*CopyToHeader)(nil),               // 67: forkbox.v1.CopyToHeader
+	(*CopyToRequest)(nil),              // 68: forkbox.v1.CopyToRequest
+	(*CopyToResponse)(nil),             // 69: forkbox.v1.CopyToResponse
+	(*CopyFromRequest)(nil),            // 70: forkbox.v1.CopyFromRequest
+	(*CopyFromResponse)(nil),           // 71: forkbox.v1.CopyFromResponse
+	(*SetTimeoutRequest)(nil),          // 72: forkbox.v1.SetTimeoutRequest
+	(*SetTimeoutResponse)(nil),         // 73: forkbox.v1.SetTimeoutResponse
+	(*GetPortURLRequest)(nil),          // 74: forkbox.v1.GetPortURLRequest
+	(*GetPortURLResponse)(nil),         // 75: forkbox.v1.GetPortURLResponse
+	(*Image)(nil),                      // 76: forkbox.v1.Image
+	(*PullImageRequest)(nil),           // 77: forkbox.v1.PullImageRequest
+	(*ImportImageRequest)(nil),         // 78: forkbox.v1.ImportImageRequest
+	(*ImageProgress)(nil),              // 79: forkbox.v1.ImageProgress
+	(*ListImagesRequest)(nil),          // 80: forkbox.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),         // 81: forkbox.v1.ListImagesResponse
+	(*RemoveImageRequest)(nil),         // 82: forkbox.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),        // 83: forkbox.v1.RemoveImageResponse
+	(*SetupStep)(nil),                  // 84: forkbox.v1.SetupStep
+	(*EnvironmentDefinition)(nil),      // 85: forkbox.v1.EnvironmentDefinition
+	(*StartCommand)(nil),               // 86: forkbox.v1.StartCommand
+	(*Environment)(nil),                // 87: forkbox.v1.Environment
+	(*BuildEnvironmentRequest)(nil),    // 88: forkbox.v1.BuildEnvironmentRequest
+	(*BuildProgress)(nil),              // 89: forkbox.v1.BuildProgress
+	(*EnvironmentSandboxRequest)(nil),  // 90: forkbox.v1.EnvironmentSandboxRequest
+	(*EnvironmentSandboxResponse)(nil), // 91: forkbox.v1.EnvironmentSandboxResponse
+	(*GetEnvironmentRequest)(nil),      // 92: forkbox.v1.GetEnvironmentRequest
+	(*GetEnvironmentResponse)(nil),     // 93: forkbox.v1.GetEnvironmentResponse
+	(*ListEnvironmentsRequest)(nil),    // 94: forkbox.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil),   // 95: forkbox.v1.ListEnvironmentsResponse
+	(*DeleteEnvironmentRequest)(nil),   // 96: forkbox.v1.DeleteEnvironmentRequest
+	(*DeleteEnvironmentResponse)(nil),  // 97: forkbox.v1.DeleteEnvironmentResponse
+	(*BeginBuildRequest)(nil),          // 98: forkbox.v1.BeginBuildRequest
+	(*BeginBuildResponse)(nil),         // 99: forkbox.v1.BeginBuildResponse
+	(*CompleteBuildRequest)(nil),       // 100: forkbox.v1.CompleteBuildRequest
+	(*CompleteBuildResponse)(nil),      // 101: forkbox.v1.CompleteBuildResponse
+	(*SetEgressRequest)(nil),           // 102: forkbox.v1.SetEgressRequest
+	(*SetEgressResponse)(nil),          // 103: forkbox.v1.SetEgressResponse
+	nil,                                // 104: forkbox.v1.Sandbox.EnvEntry
+	nil,                                // 105: forkbox.v1.CreateSandboxRequest.EnvEntry
+	nil,                                // 106: forkbox.v1.ExecRequest.EnvEntry
+	nil,                                // 107: forkbox.v1.PtyStart.EnvEntry
+	nil,                                // 108: forkbox.v1.Overrides.EnvEntry
+	nil,                                // 109: forkbox.v1.ForkRequest.CredentialsEntry
+	nil,                                // 110: forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	nil,                                // 111: forkbox.v1.SandboxMetrics.UnavailableEntry
+	nil,                                // 112: forkbox.v1.EnvironmentDefinition.EnvEntry
 }
 var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	0,   // 0: forkbox.v1.Sandbox.resources:type_name -> forkbox.v1.Resources
-	100, // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
+	104, // 1: forkbox.v1.Sandbox.env:type_name -> forkbox.v1.Sandbox.EnvEntry
 	0,   // 2: forkbox.v1.CreateSandboxRequest.resources:type_name -> forkbox.v1.Resources
-	101, // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
+	105, // 3: forkbox.v1.CreateSandboxRequest.env:type_name -> forkbox.v1.CreateSandboxRequest.EnvEntry
 	1,   // 4: forkbox.v1.CreateSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,   // 5: forkbox.v1.GetSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
 	1,   // 6: forkbox.v1.ListSandboxesResponse.sandboxes:type_name -> forkbox.v1.Sandbox
-	102, // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
+	106, // 7: forkbox.v1.ExecRequest.env:type_name -> forkbox.v1.ExecRequest.EnvEntry
 	12,  // 8: forkbox.v1.ExecResponse.started:type_name -> forkbox.v1.ExecStarted
 	13,  // 9: forkbox.v1.ExecResponse.exit:type_name -> forkbox.v1.ExecExit
-	103, // 10: forkbox.v1.PtyStart.env:type_name -> forkbox.v1.PtyStart.EnvEntry
+	107, // 10: forkbox.v1.PtyStart.env:type_name -> forkbox.v1.PtyStart.EnvEntry
 	14,  // 11: forkbox.v1.PtyStart.size:type_name -> forkbox.v1.PtySize
 	15,  // 12: forkbox.v1.PtyRequest.start:type_name -> forkbox.v1.PtyStart
 	14,  // 13: forkbox.v1.PtyRequest.resize:type_name -> forkbox.v1.PtySize
@@ -7151,130 +7467,137 @@ var file_forkbox_v1_forkbox_proto_depIdxs = []int32{
 	37,  // 23: forkbox.v1.CheckpointResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
 	37,  // 24: forkbox.v1.ListCheckpointsResponse.checkpoints:type_name -> forkbox.v1.Checkpoint
 	0,   // 25: forkbox.v1.Overrides.resources:type_name -> forkbox.v1.Resources
-	104, // 26: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
+	108, // 26: forkbox.v1.Overrides.env:type_name -> forkbox.v1.Overrides.EnvEntry
 	44,  // 27: forkbox.v1.ForkRequest.overrides:type_name -> forkbox.v1.Overrides
-	105, // 28: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
+	109, // 28: forkbox.v1.ForkRequest.credentials:type_name -> forkbox.v1.ForkRequest.CredentialsEntry
 	1,   // 29: forkbox.v1.ForkChild.sandbox:type_name -> forkbox.v1.Sandbox
 	37,  // 30: forkbox.v1.ForkResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
 	46,  // 31: forkbox.v1.ForkResponse.children:type_name -> forkbox.v1.ForkChild
-	44,  // 32: forkbox.v1.RestoreSnapshotRequest.overrides:type_name -> forkbox.v1.Overrides
-	106, // 33: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
-	1,   // 34: forkbox.v1.RestoreSnapshotResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	1,   // 35: forkbox.v1.ResumeResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	37,  // 36: forkbox.v1.ResumeResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
-	51,  // 37: forkbox.v1.ResumeResponse.replayed:type_name -> forkbox.v1.ReplayedExec
-	53,  // 38: forkbox.v1.SetCredentialRequest.credential:type_name -> forkbox.v1.Credential
-	53,  // 39: forkbox.v1.SetCredentialResponse.credential:type_name -> forkbox.v1.Credential
-	53,  // 40: forkbox.v1.ListCredentialsResponse.credentials:type_name -> forkbox.v1.Credential
-	107, // 41: forkbox.v1.SandboxMetrics.unavailable:type_name -> forkbox.v1.SandboxMetrics.UnavailableEntry
-	61,  // 42: forkbox.v1.GetSandboxMetricsResponse.metrics:type_name -> forkbox.v1.SandboxMetrics
-	63,  // 43: forkbox.v1.CopyToRequest.header:type_name -> forkbox.v1.CopyToHeader
-	1,   // 44: forkbox.v1.SetTimeoutResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	72,  // 45: forkbox.v1.ImageProgress.image:type_name -> forkbox.v1.Image
-	72,  // 46: forkbox.v1.ListImagesResponse.images:type_name -> forkbox.v1.Image
-	0,   // 47: forkbox.v1.EnvironmentDefinition.resources:type_name -> forkbox.v1.Resources
-	108, // 48: forkbox.v1.EnvironmentDefinition.env:type_name -> forkbox.v1.EnvironmentDefinition.EnvEntry
-	80,  // 49: forkbox.v1.EnvironmentDefinition.steps:type_name -> forkbox.v1.SetupStep
-	82,  // 50: forkbox.v1.EnvironmentDefinition.start:type_name -> forkbox.v1.StartCommand
-	81,  // 51: forkbox.v1.Environment.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	81,  // 52: forkbox.v1.BuildEnvironmentRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	83,  // 53: forkbox.v1.BuildProgress.environment:type_name -> forkbox.v1.Environment
-	81,  // 54: forkbox.v1.EnvironmentSandboxRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	44,  // 55: forkbox.v1.EnvironmentSandboxRequest.overrides:type_name -> forkbox.v1.Overrides
-	1,   // 56: forkbox.v1.EnvironmentSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	83,  // 57: forkbox.v1.EnvironmentSandboxResponse.environment:type_name -> forkbox.v1.Environment
-	83,  // 58: forkbox.v1.GetEnvironmentResponse.environment:type_name -> forkbox.v1.Environment
-	83,  // 59: forkbox.v1.ListEnvironmentsResponse.environments:type_name -> forkbox.v1.Environment
-	81,  // 60: forkbox.v1.BeginBuildRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
-	83,  // 61: forkbox.v1.BeginBuildResponse.environment:type_name -> forkbox.v1.Environment
-	1,   // 62: forkbox.v1.BeginBuildResponse.builder:type_name -> forkbox.v1.Sandbox
-	83,  // 63: forkbox.v1.CompleteBuildResponse.environment:type_name -> forkbox.v1.Environment
-	1,   // 64: forkbox.v1.SetEgressResponse.sandbox:type_name -> forkbox.v1.Sandbox
-	2,   // 65: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
-	4,   // 66: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
-	6,   // 67: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
-	8,   // 68: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
-	10,  // 69: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
-	19,  // 70: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
-	21,  // 71: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
-	23,  // 72: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
-	26,  // 73: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
-	29,  // 74: forkbox.v1.SandboxService.PauseSandbox:input_type -> forkbox.v1.PauseSandboxRequest
-	31,  // 75: forkbox.v1.SandboxService.UnpauseSandbox:input_type -> forkbox.v1.UnpauseSandboxRequest
-	33,  // 76: forkbox.v1.SandboxService.HibernateSandbox:input_type -> forkbox.v1.HibernateSandboxRequest
-	35,  // 77: forkbox.v1.SandboxService.WakeSandbox:input_type -> forkbox.v1.WakeSandboxRequest
-	38,  // 78: forkbox.v1.SandboxService.Checkpoint:input_type -> forkbox.v1.CheckpointRequest
-	40,  // 79: forkbox.v1.SandboxService.ListCheckpoints:input_type -> forkbox.v1.ListCheckpointsRequest
-	42,  // 80: forkbox.v1.SandboxService.DeleteCheckpoint:input_type -> forkbox.v1.DeleteCheckpointRequest
-	45,  // 81: forkbox.v1.SandboxService.Fork:input_type -> forkbox.v1.ForkRequest
-	48,  // 82: forkbox.v1.SandboxService.RestoreSnapshot:input_type -> forkbox.v1.RestoreSnapshotRequest
-	50,  // 83: forkbox.v1.SandboxService.Resume:input_type -> forkbox.v1.ResumeRequest
-	54,  // 84: forkbox.v1.SandboxService.SetCredential:input_type -> forkbox.v1.SetCredentialRequest
-	56,  // 85: forkbox.v1.SandboxService.ListCredentials:input_type -> forkbox.v1.ListCredentialsRequest
-	58,  // 86: forkbox.v1.SandboxService.DeleteCredential:input_type -> forkbox.v1.DeleteCredentialRequest
-	17,  // 87: forkbox.v1.SandboxService.ExecPty:input_type -> forkbox.v1.PtyRequest
-	60,  // 88: forkbox.v1.SandboxService.GetSandboxMetrics:input_type -> forkbox.v1.GetSandboxMetricsRequest
-	64,  // 89: forkbox.v1.SandboxService.CopyTo:input_type -> forkbox.v1.CopyToRequest
-	66,  // 90: forkbox.v1.SandboxService.CopyFrom:input_type -> forkbox.v1.CopyFromRequest
-	68,  // 91: forkbox.v1.SandboxService.SetTimeout:input_type -> forkbox.v1.SetTimeoutRequest
-	70,  // 92: forkbox.v1.SandboxService.GetPortURL:input_type -> forkbox.v1.GetPortURLRequest
-	98,  // 93: forkbox.v1.SandboxService.SetEgress:input_type -> forkbox.v1.SetEgressRequest
-	73,  // 94: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
-	74,  // 95: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
-	76,  // 96: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
-	78,  // 97: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
-	84,  // 98: forkbox.v1.EnvironmentService.BuildEnvironment:input_type -> forkbox.v1.BuildEnvironmentRequest
-	86,  // 99: forkbox.v1.EnvironmentService.EnvironmentSandbox:input_type -> forkbox.v1.EnvironmentSandboxRequest
-	88,  // 100: forkbox.v1.EnvironmentService.GetEnvironment:input_type -> forkbox.v1.GetEnvironmentRequest
-	90,  // 101: forkbox.v1.EnvironmentService.ListEnvironments:input_type -> forkbox.v1.ListEnvironmentsRequest
-	92,  // 102: forkbox.v1.EnvironmentService.DeleteEnvironment:input_type -> forkbox.v1.DeleteEnvironmentRequest
-	94,  // 103: forkbox.v1.EnvironmentService.BeginBuild:input_type -> forkbox.v1.BeginBuildRequest
-	96,  // 104: forkbox.v1.EnvironmentService.CompleteBuild:input_type -> forkbox.v1.CompleteBuildRequest
-	3,   // 105: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
-	5,   // 106: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
-	7,   // 107: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
-	9,   // 108: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
-	11,  // 109: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
-	20,  // 110: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
-	22,  // 111: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
-	25,  // 112: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
-	28,  // 113: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
-	30,  // 114: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
-	32,  // 115: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
-	34,  // 116: forkbox.v1.SandboxService.HibernateSandbox:output_type -> forkbox.v1.HibernateSandboxResponse
-	36,  // 117: forkbox.v1.SandboxService.WakeSandbox:output_type -> forkbox.v1.WakeSandboxResponse
-	39,  // 118: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
-	41,  // 119: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
-	43,  // 120: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
-	47,  // 121: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
-	49,  // 122: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
-	52,  // 123: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
-	55,  // 124: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
-	57,  // 125: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
-	59,  // 126: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
-	18,  // 127: forkbox.v1.SandboxService.ExecPty:output_type -> forkbox.v1.PtyResponse
-	62,  // 128: forkbox.v1.SandboxService.GetSandboxMetrics:output_type -> forkbox.v1.GetSandboxMetricsResponse
-	65,  // 129: forkbox.v1.SandboxService.CopyTo:output_type -> forkbox.v1.CopyToResponse
-	67,  // 130: forkbox.v1.SandboxService.CopyFrom:output_type -> forkbox.v1.CopyFromResponse
-	69,  // 131: forkbox.v1.SandboxService.SetTimeout:output_type -> forkbox.v1.SetTimeoutResponse
-	71,  // 132: forkbox.v1.SandboxService.GetPortURL:output_type -> forkbox.v1.GetPortURLResponse
-	99,  // 133: forkbox.v1.SandboxService.SetEgress:output_type -> forkbox.v1.SetEgressResponse
-	75,  // 134: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
-	75,  // 135: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
-	77,  // 136: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
-	79,  // 137: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
-	85,  // 138: forkbox.v1.EnvironmentService.BuildEnvironment:output_type -> forkbox.v1.BuildProgress
-	87,  // 139: forkbox.v1.EnvironmentService.EnvironmentSandbox:output_type -> forkbox.v1.EnvironmentSandboxResponse
-	89,  // 140: forkbox.v1.EnvironmentService.GetEnvironment:output_type -> forkbox.v1.GetEnvironmentResponse
-	91,  // 141: forkbox.v1.EnvironmentService.ListEnvironments:output_type -> forkbox.v1.ListEnvironmentsResponse
-	93,  // 142: forkbox.v1.EnvironmentService.DeleteEnvironment:output_type -> forkbox.v1.DeleteEnvironmentResponse
-	95,  // 143: forkbox.v1.EnvironmentService.BeginBuild:output_type -> forkbox.v1.BeginBuildResponse
-	97,  // 144: forkbox.v1.EnvironmentService.CompleteBuild:output_type -> forkbox.v1.CompleteBuildResponse
-	105, // [105:145] is the sub-list for method output_type
-	65,  // [65:105] is the sub-list for method input_type
-	65,  // [65:65] is the sub-list for extension type_name
-	65,  // [65:65] is the sub-list for extension extendee
-	0,   // [0:65] is the sub-list for field type_name
+	49,  // 32: forkbox.v1.ForkStreamResponse.captured:type_name -> forkbox.v1.ForkCaptured
+	50,  // 33: forkbox.v1.ForkStreamResponse.child:type_name -> forkbox.v1.ForkStreamChild
+	51,  // 34: forkbox.v1.ForkStreamResponse.done:type_name -> forkbox.v1.ForkDone
+	37,  // 35: forkbox.v1.ForkCaptured.checkpoint:type_name -> forkbox.v1.Checkpoint
+	46,  // 36: forkbox.v1.ForkStreamChild.child:type_name -> forkbox.v1.ForkChild
+	44,  // 37: forkbox.v1.RestoreSnapshotRequest.overrides:type_name -> forkbox.v1.Overrides
+	110, // 38: forkbox.v1.RestoreSnapshotRequest.credentials:type_name -> forkbox.v1.RestoreSnapshotRequest.CredentialsEntry
+	1,   // 39: forkbox.v1.RestoreSnapshotResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	1,   // 40: forkbox.v1.ResumeResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	37,  // 41: forkbox.v1.ResumeResponse.checkpoint:type_name -> forkbox.v1.Checkpoint
+	55,  // 42: forkbox.v1.ResumeResponse.replayed:type_name -> forkbox.v1.ReplayedExec
+	57,  // 43: forkbox.v1.SetCredentialRequest.credential:type_name -> forkbox.v1.Credential
+	57,  // 44: forkbox.v1.SetCredentialResponse.credential:type_name -> forkbox.v1.Credential
+	57,  // 45: forkbox.v1.ListCredentialsResponse.credentials:type_name -> forkbox.v1.Credential
+	111, // 46: forkbox.v1.SandboxMetrics.unavailable:type_name -> forkbox.v1.SandboxMetrics.UnavailableEntry
+	65,  // 47: forkbox.v1.GetSandboxMetricsResponse.metrics:type_name -> forkbox.v1.SandboxMetrics
+	67,  // 48: forkbox.v1.CopyToRequest.header:type_name -> forkbox.v1.CopyToHeader
+	1,   // 49: forkbox.v1.SetTimeoutResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	76,  // 50: forkbox.v1.ImageProgress.image:type_name -> forkbox.v1.Image
+	76,  // 51: forkbox.v1.ListImagesResponse.images:type_name -> forkbox.v1.Image
+	0,   // 52: forkbox.v1.EnvironmentDefinition.resources:type_name -> forkbox.v1.Resources
+	112, // 53: forkbox.v1.EnvironmentDefinition.env:type_name -> forkbox.v1.EnvironmentDefinition.EnvEntry
+	84,  // 54: forkbox.v1.EnvironmentDefinition.steps:type_name -> forkbox.v1.SetupStep
+	86,  // 55: forkbox.v1.EnvironmentDefinition.start:type_name -> forkbox.v1.StartCommand
+	85,  // 56: forkbox.v1.Environment.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	85,  // 57: forkbox.v1.BuildEnvironmentRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	87,  // 58: forkbox.v1.BuildProgress.environment:type_name -> forkbox.v1.Environment
+	85,  // 59: forkbox.v1.EnvironmentSandboxRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	44,  // 60: forkbox.v1.EnvironmentSandboxRequest.overrides:type_name -> forkbox.v1.Overrides
+	1,   // 61: forkbox.v1.EnvironmentSandboxResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	87,  // 62: forkbox.v1.EnvironmentSandboxResponse.environment:type_name -> forkbox.v1.Environment
+	87,  // 63: forkbox.v1.GetEnvironmentResponse.environment:type_name -> forkbox.v1.Environment
+	87,  // 64: forkbox.v1.ListEnvironmentsResponse.environments:type_name -> forkbox.v1.Environment
+	85,  // 65: forkbox.v1.BeginBuildRequest.definition:type_name -> forkbox.v1.EnvironmentDefinition
+	87,  // 66: forkbox.v1.BeginBuildResponse.environment:type_name -> forkbox.v1.Environment
+	1,   // 67: forkbox.v1.BeginBuildResponse.builder:type_name -> forkbox.v1.Sandbox
+	87,  // 68: forkbox.v1.CompleteBuildResponse.environment:type_name -> forkbox.v1.Environment
+	1,   // 69: forkbox.v1.SetEgressResponse.sandbox:type_name -> forkbox.v1.Sandbox
+	2,   // 70: forkbox.v1.SandboxService.CreateSandbox:input_type -> forkbox.v1.CreateSandboxRequest
+	4,   // 71: forkbox.v1.SandboxService.GetSandbox:input_type -> forkbox.v1.GetSandboxRequest
+	6,   // 72: forkbox.v1.SandboxService.ListSandboxes:input_type -> forkbox.v1.ListSandboxesRequest
+	8,   // 73: forkbox.v1.SandboxService.DeleteSandbox:input_type -> forkbox.v1.DeleteSandboxRequest
+	10,  // 74: forkbox.v1.SandboxService.Exec:input_type -> forkbox.v1.ExecRequest
+	19,  // 75: forkbox.v1.SandboxService.ReadFile:input_type -> forkbox.v1.ReadFileRequest
+	21,  // 76: forkbox.v1.SandboxService.WriteFile:input_type -> forkbox.v1.WriteFileRequest
+	23,  // 77: forkbox.v1.SandboxService.ListFiles:input_type -> forkbox.v1.ListFilesRequest
+	26,  // 78: forkbox.v1.SandboxService.Events:input_type -> forkbox.v1.EventsRequest
+	29,  // 79: forkbox.v1.SandboxService.PauseSandbox:input_type -> forkbox.v1.PauseSandboxRequest
+	31,  // 80: forkbox.v1.SandboxService.UnpauseSandbox:input_type -> forkbox.v1.UnpauseSandboxRequest
+	33,  // 81: forkbox.v1.SandboxService.HibernateSandbox:input_type -> forkbox.v1.HibernateSandboxRequest
+	35,  // 82: forkbox.v1.SandboxService.WakeSandbox:input_type -> forkbox.v1.WakeSandboxRequest
+	38,  // 83: forkbox.v1.SandboxService.Checkpoint:input_type -> forkbox.v1.CheckpointRequest
+	40,  // 84: forkbox.v1.SandboxService.ListCheckpoints:input_type -> forkbox.v1.ListCheckpointsRequest
+	42,  // 85: forkbox.v1.SandboxService.DeleteCheckpoint:input_type -> forkbox.v1.DeleteCheckpointRequest
+	45,  // 86: forkbox.v1.SandboxService.Fork:input_type -> forkbox.v1.ForkRequest
+	52,  // 87: forkbox.v1.SandboxService.RestoreSnapshot:input_type -> forkbox.v1.RestoreSnapshotRequest
+	54,  // 88: forkbox.v1.SandboxService.Resume:input_type -> forkbox.v1.ResumeRequest
+	58,  // 89: forkbox.v1.SandboxService.SetCredential:input_type -> forkbox.v1.SetCredentialRequest
+	60,  // 90: forkbox.v1.SandboxService.ListCredentials:input_type -> forkbox.v1.ListCredentialsRequest
+	62,  // 91: forkbox.v1.SandboxService.DeleteCredential:input_type -> forkbox.v1.DeleteCredentialRequest
+	17,  // 92: forkbox.v1.SandboxService.ExecPty:input_type -> forkbox.v1.PtyRequest
+	64,  // 93: forkbox.v1.SandboxService.GetSandboxMetrics:input_type -> forkbox.v1.GetSandboxMetricsRequest
+	68,  // 94: forkbox.v1.SandboxService.CopyTo:input_type -> forkbox.v1.CopyToRequest
+	70,  // 95: forkbox.v1.SandboxService.CopyFrom:input_type -> forkbox.v1.CopyFromRequest
+	72,  // 96: forkbox.v1.SandboxService.SetTimeout:input_type -> forkbox.v1.SetTimeoutRequest
+	74,  // 97: forkbox.v1.SandboxService.GetPortURL:input_type -> forkbox.v1.GetPortURLRequest
+	102, // 98: forkbox.v1.SandboxService.SetEgress:input_type -> forkbox.v1.SetEgressRequest
+	45,  // 99: forkbox.v1.SandboxService.ForkStream:input_type -> forkbox.v1.ForkRequest
+	77,  // 100: forkbox.v1.ImageService.PullImage:input_type -> forkbox.v1.PullImageRequest
+	78,  // 101: forkbox.v1.ImageService.ImportImage:input_type -> forkbox.v1.ImportImageRequest
+	80,  // 102: forkbox.v1.ImageService.ListImages:input_type -> forkbox.v1.ListImagesRequest
+	82,  // 103: forkbox.v1.ImageService.RemoveImage:input_type -> forkbox.v1.RemoveImageRequest
+	88,  // 104: forkbox.v1.EnvironmentService.BuildEnvironment:input_type -> forkbox.v1.BuildEnvironmentRequest
+	90,  // 105: forkbox.v1.EnvironmentService.EnvironmentSandbox:input_type -> forkbox.v1.EnvironmentSandboxRequest
+	92,  // 106: forkbox.v1.EnvironmentService.GetEnvironment:input_type -> forkbox.v1.GetEnvironmentRequest
+	94,  // 107: forkbox.v1.EnvironmentService.ListEnvironments:input_type -> forkbox.v1.ListEnvironmentsRequest
+	96,  // 108: forkbox.v1.EnvironmentService.DeleteEnvironment:input_type -> forkbox.v1.DeleteEnvironmentRequest
+	98,  // 109: forkbox.v1.EnvironmentService.BeginBuild:input_type -> forkbox.v1.BeginBuildRequest
+	100, // 110: forkbox.v1.EnvironmentService.CompleteBuild:input_type -> forkbox.v1.CompleteBuildRequest
+	3,   // 111: forkbox.v1.SandboxService.CreateSandbox:output_type -> forkbox.v1.CreateSandboxResponse
+	5,   // 112: forkbox.v1.SandboxService.GetSandbox:output_type -> forkbox.v1.GetSandboxResponse
+	7,   // 113: forkbox.v1.SandboxService.ListSandboxes:output_type -> forkbox.v1.ListSandboxesResponse
+	9,   // 114: forkbox.v1.SandboxService.DeleteSandbox:output_type -> forkbox.v1.DeleteSandboxResponse
+	11,  // 115: forkbox.v1.SandboxService.Exec:output_type -> forkbox.v1.ExecResponse
+	20,  // 116: forkbox.v1.SandboxService.ReadFile:output_type -> forkbox.v1.ReadFileResponse
+	22,  // 117: forkbox.v1.SandboxService.WriteFile:output_type -> forkbox.v1.WriteFileResponse
+	25,  // 118: forkbox.v1.SandboxService.ListFiles:output_type -> forkbox.v1.ListFilesResponse
+	28,  // 119: forkbox.v1.SandboxService.Events:output_type -> forkbox.v1.EventsResponse
+	30,  // 120: forkbox.v1.SandboxService.PauseSandbox:output_type -> forkbox.v1.PauseSandboxResponse
+	32,  // 121: forkbox.v1.SandboxService.UnpauseSandbox:output_type -> forkbox.v1.UnpauseSandboxResponse
+	34,  // 122: forkbox.v1.SandboxService.HibernateSandbox:output_type -> forkbox.v1.HibernateSandboxResponse
+	36,  // 123: forkbox.v1.SandboxService.WakeSandbox:output_type -> forkbox.v1.WakeSandboxResponse
+	39,  // 124: forkbox.v1.SandboxService.Checkpoint:output_type -> forkbox.v1.CheckpointResponse
+	41,  // 125: forkbox.v1.SandboxService.ListCheckpoints:output_type -> forkbox.v1.ListCheckpointsResponse
+	43,  // 126: forkbox.v1.SandboxService.DeleteCheckpoint:output_type -> forkbox.v1.DeleteCheckpointResponse
+	47,  // 127: forkbox.v1.SandboxService.Fork:output_type -> forkbox.v1.ForkResponse
+	53,  // 128: forkbox.v1.SandboxService.RestoreSnapshot:output_type -> forkbox.v1.RestoreSnapshotResponse
+	56,  // 129: forkbox.v1.SandboxService.Resume:output_type -> forkbox.v1.ResumeResponse
+	59,  // 130: forkbox.v1.SandboxService.SetCredential:output_type -> forkbox.v1.SetCredentialResponse
+	61,  // 131: forkbox.v1.SandboxService.ListCredentials:output_type -> forkbox.v1.ListCredentialsResponse
+	63,  // 132: forkbox.v1.SandboxService.DeleteCredential:output_type -> forkbox.v1.DeleteCredentialResponse
+	18,  // 133: forkbox.v1.SandboxService.ExecPty:output_type -> forkbox.v1.PtyResponse
+	66,  // 134: forkbox.v1.SandboxService.GetSandboxMetrics:output_type -> forkbox.v1.GetSandboxMetricsResponse
+	69,  // 135: forkbox.v1.SandboxService.CopyTo:output_type -> forkbox.v1.CopyToResponse
+	71,  // 136: forkbox.v1.SandboxService.CopyFrom:output_type -> forkbox.v1.CopyFromResponse
+	73,  // 137: forkbox.v1.SandboxService.SetTimeout:output_type -> forkbox.v1.SetTimeoutResponse
+	75,  // 138: forkbox.v1.SandboxService.GetPortURL:output_type -> forkbox.v1.GetPortURLResponse
+	103, // 139: forkbox.v1.SandboxService.SetEgress:output_type -> forkbox.v1.SetEgressResponse
+	48,  // 140: forkbox.v1.SandboxService.ForkStream:output_type -> forkbox.v1.ForkStreamResponse
+	79,  // 141: forkbox.v1.ImageService.PullImage:output_type -> forkbox.v1.ImageProgress
+	79,  // 142: forkbox.v1.ImageService.ImportImage:output_type -> forkbox.v1.ImageProgress
+	81,  // 143: forkbox.v1.ImageService.ListImages:output_type -> forkbox.v1.ListImagesResponse
+	83,  // 144: forkbox.v1.ImageService.RemoveImage:output_type -> forkbox.v1.RemoveImageResponse
+	89,  // 145: forkbox.v1.EnvironmentService.BuildEnvironment:output_type -> forkbox.v1.BuildProgress
+	91,  // 146: forkbox.v1.EnvironmentService.EnvironmentSandbox:output_type -> forkbox.v1.EnvironmentSandboxResponse
+	93,  // 147: forkbox.v1.EnvironmentService.GetEnvironment:output_type -> forkbox.v1.GetEnvironmentResponse
+	95,  // 148: forkbox.v1.EnvironmentService.ListEnvironments:output_type -> forkbox.v1.ListEnvironmentsResponse
+	97,  // 149: forkbox.v1.EnvironmentService.DeleteEnvironment:output_type -> forkbox.v1.DeleteEnvironmentResponse
+	99,  // 150: forkbox.v1.EnvironmentService.BeginBuild:output_type -> forkbox.v1.BeginBuildResponse
+	101, // 151: forkbox.v1.EnvironmentService.CompleteBuild:output_type -> forkbox.v1.CompleteBuildResponse
+	111, // [111:152] is the sub-list for method output_type
+	70,  // [70:111] is the sub-list for method input_type
+	70,  // [70:70] is the sub-list for extension type_name
+	70,  // [70:70] is the sub-list for extension extendee
+	0,   // [0:70] is the sub-list for field type_name
 }
 
 func init() { file_forkbox_v1_forkbox_proto_init() }
@@ -7299,7 +7622,12 @@ func file_forkbox_v1_forkbox_proto_init() {
 		(*PtyResponse_Data)(nil),
 		(*PtyResponse_Exit)(nil),
 	}
-	file_forkbox_v1_forkbox_proto_msgTypes[64].OneofWrappers = []any{
+	file_forkbox_v1_forkbox_proto_msgTypes[48].OneofWrappers = []any{
+		(*ForkStreamResponse_Captured)(nil),
+		(*ForkStreamResponse_Child)(nil),
+		(*ForkStreamResponse_Done)(nil),
+	}
+	file_forkbox_v1_forkbox_proto_msgTypes[68].OneofWrappers = []any{
 		(*CopyToRequest_Header)(nil),
 		(*CopyToRequest_Data)(nil),
 	}
@@ -7309,7 +7637,7 @@ func file_forkbox_v1_forkbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_forkbox_v1_forkbox_proto_rawDesc), len(file_forkbox_v1_forkbox_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   109,
+			NumMessages:   113,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -451,6 +451,26 @@ class ForkResult:
 
 
 @dataclass
+class ForkEvent:
+    """One event of ``sb.fork_stream()``: ``type`` is "captured" (first:
+    ``checkpoint``, ``captured``, ``capture_ms``, ``flush_ms``, ``count``),
+    "child" (one per child as it is ready or has failed: ``index``, ``child``)
+    or "done" (last: ``total_ms``, ``started``, ``failed``)."""
+
+    type: str
+    checkpoint: Optional[Checkpoint] = None
+    captured: str = ""
+    capture_ms: float = 0.0
+    flush_ms: float = 0.0
+    count: int = 0
+    index: int = 0
+    child: Optional[ForkChild] = None
+    total_ms: float = 0.0
+    started: int = 0
+    failed: int = 0
+
+
+@dataclass
 class ReplayedExec:
     exec_id: str
     argv: List[str] = field(default_factory=list)

@@ -4,7 +4,7 @@ client's concurrency slots until close()."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Union, overload
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union, overload
 
 from ._models import (
     Checkpoint,
@@ -12,6 +12,7 @@ from ._models import (
     Event,
     FileInfo,
     ForkChild,
+    ForkEvent,
     ForkResult,
     Handover,
     Overrides,
@@ -23,7 +24,7 @@ from ._models import (
     b64encode,
 )
 from ._pages import FULL_PAGE, pages
-from .errors import InternalError, NotFoundError, ResourceExhaustedError, from_class_name
+from .errors import InternalError, NotFoundError, ResourceExhaustedError, UnavailableError, from_class_name
 from .execution import DEFAULT_MAX_OUTPUT_BYTES, Execution
 
 if TYPE_CHECKING:
@@ -245,6 +246,93 @@ class Sandbox:
         return first.sandbox
 
     # ------------------------------------------------------------ checkpoints
+
+    def fork_stream(
+        self,
+        tag: Optional[str] = None,
+        *,
+        count: int = 1,
+        overrides: Union[Overrides, Mapping[str, Any], None] = None,
+        credentials: Optional[Mapping[str, str]] = None,
+        from_checkpoint: Optional[str] = None,
+        best_effort: bool = False,
+        memory: bool = False,
+    ) -> Iterator[ForkEvent]:
+        """Like ``fork(tag, count=N)``, but a generator of the fork as it goes:
+        a "captured" event, then a "child" event per child as soon as that
+        child is ready (or has failed), so the first can be used before the
+        last has started, then a "done" event. Leaving the loop early stops
+        listening only: every child asked for still starts (close the ones
+        received)::
+
+            for ev in sb.fork_stream("t", count=20):
+                if ev.type == "child" and ev.child.ok:
+                    use(ev.child.sandbox)
+        """
+        want = max(count, 1)
+        n = self.client._acquire(want, best_effort)
+        held = n
+        msg: Dict[str, Any] = {"sandbox": self.id, "count": n, "bestEffort": best_effort, "memory": memory}
+        if tag:
+            msg["tag"] = tag
+        ov = Overrides.of(overrides)
+        if ov is not None:
+            msg["overrides"] = ov.to_json()
+        if credentials:
+            msg["credentials"] = dict(credentials)
+        if from_checkpoint:
+            msg["fromCheckpoint"] = from_checkpoint
+        try:
+            stream = self.client._transport.stream("SandboxService", "ForkStream", msg)
+            done: Optional[ForkEvent] = None
+            try:
+                for m in stream:
+                    if "captured" in m:
+                        c = m["captured"]
+                        ck = c.get("checkpoint")
+                        yield ForkEvent(
+                            type="captured",
+                            checkpoint=Checkpoint.from_json(ck) if ck else None,
+                            captured=c.get("captured", ""),
+                            capture_ms=float(c.get("captureMs", 0)),
+                            flush_ms=float(c.get("flushMs", 0)),
+                            count=want,
+                        )
+                    elif "child" in m:
+                        c = m["child"].get("child") or {}
+                        child = ForkChild(start_ms=float(c.get("startMs", 0)))
+                        held -= 1
+                        if c.get("sandbox"):
+                            child.sandbox = Sandbox(
+                                self.client, SandboxInfo.from_json(c["sandbox"]), self.client._limited
+                            )
+                        else:
+                            self.client._release(1)
+                        if c.get("error"):
+                            child.error = from_class_name(c.get("errorClass", ""), c["error"])
+                        yield ForkEvent(type="child", index=int(m["child"].get("index", 0)), child=child)
+                    elif "done" in m:
+                        dn = m["done"]
+                        done = ForkEvent(
+                            type="done",
+                            total_ms=float(dn.get("totalMs", 0)),
+                            started=int(dn.get("started", 0)),
+                            failed=int(dn.get("failed", 0)) + (want - n),
+                        )
+            finally:
+                stream.close()
+            for i in range(n, want):
+                yield ForkEvent(
+                    type="child",
+                    index=i,
+                    child=ForkChild(error=ResourceExhaustedError("no free slot of this client (max_concurrency)")),
+                )
+            if done is None:
+                raise UnavailableError("fork stream ended without its totals")
+            yield done
+        finally:
+            if held > 0:
+                self.client._release(held)
 
     def checkpoint(self, tag: Optional[str] = None, *, memory: bool = False) -> Checkpoint:
         """Captures the sandbox's state under ``tag`` and records

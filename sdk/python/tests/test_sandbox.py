@@ -189,6 +189,33 @@ def test_fork_one_child(client: forkbox.Client, image: str) -> None:
         assert any(e.data.get("tag") == "after-base" for e in created)
 
 
+def test_fork_stream(client: forkbox.Client, image: str) -> None:
+    with client.sandbox(image=image, resources=RES, name="py-stream") as sb:
+        sb.exec("echo streamed > /root/s").wait()
+        kids = []
+        try:
+            types, indices = [], set()
+            for ev in sb.fork_stream("streamed", count=3):
+                assert isinstance(ev, forkbox.ForkEvent)
+                types.append(ev.type)
+                if ev.type == "captured":
+                    assert ev.captured == "filesystem" and ev.count == 3 and ev.checkpoint is not None
+                elif ev.type == "child":
+                    assert ev.child is not None and ev.child.ok, ev.child
+                    assert ev.index not in indices
+                    indices.add(ev.index)
+                    kids.append(ev.child.sandbox)
+                    # Usable as it arrives, while its siblings may still start.
+                    assert ev.child.sandbox.exec("cat /root/s").wait().stdout == "streamed\n"
+                else:
+                    assert ev.started == 3 and ev.failed == 0 and ev.total_ms > 0
+            assert types == ["captured", "child", "child", "child", "done"]
+            assert indices == {0, 1, 2}
+        finally:
+            for k in kids:
+                k.close()
+
+
 def test_fork_count_per_child_results(client: forkbox.Client, image: str) -> None:
     with client.sandbox(image=image, resources=RES, name="py-many") as sb:
         sb.exec("echo shared > /root/state").wait()

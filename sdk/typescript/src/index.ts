@@ -3,7 +3,7 @@
 export { Client, DEFAULT_SOCKET, FULL_PAGE } from "./client.js";
 export type { ClientOptions, ListOptions, SandboxPage, Resources, SandboxOptions, Overrides } from "./client.js";
 export { SandboxHandle, Credentials } from "./sandbox.js";
-export type { ForkOptions, ForkResult, ForkChild, CredentialOptions, PortURL } from "./sandbox.js";
+export type { ForkOptions, ForkResult, ForkChild, ForkStreamEvent, CredentialOptions, PortURL } from "./sandbox.js";
 export { ExecPromise, DEFAULT_MAX_OUTPUT_BYTES } from "./exec.js";
 export type { ExecOptions, ExecResult } from "./exec.js";
 export { PtyHandle, Ptys } from "./pty.js";

@@ -35,6 +35,12 @@ export interface ForkChild {
   startMs: number;
 }
 
+/** One event of sb.forkStream(): the capture, a child, or the totals (last). */
+export type ForkStreamEvent =
+  | { type: "captured"; checkpoint?: Checkpoint; captured: string; captureMs: number; flushMs: number; count: number }
+  | { type: "child"; index: number; child: ForkChild }
+  | { type: "done"; totalMs: number; started: number; failed: number };
+
 /** The outcome of sb.forkMany(): per-child results. */
 export interface ForkResult {
   checkpoint?: Checkpoint;
@@ -182,6 +188,59 @@ export class SandboxHandle {
     }
     this.client.release(n - started);
     return { checkpoint: r.checkpoint && checkpointFrom(r.checkpoint), captured: r.captured, captureMs: r.captureMs, flushMs: r.flushMs, totalMs: r.totalMs, children };
+  }
+
+  /**
+   * Like forkMany, but yields as the fork goes: first the capture, then each
+   * child as soon as it is ready (or has failed), in the order they become
+   * ready, then the totals. The first child can be used before the last has
+   * started. Leaving the loop early stops listening only: every child asked
+   * for still starts (close the ones received).
+   *
+   *     for await (const ev of sb.forkStream({ count: 20 })) {
+   *       if (ev.type === "child" && ev.child.sandbox) use(ev.child.sandbox);
+   *     }
+   */
+  async *forkStream(o: ForkOptions = {}): AsyncGenerator<ForkStreamEvent> {
+    const want = Math.max(o.count ?? 1, 1);
+    const n = this.client.acquire(want, o.bestEffort);
+    let held = n; // this client's slots for children not yet received
+    try {
+      const stream = this.client.rpc.sandboxes.forkStream({
+        sandbox: this.id, tag: o.tag, count: n, overrides: overridesProto(o.overrides),
+        credentials: o.credentials, fromCheckpoint: o.fromCheckpoint, bestEffort: o.bestEffort,
+      });
+      let doneEvent: ForkStreamEvent | undefined;
+      try {
+        for await (const msg of stream) {
+          const ev = msg.event;
+          if (ev.case === "captured") {
+            const c = ev.value;
+            yield { type: "captured", checkpoint: c.checkpoint && checkpointFrom(c.checkpoint), captured: c.captured,
+              captureMs: c.captureMs, flushMs: c.flushMs, count: want };
+          } else if (ev.case === "child") {
+            const fc = ev.value.child;
+            const child: ForkChild = { startMs: fc?.startMs ?? 0 };
+            held--;
+            if (fc?.sandbox) child.sandbox = new SandboxHandle(this.client, fc.sandbox, this.client.limited);
+            else this.client.release(1);
+            if (fc?.error) child.error = ForkboxError.fromClassName(fc.errorClass, fc.error);
+            yield { type: "child", index: ev.value.index, child };
+          } else if (ev.case === "done") {
+            doneEvent = { type: "done", totalMs: ev.value.totalMs, started: ev.value.started, failed: ev.value.failed + (want - n) };
+          }
+        }
+      } catch (err) {
+        throw ForkboxError.from(err);
+      }
+      for (let i = n; i < want; i++) {
+        yield { type: "child", index: i, child: { startMs: 0, error: new ForkboxError("ResourceExhausted", "no free slot of this client (maxConcurrency)") } };
+      }
+      if (!doneEvent) throw new ForkboxError("Unavailable", "fork stream ended without its totals");
+      yield doneEvent;
+    } finally {
+      if (held > 0) this.client.release(held);
+    }
   }
 
   /** Captures the sandbox's state under tag; records sandbox.checkpoint_created. */

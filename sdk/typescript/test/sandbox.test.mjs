@@ -131,6 +131,38 @@ describe("sandboxes", { skip: skipReason() }, () => {
     }
   });
 
+  it("streams a fork's children as they are ready (forkStream)", async () => {
+    const sb = await d.client.sandbox({ image: d.image, resources: res, name: "ts-stream" });
+    const kids = [];
+    try {
+      await sb.exec("echo streamed > /root/s");
+      const types = [];
+      const indices = new Set();
+      for await (const ev of sb.forkStream({ tag: "streamed", count: 3 })) {
+        types.push(ev.type);
+        if (ev.type === "captured") {
+          assert.equal(ev.captured, "filesystem");
+          assert.equal(ev.count, 3);
+          assert.ok(ev.checkpoint?.id);
+        } else if (ev.type === "child") {
+          assert.ok(ev.child.sandbox, `child ${ev.index} failed: ${ev.child.error?.message}`);
+          kids.push(ev.child.sandbox);
+          assert.ok(!indices.has(ev.index), `child ${ev.index} twice`);
+          indices.add(ev.index);
+          // Usable as it arrives, while its siblings may still start.
+          assert.equal((await ev.child.sandbox.exec("cat /root/s")).stdout, "streamed\n");
+        } else {
+          assert.equal(ev.started, 3);
+          assert.equal(ev.failed, 0);
+        }
+      }
+      assert.deepEqual(types, ["captured", "child", "child", "child", "done"]);
+    } finally {
+      await Promise.all(kids.map((k) => k.close()));
+      await sb.close();
+    }
+  });
+
   it("checkpoints, restores (clean history) and resumes (replayed)", async () => {
     const sb = await d.client.sandbox({ image: d.image, resources: res, name: "ts-session" });
     let restored, resumed;

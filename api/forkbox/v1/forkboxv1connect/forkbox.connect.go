@@ -120,6 +120,9 @@ const (
 	// SandboxServiceSetEgressProcedure is the fully-qualified name of the SandboxService's SetEgress
 	// RPC.
 	SandboxServiceSetEgressProcedure = "/forkbox.v1.SandboxService/SetEgress"
+	// SandboxServiceForkStreamProcedure is the fully-qualified name of the SandboxService's ForkStream
+	// RPC.
+	SandboxServiceForkStreamProcedure = "/forkbox.v1.SandboxService/ForkStream"
 	// ImageServicePullImageProcedure is the fully-qualified name of the ImageService's PullImage RPC.
 	ImageServicePullImageProcedure = "/forkbox.v1.ImageService/PullImage"
 	// ImageServiceImportImageProcedure is the fully-qualified name of the ImageService's ImportImage
@@ -222,6 +225,12 @@ type SandboxServiceClient interface {
 	// sandbox.egress_changed). Open connections stay; addresses resolved
 	// under the old policy no longer pass.
 	SetEgress(context.Context, *connect.Request[v1.SetEgressRequest]) (*connect.Response[v1.SetEgressResponse], error)
+	// ForkStream is Fork, streamed: first the capture (ForkCaptured), then
+	// one ForkStreamChild per child as soon as that child is ready or has
+	// failed (so the first child is usable before the last one starts), then
+	// ForkDone. A failure before the capture ends the stream with an error;
+	// a child's failure is in its own message.
+	ForkStream(context.Context, *connect.Request[v1.ForkRequest]) (*connect.ServerStreamForClient[v1.ForkStreamResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the forkbox.v1.SandboxService service. By
@@ -409,6 +418,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("SetEgress")),
 			connect.WithClientOptions(opts...),
 		),
+		forkStream: connect.NewClient[v1.ForkRequest, v1.ForkStreamResponse](
+			httpClient,
+			baseURL+SandboxServiceForkStreamProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ForkStream")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -443,6 +458,7 @@ type sandboxServiceClient struct {
 	setTimeout        *connect.Client[v1.SetTimeoutRequest, v1.SetTimeoutResponse]
 	getPortURL        *connect.Client[v1.GetPortURLRequest, v1.GetPortURLResponse]
 	setEgress         *connect.Client[v1.SetEgressRequest, v1.SetEgressResponse]
+	forkStream        *connect.Client[v1.ForkRequest, v1.ForkStreamResponse]
 }
 
 // CreateSandbox calls forkbox.v1.SandboxService.CreateSandbox.
@@ -590,6 +606,11 @@ func (c *sandboxServiceClient) SetEgress(ctx context.Context, req *connect.Reque
 	return c.setEgress.CallUnary(ctx, req)
 }
 
+// ForkStream calls forkbox.v1.SandboxService.ForkStream.
+func (c *sandboxServiceClient) ForkStream(ctx context.Context, req *connect.Request[v1.ForkRequest]) (*connect.ServerStreamForClient[v1.ForkStreamResponse], error) {
+	return c.forkStream.CallServerStream(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the forkbox.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	CreateSandbox(context.Context, *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error)
@@ -659,6 +680,12 @@ type SandboxServiceHandler interface {
 	// sandbox.egress_changed). Open connections stay; addresses resolved
 	// under the old policy no longer pass.
 	SetEgress(context.Context, *connect.Request[v1.SetEgressRequest]) (*connect.Response[v1.SetEgressResponse], error)
+	// ForkStream is Fork, streamed: first the capture (ForkCaptured), then
+	// one ForkStreamChild per child as soon as that child is ready or has
+	// failed (so the first child is usable before the last one starts), then
+	// ForkDone. A failure before the capture ends the stream with an error;
+	// a child's failure is in its own message.
+	ForkStream(context.Context, *connect.Request[v1.ForkRequest], *connect.ServerStream[v1.ForkStreamResponse]) error
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -842,6 +869,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("SetEgress")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceForkStreamHandler := connect.NewServerStreamHandler(
+		SandboxServiceForkStreamProcedure,
+		svc.ForkStream,
+		connect.WithSchema(sandboxServiceMethods.ByName("ForkStream")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/forkbox.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateSandboxProcedure:
@@ -902,6 +935,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceGetPortURLHandler.ServeHTTP(w, r)
 		case SandboxServiceSetEgressProcedure:
 			sandboxServiceSetEgressHandler.ServeHTTP(w, r)
+		case SandboxServiceForkStreamProcedure:
+			sandboxServiceForkStreamHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -1025,6 +1060,10 @@ func (UnimplementedSandboxServiceHandler) GetPortURL(context.Context, *connect.R
 
 func (UnimplementedSandboxServiceHandler) SetEgress(context.Context, *connect.Request[v1.SetEgressRequest]) (*connect.Response[v1.SetEgressResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.SetEgress is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ForkStream(context.Context, *connect.Request[v1.ForkRequest], *connect.ServerStream[v1.ForkStreamResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("forkbox.v1.SandboxService.ForkStream is not implemented"))
 }
 
 // ImageServiceClient is a client for the forkbox.v1.ImageService service.

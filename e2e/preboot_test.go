@@ -1,0 +1,258 @@
+package e2e
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/forkbox/forkbox/client"
+)
+
+// Pre-booted gVisor sandboxes (serve --preboot): a create or fork child
+// takes a sandbox booted ahead of demand and starts its container in it.
+// Every test here fails if the pool is bypassed: the sandbox's ledger says
+// it was pre-booted, and runsc lists its placeholder container
+// (pod-<id>) in the same sandbox process as its own container.
+
+// runscContainers lists the daemon's runsc containers: id -> sandbox pid.
+func runscContainers(t *testing.T) map[string]string {
+	t.Helper()
+	out, err := exec.Command("runsc", "--root", filepath.Join(env.runDir, "runsc"), "list").Output()
+	if err != nil {
+		t.Fatalf("runsc list: %v", err)
+	}
+	got := map[string]string{}
+	for _, l := range strings.Split(string(out), "\n")[1:] {
+		if f := strings.Fields(l); len(f) >= 3 {
+			got[f[0]] = f[1] + " " + f[2]
+		}
+	}
+	return got
+}
+
+// spares lists pre-booted sandboxes not handed out: placeholders whose
+// sandbox the daemon does not list.
+func spares(t *testing.T) []string {
+	t.Helper()
+	list, err := env.c.ListSandboxes(context.Background(), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for id := range runscContainers(t) {
+		sb, ok := strings.CutPrefix(id, "pod-")
+		if ok && !slices.ContainsFunc(list, func(i *client.Info) bool { return i.Id == sb }) {
+			out = append(out, sb)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// prebootDaemon restarts the daemon with a pool of n (and metrics, which
+// say how many are ready) for the test; it returns the metrics address.
+func prebootDaemon(t *testing.T, n int) string {
+	t.Helper()
+	maddr := freeAddr(t)
+	withDaemonFlags(t, "--preboot", strconv.Itoa(n), "--metrics", maddr)
+	return maddr
+}
+
+// waitReady waits until the daemon says n pre-booted sandboxes are ready
+// (forkbox_preboot_ready; a placeholder runsc lists may still be booting)
+// and returns those runsc lists as spares.
+func waitReady(t *testing.T, maddr string, n int) []string {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		if scrape(t, "http://"+maddr+"/metrics", "")["forkbox_preboot_ready"] >= float64(n) {
+			return spares(t)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fewer than %d pre-booted sandboxes ready after 3 minutes (spares: %v)", n, spares(t))
+		}
+		time.Sleep(100 * time.Millisecond) // polling a condition, with a deadline
+	}
+}
+
+// assertPooled fails unless sb runs in a pre-booted sandbox.
+func assertPooled(t *testing.T, sb *client.Sandbox) {
+	t.Helper()
+	evs, err := sb.Events(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) == 0 || evs[0].Type != "sandbox.created" || evs[0].Data["preboot"] != true {
+		t.Errorf("sandbox %s: first event %+v, want sandbox.created with preboot=true", sb.ID, evs[0])
+	}
+	cs := runscContainers(t)
+	tenant, pod := cs[sb.ID], cs["pod-"+sb.ID]
+	if tenant == "" || pod == "" || strings.Fields(tenant)[0] != strings.Fields(pod)[0] {
+		t.Errorf("runsc: container %q and placeholder %q, want both running in one sandbox process", tenant, pod)
+	}
+}
+
+func prebootOpts() client.CreateOptions {
+	return client.CreateOptions{Image: env.image, Runtime: "gvisor"}
+}
+
+// TestPrebootCreate: a create takes a pre-booted sandbox, is named and
+// addressed as its own, and every operation works on it; close leaves
+// nothing.
+func TestPrebootCreate(t *testing.T) {
+	ctx := context.Background()
+	maddr := prebootDaemon(t, 2)
+	waitReady(t, maddr, 1)
+	before := scrape(t, "http://"+maddr+"/metrics", "")
+	o := prebootOpts()
+	o.Name, o.Env = "preboot-one", map[string]string{"GREETING": "hi"}
+	sb := newSandbox(t, o)
+	assertPooled(t, sb)
+	if after := scrape(t, "http://"+maddr+"/metrics", ""); after["forkbox_preboot_hits_total"] != before["forkbox_preboot_hits_total"]+1 {
+		t.Errorf("forkbox_preboot_hits_total %v -> %v, want one more", before["forkbox_preboot_hits_total"], after["forkbox_preboot_hits_total"])
+	}
+	if got := strings.TrimSpace(mustSh(t, sb, "hostname; cat /etc/hostname; echo $GREETING")); got != "preboot-one\npreboot-one\nhi" {
+		t.Errorf("hostname, /etc/hostname, env: got %q", got)
+	}
+	if got := mustSh(t, sb, "ip -4 addr show eth0 | grep -o 'inet [0-9.]*'"); !strings.Contains(got, sb.Info.Ip) {
+		t.Errorf("eth0: %q, want the sandbox's address %s", got, sb.Info.Ip)
+	}
+	// The placeholder is invisible to the tenant.
+	if ps := mustSh(t, sb, "ps -o args"); strings.Contains(ps, "hold") {
+		t.Errorf("the tenant sees the placeholder:\n%s", ps)
+	}
+	if err := sb.WriteFile(ctx, "/root/a.txt", []byte("from the parent\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustSh(t, sb, "true")
+	res, err := sb.Fork(ctx, client.ForkOptions{Count: 1})
+	if err != nil || res.Children[0].Err != nil {
+		t.Fatalf("fork: %v %+v", err, res)
+	}
+	child := res.Children[0].Sandbox
+	t.Cleanup(func() { child.Close(ctx) })
+	if got := mustSh(t, child, "cat /root/a.txt; hostname"); got != "from the parent\n"+child.Info.Name+"\n" {
+		t.Errorf("child: got %q", got)
+	}
+	if err := sb.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeftovers(t, sb.ID)
+}
+
+// TestPrebootCarriesNothing: a sandbox handed out after another tenant
+// used (and closed) a pre-booted sandbox holds nothing of that tenant:
+// files, processes, env, hostname, address, credentials. Pre-booted
+// sandboxes are never reused, which this checks too.
+func TestPrebootCarriesNothing(t *testing.T) {
+	ctx := context.Background()
+	maddr := prebootDaemon(t, 1)
+	waitReady(t, maddr, 1)
+	o := prebootOpts()
+	o.Name, o.Env = "tenant-a", map[string]string{"SECRET_ENV": "a-env"}
+	a := newSandbox(t, o)
+	assertPooled(t, a)
+	if err := a.Credentials().Set(ctx, "TOKEN_A", "a-credential", client.CredentialOptions{Env: "TOKEN_A", File: "token_a"}); err != nil {
+		t.Fatal(err)
+	}
+	mustSh(t, a, "echo a-file > /root/mark; echo a-tmp > /tmp/mark; (sleep 1000 &) ; echo started")
+	aID, aIP := a.ID, a.Info.Ip
+	if err := a.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeftovers(t, aID)
+	waitReady(t, maddr, 1)
+	o = prebootOpts()
+	o.Name = "tenant-b"
+	b := newSandbox(t, o)
+	assertPooled(t, b)
+	if b.ID == aID {
+		t.Fatalf("tenant b got tenant a's sandbox %s", aID)
+	}
+	out := mustSh(t, b, "ls /root /tmp; ps -o args; env; hostname; ls /run/secrets 2>&1; cat /proc/net/tcp")
+	for _, leak := range []string{"mark", "sleep 1000", "a-env", "SECRET_ENV", "tenant-a", "a-credential", "TOKEN_A", "token_a"} {
+		if strings.Contains(out, leak) {
+			t.Errorf("tenant b sees %q of tenant a:\n%s", leak, out)
+		}
+	}
+	if ip := mustSh(t, b, "ip -4 addr show eth0"); !strings.Contains(ip, b.Info.Ip+"/") || (aIP != b.Info.Ip && strings.Contains(ip, aIP+"/")) {
+		t.Errorf("tenant b's eth0 %q, want its own address %s (a had %s)", ip, b.Info.Ip, aIP)
+	}
+}
+
+// TestPrebootMemory: hibernate/wake and a memory checkpoint (restored in
+// place) and a memory fork of a sandbox in a pre-booted sandbox: the
+// checkpoint restores both of its containers, placeholder first.
+func TestPrebootMemory(t *testing.T) {
+	ctx := context.Background()
+	maddr := prebootDaemon(t, 1)
+	waitReady(t, maddr, 1)
+	sb := newSandbox(t, prebootOpts())
+	assertPooled(t, sb)
+	mustSh(t, sb, "echo kept > /root/k; (while :; do sleep 1; done &) ; echo ok")
+	if err := sb.Hibernate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Wake(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustSh(t, sb, "cat /root/k; hostname; ps -o args | grep -c 'sleep 1' "); !strings.HasPrefix(got, "kept\n"+sb.Info.Name+"\n") {
+		t.Errorf("after wake: %q", got)
+	}
+	assertPooled(t, sb)
+	res, err := sb.Fork(ctx, client.ForkOptions{Count: 1, Memory: true})
+	if err != nil || res.Children[0].Err != nil {
+		t.Fatalf("memory fork: %v %+v", err, res)
+	}
+	child := res.Children[0].Sandbox
+	t.Cleanup(func() { child.Close(ctx) })
+	if got := mustSh(t, child, "cat /root/k; hostname"); got != "kept\n"+child.Info.Name+"\n" {
+		t.Errorf("memory child: %q", got)
+	}
+	mustSh(t, sb, "true")
+	for _, s := range []*client.Sandbox{child, sb} {
+		id := s.ID
+		if err := s.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		checkNoLeftovers(t, id)
+	}
+}
+
+// TestPrebootRestart: after a SIGKILL of the daemon, pre-booted sandboxes
+// never handed out are destroyed (never handed out after the restart), and
+// a sandbox running in one is found again and keeps working.
+func TestPrebootRestart(t *testing.T) {
+	maddr := prebootDaemon(t, 2)
+	waitReady(t, maddr, 1)
+	sb := newSandbox(t, prebootOpts())
+	assertPooled(t, sb)
+	before := waitReady(t, maddr, 2)
+	restartDaemon(t, syscall.SIGKILL)
+	for _, id := range before {
+		if _, err := env.c.Sandbox(context.Background(), id); err == nil {
+			t.Errorf("spare %s became a sandbox", id)
+		}
+	}
+	after := waitReady(t, maddr, 2)
+	for _, id := range before {
+		if slices.Contains(after, id) {
+			t.Errorf("spare %s of the killed daemon is still a spare: %v", id, after)
+		}
+		checkNoLeftovers(t, id)
+	}
+	mustSh(t, sb, "true")
+	assertPooled(t, sb)
+}

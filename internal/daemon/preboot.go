@@ -1,0 +1,348 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/forkbox/forkbox/internal/network"
+	"github.com/forkbox/forkbox/internal/store"
+)
+
+// Pre-booted gVisor sandboxes (serve --preboot N). Booting a sentry is most
+// of a gVisor sandbox's start, so the daemon keeps up to N sandboxes booted
+// ahead of demand, each with its ID, address, netns (with its egress rules)
+// and cgroup (with its limits), running only a placeholder container (the
+// agent binary in its trusted "hold" mode). A create or a fork child whose
+// runtime, resources and egress policy match takes one: its writable layer
+// is mounted and started as a second container inside the running sandbox
+// (runsc/pod.go), and it becomes that sandbox, with the pre-booted ID. The
+// tenant's agent is its container's init, reached as in any sandbox.
+//
+// Rules the pool keeps:
+//   - one tenant per pre-booted sandbox, never reused: a member is handed
+//     out once (under the pool's lock, and in the store by ClaimPreboot,
+//     which deletes its preboot row in the same transaction that records
+//     the sandbox) and closed with its tenant;
+//   - members not handed out are never re-adopted after a restart: their
+//     rows name what to tear down (dropPreboots);
+//   - at most size members exist (ready or booting); one boots at a time,
+//     and none while a create or fork is under way (the pool takes CPU only
+//     when the daemon is otherwise idle); the pool fills with members for
+//     the key asked for last (the daemon's defaults at first), and members
+//     of another key make room for them, oldest first;
+//   - Close stops the refill and destroys the members not handed out.
+
+// podPrefix makes a pre-booted sandbox's placeholder container id from the
+// sandbox's (its tenant container's) id. A prefix, not a suffix: runsc
+// takes a unique prefix of an id for the id, so "sb-x" would name "sb-x-pod".
+const podPrefix = "pod-"
+
+func podID(id string) string { return podPrefix + id }
+
+// prebootKey is what a pre-booted sandbox was booted for: what its sentry,
+// netns and cgroup fix at boot.
+type prebootKey struct {
+	runtime     string
+	cpu         float64
+	memory      int64
+	pids        int64
+	egress      string
+	allow, deny string
+}
+
+func keyOf(rt string, cfg store.SandboxConfig) prebootKey {
+	return prebootKey{runtime: rt, cpu: cfg.CPU, memory: cfg.MemoryBytes, pids: cfg.Pids, egress: cfg.Egress,
+		allow: strings.Join(cfg.EgressAllow, ","), deny: strings.Join(cfg.EgressDeny, ",")}
+}
+
+// prebooted is one member of the pool.
+type prebooted struct {
+	id  string
+	ip  netip.Addr
+	key prebootKey
+	nw  *network.Network
+}
+
+// PrebootStats counts what the pool did since the daemon started.
+type PrebootStats struct {
+	Size, Ready        int
+	Hits, Misses       int64
+	Booted, BootFailed int64
+	Discarded          int64
+}
+
+// prebootPool is the book of members; the refill goroutine
+// (runPreboot) does the I/O.
+type prebootPool struct {
+	size int
+	kick chan struct{}
+
+	mu      sync.Mutex
+	ready   []*prebooted // oldest first
+	booting bool
+	want    prebootKey // the key last asked for
+	stats   PrebootStats
+}
+
+func newPrebootPool(size int, want prebootKey) *prebootPool {
+	return &prebootPool{size: size, want: want, kick: make(chan struct{}, 1), stats: PrebootStats{Size: size}}
+}
+
+func (p *prebootPool) wake() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// take hands out a member booted for key, or nil; either way key becomes
+// the one the refill boots for.
+func (p *prebootPool) take(key prebootKey) *prebooted {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	defer p.wake()
+	p.want = key
+	for i, m := range p.ready {
+		if m.key == key {
+			p.ready = slices.Delete(p.ready, i, i+1)
+			p.stats.Hits++
+			return m
+		}
+	}
+	p.stats.Misses++
+	return nil
+}
+
+// putBack returns a member that was taken but not used (its claim was not
+// attempted).
+func (p *prebootPool) putBack(m *prebooted) {
+	p.mu.Lock()
+	p.ready = append([]*prebooted{m}, p.ready...)
+	p.stats.Hits--
+	p.mu.Unlock()
+}
+
+// next says what the refill should do now: boot a member for key (boot),
+// after destroying evict (when not nil) to make room.
+func (p *prebootPool) next() (key prebootKey, evict *prebooted, boot bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.booting {
+		return key, nil, false
+	}
+	wanted := 0
+	for _, m := range p.ready {
+		if m.key == p.want {
+			wanted++
+		}
+	}
+	if wanted >= p.size {
+		return key, nil, false
+	}
+	if len(p.ready) >= p.size {
+		// Full, but not all of the key asked for last: the oldest of
+		// another key makes room.
+		i := slices.IndexFunc(p.ready, func(m *prebooted) bool { return m.key != p.want })
+		evict = p.ready[i]
+		p.ready = slices.Delete(p.ready, i, i+1)
+		p.stats.Discarded++
+	}
+	p.booting = true
+	return p.want, evict, true
+}
+
+// booted ends a boot.
+func (p *prebootPool) booted(m *prebooted) {
+	p.mu.Lock()
+	p.booting = false
+	if m != nil {
+		p.ready = append(p.ready, m)
+		p.stats.Booted++
+	} else {
+		p.stats.BootFailed++
+	}
+	p.mu.Unlock()
+}
+
+// drain takes every ready member out of the pool.
+func (p *prebootPool) drain() []*prebooted {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := p.ready
+	p.ready = nil
+	return out
+}
+
+// PrebootStats returns the pool's counters (zero without a pool).
+func (d *Daemon) PrebootStats() PrebootStats {
+	if d.pre == nil {
+		return PrebootStats{}
+	}
+	d.pre.mu.Lock()
+	defer d.pre.mu.Unlock()
+	s := d.pre.stats
+	s.Ready = len(d.pre.ready)
+	return s
+}
+
+// startPreboot starts the refill goroutine when the pool is on and gVisor
+// is available.
+func (d *Daemon) startPreboot(ctx context.Context) {
+	if d.cfg.Preboot <= 0 {
+		return
+	}
+	if _, ok := d.runtimes[RuntimeGVisor]; !ok {
+		d.log.Warn("preboot: gVisor is not available; no sandboxes are pre-booted")
+		return
+	}
+	d.pre = newPrebootPool(d.cfg.Preboot, keyOf(RuntimeGVisor, defaultConfig()))
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		d.runPreboot(ctx)
+	}()
+	d.pre.wake()
+}
+
+// runPreboot boots members, one at a time, whenever it is kicked and the
+// daemon has no create or fork under way; it ends with ctx.
+func (d *Daemon) runPreboot(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.pre.kick:
+		}
+		for ctx.Err() == nil && d.launching.Load() == 0 {
+			key, evict, boot := d.pre.next()
+			if !boot {
+				break
+			}
+			if evict != nil {
+				d.destroyPreboot(ctx, evict)
+			}
+			m, err := d.bootPreboot(ctx, key)
+			if err != nil && ctx.Err() == nil {
+				d.log.Warn("preboot: boot failed", "err", err)
+			}
+			d.pre.booted(m)
+			if err != nil {
+				// Not again until something changes (a launch ends, a
+				// member is taken): a failing boot must not spin.
+				break
+			}
+		}
+	}
+}
+
+// busyUntil marks a create or fork under way (the refill waits for it); the
+// returned func ends it and kicks the refill.
+func (d *Daemon) busyUntil() func() {
+	d.launching.Add(1)
+	return func() {
+		d.launching.Add(-1)
+		if d.pre != nil {
+			d.pre.wake()
+		}
+	}
+}
+
+// closePreboot destroys the members not handed out (the refill has
+// stopped).
+func (d *Daemon) closePreboot(ctx context.Context) {
+	if d.pre == nil {
+		return
+	}
+	for _, m := range d.pre.drain() {
+		d.destroyPreboot(ctx, m)
+	}
+}
+
+// bootPreboot boots one member for key: record, address, netns, cgroup and
+// the placeholder container. On failure what was made is torn down.
+func (d *Daemon) bootPreboot(ctx context.Context, key prebootKey) (_ *prebooted, err error) {
+	t0 := time.Now()
+	cfg := defaultConfig()
+	cfg.CPU, cfg.MemoryBytes, cfg.Pids, cfg.Egress = key.cpu, key.memory, key.pids, key.egress
+	if key.allow != "" {
+		cfg.EgressAllow = strings.Split(key.allow, ",")
+	}
+	if key.deny != "" {
+		cfg.EgressDeny = strings.Split(key.deny, ",")
+	}
+	pol, err := policyOf(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.requireDNS(pol); err != nil {
+		return nil, err
+	}
+	m := &prebooted{id: newID("sb-"), key: key}
+	if m.ip, err = d.recordPreboot(ctx, m); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			d.destroyPreboot(context.WithoutCancel(ctx), m)
+		}
+	}()
+	if m.nw, err = d.net.Setup(ctx, m.id, m.ip, pol); err != nil {
+		return nil, fmt.Errorf("preboot network: %w", err)
+	}
+	dir := d.podBundleDir(m.id)
+	if err := d.writePodBundle(dir, m.id, m.nw.NSPath, key); err != nil {
+		return nil, err
+	}
+	if err := d.runtimes[key.runtime].Run(ctx, podID(m.id), dir); err != nil {
+		return nil, fmt.Errorf("preboot: boot the sandbox: %w", err)
+	}
+	d.log.Debug("preboot: sandbox booted", slog.String("sandbox", m.id), slog.Duration("took", time.Since(t0)))
+	return m, nil
+}
+
+// recordPreboot allocates a member's address and records it, atomically
+// with respect to creates.
+func (d *Daemon) recordPreboot(ctx context.Context, m *prebooted) (netip.Addr, error) {
+	d.ipAlloc.Lock()
+	defer d.ipAlloc.Unlock()
+	ip, err := d.net.AllocateFunc(d.lastIP, func(a netip.Addr) (bool, error) { return d.store.IPInUse(ctx, a.String()) })
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	d.lastIP = ip
+	return ip, d.store.AddPreboot(ctx, &store.Preboot{ID: m.id, IP: ip.String(), Runtime: m.key.runtime})
+}
+
+// destroyPreboot tears down a member not handed out and forgets it; what
+// cannot be removed keeps its row, so the next start tries again.
+func (d *Daemon) destroyPreboot(ctx context.Context, m *prebooted) {
+	d.dropPreboot(ctx, &store.Preboot{ID: m.id, Runtime: m.key.runtime})
+}
+
+func (d *Daemon) dropPreboot(ctx context.Context, p *store.Preboot) {
+	if err := d.teardown(ctx, &store.Sandbox{ID: p.ID, Runtime: p.Runtime}); err != nil {
+		d.log.Warn("preboot: tear down", slog.String("sandbox", p.ID), slog.Any("error", err))
+		return
+	}
+	d.bestEffort(ctx, "preboot: forget", d.store.DeletePreboot(ctx, p.ID), slog.String("sandbox", p.ID))
+}
+
+// dropPreboots tears down every member a previous run left (on start,
+// before the orphan sweep): they are never handed out after a restart.
+func (d *Daemon) dropPreboots(ctx context.Context) error {
+	ps, err := d.store.ListPreboots(ctx)
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		d.log.Info("reconcile: destroying a pre-booted sandbox never handed out", slog.String("sandbox", p.ID))
+		d.dropPreboot(ctx, p)
+	}
+	return nil
+}

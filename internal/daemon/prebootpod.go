@@ -1,0 +1,165 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/runtime/runsc"
+	"github.com/forkbox/forkbox/internal/runtime/spec"
+	"github.com/forkbox/forkbox/internal/store"
+)
+
+// A pre-booted sandbox on the host (preboot.go has the pool): its
+// placeholder's bundle at <bundle>/pod, the hostname its placeholder sets,
+// the delete of both containers, and the placeholder's spec kept with a
+// memory image, which a restore brings back first.
+
+func (d *Daemon) podBundleDir(id string) string { return filepath.Join(d.bundleDir(id), "pod") }
+
+// pooled reports whether sandbox id runs in a pre-booted sandbox (it has a
+// placeholder container).
+func (d *Daemon) pooled(id string) bool {
+	_, err := os.Stat(filepath.Join(d.podBundleDir(id), "config.json"))
+	return err == nil
+}
+
+// writePodBundle writes the placeholder's bundle: an empty root with the
+// agent binary, which holds; CAP_SYS_ADMIN for sethostname only. The
+// sandbox's cgroup and limits are set here, for all its containers.
+func (d *Daemon) writePodBundle(dir, id, nsPath string, key prebootKey) error {
+	rootfs := filepath.Join(dir, "rootfs")
+	if err := os.MkdirAll(rootfs, 0o700); err != nil {
+		return fmt.Errorf("pod bundle: %w", err)
+	}
+	if err := spec.PrepareRootfs(rootfs); err != nil {
+		return err
+	}
+	s, err := spec.NewSpec(spec.SpecOptions{
+		Rootfs:      rootfs,
+		Hostname:    id,
+		Args:        []string{"/.forkbox/agent", "hold"},
+		NetNSPath:   nsPath,
+		CgroupsPath: d.cgroupPath(id),
+		CPU:         key.cpu,
+		MemoryBytes: hostMemoryLimit(key.runtime, key.memory),
+		Pids:        hostPidsLimit(key.runtime, key.pids),
+		Mounts: []specs.Mount{{Destination: "/.forkbox/agent", Type: "bind", Source: d.cfg.AgentPath,
+			Options: []string{"rbind", "ro", "nosuid", "nodev"}}},
+	})
+	if err != nil {
+		return err
+	}
+	caps := []string{"CAP_SYS_ADMIN"}
+	s.Process.Capabilities = &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps}
+	runsc.AsPod(s, podID(id))
+	return spec.WriteBundle(dir, s)
+}
+
+// hostnamer is the runtime feature a pre-booted sandbox is named with.
+type hostnamer interface {
+	Exec(ctx context.Context, id string, argv ...string) error
+}
+
+// setPodHostname names a pre-booted sandbox for its tenant: the hostname of
+// the sandbox's first container is the one all of them see.
+func (d *Daemon) setPodHostname(ctx context.Context, sb *store.Sandbox) error {
+	h, ok := d.runtimes[sb.Runtime].(hostnamer)
+	if !ok {
+		return fmt.Errorf("runtime %s cannot run a helper in a sandbox", sb.Runtime)
+	}
+	if err := h.Exec(ctx, podID(sb.ID), "/.forkbox/agent", "sethostname", sb.Config.Hostname); err != nil {
+		return fmt.Errorf("set the hostname: %w", err)
+	}
+	return nil
+}
+
+// deleteContainers deletes a sandbox's container and, when it ran in a
+// pre-booted sandbox, its placeholder (the sandbox itself). The placeholder
+// goes first: runsc cannot delete a second container whose sandbox has
+// stopped (after a checkpoint) without failing, though it forgets it; so
+// the tenant's delete counts as done when runsc no longer knows it.
+func (d *Daemon) deleteContainers(ctx context.Context, sb *store.Sandbox) error {
+	rt, ok := d.runtimes[sb.Runtime]
+	if !ok {
+		return nil
+	}
+	if !d.pooled(sb.ID) {
+		return rt.Delete(ctx, sb.ID, true)
+	}
+	perr := rt.Delete(ctx, podID(sb.ID), true)
+	err := rt.Delete(ctx, sb.ID, true)
+	if err != nil {
+		if _, serr := rt.State(ctx, sb.ID); errdefs.IsNotFound(serr) {
+			err = nil
+		}
+	}
+	return errors.Join(perr, err)
+}
+
+// podSpecFile holds, beside a memory image of a sandbox that ran in a
+// pre-booted sandbox, its placeholder's spec.
+const podSpecFile = "pod.json"
+
+// readPodSpec reads the placeholder spec kept with a memory image (nil:
+// the source was not pre-booted).
+func (d *Daemon) readPodSpec(imageDir string) (*specs.Spec, error) {
+	b, err := os.ReadFile(filepath.Join(imageDir, podSpecFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the memory checkpoint's placeholder spec: %w", err)
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("the memory checkpoint's placeholder spec: %v: %w", err, errdefs.ErrInternal)
+	}
+	return &s, nil
+}
+
+// writeRestoredPod writes sb's placeholder bundle from the source's spec:
+// the same args and mounts (runsc checks them), sb's root, netns, cgroup
+// and limit.
+func (d *Daemon) writeRestoredPod(sb *store.Sandbox, s *specs.Spec, nsPath string) error {
+	dir := d.podBundleDir(sb.ID)
+	rootfs := filepath.Join(dir, "rootfs")
+	if err := os.MkdirAll(rootfs, 0o700); err != nil {
+		return fmt.Errorf("pod bundle: %w", err)
+	}
+	if err := spec.PrepareRootfs(rootfs); err != nil {
+		return err
+	}
+	s.Root.Path = rootfs
+	for i := range s.Linux.Namespaces {
+		if s.Linux.Namespaces[i].Type == specs.NetworkNamespace {
+			s.Linux.Namespaces[i].Path = nsPath
+		}
+	}
+	s.Linux.CgroupsPath = d.cgroupPath(sb.ID)
+	setMemoryLimit(s, hostMemoryLimit(sb.Runtime, sb.Config.MemoryBytes))
+	runsc.AsPod(s, podID(sb.ID))
+	return spec.WriteBundle(dir, s)
+}
+
+// setMemoryLimit replaces a spec's memory limit, when it has one.
+func setMemoryLimit(s *specs.Spec, lim int64) {
+	if r := s.Linux.Resources; r != nil && r.Memory != nil && r.Memory.Limit != nil {
+		r.Memory.Limit = &lim
+	}
+}
+
+// copyFile copies a small file (a spec).
+func copyFile(from, to string) error {
+	b, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(to, b, 0o600)
+}
