@@ -12,18 +12,25 @@ import (
 	"time"
 
 	"github.com/forkbox/forkbox/client"
+	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/snapshot/btrfs"
 )
 
 // The throwaway daemon's host names, distinct from the default daemon's and
-// from the e2e suite's so that both can run beside the bench.
+// from the e2e suite's, and carrying a per-run suffix so that two benches
+// on one host (two builds compared, or two developers) never share a bridge,
+// nftables table, veth prefix, subnet or cgroup parent.
+var (
+	benchRunID        = fmt.Sprintf("%04x", os.Getpid()&0xffff)
+	benchBridge       = "fbxb" + benchRunID
+	benchNetTable     = "forkbox_bench_" + benchRunID
+	benchVethPrefix   = "b" + benchRunID
+	benchSubnet       = fmt.Sprintf("10.214.%d.0/22", 4*(os.Getpid()%64))
+	benchCgroupParent = "forkbox-bench-" + benchRunID
+)
+
 const (
-	benchBridge       = "fbxbench0"
-	benchNetTable     = "forkbox_bench"
-	benchVethPrefix   = "fbb"
-	benchSubnet       = "10.214.0.0/22"
-	benchCgroupParent = "forkbox-bench"
 	benchMaxSandboxes = "150"
 	benchBtrfsSize    = "32Gi"
 )
@@ -38,8 +45,14 @@ type daemon struct {
 
 // binaries returns the forkbox and forkbox-agent binaries: bin/ of the
 // repo when `make build` made them, else freshly built into dir.
-func binaries(ctx context.Context, dir string) (string, string, error) {
+func binaries(ctx context.Context, dir, binDir string) (string, string, error) {
 	bin, agent := "bin/forkbox", "bin/forkbox-agent"
+	if binDir != "" {
+		bin, agent = filepath.Join(binDir, "forkbox"), filepath.Join(binDir, "forkbox-agent")
+		if !fileExists(bin) || !fileExists(agent) {
+			return "", "", fmt.Errorf("--bin-dir %s: no forkbox and forkbox-agent there: %w", binDir, errdefs.ErrNotFound)
+		}
+	}
 	if fileExists(bin) && fileExists(agent) {
 		a, _ := filepath.Abs(bin)
 		b, _ := filepath.Abs(agent)
@@ -62,8 +75,8 @@ func fileExists(p string) bool {
 }
 
 // startDaemon starts the throwaway daemon below dir and waits for its socket.
-func startDaemon(ctx context.Context, dir, logLevel string) (*daemon, error) {
-	bin, agent, err := binaries(ctx, dir)
+func startDaemon(ctx context.Context, dir, binDir, logLevel string) (*daemon, error) {
+	bin, agent, err := binaries(ctx, dir, binDir)
 	if err != nil {
 		return nil, err
 	}
