@@ -112,4 +112,3 @@ func closeAgent(c any) {
 		cl.Close()
 	}
 }
-
