@@ -77,9 +77,9 @@ func limitHelperELF(n uint64) []byte {
 	b = le.AppendUint16(b, 0x3e) // EM_X86_64
 	b = le.AppendUint32(b, 1)
 	b = le.AppendUint64(b, limitHelperBase+elfHeaderLen+progHeaderLen) // entry
-	b = le.AppendUint64(b, elfHeaderLen)                                 // phoff
-	b = le.AppendUint64(b, 0)                                            // shoff
-	b = le.AppendUint32(b, 0)                                            // flags
+	b = le.AppendUint64(b, elfHeaderLen)                               // phoff
+	b = le.AppendUint64(b, 0)                                          // shoff
+	b = le.AppendUint32(b, 0)                                          // flags
 	b = le.AppendUint16(b, elfHeaderLen)
 	b = le.AppendUint16(b, progHeaderLen)
 	b = le.AppendUint16(b, 1) // phnum
