@@ -78,6 +78,11 @@ type Server struct {
 
 	mu    sync.Mutex
 	execs map[int]*execState
+
+	// muxes are the open sessions (see mux.go).
+	muxMu     sync.Mutex
+	muxes     map[*muxSession]bool
+	muxClosed bool
 }
 
 // NewServer returns a server for cfg. Call Serve or ListenAndServe to run it.
@@ -117,7 +122,8 @@ func NewServer(cfg Config) (*Server, error) {
 		}
 		cfg.Helper = exe
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, baseEnv: baseEnv(cfg.Env), execs: map[int]*execState{}, limiter: helper}
+	s := &Server{cfg: cfg, log: cfg.Logger, baseEnv: baseEnv(cfg.Env), execs: map[int]*execState{}, limiter: helper,
+		muxes: map[*muxSession]bool{}}
 	tok := cfg.Token
 	s.token.Store(&tok)
 	s.cfg.Token = "" // s.token is the only copy that counts
@@ -146,6 +152,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	go s.reaper.run(ctx)
 	go s.watch.run(ctx)
+	// Sessions end with Serve; none starts after.
+	defer s.closeSessions(nil)
 	go func() {
 		<-ctx.Done()
 		ln.Close()
@@ -193,6 +201,10 @@ func (s *Server) handleConn(conn net.Conn) {
 		s.log.Warn("agent: bad token", "remote", conn.RemoteAddr().String())
 		body.drain()
 		fw.writeError(fmt.Errorf("bad token: %w", errdefs.ErrUnauthenticated))
+		return
+	}
+	if req.Op == opMux {
+		s.serveMux(conn, br, fw)
 		return
 	}
 	if err := s.dispatch(body, fw, &req, received); err != nil {
@@ -248,6 +260,8 @@ func (s *Server) dispatch(body *reqBody, fw *frameWriter, req *request, received
 	case opTar:
 		return s.handleTar(fw, req)
 	case opFork:
+		// Sessions restored from the source's memory are the source's.
+		s.closeSessions(sessionOf(body.conn))
 		return s.handleForked(fw, req, received)
 	case opRotate:
 		return s.handleRotate(fw, req)
