@@ -226,6 +226,11 @@ func TestForkNoticeEndsOtherSessions(t *testing.T) {
 	if _, err := c.Forked(ctx, ForkNotice{Reason: ForkReasonFork, Token: "child"}); err != nil {
 		t.Fatal(err)
 	}
+	// A notice on a connection of its own (as the daemon sends it) ends
+	// every session, and new ones open.
+	if _, err := NewClient(c.addr, "child").Forked(ctx, ForkNotice{Reason: ForkReasonWake}); err != nil {
+		t.Fatal(err)
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		other.smu.Lock()

@@ -35,13 +35,13 @@ func (s *Server) serveMux(conn net.Conn, br *bufio.Reader, fw *frameWriter) {
 	m.run()
 }
 
-// closeSessions ends every session but keep (nil: all, and no new one
-// starts: Serve is ending). A fork notice ends
+// closeSessions ends every session but keep (nil: all); with final, no
+// new one starts (Serve is ending). A fork notice ends
 // the sessions a restored agent holds from its source's memory: their
 // connections belong to the source.
-func (s *Server) closeSessions(keep *muxSession) {
+func (s *Server) closeSessions(keep *muxSession, final bool) {
 	s.muxMu.Lock()
-	if keep == nil {
+	if final {
 		s.muxClosed = true
 	}
 	var ms []*muxSession

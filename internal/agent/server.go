@@ -153,7 +153,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	go s.reaper.run(ctx)
 	go s.watch.run(ctx)
 	// Sessions end with Serve; none starts after.
-	defer s.closeSessions(nil)
+	defer s.closeSessions(nil, true)
 	go func() {
 		<-ctx.Done()
 		ln.Close()
@@ -261,7 +261,7 @@ func (s *Server) dispatch(body *reqBody, fw *frameWriter, req *request, received
 		return s.handleTar(fw, req)
 	case opFork:
 		// Sessions restored from the source's memory are the source's.
-		s.closeSessions(sessionOf(body.conn))
+		s.closeSessions(sessionOf(body.conn), false)
 		return s.handleForked(fw, req, received)
 	case opRotate:
 		return s.handleRotate(fw, req)

@@ -128,6 +128,7 @@ type Daemon struct {
 	portSrv      *ports.Server   // nil without Config.PortsAddr
 	dns          *dnsproxy.Proxy // nil: not started (see startDNSProxy)
 	dnsErr       error           // why the proxy did not start (requireDNS)
+	agentClients agents          // session clients per sandbox (agents.go)
 }
 
 func (c *Config) setDefaults() error {
@@ -279,6 +280,7 @@ func (d *Daemon) Close() error {
 		d.stopJanitor()
 	}
 	d.bg.Wait()
+	d.closeAgents()
 	return errors.Join(perr, d.closeDNS(), d.snaps.Close(), d.store.Close())
 }
 

@@ -21,10 +21,14 @@ type ProfileResult struct {
 	API Summary `json:"api_exec_true"`
 	// Dial is one TCP connect from the host to the agent (then closed).
 	Dial Summary `json:"tcp_dial"`
-	// Ping is the agent's cheapest request, made the way the daemon's agent
-	// client makes it (a new connection per call, or its persistent channel).
+	// Ping is the agent's cheapest request on a session (one connection
+	// for all calls, as the daemon makes them; an agent without sessions
+	// gets a connection per call).
 	Ping Summary `json:"agent_ping"`
-	// AgentExec is exec `true` sent straight to the agent, no daemon.
+	// PingConn is the same on a connection of its own (dial, token).
+	PingConn Summary `json:"agent_ping_new_connection"`
+	// AgentExec is exec `true` sent straight to the agent, no daemon, on
+	// the session.
 	AgentExec Summary `json:"agent_exec_true"`
 	// InSandbox is the agent's own figure for that exec: from before its
 	// fork to the process's wait status (spawn, any helper, run, exit).
@@ -60,9 +64,10 @@ func (b *bench) measureProfile(ctx context.Context, rt string) (ProfileResult, e
 		return r, err
 	}
 	addr := net.JoinHostPort(rec.IP, "7077")
-	ac := agent.NewClient(addr, rec.AgentToken)
-	defer closeAgent(ac)
-	var api, dial, ping, ex, in, gobin []float64
+	ac := agent.NewSessionClient(addr, rec.AgentToken)
+	defer ac.Close()
+	conn1 := agent.NewClient(addr, rec.AgentToken)
+	var api, dial, ping, ping1, ex, in, gobin []float64
 	logFrom := b.logSize()
 	for i := range b.opts.execReps + 1 {
 		t := time.Now()
@@ -83,6 +88,11 @@ func (b *bench) measureProfile(ctx context.Context, rt string) (ProfileResult, e
 		}
 		p := ms(time.Since(t))
 		t = time.Now()
+		if _, err := conn1.Ping(ctx); err != nil {
+			return r, err
+		}
+		p1 := ms(time.Since(t))
+		t = time.Now()
 		res, err := ac.Exec(ctx, agent.ExecRequest{Argv: []string{"true"}}, nil, nil)
 		if err != nil {
 			return r, err
@@ -96,19 +106,11 @@ func (b *bench) measureProfile(ctx context.Context, rt string) (ProfileResult, e
 		if i == 0 {
 			continue // warm-up
 		}
-		api, dial, ping, ex, in = append(api, a), append(dial, d), append(ping, p), append(ex, e), append(in, ms(res.Duration))
+		api, dial, ping, ping1, ex, in = append(api, a), append(dial, d), append(ping, p), append(ping1, p1), append(ex, e), append(in, ms(res.Duration))
 		gobin = append(gobin, g-e)
 	}
-	r.API, r.Dial, r.Ping, r.AgentExec, r.InSandbox, r.GoBinary =
-		summarize(api), summarize(dial), summarize(ping), summarize(ex), summarize(in), summarize(gobin)
+	r.API, r.Dial, r.Ping, r.PingConn, r.AgentExec, r.InSandbox, r.GoBinary =
+		summarize(api), summarize(dial), summarize(ping), summarize(ping1), summarize(ex), summarize(in), summarize(gobin)
 	r.Daemon = b.daemonPhases(logFrom, sb.ID)
 	return r, nil
-}
-
-// closeAgent closes an agent client that holds connections (a build
-// whose client has Close); older clients hold none.
-func closeAgent(c any) {
-	if cl, ok := c.(interface{ Close() error }); ok {
-		cl.Close()
-	}
 }

@@ -36,9 +36,10 @@ func printProfiles(w io.Writer, ps []ProfileResult) {
 	for _, k := range names {
 		row("  daemon: "+k, func(p ProfileResult) Summary { return p.Daemon[k] })
 	}
-	row("exec straight to the agent", func(p ProfileResult) Summary { return p.AgentExec })
+	row("exec straight to the agent (session)", func(p ProfileResult) Summary { return p.AgentExec })
 	row("  agent: fork to wait status", func(p ProfileResult) Summary { return p.InSandbox })
-	row("  agent ping (daemon's client)", func(p ProfileResult) Summary { return p.Ping })
+	row("  agent ping on a session", func(p ProfileResult) Summary { return p.Ping })
+	row("  agent ping, new connection", func(p ProfileResult) Summary { return p.PingConn })
 	row("  TCP connect to the agent", func(p ProfileResult) Summary { return p.Dial })
 	row("execve of a Go binary (extra)", func(p ProfileResult) Summary { return p.GoBinary })
 	fmt.Fprintln(w)
