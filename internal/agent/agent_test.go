@@ -50,12 +50,24 @@ func startServerWith(tb testing.TB, cfg Config) (*Server, *Client) {
 		defer close(done)
 		s.Serve(ctx, ln)
 	}()
+	c := newTestClient(ln.Addr().String(), cfg.Token)
 	tb.Cleanup(func() {
+		c.Close()
 		s.signalExecs(9)
 		cancel()
 		<-done
 	})
-	return s, NewClient(ln.Addr().String(), cfg.Token)
+	return s, c
+}
+
+// newTestClient is the client the tests use: one whose calls share a
+// session (as the daemon's), or with FORKBOX_AGENT_TEST_CLIENT=conn one
+// that opens a connection per call.
+func newTestClient(addr, token string) *Client {
+	if os.Getenv("FORKBOX_AGENT_TEST_CLIENT") == "conn" {
+		return NewClient(addr, token)
+	}
+	return NewSessionClient(addr, token)
 }
 
 func testCtx(t *testing.T) context.Context {

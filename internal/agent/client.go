@@ -10,26 +10,66 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
 )
 
-// Client talks to one sandbox's agent. It opens one TCP connection per call;
-// it is safe for concurrent use.
+// Client talks to one sandbox's agent; it is safe for concurrent use. A
+// client from NewClient opens one TCP connection per call; one from
+// NewSessionClient carries its calls over one session (see mux.go) and must
+// be closed.
 type Client struct {
 	addr  string
 	token atomic.Pointer[string] // Forked replaces it
 	// DialTimeout bounds each connection attempt; default 2s.
 	DialTimeout time.Duration
+
+	sessions bool
+	smu      sync.Mutex
+	sess     *muxSession
+	noMux    bool // the agent speaks no sessions (an older build)
+	closed   bool
+	wg       sync.WaitGroup
 }
 
-// NewClient returns a client for the agent at addr ("10.0.0.2:7077").
+// NewClient returns a client for the agent at addr ("10.0.0.2:7077") that
+// opens a connection per call.
 func NewClient(addr, token string) *Client {
 	c := &Client{addr: addr, DialTimeout: 2 * time.Second}
 	c.token.Store(&token)
 	return c
+}
+
+// NewSessionClient returns a client for the agent at addr whose calls share
+// one session, dialled on the first call and again after it failed. An
+// agent that has no sessions gets a connection per call. Close it.
+func NewSessionClient(addr, token string) *Client {
+	c := NewClient(addr, token)
+	c.sessions = true
+	return c
+}
+
+// Addr is the agent's address.
+func (c *Client) Addr() string { return c.addr }
+
+// Token is the token c sends now.
+func (c *Client) Token() string { return *c.token.Load() }
+
+// Close ends c's session, failing the calls still on it, and waits for its
+// reader. Calls after Close fail with Unavailable.
+func (c *Client) Close() error {
+	c.smu.Lock()
+	c.closed = true
+	if c.sess != nil {
+		c.sess.Close()
+		c.sess = nil
+	}
+	c.smu.Unlock()
+	c.wg.Wait()
+	return nil
 }
 
 // call is one request in flight.
@@ -41,19 +81,28 @@ type call struct {
 	stop func() bool
 }
 
-// open dials the agent and buffers the header frame (not yet flushed).
-// The connection is closed when ctx ends.
+// open dials the agent (or opens a stream of the session) and buffers the
+// header frame (not yet flushed). The connection is closed when ctx ends.
 func (c *Client) open(ctx context.Context, req request) (*call, error) {
 	req.Token = *c.token.Load()
-	d := net.Dialer{Timeout: c.DialTimeout}
-	conn, err := d.DialContext(ctx, "tcp", c.addr)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctxErr(ctx, req.Op)
+	var conn net.Conn
+	bufSize := 64 << 10
+	if c.sessions {
+		st, err := c.stream(ctx, req.Op)
+		if err != nil {
+			return nil, err
 		}
-		return nil, fmt.Errorf("agent %s: dial %s: %v: %w", req.Op, c.addr, err, errdefs.ErrUnavailable)
+		if st != nil {
+			conn, bufSize = st, 16<<10
+		}
 	}
-	cl := &call{conn: conn, br: bufio.NewReaderSize(conn, 64<<10), bw: bufio.NewWriterSize(conn, 64<<10)}
+	if conn == nil {
+		var err error
+		if conn, err = c.dial(ctx, req.Op); err != nil {
+			return nil, err
+		}
+	}
+	cl := &call{conn: conn, br: bufio.NewReaderSize(conn, bufSize), bw: bufio.NewWriterSize(conn, bufSize)}
 	cl.fw = &frameWriter{w: cl.bw}
 	cl.stop = context.AfterFunc(ctx, func() { conn.Close() })
 	if err := cl.fw.writeJSON(frameHeader, req); err != nil {
@@ -61,6 +110,18 @@ func (c *Client) open(ctx context.Context, req request) (*call, error) {
 		return nil, err
 	}
 	return cl, nil
+}
+
+func (c *Client) dial(ctx context.Context, op string) (net.Conn, error) {
+	d := net.Dialer{Timeout: c.DialTimeout}
+	conn, err := d.DialContext(ctx, "tcp", c.addr)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctxErr(ctx, op)
+		}
+		return nil, fmt.Errorf("agent %s: dial %s: %v: %w", op, c.addr, err, errdefs.ErrUnavailable)
+	}
+	return conn, nil
 }
 
 func (cl *call) close() {

@@ -136,9 +136,12 @@ func (s *Server) startProcess(req *ExecRequest, files [3]*os.File, tty bool) (*e
 	} else if !fi.IsDir() {
 		return nil, nil, fmt.Errorf("cwd %q: not a directory: %w", cwd, errdefs.ErrInvalidArgument)
 	}
-	if s.cfg.PidsLimit > 0 {
+	if s.limiter != nil {
 		// The helper sets RLIMIT_NPROC, then execs bin in place: the
 		// process (pid, group, stdio) stays the one started here.
+		bin, argv = s.limiter.argv(bin, argv)
+	} else if s.cfg.PidsLimit > 0 {
+		// Same, with the agent's own (Go) binary in helper mode.
 		argv = append([]string{s.cfg.Helper, HelperExecLimited, strconv.FormatInt(s.cfg.PidsLimit, 10), bin}, argv...)
 		bin = s.cfg.Helper
 	}
@@ -177,7 +180,7 @@ func (s *Server) startProcess(req *ExecRequest, files [3]*os.File, tty bool) (*e
 }
 
 // HelperExecLimited is the agent's helper mode that applies limits between
-// fork and exec (see Config.PidsLimit and ExecLimited).
+// fork and exec where the native helper is missing (see limithelper.go).
 const HelperExecLimited = "exec-limited"
 
 // ExecLimited is the helper: args are [nproc, bin, argv...]. It sets

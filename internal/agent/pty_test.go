@@ -259,7 +259,7 @@ func TestPtyKeepsLimits(t *testing.T) {
 	if _, err := os.Stat("/bin/dd"); err != nil {
 		t.Skip("needs /bin/dd")
 	}
-	c := startServer(t, Config{PidsLimit: 37, Helper: os.Args[0], MemoryLimit: 64 << 20})
+	c := startServer(t, Config{PidsLimit: 37, MemoryLimit: 64 << 20})
 	ctx := testCtx(t)
 	_, out, done := startPty(t, ctx, c, ExecRequest{
 		Shell: "grep 'Max processes' /proc/self/limits; dd if=/dev/zero of=" + stuckFifo(t) + " bs=300M count=1 2>/dev/null; echo rc=$?",

@@ -76,22 +76,27 @@ func TestRotateToken(t *testing.T) {
 	}
 }
 
-// Every process the agent starts gets the pids limit as RLIMIT_NPROC.
+// Every process the agent starts gets the pids limit as RLIMIT_NPROC, with
+// the native helper (the default) and with the agent's Go helper mode.
 func TestPidsLimitSetsRlimitNproc(t *testing.T) {
-	c := startServer(t, Config{PidsLimit: 37, Helper: os.Args[0]})
-	ctx := testCtx(t)
-	var out bytes.Buffer
-	res, err := c.Exec(context.WithoutCancel(ctx), ExecRequest{Argv: []string{"cat", "/proc/self/limits"}}, &out, nil)
-	if err != nil || res.ExitCode != 0 {
-		t.Fatalf("exec: %+v, %v", res, err)
-	}
-	for _, l := range strings.Split(out.String(), "\n") {
-		if strings.HasPrefix(l, "Max processes") {
-			if f := strings.Fields(l); len(f) < 4 || f[2] != "37" || f[3] != "37" {
-				t.Errorf("got %q, want soft and hard 37", l)
+	for name, helper := range map[string]string{"native": "", "go": os.Args[0]} {
+		t.Run(name, func(t *testing.T) {
+			c := startServer(t, Config{PidsLimit: 37, Helper: helper})
+			ctx := testCtx(t)
+			var out bytes.Buffer
+			res, err := c.Exec(context.WithoutCancel(ctx), ExecRequest{Argv: []string{"cat", "/proc/self/limits"}}, &out, nil)
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("exec: %+v, %v", res, err)
 			}
-			return
-		}
+			for _, l := range strings.Split(out.String(), "\n") {
+				if strings.HasPrefix(l, "Max processes") {
+					if f := strings.Fields(l); len(f) < 4 || f[2] != "37" || f[3] != "37" {
+						t.Errorf("got %q, want soft and hard 37", l)
+					}
+					return
+				}
+			}
+			t.Errorf("no Max processes line in %q", out.String())
+		})
 	}
-	t.Errorf("no Max processes line in %q", out.String())
 }

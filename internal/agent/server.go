@@ -39,8 +39,9 @@ type Config struct {
 	// the user owns that many tasks. The daemon sets it under gVisor, where
 	// the host pids cgroup counts the runtime's own tasks (see doc.go).
 	PidsLimit int64
-	// Helper is the agent binary, run as "Helper exec-limited N bin argv..."
-	// to apply PidsLimit; default os.Executable().
+	// Helper, if set, is the agent binary, run as "Helper exec-limited N
+	// bin argv..." to apply PidsLimit. Empty: the native helper (see
+	// limithelper.go), else os.Executable() where there is none.
 	Helper string
 	// LogDir holds background execs' output; default /tmp/.forkbox.
 	LogDir string
@@ -65,6 +66,8 @@ type Server struct {
 	reaper      *reaper
 	watch       *watchdog
 	oomAdjusted bool
+	// limiter applies PidsLimit (nil: cfg.Helper does, or no limit).
+	limiter *limitHelper
 
 	// token is the accepted token; a fork notice swaps it. pending is the
 	// token a rotate installed: accepted besides token until its first use,
@@ -75,6 +78,11 @@ type Server struct {
 
 	mu    sync.Mutex
 	execs map[int]*execState
+
+	// muxes are the open sessions (see mux.go).
+	muxMu     sync.Mutex
+	muxes     map[*muxSession]bool
+	muxClosed bool
 }
 
 // NewServer returns a server for cfg. Call Serve or ListenAndServe to run it.
@@ -100,14 +108,22 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.ForkHookTimeout <= 0 {
 		cfg.ForkHookTimeout = DefaultForkHookTimeout
 	}
+	var helper *limitHelper
 	if cfg.PidsLimit > 0 && cfg.Helper == "" {
+		var err error
+		if helper, err = newLimitHelper(cfg.PidsLimit); err != nil {
+			cfg.Logger.Warn("agent: pids limit: no native helper, using the agent's own binary (slower execs)", "err", err)
+		}
+	}
+	if cfg.PidsLimit > 0 && cfg.Helper == "" && helper == nil {
 		exe, err := os.Executable()
 		if err != nil {
 			return nil, fmt.Errorf("agent: pids limit: own binary: %v: %w", err, errdefs.ErrInternal)
 		}
 		cfg.Helper = exe
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, baseEnv: baseEnv(cfg.Env), execs: map[int]*execState{}}
+	s := &Server{cfg: cfg, log: cfg.Logger, baseEnv: baseEnv(cfg.Env), execs: map[int]*execState{}, limiter: helper,
+		muxes: map[*muxSession]bool{}}
 	tok := cfg.Token
 	s.token.Store(&tok)
 	s.cfg.Token = "" // s.token is the only copy that counts
@@ -127,12 +143,17 @@ func (s *Server) ListenAndServe(ctx context.Context) error {
 }
 
 // Serve accepts connections on ln until ctx ends, then closes ln. The reaper
-// and the watchdog run as long as Serve does.
+// and the watchdog run as long as Serve does; Serve serves once.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if s.limiter != nil {
+		defer s.limiter.f.Close()
+	}
 	go s.reaper.run(ctx)
 	go s.watch.run(ctx)
+	// Sessions end with Serve; none starts after.
+	defer s.closeSessions(nil, true)
 	go func() {
 		<-ctx.Done()
 		ln.Close()
@@ -180,6 +201,10 @@ func (s *Server) handleConn(conn net.Conn) {
 		s.log.Warn("agent: bad token", "remote", conn.RemoteAddr().String())
 		body.drain()
 		fw.writeError(fmt.Errorf("bad token: %w", errdefs.ErrUnauthenticated))
+		return
+	}
+	if req.Op == opMux {
+		s.serveMux(conn, br, fw)
 		return
 	}
 	if err := s.dispatch(body, fw, &req, received); err != nil {
@@ -235,6 +260,8 @@ func (s *Server) dispatch(body *reqBody, fw *frameWriter, req *request, received
 	case opTar:
 		return s.handleTar(fw, req)
 	case opFork:
+		// Sessions restored from the source's memory are the source's.
+		s.closeSessions(sessionOf(body.conn), false)
 		return s.handleForked(fw, req, received)
 	case opRotate:
 		return s.handleRotate(fw, req)

@@ -53,6 +53,7 @@ func (d *Daemon) deleteLocked(ctx context.Context, sb *store.Sandbox) error {
 // teardown removes everything a sandbox may own on the host. Every step is
 // idempotent, so it also cleans half-made sandboxes after a crash.
 func (d *Daemon) teardown(ctx context.Context, sb *store.Sandbox) error {
+	d.dropAgent(sb.ID)
 	var errs []error
 	// A paused crun sandbox is frozen, and frozen tasks (cgroup v1) ignore
 	// SIGKILL (a paused gVisor sandbox is stopped inside its sentry, which

@@ -134,6 +134,7 @@ type Daemon struct {
 	dnsErr       error           // why the proxy did not start (requireDNS)
 	pre          *prebootPool    // nil: no pre-booted sandboxes
 	launching    atomic.Int32    // creates and forks under way (busyUntil)
+	agentClients agents          // session clients per sandbox (agents.go)
 }
 
 func (c *Config) setDefaults() error {
@@ -291,6 +292,7 @@ func (d *Daemon) Close() error {
 	}
 	d.bg.Wait()
 	d.closePreboot(context.Background())
+	d.closeAgents()
 	return errors.Join(perr, d.closeDNS(), d.snaps.Close(), d.store.Close())
 }
 

@@ -95,15 +95,18 @@ func (d *Daemon) Exec(ctx context.Context, idOrName string, o ExecOptions, stdou
 	if err := checkExec(&o); err != nil {
 		return ExecResult{}, err
 	}
+	ph := d.newExecPhases(ctx)
 	sb, done, err := d.running(ctx, idOrName)
 	if err != nil {
 		return ExecResult{}, err
 	}
 	defer done()
+	ph.mark("lookup")
 	execID := newID("ex-")
 	if _, err := d.store.AppendEvent(ctx, sb.ID, store.EventExecStarted, d.recordedExec(sb.ID, execID, &o, false)); err != nil {
 		return ExecResult{}, err
 	}
+	ph.mark("ledger_started")
 	req, err := d.withCredentials(ctx, sb, o.ExecRequest)
 	if err != nil {
 		return ExecResult{}, err
@@ -111,14 +114,18 @@ func (d *Daemon) Exec(ctx context.Context, idOrName string, o ExecOptions, stdou
 	// Under crun the kernel's OOM killer does the killing: it is seen in
 	// the cgroup's oom_kill count (under gVisor the agent reports it).
 	oomBefore, oomErr := cgroups.OOMKills(d.cgroupPath(sb.ID))
+	ph.mark("credentials")
 	start := time.Now()
 	res, err := d.agent(sb).Exec(ctx, req, stdout, stderr)
+	ph.mark("agent")
 	if err == nil && sb.Runtime == RuntimeCrun && res.Signal == "SIGKILL" && oomErr == nil {
 		if after, err := cgroups.OOMKills(d.cgroupPath(sb.ID)); err == nil && after > oomBefore {
 			res.OOMKilled = true
 		}
 	}
 	d.note(context.WithoutCancel(ctx), sb.ID, store.EventExecFinished, execFinished(execID, start, res, err))
+	ph.mark("ledger_finished")
+	ph.log(ctx, d.log, sb.ID)
 	return res, err
 }
 

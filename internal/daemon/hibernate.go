@@ -111,6 +111,7 @@ func (d *Daemon) hibernateLocked(ctx context.Context, sb *store.Sandbox) (err er
 	}
 	// From here on nothing may stop half-way because a caller went away.
 	ctx = context.WithoutCancel(ctx)
+	d.dropAgent(sb.ID) // the image must hold no live session (agents.go)
 	if err := mc.Checkpoint(ctx, sb.ID, dir); err != nil {
 		return fmt.Errorf("hibernate: %w", err)
 	}

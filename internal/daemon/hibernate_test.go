@@ -192,7 +192,10 @@ func TestMemoryFork(t *testing.T) {
 		if c.Err != nil {
 			t.Fatalf("child %d: %v", i, c.Err)
 		}
-		if err := agent.WaitReady(ctx, h.d.agent(c.Sandbox)); err != nil {
+		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+		err := agent.WaitReady(wctx, h.d.agent(c.Sandbox))
+		wcancel()
+		if err != nil {
 			t.Errorf("child %d agent with its own token: %v", i, err)
 		}
 		if evs := h.events(c.Sandbox.ID); !slices.Contains(evs, store.EventForkNotified) {

@@ -4,13 +4,11 @@ import (
 	"context"
 	"net/netip"
 
-	"github.com/forkbox/forkbox/internal/agent"
 	"github.com/forkbox/forkbox/internal/cgroups"
 	"github.com/forkbox/forkbox/internal/mount"
 	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/snapshot"
-	"github.com/forkbox/forkbox/internal/store"
 )
 
 // The daemon's engine logic reaches the host through a few narrow parts,
@@ -69,15 +67,4 @@ type parts struct {
 	net      netManager
 	runtimes map[string]runtime.Runtime
 	host     hostOps
-}
-
-// agent returns a client for a sandbox's agent.
-func (d *Daemon) agent(sb *store.Sandbox) *agent.Client {
-	return d.agentWithToken(sb, sb.AgentToken)
-}
-
-// agentWithToken is agent with another token (a memory-forked child's
-// agent wakes with its source's).
-func (d *Daemon) agentWithToken(sb *store.Sandbox, token string) *agent.Client {
-	return agent.NewClient(d.host.AgentAddr(sb.ID, netip.MustParseAddr(sb.IP)), token)
 }

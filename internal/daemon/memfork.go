@@ -141,6 +141,7 @@ func (d *Daemon) checkpointMemoryStop(ctx context.Context, sb *store.Sandbox, mc
 	if err != nil {
 		return nil, err
 	}
+	d.dropAgent(sb.ID) // no child may wake holding the source's session (agents.go)
 	if err := mc.Checkpoint(ctx, sb.ID, filepath.Join(dir, memImageSub)); err != nil {
 		d.bestEffort(ctx, "record the source after a failed memory checkpoint", d.afterFailedCheckpoint(ctx, sb, rt, sb.State), slog.String("sandbox", sb.ID))
 		return nil, fmt.Errorf("memory checkpoint: %w", err)

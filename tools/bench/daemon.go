@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/forkbox/forkbox/client"
+	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/snapshot/btrfs"
 	"github.com/vishvananda/netlink"
@@ -105,8 +106,14 @@ type daemon struct {
 
 // binaries returns the forkbox and forkbox-agent binaries: bin/ of the
 // repo when `make build` made them, else freshly built into dir.
-func binaries(ctx context.Context, dir string) (string, string, error) {
+func binaries(ctx context.Context, dir, binDir string) (string, string, error) {
 	bin, agent := "bin/forkbox", "bin/forkbox-agent"
+	if binDir != "" {
+		bin, agent = filepath.Join(binDir, "forkbox"), filepath.Join(binDir, "forkbox-agent")
+		if !fileExists(bin) || !fileExists(agent) {
+			return "", "", fmt.Errorf("--bin-dir %s: no forkbox and forkbox-agent there: %w", binDir, errdefs.ErrNotFound)
+		}
+	}
 	if fileExists(bin) && fileExists(agent) {
 		a, _ := filepath.Abs(bin)
 		b, _ := filepath.Abs(agent)
@@ -130,8 +137,9 @@ func fileExists(p string) bool {
 
 // startDaemon starts the throwaway daemon below dir and waits for its
 // socket; with e2b, it also serves its E2B endpoint on a free loopback port.
-func startDaemon(ctx context.Context, dir, logLevel string, maxSandboxes int, e2b bool) (*daemon, error) {
-	bin, agent, err := binaries(ctx, dir)
+// binDir, when set, names the forkbox and forkbox-agent build to run.
+func startDaemon(ctx context.Context, dir, binDir, logLevel string, maxSandboxes int, e2b bool) (*daemon, error) {
+	bin, agent, err := binaries(ctx, dir, binDir)
 	if err != nil {
 		return nil, err
 	}

@@ -68,6 +68,7 @@ type options struct {
 	densityMemory  string
 	densityBudget  float64 // GiB
 	densityMinFree float64 // GiB
+	binDir         string
 }
 
 func parseFlags(args []string) (options, error) {
@@ -86,9 +87,10 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.memory, "memory", "256Mi", "memory limit of every sandbox")
 	fs.BoolVar(&o.quick, "quick", false, "smoke run: sizes 1MB,10MB, 3 reps, fan-out 10, env setup 2s x 3 runs, 5 hand-overs, memory 10MB x 3 reps, memory fan-out 3")
 	fs.BoolVar(&o.json, "json", false, "print the results as JSON")
-	fs.StringVar(&sections, "sections", "start,fork,fanout,busy,env,memory,e2b", "sections to run")
+	fs.StringVar(&sections, "sections", "start,profile,fork,fanout,busy,env,memory,e2b", "sections to run")
 	fs.StringVar(&o.e2bURL, "e2b-url", "", "the --host daemon's E2B endpoint (serve --e2b), for the e2b section")
 	fs.StringVar(&o.e2bKey, "e2b-key", os.Getenv("E2B_API_KEY"), "its API key (the daemon's --api-token)")
+	fs.StringVar(&o.binDir, "bin-dir", "", "take forkbox and forkbox-agent from this directory (default bin/ when built, else a fresh build), e.g. an older build to compare with")
 	fs.DurationVar(&o.envSetup, "env-setup", 10*time.Second, "environment setup work to calibrate for (env section)")
 	fs.IntVar(&o.envRuns, "env-runs", 10, "runs of fresh setup vs build once and fork (env section)")
 	fs.IntVar(&o.envSamples, "env-samples", 20, "warm-pool hand-over samples (env section)")
@@ -106,9 +108,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if !set["daemon-log-level"] && strings.Contains(sections, "memory") {
+	if !set["daemon-log-level"] && (strings.Contains(sections, "memory") || strings.Contains(sections, "profile")) {
 		// The memory section reads the child's `runsc restore` time from
-		// the daemon's debug log.
+		// the daemon's debug log, the profile section its exec phases.
 		o.logLevel = "debug"
 	}
 	if o.quick {
@@ -154,8 +156,8 @@ func parseFlags(args []string) (options, error) {
 	o.memSizes = splitList(memSizes)
 	o.sections = map[string]bool{}
 	for _, x := range splitList(sections) {
-		if x != "start" && x != "fork" && x != "fanout" && x != "busy" && x != "env" && x != "memory" && x != "e2b" && x != "density" {
-			return o, fmt.Errorf("section %q: want start, fork, fanout, busy, env, memory, e2b or density: %w", x, errdefs.ErrInvalidArgument)
+		if !knownSections[x] {
+			return o, fmt.Errorf("section %q: want start, profile, fork, fanout, busy, env, memory, e2b or density: %w", x, errdefs.ErrInvalidArgument)
 		}
 		o.sections[x] = true
 	}
@@ -183,6 +185,8 @@ func parseFlags(args []string) (options, error) {
 	}
 	return o, nil
 }
+
+var knownSections = map[string]bool{"start": true, "profile": true, "fork": true, "fanout": true, "busy": true, "env": true, "memory": true, "e2b": true, "density": true}
 
 func splitList(s string) []string {
 	var out []string
@@ -277,7 +281,7 @@ func run(o options) (err error) {
 		}
 	} else {
 		progress("starting a throwaway daemon in %s", dir)
-		d, err := startDaemon(ctx, dir, o.logLevel, o.maxSandboxes(), o.sections["e2b"])
+		d, err := startDaemon(ctx, dir, o.binDir, o.logLevel, o.maxSandboxes(), o.sections["e2b"])
 		if d != nil {
 			defer d.cleanup()
 		}
@@ -360,6 +364,17 @@ func (b *bench) measureAll(ctx context.Context, rep *Report, rootfs string) erro
 		r.CreateOverFloor = ratio(r.CreateFirstExec.Median, floor.Median)
 		r.ExecOverFloor = ratio(r.ExecTrue.Median, floor.Median)
 		rep.Runtimes = append(rep.Runtimes, r)
+	}
+	for _, rt := range o.runtimes {
+		if !o.sections["profile"] || b.stateDir == "" {
+			break
+		}
+		progress("%s: where an exec of true goes, %d interleaved rounds", rt, o.execReps)
+		r, err := b.measureProfile(ctx, rt)
+		if err != nil {
+			return err
+		}
+		rep.Profiles = append(rep.Profiles, r)
 	}
 	for _, s := range o.sizes {
 		if !o.sections["fork"] {

@@ -20,6 +20,7 @@ type Report struct {
 	DurationS   float64         `json:"duration_s"`
 	Floor       Summary         `json:"raw_floor"`
 	Runtimes    []RuntimeResult `json:"runtimes"`
+	Profiles    []ProfileResult `json:"exec_profile,omitempty"`
 	Forks       []ForkResult    `json:"forks"`
 	Fanouts     []FanoutResult  `json:"fanouts"`
 	Busy        []BusyResult    `json:"busy_capture"`
@@ -141,6 +142,9 @@ func (r *Report) print(out io.Writer) {
 
 	if len(r.Runtimes) > 0 {
 		r.printStart(w)
+	}
+	if len(r.Profiles) > 0 {
+		printProfiles(w, r.Profiles)
 	}
 	if len(r.Forks) > 0 {
 		r.printForks(w)

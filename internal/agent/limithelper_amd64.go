@@ -1,0 +1,4 @@
+package agent
+
+// limitHelperNative says limitHelperCode runs on this architecture.
+const limitHelperNative = true
