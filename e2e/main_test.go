@@ -147,6 +147,12 @@ func startDaemon() error {
 	args := append([]string{"serve", "--state-dir", env.stateDir, "--run-dir", env.runDir, "--socket", env.socket,
 		"--agent", env.agent, "--bridge", bridge, "--net-table", netTable, "--veth-prefix", vethPrefix,
 		"--subnet", subnet, "--cgroup-parent", cgroupParent, "--btrfs-size", "8Gi", "--log-level", "debug"}, env.extra...)
+	// FORKBOX_E2E_RUNSC runs the suite with another runsc binary (e.g. one
+	// built with scripts/gvisor/memory-limit.patch); flags a test adds
+	// after it (withDaemonFlags) still win.
+	if bin := os.Getenv("FORKBOX_E2E_RUNSC"); bin != "" {
+		args = append(args[:1], append([]string{"--runsc", bin}, args[1:]...)...)
+	}
 	cmd := exec.Command(env.bin, args...)
 	cmd.Stdout, cmd.Stderr = env.logFile, env.logFile
 	if err := cmd.Start(); err != nil {

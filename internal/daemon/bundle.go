@@ -116,6 +116,12 @@ func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Net
 	if sb.Runtime == RuntimeCrun {
 		crun.Adapt(s)
 	}
+	if sb.Runtime == RuntimeGVisor && sb.Config.MemoryBytes > 0 {
+		if s.Annotations == nil {
+			s.Annotations = map[string]string{}
+		}
+		s.Annotations[runsc.AnnotationAppMemoryLimit] = strconv.FormatInt(sb.Config.MemoryBytes, 10)
+	}
 	if err := spec.PrepareRootfs(filepath.Join(dir, "rootfs")); err != nil {
 		return err
 	}
