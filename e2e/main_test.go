@@ -151,6 +151,12 @@ func startDaemon() error {
 		// preboot_test.go, turn them on): its tests count and time what
 		// they make.
 		"--preboot", "0"}, env.extra...)
+	// FORKBOX_E2E_RUNSC runs the suite with another runsc binary (e.g. one
+	// built with scripts/gvisor/memory-limit.patch); flags a test adds
+	// after it (withDaemonFlags) still win.
+	if bin := os.Getenv("FORKBOX_E2E_RUNSC"); bin != "" {
+		args = append(args[:1], append([]string{"--runsc", bin}, args[1:]...)...)
+	}
 	cmd := exec.Command(env.bin, args...)
 	cmd.Stdout, cmd.Stderr = env.logFile, env.logFile
 	if err := cmd.Start(); err != nil {

@@ -9,6 +9,13 @@ cd "$(dirname "$0")/.."
 RUNSC_VERSION=v0.0.0-20260905035102-160fafc42237
 RUNSC_BIN=/usr/local/bin/runsc
 RUNSC_STAMP=/usr/local/lib/forkbox/runsc.version
+# FORKBOX_RUNSC_PATCHED=1 builds runsc with scripts/gvisor/memory-limit.patch
+# (an exact memory limit inside gVisor: SECURITY.md, "Memory limits under
+# gVisor"); the stamp names the patch, so changing either rebuilds it.
+RUNSC_WANT=$RUNSC_VERSION
+if [ "${FORKBOX_RUNSC_PATCHED:-0}" = 1 ]; then
+	RUNSC_WANT="$RUNSC_VERSION+memory-limit-$(sha256sum scripts/gvisor/memory-limit.patch | cut -c1-12)"
+fi
 PACKAGES=(btrfs-progs busybox-static crun iproute2 nftables util-linux procps kmod coreutils python3-pytest chromium)
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
@@ -28,13 +35,17 @@ if [ ${#missing[@]} -gt 0 ]; then
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-if [ "$(cat "$RUNSC_STAMP" 2>/dev/null)" != "$RUNSC_VERSION" ] || [ ! -x "$RUNSC_BIN" ]; then
-	say "building gVisor runsc $RUNSC_VERSION (static, about 2 minutes)"
+if [ "$(cat "$RUNSC_STAMP" 2>/dev/null)" != "$RUNSC_WANT" ] || [ ! -x "$RUNSC_BIN" ]; then
+	say "building gVisor runsc $RUNSC_WANT (static, about 2 minutes)"
 	tmp=$(mktemp -d)
-	CGO_ENABLED=0 GOBIN="$tmp" go install "gvisor.dev/gvisor/runsc@$RUNSC_VERSION"
+	if [ "$RUNSC_WANT" != "$RUNSC_VERSION" ]; then
+		scripts/gvisor/build-runsc.sh "$RUNSC_VERSION" "$tmp/runsc"
+	else
+		CGO_ENABLED=0 GOBIN="$tmp" go install "gvisor.dev/gvisor/runsc@$RUNSC_VERSION"
+	fi
 	install -m 0755 "$tmp/runsc" "$RUNSC_BIN"
 	mkdir -p "$(dirname "$RUNSC_STAMP")"
-	echo "$RUNSC_VERSION" >"$RUNSC_STAMP"
+	echo "$RUNSC_WANT" >"$RUNSC_STAMP"
 	rm -rf "$tmp"
 fi
 

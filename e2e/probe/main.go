@@ -47,6 +47,12 @@ func main() {
 	case "alloc":
 		mb, _ := strconv.Atoi(arg(2))
 		alloc(mb)
+	case "hold":
+		mb, _ := strconv.Atoi(arg(2))
+		alloc(mb)
+		for { // holds it until killed
+			unix.Pause()
+		}
 	default:
 		os.Exit(2)
 	}
@@ -55,6 +61,7 @@ func main() {
 // alloc maps mb MiB of private anonymous memory and writes one byte per
 // page, with no pause and no allocator in between: the fastest way for a
 // tenant to take memory. It prints "allocated MB" when it got all of it.
+// "hold MB" does the same and then keeps it until it is killed.
 func alloc(mb int) {
 	n := mb << 20
 	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)

@@ -87,6 +87,14 @@
 // 128 MiB read(2) (the sentry copies it into tenant memory) its whole
 // buffer.
 //
+// With a runsc built with scripts/gvisor/memory-limit.patch the sentry
+// enforces the limit itself when it allocates (the daemon passes it as an
+// OCI annotation) and SIGKILLs the largest process; the agent attributes
+// such a kill from the sandbox's kernel log (sentryoom.go). The watchdog
+// stays on (the daemon cannot tell the two runsc apart): the sentry keeps
+// the charged memory under the limit, so the watchdog fires only when the
+// summed RSS, which also counts mapped file pages once per process, passes it.
+//
 // An exact limit from the host does not work with this gVisor (spiked,
 // figures in SECURITY.md, "Memory limits under gVisor"): with the host
 // limit at the tenant's plus the sentry's overhead and oom_kill_disable=1,

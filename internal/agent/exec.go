@@ -155,6 +155,7 @@ func (s *Server) handleExec(body *reqBody, fw *frameWriter, hdr *request) error 
 
 	defer st.killAfter(req.Timeout)()
 	ws := <-done
+	s.markSentryOOM(st, ws)
 	st.markExited()
 	dur := time.Since(start)
 	deadline := time.Now().Add(drainGrace)
@@ -307,6 +308,7 @@ func (s *Server) handleStart(fw *frameWriter, hdr *request) error {
 	}
 	go func() {
 		ws := <-done
+		s.markSentryOOM(st, ws)
 		st.markExited()
 		if timer != nil {
 			timer.Stop()

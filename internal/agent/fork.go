@@ -176,6 +176,7 @@ func (s *Server) runHook(path string, n *ForkNotice) (int, string, error) {
 		_, _ = io.Copy(tail, outR) // ends at EOF or the read deadline
 	}()
 	ws := <-done
+	s.markSentryOOM(st, ws)
 	st.markExited()
 	outR.SetReadDeadline(time.Now().Add(drainGrace))
 	wg.Wait()

@@ -197,6 +197,11 @@ func ExecLimited(args []string) error {
 	if err := unix.Setrlimit(unix.RLIMIT_NPROC, &unix.Rlimit{Cur: n, Max: n}); err != nil {
 		return fmt.Errorf("%s: setrlimit(RLIMIT_NPROC, %d): %v", HelperExecLimited, n, err)
 	}
+	// The agent runs at oom_score_adj -1000, which the child inherits: set
+	// 0 here, before the command runs, so that no allocation of the command
+	// escapes a sentry enforcing the memory limit (sentryoom.go); the agent
+	// writes it too, after the fork.
+	_ = os.WriteFile("/proc/self/oom_score_adj", []byte("0"), 0)
 	err = syscall.Exec(args[1], args[2:], os.Environ())
 	return osErr("exec", args[1], err)
 }

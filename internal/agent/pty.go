@@ -196,6 +196,7 @@ func (s *Server) handlePty(body *reqBody, fw *frameWriter, hdr *request) error {
 	}
 	defer st.killAfter(req.Timeout)()
 	ws := <-done
+	s.markSentryOOM(st, ws)
 	st.markExited()
 	dur := time.Since(start)
 	// What the process printed is read to the end (EIO once no process holds

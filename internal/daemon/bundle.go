@@ -117,6 +117,9 @@ func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Net
 	if sb.Runtime == RuntimeCrun {
 		crun.Adapt(s)
 	}
+	if sb.Runtime == RuntimeGVisor {
+		setAppMemoryLimit(s, sb.Config.MemoryBytes)
+	}
 	if pod != "" {
 		runsc.AsTenant(s, pod)
 		s.Linux.CgroupsPath = ""
@@ -144,4 +147,19 @@ func writeIdentity(bundle string, sb *store.Sandbox, nw *network.Network) ([]spe
 		return nil, diskFull("bundle", fmt.Errorf("bundle: %w", err))
 	}
 	return append(etc, specs.Mount{Destination: "/etc/machine-id", Type: "bind", Source: machineID, Options: append([]string(nil), spec.EtcMountOptions...)}), nil
+}
+
+// setAppMemoryLimit gives a gVisor sandbox's spec its tenant memory limit
+// as the annotation a runsc built with scripts/gvisor/memory-limit.patch
+// enforces at allocation (stock runsc ignores it). runsc reads it when the
+// sandbox boots: from the sandbox's own spec, or from a pre-booted
+// sandbox's placeholder spec.
+func setAppMemoryLimit(s *specs.Spec, bytes int64) {
+	if bytes <= 0 {
+		return
+	}
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	s.Annotations[runsc.AnnotationAppMemoryLimit] = strconv.FormatInt(bytes, 10)
 }

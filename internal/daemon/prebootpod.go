@@ -58,6 +58,7 @@ func (d *Daemon) writePodBundle(dir, id, nsPath string, key prebootKey) error {
 	}
 	caps := []string{"CAP_SYS_ADMIN"}
 	s.Process.Capabilities = &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps}
+	setAppMemoryLimit(s, key.memory) // the sandbox boots from this spec
 	runsc.AsPod(s, podID(id))
 	return spec.WriteBundle(dir, s)
 }
@@ -144,6 +145,7 @@ func (d *Daemon) writeRestoredPod(sb *store.Sandbox, s *specs.Spec, nsPath strin
 	}
 	s.Linux.CgroupsPath = d.cgroupPath(sb.ID)
 	setMemoryLimit(s, hostMemoryLimit(sb.Runtime, sb.Config.MemoryBytes))
+	setAppMemoryLimit(s, sb.Config.MemoryBytes)
 	runsc.AsPod(s, podID(sb.ID))
 	return spec.WriteBundle(dir, s)
 }

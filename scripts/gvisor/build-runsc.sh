@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds gVisor's runsc at VERSION with memory-limit.patch (next to this
+# script) applied, into OUT: a copy of the module's source from the Go
+# module cache (downloaded through the module proxy if missing), patched,
+# built static like `go install gvisor.dev/gvisor/runsc@VERSION` (the
+# module's own go.mod and go.sum pin every dependency).
+#
+#	scripts/gvisor/build-runsc.sh VERSION OUT
+set -euo pipefail
+if [ $# -ne 2 ]; then
+	echo "usage: $0 VERSION OUT" >&2
+	exit 2
+fi
+version=$1
+out=$2
+patch="$(cd "$(dirname "$0")" && pwd)/memory-limit.patch"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cd "$tmp" # outside any module
+src=$(go mod download -json "gvisor.dev/gvisor@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+if [ ! -d "$src" ]; then
+	echo "$0: gvisor.dev/gvisor@$version: no source in the module cache" >&2
+	exit 1
+fi
+cp -r "$src" "$tmp/gvisor"
+chmod -R u+w "$tmp/gvisor"
+cd "$tmp/gvisor"
+git apply "$patch"
+CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -o "$tmp/runsc" ./runsc
+install -D -m 0755 "$tmp/runsc" "$out"
