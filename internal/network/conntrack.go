@@ -27,7 +27,9 @@ func (p Policy) flowFree() bool {
 // (New calls it once): flows of sandboxes set up before this Manager, whose
 // policies it has not seen, are deleted when their networks go.
 func (m *Manager) findFlows() error {
-	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, netlink.FAMILY_V4)
+	flows, err := dump(func() ([]*netlink.ConntrackFlow, error) {
+		return netlink.ConntrackTableList(netlink.ConntrackTable, netlink.FAMILY_V4)
+	})
 	if err != nil {
 		return fmt.Errorf("network: list conntrack entries: %v: %w", err, errdefs.ErrInternal)
 	}
@@ -86,7 +88,10 @@ func (p Policy) permits(dst, gateway netip.Addr) bool {
 // flushFlows deletes the conntrack entries of the sandbox at ip's flows
 // that pol does not permit (all of them when pol is nil).
 func (m *Manager) flushFlows(ip netip.Addr, pol *Policy) error {
-	n, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.FAMILY_V4, staleFlows{ip: ip, gateway: m.gateway, pol: pol})
+	// A deletion is safe to repeat: an interrupted one is asked again.
+	n, err := dump(func() (uint, error) {
+		return netlink.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.FAMILY_V4, staleFlows{ip: ip, gateway: m.gateway, pol: pol})
+	})
 	if err != nil {
 		return fmt.Errorf("network: delete the conntrack entries of %s: %v: %w", ip, err, errdefs.ErrInternal)
 	}

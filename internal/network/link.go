@@ -53,7 +53,7 @@ func (m *Manager) ensureBridge() error {
 		return fmt.Errorf("network: link %s exists and is a %s, not a bridge: %w", name, link.Type(), errdefs.ErrFailedPrecondition)
 	}
 	want := &netlink.Addr{IPNet: ipNet(m.gateway, m.cfg.Subnet.Bits())}
-	addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
+	addrs, err := dump(func() ([]netlink.Addr, error) { return netlink.AddrList(link, netlink.FAMILY_V4) })
 	if err != nil {
 		return fmt.Errorf("network: list addresses of %s: %v: %w", name, err, errdefs.ErrInternal)
 	}
@@ -199,7 +199,7 @@ func configureInside(ns netns.NsHandle, ip, gw netip.Addr, bits int) error {
 // ourVeths returns the host veths of ours, by name, with the sandbox id
 // from their alias ("" when the alias is missing).
 func (m *Manager) ourVeths() (map[string]string, error) {
-	links, err := netlink.LinkList()
+	links, err := dump(netlink.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("network: list links: %v: %w", err, errdefs.ErrInternal)
 	}
