@@ -2,9 +2,14 @@
 GO ?= go
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_CONNECT_GO_VERSION := v1.19.1
+CONTROLLER_GEN_VERSION := v0.23.0
+# KUBEBUILDER_ASSETS holds the etcd and kube-apiserver that the cluster
+# tests run (envtest); scripts/build-control-plane.sh builds them there.
+KUBEBUILDER_ASSETS ?= /var/cache/forkbox/envtest
+export KUBEBUILDER_ASSETS
 TOOLS := $(CURDIR)/.tools/bin
 
-.PHONY: all build setup proto test reliability bench demo clean
+.PHONY: all build setup proto generate manifests control-plane test reliability bench demo clean
 
 all: build
 
@@ -21,6 +26,26 @@ proto:
 		--go_out=. --go_opt=module=github.com/forkbox/forkbox \
 		--connect-go_out=. --connect-go_opt=module=github.com/forkbox/forkbox \
 		proto/forkbox/v1/forkbox.proto
+
+# generate writes the deepcopy code of the cluster API types and manifests
+# the CRDs and RBAC in deploy/ (controller-gen, pinned), both from the Go
+# types' kubebuilder markers.
+CONTROLLER_GEN = $(TOOLS)/controller-gen
+$(CONTROLLER_GEN):
+	GOBIN=$(TOOLS) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
+
+generate: $(CONTROLLER_GEN)
+	$(CONTROLLER_GEN) object paths=./internal/cluster/api/...
+
+manifests: $(CONTROLLER_GEN)
+	$(CONTROLLER_GEN) crd paths=./internal/cluster/api/... output:crd:artifacts:config=deploy/crd
+	$(CONTROLLER_GEN) rbac:roleName=forkbox-controller paths=./internal/cluster/controller/... output:rbac:artifacts:config=deploy/rbac/controller
+	$(CONTROLLER_GEN) rbac:roleName=forkbox-node paths=./internal/cluster/nodeagent/... output:rbac:artifacts:config=deploy/rbac/node
+
+# control-plane builds the envtest binaries into KUBEBUILDER_ASSETS (once;
+# about 6 minutes cold, instant after).
+control-plane:
+	./scripts/build-control-plane.sh $(KUBEBUILDER_ASSETS)
 
 # setup installs the host prerequisites (root) and builds.
 setup:
