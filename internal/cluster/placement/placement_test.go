@@ -16,7 +16,7 @@ func node(name string, used, slots int, mod ...func(*Node)) Node {
 	return n
 }
 
-func holding(cks ...string) func(*Node) { return func(n *Node) { n.Checkpoints = cks } }
+func holding(cks ...string) func(*Node)  { return func(n *Node) { n.Checkpoints = cks } }
 func caching(imgs ...string) func(*Node) { return func(n *Node) { n.Images = imgs } }
 
 func TestPlaceScoring(t *testing.T) {
