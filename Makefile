@@ -54,7 +54,9 @@ setup:
 # test is the full test suite (root: real runsc, btrfs, netns, nftables):
 # the Go packages and e2e, then the TypeScript and Python SDKs against a real
 # daemon (Python: Debian's python3 with python3-pytest, from setup.sh).
-test: setup
+# The cluster tests run a real kube-apiserver and etcd from
+# KUBEBUILDER_ASSETS (control-plane builds them once).
+test: setup control-plane
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 45m ./...
 	cd sdk/typescript && npm ci --no-audit --no-fund && npm test

@@ -14,6 +14,7 @@
 // +kubebuilder:rbac:groups=forkbox.dev,resources=sandboxes/finalizers;checkpoints/finalizers;forks/finalizers,verbs=update
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 package controller
 
 import (
