@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -140,6 +141,10 @@ func (f *forker) capture(ctx context.Context, fk *fbv1.Fork) (bool, error) {
 	return true, nil
 }
 
+// createFailed starts the message of a child the API refused to create
+// (it is tried again, unlike a child that existed and was deleted).
+const createFailed = "create: "
+
 // childName is the name of a fork's i-th child.
 func childName(fk *fbv1.Fork, i int) string { return fk.Name + "-" + strconv.Itoa(i) }
 
@@ -155,11 +160,20 @@ func (f *forker) children(ctx context.Context, fk *fbv1.Fork, ck *fbv1.Checkpoin
 			have[l.Items[i].Name] = &l.Items[i]
 		}
 	}
+	made := map[string]bool{} // children made before: a deleted one is not made again
+	for _, c := range fk.Status.Children {
+		made[c.Name] = !strings.HasPrefix(c.Message, createFailed)
+	}
 	var out []fbv1.ForkChild
 	ready, settled := int32(0), 0
 	for i := range int(fk.Spec.Count) {
 		name := childName(fk, i)
 		sb := have[name]
+		if sb == nil && made[name] {
+			out = append(out, fbv1.ForkChild{Name: name, Phase: fbv1.PhaseTerminating, Message: "deleted"})
+			settled++
+			continue
+		}
 		if sb == nil {
 			sb = f.child(fk, ck, name)
 			if err := controllerutil.SetControllerReference(fk, sb, f.c.Scheme()); err != nil {
@@ -167,7 +181,7 @@ func (f *forker) children(ctx context.Context, fk *fbv1.Fork, ck *fbv1.Checkpoin
 			}
 			if err := f.c.Create(ctx, sb); err != nil && !errors.IsAlreadyExists(err) {
 				// One child failing does not fail the others.
-				out = append(out, fbv1.ForkChild{Name: name, Phase: fbv1.PhaseFailed, Message: kube.Truncate(err.Error(), 1024)})
+				out = append(out, fbv1.ForkChild{Name: name, Phase: fbv1.PhaseFailed, Message: kube.Truncate(createFailed+err.Error(), 1024)})
 				settled++
 				continue
 			}
