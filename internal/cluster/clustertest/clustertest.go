@@ -15,6 +15,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -92,7 +93,12 @@ func (p *Plane) start() error {
 		return err
 	}
 	p.Config, p.KubeConfig = cfg, p.Env.KubeConfig
-	if p.Client, err = client.New(cfg, client.Options{Scheme: kube.NewScheme()}); err != nil {
+	scheme := kube.NewScheme()
+	if err := rbacv1.AddToScheme(scheme); err != nil { // tests bind users to the ClusterRoles in deploy/rbac
+		p.Env.Stop()
+		return err
+	}
+	if p.Client, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
 		p.Env.Stop()
 		return err
 	}
