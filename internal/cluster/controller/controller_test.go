@@ -126,9 +126,10 @@ func TestForkFanOut(t *testing.T) {
 	if ck.Spec.Sandbox != "src" || ck.Spec.NodeName != "fk-src" || !metav1.IsControlledBy(ck, get(t, fk)) {
 		t.Fatalf("got checkpoint spec %+v, owners %+v; want of src on fk-src, owned by the fork", ck.Spec, ck.OwnerReferences)
 	}
-	if get(t, fk).Status.Phase != fbv1.ForkCheckpointing {
-		t.Fatalf("got fork phase %q before the checkpoint is ready, want Checkpointing", fk.Status.Phase)
-	}
+	clustertest.Eventually(t, 30*time.Second, "fork Checkpointing before its checkpoint is ready", func() (bool, string) {
+		get(t, fk)
+		return fk.Status.Phase == fbv1.ForkCheckpointing, string(fk.Status.Phase)
+	})
 	setReady(t, ck, "fk-src")
 
 	var children []*fbv1.Sandbox

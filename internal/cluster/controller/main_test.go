@@ -61,6 +61,16 @@ func namespace(t *testing.T) string {
 	name := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
 	name = fmt.Sprintf("%.50s-%d", name, time.Now().UnixNano()%100000)
 	create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	// envtest runs no namespace controller: delete what the test made, so
+	// a later test (or -count) does not see it bound to its nodes.
+	t.Cleanup(func() {
+		ctx := context.Background()
+		for _, o := range []client.Object{&fbv1.Fork{}, &fbv1.Sandbox{}, &fbv1.Checkpoint{}} {
+			if err := plane.Client.DeleteAllOf(ctx, o, client.InNamespace(name)); err != nil {
+				t.Errorf("clean up %T in %s: %v", o, name, err)
+			}
+		}
+	})
 	return name
 }
 
