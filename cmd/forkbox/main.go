@@ -62,7 +62,7 @@ func main() {
 	root.PersistentFlags().BoolVar(&g.json, "json", false, "print JSON")
 	root.AddCommand(serveCmd(), uninstallCmd(), imageCmd(g), createCmd(g), execCmd(g), lsCmd(g), inspectCmd(g), logsCmd(g), rmCmd(g), credsCmd(g), envCmd(g), statsCmd(g), cpCmd(g), timeoutCmd(g), egressCmd(g))
 	root.AddCommand(checkpointCmds(g)...)
-	root.AddCommand(mcpCmd(g), portCmd(g))
+	root.AddCommand(mcpCmd(g), portCmd(g), controllerCmd())
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := root.ExecuteContext(ctx)

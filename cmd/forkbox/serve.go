@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -90,6 +91,7 @@ func uninstallCmd() *cobra.Command {
 
 func serveCmd() *cobra.Command {
 	df := &daemonFlags{}
+	cf := &clusterFlags{}
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the forkbox daemon (as root)",
@@ -131,17 +133,34 @@ func serveCmd() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
 			defer stop()
-			<-ctx.Done()
-			log.Info("shutting down; sandboxes keep running and are found again on the next start")
+			agentCtx, stopAgent := context.WithCancel(ctx)
+			defer stopAgent()
+			agent, err := cf.start(agentCtx, d, log)
+			if err != nil {
+				srv.Shutdown(context.Background())
+				return err
+			}
+			var agentErr error
+			select {
+			case <-ctx.Done():
+				log.Info("shutting down; sandboxes keep running and are found again on the next start")
+				if agent != nil {
+					agentErr = <-agent
+				}
+			case agentErr = <-agent: // the node agent stopped by itself: so does the node
+				log.Error("node agent stopped", "err", agentErr)
+				agentErr = fmt.Errorf("node agent: %w", agentErr)
+			}
 			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			if e2bSrv != nil {
 				e2bSrv.Shutdown(sctx)
 			}
-			return srv.Shutdown(sctx)
+			return errors.Join(agentErr, srv.Shutdown(sctx))
 		},
 	}
 	df.register(cmd)
+	cf.register(cmd)
 	f := cmd.Flags()
 	f.StringVar(&df.metrics, "metrics", "", "also serve Prometheus metrics at /metrics on this address (token required when one is set; loopback only without)")
 	f.StringVar(&df.ui, "ui", "", "serve the dashboard on this address (needs --api-token; open http://ADDR/?token=T)")

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/forkbox/forkbox/internal/cluster/controller"
+	"github.com/forkbox/forkbox/internal/cluster/kube"
+	"github.com/forkbox/forkbox/internal/cluster/nodeagent"
+	"github.com/forkbox/forkbox/internal/daemon"
+)
+
+// clusterFlags are serve's flags for cluster mode (serve --cluster).
+type clusterFlags struct {
+	on                         bool
+	node, kubeconfig, endpoint string
+	namespace                  string
+	lease                      time.Duration
+}
+
+func (cf *clusterFlags) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	host, _ := os.Hostname()
+	f.BoolVar(&cf.on, "cluster", false, "also run as a node of a Kubernetes cluster: register a ForkboxNode and run the Sandboxes bound to it (see README, Cluster mode)")
+	f.StringVar(&cf.node, "node-name", envOr("FORKBOX_NODE_NAME", host), "cluster mode: this node's ForkboxNode name")
+	f.StringVar(&cf.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "cluster mode: kubeconfig file (default: the in-cluster service account)")
+	f.StringVar(&cf.endpoint, "node-endpoint", "", "cluster mode: where this node's API is reached (host:port), registered on its ForkboxNode")
+	f.StringVar(&cf.namespace, "cluster-namespace", controller.DefaultNamespace, "cluster mode: namespace of the node's heartbeat Lease")
+	f.DurationVar(&cf.lease, "lease-duration", 40*time.Second, "cluster mode: the node is NotReady when its Lease is not renewed for this long")
+}
+
+// start runs the node agent beside the daemon until ctx ends; done
+// yields its error once it has stopped (nil channel: not in cluster mode).
+func (cf *clusterFlags) start(ctx context.Context, d *daemon.Daemon, log *slog.Logger) (done <-chan error, err error) {
+	if !cf.on {
+		return nil, nil
+	}
+	cfg, err := kube.Config(cf.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	ch := make(chan error, 1)
+	go func() {
+		ch <- nodeagent.Run(ctx, nodeagent.Options{Daemon: d, Config: cfg, NodeName: cf.node, Endpoint: cf.endpoint,
+			Namespace: cf.namespace, LeaseDuration: cf.lease, Version: version(), Log: log.With(slog.String("component", "node-agent"))})
+	}()
+	return ch, nil
+}
+
+func controllerCmd() *cobra.Command {
+	var kubeconfig, namespace, metrics, health, level string
+	var leaderElect bool
+	cmd := &cobra.Command{
+		Use:   "controller",
+		Short: "Run the cluster controller: placement, forks, node leases (one replica leads)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var lv slog.Level
+			if err := lv.UnmarshalText([]byte(level)); err != nil {
+				return err
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
+			cfg, err := kube.Config(kubeconfig)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
+			defer stop()
+			if err := controller.Run(ctx, controller.Options{Config: cfg, LeaderElection: leaderElect, Namespace: namespace,
+				MetricsAddr: metrics, HealthAddr: health, Log: log}); err != nil {
+				return fmt.Errorf("controller: %w", err)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file (default: the in-cluster service account)")
+	f.StringVar(&namespace, "namespace", controller.DefaultNamespace, "namespace of the leader-election Lease and of the nodes' Leases")
+	f.BoolVar(&leaderElect, "leader-elect", true, "take turns with other replicas through a Lease")
+	f.StringVar(&metrics, "metrics-addr", "0", "serve controller metrics on this address (0 = off)")
+	f.StringVar(&health, "health-addr", "", "serve /healthz and /readyz on this address")
+	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}
+
+// version is the module version this binary was built from ("devel" in
+// a checkout).
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "devel"
+}

@@ -1,0 +1,77 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// EnvironmentSpec is a declarative baseline: image, resources and setup
+// steps, built once into a warm checkpoint.
+type EnvironmentSpec struct {
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Image string `json:"image"`
+	// +optional
+	Runtime Runtime `json:"runtime,omitempty"`
+	// +optional
+	Resources Resources `json:"resources,omitzero"`
+	// +kubebuilder:validation:MaxItems=256
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	Env []EnvVar `json:"env,omitempty"`
+	// +kubebuilder:validation:MaxLength=4096
+	// +optional
+	WorkingDir string `json:"workingDir,omitempty"`
+	// Setup are shell commands run in order in a builder sandbox.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=65536
+	// +listType=atomic
+	// +optional
+	Setup []string `json:"setup,omitempty"`
+	// MaxAge rebuilds the checkpoint once it is older (0 = never).
+	// +optional
+	MaxAge *metav1.Duration `json:"maxAge,omitempty"`
+}
+
+// EnvironmentStatus says which checkpoint holds the built environment.
+type EnvironmentStatus struct {
+	// Hash of the definition the checkpoint was built from.
+	// +optional
+	Hash string `json:"hash,omitempty"`
+	// Checkpoint names the Checkpoint of the last good build.
+	// +optional
+	Checkpoint string `json:"checkpoint,omitempty"`
+	// +optional
+	BuiltAt *metav1.Time `json:"builtAt,omitempty"`
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Environment is a baseline that sandboxes start from warm
+// (spec.source.environment).
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:shortName=fbenv
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Image",type=string,JSONPath=`.spec.image`
+// +kubebuilder:printcolumn:name="Checkpoint",type=string,JSONPath=`.status.checkpoint`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Environment struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec EnvironmentSpec `json:"spec"`
+	// +optional
+	Status EnvironmentStatus `json:"status,omitzero"`
+}
+
+// EnvironmentList is a list of Environments.
+// +kubebuilder:object:root=true
+type EnvironmentList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Environment `json:"items"`
+}
+
+func init() { SchemeBuilder.Register(&Environment{}, &EnvironmentList{}) }

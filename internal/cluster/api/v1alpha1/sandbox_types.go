@@ -1,0 +1,149 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// DesiredState is the state a Sandbox's owner asks for.
+// +kubebuilder:validation:Enum=Running;Paused;Hibernated
+type DesiredState string
+
+// Desired states.
+const (
+	StateRunning    DesiredState = "Running"
+	StatePaused     DesiredState = "Paused"
+	StateHibernated DesiredState = "Hibernated"
+)
+
+// SandboxSource is what a sandbox starts from instead of a bare image.
+// +kubebuilder:validation:XValidation:rule="[has(self.checkpoint), has(self.environment)].filter(x, x).size() == 1",message="give exactly one of checkpoint or environment"
+type SandboxSource struct {
+	// Checkpoint names a Checkpoint in the same namespace.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	Checkpoint string `json:"checkpoint,omitempty"`
+	// Environment names an Environment in the same namespace; the
+	// sandbox starts from its warm checkpoint.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	Environment string `json:"environment,omitempty"`
+}
+
+// SandboxSpec is the sandbox a user asks for.
+// +kubebuilder:validation:XValidation:rule="has(self.image) || has(self.source)",message="image or source is required"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.nodeName) || (has(self.nodeName) && self.nodeName == oldSelf.nodeName)",message="nodeName is set once"
+// +kubebuilder:validation:XValidation:rule="has(self.source) == has(oldSelf.source) && (!has(self.source) || self.source == oldSelf.source)",message="source is immutable"
+type SandboxSpec struct {
+	// Image is an image reference cached on (or pullable by) the nodes.
+	// A sandbox with a source inherits its source's image.
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="image is immutable"
+	// +optional
+	Image string `json:"image,omitempty"`
+	// Runtime: gvisor (untrusted code) or crun (trusted code). Empty: the
+	// source's, else the node's default.
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="runtime is immutable"
+	// +optional
+	Runtime Runtime `json:"runtime,omitempty"`
+	// +optional
+	Resources Resources `json:"resources,omitzero"`
+	// +kubebuilder:validation:MaxItems=256
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	Env []EnvVar `json:"env,omitempty"`
+	// WorkingDir is the directory execs start in.
+	// +kubebuilder:validation:MaxLength=4096
+	// +optional
+	WorkingDir string `json:"workingDir,omitempty"`
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	Credentials []Credential `json:"credentials,omitempty"`
+	// +optional
+	Egress *Egress `json:"egress,omitempty"`
+	// +optional
+	Source *SandboxSource `json:"source,omitempty"`
+	// State is the state asked for (default Running).
+	// +kubebuilder:default=Running
+	// +optional
+	State DesiredState `json:"state,omitempty"`
+	// NodeName is the ForkboxNode the sandbox runs on, set once by the
+	// placer (or by whoever creates the Sandbox, to pin it).
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	NodeName string `json:"nodeName,omitempty"`
+}
+
+// SandboxPhase is where a sandbox is in its life.
+// +kubebuilder:validation:Enum=Pending;Creating;Running;Paused;Hibernated;Failed;Lost;Terminating
+type SandboxPhase string
+
+// Sandbox phases.
+const (
+	PhasePending     SandboxPhase = "Pending"  // not yet on a node
+	PhaseCreating    SandboxPhase = "Creating" // the node is starting it
+	PhaseRunning     SandboxPhase = "Running"
+	PhasePaused      SandboxPhase = "Paused"
+	PhaseHibernated  SandboxPhase = "Hibernated"
+	PhaseFailed      SandboxPhase = "Failed"
+	PhaseLost        SandboxPhase = "Lost" // its node stopped renewing its Lease
+	PhaseTerminating SandboxPhase = "Terminating"
+)
+
+// SandboxStatus is written by the node agent (and the controller, for
+// Scheduled and Lost).
+type SandboxStatus struct {
+	// +optional
+	Phase SandboxPhase `json:"phase,omitempty"`
+	// IP is the sandbox's address on its node.
+	// +optional
+	IP string `json:"ip,omitempty"`
+	// Endpoint is the API endpoint of the node that runs it.
+	// +optional
+	Endpoint string `json:"endpoint,omitempty"`
+	// LocalID is the sandbox's ID in its node's ledger (sb-...).
+	// +optional
+	LocalID string `json:"localID,omitempty"`
+	// Message says why the sandbox is in its phase, when not Running.
+	// +kubebuilder:validation:MaxLength=4096
+	// +optional
+	Message string `json:"message,omitempty"`
+	// ObservedGeneration is the spec generation the node acted on.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Sandbox is an isolated Linux environment on one forkbox node.
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:shortName=fbsb
+// +kubebuilder:subresource:status
+// +kubebuilder:selectablefield:JSONPath=`.spec.nodeName`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeName`
+// +kubebuilder:printcolumn:name="IP",type=string,JSONPath=`.status.ip`
+// +kubebuilder:printcolumn:name="Local ID",type=string,JSONPath=`.status.localID`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Sandbox struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec SandboxSpec `json:"spec"`
+	// +optional
+	Status SandboxStatus `json:"status,omitzero"`
+}
+
+// SandboxList is a list of Sandboxes.
+// +kubebuilder:object:root=true
+type SandboxList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Sandbox `json:"items"`
+}
+
+func init() { SchemeBuilder.Register(&Sandbox{}, &SandboxList{}) }

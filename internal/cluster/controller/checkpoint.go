@@ -1,0 +1,87 @@
+package controller
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
+	"github.com/forkbox/forkbox/internal/cluster/kube"
+)
+
+// checkpoints sends a Checkpoint to its sandbox's node (spec.nodeName,
+// set once), and releases the finalizer of a deleted one whose holders
+// are all gone from the cluster.
+type checkpoints struct {
+	c     client.Client
+	log   *slog.Logger
+	retry time.Duration
+}
+
+func (r *checkpoints) setup(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).Named("checkpoints").For(&fbv1.Checkpoint{}).Complete(r)
+}
+
+func (r *checkpoints) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var ck fbv1.Checkpoint
+	if err := r.c.Get(ctx, req.NamespacedName, &ck); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !ck.DeletionTimestamp.IsZero() {
+		return reconcile.Result{}, r.releaseOrphan(ctx, &ck)
+	}
+	if ck.Spec.NodeName != "" || ck.Status.Phase != "" && ck.Status.Phase != fbv1.CheckpointPending {
+		return reconcile.Result{}, nil
+	}
+	var sb fbv1.Sandbox
+	if err := r.c.Get(ctx, types.NamespacedName{Namespace: ck.Namespace, Name: ck.Spec.Sandbox}, &sb); err != nil {
+		if errors.IsNotFound(err) {
+			return reconcile.Result{}, r.fail(ctx, &ck, "sandbox "+ck.Spec.Sandbox+" does not exist")
+		}
+		return reconcile.Result{}, err
+	}
+	if sb.Spec.NodeName == "" {
+		return reconcile.Result{RequeueAfter: r.retry}, nil // its sandbox is not placed yet
+	}
+	patch := client.MergeFromWithOptions(ck.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	ck.Spec.NodeName = sb.Spec.NodeName
+	return reconcile.Result{}, r.c.Patch(ctx, &ck, patch)
+}
+
+func (r *checkpoints) fail(ctx context.Context, ck *fbv1.Checkpoint, msg string) error {
+	patch := client.MergeFrom(ck.DeepCopy())
+	ck.Status.Phase, ck.Status.Message = fbv1.CheckpointFailed, kube.Truncate(msg, 4096)
+	kube.SetCondition(&ck.Status.Conditions, fbv1.ConditionReady, false, "SourceMissing", msg, ck.Generation)
+	return r.c.Status().Patch(ctx, ck, patch)
+}
+
+// releaseOrphan removes the replicas finalizer when no node that holds a
+// copy (or would capture one) still exists.
+func (r *checkpoints) releaseOrphan(ctx context.Context, ck *fbv1.Checkpoint) error {
+	if !controllerutil.ContainsFinalizer(ck, fbv1.CheckpointFinalizer) {
+		return nil
+	}
+	holders := []string{ck.Spec.NodeName}
+	for _, rp := range ck.Status.Replicas {
+		holders = append(holders, rp.Node)
+	}
+	for _, h := range holders {
+		if h == "" {
+			continue
+		}
+		var n fbv1.ForkboxNode
+		if err := r.c.Get(ctx, types.NamespacedName{Name: h}, &n); !errors.IsNotFound(err) {
+			return client.IgnoreNotFound(err) // a holder exists: its agent removes the copy
+		}
+	}
+	patch := client.MergeFrom(ck.DeepCopy())
+	controllerutil.RemoveFinalizer(ck, fbv1.CheckpointFinalizer)
+	return client.IgnoreNotFound(r.c.Patch(ctx, ck, patch))
+}

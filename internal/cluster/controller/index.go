@@ -1,0 +1,54 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
+)
+
+// Cache indexes that map an object to those waiting on it.
+const (
+	sourceCheckpointField = "spec.source.checkpoint" // Sandbox → its Checkpoint
+	forkSandboxField      = "spec.source.sandbox"    // Fork → its source Sandbox
+)
+
+func indexSources(ctx context.Context, idx client.FieldIndexer) error {
+	if err := idx.IndexField(ctx, &fbv1.Sandbox{}, sourceCheckpointField, func(o client.Object) []string {
+		if s := o.(*fbv1.Sandbox).Spec.Source; s != nil && s.Checkpoint != "" {
+			return []string{s.Checkpoint}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("index sandboxes by checkpoint: %w", err)
+	}
+	if err := idx.IndexField(ctx, &fbv1.Fork{}, forkSandboxField, func(o client.Object) []string {
+		if s := o.(*fbv1.Fork).Spec.Source.Sandbox; s != "" {
+			return []string{s}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("index forks by sandbox: %w", err)
+	}
+	return nil
+}
+
+// requests turns a list of objects into reconcile requests.
+func requests[T client.Object](items []T) []reconcile.Request {
+	out := make([]reconcile.Request, 0, len(items))
+	for _, o := range items {
+		out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(o)})
+	}
+	return out
+}
+
+func ptrs[T any](items []T) []*T {
+	out := make([]*T, len(items))
+	for i := range items {
+		out[i] = &items[i]
+	}
+	return out
+}

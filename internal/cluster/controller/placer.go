@@ -1,0 +1,267 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
+	"github.com/forkbox/forkbox/internal/cluster/kube"
+	"github.com/forkbox/forkbox/internal/cluster/placement"
+)
+
+// maxAncestry bounds how far up a checkpoint's parents the placer looks.
+const maxAncestry = 16
+
+// placer binds unplaced Sandboxes to nodes: it sets spec.nodeName once.
+// It runs one reconcile at a time, and remembers the bindings it made
+// until its cache shows them (assumed), so two placements in a row never
+// count the same free slot.
+type placer struct {
+	c     client.Client
+	rec   recorder.EventRecorder
+	log   *slog.Logger
+	retry time.Duration
+
+	mu      sync.Mutex
+	assumed map[string]string // sandbox UID → node, until the cache has it
+}
+
+func (p *placer) setup(mgr ctrl.Manager) error {
+	// A node that changes (registers, gets Ready, frees a slot) and a
+	// checkpoint that becomes ready can let a waiting sandbox fit.
+	unplaced := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+		var l fbv1.SandboxList
+		if err := p.c.List(ctx, &l, client.MatchingFields{fbv1.NodeNameField: ""}); err != nil {
+			return nil
+		}
+		return requests(ptrs(l.Items))
+	})
+	waiting := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+		var l fbv1.SandboxList
+		if err := p.c.List(ctx, &l, client.InNamespace(o.GetNamespace()), client.MatchingFields{sourceCheckpointField: o.GetName()}); err != nil {
+			return nil
+		}
+		return requests(ptrs(l.Items))
+	})
+	return ctrl.NewControllerManagedBy(mgr).Named("placer").
+		For(&fbv1.Sandbox{}).
+		Watches(&fbv1.ForkboxNode{}, unplaced).
+		Watches(&fbv1.Checkpoint{}, waiting, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
+		Complete(p)
+}
+
+func (p *placer) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var sb fbv1.Sandbox
+	if err := p.c.Get(ctx, req.NamespacedName, &sb); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !sb.DeletionTimestamp.IsZero() {
+		return reconcile.Result{}, p.releaseOrphan(ctx, &sb)
+	}
+	if sb.Spec.NodeName != "" {
+		return reconcile.Result{}, nil
+	}
+	preq, wait, err := p.request(ctx, &sb)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if wait != "" {
+		return reconcile.Result{}, p.pending(ctx, &sb, "WaitingForSource", wait)
+	}
+	nodes, err := p.nodes(ctx, sb.Namespace, preq)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	node, perr := placement.Place(nodes, preq)
+	if perr != nil {
+		p.rec.Eventf(&sb, nil, "Warning", "FailedScheduling", "Schedule", "%s", kube.Truncate(perr.Error(), 1024))
+		return reconcile.Result{RequeueAfter: p.retry}, p.pending(ctx, &sb, "Unschedulable", perr.Error())
+	}
+	return reconcile.Result{}, p.bind(ctx, &sb, node)
+}
+
+// request gathers what placement needs to know about sb, or why it must
+// wait (its checkpoint or environment is not ready).
+func (p *placer) request(ctx context.Context, sb *fbv1.Sandbox) (placement.Request, string, error) {
+	r := placement.Request{Runtime: string(sb.Spec.Runtime), Image: sb.Spec.Image}
+	src := sb.Spec.Source
+	if src == nil {
+		return r, "", nil
+	}
+	ckName := src.Checkpoint
+	if src.Environment != "" {
+		var env fbv1.Environment
+		if err := p.c.Get(ctx, types.NamespacedName{Namespace: sb.Namespace, Name: src.Environment}, &env); err != nil {
+			if errors.IsNotFound(err) {
+				return r, fmt.Sprintf("environment %s does not exist", src.Environment), nil
+			}
+			return r, "", err
+		}
+		if env.Status.Checkpoint == "" {
+			return r, fmt.Sprintf("environment %s has no built checkpoint yet", src.Environment), nil
+		}
+		ckName = env.Status.Checkpoint
+	}
+	var ck fbv1.Checkpoint
+	if err := p.c.Get(ctx, types.NamespacedName{Namespace: sb.Namespace, Name: ckName}, &ck); err != nil {
+		if errors.IsNotFound(err) {
+			return r, fmt.Sprintf("checkpoint %s does not exist", ckName), nil
+		}
+		return r, "", err
+	}
+	if ck.Status.Phase != fbv1.CheckpointReady {
+		return r, fmt.Sprintf("checkpoint %s is not ready (%s)", ckName, ck.Status.Phase), nil
+	}
+	r.Checkpoint = ckName
+	if r.Runtime == "" {
+		r.Runtime = string(ck.Status.Runtime)
+	}
+	if r.Image == "" {
+		r.Image = ck.Status.Image
+	}
+	for parent := ck.Status.Parent; parent != "" && len(r.Ancestors) < maxAncestry; {
+		r.Ancestors = append(r.Ancestors, parent)
+		var a fbv1.Checkpoint
+		if err := p.c.Get(ctx, types.NamespacedName{Namespace: sb.Namespace, Name: parent}, &a); err != nil {
+			break // an ancestor that is gone ends the chain
+		}
+		parent = a.Status.Parent
+	}
+	return r, "", nil
+}
+
+// nodes lists the nodes with their load and which of req's checkpoints
+// each holds.
+func (p *placer) nodes(ctx context.Context, namespace string, req placement.Request) ([]placement.Node, error) {
+	var nl fbv1.ForkboxNodeList
+	if err := p.c.List(ctx, &nl); err != nil {
+		return nil, err
+	}
+	used, err := p.load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	held := map[string][]string{} // node → checkpoints of req it holds
+	for _, name := range append([]string{req.Checkpoint}, req.Ancestors...) {
+		if name == "" {
+			continue
+		}
+		var ck fbv1.Checkpoint
+		if err := p.c.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, &ck); err != nil {
+			if errors.IsNotFound(err) {
+				continue
+			}
+			return nil, err
+		}
+		for _, r := range ck.Status.Replicas {
+			if r.Ready {
+				held[r.Node] = append(held[r.Node], name)
+			}
+		}
+	}
+	out := make([]placement.Node, 0, len(nl.Items))
+	for _, n := range nl.Items {
+		pn := placement.Node{Name: n.Name, Ready: kube.IsTrue(n.Status.Conditions, fbv1.ConditionReady),
+			Unschedulable: n.Spec.Unschedulable, Slots: int(n.Status.Allocatable.Slots), Used: used[n.Name],
+			Images: n.Status.Images, Checkpoints: held[n.Name]}
+		for _, rt := range n.Status.Runtimes {
+			pn.Runtimes = append(pn.Runtimes, string(rt.Name))
+		}
+		out = append(out, pn)
+	}
+	return out, nil
+}
+
+// load counts the sandboxes on each node that hold a slot: bound and not
+// failed, including bindings this placer made that its cache lacks yet.
+func (p *placer) load(ctx context.Context) (map[string]int, error) {
+	var l fbv1.SandboxList
+	if err := p.c.List(ctx, &l); err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	seen := map[string]bool{}
+	used := map[string]int{}
+	for _, sb := range l.Items {
+		uid := string(sb.UID)
+		seen[uid] = true
+		node := sb.Spec.NodeName
+		if node != "" {
+			delete(p.assumed, uid)
+		} else {
+			node = p.assumed[uid]
+		}
+		if node != "" && sb.Status.Phase != fbv1.PhaseFailed {
+			used[node]++
+		}
+	}
+	for uid := range p.assumed {
+		if !seen[uid] {
+			delete(p.assumed, uid)
+		}
+	}
+	return used, nil
+}
+
+func (p *placer) bind(ctx context.Context, sb *fbv1.Sandbox, node string) error {
+	patch := client.MergeFromWithOptions(sb.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	sb.Spec.NodeName = node
+	if err := p.c.Patch(ctx, sb, patch); err != nil {
+		return fmt.Errorf("bind sandbox %s to %s: %w", sb.Name, node, err)
+	}
+	p.mu.Lock()
+	p.assumed[string(sb.UID)] = node
+	p.mu.Unlock()
+	p.log.InfoContext(ctx, "sandbox placed", slog.String("sandbox", sb.Namespace+"/"+sb.Name), slog.String("node", node))
+	p.rec.Eventf(sb, nil, "Normal", "Scheduled", "Schedule", "placed on node %s", node)
+	spatch := client.MergeFrom(sb.DeepCopy())
+	kube.SetCondition(&sb.Status.Conditions, fbv1.ConditionScheduled, true, "Placed", "placed on node "+node, sb.Generation)
+	return p.c.Status().Patch(ctx, sb, spatch)
+}
+
+func (p *placer) pending(ctx context.Context, sb *fbv1.Sandbox, reason, msg string) error {
+	patch := client.MergeFrom(sb.DeepCopy())
+	changed := kube.SetCondition(&sb.Status.Conditions, fbv1.ConditionScheduled, false, reason, msg, sb.Generation)
+	if sb.Status.Phase != fbv1.PhasePending || sb.Status.Message != kube.Truncate(msg, 4096) {
+		sb.Status.Phase, sb.Status.Message, changed = fbv1.PhasePending, kube.Truncate(msg, 4096), true
+	}
+	if !changed {
+		return nil
+	}
+	return p.c.Status().Patch(ctx, sb, patch)
+}
+
+// releaseOrphan drops the node agent's finalizer from a deleted sandbox
+// whose node no longer exists: nobody else would.
+func (p *placer) releaseOrphan(ctx context.Context, sb *fbv1.Sandbox) error {
+	if !controllerutil.ContainsFinalizer(sb, fbv1.SandboxFinalizer) {
+		return nil
+	}
+	if sb.Spec.NodeName != "" {
+		var n fbv1.ForkboxNode
+		err := p.c.Get(ctx, types.NamespacedName{Name: sb.Spec.NodeName}, &n)
+		if !errors.IsNotFound(err) {
+			return client.IgnoreNotFound(err)
+		}
+	}
+	patch := client.MergeFrom(sb.DeepCopy())
+	controllerutil.RemoveFinalizer(sb, fbv1.SandboxFinalizer)
+	return client.IgnoreNotFound(p.c.Patch(ctx, sb, patch))
+}

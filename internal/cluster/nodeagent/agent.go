@@ -1,0 +1,143 @@
+// Package nodeagent is the cluster half of `forkbox serve --cluster`: it
+// registers the host as a ForkboxNode, renews the node's heartbeat Lease,
+// watches only the Sandboxes and Checkpoints bound to this node (a field
+// selector on spec.nodeName, served by the CRDs' selectable field), drives
+// the in-process daemon to match them, and writes their status and
+// Kubernetes Events.
+//
+// Local facts (subvolumes, processes, netns) stay in the daemon's SQLite
+// ledger, which its own reconcile trusts; the objects are the cluster's
+// truth. A local sandbox is named after its object's UID, so an agent
+// that crashed between creating it and writing status finds it again.
+//
+// +kubebuilder:rbac:groups=forkbox.dev,resources=forkboxnodes,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups=forkbox.dev,resources=forkboxnodes/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=forkbox.dev,resources=sandboxes;checkpoints,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=forkbox.dev,resources=sandboxes/status;checkpoints/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=forkbox.dev,resources=sandboxes/finalizers;checkpoints/finalizers,verbs=update
+// +kubebuilder:rbac:groups=forkbox.dev,resources=environments,verbs=get;list;watch
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+package nodeagent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/forkbox/forkbox/errdefs"
+	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
+	"github.com/forkbox/forkbox/internal/cluster/kube"
+	"github.com/forkbox/forkbox/internal/daemon"
+)
+
+// Options configure a node agent.
+type Options struct {
+	Daemon *daemon.Daemon
+	Config *rest.Config
+	// NodeName names the ForkboxNode (required).
+	NodeName string
+	// Endpoint is where the node's API is reached (host:port), if any.
+	Endpoint string
+	// Namespace holds the heartbeat Lease (default forkbox-system).
+	Namespace string
+	// LeaseDuration is how long a renewal counts (default 40s); the agent
+	// renews every third of it.
+	LeaseDuration time.Duration
+	// Resync is how often a bound sandbox's local state is looked at
+	// again besides on changes to its object (default 30s).
+	Resync time.Duration
+	// Version is the forkbox version registered.
+	Version string
+	Log     *slog.Logger
+}
+
+func (o *Options) setDefaults() error {
+	if o.NodeName == "" || o.Daemon == nil || o.Config == nil {
+		return fmt.Errorf("node agent: a node name, a daemon and a kubernetes config are required: %w", errdefs.ErrInvalidArgument)
+	}
+	if o.Namespace == "" {
+		o.Namespace = "forkbox-system"
+	}
+	if o.LeaseDuration == 0 {
+		o.LeaseDuration = 40 * time.Second
+	}
+	if o.LeaseDuration < 2*time.Second {
+		return fmt.Errorf("node agent: lease duration %s: want at least 2s: %w", o.LeaseDuration, errdefs.ErrInvalidArgument)
+	}
+	if o.Resync == 0 {
+		o.Resync = 30 * time.Second
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	return nil
+}
+
+// Run runs the agent until ctx ends.
+func Run(ctx context.Context, o Options) error {
+	if err := o.setDefaults(); err != nil {
+		return err
+	}
+	mgr, err := ctrl.NewManager(o.Config, manager.Options{
+		Scheme:  kube.NewScheme(),
+		Logger:  kube.SetLogger(o.Log.With(slog.String("node", o.NodeName))),
+		Metrics: metricsserver.Options{BindAddress: "0"},
+		Cache:   CacheOptions(o.NodeName, o.Namespace),
+	})
+	if err != nil {
+		return fmt.Errorf("node agent manager: %w", err)
+	}
+	if err := Setup(ctx, mgr, o); err != nil {
+		return err
+	}
+	return mgr.Start(ctx)
+}
+
+// CacheOptions make a manager's cache hold only what node needs: its own
+// Sandboxes and Checkpoints (selected by the API server, not filtered
+// here) and the Leases of namespace.
+func CacheOptions(node, namespace string) cache.Options {
+	mine := fields.OneTermEqualSelector(fbv1.NodeNameField, node)
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&fbv1.Sandbox{}:         {Field: mine},
+		&fbv1.Checkpoint{}:      {Field: mine},
+		&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{namespace: {}}},
+	}}
+}
+
+// Setup registers the agent's heartbeat and reconcilers with mgr, whose
+// cache must select Sandboxes and Checkpoints of this node only (tests
+// run it in a manager of their own).
+func Setup(ctx context.Context, mgr manager.Manager, o Options) error {
+	if err := o.setDefaults(); err != nil {
+		return err
+	}
+	a := &agent{o: o, log: o.Log.With(slog.String("node", o.NodeName)), c: mgr.GetClient(), api: mgr.GetAPIReader(),
+		d: o.Daemon, rec: mgr.GetEventRecorder("forkbox-node")}
+	return a.setup(ctx, mgr)
+}
+
+func (a *agent) setup(ctx context.Context, mgr manager.Manager) error {
+	if err := kube.IndexNodeName(ctx, mgr.GetFieldIndexer()); err != nil {
+		return err
+	}
+	if err := mgr.Add(manager.RunnableFunc(a.heartbeat)); err != nil {
+		return err
+	}
+	if err := ctrl.NewControllerManagedBy(mgr).Named("node-sandboxes").For(&fbv1.Sandbox{}).Complete(&sandboxes{a}); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).Named("node-checkpoints").For(&fbv1.Checkpoint{}).Complete(&checkpoints{a})
+}
