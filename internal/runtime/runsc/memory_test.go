@@ -25,13 +25,15 @@ import (
 )
 
 // mfScript serves "hello" on TCP 8080 and counts in a shell variable: each
-// tick rewrites /root/counter (a fresh open), appends to /root/held.log
+// tick rewrites /root/counter (a fresh open of a new file, renamed over it:
+// the host reads a whole value, never the moment between a truncation and
+// the write, which made a child's counter read 0), appends to /root/held.log
 // through a descriptor held open across the checkpoint, and prints the
 // tick, the hostname and /root/role to stdout.
 const mfScript = `(while true; do echo hello | nc -l -p 8080; done) &
 exec 3>>/root/held.log; i=0
 while true; do
-  i=$((i+1)); echo $i >&3; echo $i > /root/counter
+  i=$((i+1)); echo $i >&3; echo $i > /root/counter.new; mv /root/counter.new /root/counter
   echo "tick=$i host=$(hostname) role=$(cat /root/role 2>/dev/null)"
   sleep 0.05
 done`
