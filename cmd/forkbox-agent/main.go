@@ -78,6 +78,15 @@ func main() {
 		}
 	}
 	cfg.Logger = log
+	if cfg.PidsLimit == 0 {
+		// No limit of its own to apply (crun): the host pids cgroup binds
+		// the agent with the tenant, so it makes its spare threads now,
+		// beside serving (agent.SpareThreads).
+		go func() {
+			n, err := agent.ReserveThreads(agent.SpareThreads)
+			log.Debug("agent: spare threads made", "threads", n, "err", err)
+		}()
+	}
 	if err := agent.Run(context.Background(), cfg); err != nil {
 		log.Error("agent", "err", err)
 		os.Exit(1)
