@@ -99,13 +99,26 @@ func (w *watchdog) run(ctx context.Context) {
 		case <-w.wake:
 		}
 		w.idle.Store(false)
-		if w.check() || w.active.Load() > 0 {
+		if w.check() || w.active.Load() > 0 || w.groupsLeft() {
 			t.Reset(watchInterval)
 		} else {
 			t.Stop() // idle: until the next process starts
 			w.idle.Store(true)
 		}
 	}
+}
+
+// groupsLeft reports whether a process group the agent started may still
+// have members (non-init mode): a group is forgotten only once the kernel
+// says it is empty (kill(-g, 0) is ESRCH), so this holds while a scan of
+// /proc that missed a process would not (a process read as it changed).
+func (w *watchdog) groupsLeft() bool {
+	if w.s.cfg.Init {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.groups) > 0
 }
 
 type procStat struct {
