@@ -277,13 +277,24 @@ func (d *Daemon) reserve(ctx context.Context, sb *store.Sandbox, slotReserved bo
 		sb.IP = pm.ip.String()
 		return d.store.ClaimPreboot(ctx, sb)
 	}
-	ip, err := d.net.AllocateFunc(d.lastIP, func(a netip.Addr) (bool, error) { return d.store.IPInUse(ctx, a.String()) })
+	ip, err := d.nextIP(ctx)
 	if err != nil {
 		return err
 	}
-	d.lastIP = ip
 	sb.IP = ip.String()
 	return d.store.CreateSandbox(ctx, sb)
+}
+
+// nextIP gives out the next free address after the last one given (a live
+// sandbox's or a pre-booted one's is taken). The caller holds d.ipAlloc
+// until the address is recorded.
+func (d *Daemon) nextIP(ctx context.Context) (netip.Addr, error) {
+	ip, err := d.net.AllocateFunc(d.lastIP, func(a netip.Addr) (bool, error) { return d.store.IPInUse(ctx, a.String()) })
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	d.lastIP = ip
+	return ip, nil
 }
 
 // start builds the sandbox's rootfs, network and container, and waits for

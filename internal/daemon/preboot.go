@@ -311,11 +311,10 @@ func (d *Daemon) bootPreboot(ctx context.Context, key prebootKey) (_ *prebooted,
 func (d *Daemon) recordPreboot(ctx context.Context, m *prebooted) (netip.Addr, error) {
 	d.ipAlloc.Lock()
 	defer d.ipAlloc.Unlock()
-	ip, err := d.net.AllocateFunc(d.lastIP, func(a netip.Addr) (bool, error) { return d.store.IPInUse(ctx, a.String()) })
+	ip, err := d.nextIP(ctx)
 	if err != nil {
 		return netip.Addr{}, err
 	}
-	d.lastIP = ip
 	return ip, d.store.AddPreboot(ctx, &store.Preboot{ID: m.id, IP: ip.String(), Runtime: m.key.runtime})
 }
 
