@@ -43,11 +43,14 @@ func (m *Manager) findFlows() error {
 
 // staleFlows matches the conntrack entries of flows started by the
 // sandbox at ip (original source) that pol does not permit. With pol nil,
-// all of them.
+// all of them. With unseen, pol is the first policy this Manager applies
+// to ip, and a flow to a public address is kept when pol has names: it may
+// go to an address resolved for one of them before the restart.
 type staleFlows struct {
 	ip      netip.Addr
 	gateway netip.Addr
 	pol     *Policy
+	unseen  bool
 }
 
 func (f staleFlows) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
@@ -62,7 +65,15 @@ func (f staleFlows) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 	if !ok {
 		return true
 	}
+	if f.unseen && f.pol.HasNames() && PublicAddr(dst) && !f.pol.denies(dst) {
+		return false
+	}
 	return !f.pol.permits(dst, f.gateway)
+}
+
+// denies reports whether dst is on p's deny list of CIDRs.
+func (p Policy) denies(dst netip.Addr) bool {
+	return slices.ContainsFunc(p.Deny, func(c netip.Prefix) bool { return c.Contains(dst) })
 }
 
 // permits reports whether a new connection to dst would pass pol by its
@@ -75,7 +86,7 @@ func (p Policy) permits(dst, gateway netip.Addr) bool {
 	switch {
 	case dst == gateway:
 		return p.HasNames() // DNS to the proxy
-	case linkLocal4.Contains(dst), in(p.Deny):
+	case linkLocal4.Contains(dst), p.denies(dst):
 		return false
 	case p.Mode == EgressAll:
 		return true
@@ -86,11 +97,12 @@ func (p Policy) permits(dst, gateway netip.Addr) bool {
 }
 
 // flushFlows deletes the conntrack entries of the sandbox at ip's flows
-// that pol does not permit (all of them when pol is nil).
-func (m *Manager) flushFlows(ip netip.Addr, pol *Policy) error {
+// that pol does not permit (all of them when pol is nil); unseen is
+// staleFlows's.
+func (m *Manager) flushFlows(ip netip.Addr, pol *Policy, unseen bool) error {
 	// A deletion is safe to repeat: an interrupted one is asked again.
 	n, err := dump(func() (uint, error) {
-		return netlink.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.FAMILY_V4, staleFlows{ip: ip, gateway: m.gateway, pol: pol})
+		return netlink.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.FAMILY_V4, staleFlows{ip: ip, gateway: m.gateway, pol: pol, unseen: unseen})
 	})
 	if err != nil {
 		return fmt.Errorf("network: delete the conntrack entries of %s: %v: %w", ip, err, errdefs.ErrInternal)

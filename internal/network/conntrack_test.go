@@ -217,3 +217,91 @@ func TestTeardownDeletesFlows(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestFirstPolicyAfterRestartCutsFlows: a restarted daemon's first policy
+// for a sandbox (reconcile applies the recorded one, which a crash may have
+// kept from reaching the kernel) cuts the flows found at New that it would
+// not let start, and keeps those it allows.
+func TestFirstPolicyAfterRestartCutsFlows(t *testing.T) {
+	m := newTestManager(t, 24)
+	outside, outIP := fakeUplink(t, 25)
+	target := net.JoinHostPort(outIP.String(), "7")
+	echoIn(t, outside, target)
+	ctx := context.Background()
+	sb := setup(t, m, "ct-first", EgressAll)
+	var c net.Conn
+	err := inNetns(sb.NSPath, func() (err error) {
+		c, err = net.DialTimeout("tcp4", target, 5*time.Second)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	if err := echoes(c, r, 5*time.Second); err != nil {
+		t.Fatalf("before the restart: %v", err)
+	}
+
+	// The same policy again from a new Manager: the flow goes on.
+	m2, err := New(ctx, m.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m2.SetPolicy(ctx, sb.ID, sb.IP, Policy{Mode: EgressAll}); err != nil {
+		t.Fatal(err)
+	}
+	if err := echoes(c, r, 5*time.Second); err != nil {
+		t.Fatalf("after a restart with the same policy: %v", err)
+	}
+
+	// A policy recorded but never applied before the crash: "none" is the
+	// first this Manager applies, and the flow stops.
+	m3, err := New(ctx, m.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m3.SetPolicy(ctx, sb.ID, sb.IP, Policy{Mode: EgressNone}); err != nil {
+		t.Fatal(err)
+	}
+	if n := flowsFrom(t, sb.IP); n != 0 {
+		t.Errorf("first policy none after a restart: %d conntrack entries from %s left, want 0", n, sb.IP)
+	}
+	if err := echoes(c, r, 3*time.Second); err == nil {
+		t.Error("first policy none after a restart: the connection still echoed")
+	}
+}
+
+// TestStaleFlowsUnseenNames: a first policy with names keeps flows to
+// public addresses (they may go to an address resolved before the
+// restart) unless its deny list covers them, and cuts flows to private
+// ones its CIDRs do not allow; a policy seen before keeps neither.
+func TestStaleFlowsUnseenNames(t *testing.T) {
+	pol, err := ParsePolicy("", []string{"example.com", "10.9.0.0/16"}, []string{"198.51.100.0/24"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := netip.MustParseAddr("10.88.0.5")
+	flow := func(dst string) *netlink.ConntrackFlow {
+		f := &netlink.ConntrackFlow{}
+		f.Forward.SrcIP = src.AsSlice()
+		f.Forward.DstIP = netip.MustParseAddr(dst).AsSlice()
+		return f
+	}
+	for _, tc := range []struct {
+		dst          string
+		unseen, kill bool
+	}{
+		{"93.184.216.34", true, false}, // public: may be example.com's
+		{"93.184.216.34", false, true}, // seen: resolved addresses went with the change
+		{"198.51.100.7", true, true},   // denied
+		{"10.9.1.1", true, false},      // on the allow list
+		{"10.7.1.1", true, true},       // private, not allowed
+		{"169.254.169.254", true, true},
+	} {
+		f := staleFlows{ip: src, gateway: netip.MustParseAddr("10.88.0.1"), pol: &pol, unseen: tc.unseen}
+		if got := f.MatchConntrackFlow(flow(tc.dst)); got != tc.kill {
+			t.Errorf("flow to %s (unseen %v): deleted %v, want %v", tc.dst, tc.unseen, got, tc.kill)
+		}
+	}
+}

@@ -31,8 +31,10 @@ func checkPolicy(pol Policy) error {
 // resolved under the old policy are dropped, and so are the conntrack
 // entries of its open connections that the new policy would not let
 // start (conntrack.go). The daemon also calls it on restart, to give the
-// DNS proxy the policies of the sandboxes it finds (a policy this Manager
-// has not seen before deletes no connection).
+// DNS proxy the policies of the sandboxes it finds: the flows found at New
+// that such a first policy would not let start are deleted then, with
+// those to public addresses kept when it has names (this Manager has not
+// seen what they resolved to).
 func (m *Manager) SetPolicy(ctx context.Context, id string, ip netip.Addr, pol Policy) error {
 	if err := validID(id); err != nil {
 		return err
@@ -56,6 +58,7 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, ip netip.Addr, pol P
 	m.polMu.Lock()
 	defer m.polMu.Unlock()
 	old, known := m.applied[ip]
+	found := m.mayHaveFlows[ip] // flows of an earlier Manager's, at New
 	if !pol.flowFree() {
 		m.mayHaveFlows[ip] = true // before the rules let any start
 	}
@@ -63,8 +66,13 @@ func (m *Manager) SetPolicy(ctx context.Context, id string, ip netip.Addr, pol P
 		return err
 	}
 	m.setPolicyLocked(ip, pol)
-	if known && !samePolicy(old, pol) {
-		if err := m.flushFlows(ip, &pol); err != nil {
+	// A policy seen before is compared with the old one. A first one
+	// (after a restart) cannot be: the flows found at New may have been
+	// let through by a policy recorded since (the daemon records a change
+	// before it applies it, and may have crashed between), so those it
+	// would not let start go too.
+	if (known && !samePolicy(old, pol)) || (!known && found) {
+		if err := m.flushFlows(ip, &pol, !known); err != nil {
 			return err
 		}
 		if pol.flowFree() {
@@ -98,7 +106,7 @@ func (m *Manager) dropPolicy(ip netip.Addr) error {
 	if !m.mayHaveFlows[ip] {
 		return err
 	}
-	ferr := m.flushFlows(ip, nil)
+	ferr := m.flushFlows(ip, nil, false)
 	if ferr == nil {
 		delete(m.mayHaveFlows, ip)
 	}
