@@ -101,10 +101,10 @@ func setupWith(tb testing.TB, m *Manager, name string, pol Policy) *Network {
 	var used []netip.Addr
 	ids, _ := m.List(context.Background())
 	for range ids {
-		a, _ := m.Allocate(used)
+		a, _ := allocateAfter(m.cfg.Subnet, used, netip.Addr{})
 		used = append(used, a)
 	}
-	ip, err := m.Allocate(used)
+	ip, err := allocateAfter(m.cfg.Subnet, used, netip.Addr{})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -190,42 +190,22 @@ func (m *Manager) Destroy(ctx context.Context) error {
 	return joinErrs(m.deleteTables(), m.deleteBridge(), releaseNetnsDir(m.cfg.NetnsDir), m.releaseForwarding())
 }
 
-// Allocate returns the first address of the subnet that is not in used,
-// skipping the network address, the gateway and the broadcast address.
-// It fails with ResourceExhausted when the subnet is full.
-func (m *Manager) Allocate(used []netip.Addr) (netip.Addr, error) {
-	return m.AllocateAfter(used, netip.Addr{})
-}
-
-// AllocateAfter is Allocate starting after the address last given out, and
-// wrapping around: an address just freed is not handed out again while
-// others are free, so nothing on the host (neighbour entries, conntrack,
-// packets in flight) still points at the sandbox that had it.
-func (m *Manager) AllocateAfter(used []netip.Addr, last netip.Addr) (netip.Addr, error) {
-	return AllocateAfter(m.cfg.Subnet, used, last)
-}
-
 // Taken reports whether an address is in use.
 type Taken func(netip.Addr) (bool, error)
 
-// AllocateFunc is AllocateAfter asking taken about each candidate instead
-// of reading a list of every address in use.
+// AllocateFunc returns a free address of the subnet, after last (the
+// address given out last) and wrapping around, skipping the network
+// address, the gateway and the broadcast address: an address just freed
+// is not handed out again while others are free, so nothing on the host
+// (neighbour entries, conntrack, packets in flight) still points at the
+// sandbox that had it. taken answers for each candidate (the daemon asks
+// its store); it fails with ResourceExhausted when the subnet is full.
 func (m *Manager) AllocateFunc(last netip.Addr, taken Taken) (netip.Addr, error) {
 	return AllocateFunc(m.cfg.Subnet, last, taken)
 }
 
-// AllocateAfter is Manager.AllocateAfter in subnet (its first address is
-// the gateway's).
-func AllocateAfter(subnet netip.Prefix, used []netip.Addr, last netip.Addr) (netip.Addr, error) {
-	set := make(map[netip.Addr]struct{}, len(used))
-	for _, a := range used {
-		set[a] = struct{}{}
-	}
-	return AllocateFunc(subnet, last, func(a netip.Addr) (bool, error) { _, ok := set[a]; return ok, nil })
-}
-
-// AllocateFunc is AllocateAfter in subnet with taken answering for each
-// candidate. Candidates are tried from the one after last, so with
+// AllocateFunc is Manager.AllocateFunc in subnet (its first address is
+// the gateway's). Candidates are tried from the one after last, so with
 // addresses handed out in order one or two are asked about, whatever the
 // number in use; an error of taken ends the search (and is returned, with
 // an address the caller must not use).

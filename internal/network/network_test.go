@@ -18,7 +18,7 @@ func TestAllocate(t *testing.T) {
 	m := &Manager{cfg: Config{Subnet: netip.MustParsePrefix("10.231.9.0/29")}, gateway: netip.MustParseAddr("10.231.9.1")}
 	var used []netip.Addr
 	for i := 2; i <= 6; i++ {
-		got, err := m.Allocate(used)
+		got, err := allocateAfter(m.cfg.Subnet, used, netip.Addr{})
 		if err != nil {
 			t.Fatalf("Allocate #%d: %v", i, err)
 		}
@@ -27,11 +27,11 @@ func TestAllocate(t *testing.T) {
 		}
 		used = append(used, got)
 	}
-	if _, err := m.Allocate(used); !errdefs.IsResourceExhausted(err) {
+	if _, err := allocateAfter(m.cfg.Subnet, used, netip.Addr{}); !errdefs.IsResourceExhausted(err) {
 		t.Fatalf("Allocate on a full subnet: got %v, want ResourceExhausted", err)
 	}
 	// A hole is reused first.
-	if got, _ := m.Allocate(used[1:]); got != used[0] {
+	if got, _ := allocateAfter(m.cfg.Subnet, used[1:], netip.Addr{}); got != used[0] {
 		t.Fatalf("Allocate with a hole: got %s, want %s", got, used[0])
 	}
 }
@@ -283,7 +283,7 @@ func TestAllocateAfterRoundRobin(t *testing.T) {
 		{[]netip.Addr{a("10.231.9.2")}, a("10.231.9.6"), "10.231.9.3"},
 	}
 	for _, c := range cases {
-		got, err := m.AllocateAfter(c.used, c.last)
+		got, err := allocateAfter(m.cfg.Subnet, c.used, c.last)
 		if err != nil || got.String() != c.want {
 			t.Errorf("AllocateAfter(%v, %v) = %v, %v; want %s", c.used, c.last, got, err, c.want)
 		}

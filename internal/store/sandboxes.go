@@ -225,26 +225,6 @@ func (s *Store) IPInUse(ctx context.Context, ip string) (bool, error) {
 	return n == 1, nil
 }
 
-// UsedIPs returns the addresses held by sandboxes that are not closed and
-// by pre-booted sandboxes.
-func (s *Store) UsedIPs(ctx context.Context) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT ip FROM sandboxes WHERE state != 'closed' AND ip != ''
-		UNION ALL SELECT ip FROM preboots`)
-	if err != nil {
-		return nil, fmt.Errorf("store: used ips: %w", err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var ip string
-		if err := rows.Scan(&ip); err != nil {
-			return nil, err
-		}
-		out = append(out, ip)
-	}
-	return out, rows.Err()
-}
-
 type scanner interface{ Scan(...any) error }
 
 func scanSandbox(r scanner) (*Sandbox, error) {

@@ -61,8 +61,10 @@ func TestSandboxesAndLedger(t *testing.T) {
 	if err != nil || len(evs) != 1 || evs[0].Type != EventSandboxCreated || evs[0].Data["image"] != "img" {
 		t.Fatalf("events after reopen: %+v, %v", evs, err)
 	}
-	ips, _ := s2.UsedIPs(ctx)
-	if len(ips) != 1 {
-		t.Fatalf("used ips = %v, want the live sandbox's only", ips)
+	if used, err := s2.IPInUse(ctx, "10.88.0.2"); err != nil || !used {
+		t.Fatalf("the live sb-2's address: in use %v, %v; want true", used, err)
+	}
+	if used, err := s2.IPInUse(ctx, "10.88.0.3"); err != nil || used {
+		t.Fatalf("an address no sandbox holds: in use %v, %v; want false", used, err)
 	}
 }
