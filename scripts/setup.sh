@@ -9,11 +9,12 @@ cd "$(dirname "$0")/.."
 RUNSC_VERSION=v0.0.0-20260905035102-160fafc42237
 RUNSC_BIN=/usr/local/bin/runsc
 RUNSC_STAMP=/usr/local/lib/forkbox/runsc.version
-# FORKBOX_RUNSC_PATCHED=1 builds runsc with scripts/gvisor/memory-limit.patch
-# (an exact memory limit inside gVisor: SECURITY.md, "Memory limits under
-# gVisor"); the stamp names the patch, so changing either rebuilds it.
+# runsc is built with scripts/gvisor/memory-limit.patch (an exact memory
+# limit inside gVisor: SECURITY.md, "Memory limits under gVisor");
+# FORKBOX_RUNSC_PATCHED=0 builds the stock one. The stamp names the patch,
+# so changing either rebuilds it.
 RUNSC_WANT=$RUNSC_VERSION
-if [ "${FORKBOX_RUNSC_PATCHED:-0}" = 1 ]; then
+if [ "${FORKBOX_RUNSC_PATCHED:-1}" = 1 ]; then
 	RUNSC_WANT="$RUNSC_VERSION+memory-limit-$(sha256sum scripts/gvisor/memory-limit.patch | cut -c1-12)"
 fi
 PACKAGES=(btrfs-progs busybox-static crun iproute2 nftables util-linux procps kmod coreutils python3-pytest chromium)
