@@ -134,12 +134,25 @@ func NewServer(cfg Config) (*Server, error) {
 
 // ListenAndServe listens on cfg.Addr and serves until ctx ends.
 func (s *Server) ListenAndServe(ctx context.Context) error {
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", s.cfg.Addr)
+	ln, err := listen(ctx, s.cfg.Addr)
 	if err != nil {
-		return fmt.Errorf("agent: listen %s: %v: %w", s.cfg.Addr, err, errdefs.ErrUnavailable)
+		return err
 	}
 	return s.Serve(ctx, ln)
+}
+
+// listen listens on addr for the daemon's connections. They get no TCP
+// keepalive from the agent's side: the peer is the host's kernel, which
+// closes the connection when the daemon goes, and a probe every 15 s (Go's
+// default) wakes an idle gVisor sandbox for nothing. The daemon's side
+// keeps a slow one (dialKeepAlive).
+func listen(ctx context.Context, addr string) (net.Listener, error) {
+	lc := net.ListenConfig{KeepAlive: -1}
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("agent: listen %s: %v: %w", addr, err, errdefs.ErrUnavailable)
+	}
+	return ln, nil
 }
 
 // Serve accepts connections on ln until ctx ends, then closes ln. The reaper
