@@ -19,8 +19,11 @@ import (
 const SpareThreads = 8
 
 // reserveWait bounds how long ReserveThreads waits for the runtime to have
-// started the threads (it starts one per blocked goroutine).
-const reserveWait = 2 * time.Second
+// started the threads. It starts one per blocked goroutine, when sysmon
+// hands the blocked one's P off (within 10 ms of its syscall on an idle
+// host), so on a loaded one it can take long: 2 s was too short once in a
+// CI run (5 of 6 threads). The wait does not hold up serving.
+const reserveWait = 30 * time.Second
 
 // ReserveThreads makes the Go runtime start about n more OS threads now: n
 // goroutines block in a read(2) at once, each holding a thread, until the
