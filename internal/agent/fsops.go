@@ -214,6 +214,15 @@ func (s *Server) handleSignal(fw *frameWriter, hdr *request) error {
 	if st == nil {
 		return fmt.Errorf("signal: no running exec with pid %d: %w", hdr.Pid, errdefs.ErrNotFound)
 	}
+	// An exec stays in s.execs until its handler returns, after its
+	// result went out: one that has exited is NotFound whatever the
+	// signal (a caller that has the result must not get a success).
+	st.mu.Lock()
+	exited := st.exited
+	st.mu.Unlock()
+	if exited {
+		return fmt.Errorf("signal: exec %d has exited: %w", hdr.Pid, errdefs.ErrNotFound)
+	}
 	sig := syscall.Signal(hdr.Signal)
 	if sig == syscall.SIGKILL {
 		st.killGroup()
