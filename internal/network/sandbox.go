@@ -130,6 +130,9 @@ func (m *Manager) Setup(ctx context.Context, id string, ip netip.Addr, pol Polic
 	if err := upVeth(host); err != nil {
 		return nil, err
 	}
+	if err := waitForwarding(ctx, host); err != nil {
+		return nil, err
+	}
 	if err := step("up"); err != nil {
 		return nil, err
 	}
