@@ -70,13 +70,3 @@ func forwardingOn(tb testing.TB) bool {
 	}
 	return len(b) > 0 && b[0] == '1'
 }
-
-// restoreForwarding puts net.ipv4.ip_forward back as it was at cleanup.
-func restoreForwarding(tb testing.TB) {
-	const p = "/proc/sys/net/ipv4/ip_forward"
-	b, err := os.ReadFile(p)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { os.WriteFile(p, b, 0o644) })
-}

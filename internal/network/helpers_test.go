@@ -50,7 +50,11 @@ func newTestManager(tb testing.TB, n int) *Manager {
 func newTestManagerIn(tb testing.TB, n int, subnet netip.Prefix) *Manager {
 	tb.Helper()
 	requirePrivileges(tb)
-	restoreForwarding(tb) // Setup with egress "all" turns it on
+	// Setup with egress "all" turns IPv4 forwarding on; Destroy at
+	// cleanup gives the Manager's hold up, and the last holder restores
+	// the host's value. (Writing the value back directly, as this did,
+	// switched forwarding off under a daemon of the e2e tests running at
+	// the same time.)
 	cfg := Config{
 		Bridge:     fmt.Sprintf("fbt%d-%d", os.Getpid()%100000, n),
 		Subnet:     subnet,

@@ -40,5 +40,14 @@ func run(m *testing.M) int {
 			return 1
 		}
 	}
+	if os.Geteuid() == 0 {
+		// Holding the lock, no other run of these tests is alive: what
+		// one left (killed mid-run) is swept, or its bridge and routes on
+		// the same 10.231.n subnets would break this run's.
+		if err := sweepStale(); err != nil {
+			fmt.Fprintf(os.Stderr, "network tests: sweep what a killed run left: %v\n", err)
+			return 1
+		}
+	}
 	return m.Run()
 }
