@@ -163,13 +163,19 @@ func TestDashboard(t *testing.T) {
 
 	// With it: logged in, and the token leaves the address; the fork tree
 	// shows three children under the source's checkpoint.
+	// A query waits across the login's redirect (a Poll is bound to one
+	// execution context: it failed once with "Cannot find context with
+	// specified id" when the redirect replaced the page under it).
 	srcNode := `#tree li.sb[data-id="` + src.ID + `"]`
+	kidNodes := srcNode + ` > ul > li.ck > ul > li.sb`
 	if err := chromedp.Do(bctx,
 		chromedp.Navigate(base+"/?token="+token),
-		chromedp.Poll[chromedp.Void](`document.querySelectorAll('`+srcNode+` > ul > li.ck > ul > li.sb').length === 3`,
-			chromedp.WithPollingTimeout(2*time.Minute), chromedp.WithPollingInterval(100*time.Millisecond)),
+		chromedp.WaitVisible(chromedp.CSS(kidNodes+`:nth-of-type(3)`)),
 	); err != nil {
 		t.Fatalf("dashboard fork tree: %v", err)
+	}
+	if n, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll('`+kidNodes+`').length`)); err != nil || n != 3 {
+		t.Fatalf("dashboard fork tree: %d children under the source's checkpoint (%v), want 3", n, err)
 	}
 	loc, err := chromedp.Run(bctx, chromedp.Evaluate[string](`location.href`))
 	if err != nil {
