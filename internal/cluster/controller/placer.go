@@ -84,7 +84,7 @@ func (p *placer) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 	if wait != "" {
 		return reconcile.Result{}, p.pending(ctx, &sb, "WaitingForSource", wait)
 	}
-	nodes, err := p.nodes(ctx, sb.Namespace, preq)
+	nodes, err := p.nodes(ctx, sb.Namespace, &preq)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -147,11 +147,31 @@ func (p *placer) request(ctx context.Context, sb *fbv1.Sandbox) (placement.Reque
 }
 
 // nodes lists the nodes with their load and which of req's checkpoints
-// each holds.
-func (p *placer) nodes(ctx context.Context, namespace string, req placement.Request) ([]placement.Node, error) {
+// each holds, and says in req whether its checkpoint can be shipped: a
+// ready copy is on a node that serves transfers (and, for a memory
+// checkpoint, which runtime version a receiver needs).
+func (p *placer) nodes(ctx context.Context, namespace string, req *placement.Request) ([]placement.Node, error) {
 	var nl fbv1.ForkboxNodeList
 	if err := p.c.List(ctx, &nl); err != nil {
 		return nil, err
+	}
+	byName := map[string]*fbv1.ForkboxNode{}
+	for i := range nl.Items {
+		byName[nl.Items[i].Name] = &nl.Items[i]
+	}
+	if req.Checkpoint != "" {
+		var ck fbv1.Checkpoint
+		if err := p.c.Get(ctx, types.NamespacedName{Namespace: namespace, Name: req.Checkpoint}, &ck); err != nil {
+			return nil, client.IgnoreNotFound(err)
+		}
+		for _, r := range ck.Status.Replicas {
+			if n := byName[r.Node]; r.Ready && n != nil && canTransfer(n) {
+				req.CanTransfer = true
+			}
+		}
+		if n := byName[ck.Status.OriginNode]; ck.Status.Kind == memoryKind && n != nil {
+			req.RuntimeVersion, req.RuntimeVersionNode = runtimeVersion(n, string(ck.Status.Runtime)), n.Name
+		}
 	}
 	used, err := p.load(ctx)
 	if err != nil {
@@ -179,13 +199,33 @@ func (p *placer) nodes(ctx context.Context, namespace string, req placement.Requ
 	for _, n := range nl.Items {
 		pn := placement.Node{Name: n.Name, Ready: kube.IsTrue(n.Status.Conditions, fbv1.ConditionReady),
 			Unschedulable: n.Spec.Unschedulable, Slots: int(n.Status.Allocatable.Slots), Used: used[n.Name],
-			Images: n.Status.Images, Checkpoints: held[n.Name]}
+			Images: n.Status.Images, Checkpoints: held[n.Name], CanReceive: canTransfer(&n), RuntimeVersions: map[string]string{}}
 		for _, rt := range n.Status.Runtimes {
 			pn.Runtimes = append(pn.Runtimes, string(rt.Name))
+			pn.RuntimeVersions[string(rt.Name)] = rt.Version
 		}
 		out = append(out, pn)
 	}
 	return out, nil
+}
+
+// memoryKind is the kind of a checkpoint with memory (as the node agent
+// reports it).
+const memoryKind = "filesystem+memory"
+
+// canTransfer: the node serves and receives checkpoint transfers.
+func canTransfer(n *fbv1.ForkboxNode) bool {
+	t := n.Status.Transfer
+	return t != nil && t.Endpoint != "" && t.Certificate != ""
+}
+
+func runtimeVersion(n *fbv1.ForkboxNode, runtime string) string {
+	for _, rt := range n.Status.Runtimes {
+		if string(rt.Name) == runtime {
+			return rt.Version
+		}
+	}
+	return ""
 }
 
 // load counts the sandboxes on each node that hold a slot: bound and not

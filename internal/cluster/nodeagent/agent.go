@@ -58,6 +58,10 @@ type Options struct {
 	// Resync is how often a bound sandbox's local state is looked at
 	// again besides on changes to its object (default 30s).
 	Resync time.Duration
+	// Transfer, when set, serves this node's checkpoints to peers and
+	// pulls those its sandboxes need (nil: the node takes only sandboxes
+	// whose checkpoint it holds).
+	Transfer *TransferOptions
 	// Version is the forkbox version registered.
 	Version string
 	Log     *slog.Logger
@@ -131,6 +135,9 @@ func Setup(ctx context.Context, mgr manager.Manager, o Options) error {
 
 func (a *agent) setup(ctx context.Context, mgr manager.Manager) error {
 	if err := kube.IndexNodeName(ctx, mgr.GetFieldIndexer()); err != nil {
+		return err
+	}
+	if err := a.setupTransfer(ctx, mgr); err != nil {
 		return err
 	}
 	if err := mgr.Add(manager.RunnableFunc(a.heartbeat)); err != nil {

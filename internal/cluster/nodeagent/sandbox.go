@@ -136,7 +136,10 @@ func (r *sandboxes) localCheckpoint(ctx context.Context, sb *fbv1.Sandbox) (stri
 			return rp.LocalID, nil
 		}
 	}
-	return "", fmt.Errorf("checkpoint %s is not on node %s (cross-node transfer is not built yet): %w", name, r.o.NodeName, errdefs.ErrFailedPrecondition)
+	if ck.Status.Phase != fbv1.CheckpointReady {
+		return "", fmt.Errorf("checkpoint %s is %s: %w", name, ck.Status.Phase, errdefs.ErrUnavailable)
+	}
+	return r.pull(ctx, &ck)
 }
 
 // drive moves the local sandbox toward the state asked for.

@@ -74,6 +74,12 @@ type CheckpointStatus struct {
 	Image string `json:"image,omitempty"`
 	// +optional
 	Runtime Runtime `json:"runtime,omitempty"`
+	// SubvolumeUUID identifies the captured snapshot (the btrfs UUID it
+	// has on its origin node, the received UUID of every copy): a
+	// transfer of another one is refused.
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	SubvolumeUUID string `json:"subvolumeUUID,omitempty"`
 	// Replicas are the nodes holding a copy.
 	// +listType=map
 	// +listMapKey=node
