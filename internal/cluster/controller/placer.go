@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
+	"github.com/forkbox/forkbox/errdefs"
 	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
 	"github.com/forkbox/forkbox/internal/cluster/kube"
 	"github.com/forkbox/forkbox/internal/cluster/placement"
@@ -91,7 +92,7 @@ func (p *placer) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 	node, perr := placement.Place(nodes, preq)
 	if perr != nil {
 		p.rec.Eventf(&sb, nil, "Warning", "FailedScheduling", "Schedule", "%s", kube.Truncate(perr.Error(), 1024))
-		return reconcile.Result{RequeueAfter: p.retry}, p.pending(ctx, &sb, "Unschedulable", perr.Error())
+		return reconcile.Result{RequeueAfter: p.retry}, p.pending(ctx, &sb, pendingReason(perr), perr.Error())
 	}
 	return reconcile.Result{}, p.bind(ctx, &sb, node)
 }
@@ -274,6 +275,24 @@ func (p *placer) bind(ctx context.Context, sb *fbv1.Sandbox, node string) error 
 	spatch := client.MergeFrom(sb.DeepCopy())
 	kube.SetCondition(&sb.Status.Conditions, fbv1.ConditionScheduled, true, "Placed", "placed on node "+node, sb.Generation)
 	return p.c.Status().Patch(ctx, sb, spatch)
+}
+
+// Reasons of a Sandbox's Scheduled=False condition when no node fits.
+const (
+	// ReasonUnschedulable: no node has room (ResourceExhausted).
+	ReasonUnschedulable = "Unschedulable"
+	// ReasonCheckpointUnavailable: nodes have room but none holds the
+	// checkpoint the sandbox starts from (FailedPrecondition, until
+	// checkpoints can be shipped between nodes).
+	ReasonCheckpointUnavailable = "CheckpointUnavailable"
+)
+
+// pendingReason names the class of a placement error.
+func pendingReason(err error) string {
+	if errdefs.IsFailedPrecondition(err) {
+		return ReasonCheckpointUnavailable
+	}
+	return ReasonUnschedulable
 }
 
 func (p *placer) pending(ctx context.Context, sb *fbv1.Sandbox, reason, msg string) error {
