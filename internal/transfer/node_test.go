@@ -48,14 +48,14 @@ type node struct {
 	client *Client
 }
 
-func requireRoot(t *testing.T) {
+func requireRoot(t testing.TB) {
 	t.Helper()
 	testsuite.Require(t, os.Geteuid() == 0 && btrfs.Supported(context.Background()) == nil, "needs root and btrfs")
 }
 
 // newNode opens a node under a fresh dir; trust is filled by the caller
 // before pulls (it is read at each handshake).
-func newNode(t *testing.T, name string, trust StaticTrust) *node {
+func newNode(t testing.TB, name string, trust StaticTrust) *node {
 	t.Helper()
 	ctx := context.Background()
 	n := &node{name: name, dir: t.TempDir()}
@@ -88,7 +88,7 @@ func newNode(t *testing.T, name string, trust StaticTrust) *node {
 
 func (n *node) root() string { return filepath.Join(n.dir, "snaps") }
 
-func (n *node) open(t *testing.T) {
+func (n *node) open(t testing.TB) {
 	t.Helper()
 	ctx := context.Background()
 	s, err := btrfs.Open(ctx, n.root(), btrfs.Options{LoopSize: 1 << 30})
@@ -116,7 +116,7 @@ func (n *node) peer() Peer { return Peer{Node: n.name, Endpoint: n.addr, CertPEM
 
 // write makes active snapshot key (from parent) if needed and writes
 // size random bytes to file in it.
-func (n *node) write(t *testing.T, key, parent, file string, size int) []byte {
+func (n *node) write(t testing.TB, key, parent, file string, size int) []byte {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := n.snaps.Stat(ctx, key); errdefs.IsNotFound(err) {
@@ -133,7 +133,7 @@ func (n *node) write(t *testing.T, key, parent, file string, size int) []byte {
 }
 
 // checkpoint commits key as checkpoint id and records it.
-func (n *node) checkpoint(t *testing.T, id, key string, memory bool) {
+func (n *node) checkpoint(t testing.TB, id, key string, memory bool) {
 	t.Helper()
 	ctx := context.Background()
 	if err := n.snaps.Commit(ctx, id, key); err != nil {
@@ -162,7 +162,7 @@ func (n *node) checkpoint(t *testing.T, id, key string, memory bool) {
 	}
 }
 
-func (n *node) uuid(t *testing.T, id string) string {
+func (n *node) uuid(t testing.TB, id string) string {
 	t.Helper()
 	in, err := btrfs.Subvolume(n.snaps.CommittedPath(id))
 	if err != nil {
@@ -173,7 +173,7 @@ func (n *node) uuid(t *testing.T, id string) string {
 
 // requireNothing checks that node n holds nothing of checkpoint id: no
 // snapshot, no data dir, no ledger record, no memory image or staging.
-func (n *node) requireNothing(t *testing.T, id string) {
+func (n *node) requireNothing(t testing.TB, id string) {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := n.snaps.Stat(ctx, id); !errdefs.IsNotFound(err) {
@@ -194,7 +194,7 @@ func (n *node) requireNothing(t *testing.T, id string) {
 }
 
 // requireHeld checks that n holds id read-only, with file's content.
-func (n *node) requireHeld(t *testing.T, id, file string, want []byte) {
+func (n *node) requireHeld(t testing.TB, id, file string, want []byte) {
 	t.Helper()
 	ctx := context.Background()
 	if !n.local.Holds(ctx, id) {

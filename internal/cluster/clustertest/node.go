@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,8 +21,12 @@ import (
 	"github.com/forkbox/forkbox/internal/cluster/kube"
 )
 
-// apiPort is the TCP port of each node's API on its own address.
-const apiPort = 7443
+// apiPort is the TCP port of each node's API on its own address;
+// transferPort that of its checkpoint transfers (package transfer).
+const (
+	apiPort      = 7443
+	transferPort = 7444
+)
 
 // Node is one `forkbox serve --cluster` node agent with its daemon, in
 // its own network namespace, with its own state dir (and loop-mounted
@@ -124,7 +129,8 @@ func (n *Node) Start(ctx context.Context) error {
 	args := append([]string{"serve", "--cluster", "--node-name", n.Name, "--kubeconfig", n.c.nodeKubeconfig,
 		"--cluster-namespace", Namespace, "--lease-duration", n.c.opts.LeaseDuration.String(),
 		"--node-endpoint", n.Endpoint, "--tcp", n.Endpoint, "--api-token", n.c.Token,
-		"--max-sandboxes", strconv.Itoa(n.Slots), "--preboot", strconv.Itoa(n.Preboot)}, n.daemonArgs()...)
+		"--max-sandboxes", strconv.Itoa(n.Slots), "--preboot", strconv.Itoa(n.Preboot),
+		"--transfer-listen", net.JoinHostPort(n.IP, strconv.Itoa(transferPort))}, n.daemonArgs()...)
 	cmd := n.inNetns(args...)
 	cmd.Stdout, cmd.Stderr = log, log
 	started := time.Now()

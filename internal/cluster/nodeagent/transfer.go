@@ -140,7 +140,7 @@ func (a *agent) pull(ctx context.Context, ck *fbv1.Checkpoint) (string, error) {
 	if err := a.checkRuntime(ck, nodes); err != nil {
 		return "", err
 	}
-	have, holders := a.ancestors(ctx, ck)
+	have, names, holders := a.ancestors(ctx, ck)
 	// Senders that hold the nearest ancestor first: they can send
 	// incrementally.
 	slices.SortStableFunc(ready, func(x, y fbv1.Replica) int { return holders[x.Node] - holders[y.Node] })
@@ -165,7 +165,7 @@ func (a *agent) pull(ctx context.Context, ck *fbv1.Checkpoint) (string, error) {
 		}
 		how := "full"
 		if res.Parent != "" {
-			how = "incremental from " + res.Parent
+			how = "incremental from " + names[res.Parent]
 		}
 		msg := fmt.Sprintf("pulled from node %s: %s, %d bytes in %d ms", rp.Node, how, res.SendBytes+res.FileBytes, res.Duration.Milliseconds())
 		a.rec.Eventf(ck, nil, corev1.EventTypeNormal, "Transferred", "Transfer", "%s", msg)
@@ -218,10 +218,11 @@ func versionOf(n *fbv1.ForkboxNode, rt fbv1.Runtime) string {
 }
 
 // ancestors returns the local IDs of ck's ancestors this node holds,
-// nearest first, and for each node the rank of the nearest one it holds
-// (lower is nearer; len(chain) for none).
-func (a *agent) ancestors(ctx context.Context, ck *fbv1.Checkpoint) ([]string, map[string]int) {
+// nearest first, with their object names, and for each node the rank of
+// the nearest one it holds (lower is nearer; len(chain) for none).
+func (a *agent) ancestors(ctx context.Context, ck *fbv1.Checkpoint) ([]string, map[string]string, map[string]int) {
 	var have []string
+	names := map[string]string{}
 	holders := map[string]int{}
 	rank := 0
 	for parent := ck.Status.Parent; parent != "" && rank < maxAncestry; rank++ {
@@ -238,6 +239,7 @@ func (a *agent) ancestors(ctx context.Context, ck *fbv1.Checkpoint) ([]string, m
 			}
 			if rp.Node == a.o.NodeName && a.t.local.Holds(ctx, rp.LocalID) {
 				have = append(have, rp.LocalID)
+				names[rp.LocalID] = anc.Name
 			}
 		}
 		parent = anc.Status.Parent
@@ -247,7 +249,7 @@ func (a *agent) ancestors(ctx context.Context, ck *fbv1.Checkpoint) ([]string, m
 			holders[rp.Node] = rank + 1
 		}
 	}
-	return have, holders
+	return have, names, holders
 }
 
 // maxAncestry bounds how far up a checkpoint's parents a pull looks.
