@@ -29,8 +29,8 @@ type Limits struct {
 	Timeout time.Duration
 	// MaxFiles bounds a memory image's files (default 256).
 	MaxFiles int
-	// MaxRecordBytes bounds the ledger record (default 1 MiB... at most
-	// one JSON frame).
+	// MaxRecordBytes bounds the ledger record (default and most 512 KiB:
+	// it travels base64-encoded in the header frame).
 	MaxRecordBytes int
 }
 
@@ -44,8 +44,8 @@ func (l Limits) withDefaults() Limits {
 	if l.MaxFiles == 0 {
 		l.MaxFiles = 256
 	}
-	if l.MaxRecordBytes == 0 || l.MaxRecordBytes > maxJSONFrame/2 {
-		l.MaxRecordBytes = maxJSONFrame / 2
+	if l.MaxRecordBytes == 0 || l.MaxRecordBytes > 512<<10 {
+		l.MaxRecordBytes = 512 << 10
 	}
 	return l
 }

@@ -19,7 +19,7 @@ const (
 	frameError   = 'E' // JSON remoteError: the sender failed
 
 	maxFrame     = 1 << 20
-	maxJSONFrame = 64 << 10
+	maxJSONFrame = maxFrame // a header carries the ledger record
 	sendChunk    = 256 << 10
 )
 
