@@ -149,7 +149,7 @@ func (p *placer) request(ctx context.Context, sb *fbv1.Sandbox) (placement.Reque
 
 // nodes lists the nodes with their load and which of req's checkpoints
 // each holds, and says in req whether its checkpoint can be shipped: a
-// ready copy is on a node that serves transfers (and, for a memory
+// ready copy is on a Ready node that serves transfers (and, for a memory
 // checkpoint, which runtime version a receiver needs).
 func (p *placer) nodes(ctx context.Context, namespace string, req *placement.Request) ([]placement.Node, error) {
 	var nl fbv1.ForkboxNodeList
@@ -166,7 +166,8 @@ func (p *placer) nodes(ctx context.Context, namespace string, req *placement.Req
 			return nil, client.IgnoreNotFound(err)
 		}
 		for _, r := range ck.Status.Replicas {
-			if n := byName[r.Node]; r.Ready && n != nil && canTransfer(n) {
+			// A copy can be pulled only from a live node.
+			if n := byName[r.Node]; r.Ready && n != nil && canTransfer(n) && kube.IsTrue(n.Status.Conditions, fbv1.ConditionReady) {
 				req.CanTransfer = true
 			}
 		}
