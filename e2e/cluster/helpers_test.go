@@ -21,14 +21,14 @@ import (
 // Checkpoints when t ends, waiting until the nodes let them go (so the
 // next test finds every slot free). Call it before keepRunning, so the
 // nodes run again first.
-func testNamespace(t *testing.T) string {
+func testNamespace(t testing.TB) string {
 	t.Helper()
 	ns := namespace(t)
 	t.Cleanup(func() { deleteAll(t, ns) })
 	return ns
 }
 
-func deleteAll(t *testing.T, ns string) {
+func deleteAll(t testing.TB, ns string) {
 	ctx := context.Background()
 	c := plane.Client
 	for _, o := range []client.Object{&fbv1.Fork{}, &fbv1.Sandbox{}, &fbv1.Checkpoint{}} {
@@ -49,7 +49,7 @@ func deleteAll(t *testing.T, ns string) {
 	})
 }
 
-func create(t *testing.T, o client.Object) {
+func create(t testing.TB, o client.Object) {
 	t.Helper()
 	if err := plane.Client.Create(context.Background(), o); err != nil {
 		t.Fatalf("create %s: %v", o.GetName(), err)

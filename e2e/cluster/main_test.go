@@ -145,7 +145,7 @@ func waitFor(timeout time.Duration, f func() error) error {
 }
 
 // need skips t when this machine cannot run the suite.
-func need(t *testing.T) {
+func need(t testing.TB) {
 	t.Helper()
 	plane.Need(t)
 	if env.skip != "" {
@@ -154,7 +154,7 @@ func need(t *testing.T) {
 }
 
 // needNodes is need, and skips t on a cluster of fewer than n nodes.
-func needNodes(t *testing.T, n int) {
+func needNodes(t testing.TB, n int) {
 	t.Helper()
 	need(t)
 	if len(cl.Nodes) < n {

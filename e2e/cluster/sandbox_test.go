@@ -27,7 +27,7 @@ func forEachRuntime(t *testing.T, f func(t *testing.T, rt fbv1.Runtime)) {
 	}
 }
 
-func namespace(t *testing.T) string {
+func namespace(t testing.TB) string {
 	t.Helper()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"}}
 	if err := plane.Client.Create(context.Background(), ns); err != nil {
@@ -36,7 +36,7 @@ func namespace(t *testing.T) string {
 	return ns.Name
 }
 
-func get[T client.Object](t *testing.T, o T) T {
+func get[T client.Object](t testing.TB, o T) T {
 	t.Helper()
 	if err := plane.Client.Get(context.Background(), client.ObjectKeyFromObject(o), o); err != nil {
 		t.Fatalf("get %s: %v", o.GetName(), err)
@@ -46,7 +46,7 @@ func get[T client.Object](t *testing.T, o T) T {
 
 // running waits until sb is placed on a node of the cluster and in
 // phase, and returns its local sandbox through that node's API.
-func running(t *testing.T, sb *fbv1.Sandbox, phase fbv1.SandboxPhase) *fbclient.Sandbox {
+func running(t testing.TB, sb *fbv1.Sandbox, phase fbv1.SandboxPhase) *fbclient.Sandbox {
 	t.Helper()
 	clustertest.Eventually(t, 2*time.Minute, "sandbox "+sb.Name+" "+string(phase), func() (bool, string) {
 		get(t, sb)
@@ -57,7 +57,7 @@ func running(t *testing.T, sb *fbv1.Sandbox, phase fbv1.SandboxPhase) *fbclient.
 }
 
 // localOf is sb's local sandbox, through the API of the node it is on.
-func localOf(t *testing.T, sb *fbv1.Sandbox) *fbclient.Sandbox {
+func localOf(t testing.TB, sb *fbv1.Sandbox) *fbclient.Sandbox {
 	t.Helper()
 	n := nodeNamed(sb.Spec.NodeName)
 	if n == nil {
@@ -70,7 +70,7 @@ func localOf(t *testing.T, sb *fbv1.Sandbox) *fbclient.Sandbox {
 	return local
 }
 
-func sh(t *testing.T, sb *fbclient.Sandbox, cmd string) string {
+func sh(t testing.TB, sb *fbclient.Sandbox, cmd string) string {
 	t.Helper()
 	var out, errb strings.Builder
 	res, err := sb.Exec(context.Background(), fbclient.ExecOptions{Shell: cmd, Stdout: &out, Stderr: &errb})

@@ -25,7 +25,7 @@ import (
 
 // newCheckpoint captures sandbox sb (memory too if memory) as Checkpoint
 // name and waits until it is Ready.
-func newCheckpoint(t *testing.T, ns, name, sb string, memory bool) *fbv1.Checkpoint {
+func newCheckpoint(t testing.TB, ns, name, sb string, memory bool) *fbv1.Checkpoint {
 	t.Helper()
 	ck := &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: fbv1.CheckpointSpec{Sandbox: sb, Memory: memory}}
 	create(t, ck)
@@ -47,7 +47,7 @@ func fromCheckpoint(ns, name, ck, node string) *fbv1.Sandbox {
 }
 
 // replicaOn reports whether ck has a ready replica on node.
-func replicaOn(t *testing.T, ck *fbv1.Checkpoint, node string) bool {
+func replicaOn(t testing.TB, ck *fbv1.Checkpoint, node string) bool {
 	return get(t, ck).ReadyOn(node)
 }
 
@@ -60,7 +60,7 @@ type pullEvent struct {
 }
 
 // transfers are the Transferred events of ck: one per pull.
-func transfers(t *testing.T, ck *fbv1.Checkpoint) []pullEvent {
+func transfers(t testing.TB, ck *fbv1.Checkpoint) []pullEvent {
 	t.Helper()
 	var evs corev1.EventList
 	if err := plane.Client.List(context.Background(), &evs, client.InNamespace(ck.Namespace)); err != nil {
@@ -83,7 +83,7 @@ func transfers(t *testing.T, ck *fbv1.Checkpoint) []pullEvent {
 }
 
 // waitTransfers waits until ck has n Transferred events.
-func waitTransfers(t *testing.T, ck *fbv1.Checkpoint, n int) []pullEvent {
+func waitTransfers(t testing.TB, ck *fbv1.Checkpoint, n int) []pullEvent {
 	t.Helper()
 	var got []pullEvent
 	clustertest.Eventually(t, time.Minute, fmt.Sprintf("%d transfers of %s", n, ck.Name), func() (bool, string) {
