@@ -10,6 +10,7 @@ import (
 	goruntime "runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -34,6 +35,10 @@ type agent struct {
 	api client.Reader // uncached reads (objects of other nodes, Secrets)
 	d   *daemon.Daemon
 	rec recorder.EventRecorder
+
+	// setups holds the UIDs of the builder Sandboxes whose setup this
+	// process started (see setup.go).
+	setups sync.Map
 }
 
 // heartbeat registers the node, then renews its Lease every third of the
