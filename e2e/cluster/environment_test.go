@@ -22,7 +22,7 @@ func builtAs(t *testing.T, e *fbv1.Environment, not string) string {
 	clustertest.Eventually(t, 3*time.Minute, "environment "+e.Name+" built", func() (bool, string) {
 		get(t, e)
 		return e.Status.Checkpoint != "" && e.Status.Checkpoint != not && e.Status.Hash == e.Spec.Hash() && e.Status.BuiltAt != nil &&
-			meta.IsStatusConditionTrue(e.Status.Conditions, fbv1.ConditionBuilt) && meta.IsStatusConditionTrue(e.Status.Conditions, fbv1.ConditionReady),
+				meta.IsStatusConditionTrue(e.Status.Conditions, fbv1.ConditionBuilt) && meta.IsStatusConditionTrue(e.Status.Conditions, fbv1.ConditionReady),
 			fmt.Sprintf("%+v", e.Status)
 	})
 	return e.Status.Checkpoint

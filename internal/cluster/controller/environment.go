@@ -56,11 +56,11 @@ func (r *environments) setup(mgr ctrl.Manager) error {
 
 // Reasons of an Environment's conditions.
 const (
-	ReasonBuilding     = "Building"
-	ReasonBuilt        = "Built"
-	ReasonSetupFailed  = "SetupFailed"
+	ReasonBuilding      = "Building"
+	ReasonBuilt         = "Built"
+	ReasonSetupFailed   = "SetupFailed"
 	ReasonCaptureFailed = "CaptureFailed"
-	ReasonNotBuilt     = "NotBuilt"
+	ReasonNotBuilt      = "NotBuilt"
 )
 
 func (r *environments) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
