@@ -31,7 +31,7 @@ func testNamespace(t testing.TB) string {
 func deleteAll(t testing.TB, ns string) {
 	ctx := context.Background()
 	c := plane.Client
-	for _, o := range []client.Object{&fbv1.Fork{}, &fbv1.Sandbox{}, &fbv1.Checkpoint{}} {
+	for _, o := range []client.Object{&fbv1.Environment{}, &fbv1.Fork{}, &fbv1.Sandbox{}, &fbv1.Checkpoint{}} {
 		if err := c.DeleteAllOf(ctx, o, client.InNamespace(ns)); err != nil {
 			t.Errorf("delete %T in %s: %v", o, ns, err)
 		}

@@ -124,6 +124,14 @@ func StartCluster(ctx context.Context, p *Plane, o Options) (_ *Cluster, err err
 			return nil, err
 		}
 	}
+	// The daemons hand the agent's path to the runtimes, which resolve
+	// it from elsewhere: absolute paths only.
+	if c.Bin, err = filepath.Abs(c.Bin); err != nil {
+		return nil, err
+	}
+	if c.Agent, err = filepath.Abs(c.Agent); err != nil {
+		return nil, err
+	}
 	if c.net, err = setupHostNet(ctx, "fbh"+c.RunID, os.Getpid()); err != nil {
 		return nil, err
 	}
@@ -273,7 +281,7 @@ func (c *Cluster) Close(ctx context.Context) error {
 		errs = append(errs, n.uninstall(ctx))
 	}
 	for _, n := range c.Nodes {
-		errs = append(errs, c.net.delNode(ctx, n.NetNS))
+		errs = append(errs, c.net.delNode(ctx, n.NetNS, n.hostV))
 	}
 	if c.proxy != nil {
 		errs = append(errs, c.proxy.Close())

@@ -112,19 +112,25 @@ func (h *hostNet) addNode(ctx context.Context, i int, ns, hostVeth string) error
 	}
 	for _, args := range steps {
 		if err := ip(ctx, args...); err != nil {
-			h.delNode(ctx, ns)
+			h.delNode(ctx, ns, hostVeth)
 			return err
 		}
 	}
 	return nil
 }
 
-// delNode deletes namespace ns; its veth pair goes with it.
-func (h *hostNet) delNode(ctx context.Context, ns string) error {
-	if _, err := os.Stat(filepath.Join("/run/netns", ns)); errors.Is(err, os.ErrNotExist) {
-		return nil
+// delNode deletes node namespace ns and its veth pair (hostVeth on the
+// host): the pair is deleted first, because the kernel frees a namespace
+// (and the links in it) only some time after its last reference goes.
+func (h *hostNet) delNode(ctx context.Context, ns, hostVeth string) error {
+	var errs []error
+	if _, err := os.Stat("/sys/class/net/" + hostVeth); err == nil {
+		errs = append(errs, ip(ctx, "link", "del", hostVeth))
 	}
-	return ip(ctx, "netns", "del", ns)
+	if _, err := os.Stat(filepath.Join("/run/netns", ns)); err == nil {
+		errs = append(errs, ip(ctx, "netns", "del", ns))
+	}
+	return errors.Join(errs...)
 }
 
 // nsRecord is the name of the forwarding record a daemon in namespace

@@ -59,10 +59,18 @@ func (p *placer) setup(mgr ctrl.Manager) error {
 		}
 		return requests(ptrs(l.Items))
 	})
+	fromEnv := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+		var l fbv1.SandboxList
+		if err := p.c.List(ctx, &l, client.InNamespace(o.GetNamespace()), client.MatchingFields{sourceEnvField: o.GetName()}); err != nil {
+			return nil
+		}
+		return requests(ptrs(l.Items))
+	})
 	return ctrl.NewControllerManagedBy(mgr).Named("placer").
 		For(&fbv1.Sandbox{}).
 		Watches(&fbv1.ForkboxNode{}, unplaced).
 		Watches(&fbv1.Checkpoint{}, waiting, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
+		Watches(&fbv1.Environment{}, fromEnv, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(p)
 }

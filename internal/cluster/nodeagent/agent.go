@@ -33,6 +33,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -143,7 +144,10 @@ func (a *agent) setup(ctx context.Context, mgr manager.Manager) error {
 	if err := mgr.Add(manager.RunnableFunc(a.heartbeat)); err != nil {
 		return err
 	}
-	if err := ctrl.NewControllerManagedBy(mgr).Named("node-sandboxes").For(&fbv1.Sandbox{}).Complete(&sandboxes{a}); err != nil {
+	// Several at once: an Environment's setup runs inside one reconcile
+	// (never two of one object at a time) and must not hold up the rest.
+	if err := ctrl.NewControllerManagedBy(mgr).Named("node-sandboxes").For(&fbv1.Sandbox{}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).Complete(&sandboxes{a}); err != nil {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).Named("node-checkpoints").For(&fbv1.Checkpoint{}).Complete(&checkpoints{a})

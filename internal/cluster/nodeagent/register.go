@@ -10,6 +10,7 @@ import (
 	goruntime "runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -35,6 +36,10 @@ type agent struct {
 	d   *daemon.Daemon
 	rec recorder.EventRecorder
 	t   *transfers // nil without transfers
+
+	// setups holds the UIDs of the builder Sandboxes whose setup this
+	// process started (see setup.go).
+	setups sync.Map
 }
 
 // heartbeat registers the node, then renews its Lease every third of the

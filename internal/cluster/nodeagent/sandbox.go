@@ -71,6 +71,9 @@ func (r *sandboxes) Reconcile(ctx context.Context, req reconcile.Request) (recon
 		}
 	}
 	r.report(ctx, &sb, local)
+	if err := r.setup(ctx, before, &sb, local); err != nil {
+		return reconcile.Result{}, err
+	}
 	return reconcile.Result{RequeueAfter: r.o.Resync}, r.writeStatus(ctx, before, &sb)
 }
 
@@ -246,6 +249,7 @@ func (r *sandboxes) close(ctx context.Context, sb *fbv1.Sandbox, name string) er
 	}
 	patch := client.MergeFrom(sb.DeepCopy())
 	controllerutil.RemoveFinalizer(sb, fbv1.SandboxFinalizer)
+	r.setups.Delete(sb.UID)
 	return client.IgnoreNotFound(r.c.Patch(ctx, sb, patch))
 }
 
