@@ -19,11 +19,14 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
@@ -78,7 +81,7 @@ func main() {
 	flag.IntVar(&o.children, "children", 6, "children to fork")
 	flag.IntVar(&o.mb, "write-mb", 200, "MB the source writes before the fork")
 	flag.StringVar(&o.runtime, "runtime", "gvisor", "gvisor or crun")
-	flag.IntVar(&o.slots, "slots", 8, "sandbox slots of each node")
+	flag.IntVar(&o.slots, "slots", 4, "sandbox slots of each node (4: the source's node takes 3 children, the rest spill to the others, which pull the checkpoint)")
 	flag.IntVar(&o.preboot, "preboot", 2, "gVisor sandboxes each node keeps booted ahead (its serve default)")
 	flag.StringVar(&o.bin, "bin", "", "forkbox binary (default: built from this checkout)")
 	flag.StringVar(&o.agent, "agent", "", "forkbox-agent binary (default: built from this checkout)")
@@ -243,9 +246,44 @@ func demo(ctx context.Context, cl *clustertest.Cluster, image string, o options)
 		}
 		rep.Nodes = append(rep.Nodes, Node{Name: n.Name, Endpoint: n.Endpoint, Children: k})
 	}
-	rep.Notes = append(rep.Notes, "children fill the checkpoint's node first; transfer_ms is 0 because none left it "+
-		"(cross-node transfer is issue 15: until then a child that does not fit there stays Pending with a FailedPrecondition)")
+	if err := transferTimes(ctx, c, ns, rep); err != nil {
+		return nil, err
+	}
+	rep.Notes = append(rep.Notes, "children fill the checkpoint's node first and spill to the others; "+
+		"transfer_ms is the pull of the checkpoint by a child's node (0 on the checkpoint's node, and for a node's later children, which reuse its copy)")
 	return rep, nil
+}
+
+var pulledRE = regexp.MustCompile(`^node (\S+) pulled from node \S+: .*, \d+ bytes in (\d+) ms`)
+
+// transferTimes sets each node's first child's transfer_ms from the
+// Transferred events of the fork's checkpoint.
+func transferTimes(ctx context.Context, c client.Client, ns string, rep *Report) error {
+	var fk fbv1.Fork
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "demo"}, &fk); err != nil {
+		return err
+	}
+	var evs corev1.EventList
+	if err := c.List(ctx, &evs, client.InNamespace(ns)); err != nil {
+		return err
+	}
+	pulled := map[string]int64{}
+	for _, e := range evs.Items {
+		if e.InvolvedObject.Kind == "Checkpoint" && e.InvolvedObject.Name == fk.Status.Checkpoint && e.Reason == "Transferred" {
+			if m := pulledRE.FindStringSubmatch(e.Message); m != nil {
+				ms, _ := strconv.ParseInt(m[2], 10, 64)
+				pulled[m[1]] = ms
+			}
+		}
+	}
+	for i := range rep.Children {
+		ch := &rep.Children[i]
+		if ms, ok := pulled[ch.Node]; ok {
+			ch.TransferMS = ms
+			delete(pulled, ch.Node) // the node's later children reuse its copy
+		}
+	}
+	return nil
 }
 
 // follow watches the fork's checkpoint and children until every child

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -39,6 +40,40 @@ type transfers struct {
 	local  *transfer.Local
 	client *transfer.Client
 	srv    *transfer.Server
+
+	mu    sync.Mutex
+	pulls map[string]*pullLock // checkpoint local ID → its pull
+}
+
+// pullLock serializes the pulls of one checkpoint: children of it that
+// are created at once on this node (the agent reconciles several
+// sandboxes in parallel) wait for the first pull and reuse its copy.
+type pullLock struct {
+	mu    sync.Mutex
+	users int
+}
+
+func (t *transfers) lock(id string) func() {
+	t.mu.Lock()
+	if t.pulls == nil {
+		t.pulls = map[string]*pullLock{}
+	}
+	l := t.pulls[id]
+	if l == nil {
+		l = &pullLock{}
+		t.pulls[id] = l
+	}
+	l.users++
+	t.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		t.mu.Lock()
+		if l.users--; l.users == 0 {
+			delete(t.pulls, id)
+		}
+		t.mu.Unlock()
+	}
 }
 
 // setupTransfer makes the node's identity and adds its server to mgr.
@@ -130,6 +165,7 @@ func (a *agent) pull(ctx context.Context, ck *fbv1.Checkpoint) (string, error) {
 		return "", fmt.Errorf("checkpoint %s is not on node %s, which does not take transfers: %w", ck.Name, a.o.NodeName, errdefs.ErrFailedPrecondition)
 	}
 	localID := ready[0].LocalID
+	defer a.t.lock(localID)()
 	if a.t.local.Holds(ctx, localID) {
 		return localID, a.addReplica(ctx, ck, localID, "Reused", "a copy was on the node already")
 	}
@@ -156,7 +192,7 @@ func (a *agent) pull(ctx context.Context, ck *fbv1.Checkpoint) (string, error) {
 		}
 		peer := transfer.Peer{Node: n.Name, Endpoint: n.Status.Transfer.Endpoint, CertPEM: []byte(n.Status.Transfer.Certificate)}
 		res, err := a.t.client.Pull(ctx, peer, transfer.Request{Checkpoint: rp.LocalID, UUID: ck.Status.SubvolumeUUID, Have: have})
-		if errdefs.IsAlreadyExists(err) {
+		if errdefs.IsAlreadyExists(err) && a.t.local.Holds(ctx, rp.LocalID) {
 			return rp.LocalID, a.addReplica(ctx, ck, rp.LocalID, "Reused", "a copy was on the node already")
 		}
 		if err != nil {
@@ -167,7 +203,7 @@ func (a *agent) pull(ctx context.Context, ck *fbv1.Checkpoint) (string, error) {
 		if res.Parent != "" {
 			how = "incremental from " + names[res.Parent]
 		}
-		msg := fmt.Sprintf("pulled from node %s: %s, %d bytes in %d ms", rp.Node, how, res.SendBytes+res.FileBytes, res.Duration.Milliseconds())
+		msg := fmt.Sprintf("node %s pulled from node %s: %s, %d bytes in %d ms", a.o.NodeName, rp.Node, how, res.SendBytes+res.FileBytes, res.Duration.Milliseconds())
 		a.rec.Eventf(ck, nil, corev1.EventTypeNormal, "Transferred", "Transfer", "%s", msg)
 		return rp.LocalID, a.addReplica(ctx, ck, rp.LocalID, "Transferred", msg)
 	}

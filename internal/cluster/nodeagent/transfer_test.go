@@ -35,3 +35,28 @@ func TestCheckRuntime(t *testing.T) {
 		t.Fatalf("a filesystem checkpoint: %v", err)
 	}
 }
+
+// TestPullLock: pulls of one checkpoint take turns, of others do not.
+func TestPullLock(t *testing.T) {
+	var tr transfers
+	unlock := tr.lock("ck-1")
+	other := tr.lock("ck-2") // not held up by ck-1
+	other()
+	got := make(chan struct{})
+	go func() {
+		defer close(got)
+		tr.lock("ck-1")()
+	}()
+	select {
+	case <-got:
+		t.Fatal("a second pull of ck-1 ran while the first held it")
+	default:
+	}
+	unlock()
+	<-got
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if len(tr.pulls) != 0 {
+		t.Errorf("locks left: %v", tr.pulls)
+	}
+}
