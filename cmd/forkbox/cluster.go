@@ -4,18 +4,22 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/cluster/controller"
 	"github.com/forkbox/forkbox/internal/cluster/kube"
 	"github.com/forkbox/forkbox/internal/cluster/nodeagent"
 	"github.com/forkbox/forkbox/internal/daemon"
+	"github.com/forkbox/forkbox/internal/transfer"
 )
 
 // clusterFlags are serve's flags for cluster mode (serve --cluster).
@@ -24,6 +28,9 @@ type clusterFlags struct {
 	node, kubeconfig, endpoint string
 	namespace                  string
 	lease                      time.Duration
+	transferListen             string
+	transferAdvertise          string
+	transferMax                int64
 }
 
 func (cf *clusterFlags) register(cmd *cobra.Command) {
@@ -35,6 +42,33 @@ func (cf *clusterFlags) register(cmd *cobra.Command) {
 	f.StringVar(&cf.endpoint, "node-endpoint", "", "cluster mode: where this node's API is reached (host:port), registered on its ForkboxNode")
 	f.StringVar(&cf.namespace, "cluster-namespace", controller.DefaultNamespace, "cluster mode: namespace of the node's heartbeat Lease")
 	f.DurationVar(&cf.lease, "lease-duration", 40*time.Second, "cluster mode: the node is NotReady when its Lease is not renewed for this long")
+	f.StringVar(&cf.transferListen, "transfer-listen", "", "cluster mode: serve this node's checkpoints to other nodes on this address, e.g. :7071 (mutual TLS, pinned certificates), and pull the ones its sandboxes need; empty: off, children go only to nodes that hold their checkpoint")
+	f.StringVar(&cf.transferAdvertise, "transfer-advertise", "", "cluster mode: where other nodes reach the transfer listener (host:port; default: --transfer-listen when it names a host, else the host of --node-endpoint or this host's name, with its port)")
+	f.Int64Var(&cf.transferMax, "transfer-max-bytes", 64<<30, "cluster mode: the most one checkpoint pulled from another node may bring")
+}
+
+// transferOptions are the node agent's transfer settings (nil: off).
+func (cf *clusterFlags) transferOptions(d *daemon.Daemon) (*nodeagent.TransferOptions, error) {
+	if cf.transferListen == "" {
+		return nil, nil
+	}
+	lhost, port, err := net.SplitHostPort(cf.transferListen)
+	if err != nil {
+		return nil, fmt.Errorf("--transfer-listen %q: %v: %w", cf.transferListen, err, errdefs.ErrInvalidArgument)
+	}
+	adv := cf.transferAdvertise
+	if ip := net.ParseIP(lhost); adv == "" && lhost != "" && (ip == nil || !ip.IsUnspecified()) {
+		adv = cf.transferListen
+	}
+	if adv == "" {
+		host, _ := os.Hostname()
+		if h, _, err := net.SplitHostPort(cf.endpoint); err == nil && h != "" {
+			host = h
+		}
+		adv = net.JoinHostPort(host, port)
+	}
+	return &nodeagent.TransferOptions{Listen: cf.transferListen, Advertise: adv, Dir: filepath.Join(d.StateDir(), "transfer"),
+		Limits: transfer.Limits{MaxBytes: cf.transferMax}}, nil
 }
 
 // start runs the node agent beside the daemon until ctx ends; done
@@ -47,10 +81,15 @@ func (cf *clusterFlags) start(ctx context.Context, d *daemon.Daemon, log *slog.L
 	if err != nil {
 		return nil, err
 	}
+	to, err := cf.transferOptions(d)
+	if err != nil {
+		return nil, err
+	}
 	ch := make(chan error, 1)
 	go func() {
 		ch <- nodeagent.Run(ctx, nodeagent.Options{Daemon: d, Config: cfg, NodeName: cf.node, Endpoint: cf.endpoint,
-			Namespace: cf.namespace, LeaseDuration: cf.lease, Version: version(), Log: log.With(slog.String("component", "node-agent"))})
+			Namespace: cf.namespace, LeaseDuration: cf.lease, Version: version(), Transfer: to,
+			Log: log.With(slog.String("component", "node-agent"))})
 	}()
 	return ch, nil
 }

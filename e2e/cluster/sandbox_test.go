@@ -27,7 +27,7 @@ func forEachRuntime(t *testing.T, f func(t *testing.T, rt fbv1.Runtime)) {
 	}
 }
 
-func namespace(t *testing.T) string {
+func namespace(t testing.TB) string {
 	t.Helper()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"}}
 	if err := plane.Client.Create(context.Background(), ns); err != nil {
@@ -36,7 +36,7 @@ func namespace(t *testing.T) string {
 	return ns.Name
 }
 
-func get[T client.Object](t *testing.T, o T) T {
+func get[T client.Object](t testing.TB, o T) T {
 	t.Helper()
 	if err := plane.Client.Get(context.Background(), client.ObjectKeyFromObject(o), o); err != nil {
 		t.Fatalf("get %s: %v", o.GetName(), err)
@@ -44,23 +44,33 @@ func get[T client.Object](t *testing.T, o T) T {
 	return o
 }
 
-// running waits until sb is Running on the test node and returns its
-// local sandbox through the node's API.
-func running(t *testing.T, sb *fbv1.Sandbox, phase fbv1.SandboxPhase) *fbclient.Sandbox {
+// running waits until sb is placed on a node of the cluster and in
+// phase, and returns its local sandbox through that node's API.
+func running(t testing.TB, sb *fbv1.Sandbox, phase fbv1.SandboxPhase) *fbclient.Sandbox {
 	t.Helper()
 	clustertest.Eventually(t, 2*time.Minute, "sandbox "+sb.Name+" "+string(phase), func() (bool, string) {
 		get(t, sb)
-		return sb.Spec.NodeName == env.node && sb.Status.Phase == phase && sb.Status.LocalID != "",
+		return nodeNamed(sb.Spec.NodeName) != nil && sb.Status.Phase == phase && sb.Status.LocalID != "",
 			fmt.Sprintf("node %q, phase %q, message %q", sb.Spec.NodeName, sb.Status.Phase, sb.Status.Message)
 	})
-	local, err := env.c.Sandbox(context.Background(), sb.Status.LocalID)
+	return localOf(t, sb)
+}
+
+// localOf is sb's local sandbox, through the API of the node it is on.
+func localOf(t testing.TB, sb *fbv1.Sandbox) *fbclient.Sandbox {
+	t.Helper()
+	n := nodeNamed(sb.Spec.NodeName)
+	if n == nil {
+		t.Fatalf("sandbox %s is on node %q, not one of the cluster's", sb.Name, sb.Spec.NodeName)
+	}
+	local, err := n.Client.Sandbox(context.Background(), sb.Status.LocalID)
 	if err != nil {
-		t.Fatalf("local sandbox %s: %v", sb.Status.LocalID, err)
+		t.Fatalf("local sandbox %s on %s: %v", sb.Status.LocalID, n.Name, err)
 	}
 	return local
 }
 
-func sh(t *testing.T, sb *fbclient.Sandbox, cmd string) string {
+func sh(t testing.TB, sb *fbclient.Sandbox, cmd string) string {
 	t.Helper()
 	var out, errb strings.Builder
 	res, err := sb.Exec(context.Background(), fbclient.ExecOptions{Shell: cmd, Stdout: &out, Stderr: &errb})
@@ -110,7 +120,7 @@ func TestSandboxObjectLifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 		running(t, sb, fbv1.PhasePaused)
-		if l, err := env.c.Sandbox(ctx, sb.Status.LocalID); err != nil || l.Info.State != "paused" {
+		if l, err := nodeNamed(sb.Spec.NodeName).Client.Sandbox(ctx, sb.Status.LocalID); err != nil || l.Info.State != "paused" {
 			t.Fatalf("local state: got %v, %v; want paused", l, err)
 		}
 		get(t, sb).Spec.State = fbv1.StateRunning
@@ -146,7 +156,7 @@ func TestSandboxObjectLifecycle(t *testing.T) {
 			return fk.Status.Phase == fbv1.ForkComplete && fk.Status.Ready == 2, fmt.Sprintf("%+v", fk.Status)
 		})
 		ck := get(t, &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fk"}})
-		if ck.Status.OriginNode != env.node || !ck.ReadyOn(env.node) || ck.Status.Kind == "" {
+		if ck.Status.OriginNode != sb.Spec.NodeName || !ck.ReadyOn(sb.Spec.NodeName) || ck.Status.Kind == "" {
 			t.Fatalf("got checkpoint status %+v", ck.Status)
 		}
 
@@ -170,7 +180,7 @@ func TestSandboxObjectLifecycle(t *testing.T) {
 			})
 		}
 		for _, id := range ids {
-			if l, err := env.c.Sandbox(ctx, id); err == nil && l.Info.State != "closed" {
+			if l, err := nodeNamed(sb.Spec.NodeName).Client.Sandbox(ctx, id); err == nil && l.Info.State != "closed" {
 				t.Fatalf("local sandbox %s: got state %s after its object was deleted, want closed", id, l.Info.State)
 			}
 		}

@@ -17,3 +17,6 @@ func (d *Daemon) RuntimeBinaries() map[string]string {
 
 // MaxSandboxes is the daemon's limit on live sandboxes.
 func (d *Daemon) MaxSandboxes() int { return d.cfg.MaxSandboxes }
+
+// StateDir is the daemon's state directory.
+func (d *Daemon) StateDir() string { return d.cfg.StateDir }

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 
 	"github.com/forkbox/forkbox/errdefs"
 	"golang.org/x/sys/unix"
@@ -23,11 +25,46 @@ import (
 //	forwardDir/holder-TABLE  one per Manager that needs forwarding
 //	forwardDir/lock          flock'd around every change
 //
-// The last holder to let go restores prev.
+// The last holder to let go restores prev. The switch belongs to a network
+// namespace: a daemon in a namespace other than the host's (a node of the
+// cluster tests) keeps prev and its holders in forwardDir/netns-INODE, so
+// it never restores the host's switch to its own namespace's value.
 var (
 	forwardDir  = "/run/forkbox/ip_forward.d"
 	forwardPath = "/proc/sys/net/ipv4/ip_forward"
 )
+
+// netnsRecord names the record directory of this process's network
+// namespace under forwardDir ("" for the host's, that of pid 1).
+var netnsRecord = sync.OnceValue(func() string {
+	self, err := os.Stat("/proc/self/ns/net")
+	if err != nil {
+		return ""
+	}
+	if host, err := os.Stat("/proc/1/ns/net"); err != nil || os.SameFile(self, host) {
+		return ""
+	}
+	return NetnsRecordName(self)
+})
+
+// NetnsRecordName is the directory under forwardDir that holds the
+// forwarding record of the network namespace ns (a stat of its nsfs file),
+// for whoever deletes that namespace and must remove its record.
+func NetnsRecordName(ns os.FileInfo) string {
+	st, ok := ns.Sys().(*syscall.Stat_t)
+	if !ok {
+		return ""
+	}
+	return fmt.Sprintf("netns-%d", st.Ino)
+}
+
+// ForwardRecordDir is the host-wide directory of forwarding records.
+func ForwardRecordDir() string { return forwardDir }
+
+// recordDir holds prev and the holders of this process's namespace.
+func recordDir() string {
+	return filepath.Join(forwardDir, netnsRecord())
+}
 
 // withForwardLock runs f holding the host-wide forwarding lock.
 func withForwardLock(f func() error) error {
@@ -47,7 +84,7 @@ func withForwardLock(f func() error) error {
 }
 
 func (m *Manager) holderPath() string {
-	return filepath.Join(forwardDir, "holder-"+m.cfg.Table)
+	return filepath.Join(recordDir(), "holder-"+m.cfg.Table)
 }
 
 // enableForwarding turns on IPv4 forwarding, needed for egress "all", and
@@ -64,6 +101,9 @@ func (m *Manager) enableForwarding() error {
 		m.log.Warn("net.ipv4.ip_forward was switched off by something else on the host; switching it on again")
 	}
 	err := withForwardLock(func() error {
+		if err := os.MkdirAll(recordDir(), 0o755); err != nil {
+			return fmt.Errorf("network: create %s: %v: %w", recordDir(), err, errdefs.ErrInternal)
+		}
 		if err := os.WriteFile(m.holderPath(), nil, 0o644); err != nil {
 			return fmt.Errorf("network: record forwarding holder: %v: %w", err, errdefs.ErrInternal)
 		}
@@ -77,7 +117,7 @@ func (m *Manager) enableForwarding() error {
 		}
 		// Record first: a crash between the two writes leaves a record
 		// that restores what the host had, never a lost value.
-		if err := os.WriteFile(filepath.Join(forwardDir, "prev"), []byte(prev+"\n"), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(recordDir(), "prev"), []byte(prev+"\n"), 0o644); err != nil {
 			return fmt.Errorf("network: record ip_forward: %v: %w", err, errdefs.ErrInternal)
 		}
 		if err := os.WriteFile(forwardPath, []byte("1\n"), 0o644); err != nil {
@@ -107,11 +147,14 @@ func (m *Manager) releaseForwarding() error {
 		if err := os.Remove(m.holderPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("network: drop forwarding holder: %v: %w", err, errdefs.ErrInternal)
 		}
-		holders, err := filepath.Glob(filepath.Join(forwardDir, "holder-*"))
+		holders, err := filepath.Glob(filepath.Join(recordDir(), "holder-*"))
 		if err != nil || len(holders) > 0 {
 			return err
 		}
-		prevPath := filepath.Join(forwardDir, "prev")
+		if netnsRecord() != "" {
+			defer os.Remove(recordDir()) // a namespace's record goes with its last holder
+		}
+		prevPath := filepath.Join(recordDir(), "prev")
 		prev, err := os.ReadFile(prevPath)
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil // forwarding was on before forkbox

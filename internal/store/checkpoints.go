@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -129,4 +130,26 @@ func scanCheckpoint(r scanner) (*Checkpoint, error) {
 	}
 	ck.CreatedAt = time.UnixMilli(created)
 	return &ck, nil
+}
+
+// AddReceivedCheckpoint records a checkpoint received from another node.
+// Its source sandbox lives there, so no event is appended to a ledger
+// here; the record keeps the source's ID, config and ledger position.
+func (s *Store) AddReceivedCheckpoint(ctx context.Context, ck *Checkpoint) error {
+	cfg, err := json.Marshal(ck.Config)
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	if ck.CreatedAt.IsZero() {
+		ck.CreatedAt = time.Now()
+	}
+	if _, err := s.db.ExecContext(ctx, `INSERT INTO checkpoints (`+checkpointCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		ck.ID, ck.SandboxID, ck.Tag, ck.Kind, ck.Image, ck.ImageDigest, ck.Runtime, string(cfg), ck.Size, ck.CaptureMS,
+		ck.LedgerSeq, ck.CreatedAt.UnixMilli(), ck.FlushMS); err != nil {
+		if strings.Contains(err.Error(), "UNIQUE") {
+			return fmt.Errorf("checkpoint %s: %w", ck.ID, errdefs.ErrAlreadyExists)
+		}
+		return fmt.Errorf("store: add received checkpoint: %w", err)
+	}
+	return nil
 }

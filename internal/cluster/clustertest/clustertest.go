@@ -69,12 +69,12 @@ func Main(m interface{ Run() int }, p *Plane) int {
 		p.skip = why
 		return m.Run()
 	}
-	if err := p.start(); err != nil {
+	if err := p.Start(); err != nil {
 		fmt.Fprintln(os.Stderr, "clustertest: control plane:", err)
 		return 1
 	}
 	code := m.Run()
-	if err := p.Env.Stop(); err != nil {
+	if err := p.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "clustertest: stop control plane:", err)
 		if code == 0 {
 			code = 1
@@ -83,7 +83,15 @@ func Main(m interface{ Run() int }, p *Plane) int {
 	return code
 }
 
-func (p *Plane) start() error {
+// Missing says what this machine lacks for a control plane, or "".
+func Missing() string { return missing() }
+
+// Stop stops the control plane.
+func (p *Plane) Stop() error { return p.Env.Stop() }
+
+// Start starts a control plane from KUBEBUILDER_ASSETS with forkbox's
+// CRDs and the Leases' namespace (Main does it for a test package).
+func (p *Plane) Start() error {
 	p.Env = &envtest.Environment{
 		CRDInstallOptions:     envtest.CRDInstallOptions{Paths: []string{filepath.Join(Root(), "deploy", "crd")}},
 		ErrorIfCRDPathMissing: true,

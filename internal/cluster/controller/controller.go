@@ -10,7 +10,7 @@
 // controller never talks to a node.
 //
 // +kubebuilder:rbac:groups=forkbox.dev,resources=sandboxes;checkpoints;forks;forkboxnodes;environments,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=forkbox.dev,resources=sandboxes/status;checkpoints/status;forks/status;forkboxnodes/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=forkbox.dev,resources=sandboxes/status;checkpoints/status;forks/status;forkboxnodes/status;environments/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=forkbox.dev,resources=sandboxes/finalizers;checkpoints/finalizers;forks/finalizers,verbs=update
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
@@ -120,6 +120,9 @@ func Setup(ctx context.Context, mgr manager.Manager, o Options) error {
 		return err
 	}
 	if err := (&nodeWatch{c: mgr.GetClient(), rec: rec, log: o.Log, namespace: o.Namespace}).setup(mgr); err != nil {
+		return err
+	}
+	if err := (&environments{c: mgr.GetClient(), rec: rec, log: o.Log}).setup(mgr); err != nil {
 		return err
 	}
 	return (&checkpoints{c: mgr.GetClient(), log: o.Log, retry: o.Retry}).setup(mgr)

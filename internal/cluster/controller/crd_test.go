@@ -76,6 +76,31 @@ func TestCRDsRefuseBadObjects(t *testing.T) {
 			t.Fatalf("changing a set-once field: got %v, want Invalid", err)
 		}
 	}
+	// A Checkpoint made without the optional tag and memory gets its
+	// nodeName set (once); nothing else of its spec changes after.
+	create(t, &fbv1.Checkpoint{ObjectMeta: meta("bare"), Spec: fbv1.CheckpointSpec{Sandbox: "ok"}})
+	ck := get(t, &fbv1.Checkpoint{ObjectMeta: meta("bare")})
+	ck.Spec.NodeName = "n1"
+	if err := plane.Client.Update(context.Background(), ck); err != nil {
+		t.Fatalf("set a bare checkpoint's nodeName: %v", err)
+	}
+	for _, change := range []func(*fbv1.CheckpointSpec){
+		func(s *fbv1.CheckpointSpec) { s.NodeName = "n2" },
+		func(s *fbv1.CheckpointSpec) { s.Tag = "t" },
+		func(s *fbv1.CheckpointSpec) { s.Memory = true },
+	} {
+		ck := get(t, &fbv1.Checkpoint{ObjectMeta: meta("bare")})
+		change(&ck.Spec)
+		if err := plane.Client.Update(context.Background(), ck); err == nil || !errors.IsInvalid(err) {
+			t.Fatalf("changing a checkpoint's spec: got %v, want Invalid", err)
+		}
+	}
+	fresh := &fbv1.Checkpoint{ObjectMeta: meta("bare2"), Spec: fbv1.CheckpointSpec{Sandbox: "ok"}}
+	create(t, fresh)
+	fresh.Spec.Memory, fresh.Spec.NodeName = true, "n1"
+	if err := plane.Client.Update(context.Background(), fresh); err == nil || !errors.IsInvalid(err) {
+		t.Fatalf("setting memory with nodeName: got %v, want Invalid", err)
+	}
 }
 
 // The node agents' field selector is served by the API server (the CRD's

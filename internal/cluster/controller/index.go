@@ -12,8 +12,9 @@ import (
 
 // Cache indexes that map an object to those waiting on it.
 const (
-	sourceCheckpointField = "spec.source.checkpoint" // Sandbox → its Checkpoint
-	forkSandboxField      = "spec.source.sandbox"    // Fork → its source Sandbox
+	sourceCheckpointField = "spec.source.checkpoint"  // Sandbox → its Checkpoint
+	forkSandboxField      = "spec.source.sandbox"     // Fork → its source Sandbox
+	sourceEnvField        = "spec.source.environment" // Sandbox → its Environment
 )
 
 func indexSources(ctx context.Context, idx client.FieldIndexer) error {
@@ -24,6 +25,14 @@ func indexSources(ctx context.Context, idx client.FieldIndexer) error {
 		return nil
 	}); err != nil {
 		return fmt.Errorf("index sandboxes by checkpoint: %w", err)
+	}
+	if err := idx.IndexField(ctx, &fbv1.Sandbox{}, sourceEnvField, func(o client.Object) []string {
+		if s := o.(*fbv1.Sandbox).Spec.Source; s != nil && s.Environment != "" {
+			return []string{s.Environment}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("index sandboxes by environment: %w", err)
 	}
 	if err := idx.IndexField(ctx, &fbv1.Fork{}, forkSandboxField, func(o client.Object) []string {
 		if s := o.(*fbv1.Fork).Spec.Source.Sandbox; s != "" {

@@ -65,7 +65,7 @@ func namespace(t *testing.T) string {
 	// a later test (or -count) does not see it bound to its nodes.
 	t.Cleanup(func() {
 		ctx := context.Background()
-		for _, o := range []client.Object{&fbv1.Fork{}, &fbv1.Sandbox{}, &fbv1.Checkpoint{}} {
+		for _, o := range []client.Object{&fbv1.Environment{}, &fbv1.Fork{}, &fbv1.Sandbox{}, &fbv1.Checkpoint{}} {
 			if err := plane.Client.DeleteAllOf(ctx, o, client.InNamespace(name)); err != nil {
 				t.Errorf("clean up %T in %s: %v", o, name, err)
 			}

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
+	"github.com/forkbox/forkbox/errdefs"
 	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
 	"github.com/forkbox/forkbox/internal/cluster/kube"
 	"github.com/forkbox/forkbox/internal/cluster/placement"
@@ -58,10 +59,18 @@ func (p *placer) setup(mgr ctrl.Manager) error {
 		}
 		return requests(ptrs(l.Items))
 	})
+	fromEnv := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+		var l fbv1.SandboxList
+		if err := p.c.List(ctx, &l, client.InNamespace(o.GetNamespace()), client.MatchingFields{sourceEnvField: o.GetName()}); err != nil {
+			return nil
+		}
+		return requests(ptrs(l.Items))
+	})
 	return ctrl.NewControllerManagedBy(mgr).Named("placer").
 		For(&fbv1.Sandbox{}).
 		Watches(&fbv1.ForkboxNode{}, unplaced).
 		Watches(&fbv1.Checkpoint{}, waiting, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
+		Watches(&fbv1.Environment{}, fromEnv, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(p)
 }
@@ -84,14 +93,14 @@ func (p *placer) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 	if wait != "" {
 		return reconcile.Result{}, p.pending(ctx, &sb, "WaitingForSource", wait)
 	}
-	nodes, err := p.nodes(ctx, sb.Namespace, preq)
+	nodes, err := p.nodes(ctx, sb.Namespace, &preq)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
 	node, perr := placement.Place(nodes, preq)
 	if perr != nil {
 		p.rec.Eventf(&sb, nil, "Warning", "FailedScheduling", "Schedule", "%s", kube.Truncate(perr.Error(), 1024))
-		return reconcile.Result{RequeueAfter: p.retry}, p.pending(ctx, &sb, "Unschedulable", perr.Error())
+		return reconcile.Result{RequeueAfter: p.retry}, p.pending(ctx, &sb, pendingReason(perr), perr.Error())
 	}
 	return reconcile.Result{}, p.bind(ctx, &sb, node)
 }
@@ -147,11 +156,32 @@ func (p *placer) request(ctx context.Context, sb *fbv1.Sandbox) (placement.Reque
 }
 
 // nodes lists the nodes with their load and which of req's checkpoints
-// each holds.
-func (p *placer) nodes(ctx context.Context, namespace string, req placement.Request) ([]placement.Node, error) {
+// each holds, and says in req whether its checkpoint can be shipped: a
+// ready copy is on a Ready node that serves transfers (and, for a memory
+// checkpoint, which runtime version a receiver needs).
+func (p *placer) nodes(ctx context.Context, namespace string, req *placement.Request) ([]placement.Node, error) {
 	var nl fbv1.ForkboxNodeList
 	if err := p.c.List(ctx, &nl); err != nil {
 		return nil, err
+	}
+	byName := map[string]*fbv1.ForkboxNode{}
+	for i := range nl.Items {
+		byName[nl.Items[i].Name] = &nl.Items[i]
+	}
+	if req.Checkpoint != "" {
+		var ck fbv1.Checkpoint
+		if err := p.c.Get(ctx, types.NamespacedName{Namespace: namespace, Name: req.Checkpoint}, &ck); err != nil {
+			return nil, client.IgnoreNotFound(err)
+		}
+		for _, r := range ck.Status.Replicas {
+			// A copy can be pulled only from a live node.
+			if n := byName[r.Node]; r.Ready && n != nil && canTransfer(n) && kube.IsTrue(n.Status.Conditions, fbv1.ConditionReady) {
+				req.CanTransfer = true
+			}
+		}
+		if n := byName[ck.Status.OriginNode]; ck.Status.Kind == memoryKind && n != nil {
+			req.RuntimeVersion, req.RuntimeVersionNode = runtimeVersion(n, string(ck.Status.Runtime)), n.Name
+		}
 	}
 	used, err := p.load(ctx)
 	if err != nil {
@@ -179,13 +209,33 @@ func (p *placer) nodes(ctx context.Context, namespace string, req placement.Requ
 	for _, n := range nl.Items {
 		pn := placement.Node{Name: n.Name, Ready: kube.IsTrue(n.Status.Conditions, fbv1.ConditionReady),
 			Unschedulable: n.Spec.Unschedulable, Slots: int(n.Status.Allocatable.Slots), Used: used[n.Name],
-			Images: n.Status.Images, Checkpoints: held[n.Name]}
+			Images: n.Status.Images, Checkpoints: held[n.Name], CanReceive: canTransfer(&n), RuntimeVersions: map[string]string{}}
 		for _, rt := range n.Status.Runtimes {
 			pn.Runtimes = append(pn.Runtimes, string(rt.Name))
+			pn.RuntimeVersions[string(rt.Name)] = rt.Version
 		}
 		out = append(out, pn)
 	}
 	return out, nil
+}
+
+// memoryKind is the kind of a checkpoint with memory (as the node agent
+// reports it).
+const memoryKind = "filesystem+memory"
+
+// canTransfer: the node serves and receives checkpoint transfers.
+func canTransfer(n *fbv1.ForkboxNode) bool {
+	t := n.Status.Transfer
+	return t != nil && t.Endpoint != "" && t.Certificate != ""
+}
+
+func runtimeVersion(n *fbv1.ForkboxNode, runtime string) string {
+	for _, rt := range n.Status.Runtimes {
+		if string(rt.Name) == runtime {
+			return rt.Version
+		}
+	}
+	return ""
 }
 
 // load counts the sandboxes on each node that hold a slot: bound and not
@@ -234,6 +284,24 @@ func (p *placer) bind(ctx context.Context, sb *fbv1.Sandbox, node string) error 
 	spatch := client.MergeFrom(sb.DeepCopy())
 	kube.SetCondition(&sb.Status.Conditions, fbv1.ConditionScheduled, true, "Placed", "placed on node "+node, sb.Generation)
 	return p.c.Status().Patch(ctx, sb, spatch)
+}
+
+// Reasons of a Sandbox's Scheduled=False condition when no node fits.
+const (
+	// ReasonUnschedulable: no node has room (ResourceExhausted).
+	ReasonUnschedulable = "Unschedulable"
+	// ReasonCheckpointUnavailable: nodes have room but none holds the
+	// checkpoint the sandbox starts from (FailedPrecondition, until
+	// checkpoints can be shipped between nodes).
+	ReasonCheckpointUnavailable = "CheckpointUnavailable"
+)
+
+// pendingReason names the class of a placement error.
+func pendingReason(err error) string {
+	if errdefs.IsFailedPrecondition(err) {
+		return ReasonCheckpointUnavailable
+	}
+	return ReasonUnschedulable
 }
 
 func (p *placer) pending(ctx context.Context, sb *fbv1.Sandbox, reason, msg string) error {

@@ -33,6 +33,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -58,6 +59,10 @@ type Options struct {
 	// Resync is how often a bound sandbox's local state is looked at
 	// again besides on changes to its object (default 30s).
 	Resync time.Duration
+	// Transfer, when set, serves this node's checkpoints to peers and
+	// pulls those its sandboxes need (nil: the node takes only sandboxes
+	// whose checkpoint it holds).
+	Transfer *TransferOptions
 	// Version is the forkbox version registered.
 	Version string
 	Log     *slog.Logger
@@ -133,10 +138,16 @@ func (a *agent) setup(ctx context.Context, mgr manager.Manager) error {
 	if err := kube.IndexNodeName(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
+	if err := a.setupTransfer(ctx, mgr); err != nil {
+		return err
+	}
 	if err := mgr.Add(manager.RunnableFunc(a.heartbeat)); err != nil {
 		return err
 	}
-	if err := ctrl.NewControllerManagedBy(mgr).Named("node-sandboxes").For(&fbv1.Sandbox{}).Complete(&sandboxes{a}); err != nil {
+	// Several at once: an Environment's setup runs inside one reconcile
+	// (never two of one object at a time) and must not hold up the rest.
+	if err := ctrl.NewControllerManagedBy(mgr).Named("node-sandboxes").For(&fbv1.Sandbox{}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).Complete(&sandboxes{a}); err != nil {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).Named("node-checkpoints").For(&fbv1.Checkpoint{}).Complete(&checkpoints{a})

@@ -64,6 +64,9 @@ func (r *checkpoints) Reconcile(ctx context.Context, req reconcile.Request) (rec
 	if src := sb.Spec.Source; src != nil {
 		ck.Status.Parent = src.Checkpoint
 	}
+	if ck.Status.SubvolumeUUID, err = r.d.CheckpointUUID(local.ID); err != nil {
+		return reconcile.Result{}, err
+	}
 	kube.SetCondition(&ck.Status.Conditions, fbv1.ConditionReady, true, "Captured", "captured on node "+r.o.NodeName, ck.Generation)
 	if err := r.writeStatus(ctx, before, &ck); err != nil {
 		return reconcile.Result{}, err

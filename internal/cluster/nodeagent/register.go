@@ -10,6 +10,7 @@ import (
 	goruntime "runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -34,6 +35,11 @@ type agent struct {
 	api client.Reader // uncached reads (objects of other nodes, Secrets)
 	d   *daemon.Daemon
 	rec recorder.EventRecorder
+	t   *transfers // nil without transfers
+
+	// setups holds the UIDs of the builder Sandboxes whose setup this
+	// process started (see setup.go).
+	setups sync.Map
 }
 
 // heartbeat registers the node, then renews its Lease every third of the
@@ -66,7 +72,11 @@ func (a *agent) beat(ctx context.Context) error {
 	if err := a.renew(ctx, n); err != nil {
 		return err
 	}
-	return a.writeNodeStatus(ctx, n)
+	if err := a.writeNodeStatus(ctx, n); err != nil {
+		return err
+	}
+	a.collectReplicas(ctx)
+	return nil
 }
 
 func (a *agent) register(ctx context.Context) (*fbv1.ForkboxNode, error) {
@@ -88,6 +98,7 @@ func (a *agent) writeNodeStatus(ctx context.Context, n *fbv1.ForkboxNode) error 
 	n.Status.Allocatable = allocatable(a.d.MaxSandboxes())
 	n.Status.Images = a.images(ctx)
 	n.Status.LeaseName = a.o.NodeName
+	n.Status.Transfer = a.transferInfo()
 	kube.SetCondition(&n.Status.Conditions, fbv1.ConditionReady, true, "LeaseRenewed", "the node agent renews its Lease", n.Generation)
 	if err := a.c.Status().Patch(ctx, n, patch); err != nil {
 		return fmt.Errorf("node %s status: %w", a.o.NodeName, err)

@@ -71,6 +71,9 @@ func (r *sandboxes) Reconcile(ctx context.Context, req reconcile.Request) (recon
 		}
 	}
 	r.report(ctx, &sb, local)
+	if err := r.setup(ctx, before, &sb, local); err != nil {
+		return reconcile.Result{}, err
+	}
 	return reconcile.Result{RequeueAfter: r.o.Resync}, r.writeStatus(ctx, before, &sb)
 }
 
@@ -136,7 +139,10 @@ func (r *sandboxes) localCheckpoint(ctx context.Context, sb *fbv1.Sandbox) (stri
 			return rp.LocalID, nil
 		}
 	}
-	return "", fmt.Errorf("checkpoint %s is not on node %s (cross-node transfer is not built yet): %w", name, r.o.NodeName, errdefs.ErrFailedPrecondition)
+	if ck.Status.Phase != fbv1.CheckpointReady {
+		return "", fmt.Errorf("checkpoint %s is %s: %w", name, ck.Status.Phase, errdefs.ErrUnavailable)
+	}
+	return r.pull(ctx, &ck)
 }
 
 // drive moves the local sandbox toward the state asked for.
@@ -243,6 +249,7 @@ func (r *sandboxes) close(ctx context.Context, sb *fbv1.Sandbox, name string) er
 	}
 	patch := client.MergeFrom(sb.DeepCopy())
 	controllerutil.RemoveFinalizer(sb, fbv1.SandboxFinalizer)
+	r.setups.Delete(sb.UID)
 	return client.IgnoreNotFound(r.c.Patch(ctx, sb, patch))
 }
 

@@ -5,8 +5,10 @@
 //
 // Filter: the node is Ready and schedulable, offers the runtime, and has
 // a free slot; a sandbox started from a checkpoint also needs the
-// checkpoint on the node while checkpoints cannot be shipped between
-// nodes (Request.CanTransfer).
+// checkpoint on the node, or the node able to receive it when it can be
+// shipped (Request.CanTransfer, Node.CanReceive); a memory checkpoint is
+// only shipped to a node whose runtime has the version it was taken with
+// (Request.RuntimeVersion).
 //
 // Score, highest first: the checkpoint on the node ≫ an ancestor of it on
 // the node (nearer is better) ≫ the image cached ≫ least loaded. Each
@@ -37,6 +39,10 @@ type Node struct {
 	Images []string
 	// Checkpoints the node holds a ready copy of (object names).
 	Checkpoints []string
+	// CanReceive: the node can pull a checkpoint from another.
+	CanReceive bool
+	// RuntimeVersions: runtime name → version.
+	RuntimeVersions map[string]string
 }
 
 // Request is the sandbox to place.
@@ -51,6 +57,11 @@ type Request struct {
 	Ancestors  []string
 	// CanTransfer: a checkpoint can be shipped to a node that lacks it.
 	CanTransfer bool
+	// RuntimeVersion, when set, is the version of Runtime a node that
+	// lacks the checkpoint must run to start it (a memory checkpoint
+	// restores only under the runtime that saved it); RuntimeVersionNode
+	// is the node it was taken on.
+	RuntimeVersion, RuntimeVersionNode string
 }
 
 // Score tiers: each outweighs the sum of all lower ones, and so does one
@@ -102,10 +113,26 @@ func filter(n Node, req Request) string {
 		return "no runtime " + req.Runtime
 	case n.Used >= n.Slots:
 		return fmt.Sprintf("full (%d/%d slots)", n.Used, n.Slots)
-	case req.Checkpoint != "" && !req.CanTransfer && !slices.Contains(n.Checkpoints, req.Checkpoint):
-		return "does not hold checkpoint " + req.Checkpoint
+	case req.Checkpoint != "" && !slices.Contains(n.Checkpoints, req.Checkpoint):
+		if !req.CanTransfer || !n.CanReceive {
+			return "does not hold checkpoint " + req.Checkpoint
+		}
+		if v := n.RuntimeVersions[req.Runtime]; req.RuntimeVersion != "" && v != req.RuntimeVersion {
+			return fmt.Sprintf("%s %s%s, not %q as on node %s, where memory checkpoint %s was taken", runtimeVersionReason, req.Runtime, versionOf(v), req.RuntimeVersion, req.RuntimeVersionNode, req.Checkpoint)
+		}
 	}
 	return ""
+}
+
+// runtimeVersionReason starts the reason of a node refused for its
+// runtime's version.
+const runtimeVersionReason = "runs"
+
+func versionOf(v string) string {
+	if v == "" {
+		return " of unknown version"
+	}
+	return fmt.Sprintf(" %q", v)
 }
 
 func score(n Node, req Request) int {
@@ -132,8 +159,9 @@ func score(n Node, req Request) int {
 
 // Place returns the best node for req. No node that fits is an error:
 // FailedPrecondition when nodes with room exist but none holds the
-// checkpoint, ResourceExhausted otherwise; the message names each node's
-// reason.
+// checkpoint or can receive it (or runs the runtime version a memory
+// checkpoint needs), ResourceExhausted otherwise; the message names each
+// node's reason.
 func Place(nodes []Node, req Request) (string, error) {
 	ranked, rejected := Rank(nodes, req)
 	if len(ranked) > 0 {
@@ -155,7 +183,7 @@ func noFit(nodes []Node, req Request, rejected map[string]string) error {
 	lacksCheckpoint := false
 	for i, n := range names {
 		parts[i] = n + ": " + rejected[n]
-		lacksCheckpoint = lacksCheckpoint || strings.HasPrefix(rejected[n], "does not hold")
+		lacksCheckpoint = lacksCheckpoint || strings.HasPrefix(rejected[n], "does not hold") || strings.HasPrefix(rejected[n], runtimeVersionReason+" ")
 	}
 	detail := strings.Join(parts, "; ")
 	if lacksCheckpoint {

@@ -9,7 +9,8 @@ import (
 )
 
 func node(name string, used, slots int, mod ...func(*Node)) Node {
-	n := Node{Name: name, Ready: true, Runtimes: []string{"gvisor", "crun"}, Slots: slots, Used: used}
+	n := Node{Name: name, Ready: true, Runtimes: []string{"gvisor", "crun"}, Slots: slots, Used: used, CanReceive: true,
+		RuntimeVersions: map[string]string{"gvisor": "runsc version release-1", "crun": "crun version 1.8.1"}}
 	for _, m := range mod {
 		m(&n)
 	}
@@ -40,6 +41,10 @@ func TestPlaceScoring(t *testing.T) {
 		{"runtime is filtered", []Node{node("a", 0, 10, func(n *Node) { n.Runtimes = []string{"crun"} }), node("b", 9, 10)},
 			Request{Runtime: "gvisor"}, "b"},
 		{"full is filtered", []Node{node("a", 10, 10, holding("ck")), node("b", 0, 10)}, Request{Checkpoint: "ck", CanTransfer: true}, "b"},
+		{"a node that cannot receive is filtered", []Node{node("a", 10, 10, holding("ck")), node("b", 0, 10, func(n *Node) { n.CanReceive = false }), node("c", 9, 10)},
+			Request{Checkpoint: "ck", CanTransfer: true}, "c"},
+		{"a memory checkpoint goes to the same runsc", []Node{node("a", 10, 10, holding("ck")), node("b", 0, 10, func(n *Node) { n.RuntimeVersions["gvisor"] = "runsc version release-2" }), node("c", 9, 10)},
+			Request{Runtime: "gvisor", Checkpoint: "ck", CanTransfer: true, RuntimeVersion: "runsc version release-1", RuntimeVersionNode: "a"}, "c"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Place(tc.nodes, tc.req)
@@ -62,6 +67,9 @@ func TestPlaceNoFit(t *testing.T) {
 		{"all full", []Node{node("a", 2, 2), node("b", 1, 1)}, Request{}, errdefs.IsResourceExhausted, "a: full (2/2 slots); b: full (1/1 slots)"},
 		{"checkpoint only on a full node", []Node{node("a", 2, 2, holding("ck")), node("b", 0, 5)}, Request{Checkpoint: "ck"},
 			errdefs.IsFailedPrecondition, "checkpoint ck not on any node with room"},
+		{"another runsc version", []Node{node("a", 2, 2, holding("ck")), node("b", 0, 5, func(n *Node) { n.RuntimeVersions["gvisor"] = "runsc version release-2" })},
+			Request{Runtime: "gvisor", Checkpoint: "ck", CanTransfer: true, RuntimeVersion: "runsc version release-1", RuntimeVersionNode: "a"},
+			errdefs.IsFailedPrecondition, `b: runs gvisor "runsc version release-2", not "runsc version release-1" as on node a, where memory checkpoint ck was taken`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Place(tc.nodes, tc.req)

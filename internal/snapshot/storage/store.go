@@ -86,7 +86,8 @@ type Store struct {
 	log     *slog.Logger
 	lock    *os.File
 
-	mu sync.Mutex
+	mu        sync.Mutex
+	receiving map[string]bool // names being received (receive.go)
 }
 
 var _ snapshot.Snapshotter = (*Store)(nil)
@@ -228,6 +229,9 @@ func (s *Store) find(key string) (string, snapshot.Info, error) {
 }
 
 func (s *Store) checkFree(key string) error {
+	if s.receiving[key] {
+		return fmt.Errorf("snapshot %q is being received: %w", key, errdefs.ErrAlreadyExists)
+	}
 	_, _, err := s.find(key)
 	switch {
 	case err == nil:

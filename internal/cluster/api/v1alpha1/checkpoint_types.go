@@ -6,7 +6,7 @@ import (
 )
 
 // CheckpointSpec names the sandbox to capture.
-// +kubebuilder:validation:XValidation:rule="self == oldSelf || (!has(oldSelf.nodeName) && self.sandbox == oldSelf.sandbox && self.tag == oldSelf.tag && self.memory == oldSelf.memory)",message="a checkpoint's spec is immutable (nodeName is set once)"
+// +kubebuilder:validation:XValidation:rule="self == oldSelf || (!has(oldSelf.nodeName) && self.sandbox == oldSelf.sandbox && has(self.tag) == has(oldSelf.tag) && (!has(self.tag) || self.tag == oldSelf.tag) && has(self.memory) == has(oldSelf.memory) && (!has(self.memory) || self.memory == oldSelf.memory))",message="a checkpoint's spec is immutable (nodeName is set once)"
 type CheckpointSpec struct {
 	// Sandbox names the Sandbox (same namespace) to capture.
 	// +kubebuilder:validation:MinLength=1
@@ -74,6 +74,12 @@ type CheckpointStatus struct {
 	Image string `json:"image,omitempty"`
 	// +optional
 	Runtime Runtime `json:"runtime,omitempty"`
+	// SubvolumeUUID identifies the captured snapshot (the btrfs UUID it
+	// has on its origin node, the received UUID of every copy): a
+	// transfer of another one is refused.
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	SubvolumeUUID string `json:"subvolumeUUID,omitempty"`
 	// Replicas are the nodes holding a copy.
 	// +listType=map
 	// +listMapKey=node

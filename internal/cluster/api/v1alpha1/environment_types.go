@@ -1,6 +1,10 @@
 package v1alpha1
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -35,6 +39,10 @@ type EnvironmentSpec struct {
 
 // EnvironmentStatus says which checkpoint holds the built environment.
 type EnvironmentStatus struct {
+	// Build names the build under way or last tried: its builder Sandbox
+	// and its Checkpoint have this name.
+	// +optional
+	Build string `json:"build,omitempty"`
 	// Hash of the definition the checkpoint was built from.
 	// +optional
 	Hash string `json:"hash,omitempty"`
@@ -56,6 +64,7 @@ type EnvironmentStatus struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Image",type=string,JSONPath=`.spec.image`
 // +kubebuilder:printcolumn:name="Checkpoint",type=string,JSONPath=`.status.checkpoint`
+// +kubebuilder:printcolumn:name="Built",type=date,JSONPath=`.status.builtAt`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Environment struct {
 	metav1.TypeMeta   `json:",inline"`
@@ -75,3 +84,13 @@ type EnvironmentList struct {
 }
 
 func init() { SchemeBuilder.Register(&Environment{}, &EnvironmentList{}) }
+
+// Hash is the hash of the definition a build makes (the spec without
+// maxAge, which says when to rebuild, not what): 16 hex digits.
+func (s *EnvironmentSpec) Hash() string {
+	d := s.DeepCopy()
+	d.MaxAge = nil
+	b, _ := json.Marshal(d)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}

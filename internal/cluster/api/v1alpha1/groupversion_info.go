@@ -40,6 +40,12 @@ const (
 	CheckpointFinalizer = "forkbox.dev/replicas"
 	// ForkLabel names, on a Fork's Checkpoint and children, their Fork.
 	ForkLabel = "forkbox.dev/fork"
+	// EnvironmentLabel names, on an Environment's builder Sandbox and its
+	// Checkpoints, their Environment.
+	EnvironmentLabel = "forkbox.dev/environment"
+	// BuildHashAnnotation is, on a builder Sandbox, the hash of the
+	// Environment spec it builds (EnvironmentSpec.Hash).
+	BuildHashAnnotation = "forkbox.dev/build-hash"
 	// NodeNameField is the field the node agents select their objects by.
 	NodeNameField = "spec.nodeName"
 )
@@ -53,4 +59,10 @@ const (
 	ConditionScheduled = "Scheduled"
 	// ConditionTransferring: a checkpoint being shipped to the node.
 	ConditionTransferring = "Transferring"
+	// ConditionSetupComplete: a builder Sandbox whose node agent ran its
+	// Environment's setup (False: a step failed, or was interrupted).
+	ConditionSetupComplete = "SetupComplete"
+	// ConditionBuilt: an Environment whose last build succeeded (False:
+	// it failed; an older checkpoint may still serve, see Ready).
+	ConditionBuilt = "Built"
 )

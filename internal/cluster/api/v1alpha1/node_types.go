@@ -26,6 +26,18 @@ type RuntimeInfo struct {
 	Version string `json:"version,omitempty"`
 }
 
+// TransferInfo is a node's checkpoint transfer listener: other nodes pull
+// checkpoints from it over mutual TLS, and accept it as a client, with
+// exactly this certificate (pinned; no CA).
+type TransferInfo struct {
+	// Endpoint is host:port of the listener.
+	// +kubebuilder:validation:MaxLength=512
+	Endpoint string `json:"endpoint"`
+	// Certificate is the node's self-signed certificate (PEM).
+	// +kubebuilder:validation:MaxLength=4096
+	Certificate string `json:"certificate"`
+}
+
 // Allocatable is what a node can give sandboxes in total.
 type Allocatable struct {
 	// Slots is the number of live sandboxes the node takes.
@@ -58,6 +70,9 @@ type ForkboxNodeStatus struct {
 	// +listType=set
 	// +optional
 	Images []string `json:"images,omitempty"`
+	// Transfer is where and how peers pull checkpoints from this node.
+	// +optional
+	Transfer *TransferInfo `json:"transfer,omitempty"`
 	// LeaseName names the coordination.k8s.io Lease the agent renews.
 	// +optional
 	LeaseName string `json:"leaseName,omitempty"`

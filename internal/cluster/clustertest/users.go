@@ -1,0 +1,44 @@
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
+)
+
+// UserKubeconfig provisions a user called name bound to the ClusterRole
+// in rolePath (and nothing else) and writes its kubeconfig to path.
+func (p *Plane) UserKubeconfig(ctx context.Context, name, rolePath, path string) error {
+	b, err := os.ReadFile(rolePath)
+	if err != nil {
+		return err
+	}
+	var role rbacv1.ClusterRole
+	if err := yaml.Unmarshal(b, &role); err != nil {
+		return fmt.Errorf("%s: %w", rolePath, err)
+	}
+	if err := p.Client.Create(ctx, &role); err != nil && !errors.IsAlreadyExists(err) {
+		return err
+	}
+	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: role.Name},
+		Subjects: []rbacv1.Subject{{Kind: "User", APIGroup: "rbac.authorization.k8s.io", Name: name}}}
+	if err := p.Client.Create(ctx, binding); err != nil && !errors.IsAlreadyExists(err) {
+		return err
+	}
+	u, err := p.Env.AddUser(envtest.User{Name: name}, nil)
+	if err != nil {
+		return err
+	}
+	kc, err := u.KubeConfig()
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, kc, 0o600)
+}

@@ -1,0 +1,260 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
+	"github.com/forkbox/forkbox/internal/cluster/kube"
+)
+
+// environments builds each Environment into a Checkpoint, out of objects
+// the rest of the cluster already handles: a builder Sandbox (placed
+// like any other; its node agent runs the setup steps in it and reports
+// SetupComplete), then a Checkpoint of it on its node. When that is
+// Ready it becomes status.checkpoint, the builder goes, and so does the
+// checkpoint of the build before. A build is named after the spec's hash
+// (and, for a rebuild of the same spec after maxAge, the time the
+// replaced one was built), so a reconcile that runs again finds the
+// objects it made; a failed build is not tried again until the spec
+// changes or maxAge passes. Until a new build is ready the old
+// checkpoint keeps serving.
+type environments struct {
+	c   client.Client
+	rec recorder.EventRecorder
+	log *slog.Logger
+}
+
+func (r *environments) setup(mgr ctrl.Manager) error {
+	byLabel := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		name := o.GetLabels()[fbv1.EnvironmentLabel]
+		if name == "" {
+			return nil
+		}
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
+	})
+	return ctrl.NewControllerManagedBy(mgr).Named("environments").
+		For(&fbv1.Environment{}).
+		Watches(&fbv1.Sandbox{}, byLabel).
+		Watches(&fbv1.Checkpoint{}, byLabel).
+		Complete(r)
+}
+
+// Reasons of an Environment's conditions.
+const (
+	ReasonBuilding      = "Building"
+	ReasonBuilt         = "Built"
+	ReasonSetupFailed   = "SetupFailed"
+	ReasonCaptureFailed = "CaptureFailed"
+	ReasonNotBuilt      = "NotBuilt"
+)
+
+func (r *environments) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var e fbv1.Environment
+	if err := r.c.Get(ctx, req.NamespacedName, &e); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !e.DeletionTimestamp.IsZero() {
+		return reconcile.Result{}, nil // owner references delete the rest
+	}
+	before := e.DeepCopy()
+	res, err := r.reconcile(ctx, &e)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if !equalStatus(before.Status, e.Status) {
+		if err := r.c.Status().Patch(ctx, &e, client.MergeFrom(before)); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	return res, nil
+}
+
+func (r *environments) reconcile(ctx context.Context, e *fbv1.Environment) (reconcile.Result, error) {
+	hash := e.Spec.Hash()
+	build := buildName(e, hash)
+	var res reconcile.Result
+	if e.Status.Checkpoint != "" && e.Status.Hash == hash && e.Status.Checkpoint == build {
+		// Built and current; look again when it gets too old.
+		e.Status.Build = build
+		kube.SetCondition(&e.Status.Conditions, fbv1.ConditionReady, true, ReasonBuilt, "checkpoint "+e.Status.Checkpoint+" serves", e.Generation)
+		if e.Spec.MaxAge != nil && e.Status.BuiltAt != nil {
+			res.RequeueAfter = time.Until(e.Status.BuiltAt.Add(e.Spec.MaxAge.Duration)) + 100*time.Millisecond
+		}
+		return res, r.cleanup(ctx, e, build, e.Status.Checkpoint)
+	}
+	if e.Status.Build == build {
+		if c := meta.FindStatusCondition(e.Status.Conditions, fbv1.ConditionBuilt); c != nil && c.Status == metav1.ConditionFalse &&
+			c.Reason != ReasonBuilding {
+			return res, r.cleanup(ctx, e, "", e.Status.Checkpoint) // this build failed: not again until the spec changes or it ages
+		}
+	}
+	if e.Status.Checkpoint == "" {
+		kube.SetCondition(&e.Status.Conditions, fbv1.ConditionReady, false, ReasonNotBuilt, "no build has finished yet", e.Generation)
+	}
+	if e.Status.Build != build {
+		e.Status.Build = build
+		r.rec.Eventf(e, nil, "Normal", ReasonBuilding, "Build", "building %s (spec hash %s)", build, hash)
+		r.log.InfoContext(ctx, "environment build", slog.String("environment", e.Namespace+"/"+e.Name), slog.String("build", build))
+	}
+	building := func(msg string) {
+		kube.SetCondition(&e.Status.Conditions, fbv1.ConditionBuilt, false, ReasonBuilding, msg, e.Generation)
+	}
+	builder, err := r.builder(ctx, e, build, hash)
+	if err != nil || builder == nil {
+		return res, err
+	}
+	setup := meta.FindStatusCondition(builder.Status.Conditions, fbv1.ConditionSetupComplete)
+	switch {
+	case setup == nil:
+		building(fmt.Sprintf("builder sandbox %s: %s %s", build, builder.Status.Phase, builder.Status.Message))
+		return res, nil
+	case setup.Status == metav1.ConditionUnknown: // its agent is running the steps
+		building("builder sandbox " + build + " on node " + builder.Spec.NodeName + ": " + setup.Message)
+		return res, nil
+	case setup.Status != metav1.ConditionTrue:
+		r.fail(e, ReasonSetupFailed, "build "+build+": "+setup.Message)
+		return res, nil
+	}
+	ck, err := r.checkpoint(ctx, e, build, builder)
+	if err != nil || ck == nil {
+		return res, err
+	}
+	switch ck.Status.Phase {
+	case fbv1.CheckpointReady:
+	case fbv1.CheckpointFailed:
+		r.fail(e, ReasonCaptureFailed, "build "+build+": checkpoint failed: "+ck.Status.Message)
+		return res, nil
+	default:
+		building("capturing checkpoint " + build + " on node " + builder.Spec.NodeName)
+		return res, nil
+	}
+	now := metav1.Now()
+	e.Status.Checkpoint, e.Status.Hash, e.Status.BuiltAt = build, hash, &now
+	kube.SetCondition(&e.Status.Conditions, fbv1.ConditionBuilt, true, ReasonBuilt, "built "+build+" on node "+builder.Spec.NodeName, e.Generation)
+	kube.SetCondition(&e.Status.Conditions, fbv1.ConditionReady, true, ReasonBuilt, "checkpoint "+build+" serves", e.Generation)
+	r.rec.Eventf(e, ck, "Normal", ReasonBuilt, "Build", "built checkpoint %s on node %s", build, builder.Spec.NodeName)
+	r.log.InfoContext(ctx, "environment built", slog.String("environment", e.Namespace+"/"+e.Name), slog.String("checkpoint", build))
+	// The status is written before the old objects go; the next
+	// reconcile (this write triggers it) removes them.
+	return res, nil
+}
+
+// buildName names the build of spec hash: the environment's name, the
+// hash, and for a rebuild of the same spec after maxAge the build time
+// of the checkpoint it replaces.
+func buildName(e *fbv1.Environment, hash string) string {
+	base := e.Name
+	if len(base) > 200 {
+		base = base[:200]
+	}
+	name := base + "-" + hash[:10]
+	if e.Status.Hash == hash && e.Status.BuiltAt != nil && e.Spec.MaxAge != nil && e.Spec.MaxAge.Duration > 0 &&
+		time.Since(e.Status.BuiltAt.Time) >= e.Spec.MaxAge.Duration {
+		name += "-" + strconv.FormatInt(e.Status.BuiltAt.Unix(), 36)
+	} else if e.Status.Hash == hash && e.Status.Checkpoint != "" {
+		name = e.Status.Checkpoint // the current one, not aged yet
+	}
+	return name
+}
+
+func (r *environments) fail(e *fbv1.Environment, reason, msg string) {
+	if c := meta.FindStatusCondition(e.Status.Conditions, fbv1.ConditionBuilt); c == nil || c.Reason != reason {
+		r.rec.Eventf(e, nil, "Warning", reason, "Build", "%s", kube.Truncate(msg, 1024))
+	}
+	kube.SetCondition(&e.Status.Conditions, fbv1.ConditionBuilt, false, reason, kube.Truncate(msg, 4096), e.Generation)
+}
+
+// builder returns the builder Sandbox of build, creating it first.
+func (r *environments) builder(ctx context.Context, e *fbv1.Environment, build, hash string) (*fbv1.Sandbox, error) {
+	var sb fbv1.Sandbox
+	err := r.c.Get(ctx, types.NamespacedName{Namespace: e.Namespace, Name: build}, &sb)
+	if err == nil || !errors.IsNotFound(err) {
+		return &sb, err
+	}
+	sb = fbv1.Sandbox{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.Namespace, Name: build,
+			Labels:      map[string]string{fbv1.EnvironmentLabel: e.Name},
+			Annotations: map[string]string{fbv1.BuildHashAnnotation: hash}},
+		Spec: fbv1.SandboxSpec{Image: e.Spec.Image, Runtime: e.Spec.Runtime, Resources: *e.Spec.Resources.DeepCopy(),
+			Env: append([]fbv1.EnvVar(nil), e.Spec.Env...), WorkingDir: e.Spec.WorkingDir, State: fbv1.StateRunning},
+	}
+	if err := controllerutil.SetControllerReference(e, &sb, r.c.Scheme()); err != nil {
+		return nil, err
+	}
+	if err := r.c.Create(ctx, &sb); err != nil && !errors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("create builder of environment %s: %w", e.Name, err)
+	}
+	kube.SetCondition(&e.Status.Conditions, fbv1.ConditionBuilt, false, ReasonBuilding, "builder sandbox "+build+" created", e.Generation)
+	return nil, nil // its status comes with the next reconcile
+}
+
+// checkpoint returns the Checkpoint of build, creating it first (nil).
+func (r *environments) checkpoint(ctx context.Context, e *fbv1.Environment, build string, builder *fbv1.Sandbox) (*fbv1.Checkpoint, error) {
+	var ck fbv1.Checkpoint
+	err := r.c.Get(ctx, types.NamespacedName{Namespace: e.Namespace, Name: build}, &ck)
+	if err == nil || !errors.IsNotFound(err) {
+		return &ck, err
+	}
+	ck = fbv1.Checkpoint{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.Namespace, Name: build, Labels: map[string]string{fbv1.EnvironmentLabel: e.Name}},
+		Spec:       fbv1.CheckpointSpec{Sandbox: builder.Name, NodeName: builder.Spec.NodeName},
+	}
+	if err := controllerutil.SetControllerReference(e, &ck, r.c.Scheme()); err != nil {
+		return nil, err
+	}
+	if err := r.c.Create(ctx, &ck); err != nil && !errors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("create checkpoint of environment %s: %w", e.Name, err)
+	}
+	kube.SetCondition(&e.Status.Conditions, fbv1.ConditionBuilt, false, ReasonBuilding, "capturing checkpoint "+build, e.Generation)
+	return nil, nil
+}
+
+// cleanup deletes the environment's builder Sandboxes other than that of
+// build (all once it is built: keep is its checkpoint) and its
+// Checkpoints other than keep and build's.
+func (r *environments) cleanup(ctx context.Context, e *fbv1.Environment, build, keep string) error {
+	mine := client.MatchingLabels{fbv1.EnvironmentLabel: e.Name}
+	var sl fbv1.SandboxList
+	if err := r.c.List(ctx, &sl, client.InNamespace(e.Namespace), mine); err != nil {
+		return err
+	}
+	for i := range sl.Items {
+		sb := &sl.Items[i]
+		if !metav1.IsControlledBy(sb, e) || !sb.DeletionTimestamp.IsZero() || (sb.Name == build && build != keep) {
+			continue
+		}
+		if err := r.c.Delete(ctx, sb); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+	}
+	var cl fbv1.CheckpointList
+	if err := r.c.List(ctx, &cl, client.InNamespace(e.Namespace), mine); err != nil {
+		return err
+	}
+	for i := range cl.Items {
+		ck := &cl.Items[i]
+		if !metav1.IsControlledBy(ck, e) || !ck.DeletionTimestamp.IsZero() || ck.Name == keep || ck.Name == build {
+			continue
+		}
+		r.log.InfoContext(ctx, "environment checkpoint replaced", slog.String("environment", e.Namespace+"/"+e.Name), slog.String("checkpoint", ck.Name))
+		if err := r.c.Delete(ctx, ck); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,176 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
+	"github.com/forkbox/forkbox/internal/cluster/clustertest"
+)
+
+// setupDone writes, as the builder's node agent would, the builder
+// Running with its setup's outcome.
+func setupDone(t *testing.T, sb *fbv1.Sandbox, ok bool, msg string) {
+	t.Helper()
+	get(t, sb)
+	st, reason := metav1.ConditionTrue, "SetupDone"
+	switch {
+	case !ok && msg == "running":
+		st, reason = metav1.ConditionUnknown, "Running"
+	case !ok:
+		st, reason = metav1.ConditionFalse, "SetupFailed"
+	}
+	sb.Status.Phase = fbv1.PhaseRunning
+	meta.SetStatusCondition(&sb.Status.Conditions, metav1.Condition{Type: fbv1.ConditionSetupComplete, Status: st, Reason: reason, Message: msg})
+	if err := plane.Client.Status().Update(context.Background(), sb); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// awaitBuilder waits for the builder Sandbox of the environment's
+// current spec and returns it, checked.
+func awaitBuilder(t *testing.T, e *fbv1.Environment, want string) *fbv1.Sandbox {
+	t.Helper()
+	sb := &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: e.Namespace, Name: want}}
+	clustertest.Eventually(t, 30*time.Second, "builder "+want, func() (bool, string) {
+		err := plane.Client.Get(context.Background(), client.ObjectKeyFromObject(sb), sb)
+		return err == nil && sb.Spec.NodeName != "", fmt.Sprint(err, " env status: ", get(t, e).Status)
+	})
+	if !metav1.IsControlledBy(sb, e) || sb.Labels[fbv1.EnvironmentLabel] != e.Name || sb.Annotations[fbv1.BuildHashAnnotation] != get(t, e).Spec.Hash() {
+		t.Fatalf("builder %s: owners %v, labels %v, annotations %v", sb.Name, sb.OwnerReferences, sb.Labels, sb.Annotations)
+	}
+	if sb.Spec.Image != e.Spec.Image || sb.Spec.Runtime != e.Spec.Runtime {
+		t.Fatalf("builder spec %+v, want the environment's image and runtime", sb.Spec)
+	}
+	return sb
+}
+
+// awaitCapture waits for the Checkpoint of a builder whose setup is done,
+// and makes it ready on node as its agent would.
+func awaitCapture(t *testing.T, b *fbv1.Sandbox, node string) {
+	t.Helper()
+	ck := &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: b.Namespace, Name: b.Name}}
+	clustertest.Eventually(t, 30*time.Second, "checkpoint "+b.Name, func() (bool, string) {
+		err := plane.Client.Get(context.Background(), client.ObjectKeyFromObject(ck), ck)
+		return err == nil, fmt.Sprint(err)
+	})
+	if ck.Spec.Sandbox != b.Name || ck.Spec.NodeName != b.Spec.NodeName {
+		t.Fatalf("checkpoint spec %+v, want of %s on %s", ck.Spec, b.Name, b.Spec.NodeName)
+	}
+	setReady(t, ck, node)
+}
+
+// awaitBuilt waits until the environment serves checkpoint want.
+func awaitBuilt(t *testing.T, e *fbv1.Environment, want string) {
+	t.Helper()
+	clustertest.Eventually(t, 30*time.Second, "environment built as "+want, func() (bool, string) {
+		get(t, e)
+		c := meta.FindStatusCondition(e.Status.Conditions, fbv1.ConditionBuilt)
+		return e.Status.Checkpoint == want && e.Status.Hash == e.Spec.Hash() && e.Status.BuiltAt != nil &&
+			c != nil && c.Status == metav1.ConditionTrue && meta.IsStatusConditionTrue(e.Status.Conditions, fbv1.ConditionReady), fmt.Sprintf("%+v", e.Status)
+	})
+}
+
+func goneObj(t *testing.T, o client.Object) {
+	t.Helper()
+	clustertest.Eventually(t, 30*time.Second, o.GetName()+" deleted", func() (bool, string) {
+		err := plane.Client.Get(context.Background(), client.ObjectKeyFromObject(o), o)
+		return errors.IsNotFound(err), fmt.Sprint(err)
+	})
+}
+
+// An Environment is built into a Checkpoint through a builder Sandbox;
+// a Sandbox from it waits, then is placed where the checkpoint is. A
+// changed spec rebuilds (a failed build keeps the old checkpoint
+// serving and is not retried); a good rebuild replaces the checkpoint,
+// and so does one after maxAge.
+func TestEnvironmentBuild(t *testing.T) {
+	plane.Need(t)
+	startController(t)
+	ns := namespace(t)
+	node(t, "env-a", 4, long)
+	ctx := context.Background()
+	e := &fbv1.Environment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "py"},
+		Spec: fbv1.EnvironmentSpec{Image: "busybox", Runtime: fbv1.RuntimeCrun, Setup: []string{"echo one > /root/one"}}}
+	create(t, e)
+	user := sandbox(ns, "user", func(sb *fbv1.Sandbox) { sb.Spec.Image, sb.Spec.Source = "", &fbv1.SandboxSource{Environment: "py"} })
+	create(t, user)
+	unschedulable(t, user, "environment py has no built checkpoint yet")
+
+	first := "py-" + e.Spec.Hash()[:10]
+	b := awaitBuilder(t, e, first)
+	if c := meta.FindStatusCondition(get(t, e).Status.Conditions, fbv1.ConditionReady); c == nil || c.Status != metav1.ConditionFalse || e.Status.Build != first {
+		t.Fatalf("while building: status %+v", e.Status)
+	}
+	setupDone(t, b, false, "running") // the agent runs the steps: still building
+	clustertest.Eventually(t, 30*time.Second, "building while the setup runs", func() (bool, string) {
+		c := meta.FindStatusCondition(get(t, e).Status.Conditions, fbv1.ConditionBuilt)
+		return c != nil && c.Reason == ReasonBuilding && strings.Contains(c.Message, "running"), fmt.Sprintf("%+v", c)
+	})
+	setupDone(t, b, true, "1 step")
+	awaitCapture(t, b, "env-a")
+	awaitBuilt(t, e, first)
+	goneObj(t, b)
+	if got := placedOn(t, user); got != "env-a" {
+		t.Fatalf("user placed on %s, want env-a (holds the environment's checkpoint)", got)
+	}
+
+	// A changed spec whose setup fails: the old checkpoint keeps serving.
+	get(t, e).Spec.Setup = append(e.Spec.Setup, "false")
+	if err := plane.Client.Update(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	bad := awaitBuilder(t, e, "py-"+e.Spec.Hash()[:10])
+	setupDone(t, bad, false, "step 2 of 2 (false): exited 1")
+	clustertest.Eventually(t, 30*time.Second, "build failure reported", func() (bool, string) {
+		get(t, e)
+		c := meta.FindStatusCondition(e.Status.Conditions, fbv1.ConditionBuilt)
+		return c != nil && c.Reason == ReasonSetupFailed && e.Status.Build == bad.Name && e.Status.Checkpoint == first &&
+			meta.IsStatusConditionTrue(e.Status.Conditions, fbv1.ConditionReady), fmt.Sprintf("%+v", e.Status)
+	})
+	goneObj(t, bad) // its slot is given back
+
+	// A good spec: rebuilt, and the first checkpoint goes.
+	get(t, e).Spec.Setup = []string{"echo one > /root/one", "echo two > /root/two"}
+	if err := plane.Client.Update(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	second := "py-" + e.Spec.Hash()[:10]
+	b2 := awaitBuilder(t, e, second)
+	setupDone(t, b2, true, "2 steps")
+	awaitCapture(t, b2, "env-a")
+	awaitBuilt(t, e, second)
+	goneObj(t, &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: first}})
+	goneObj(t, b2)
+
+	// maxAge: the same spec is rebuilt once its checkpoint is older.
+	builtAt := get(t, e).Status.BuiltAt
+	e.Spec.MaxAge = &metav1.Duration{Duration: 2 * time.Second}
+	if err := plane.Client.Update(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	if e.Spec.Hash() != e.Status.Hash {
+		t.Fatalf("maxAge changed the spec's hash")
+	}
+	aged := b2.Name + "-" + strconv.FormatInt(builtAt.Unix(), 36)
+	b3 := awaitBuilder(t, e, aged)
+	if get(t, e).Status.Checkpoint != second {
+		t.Fatalf("while rebuilding: checkpoint %s, want %s to keep serving", e.Status.Checkpoint, second)
+	}
+	setupDone(t, b3, true, "2 steps")
+	awaitCapture(t, b3, "env-a")
+	awaitBuilt(t, e, aged)
+	if !get(t, e).Status.BuiltAt.After(builtAt.Time) {
+		t.Fatalf("builtAt %s not after %s", e.Status.BuiltAt, builtAt)
+	}
+	goneObj(t, &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: second}})
+}

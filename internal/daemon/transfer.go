@@ -1,0 +1,155 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/runtime/spec"
+	"github.com/forkbox/forkbox/internal/snapshot/btrfs"
+	"github.com/forkbox/forkbox/internal/store"
+	"github.com/forkbox/forkbox/internal/transfer"
+)
+
+// Checkpoints shipped between nodes (cluster mode, package transfer): a
+// received checkpoint keeps its ID, its snapshot is a read-only received
+// subvolume in the store, its memory image sits where the daemon's own
+// do, and its ledger record names the source sandbox of the node that
+// took it (which does not exist here: children inherit its config, not
+// its credentials). A crash half-way leaves a snapshot or an image with
+// no record, which reconcile removes.
+
+// TransferLocal returns this daemon's side of checkpoint transfers. It
+// needs the btrfs snapshotter.
+func (d *Daemon) TransferLocal() (*transfer.Local, error) {
+	bs, ok := d.snaps.(*btrfs.Snapshotter)
+	if !ok {
+		return nil, fmt.Errorf("checkpoint transfer needs the btrfs snapshotter: %w", errdefs.ErrFailedPrecondition)
+	}
+	return &transfer.Local{Snaps: bs, MemRoot: d.memImageDir(""), Ledger: transferLedger{d}, Log: d.log}, nil
+}
+
+// CheckpointUUID returns the btrfs identity of checkpoint id's snapshot
+// (its received UUID if it was received): what a transfer of it must
+// carry. "" where the snapshotter is not btrfs.
+func (d *Daemon) CheckpointUUID(id string) (string, error) {
+	bs, ok := d.snaps.(*btrfs.Snapshotter)
+	if !ok {
+		return "", nil
+	}
+	in, err := btrfs.Subvolume(bs.CommittedPath(id))
+	if err != nil {
+		return "", err
+	}
+	return in.Origin(), nil
+}
+
+// transferLedger is the daemon's transfer.Ledger.
+type transferLedger struct{ d *Daemon }
+
+// transferRecord is what a checkpoint's record carries to another node.
+type transferRecord struct {
+	Checkpoint store.Checkpoint `json:"checkpoint"`
+	// Bundle is the source's bundle directory on the sending node, which
+	// the memory image's spec names.
+	Bundle string `json:"bundle"`
+}
+
+func (l transferLedger) Record(ctx context.Context, id string) ([]byte, error) {
+	ck, err := l.d.store.GetCheckpoint(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(transferRecord{Checkpoint: *ck, Bundle: l.d.bundleDir(ck.SandboxID)})
+}
+
+func (l transferLedger) Commit(ctx context.Context, id string, rec []byte, memDir string) error {
+	var r transferRecord
+	if err := json.Unmarshal(rec, &r); err != nil {
+		return fmt.Errorf("received record of %s: %v: %w", id, err, errdefs.ErrInvalidArgument)
+	}
+	ck := &r.Checkpoint
+	switch {
+	case ck.ID != id:
+		return fmt.Errorf("received record is of %q, not %q: %w", ck.ID, id, errdefs.ErrInvalidArgument)
+	case ck.Kind != KindFilesystem && ck.Kind != KindMemory:
+		return fmt.Errorf("received checkpoint %s of kind %q: %w", id, ck.Kind, errdefs.ErrInvalidArgument)
+	case (ck.Kind == KindMemory) != (memDir != ""):
+		return fmt.Errorf("received checkpoint %s is %s with memory image %q: %w", id, ck.Kind, memDir, errdefs.ErrInvalidArgument)
+	case !validID(ck.SandboxID) || !filepath.IsAbs(r.Bundle) && memDir != "":
+		return fmt.Errorf("received checkpoint %s names source %q, bundle %q: %w", id, ck.SandboxID, r.Bundle, errdefs.ErrInvalidArgument)
+	}
+	if _, ok := l.d.runtimes[ck.Runtime]; !ok {
+		return fmt.Errorf("received checkpoint %s is of runtime %q, which this node lacks: %w", id, ck.Runtime, errdefs.ErrFailedPrecondition)
+	}
+	if memDir != "" {
+		if err := l.d.adoptMemImage(memDir, filepath.Clean(r.Bundle), l.d.bundleDir(ck.SandboxID)); err != nil {
+			return err
+		}
+	}
+	ck.Size = -1
+	return l.d.store.AddReceivedCheckpoint(ctx, ck)
+}
+
+func validID(id string) bool {
+	return id != "" && len(id) <= 200 && !strings.ContainsAny(id, "/\\\x00") && id != "." && id != ".."
+}
+
+// adoptMemImage makes a received memory image's specs name this node's
+// paths (the source's bundle, the agent binary), and refuses a spec that
+// binds anything else of the host into the sandbox: the specs come from
+// another node.
+func (d *Daemon) adoptMemImage(dir, from, to string) error {
+	for _, name := range []string{spec.ConfigName, podSpecFile} {
+		p := filepath.Join(dir, name)
+		b, err := os.ReadFile(p)
+		if os.IsNotExist(err) && name == podSpecFile {
+			continue
+		}
+		var s specs.Spec
+		if err == nil {
+			err = json.Unmarshal(b, &s)
+		}
+		if err != nil {
+			return fmt.Errorf("received memory image: %s: %v: %w", name, err, errdefs.ErrInvalidArgument)
+		}
+		move := func(p string) string {
+			if rest, ok := strings.CutPrefix(filepath.Clean(p), from+"/"); ok {
+				return filepath.Join(to, rest)
+			}
+			return p
+		}
+		if s.Root != nil {
+			s.Root.Path = move(s.Root.Path)
+		}
+		for i := range s.Mounts {
+			m := &s.Mounts[i]
+			m.Source = move(m.Source)
+			if m.Destination == agentMountPoint {
+				m.Source = d.cfg.AgentPath
+			}
+			bind := m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
+			if bind && m.Source != d.cfg.AgentPath && !strings.HasPrefix(filepath.Clean(m.Source), to+"/") {
+				return fmt.Errorf("received memory image: %s binds host path %q: %w", name, m.Source, errdefs.ErrInvalidArgument)
+			}
+		}
+		out, err := json.Marshal(&s)
+		if err == nil {
+			err = os.WriteFile(p, out, 0o600)
+		}
+		if err != nil {
+			return fmt.Errorf("received memory image: %v: %w", err, errdefs.ErrInternal)
+		}
+	}
+	return nil
+}
+
+// agentMountPoint is where the agent binary is bound in a sandbox.
+const agentMountPoint = "/.forkbox/agent"

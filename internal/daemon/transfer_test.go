@@ -1,0 +1,59 @@
+package daemon
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+// TestAdoptMemImage: a memory image received from another node names
+// this node's paths afterwards, and one whose spec binds any other host
+// path into the sandbox is refused.
+func TestAdoptMemImage(t *testing.T) {
+	d := &Daemon{cfg: Config{AgentPath: "/opt/here/forkbox-agent"}}
+	from, to := "/var/there/sandboxes/sb-1", "/var/here/sandboxes/sb-1"
+	write := func(t *testing.T, mounts ...specs.Mount) string {
+		dir := t.TempDir()
+		b, _ := json.Marshal(specs.Spec{Root: &specs.Root{Path: from + "/rootfs"}, Mounts: mounts})
+		if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	ok := []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc"},
+		{Destination: "/tmp", Type: "bind", Source: from + "/rootfs/tmp", Options: []string{"rbind"}},
+		{Destination: "/etc/hosts", Type: "bind", Source: from + "/etc/hosts", Options: []string{"rbind", "ro"}},
+		{Destination: agentMountPoint, Type: "bind", Source: "/opt/there/forkbox-agent", Options: []string{"rbind", "ro"}},
+	}
+	dir := write(t, ok...)
+	if err := d.adoptMemImage(dir, from, to); err != nil {
+		t.Fatalf("adopt: %v", err)
+	}
+	var got specs.Spec
+	b, _ := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Root.Path != to+"/rootfs" || got.Mounts[1].Source != to+"/rootfs/tmp" || got.Mounts[2].Source != to+"/etc/hosts" ||
+		got.Mounts[3].Source != d.cfg.AgentPath || got.Mounts[0].Source != "proc" {
+		t.Errorf("adopted spec: root %q, mounts %+v", got.Root.Path, got.Mounts)
+	}
+	for name, m := range map[string]specs.Mount{
+		"a host dir":             {Destination: "/host", Type: "bind", Source: "/etc", Options: []string{"rbind"}},
+		"a way up and out":       {Destination: "/x", Type: "bind", Source: from + "/../../../etc", Options: []string{"rbind"}},
+		"a bind by options only": {Destination: "/x", Type: "none", Source: "/root", Options: []string{"bind"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := d.adoptMemImage(write(t, append(ok[:1:1], m)...), from, to)
+			if !errdefs.IsInvalidArgument(err) {
+				t.Fatalf("got %v, want InvalidArgument", err)
+			}
+		})
+	}
+}

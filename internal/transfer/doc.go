@@ -1,0 +1,43 @@
+// Package transfer ships checkpoints between forkbox nodes: the node that
+// needs checkpoint X pulls it from a node holding a ready copy, naming the
+// ancestors of X it already holds; the sender streams `btrfs send` of X's
+// read-only subvolume (with -p the nearest of those ancestors it holds too,
+// so only what changed since travels) and, for a memory checkpoint, the
+// files of its memory image; the receiver runs `btrfs receive` and commits
+// the result into its snapshot store and ledger as a read-only checkpoint.
+// Image layers are not shipped: a node must have the checkpoint's image
+// (pulled or imported) before it can start children of it.
+//
+// Channel: HTTPS with mutual TLS between node agents, certificates pinned.
+// Each node makes its own key pair and self-signed certificate once
+// (Identity) and publishes the certificate where peers read it (in
+// cluster mode: its ForkboxNode status, written through the API server,
+// which authenticates the node's write); a server accepts only client
+// certificates its Trust names, a client only the exact certificate it was
+// given for the peer. No CA key lives on any node.
+//
+// One pull is one POST /v1/pull of a JSON Request; the response body is a
+// sequence of frames (frames.go): a header, the send stream, the memory
+// image's files, a trailer with the byte counts; or an error frame.
+//
+// What comes from another node is untrusted input, so the receiver
+//   - bounds the whole pull in bytes (Limits.MaxBytes) and time
+//     (Limits.Timeout), and the record and file count;
+//   - parses the send stream as it passes to btrfs receive (stream.go) and
+//     refuses, before btrfs acts on it, a stream that carries another
+//     subvolume than asked (name, UUID), a second subvolume, an incremental
+//     base other than the ancestor agreed, clones from any other
+//     subvolume, paths that leave the subvolume, or data after its end;
+//     btrfs receive runs chrooted into the store's directory besides;
+//   - checks after the receive that the subvolume is read-only with the
+//     asked UUID as its received UUID, and that the counts match the
+//     trailer;
+//   - never makes the received subvolume writable: children are writable
+//     snapshots of it;
+//   - leaves nothing on failure: the snapshot store's commit point is its
+//     metadata (storage.Store.Receive deletes an uncommitted receive at
+//     once, Open after a crash), memory files are staged in
+//     <memroot>/.recv-* (removed on failure, and by the daemon's reconcile
+//     after a crash, as no checkpoint has that name), and the ledger
+//     record is written last.
+package transfer

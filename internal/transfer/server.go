@@ -1,0 +1,256 @@
+package transfer
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+// ServerOptions configure a Server.
+type ServerOptions struct {
+	Identity *Identity
+	Trust    Trust
+	Local    *Local
+	// Timeout bounds one pull (default 30m).
+	Timeout time.Duration
+	// MaxConcurrent pulls served at once (default 4); more are refused
+	// with 503 and retried by their receivers.
+	MaxConcurrent int
+	// MaxFiles bounds the files of a memory image sent (default 256).
+	MaxFiles int
+	Log      *slog.Logger
+}
+
+// Server serves the checkpoints of one node to its peers.
+type Server struct {
+	o    ServerOptions
+	srv  *http.Server
+	sem  chan struct{}
+	wg   sync.WaitGroup
+	ln   net.Listener
+	once sync.Once
+}
+
+// NewServer makes a server; Start runs it.
+func NewServer(o ServerOptions) (*Server, error) {
+	if o.Identity == nil || o.Trust == nil || o.Local == nil {
+		return nil, fmt.Errorf("transfer server: an identity, a trust and a local store are required: %w", errdefs.ErrInvalidArgument)
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 30 * time.Minute
+	}
+	if o.MaxConcurrent == 0 {
+		o.MaxConcurrent = 4
+	}
+	if o.MaxFiles == 0 {
+		o.MaxFiles = 256
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	s := &Server{o: o, sem: make(chan struct{}, o.MaxConcurrent)}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/pull", s.pull)
+	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(o.Log.Handler(), slog.LevelDebug)}
+	return s, nil
+}
+
+// Start listens on addr (host:port) with mutual TLS and serves until
+// Close; it returns the address bound.
+func (s *Server) Start(addr string) (net.Addr, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("transfer listener %s: %v: %w", addr, err, errdefs.ErrUnavailable)
+	}
+	s.ln = tls.NewListener(ln, serverTLS(s.o.Identity, s.o.Trust))
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.o.Log.Error("transfer server stopped", slog.Any("err", err))
+		}
+	}()
+	return ln.Addr(), nil
+}
+
+// Close stops the server, cutting pulls in flight, and waits for it.
+func (s *Server) Close() error {
+	var err error
+	s.once.Do(func() {
+		err = s.srv.Close()
+		s.wg.Wait()
+	})
+	return err
+}
+
+func (s *Server) pull(w http.ResponseWriter, r *http.Request) {
+	peer := "?"
+	if r.TLS != nil && len(r.TLS.PeerCertificates) == 1 {
+		if n, err := s.o.Trust.NodeOf(r.Context(), r.TLS.PeerCertificates[0].Raw); err == nil {
+			peer = n
+		}
+	}
+	select {
+	case s.sem <- struct{}{}:
+		defer func() { <-s.sem }()
+	default:
+		http.Error(w, "too many transfers", http.StatusServiceUnavailable)
+		return
+	}
+	var req Request
+	if err := json.NewDecoder(io.LimitReader(r.Body, maxRequest)).Decode(&req); err != nil {
+		http.Error(w, "bad request", http.StatusBadRequest)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.o.Timeout)
+	defer cancel()
+	log := s.o.Log.With(slog.String("checkpoint", req.Checkpoint), slog.String("peer", peer))
+	w.Header().Set("Content-Type", "application/octet-stream")
+	start := time.Now()
+	t, parent, err := s.send(ctx, w, req)
+	if err != nil {
+		log.WarnContext(ctx, "checkpoint send failed", slog.Any("err", err))
+		_ = writeJSON(w, frameError, remoteError{Class: errdefs.ClassName(err), Message: truncate(err.Error(), 4096)})
+		return
+	}
+	log.InfoContext(ctx, "checkpoint sent", slog.String("parent", parent), slog.Int64("send_bytes", t.SendBytes),
+		slog.Int64("file_bytes", t.FileBytes), slog.Duration("took", time.Since(start)))
+}
+
+// send writes the frames of one pull.
+func (s *Server) send(ctx context.Context, w io.Writer, req Request) (trailer, string, error) {
+	var t trailer
+	if len(req.Have) > maxHave {
+		return t, "", fmt.Errorf("%d ancestors named, limit %d: %w", len(req.Have), maxHave, errdefs.ErrInvalidArgument)
+	}
+	h, err := s.o.Local.held(ctx, req.Checkpoint)
+	if err != nil {
+		return t, "", err
+	}
+	if req.UUID != "" && h.info.Origin() != req.UUID {
+		return t, "", fmt.Errorf("checkpoint %s here is subvolume %s, not %s: %w", h.id, h.info.Origin(), req.UUID, errdefs.ErrFailedPrecondition)
+	}
+	hd := header{Checkpoint: h.id, UUID: h.info.Origin(), Memory: h.memDir != "", Record: h.record}
+	var parent *held
+	for _, a := range req.Have {
+		if a == h.id {
+			continue
+		}
+		if p, err := s.o.Local.held(ctx, a); err == nil {
+			parent = p
+			hd.Parent, hd.ParentUUID = p.id, p.info.Origin()
+			break
+		}
+	}
+	var files []string
+	if h.memDir != "" {
+		if files, err = memFiles(h.memDir, s.o.MaxFiles); err != nil {
+			return t, "", err
+		}
+	}
+	if err := writeJSON(w, frameHeader, hd); err != nil {
+		return t, "", err
+	}
+	args := []string{"send", "-q"}
+	if parent != nil {
+		args = append(args, "-p", parent.path)
+	}
+	cmd := exec.CommandContext(ctx, "btrfs", append(args, h.path)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var stderr bytes.Buffer
+	cmd.Stderr = &limitedBuffer{b: &stderr, max: 4096}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return t, "", fmt.Errorf("btrfs send: %v: %w", err, errdefs.ErrInternal)
+	}
+	if err := cmd.Start(); err != nil {
+		return t, "", fmt.Errorf("btrfs send: %v: %w", err, errdefs.ErrUnavailable)
+	}
+	n, cerr := copyFrames(w, frameSend, out)
+	werr := cmd.Wait()
+	t.SendBytes = n
+	if cerr != nil {
+		return t, "", fmt.Errorf("stream the send: %w", cerr)
+	}
+	if werr != nil {
+		return t, "", fmt.Errorf("btrfs send %s: %v: %s: %w", h.id, werr, bytes.TrimSpace(stderr.Bytes()), errdefs.ErrInternal)
+	}
+	for _, f := range files {
+		n, err := sendFile(w, h.memDir, f)
+		if err != nil {
+			return t, "", err
+		}
+		t.Files++
+		t.FileBytes += n
+	}
+	return t, hd.Parent, writeJSON(w, frameTrailer, t)
+}
+
+func sendFile(w io.Writer, dir, name string) (int64, error) {
+	f, err := os.Open(filepath.Join(dir, name))
+	if err != nil {
+		return 0, fmt.Errorf("memory image file %s: %v: %w", name, err, errdefs.ErrInternal)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("memory image file %s: %v: %w", name, err, errdefs.ErrInternal)
+	}
+	if err := writeJSON(w, frameFile, fileHeader{Name: filepath.ToSlash(name), Size: st.Size()}); err != nil {
+		return 0, err
+	}
+	n, err := copyFrames(w, frameData, io.LimitReader(f, st.Size()))
+	if err == nil && n != st.Size() {
+		err = fmt.Errorf("memory image file %s changed while sent: %w", name, errdefs.ErrInternal)
+	}
+	return n, err
+}
+
+// copyFrames copies r to w as frames of type typ.
+func copyFrames(w io.Writer, typ byte, r io.Reader) (int64, error) {
+	buf := make([]byte, sendChunk)
+	var total int64
+	for {
+		n, err := io.ReadFull(r, buf)
+		if n > 0 {
+			if werr := writeFrame(w, typ, buf[:n]); werr != nil {
+				return total, werr
+			}
+			total += int64(n)
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+}
+
+// limitedBuffer keeps the first max bytes written to it.
+type limitedBuffer struct {
+	b   *bytes.Buffer
+	max int
+}
+
+func (l *limitedBuffer) Write(p []byte) (int, error) {
+	if room := l.max - l.b.Len(); room > 0 {
+		l.b.Write(p[:min(room, len(p))])
+	}
+	return len(p), nil
+}

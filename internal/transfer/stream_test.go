@@ -1,0 +1,110 @@
+package transfer
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"strings"
+	"testing"
+)
+
+// cmdBytes encodes one send stream command with its attributes.
+func cmdBytes(cmd uint16, attrs ...any) []byte {
+	var a bytes.Buffer
+	for i := 0; i < len(attrs); i += 2 {
+		v := attrs[i+1].([]byte)
+		binary.Write(&a, binary.LittleEndian, attrs[i].(uint16))
+		binary.Write(&a, binary.LittleEndian, uint16(len(v)))
+		a.Write(v)
+	}
+	var b bytes.Buffer
+	binary.Write(&b, binary.LittleEndian, uint32(a.Len()))
+	binary.Write(&b, binary.LittleEndian, cmd)
+	binary.Write(&b, binary.LittleEndian, uint32(0))
+	b.Write(a.Bytes())
+	return b.Bytes()
+}
+
+func uuidBytes(s string) []byte {
+	b, _ := hex.DecodeString(strings.ReplaceAll(s, "-", ""))
+	return b
+}
+
+const (
+	uSelf   = "11111111-1111-1111-1111-111111111111"
+	uParent = "22222222-2222-2222-2222-222222222222"
+	uOther  = "33333333-3333-3333-3333-333333333333"
+)
+
+func streamOf(cmds ...[]byte) []byte {
+	out := []byte(streamMagic + "\x01\x00\x00\x00")
+	for _, c := range cmds {
+		out = append(out, c...)
+	}
+	return out
+}
+
+// TestStreamCheck: what the send stream parser lets through to btrfs
+// receive and what it refuses.
+func TestStreamCheck(t *testing.T) {
+	p := func(s string) []byte { return []byte(s) }
+	subvol := cmdBytes(cmdSubvol, uint16(attrPath), p("ck-1"), uint16(attrUUID), uuidBytes(uSelf))
+	snap := cmdBytes(cmdSnapshot, uint16(attrPath), p("ck-1"), uint16(attrUUID), uuidBytes(uSelf), uint16(attrCloneUUID), uuidBytes(uParent))
+	end := cmdBytes(cmdEnd)
+	mkfile := func(path string) []byte { return cmdBytes(3, uint16(attrPath), p(path)) }
+	clone := func(u string) []byte {
+		return cmdBytes(cmdClone, uint16(attrPath), p("a"), uint16(attrCloneUUID), uuidBytes(u), uint16(attrClonePath), p("b"))
+	}
+	full, incr := expect{Name: "ck-1", UUID: uSelf}, expect{Name: "ck-1", UUID: uSelf, ParentUUID: uParent}
+	for _, c := range []struct {
+		name   string
+		want   expect
+		stream []byte
+		ok     bool
+	}{
+		{"full", full, streamOf(subvol, mkfile("upper/x"), cmdBytes(18, uint16(attrPath), p("")), end), true},
+		{"incremental with clones", incr, streamOf(snap, clone(uParent), clone(uSelf), end), true},
+		{"another name", expect{Name: "ck-2", UUID: uSelf}, streamOf(subvol, end), false},
+		{"another UUID", expect{Name: "ck-1", UUID: uOther}, streamOf(subvol, end), false},
+		{"a second subvolume", full, streamOf(subvol, end[:0], subvol, end), false},
+		{"full where incremental was agreed", incr, streamOf(subvol, end), false},
+		{"incremental where full was agreed", full, streamOf(snap, end), false},
+		{"incremental from another base", expect{Name: "ck-1", UUID: uSelf, ParentUUID: uOther}, streamOf(snap, end), false},
+		{"a clone from another subvolume", incr, streamOf(snap, clone(uOther), end), false},
+		{"a path up and out", full, streamOf(subvol, mkfile("upper/../../x"), end), false},
+		{"an absolute path", full, streamOf(subvol, mkfile("/etc/x"), end), false},
+		{"a hard link out", full, streamOf(subvol, cmdBytes(cmdLink, uint16(attrPath), p("a"), uint16(attrPathLink), p("../b")), end), false},
+		{"a command before the subvolume", full, streamOf(mkfile("x"), subvol, end), false},
+		{"data after the end", full, append(streamOf(subvol, end), 0), false},
+		{"an unknown command", full, streamOf(subvol, cmdBytes(99), end), false},
+		{"not a send stream", full, []byte("tar archive, honest\x00\x00\x00\x00"), false},
+		{"cut before the end", full, streamOf(subvol, mkfile("x")), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var out bytes.Buffer
+			sc := newStreamCheck(c.want, &out)
+			var err error
+			// Fed in small pieces, as frames arrive.
+			for s := c.stream; len(s) > 0 && err == nil; {
+				n := min(len(s), 7)
+				_, err = sc.Write(s[:n])
+				s = s[n:]
+			}
+			if err == nil {
+				err = sc.Close()
+			}
+			if c.ok != (err == nil) {
+				t.Fatalf("got %v, want ok=%v", err, c.ok)
+			}
+			if c.ok && !bytes.Equal(out.Bytes(), c.stream) {
+				t.Errorf("passed %d bytes, want all %d", out.Len(), len(c.stream))
+			}
+			// A cut stream is valid as far as it goes: btrfs receive is
+			// stopped and its subvolume deleted. The others are refused
+			// before they all reach it.
+			if !c.ok && c.name != "cut before the end" && bytes.Equal(out.Bytes(), c.stream) {
+				t.Errorf("a refused stream was passed on whole")
+			}
+		})
+	}
+}
