@@ -127,11 +127,12 @@ func run(m *testing.M) (int, error) {
 	if err := start("controller", "controller", "--kubeconfig", ctrlCfg, "--namespace", clustertest.Namespace, "--log-level", "debug"); err != nil {
 		return 1, err
 	}
-	if err := start("node", "serve", "--cluster", "--node-name", env.node, "--kubeconfig", nodeCfg,
+	if err := start("node", append([]string{"serve", "--cluster", "--node-name", env.node, "--kubeconfig", nodeCfg,
 		"--cluster-namespace", clustertest.Namespace, "--lease-duration", "6s", "--node-endpoint", "127.0.0.1:0",
 		"--state-dir", env.stateDir, "--run-dir", env.runDir, "--socket", env.socket,
 		"--agent", env.agent, "--bridge", bridge, "--net-table", netTable, "--veth-prefix", vethPrefix,
-		"--subnet", subnet, "--cgroup-parent", cgroupParent, "--btrfs-size", "4Gi", "--log-level", "debug"); err != nil {
+		"--subnet", subnet, "--cgroup-parent", cgroupParent, "--btrfs-size", "4Gi", "--log-level", "debug"},
+		nodeAPIArgs()...)...); err != nil { // nodeAPIArgs: gateway_test.go
 		return 1, err
 	}
 	env.c = &client.Client{Socket: env.socket}

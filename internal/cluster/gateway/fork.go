@@ -301,9 +301,7 @@ func (f *forkCall) settle(ctx context.Context, i int) (*v1.ForkChild, error) {
 				g.log.Warn("could not delete an unschedulable child", "sandbox", sb.Name, "err", derr)
 			}
 		}
-		c := failedChild(err)
-		c.Sandbox = objectView(&sb)
-		return c, nil
+		return failedChild(err), nil
 	}
 	return nil, nil
 }

@@ -103,6 +103,7 @@ type Gateway struct {
 	o       Options
 	log     *slog.Logger
 	c       client.Client // reads from the cache, writes to the API server
+	api     client.Reader // reads from the API server
 	cache   cache.Cache
 	changed *notifier
 	nodes   *nodeClients
@@ -177,6 +178,9 @@ func start(ctx context.Context, o Options) (*Gateway, <-chan error, error) {
 		return nil, done, fmt.Errorf("gateway: the cache did not sync: %w", errdefs.ErrUnavailable)
 	}
 	if g.c, err = client.New(o.Config, client.Options{Scheme: scheme, Cache: &client.CacheOptions{Reader: ch}}); err != nil {
+		return nil, done, err
+	}
+	if g.api, err = client.New(o.Config, client.Options{Scheme: scheme}); err != nil {
 		return nil, done, err
 	}
 	return g, done, nil

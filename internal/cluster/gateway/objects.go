@@ -91,7 +91,12 @@ func (g *Gateway) sandbox(ctx context.Context, ref string) (*fbv1.Sandbox, error
 		return nil, fmt.Errorf("sandbox %q: %w", ref, errdefs.ErrNotFound)
 	}
 	var sb fbv1.Sandbox
-	if err := g.c.Get(ctx, types.NamespacedName{Namespace: g.o.Namespace, Name: ref}, &sb); err != nil {
+	key := types.NamespacedName{Namespace: g.o.Namespace, Name: ref}
+	err := g.c.Get(ctx, key, &sb)
+	if apierrors.IsNotFound(err) {
+		err = g.api.Get(ctx, key, &sb) // one the cache has not seen yet
+	}
+	if err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, fmt.Errorf("sandbox %q: %w", ref, errdefs.ErrNotFound)
 		}
@@ -154,7 +159,12 @@ func (g *Gateway) await(ctx context.Context, what string, cond func() (done bool
 func (g *Gateway) getFresh(ctx context.Context, obj client.Object) (gone bool, err error) {
 	err = g.c.Get(ctx, client.ObjectKeyFromObject(obj), obj)
 	if apierrors.IsNotFound(err) {
-		return true, nil
+		// The cache may not have seen an object just made: the API
+		// server has the last word on gone.
+		err = g.api.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
 	}
 	return false, kerr(err, "get "+obj.GetName())
 }
