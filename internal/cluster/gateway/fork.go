@@ -117,7 +117,7 @@ func (g *Gateway) startFork(ctx context.Context, m *v1.ForkRequest) (*forkCall, 
 	if o == nil {
 		o = &v1.Overrides{}
 	}
-	if err := noOnTimeout(o.OnTimeout); err != nil {
+	if err := noOnTimeout(o.OnTimeout, ""); err != nil {
 		return nil, err
 	}
 	f.timeout = o.TimeoutMs
@@ -179,7 +179,7 @@ func (g *Gateway) startFork(ctx context.Context, m *v1.ForkRequest) (*forkCall, 
 		if len(base) > 40 {
 			base = base[:40]
 		}
-		fk.GenerateName = base + "-fk-"
+		fk.GenerateName = "fork-" + base + "-" // children: fork-<parent>-<short>-<i>, as on one host
 	}
 	if err := g.c.Create(ctx, fk); err != nil {
 		return nil, kerr(err, "create fork")

@@ -32,7 +32,7 @@ func (s *sandboxes) CreateSandbox(ctx context.Context, req *connect.Request[v1.C
 	if len(m.Image) > 1024 {
 		return nil, fmt.Errorf("image reference of %d bytes: at most 1024: %w", len(m.Image), errdefs.ErrInvalidArgument)
 	}
-	if err := noOnTimeout(m.OnTimeout); err != nil {
+	if err := noOnTimeout(m.OnTimeout, m.Runtime); err != nil {
 		return nil, err
 	}
 	rt, err := runtimeOf(m.Runtime)
@@ -56,12 +56,19 @@ func (s *sandboxes) CreateSandbox(ctx context.Context, req *connect.Request[v1.C
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// noOnTimeout refuses what the Sandbox object cannot carry yet.
-func noOnTimeout(onTimeout string) error {
-	if onTimeout != "" && onTimeout != "close" {
+// noOnTimeout refuses what the Sandbox object cannot carry yet, after
+// the checks the daemon makes first.
+func noOnTimeout(onTimeout, runtime string) error {
+	switch onTimeout {
+	case "", "close":
+		return nil
+	case "hibernate":
+		if runtime == string(fbv1.RuntimeCrun) {
+			return fmt.Errorf("on_timeout hibernate needs the gvisor runtime (crun cannot hibernate): %w", errdefs.ErrInvalidArgument)
+		}
 		return fmt.Errorf("on_timeout %q: cluster mode has only close (a hibernating timeout is not in the Sandbox object yet; use HibernateSandbox): %w", onTimeout, errdefs.ErrNotImplemented)
 	}
-	return nil
+	return fmt.Errorf("on_timeout %q: want close or hibernate: %w", onTimeout, errdefs.ErrInvalidArgument)
 }
 
 // fill sets what a create or a restore's overrides give.
@@ -153,7 +160,17 @@ func startFailure(sb *fbv1.Sandbox) error {
 	msg := sb.Status.Message
 	switch sb.Status.Phase {
 	case fbv1.PhaseFailed:
-		return fmt.Errorf("sandbox %s failed on node %s: %s: %w", sb.Name, sb.Spec.NodeName, msg, errdefs.ErrFailedPrecondition)
+		// The node names the class of a failed create in the reason
+		// (CreateFailedNotFound, ...); other failures are the sandbox's state.
+		class := errdefs.ErrFailedPrecondition
+		if c := meta.FindStatusCondition(sb.Status.Conditions, fbv1.ConditionReady); c != nil {
+			if name, ok := strings.CutPrefix(c.Reason, "CreateFailed"); ok && name != "" {
+				if cl := errdefs.Class(errdefs.FromClassName(name, "")); cl != errdefs.ErrUnknown {
+					class = cl
+				}
+			}
+		}
+		return fmt.Errorf("sandbox %s failed on node %s: %s: %w", sb.Name, sb.Spec.NodeName, msg, class)
 	case fbv1.PhaseLost:
 		return fmt.Errorf("sandbox %s: node %s is lost: %s: %w", sb.Name, sb.Spec.NodeName, msg, errdefs.ErrUnavailable)
 	}
@@ -399,7 +416,7 @@ func (s *sandboxes) RestoreSnapshot(ctx context.Context, req *connect.Request[v1
 	if o == nil {
 		o = &v1.Overrides{}
 	}
-	if err := noOnTimeout(o.OnTimeout); err != nil {
+	if err := noOnTimeout(o.OnTimeout, ""); err != nil {
 		return nil, err
 	}
 	spec := fbv1.SandboxSpec{Source: &fbv1.SandboxSource{Checkpoint: ck.Name}, WorkingDir: o.Cwd, State: fbv1.StateRunning}
