@@ -167,5 +167,18 @@ func nodeView(s *v1.Sandbox, sb *fbv1.Sandbox) *v1.Sandbox {
 		return objectView(sb)
 	}
 	s.Name = sb.Name
+	// The node was given quantities in bytes; the caller gave them as
+	// the object holds them ("256Mi"), and reads them back so.
+	if r, q := s.Resources, sb.Spec.Resources; r != nil {
+		if q.CPU != nil {
+			r.Cpu = q.CPU.String()
+		}
+		if q.Memory != nil {
+			r.Memory = q.Memory.String()
+		}
+		if q.Disk != nil {
+			r.Disk = q.Disk.String()
+		}
+	}
 	return s
 }

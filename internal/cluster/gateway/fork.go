@@ -40,7 +40,8 @@ func (s *sandboxes) Fork(ctx context.Context, req *connect.Request[v1.ForkReques
 	if err := f.children(ctx, nil); err != nil && !errdefs.IsDeadlineExceeded(err) && !errors.Is(err, errdefs.ErrCanceled) {
 		return nil, err
 	}
-	out := &v1.ForkResponse{Checkpoint: s.g.checkpointView(ctx, f.ck), Captured: f.ck.Status.Kind}
+	ck := s.g.checkpointDetail(ctx, f.ck)
+	out := &v1.ForkResponse{Checkpoint: ck, Captured: f.ck.Status.Kind, CaptureMs: ck.CaptureMs, FlushMs: ck.FlushMs}
 	started := 0
 	for i := range int(f.fk.Spec.Count) {
 		c := f.child(i)
@@ -61,8 +62,9 @@ func (s *sandboxes) ForkStream(ctx context.Context, req *connect.Request[v1.Fork
 	if err != nil {
 		return err
 	}
+	ck := s.g.checkpointDetail(ctx, f.ck)
 	if err := stream.Send(&v1.ForkStreamResponse{Event: &v1.ForkStreamResponse_Captured{Captured: &v1.ForkCaptured{
-		Checkpoint: s.g.checkpointView(ctx, f.ck), Captured: f.ck.Status.Kind, Count: f.fk.Spec.Count}}}); err != nil {
+		Checkpoint: ck, Captured: f.ck.Status.Kind, CaptureMs: ck.CaptureMs, FlushMs: ck.FlushMs, Count: f.fk.Spec.Count}}}); err != nil {
 		return err
 	}
 	err = f.children(ctx, func(i int, c *v1.ForkChild) error {
@@ -171,6 +173,9 @@ func (g *Gateway) startFork(ctx context.Context, m *v1.ForkRequest) (*forkCall, 
 		}
 	}
 	if o.Name != "" {
+		if count > 1 {
+			return nil, fmt.Errorf("overrides.name %q names one child; a fork of %d takes none: %w", o.Name, count, errdefs.ErrInvalidArgument)
+		}
 		if err := validName("fork", o.Name); err != nil {
 			return nil, err
 		}
