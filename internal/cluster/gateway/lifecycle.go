@@ -180,7 +180,8 @@ func startFailure(sb *fbv1.Sandbox) error {
 		if strings.Contains(c.Message, "not on any node with room") {
 			class = errdefs.ErrFailedPrecondition
 		}
-		return fmt.Errorf("sandbox %s is unschedulable: %s: %w", sb.Name, c.Message, class)
+		msg := strings.TrimSuffix(c.Message, ": "+class.Error()) // the placer's error names its class too
+		return fmt.Errorf("sandbox %s is unschedulable: %s: %w", sb.Name, msg, class)
 	}
 	return nil
 }
