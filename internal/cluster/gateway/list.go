@@ -103,4 +103,3 @@ func parsePageToken(tok string) (*pageKey, error) {
 	}
 	return &pageKey{ms: n, name: name}, nil
 }
-
