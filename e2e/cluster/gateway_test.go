@@ -691,3 +691,41 @@ func TestGatewayStreams(t *testing.T) {
 		t.Fatalf("paged list: got %v", ids)
 	}
 }
+
+// The CLI, unchanged, against the gateway: the README's commands.
+func TestGatewayCLI(t *testing.T) {
+	gateway(t)
+	cli := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(env.bin, append([]string{"--host", "http://" + gw.addr, "--token", gw.token}, args...)...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("forkbox %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	cli("create", "--image", env.image, "--name", "cli-dev", "--memory", "256Mi")
+	if got := cli("exec", "cli-dev", "--", "sh", "-c", "echo hello > /root/state; cat /root/state"); got != "hello\n" {
+		t.Fatalf("exec: got %q", got)
+	}
+	cli("checkpoint", "cli-dev", "--tag", "ready")
+	out := cli("--json", "fork", "cli-dev", "--count", "2", "--env", "ROLE=worker")
+	if strings.Count(out, `"sb-`) < 2 {
+		t.Fatalf("fork: got %s", out)
+	}
+	if ls := cli("ls"); !strings.Contains(ls, "cli-dev") || strings.Count(ls, "fork-cli-dev-") != 2 {
+		t.Fatalf("ls: got %s", ls)
+	}
+	var l fbv1.SandboxList
+	if err := plane.Client.List(context.Background(), &l, client.InNamespace(gw.namespace)); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range l.Items {
+		if strings.HasPrefix(s.Name, "fork-cli-dev-") || s.Name == "cli-dev" {
+			cli("rm", s.Name)
+		}
+	}
+	if ls := cli("ls"); strings.Contains(ls, "cli-dev") {
+		t.Fatalf("ls after rm: got %s", ls)
+	}
+}
