@@ -131,17 +131,25 @@ func Run(ctx context.Context, o Options) error {
 	go func() { served <- srv.Serve(ln) }()
 	g.log.Info("gateway listening (token required)", "addr", ln.Addr().String(), "namespace", o.Namespace)
 	var serr error
+	serving, caching := true, true
 	select {
 	case <-ctx.Done():
 	case serr = <-served:
+		serving = false
 	case serr = <-cacheDone:
+		caching = false
 		serr = fmt.Errorf("gateway: cache stopped: %w", serr)
 	}
 	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer scancel()
 	err = srv.Shutdown(sctx)
+	if serving {
+		<-served
+	}
 	cancel()
-	<-cacheDone
+	if caching {
+		<-cacheDone
+	}
 	g.nodes.close()
 	if errors.Is(serr, http.ErrServerClosed) {
 		serr = nil
