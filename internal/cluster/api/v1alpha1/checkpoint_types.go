@@ -6,7 +6,7 @@ import (
 )
 
 // CheckpointSpec names the sandbox to capture.
-// +kubebuilder:validation:XValidation:rule="self == oldSelf || (!has(oldSelf.nodeName) && self.sandbox == oldSelf.sandbox && (has(self.tag) ? self.tag : '') == (has(oldSelf.tag) ? oldSelf.tag : '') && (has(self.memory) && self.memory) == (has(oldSelf.memory) && oldSelf.memory))",message="a checkpoint's spec is immutable (nodeName is set once)"
+// +kubebuilder:validation:XValidation:rule="self == oldSelf || (!has(oldSelf.nodeName) && self.sandbox == oldSelf.sandbox && has(self.tag) == has(oldSelf.tag) && (!has(self.tag) || self.tag == oldSelf.tag) && (has(self.memory) && self.memory) == (has(oldSelf.memory) && oldSelf.memory))",message="a checkpoint's spec is immutable (nodeName is set once)"
 type CheckpointSpec struct {
 	// Sandbox names the Sandbox (same namespace) to capture.
 	// +kubebuilder:validation:MinLength=1
