@@ -136,9 +136,10 @@ func (g *Gateway) checkpointDetail(ctx context.Context, ck *fbv1.Checkpoint) *v1
 func (s *sandboxes) ListCheckpoints(ctx context.Context, req *connect.Request[v1.ListCheckpointsRequest]) (*connect.Response[v1.ListCheckpointsResponse], error) {
 	name := req.Msg.Sandbox
 	sb, err := s.g.sandbox(ctx, name)
+	var since metav1.Time // a live sandbox's checkpoints are not older than it: not those of an earlier one of its name
 	switch {
 	case err == nil:
-		name = sb.Name
+		name, since = sb.Name, sb.CreationTimestamp
 	case errdefs.IsNotFound(err) && !strings.HasPrefix(name, "sb-"):
 		// A deleted sandbox's checkpoints stay; its name still lists them.
 	default:
@@ -167,7 +168,8 @@ func (s *sandboxes) ListCheckpoints(ctx context.Context, req *connect.Request[v1
 	for i := range l.Items {
 		ck := &l.Items[i]
 		ms := ck.CreationTimestamp.UnixMilli()
-		if after != nil && !(ms > after.ms || ms == after.ms && ck.Name > after.name) || ck.Status.Phase != fbv1.CheckpointReady {
+		if after != nil && !(ms > after.ms || ms == after.ms && ck.Name > after.name) || ck.Status.Phase != fbv1.CheckpointReady ||
+			ck.CreationTimestamp.Before(&since) {
 			continue
 		}
 		if len(out.Checkpoints) == size {
