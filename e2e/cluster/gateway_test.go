@@ -451,8 +451,6 @@ var tsUnfit = map[string]string{
 	"environment results are plain too":                                         "EnvironmentService",
 	"branching experiments: environment with a setup function, two fork tracks": "EnvironmentService",
 	"every SDK result is a plain, JSON-serializable object":                     "ImportImage: images are per node",
-	"serves tools and the ledger over stdio":                                    "spawns the CLI on the daemon's local socket",
-	"serves streamable HTTP behind a bearer token":                              "spawns the CLI on the daemon's local socket",
 	"checkpoints, restores (clean history) and resumes (replayed)":              "Resume: a session's ledger lives on one node",
 	"carries credentials to forks; per-fork ones must be supplied":              "SetCredential: credentials come from Secrets",
 	"reads a sandbox's counters":                                                "a closed sandbox's object is gone: NotFound, not FailedPrecondition",

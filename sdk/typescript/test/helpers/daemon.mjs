@@ -51,7 +51,7 @@ export function skipReason() {
  * Registers before/after hooks that start and tear down a daemon (with
  * extra serve flags); returns an object whose fields are set once it runs:
  * client, clientOptions (to make another Client of the same daemon),
- * socket, image, dir.
+ * hostArgs (the CLI's flags that reach it), socket, image, dir.
  */
 export function useDaemon(extra = []) {
   const d = { client: undefined, socket: "", image: "", dir: "", flags: [], proc: undefined, log: "" };
@@ -67,6 +67,7 @@ export function useDaemon(extra = []) {
     d.exited = new Promise((res) => d.proc.once("exit", res));
     try {
       d.clientOptions = { socket: d.socket };
+      d.hostArgs = ["--host", `unix://${d.socket}`];
       d.client = new Client(d.clientOptions);
       await waitReady(d);
       const archive = join(d.dir, "busybox.tar");
@@ -91,8 +92,10 @@ export function useDaemon(extra = []) {
  */
 function useGateway(d) {
   before(() => {
+    execFileSync("make", ["-s", "build"], { cwd: repoRoot, stdio: ["ignore", "ignore", "inherit"] }); // the CLI, for tests that run it
     d.gateway = process.env.FORKBOX_TEST_GATEWAY;
     d.clientOptions = { url: d.gateway, token: process.env.FORKBOX_TEST_TOKEN ?? "" };
+    d.hostArgs = ["--host", d.gateway, "--token", d.clientOptions.token];
     d.client = new Client(d.clientOptions);
     d.image = process.env.FORKBOX_TEST_IMAGE ?? "";
   });
