@@ -229,6 +229,15 @@ func TestGatewayGoSDK(t *testing.T) {
 		if got := gsh(t, sb, "cat /root/marker"); got != "parent-data\n" {
 			t.Fatalf("after unpause: got %q", got)
 		}
+		if rt == fbv1.RuntimeCrun {
+			// The node refuses; the object goes back to asking for Running.
+			if err := sb.Hibernate(ctx); !errdefs.IsFailedPrecondition(err) {
+				t.Fatalf("hibernate on crun: got %v, want FailedPrecondition", err)
+			}
+			if o := get(t, obj); o.Spec.State != fbv1.StateRunning {
+				t.Fatalf("after a refused hibernate: spec state %q, want Running", o.Spec.State)
+			}
+		}
 
 		// A checkpoint: a Checkpoint object, listed by the sandbox.
 		ck, err := sb.Checkpoint(ctx, "ready")

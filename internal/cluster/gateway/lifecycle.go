@@ -240,7 +240,8 @@ func (g *Gateway) setState(ctx context.Context, ref string, want fbv1.DesiredSta
 	if _, err := g.routeTo(ctx, sb); err != nil {
 		return nil, fmt.Errorf("%s: %w", verb, err)
 	}
-	if sb.Spec.State != want {
+	was := sb.Spec.State
+	if was != want {
 		patch := client.MergeFrom(sb.DeepCopy())
 		sb.Spec.State = want
 		if err := g.c.Patch(ctx, sb, patch); err != nil {
@@ -275,6 +276,15 @@ func (g *Gateway) setState(ctx context.Context, ref string, want fbv1.DesiredSta
 		return false, status, fmt.Errorf("%s sandbox %s: %s: %w", verb, sb.Name, msg, errdefs.ErrFailedPrecondition)
 	})
 	if err != nil {
+		if errdefs.IsFailedPrecondition(err) && was != want {
+			// The node refused: the object asks again for what runs, so a
+			// refused call changes nothing (as on one host).
+			patch := client.MergeFrom(sb.DeepCopy())
+			sb.Spec.State = was
+			if perr := g.c.Patch(context.WithoutCancel(ctx), sb, patch); perr != nil {
+				g.log.Warn("could not restore the state asked for", "sandbox", sb.Name, "err", perr)
+			}
+		}
 		return nil, err
 	}
 	return g.nodeSandbox(ctx, sb)
