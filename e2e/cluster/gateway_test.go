@@ -27,15 +27,18 @@ import (
 	"github.com/forkbox/forkbox/internal/cluster/kube"
 )
 
-// The node serves its API on TCP with the nodes' token, which only the
-// gateway holds (main_test.go appends nodeAPIArgs to the node's flags).
+// Each node serves its API on TCP with the nodes' token, which only the
+// gateway holds (main_test.go appends nodeAPIArgs to a node's flags).
 var (
-	nodeAPI   = freeAddr()
 	nodeToken = randomToken()
+	nodeAPIs  []string // the nodes' API addresses, in the order given out
 )
 
+// nodeAPIArgs are the flags of one more node: an address of its own.
 func nodeAPIArgs() []string {
-	return []string{"--tcp", nodeAPI, "--api-token", nodeToken, "--node-endpoint", nodeAPI, "--ports", "127.0.0.1:0"}
+	addr := freeAddr()
+	nodeAPIs = append(nodeAPIs, addr)
+	return []string{"--tcp", addr, "--api-token", nodeToken, "--node-endpoint", addr, "--ports", "127.0.0.1:0"}
 }
 
 func freeAddr() string {
@@ -109,7 +112,7 @@ func startGateway() error {
 		if err := plane.Client.Get(ctx, client.ObjectKey{Name: env.node}, &n); err != nil {
 			return err
 		}
-		if !kube.IsTrue(n.Status.Conditions, fbv1.ConditionReady) || n.Spec.Endpoint != nodeAPI {
+		if !kube.IsTrue(n.Status.Conditions, fbv1.ConditionReady) || n.Spec.Endpoint != nodeAPIs[0] {
 			return fmt.Errorf("node %s: endpoint %q, conditions %v", n.Name, n.Spec.Endpoint, n.Status.Conditions)
 		}
 		return nil
@@ -364,7 +367,7 @@ func TestGatewayErrors(t *testing.T) {
 	if _, err := (&fbclient.Client{URL: "http://" + gw.addr, Token: nodeToken}).ListSandboxes(ctx, false); !errdefs.IsUnauthenticated(err) {
 		t.Fatalf("the node's token at the gateway: got %v, want Unauthenticated", err)
 	}
-	if _, err := (&fbclient.Client{URL: "http://" + nodeAPI, Token: gw.token}).ListSandboxes(ctx, false); !errdefs.IsUnauthenticated(err) {
+	if _, err := (&fbclient.Client{URL: "http://" + nodeAPIs[0], Token: gw.token}).ListSandboxes(ctx, false); !errdefs.IsUnauthenticated(err) {
 		t.Fatalf("the caller's token at the node: got %v, want Unauthenticated", err)
 	}
 
