@@ -46,6 +46,7 @@ manifests: $(CONTROLLER_GEN)
 	$(CONTROLLER_GEN) crd paths=./internal/cluster/api/... output:crd:artifacts:config=deploy/crd
 	$(CONTROLLER_GEN) rbac:roleName=forkbox-controller paths=./internal/cluster/controller/... output:rbac:artifacts:config=deploy/rbac/controller
 	$(CONTROLLER_GEN) rbac:roleName=forkbox-node paths=./internal/cluster/nodeagent/... output:rbac:artifacts:config=deploy/rbac/node
+	$(CONTROLLER_GEN) rbac:roleName=forkbox-gateway paths=./internal/cluster/gateway/... output:rbac:artifacts:config=deploy/rbac/gateway
 
 # control-plane builds the envtest binaries into KUBEBUILDER_ASSETS (once;
 # about 6 minutes cold, instant after).

@@ -92,10 +92,14 @@ func uninstallCmd() *cobra.Command {
 func serveCmd() *cobra.Command {
 	df := &daemonFlags{}
 	cf := &clusterFlags{}
+	gf := &gatewayFlags{}
 	cmd := &cobra.Command{
 		Use:   "serve",
-		Short: "Run the forkbox daemon (as root)",
+		Short: "Run the forkbox daemon (as root), or with --gateway the API in front of a cluster",
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if gf.on {
+				return gf.run(cmd.Context(), df, cf)
+			}
 			if df.e2b != "" && df.token == "" {
 				return fmt.Errorf("--e2b needs --api-token (it is the E2B API key callers send): %w", errdefs.ErrInvalidArgument)
 			}
@@ -161,6 +165,7 @@ func serveCmd() *cobra.Command {
 	}
 	df.register(cmd)
 	cf.register(cmd)
+	gf.register(cmd)
 	f := cmd.Flags()
 	f.StringVar(&df.metrics, "metrics", "", "also serve Prometheus metrics at /metrics on this address (token required when one is set; loopback only without)")
 	f.StringVar(&df.ui, "ui", "", "serve the dashboard on this address (needs --api-token; open http://ADDR/?token=T)")

@@ -108,6 +108,7 @@ func run(m *testing.M) (code int, err error) {
 		if code != 0 {
 			fmt.Fprint(os.Stderr, cl.Logs(6000))
 		}
+		stopGateway() // gateway_test.go
 		// The leak audit: Close fails when anything is left.
 		if cerr := cl.Close(ctx); cerr != nil {
 			code, err = 1, fmt.Errorf("%v\ncleanup: %w", err, cerr)

@@ -103,6 +103,36 @@ func TestCRDsRefuseBadObjects(t *testing.T) {
 	}
 }
 
+// A Checkpoint made without a node, tag or memory (as kubectl or the
+// gateway makes one) gets its nodeName set once; the rest stays as made.
+func TestCheckpointNodeNameSetOnce(t *testing.T) {
+	plane.Need(t)
+	ns := namespace(t)
+	ck := &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ck"}, Spec: fbv1.CheckpointSpec{Sandbox: "s"}}
+	create(t, ck)
+	ck.Spec.NodeName = "n1"
+	if err := plane.Client.Update(context.Background(), ck); err != nil {
+		t.Fatalf("set nodeName once: %v", err)
+	}
+	for _, change := range []func(*fbv1.Checkpoint){
+		func(c *fbv1.Checkpoint) { c.Spec.NodeName = "n2" },
+		func(c *fbv1.Checkpoint) { c.Spec.Tag = "later" },
+		func(c *fbv1.Checkpoint) { c.Spec.Memory = true },
+	} {
+		c := get(t, &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ck"}})
+		change(c)
+		if err := plane.Client.Update(context.Background(), c); err == nil || !errors.IsInvalid(err) {
+			t.Fatalf("changing a checkpoint's spec: got %v, want Invalid", err)
+		}
+	}
+	fresh := &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ck2"}, Spec: fbv1.CheckpointSpec{Sandbox: "s"}}
+	create(t, fresh)
+	fresh.Spec.NodeName, fresh.Spec.Sandbox = "n1", "other"
+	if err := plane.Client.Update(context.Background(), fresh); err == nil || !errors.IsInvalid(err) {
+		t.Fatalf("changing the sandbox with the node: got %v, want Invalid", err)
+	}
+}
+
 // The node agents' field selector is served by the API server (the CRD's
 // selectable field), not filtered by the client.
 func TestSandboxSelectableByNodeName(t *testing.T) {

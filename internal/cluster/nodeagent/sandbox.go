@@ -215,7 +215,9 @@ func (r *sandboxes) failed(ctx context.Context, before, sb *fbv1.Sandbox, reason
 		}
 		return reconcile.Result{}, err
 	}
-	r.setFailed(sb, reason, err.Error())
+	// The reason carries the error's class (CreateFailedNotFound, ...):
+	// the gateway answers a failed create with it.
+	r.setFailed(sb, reason+errdefs.ClassName(err), err.Error())
 	return reconcile.Result{}, r.writeStatus(ctx, before, sb)
 }
 

@@ -79,10 +79,17 @@ class Daemon:
     image: str = ""
     clients: List[forkbox.Client] = field(default_factory=list)
 
+    def where(self) -> dict:
+        """The client arguments that reach this daemon: its socket, or for a
+        gateway (TCP only) its URL and token."""
+        if self.socket:
+            return {"socket": self.socket}
+        return {"url": self.tcp_url, "token": self.token}
+
     def client(self, **kw) -> forkbox.Client:
         """A new client of this daemon (closed at the end)."""
         if "url" not in kw:
-            kw.setdefault("socket", self.socket)
+            kw = {**self.where(), **kw}
         c = forkbox.Client(**kw)
         self.clients.append(c)
         return c
@@ -154,8 +161,41 @@ def _teardown(d: Daemon) -> None:
     shutil.rmtree(d.dir, ignore_errors=True)
 
 
+def _gateway() -> Iterator[Daemon]:
+    """The suite against a running ``forkbox serve --gateway`` instead of a
+    daemon of its own (e2e/cluster's TestGatewayPythonSDK sets these):
+    FORKBOX_TEST_GATEWAY (http://host:port), FORKBOX_TEST_TOKEN and
+    FORKBOX_TEST_IMAGE. There is no local socket then; the sandboxes left at
+    the end are closed."""
+    tmp = Path(tempfile.mkdtemp(prefix="forkbox-py-gw-"))
+    d = Daemon(
+        dir=tmp,
+        socket="",
+        log=tmp / "none.log",
+        flags=[],
+        tcp_url=os.environ["FORKBOX_TEST_GATEWAY"],
+        token=os.environ.get("FORKBOX_TEST_TOKEN", ""),
+        image=os.environ.get("FORKBOX_TEST_IMAGE", ""),
+    )
+    try:
+        yield d
+    finally:
+        c = d.client()
+        for s in c.list_sandboxes():
+            try:
+                c.get_sandbox(s.id).close()
+            except forkbox.ForkboxError:
+                pass
+        for c in d.clients:
+            c.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def daemon() -> Iterator[Daemon]:
+    if os.environ.get("FORKBOX_TEST_GATEWAY"):
+        yield from _gateway()
+        return
     why = prerequisite()
     if why:
         if os.environ.get("CI") == "true":

@@ -21,7 +21,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def aclient(d: Daemon, **kw: Any) -> forkbox.AsyncClient:
-    return forkbox.AsyncClient(socket=d.socket, **kw)
+    return forkbox.AsyncClient(**d.where(), **kw)
 
 
 def test_async_exec_stream_and_parallel_pipes(daemon: Daemon, image: str) -> None:

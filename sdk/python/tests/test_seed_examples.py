@@ -188,7 +188,7 @@ def test_branching_experiments(daemon: Daemon) -> None:
 
 def test_seed_examples_async(daemon: Daemon) -> None:
     async def main() -> None:
-        async with forkbox.AsyncClient(socket=daemon.socket, max_concurrency=10) as client:
+        async with forkbox.AsyncClient(**daemon.where(), max_concurrency=10) as client:
             out = Capture()
             await basic_usage_async(client, out)
             assert lines(out) == ["app/a", "built console", "tests: 1 passed"]

@@ -25,7 +25,7 @@ describe("forkbox mcp", { skip: skipReason() }, () => {
   const d = useDaemon();
 
   it("serves tools and the ledger over stdio", async () => {
-    const transport = new StdioClientTransport({ command: bin, args: ["--host", `unix://${d.socket}`, "mcp"], stderr: "pipe" });
+    const transport = new StdioClientTransport({ command: bin, args: [...d.hostArgs, "mcp"], stderr: "pipe" });
     let stderr = "";
     transport.stderr?.on("data", (b) => { stderr += b; });
     const mcp = new Client({ name: "forkbox-test", version: "0.0.0" });
@@ -120,7 +120,7 @@ describe("forkbox mcp", { skip: skipReason() }, () => {
   });
 
   it("serves streamable HTTP behind a bearer token", async () => {
-    const proc = spawn(bin, ["--host", `unix://${d.socket}`, "mcp", "--http", "127.0.0.1:0", "--api-token", "t0ken"], {
+    const proc = spawn(bin, [...d.hostArgs, "mcp", "--http", "127.0.0.1:0", "--api-token", "t0ken"], {
       stdio: ["ignore", "ignore", "pipe"],
     });
     const exited = once(proc, "exit");

@@ -236,7 +236,7 @@ describe("sandboxes", { skip: skipReason() }, () => {
   });
 
   it("bounds live sandboxes with maxConcurrency", async () => {
-    const c = new Client({ socket: d.socket, maxConcurrency: 3 });
+    const c = new Client({ ...d.clientOptions, maxConcurrency: 3 });
     const sb = await c.sandbox({ image: d.image, resources: res, name: "ts-slots" });
     const held = [sb];
     try {

@@ -50,10 +50,12 @@ export function skipReason() {
 /**
  * Registers before/after hooks that start and tear down a daemon (with
  * extra serve flags); returns an object whose fields are set once it runs:
- * client, socket, image, dir.
+ * client, clientOptions (to make another Client of the same daemon),
+ * hostArgs (the CLI's flags that reach it), socket, image, dir.
  */
 export function useDaemon(extra = []) {
   const d = { client: undefined, socket: "", image: "", dir: "", flags: [], proc: undefined, log: "" };
+  if (process.env.FORKBOX_TEST_GATEWAY) return useGateway(d);
   before(async () => {
     execFileSync("make", ["-s", "build"], { cwd: repoRoot, stdio: ["ignore", "ignore", "inherit"] });
     d.dir = mkdtempSync(join(tmpdir(), "forkbox-ts-"));
@@ -64,7 +66,9 @@ export function useDaemon(extra = []) {
     d.proc = spawn(bin, ["serve", ...d.flags, ...extra, "--log-level", "debug"], { stdio: ["ignore", out, out] });
     d.exited = new Promise((res) => d.proc.once("exit", res));
     try {
-      d.client = new Client({ socket: d.socket });
+      d.clientOptions = { socket: d.socket };
+      d.hostArgs = ["--host", `unix://${d.socket}`];
+      d.client = new Client(d.clientOptions);
       await waitReady(d);
       const archive = join(d.dir, "busybox.tar");
       execFileSync("go", ["run", "./tools/mkimage", "-o", archive], { cwd: repoRoot, stdio: ["ignore", "ignore", "inherit"] });
@@ -75,6 +79,29 @@ export function useDaemon(extra = []) {
     }
   });
   after(() => teardown(d));
+  return d;
+}
+
+/**
+ * The suite against a running `forkbox serve --gateway` instead of a
+ * daemon of its own (e2e/cluster's TestGatewayTypeScriptSDK sets these):
+ * FORKBOX_TEST_GATEWAY (http://host:port), FORKBOX_TEST_TOKEN, and
+ * FORKBOX_TEST_IMAGE (an image on the cluster's nodes). There is no local
+ * socket, state dir or serve flags then; the sandboxes left at the end
+ * are closed.
+ */
+function useGateway(d) {
+  before(() => {
+    execFileSync("make", ["-s", "build"], { cwd: repoRoot, stdio: ["ignore", "ignore", "inherit"] }); // the CLI, for tests that run it
+    d.gateway = process.env.FORKBOX_TEST_GATEWAY;
+    d.clientOptions = { url: d.gateway, token: process.env.FORKBOX_TEST_TOKEN ?? "" };
+    d.hostArgs = ["--host", d.gateway, "--token", d.clientOptions.token];
+    d.client = new Client(d.clientOptions);
+    d.image = process.env.FORKBOX_TEST_IMAGE ?? "";
+  });
+  after(async () => {
+    for (const s of await d.client.listSandboxes()) await (await d.client.getSandbox(s.id)).close().catch(() => {});
+  });
   return d;
 }
 

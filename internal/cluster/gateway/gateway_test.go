@@ -1,0 +1,138 @@
+package gateway
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+
+	v1 "github.com/forkbox/forkbox/api/forkbox/v1"
+	"github.com/forkbox/forkbox/errdefs"
+	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
+)
+
+// Names a caller gives become object names only when they are DNS labels
+// short enough for their children, and not of an ID's form.
+func TestValidName(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ok   bool
+	}{
+		{"box", true}, {"my-job-1", true}, {strings.Repeat("a", 50), true},
+		{"", false}, {"Box", false}, {"a/b", false}, {"../etc", false}, {"a.b", false}, {"-a", false},
+		{strings.Repeat("a", 51), false}, {"sb-123", false}, {"ck-1", false}, {"a\x00b", false},
+	} {
+		err := validName("sandbox", tc.name)
+		if (err == nil) != tc.ok || (err != nil && !errdefs.IsInvalidArgument(err)) {
+			t.Errorf("validName(%q): got %v, want ok=%v (else InvalidArgument)", tc.name, err, tc.ok)
+		}
+	}
+	if err := checkRef("sandbox", strings.Repeat("x", maxRef+1)); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("an oversized reference: got %v, want InvalidArgument", err)
+	}
+}
+
+// A page token round-trips, and anything else is InvalidArgument.
+func TestPageToken(t *testing.T) {
+	k, err := parsePageToken(pageToken(1234, "box-1"))
+	if err != nil || k.ms != 1234 || k.name != "box-1" {
+		t.Fatalf("round trip: got %+v, %v", k, err)
+	}
+	for _, tok := range []string{"x", "bm90LW91cnM", pageToken(1, "a") + "=", strings.Repeat("A", 600)} {
+		if _, err := parsePageToken(tok); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("token %q: got %v, want InvalidArgument", tok, err)
+		}
+	}
+	sb := &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: "box-2", CreationTimestamp: metav1.NewTime(time.UnixMilli(1234))}}
+	if !(&pageKey{ms: 1234, name: "box-1"}).before(sb) || (&pageKey{ms: 1234, name: "box-3"}).before(sb) {
+		t.Fatal("page keys order by creation, then name")
+	}
+}
+
+// A sandbox that will not start says why with the class the daemon would
+// give: the placer's no-fit is ResourceExhausted (a checkpoint on no
+// node with room FailedPrecondition), the node's failed create keeps its
+// class, a lost node is Unavailable; one on its way is no failure.
+func TestStartFailure(t *testing.T) {
+	cond := func(typ, reason, msg string, ok bool) []metav1.Condition {
+		st := metav1.ConditionFalse
+		if ok {
+			st = metav1.ConditionTrue
+		}
+		return []metav1.Condition{{Type: typ, Status: st, Reason: reason, Message: msg}}
+	}
+	for _, tc := range []struct {
+		name   string
+		status fbv1.SandboxStatus
+		node   string
+		want   error
+	}{
+		{"pending", fbv1.SandboxStatus{Phase: fbv1.PhasePending}, "", nil},
+		{"creating", fbv1.SandboxStatus{Phase: fbv1.PhaseCreating}, "n1", nil},
+		{"no fit", fbv1.SandboxStatus{Phase: fbv1.PhasePending, Conditions: cond(fbv1.ConditionScheduled, "Unschedulable", "no node fits (n1: full (1/1 slots)): resource exhausted", false)}, "", errdefs.ErrResourceExhausted},
+		{"checkpoint elsewhere", fbv1.SandboxStatus{Phase: fbv1.PhasePending, Conditions: cond(fbv1.ConditionScheduled, "Unschedulable", "checkpoint c not on any node with room (n1: full)", false)}, "", errdefs.ErrFailedPrecondition},
+		{"waiting for source", fbv1.SandboxStatus{Phase: fbv1.PhasePending, Conditions: cond(fbv1.ConditionScheduled, "WaitingForSource", "checkpoint c is not ready", false)}, "", nil},
+		{"image missing", fbv1.SandboxStatus{Phase: fbv1.PhaseFailed, Conditions: cond(fbv1.ConditionReady, "CreateFailedNotFound", "image x: not found", false)}, "n1", errdefs.ErrNotFound},
+		{"bad input", fbv1.SandboxStatus{Phase: fbv1.PhaseFailed, Conditions: cond(fbv1.ConditionReady, "CreateFailedInvalidArgument", "memory lots", false)}, "n1", errdefs.ErrInvalidArgument},
+		{"gone from the ledger", fbv1.SandboxStatus{Phase: fbv1.PhaseFailed, Conditions: cond(fbv1.ConditionReady, "LocalSandboxGone", "gone", false)}, "n1", errdefs.ErrFailedPrecondition},
+		{"lost", fbv1.SandboxStatus{Phase: fbv1.PhaseLost}, "n1", errdefs.ErrUnavailable},
+	} {
+		sb := &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Spec: fbv1.SandboxSpec{NodeName: tc.node}, Status: tc.status}
+		err := startFailure(sb)
+		if (err == nil) != (tc.want == nil) || (tc.want != nil && errdefs.Class(err) != tc.want) {
+			t.Errorf("%s: got %v (%s), want class %v", tc.name, err, errdefs.ClassName(err), tc.want)
+		}
+	}
+}
+
+// A create's fields become the object's, bounded, or the call is refused.
+func TestCreateFields(t *testing.T) {
+	var spec fbv1.SandboxSpec
+	err := fill(&spec, &v1.Resources{Cpu: "0.5", Memory: "256Mi", Disk: "0", Pids: 64}, map[string]string{"B": "2", "A": "1"}, "", []string{"10.0.0.0/8"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spec.Resources.CPU.MilliValue() != 500 || spec.Resources.Memory.Value() != 256<<20 || spec.Resources.Disk.Value() != 0 ||
+		*spec.Resources.Pids != 64 || spec.Env[0].Name != "A" || spec.Egress.Allow[0] != "10.0.0.0/8" {
+		t.Fatalf("got %+v", spec)
+	}
+	bad := []func() error{
+		func() error { return fill(&spec, &v1.Resources{Memory: "lots"}, nil, "", nil, nil) },
+		func() error { return fill(&spec, &v1.Resources{Cpu: "-1"}, nil, "", nil, nil) },
+		func() error { return fill(&spec, &v1.Resources{Pids: -1}, nil, "", nil, nil) },
+		func() error { return fill(&spec, nil, nil, "sometimes", nil, nil) },
+		func() error { return fill(&spec, nil, nil, "allow", make([]string, maxEgress+1), nil) },
+		func() error {
+			env := map[string]string{}
+			for i := range maxEnv + 1 {
+				env[strings.Repeat("x", i+1)] = ""
+			}
+			return fill(&spec, nil, env, "", nil, nil)
+		},
+		func() error { _, err := runtimeOf("docker"); return err },
+		func() error { return noOnTimeout("hibernate", "crun") },
+		func() error { return noOnTimeout("later", "") },
+	}
+	for i, f := range bad {
+		if err := f(); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("bad input %d: got %v, want InvalidArgument", i, err)
+		}
+	}
+	if err := noOnTimeout("hibernate", "gvisor"); !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "cluster mode") {
+		t.Errorf("on_timeout hibernate: got %v, want NotImplemented naming cluster mode", err)
+	}
+}
+
+// The gateway refuses to start with the nodes' token as its callers'.
+func TestOptionsTokens(t *testing.T) {
+	o := Options{Config: &rest.Config{}, Addr: "127.0.0.1:0", Token: "same", NodeToken: "same"}
+	if err := o.setDefaults(); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "must differ") {
+		t.Fatalf("the same token: got %v, want InvalidArgument", err)
+	}
+	o.NodeToken = "other"
+	if err := o.setDefaults(); err != nil || o.Namespace != "default" {
+		t.Fatalf("distinct tokens: got %v, namespace %q", err, o.Namespace)
+	}
+}

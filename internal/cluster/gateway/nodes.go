@@ -1,0 +1,116 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/forkbox/forkbox/api/forkbox/v1/forkboxv1connect"
+	"github.com/forkbox/forkbox/errdefs"
+	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
+)
+
+// nodeClients are typed Connect clients of the nodes' APIs, one per
+// endpoint, speaking h2c (the daemon serves it on TCP; bidi streams need
+// HTTP/2), each request carrying the nodes' token and nothing of the
+// caller's.
+type nodeClients struct {
+	token string
+	tr    *http.Transport
+	mu    sync.Mutex
+	byEP  map[string]forkboxv1connect.SandboxServiceClient
+}
+
+func newNodeClients(token string) *nodeClients {
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{Protocols: &p, DialContext: (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
+		ResponseHeaderTimeout: 0, IdleConnTimeout: 90 * time.Second}
+	return &nodeClients{token: token, tr: tr, byEP: map[string]forkboxv1connect.SandboxServiceClient{}}
+}
+
+func (n *nodeClients) get(endpoint string) forkboxv1connect.SandboxServiceClient {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	c, ok := n.byEP[endpoint]
+	if !ok {
+		c = forkboxv1connect.NewSandboxServiceClient(&http.Client{Transport: n.tr}, "http://"+endpoint,
+			connect.WithInterceptors(nodeAuth{n.token}))
+		n.byEP[endpoint] = c
+	}
+	return c
+}
+
+func (n *nodeClients) close() { n.tr.CloseIdleConnections() }
+
+// nodeAuth sets the nodes' bearer token on every request to a node.
+type nodeAuth struct{ token string }
+
+func (a nodeAuth) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		req.Header().Set("Authorization", "Bearer "+a.token)
+		return next(ctx, req)
+	}
+}
+
+func (a nodeAuth) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		conn.RequestHeader().Set("Authorization", "Bearer "+a.token)
+		return conn
+	}
+}
+
+func (a nodeAuth) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+// route is where a sandbox-scoped call goes: the node's client and the
+// sandbox's local ID there.
+type route struct {
+	c   forkboxv1connect.SandboxServiceClient
+	id  string
+	obj *fbv1.Sandbox
+}
+
+// route finds the sandbox ref names and the API of the node that runs it.
+func (g *Gateway) route(ctx context.Context, ref string) (*route, error) {
+	sb, err := g.sandbox(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return g.routeTo(ctx, sb)
+}
+
+func (g *Gateway) routeTo(ctx context.Context, sb *fbv1.Sandbox) (*route, error) {
+	switch {
+	case sb.Status.Phase == fbv1.PhaseLost:
+		return nil, fmt.Errorf("sandbox %s: its node %s is lost: %s: %w", sb.Name, sb.Spec.NodeName, sb.Status.Message, errdefs.ErrUnavailable)
+	case sb.Spec.NodeName == "" || sb.Status.LocalID == "":
+		return nil, fmt.Errorf("sandbox %s is not running on a node yet (phase %q): %w", sb.Name, sb.Status.Phase, errdefs.ErrFailedPrecondition)
+	}
+	ep, err := g.endpoint(ctx, sb.Spec.NodeName)
+	if err != nil {
+		return nil, err
+	}
+	return &route{c: g.nodes.get(ep), id: sb.Status.LocalID, obj: sb}, nil
+}
+
+// endpoint is the API address a node registered.
+func (g *Gateway) endpoint(ctx context.Context, node string) (string, error) {
+	var n fbv1.ForkboxNode
+	if err := g.c.Get(ctx, types.NamespacedName{Name: node}, &n); err != nil {
+		return "", kerr(err, "node "+node)
+	}
+	ep := n.Spec.Endpoint
+	if host, port, err := net.SplitHostPort(ep); err != nil || host == "" || port == "" || port == "0" {
+		return "", fmt.Errorf("node %s registered no usable API endpoint (%q; start it with --tcp and --node-endpoint): %w", node, ep, errdefs.ErrUnavailable)
+	}
+	return ep, nil
+}
