@@ -48,17 +48,17 @@ type Child struct {
 
 // Report is the demo's result (--json).
 type Report struct {
-	Runtime      string   `json:"runtime"`
-	Nodes        []Node   `json:"nodes"`
-	Source       Source   `json:"source"`
-	CheckpointMS int64    `json:"checkpoint_ms"`
-	ForkMS       int64    `json:"fork_ms"` // the Fork to its last child Running
-	Children     []Child  `json:"children"`
+	Runtime      string  `json:"runtime"`
+	Nodes        []Node  `json:"nodes"`
+	Source       Source  `json:"source"`
+	CheckpointMS int64   `json:"checkpoint_ms"`
+	ForkMS       int64   `json:"fork_ms"` // the Fork to its last child Running
+	Children     []Child `json:"children"`
 	// SingleHostForkMS is, for comparison, the same fork through the
 	// source node's own API (one daemon, no objects): the whole call,
 	// which returns with every child running.
-	SingleHostForkMS int64 `json:"single_host_fork_ms"`
-	Notes        []string `json:"notes,omitempty"`
+	SingleHostForkMS int64    `json:"single_host_fork_ms"`
+	Notes            []string `json:"notes,omitempty"`
 }
 
 // Node is one node of the demo cluster.
