@@ -9,6 +9,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
 	"github.com/forkbox/forkbox/internal/cluster/clustertest"
@@ -120,4 +121,45 @@ func TestEnvironmentInCluster(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A node agent SIGKILLed while it runs an Environment's setup: started
+// again, it does not run the steps a second time (they need not be
+// repeatable) but reports the build Interrupted; the Environment says the
+// build failed, and its builder goes.
+func TestEnvironmentSetupInterrupted(t *testing.T) {
+	needNodes(t, 1)
+	ctx := context.Background()
+	ns := testNamespace(t)
+	keepRunning(t)
+	e := &fbv1.Environment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "slow"},
+		Spec: fbv1.EnvironmentSpec{Image: env.image, Runtime: fbv1.RuntimeCrun, Setup: []string{"echo started > /root/started; sleep 600"}}}
+	create(t, e)
+	builder := &fbv1.Sandbox{}
+	clustertest.Eventually(t, 2*time.Minute, "setup running", func() (bool, string) {
+		get(t, e)
+		if e.Status.Build == "" {
+			return false, "no build yet"
+		}
+		builder.Namespace, builder.Name = ns, e.Status.Build
+		if err := plane.Client.Get(ctx, client.ObjectKeyFromObject(builder), builder); err != nil {
+			return false, err.Error()
+		}
+		c := condition(builder, fbv1.ConditionSetupComplete)
+		return c != nil && c.Status == metav1.ConditionUnknown, fmt.Sprintf("%+v", c)
+	})
+	n := nodeNamed(builder.Spec.NodeName)
+	if err := n.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clustertest.Eventually(t, 2*time.Minute, "build reported interrupted", func() (bool, string) {
+		get(t, e)
+		c := meta.FindStatusCondition(e.Status.Conditions, fbv1.ConditionBuilt)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == controller.ReasonSetupFailed &&
+			strings.Contains(c.Message, "stopped during the setup") && e.Status.Checkpoint == "", fmt.Sprintf("%+v", e.Status)
+	})
+	gone(t, builder)
 }

@@ -2,10 +2,22 @@ package cluster
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
+
+	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
 )
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
 
 // The harness itself: each node has its own address, reached from the
 // host and from the other nodes' namespaces with the cluster's token; a
@@ -14,7 +26,6 @@ import (
 // the suite means something).
 func TestHarnessNodes(t *testing.T) {
 	needNodes(t, 2)
-	keepRunning(t)
 	ctx := context.Background()
 	seen := map[string]bool{}
 	for _, n := range nodes() {
@@ -39,6 +50,7 @@ func TestHarnessNodes(t *testing.T) {
 		t.Fatalf("node %s's endpoint answered a wrong token: %s", b.Name, out)
 	}
 
+	keepRunning(t)
 	pid := b.Pid()
 	if err := b.Kill(ctx); err != nil {
 		t.Fatal(err)
@@ -56,8 +68,24 @@ func TestHarnessNodes(t *testing.T) {
 		t.Fatalf("node %s: pid %d after restart, was %d", b.Name, b.Pid(), pid)
 	}
 
+	// A sandbox with egress switches IPv4 forwarding on in its node's
+	// namespace only; the node's record of it is its namespace's, which
+	// its uninstall removes at the end (the audit after the suite).
+	hostFwd := readFile(t, "/proc/sys/net/ipv4/ip_forward")
+	ns := testNamespace(t)
+	sb := newSandbox(ns, "egress", a.Name, fbv1.RuntimeCrun)
+	sb.Spec.Egress = &fbv1.Egress{Mode: "all"}
+	create(t, sb)
+	running(t, sb, fbv1.PhaseRunning)
+	if out, err := exec.Command("nsenter", "--net=/run/netns/"+a.NetNS, "--", "cat", "/proc/sys/net/ipv4/ip_forward").Output(); err != nil || string(out) != "1\n" {
+		t.Fatalf("ip_forward in %s: %q, %v; want 1", a.NetNS, out, err)
+	}
+	if got := readFile(t, "/proc/sys/net/ipv4/ip_forward"); got != hostFwd {
+		t.Fatalf("the host's ip_forward changed from %q to %q", hostFwd, got)
+	}
+
 	leaks := strings.Join(cl.Leaks(), "\n")
-	for _, want := range []string{"mount: ", "loop device: ", "process ", "netns: ", "link: ", "directory: "} {
+	for _, want := range []string{"mount: ", "loop device: ", "process ", "netns: ", "link: ", "directory: ", "forwarding record: "} {
 		if !strings.Contains(leaks, want) {
 			t.Errorf("the audit of a live cluster has no %q entry; got:\n%s", want, leaks)
 		}

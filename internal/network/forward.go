@@ -35,17 +35,22 @@ var (
 )
 
 // netnsRecord names the record directory of this process's network
-// namespace under forwardDir ("" for the host's, that of pid 1).
+// namespace under forwardDir ("" for the host's: the kernel's initial
+// namespace, whose nsfs inode is fixed, PROC_NET_INIT_INO; /proc/1 may
+// not be readable even to root).
 var netnsRecord = sync.OnceValue(func() string {
 	self, err := os.Stat("/proc/self/ns/net")
 	if err != nil {
 		return ""
 	}
-	if host, err := os.Stat("/proc/1/ns/net"); err != nil || os.SameFile(self, host) {
+	if st, ok := self.Sys().(*syscall.Stat_t); !ok || st.Ino == initNetnsIno {
 		return ""
 	}
 	return NetnsRecordName(self)
 })
+
+// initNetnsIno is the inode of the initial network namespace's nsfs file.
+const initNetnsIno = 0xEFFFFFF9
 
 // NetnsRecordName is the directory under forwardDir that holds the
 // forwarding record of the network namespace ns (a stat of its nsfs file),

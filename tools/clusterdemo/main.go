@@ -51,13 +51,17 @@ type Child struct {
 
 // Report is the demo's result (--json).
 type Report struct {
-	Runtime      string   `json:"runtime"`
-	Nodes        []Node   `json:"nodes"`
-	Source       Source   `json:"source"`
-	CheckpointMS int64    `json:"checkpoint_ms"`
-	ForkMS       int64    `json:"fork_ms"` // the Fork to its last child Running
-	Children     []Child  `json:"children"`
-	Notes        []string `json:"notes,omitempty"`
+	Runtime      string  `json:"runtime"`
+	Nodes        []Node  `json:"nodes"`
+	Source       Source  `json:"source"`
+	CheckpointMS int64   `json:"checkpoint_ms"`
+	ForkMS       int64   `json:"fork_ms"` // the Fork to its last child Running
+	Children     []Child `json:"children"`
+	// SingleHostForkMS is, for comparison, the same fork through the
+	// source node's own API (one daemon, no objects): the whole call,
+	// which returns with every child running.
+	SingleHostForkMS int64    `json:"single_host_fork_ms"`
+	Notes            []string `json:"notes,omitempty"`
 }
 
 // Node is one node of the demo cluster.
@@ -237,6 +241,9 @@ func demo(ctx context.Context, cl *clustertest.Cluster, image string, o options)
 		}
 		rep.Children = append(rep.Children, *ch)
 	}
+	if rep.SingleHostForkMS, err = singleHost(ctx, c, n, local, o.children); err != nil {
+		return nil, err
+	}
 	for _, n := range cl.Nodes {
 		k := 0
 		for _, ch := range rep.Children {
@@ -284,6 +291,47 @@ func transferTimes(ctx context.Context, c client.Client, ns string, rep *Report)
 		}
 	}
 	return nil
+}
+
+// singleHost deletes the cluster fork's children (to free their slots),
+// then forks the source through its node's own API, and returns how long
+// that took; the children are closed after.
+func singleHost(ctx context.Context, c client.Client, n *clustertest.Node, src *fbclient.Sandbox, count int) (int64, error) {
+	say("for comparison: the same fork through %s's own API", n.Name)
+	if err := c.DeleteAllOf(ctx, &fbv1.Sandbox{}, client.InNamespace("default"), client.MatchingLabels{fbv1.ForkLabel: "demo"}); err != nil {
+		return 0, err
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		var l fbv1.SandboxList
+		if err := c.List(ctx, &l, client.InNamespace("default"), client.MatchingLabels{fbv1.ForkLabel: "demo"}); err != nil {
+			return 0, err
+		}
+		if len(l.Items) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("%d children of the cluster fork not gone after 2m", len(l.Items))
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(50 * time.Millisecond): // polling a condition with a deadline
+		}
+	}
+	t := time.Now()
+	res, err := src.Fork(ctx, fbclient.ForkOptions{Count: count})
+	if err != nil {
+		return 0, fmt.Errorf("single-host fork: %w", err)
+	}
+	took := time.Since(t).Milliseconds()
+	for _, ch := range res.Children {
+		if ch.Err != nil {
+			return 0, fmt.Errorf("single-host fork: %w", ch.Err)
+		}
+		ch.Sandbox.Close(ctx)
+	}
+	return took, nil
 }
 
 // follow watches the fork's checkpoint and children until every child
@@ -378,7 +426,8 @@ func shell(ctx context.Context, sb *fbclient.Sandbox, cmd string) (string, error
 
 func printTable(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "\nsource: %s, %d MB written in %d ms (%s)\n", rep.Source.Node, rep.Source.Bytes>>20, rep.Source.WriteMS, rep.Runtime)
-	fmt.Fprintf(w, "fork of %d: checkpoint ready %d ms after the Fork, last child %d ms\n\n", len(rep.Children), rep.CheckpointMS, rep.ForkMS)
+	fmt.Fprintf(w, "fork of %d: checkpoint ready %d ms after the Fork, last child %d ms (the same fork on one daemon, through its API: %d ms)\n\n",
+		len(rep.Children), rep.CheckpointMS, rep.ForkMS, rep.SingleHostForkMS)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CHILD\tNODE\tREADY_MS\tTRANSFER_MS\tSEES\t")
 	for _, c := range rep.Children {
