@@ -2,7 +2,9 @@ package network
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,13 +32,24 @@ const brForwarding = "3"
 var sysClassNet = "/sys/class/net"
 
 // portForwarding reports whether the bridge port host forwards, by the
-// kernel's word.
+// kernel's word: its state in sysfs. A daemon in a network namespace other
+// than the one /sys was mounted in (a node of the cluster tests, entered
+// with nsenter) finds no such file there; it goes by the port's operational
+// state (netlink), which the kernel sets up in the same link-watch step
+// just before it enables the port.
 func portForwarding(host string) (bool, error) {
 	b, err := os.ReadFile(filepath.Join(sysClassNet, host, "brport", "state"))
-	if err != nil {
+	if err == nil {
+		return strings.TrimSpace(string(b)) == brForwarding, nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
 		return false, fmt.Errorf("network: state of bridge port %s: %v: %w", host, err, errdefs.ErrInternal)
 	}
-	return strings.TrimSpace(string(b)) == brForwarding, nil
+	link, lerr := netlink.LinkByName(host)
+	if lerr != nil {
+		return false, fmt.Errorf("network: bridge port %s: %v: %w", host, lerr, errdefs.ErrInternal)
+	}
+	return link.Attrs().OperState == netlink.OperUp, nil
 }
 
 // waitForwarding waits until the bridge port host forwards. It listens to
