@@ -120,20 +120,26 @@ func serveCmd() *cobra.Command {
 					s := d.PrebootStats()
 					return s.Ready, s.Hits, s.Misses
 				}})
-			srv, err := server.Listen(d, df.socket, df.tcp, df.token, log,
-				server.Web{Metrics: m, MetricsAddr: df.metrics, UIAddr: df.ui})
-			if err != nil {
-				return err
-			}
+			// The E2B endpoint listens before the API does: once the API
+			// answers (what a caller, or a test, waits for), every listener
+			// is up (TestE2BEndpointAbuse was refused once in CI when the
+			// E2B one came second).
 			var e2bSrv *e2b.Server
 			if df.e2b != "" {
 				if e2bSrv, err = e2b.New(d, e2b.Config{APIKey: df.token, DefaultTemplate: df.e2bTemplate, Log: log}); err == nil {
 					_, err = e2bSrv.Listen(df.e2b)
 				}
 				if err != nil {
-					srv.Shutdown(context.Background())
 					return err
 				}
+			}
+			srv, err := server.Listen(d, df.socket, df.tcp, df.token, log,
+				server.Web{Metrics: m, MetricsAddr: df.metrics, UIAddr: df.ui})
+			if err != nil {
+				if e2bSrv != nil {
+					e2bSrv.Shutdown(context.Background())
+				}
+				return err
 			}
 			ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
 			defer stop()
