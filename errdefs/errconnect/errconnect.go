@@ -7,6 +7,7 @@ package errconnect
 import (
 	"context"
 	"errors"
+	"log/slog"
 
 	"connectrpc.com/connect"
 
@@ -75,3 +76,31 @@ type remoteError struct {
 
 func (e *remoteError) Error() string { return e.msg }
 func (e *remoteError) Unwrap() error { return e.class }
+
+// Interceptor converts every error leaving a handler to a Connect error of
+// its class (ToConnect; errors that already are Connect errors pass as they
+// are), logging failed unary calls at debug level: the one boundary where
+// classes become codes, for the daemon's API and the gateway's alike.
+func Interceptor(log *slog.Logger) connect.Interceptor { return interceptor{log: log} }
+
+type interceptor struct{ log *slog.Logger }
+
+func (e interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		resp, err := next(ctx, req)
+		if err != nil {
+			e.log.Debug("request failed", "procedure", req.Spec().Procedure, "class", errdefs.ClassName(err), "err", err)
+		}
+		return resp, ToConnect(err)
+	}
+}
+
+func (e interceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (e interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		return ToConnect(next(ctx, conn))
+	}
+}

@@ -35,7 +35,7 @@ const MaxRequestBytes = 32 << 20
 func Handler(d *daemon.Daemon, log *slog.Logger, extra ...connect.Interceptor) http.Handler {
 	opts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(MaxRequestBytes),
-		connect.WithInterceptors(append([]connect.Interceptor{errorInterceptor{log: log}}, extra...)...),
+		connect.WithInterceptors(append([]connect.Interceptor{errconnect.Interceptor(log)}, extra...)...),
 		// A bug must cost one request an Internal error, not the daemon.
 		connect.WithRecover(func(ctx context.Context, spec connect.Spec, _ http.Header, p any) error {
 			log.Error("panic in handler", "procedure", spec.Procedure, "panic", p, "stack", string(debug.Stack()))
@@ -137,27 +137,3 @@ type remoteKey struct{}
 
 // remote reports whether a request came over TCP (not the local socket).
 func remote(ctx context.Context) bool { return ctx.Value(remoteKey{}) != nil }
-
-// errorInterceptor converts every error leaving a handler to a Connect error
-// of its class: the single boundary where classes become codes.
-type errorInterceptor struct{ log *slog.Logger }
-
-func (e errorInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		resp, err := next(ctx, req)
-		if err != nil {
-			e.log.Debug("request failed", "procedure", req.Spec().Procedure, "class", errdefs.ClassName(err), "err", err)
-		}
-		return resp, errconnect.ToConnect(err)
-	}
-}
-
-func (e errorInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return next
-}
-
-func (e errorInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		return errconnect.ToConnect(next(ctx, conn))
-	}
-}

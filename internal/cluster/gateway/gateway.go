@@ -199,7 +199,7 @@ func start(ctx context.Context, o Options) (*Gateway, <-chan error, error) {
 func (g *Gateway) Handler() http.Handler {
 	opts := []connect.HandlerOption{
 		connect.WithReadMaxBytes(MaxRequestBytes),
-		connect.WithInterceptors(errorInterceptor{log: g.log}),
+		connect.WithInterceptors(errconnect.Interceptor(g.log)),
 		connect.WithRecover(func(ctx context.Context, spec connect.Spec, _ http.Header, p any) error {
 			g.log.Error("panic in handler", "procedure", spec.Procedure, "panic", p, "stack", string(debug.Stack()))
 			return connect.NewError(connect.CodeInternal, fmt.Errorf("internal error in %s (see the gateway log)", spec.Procedure))
@@ -223,28 +223,4 @@ func (g *Gateway) requireToken(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
-}
-
-// errorInterceptor converts every error leaving a handler to a Connect
-// error of its class (errors a node answered pass as they are).
-type errorInterceptor struct{ log *slog.Logger }
-
-func (e errorInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		resp, err := next(ctx, req)
-		if err != nil {
-			e.log.Debug("request failed", "procedure", req.Spec().Procedure, "class", errdefs.ClassName(err), "err", err)
-		}
-		return resp, errconnect.ToConnect(err)
-	}
-}
-
-func (e errorInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return next
-}
-
-func (e errorInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		return errconnect.ToConnect(next(ctx, conn))
-	}
 }
