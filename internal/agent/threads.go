@@ -1,15 +1,20 @@
 package agent
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
 )
 
-// SpareThreads is how many OS threads the agent makes at start beyond what
-// the Go runtime has then. Under crun the sandbox's pids cgroup counts the
+// SpareThreads is how many OS threads the agent has the Go runtime start
+// early, so that as many of its goroutines can later block in syscalls at
+// once without a new thread. Under crun the sandbox's pids cgroup counts the
 // agent's threads with the tenant's processes: once a tenant fills it (a
 // fork bomb), the kernel refuses every new thread, and a Go runtime that
 // needs one more (a goroutine blocked in a syscall while another must run)
@@ -18,23 +23,25 @@ import (
 // cgroup (e2e TestPidsLimitRefusesForkSandboxLives).
 const SpareThreads = 8
 
-// reserveWait bounds how long ReserveThreads waits for the runtime to have
-// started the threads. It starts one per blocked goroutine, when sysmon
-// hands the blocked one's P off (within 10 ms of its syscall on an idle
-// host), so on a loaded one it can take long: 2 s was too short once in a
-// CI run (5 of 6 threads). The wait does not hold up serving.
+// reserveWait bounds how long ReserveThreads waits for its goroutines to
+// be blocked at once. Each needs a P to reach its read(2), and gets one
+// when sysmon hands a blocked one's P off (within 10 ms on an idle host),
+// so on a loaded one it can take long. The wait does not hold up serving.
 const reserveWait = 30 * time.Second
 
-// ReserveThreads makes the Go runtime start about n more OS threads now: n
-// goroutines block in a read(2) at once, each holding a thread, until the
-// process has n more threads (or reserveWait passes), then are let go. The
-// runtime keeps idle threads for later work. It returns how many threads
-// the process has.
+// ReserveThreads makes the Go runtime start enough OS threads now that n
+// goroutines blocked in syscalls at once later need no new one: n plus
+// one per P (GOMAXPROCS; while n are blocked, others still run, each on a
+// thread, and the runtime may start one more to spin) goroutines block in
+// a read(2) at once, each on a thread of its own, until the kernel shows
+// them all in that read (/proc/self/task/*/syscall), then are let go. The
+// runtime keeps the idle threads and reuses them; idle ones it already
+// had count. It returns how many threads the process has.
 func ReserveThreads(n int) (int, error) {
-	base := threadCount()
+	n += runtime.GOMAXPROCS(0)
 	var p [2]int
 	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
-		return base, fmt.Errorf("agent: reserve threads: %w", err)
+		return threadCount(), fmt.Errorf("agent: reserve threads: %w", err)
 	}
 	defer syscall.Close(p[0])
 	defer syscall.Close(p[1])
@@ -45,20 +52,59 @@ func ReserveThreads(n int) (int, error) {
 			defer wg.Done()
 			var b [1]byte
 			// A raw read: the goroutine keeps its thread while blocked,
-			// so the runtime starts another for the next goroutine.
+			// so the runtime runs the next goroutine on another.
 			syscall.Read(p[0], b[:])
 		}()
 	}
-	// A condition, bounded: the thread count, read from the kernel.
-	deadline := time.Now().Add(reserveWait)
-	for threadCount() < base+n && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond) // polling a kernel counter, no event exists for it
-	}
-	if _, err := syscall.Write(p[1], make([]byte, n)); err != nil {
-		return threadCount(), fmt.Errorf("agent: reserve threads: %w", err)
+	blocked, err := waitReading(p[0], n)
+	if _, werr := syscall.Write(p[1], make([]byte, n)); werr != nil {
+		// Closing the write end (deferred) ends their reads.
+		return threadCount(), fmt.Errorf("agent: reserve threads: release: %w", werr)
 	}
 	wg.Wait()
+	if err != nil {
+		return threadCount(), fmt.Errorf("agent: reserve threads: %d of %d seen blocked: %w", blocked, n, err)
+	}
 	return threadCount(), nil
+}
+
+// waitReading waits, at most reserveWait, until n of this process's
+// threads are blocked in read(2) on fd, and returns how many it last saw.
+func waitReading(fd, n int) (int, error) {
+	deadline := time.Now().Add(reserveWait)
+	for {
+		got, err := threadsReading(fd)
+		if err != nil || got >= n {
+			return got, err
+		}
+		if time.Now().After(deadline) {
+			return got, fmt.Errorf("not all blocked after %s", reserveWait)
+		}
+		time.Sleep(time.Millisecond) // polling the kernel's view: no event exists for it
+	}
+}
+
+// threadsReading counts this process's threads blocked in read(2) on fd,
+// by the syscall and first argument the kernel shows for each.
+func threadsReading(fd int) (int, error) {
+	ents, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return 0, err
+	}
+	want := fmt.Appendf(nil, "%d 0x%x ", syscall.SYS_READ, fd)
+	n := 0
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/self/task/" + e.Name() + "/syscall")
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			// The thread exited meanwhile.
+		case err != nil:
+			return n, err
+		case bytes.HasPrefix(b, want):
+			n++
+		}
+	}
+	return n, nil
 }
 
 // threadCount is the number of threads of this process.

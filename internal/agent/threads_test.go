@@ -5,32 +5,80 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 )
 
-// ReserveThreads leaves a fresh process with n more threads than it had,
-// and the runtime keeps them. It runs in a child process: in this one,
-// other tests' idle threads would be reused instead of new ones made.
+// After ReserveThreads(n), n goroutines blocked in syscalls at once need no
+// new thread: the runtime has them idle. Without it, a fresh process makes
+// one for each blocked goroutine beyond its idle ones. It runs in a child
+// process: this one's threads are whatever earlier tests left.
 func TestReserveThreads(t *testing.T) {
-	if os.Getenv("FORKBOX_TEST_RESERVE") == "1" {
+	const n = 6
+	if os.Getenv("FORKBOX_TEST_RESERVE") != "" {
+		reserve := os.Getenv("FORKBOX_TEST_RESERVE") == "reserve"
 		before := threadCount()
-		got, err := ReserveThreads(6)
-		fmt.Printf("before=%d after=%d later=%d err=%v\n", before, got, threadCount(), err)
+		var err error
+		if reserve {
+			_, err = ReserveThreads(n)
+		}
+		reserved := threadCount()
+		blocked, berr := blockAtOnce(n)
+		fmt.Printf("before=%d reserved=%d blocked=%d err=%v/%v\n", before, reserved, blocked, err, berr)
 		return
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestReserveThreads$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "FORKBOX_TEST_RESERVE=1")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("child: %v: %s", err, out)
+	run := func(mode string) (before, reserved, blocked int) {
+		t.Helper()
+		cmd := exec.Command(os.Args[0], "-test.run=^TestReserveThreads$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "FORKBOX_TEST_RESERVE="+mode)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("child: %v: %s", err, out)
+		}
+		var errText string
+		line := strings.SplitN(string(out), "\n", 2)[0]
+		if _, err := fmt.Sscanf(line, "before=%d reserved=%d blocked=%d err=%s", &before, &reserved, &blocked, &errText); err != nil {
+			t.Fatalf("child printed %q: %v", out, err)
+		}
+		if errText != "<nil>/<nil>" {
+			t.Fatalf("child (%s): %s", mode, errText)
+		}
+		return before, reserved, blocked
 	}
-	var before, after, later int
-	var errText string
-	line := strings.SplitN(string(out), "\n", 2)[0]
-	if _, err := fmt.Sscanf(line, "before=%d after=%d later=%d err=%s", &before, &after, &later, &errText); err != nil {
-		t.Fatalf("child printed %q: %v", out, err)
+	before, reserved, blocked := run("reserve")
+	if reserved < n+2 || blocked > reserved {
+		t.Errorf("reserved: %d threads before, %d after reserving %d, %d with %d goroutines blocked at once; want at least %d reserved and none made by the blocking",
+			before, reserved, n, blocked, n, n+2)
 	}
-	if errText != "<nil>" || after < before+6 || later < before+6 {
-		t.Errorf("threads: %d before, %d after reserving 6, %d a moment later (err %s); want at least %d kept", before, after, later, errText, before+6)
+	// The check can fail: without a reservation the same blocking makes threads.
+	if before, _, blocked := run("none"); blocked <= before {
+		t.Errorf("unreserved: %d threads before, %d with %d goroutines blocked: the blocking made none, so it shows nothing", before, blocked, n)
 	}
+}
+
+// blockAtOnce blocks n goroutines in read(2) at once, waits until the
+// kernel shows them all there, lets them go, and returns the thread count
+// seen while they were blocked.
+func blockAtOnce(n int) (int, error) {
+	var p [2]int
+	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
+		return 0, err
+	}
+	defer syscall.Close(p[0])
+	defer syscall.Close(p[1])
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var b [1]byte
+			syscall.Read(p[0], b[:])
+		}()
+	}
+	_, err := waitReading(p[0], n)
+	count := threadCount()
+	syscall.Write(p[1], make([]byte, n))
+	wg.Wait()
+	return count, err
 }
