@@ -66,6 +66,13 @@ func (d *Daemon) checkOnTimeout(cfg store.SandboxConfig, runtime string) error {
 func (d *Daemon) expiry(sb *store.Sandbox) (time.Time, string) {
 	at, why := sb.Deadline, reasonTimeout
 	hibernated := sb.State == store.StateHibernated || sb.State == store.StateHibernating
+	if hibernated && sb.Config.OnTimeout == OnTimeoutHibernate {
+		// Already what its expiry would make it: nothing is due until a
+		// wake re-arms the timeout. Said from the state alone, so no
+		// reader sees a hibernated sandbox with a deadline still set
+		// while the expiry that hibernated it clears it.
+		return time.Time{}, why
+	}
 	if d.cfg.MaxLifetime > 0 && !hibernated {
 		if c := sb.LifetimeFrom.Add(d.cfg.MaxLifetime); at.IsZero() || c.Before(at) {
 			at, why = c, reasonMaxLifetime
@@ -114,11 +121,14 @@ func (d *Daemon) SetTimeout(ctx context.Context, idOrName string, timeout time.D
 }
 
 // restartLifetime starts a new lifetime for a woken sandbox, and re-arms
-// its timeout if an expiry cleared its deadline.
+// its timeout if an expiry cleared its deadline or would have.
 func (d *Daemon) restartLifetime(ctx context.Context, sb *store.Sandbox) {
 	now := time.Now()
 	deadline := sb.Deadline
-	if deadline.IsZero() && sb.Config.TimeoutMS > 0 {
+	// Cleared by the expiry that hibernated it, or passed while it slept
+	// with on_timeout hibernate (its expiry found it already hibernated).
+	passed := !deadline.IsZero() && !deadline.After(now) && sb.Config.OnTimeout == OnTimeoutHibernate
+	if (deadline.IsZero() || passed) && sb.Config.TimeoutMS > 0 {
 		deadline = now.Add(time.Duration(sb.Config.TimeoutMS) * time.Millisecond)
 	}
 	if err := d.store.SetLifetime(ctx, sb.ID, sb.Config.TimeoutMS, deadline, now); err != nil {

@@ -258,6 +258,34 @@ func TestExpiryHibernates(t *testing.T) {
 	h.waitState(id, store.StateHibernated)
 }
 
+// A sandbox with on_timeout hibernate that is hibernated has nothing due,
+// whatever deadline is stored, and a deadline that passed while it slept
+// is re-armed when it wakes, not met at once.
+func TestHibernatedNothingDue(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	id := h.create(CreateOptions{Name: "hib", Timeout: time.Hour, OnTimeout: OnTimeoutHibernate})
+	if _, err := h.d.Hibernate(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	sb := h.state(id)
+	if at := h.d.ExpiresAt(sb); !at.IsZero() {
+		t.Errorf("hibernated with on_timeout hibernate: expires at %v, want never until woken", at)
+	}
+	if err := h.d.store.SetLifetime(ctx, id, sb.Config.TimeoutMS, time.Now().Add(-time.Minute), sb.LifetimeFrom); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.d.Wake(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if at := h.d.ExpiresAt(h.state(id)); time.Until(at) < 30*time.Minute {
+		t.Errorf("woken after its deadline passed: expires at %v (in %s), want its hour re-armed", at, time.Until(at))
+	}
+	if st := h.state(id).State; st != store.StateRunning {
+		t.Errorf("woken: %s, want running", st)
+	}
+}
+
 // A deadline that passed while the daemon was down expires the sandbox
 // when it is up again.
 func TestExpiryAcrossRestart(t *testing.T) {
