@@ -39,13 +39,25 @@ const reserveWait = 30 * time.Second
 // had count. It returns how many threads the process has.
 func ReserveThreads(n int) (int, error) {
 	n += runtime.GOMAXPROCS(0)
-	var p [2]int
-	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
+	if _, err := blockAtOnce(n); err != nil {
 		return threadCount(), fmt.Errorf("agent: reserve threads: %w", err)
 	}
+	return threadCount(), nil
+}
+
+// blockAtOnce blocks n goroutines in read(2) on a pipe at once, waits
+// until the kernel shows them all in that read, lets them go, and returns
+// the process's thread count while they were blocked.
+func blockAtOnce(n int) (int, error) {
+	var p [2]int
+	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
+		return threadCount(), err
+	}
 	defer syscall.Close(p[0])
-	defer syscall.Close(p[1])
 	var wg sync.WaitGroup
+	defer wg.Wait()
+	// Closing the write end ends the reads, on every path.
+	defer syscall.Close(p[1])
 	for range n {
 		wg.Add(1)
 		go func() {
@@ -56,16 +68,12 @@ func ReserveThreads(n int) (int, error) {
 			syscall.Read(p[0], b[:])
 		}()
 	}
-	blocked, err := waitReading(p[0], n)
-	if _, werr := syscall.Write(p[1], make([]byte, n)); werr != nil {
-		// Closing the write end (deferred) ends their reads.
-		return threadCount(), fmt.Errorf("agent: reserve threads: release: %w", werr)
-	}
-	wg.Wait()
+	seen, err := waitReading(p[0], n)
+	count := threadCount()
 	if err != nil {
-		return threadCount(), fmt.Errorf("agent: reserve threads: %d of %d seen blocked: %w", blocked, n, err)
+		return count, fmt.Errorf("%d of %d seen blocked: %w", seen, n, err)
 	}
-	return threadCount(), nil
+	return count, nil
 }
 
 // waitReading waits, at most reserveWait, until n of this process's

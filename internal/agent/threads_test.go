@@ -5,8 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 )
 
@@ -55,30 +53,4 @@ func TestReserveThreads(t *testing.T) {
 	if before, _, blocked := run("none"); blocked <= before {
 		t.Errorf("unreserved: %d threads before, %d with %d goroutines blocked: the blocking made none, so it shows nothing", before, blocked, n)
 	}
-}
-
-// blockAtOnce blocks n goroutines in read(2) at once, waits until the
-// kernel shows them all there, lets them go, and returns the thread count
-// seen while they were blocked.
-func blockAtOnce(n int) (int, error) {
-	var p [2]int
-	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
-		return 0, err
-	}
-	defer syscall.Close(p[0])
-	defer syscall.Close(p[1])
-	var wg sync.WaitGroup
-	for range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var b [1]byte
-			syscall.Read(p[0], b[:])
-		}()
-	}
-	_, err := waitReading(p[0], n)
-	count := threadCount()
-	syscall.Write(p[1], make([]byte, n))
-	wg.Wait()
-	return count, err
 }
