@@ -323,4 +323,3 @@ func TestOpenBlobConfined(t *testing.T) {
 		t.Errorf("OpenBlob(docker-archive image's manifest): got %v, want NotFound", err)
 	}
 }
-
