@@ -323,3 +323,68 @@ func TestOpenBlobConfined(t *testing.T) {
 		t.Errorf("OpenBlob(docker-archive image's manifest): got %v, want NotFound", err)
 	}
 }
+
+// TestBlobsKeptForLayersHeldAlready: an image whose layers the store
+// unpacked already for an image that keeps no blobs (a docker archive)
+// still keeps all its blobs when pulled or imported from a layout, so it
+// can be shipped; removing it deletes them and keeps the shared layers.
+func TestBlobsKeptForLayersHeldAlready(t *testing.T) {
+	s, h := newStore(t)
+	ctx := context.Background()
+	img := testimage.BusyboxT(t)
+	dir := t.TempDir()
+	docker, oci := filepath.Join(dir, "docker.tar"), filepath.Join(dir, "oci.tar")
+	if err := testimage.WriteDockerArchive(img, "example.com/k/docker:1", docker); err != nil {
+		t.Fatal(err)
+	}
+	if err := testimage.WriteOCIArchive(img, "example.com/k/oci:1", oci); err != nil {
+		t.Fatal(err)
+	}
+	d, err := s.Import(ctx, docker, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := s.Import(ctx, oci, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l, n := range h.n {
+		if n != 1 {
+			t.Errorf("layer %s unpacked %d times, want once", l, n)
+		}
+	}
+	m := manifestOfStore(t, s, o.Digest)
+	for _, dg := range append([]string{m.Config.Digest.String()}, layerDigests(m)...) {
+		f, _, err := s.OpenBlob(ctx, dg)
+		if err != nil {
+			t.Errorf("blob %s of the OCI image: %v", dg, err)
+			continue
+		}
+		f.Close()
+	}
+	if err := s.Remove(ctx, o.Name); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(s.blobsDir()); len(ents) != 0 {
+		t.Errorf("blobs after the OCI image's removal: %d, want none", len(ents))
+	}
+	for _, l := range d.Layers {
+		if _, err := os.Stat(l); err != nil {
+			t.Errorf("the docker image's layer after the OCI image's removal: %v", err)
+		}
+	}
+}
+
+func manifestOfStore(t *testing.T, s *Store, digest string) *v1.Manifest {
+	t.Helper()
+	f, _, err := s.OpenBlob(context.Background(), digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m, err := v1.ParseManifest(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}

@@ -119,6 +119,8 @@ func (s *Server) blob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer f.Close()
+	// A peer that reads slowly holds its slot no longer than a pull.
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(s.o.Timeout))
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", fmt.Sprint(size))
 	n, err := io.Copy(w, io.LimitReader(f, size))
