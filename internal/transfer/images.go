@@ -211,7 +211,7 @@ func (c *Client) EnsureImage(ctx context.Context, peer Peer, checkpoint string) 
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return fail(fmt.Errorf("%v: %w", err, errdefs.ErrUnavailable))
+		return fail(netErr(ctx, err))
 	}
 	var ans imageAnswer
 	if resp.StatusCode != http.StatusOK {
@@ -243,7 +243,7 @@ func (c *Client) EnsureImage(ctx context.Context, peer Peer, checkpoint string) 
 		}
 		resp, err := hc.Do(req)
 		if err != nil {
-			return nil, fmt.Errorf("blob %s: %v: %w", digest, err, errdefs.ErrUnavailable)
+			return nil, fmt.Errorf("blob %s: %w", digest, netErr(ctx, err))
 		}
 		if resp.StatusCode != http.StatusOK {
 			defer resp.Body.Close()
@@ -253,7 +253,7 @@ func (c *Client) EnsureImage(ctx context.Context, peer Peer, checkpoint string) 
 			resp.Body.Close()
 			return nil, fmt.Errorf("blob %s of %d bytes: the transfer goes past its limit of %d bytes: %w", digest, resp.ContentLength, lim.MaxBytes, errdefs.ErrResourceExhausted)
 		}
-		return &budgetBody{rc: resp.Body, read: &read, max: lim.MaxBytes}, nil
+		return &budgetBody{ctx: ctx, rc: resp.Body, read: &read, max: lim.MaxBytes}, nil
 	}
 	err = c.Local.Images.ImportFrom(ctx, ans.Ref, ans.Digest, fetch)
 	res.Bytes = read.Load()
@@ -283,6 +283,7 @@ func validDigest(d string) bool {
 // budgetBody counts a blob's bytes against the whole image's budget, and
 // gives a stream that stops short the class of a cut transfer.
 type budgetBody struct {
+	ctx  context.Context
 	rc   io.ReadCloser
 	read *atomic.Int64
 	max  int64
@@ -294,9 +295,21 @@ func (b *budgetBody) Read(p []byte) (int, error) {
 		return n, fmt.Errorf("the transfer goes past its limit of %d bytes: %w", b.max, errdefs.ErrResourceExhausted)
 	}
 	if err != nil && !errors.Is(err, io.EOF) && errdefs.Class(err) == errdefs.ErrUnknown {
-		err = fmt.Errorf("the stream was cut: %v: %w", err, errdefs.ErrUnavailable)
+		err = netErr(b.ctx, err)
 	}
 	return n, err
+}
+
+// netErr classes an error of the channel: the transfer's time ran out,
+// it was canceled, or the peer or the network failed.
+func netErr(ctx context.Context, err error) error {
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return fmt.Errorf("the transfer took longer than allowed: %v: %w", err, errdefs.ErrDeadlineExceeded)
+	case ctx.Err() != nil:
+		return fmt.Errorf("the transfer was canceled: %v: %w", err, errdefs.ErrCanceled)
+	}
+	return fmt.Errorf("the stream was cut: %v: %w", err, errdefs.ErrUnavailable)
 }
 
 func (b *budgetBody) Close() error { return b.rc.Close() }

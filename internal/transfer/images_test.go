@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
@@ -155,6 +156,9 @@ type lyingImages struct {
 	lie  string
 	open func(b []byte) (io.Reader, int64)
 	ref  string // if set, CheckpointImage answers this digest
+	// stall: after what open gives, the blob stalls until its request
+	// ends.
+	stall bool
 }
 
 func (l lyingImages) OpenBlob(ctx context.Context, d string) (io.ReadCloser, int64, error) {
@@ -165,7 +169,18 @@ func (l lyingImages) OpenBlob(ctx context.Context, d string) (io.ReadCloser, int
 	defer rc.Close()
 	b, _ := io.ReadAll(rc)
 	r, size := l.open(b)
+	if l.stall {
+		r = io.MultiReader(r, stallReader{ctx})
+	}
 	return io.NopCloser(r), size, nil
+}
+
+// stallReader blocks until ctx ends.
+type stallReader struct{ ctx context.Context }
+
+func (s stallReader) Read([]byte) (int, error) {
+	<-s.ctx.Done()
+	return 0, s.ctx.Err()
 }
 
 func (l lyingImages) CheckpointImage(ctx context.Context, id string) (string, string, error) {
@@ -178,8 +193,9 @@ func (l lyingImages) CheckpointImage(ctx context.Context, id string) (string, st
 
 // TestLyingImageSender: a sender that serves other bytes than a digest
 // names, more than it declares, a stream cut short, more than the
-// receiver's limit, or names a digest that is not one, is refused with
-// the class of its fault, and the receiver's image store is left empty.
+// receiver's limit, a stream that stalls past the receiver's timeout, or
+// names a digest that is not one, is refused with the class of its
+// fault, and the receiver's image store is left empty.
 func TestLyingImageSender(t *testing.T) {
 	requireRoot(t)
 	ctx := context.Background()
@@ -215,12 +231,18 @@ func TestLyingImageSender(t *testing.T) {
 		{"a digest that is a path", lyingImages{ref: "sha256:../../../../etc/passwd"}, 0, errdefs.IsInvalidArgument},
 		{"an image the sender does not keep", lyingImages{ref: "sha256:" + strings.Repeat("ab", 32)}, 0, errdefs.IsNotFound},
 		{"past the receiver's limit", lyingImages{}, 64 << 10, errdefs.IsResourceExhausted},
+		{"a sender that stalls", lyingImages{lie: top, stall: true, open: func(b []byte) (io.Reader, int64) {
+			return bytes.NewReader(b[:len(b)/2]), int64(len(b))
+		}}, 0, errdefs.IsDeadlineExceeded},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.lie.Images = honest
 			a.local.Images = tc.lie
 			defer func() { a.local.Images = honest }()
-			c := &Client{Identity: b.id, Local: b.local, Limits: Limits{MaxBytes: tc.limit}}
+			c := &Client{Identity: b.id, Local: b.local, Limits: Limits{MaxBytes: tc.limit, Timeout: 30 * time.Second}}
+			if tc.lie.stall {
+				c.Limits.Timeout = 2 * time.Second
+			}
 			_, err := c.EnsureImage(ctx, a.peer(), "ck-1")
 			if !tc.want(err) {
 				t.Fatalf("got %v, want another class", err)
