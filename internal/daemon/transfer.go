@@ -33,7 +33,18 @@ func (d *Daemon) TransferLocal() (*transfer.Local, error) {
 	if !ok {
 		return nil, fmt.Errorf("checkpoint transfer needs the btrfs snapshotter: %w", errdefs.ErrFailedPrecondition)
 	}
-	return &transfer.Local{Snaps: bs, MemRoot: d.memImageDir(""), Ledger: transferLedger{d}, Log: d.log}, nil
+	return &transfer.Local{Snaps: bs, MemRoot: d.memImageDir(""), Ledger: transferLedger{d}, Log: d.log,
+		Images: transfer.ImageStore{Store: d.images, Checkpoint: d.checkpointImageRef}}, nil
+}
+
+// checkpointImageRef is the image reference and manifest digest that
+// checkpoint id's children mount: what a node pulling it must hold.
+func (d *Daemon) checkpointImageRef(ctx context.Context, id string) (string, string, error) {
+	ck, err := d.store.GetCheckpoint(ctx, id)
+	if err != nil {
+		return "", "", err
+	}
+	return ck.Image, ck.ImageDigest, nil
 }
 
 // CheckpointUUID returns the btrfs identity of checkpoint id's snapshot

@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -33,11 +34,15 @@ import (
 // manifest digest and size, and its tar stream against its diff ID. When
 // an image is refused as invalid or over a limit, the layers it unpacked
 // and nothing else references are deleted.
+//
+// Unless uncompressed, the manifest, config and layer blobs are kept as
+// read (blobs.go) once each matched its digest.
 func (s *Store) store(ctx context.Context, name string, img v1.Image, uncompressed bool, sizes []int64, progress func(Progress)) (_ Image, err error) {
 	lim := s.limits
 	var m *v1.Manifest
+	var raw []byte
 	if !uncompressed {
-		raw, err := img.RawManifest()
+		raw, err = img.RawManifest()
 		if err != nil {
 			return Image{}, readErr("image manifest", err)
 		}
@@ -52,6 +57,9 @@ func (s *Store) store(ctx context.Context, name string, img v1.Image, uncompress
 		}
 		if m.Config.Size > lim.ConfigBytes {
 			return Image{}, exhausted("image config", lim.ConfigBytes)
+		}
+		if err := checkBlobDescriptors(m, lim); err != nil {
+			return Image{}, err
 		}
 	}
 	rawCf, err := img.RawConfigFile()
@@ -102,7 +110,14 @@ func (s *Store) store(ctx context.Context, name string, img v1.Image, uncompress
 			return Image{}, fmt.Errorf("layer %d: config's diff ID %s, layer's %s: %w", i, h, diffIDs[i], errdefs.ErrInvalidArgument)
 		}
 	}
-	unpin := s.pin(diffIDs)
+	var blobs []string
+	if m != nil {
+		blobs = append(blobs, m.Config.Digest.String())
+		for _, l := range m.Layers {
+			blobs = append(blobs, l.Digest.String())
+		}
+	}
+	unpin := s.pin(append(append(slices.Clone(diffIDs), blobs...), digest.String()))
 	defer func() {
 		unpin()
 		if errdefs.IsInvalidArgument(err) || errdefs.IsResourceExhausted(err) {
@@ -140,10 +155,19 @@ func (s *Store) store(ctx context.Context, name string, img v1.Image, uncompress
 			return Image{}, exhausted("image's layers in total", lim.ImageBytes)
 		}
 	}
+	if m != nil {
+		if err := s.keepBytes(digest.String(), raw, "image manifest"); err != nil {
+			return Image{}, err
+		}
+		if err := s.keepBytes(m.Config.Digest.String(), rawCf, "image config"); err != nil {
+			return Image{}, err
+		}
+	}
 	rec := record{
 		Name:    name,
 		Digest:  digest.String(),
 		Size:    size,
+		Blobs:   blobs,
 		DiffIDs: diffIDs,
 		Created: time.Now().UTC(),
 		Config: Config{
@@ -191,8 +215,13 @@ func (s *Store) ensureLayer(ctx context.Context, diffID string, l v1.Layer, unco
 			}
 			var n int64
 			fmt.Sscan(strings.TrimPrefix(string(rec), diffID+" "), &n)
-			if sz, err := l.Size(); err == nil && !uncompressed {
-				tick(sz)
+			if !uncompressed {
+				if err := s.ensureLayerBlob(ctx, l); err != nil {
+					return 0, err
+				}
+				if sz, err := l.Size(); err == nil {
+					tick(sz)
+				}
 			}
 			return n, nil
 		}
@@ -200,7 +229,22 @@ func (s *Store) ensureLayer(ctx context.Context, diffID string, l v1.Layer, unco
 	if b.max <= 0 {
 		return 0, exhausted(b.what, b.max)
 	}
-	rc, blob, err := openLayer(l, uncompressed, tick)
+	var keep *blobFile
+	if !uncompressed {
+		d, err := l.Digest()
+		if err != nil {
+			return 0, readErr("layer digest", err)
+		}
+		if keep, err = s.newBlobFile(d.String()); err != nil {
+			return 0, err
+		}
+		defer func() {
+			if keep != nil {
+				keep.abort()
+			}
+		}()
+	}
+	rc, blob, err := openLayer(l, uncompressed, tick, keep)
 	if err != nil {
 		return 0, err
 	}
@@ -239,6 +283,11 @@ func (s *Store) ensureLayer(ctx context.Context, diffID string, l v1.Layer, unco
 		if err := blob.check(l); err != nil {
 			return 0, fmt.Errorf("layer %s: %w", diffID, err)
 		}
+		err := keep.commit()
+		keep = nil
+		if err != nil {
+			return 0, err
+		}
 	}
 	if err := writeFileAtomic(dir+".diffid", fmt.Appendf(nil, "%s %d", diffID, cr.n)); err != nil {
 		return 0, fmt.Errorf("write layer id: %v: %w", err, errdefs.ErrInternal)
@@ -254,8 +303,9 @@ func (s *Store) ensureLayer(ctx context.Context, diffID string, l v1.Layer, unco
 
 // openLayer returns the uncompressed tar stream of l, reporting blob bytes
 // read through tick. For a compressed blob it also returns the blob reader,
-// which checks the blob's digest and size once drained.
-func openLayer(l v1.Layer, uncompressed bool, tick func(int64)) (io.ReadCloser, *blobReader, error) {
+// which checks the blob's digest and size once drained, and copies the
+// blob to keep as it passes.
+func openLayer(l v1.Layer, uncompressed bool, tick func(int64), keep io.Writer) (io.ReadCloser, *blobReader, error) {
 	if uncompressed {
 		rc, err := l.Uncompressed()
 		if err != nil {
@@ -263,11 +313,15 @@ func openLayer(l v1.Layer, uncompressed bool, tick func(int64)) (io.ReadCloser, 
 		}
 		return readCloser{&tickReader{r: rc, tick: tick}, rc}, nil, nil
 	}
+	size, err := l.Size()
+	if err != nil {
+		return nil, nil, readErr("layer size", err)
+	}
 	rc, err := l.Compressed()
 	if err != nil {
 		return nil, nil, fmt.Errorf("open layer: %w", err)
 	}
-	blob := &blobReader{rc: rc, tick: &tickReader{r: rc, tick: tick}, h: sha256.New()}
+	blob := &blobReader{rc: rc, tick: &tickReader{r: rc, tick: tick}, h: sha256.New(), keep: keep, size: size}
 	// gzip, zstd or plain tar, told by its first bytes.
 	ul, err := partial.CompressedToLayer(compressedBlob{l, blob})
 	if err == nil {
@@ -293,18 +347,32 @@ func (c compressedBlob) Size() (int64, error)                { return c.l.Size()
 func (c compressedBlob) MediaType() (types.MediaType, error) { return c.l.MediaType() }
 func (c compressedBlob) Compressed() (io.ReadCloser, error)  { return c.blob, nil }
 
-// blobReader reads a layer's blob, hashing and counting it.
+// blobReader reads a layer's blob, hashing, counting and keeping it; a
+// blob longer than its descriptor's size is refused at the first byte
+// past it.
 type blobReader struct {
 	rc   io.Closer
 	tick *tickReader
 	h    hash.Hash
 	n    int64
+	keep io.Writer
+	size int64
 }
 
 func (b *blobReader) Read(p []byte) (int, error) {
+	if int64(len(p)) > b.size-b.n+1 {
+		p = p[:b.size-b.n+1]
+	}
 	n, err := b.tick.Read(p)
 	b.h.Write(p[:n])
-	b.n += int64(n)
+	if b.n += int64(n); b.n > b.size {
+		return n, fmt.Errorf("layer blob is longer than its %d bytes: %w", b.size, errdefs.ErrInvalidArgument)
+	}
+	if b.keep != nil && n > 0 {
+		if _, werr := b.keep.Write(p[:n]); werr != nil {
+			return n, fmt.Errorf("keep layer blob: %v: %w", werr, errdefs.ErrInternal)
+		}
+	}
 	return n, err
 }
 

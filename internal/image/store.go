@@ -17,8 +17,12 @@
 //	                  they do not fit a page.
 //	l/<64 hex>.diffid "<diff ID> <size>", written before the directory is
 //	                  renamed into place
-//	tmp/              layers being unpacked, archives being read, and
-//	                  tombstones (rm-*) of layers being deleted; emptied by Open
+//	b/<64 hex>        the manifest, config and compressed layer blobs of
+//	                  pulled and OCI-imported images, as read and verified,
+//	                  for other nodes to fetch by digest (blobs.go)
+//	tmp/              layers being unpacked, blobs and archives being read,
+//	                  and tombstones (rm-*) of layers and blobs being
+//	                  deleted; emptied by Open
 //
 // Stores written before layers were named by the full digest used the first
 // 12 hex digits (l/<12 hex> and l/<12 hex>.diffid). Open migrates them in
@@ -93,6 +97,9 @@ type record struct {
 	DiffIDs []string  `json:"diffIDs"`
 	Config  Config    `json:"config"`
 	Created time.Time `json:"created"`
+	// Blobs are the digests of the config and layer blobs kept in b/
+	// (with Digest, the manifest's); empty when the image keeps none.
+	Blobs []string `json:"blobs,omitempty"`
 }
 
 // Store is an image store rooted at one directory. It is safe for concurrent
@@ -138,7 +145,7 @@ func Open(ctx context.Context, root string, log *slog.Logger, opts ...Option) (*
 	for _, o := range opts {
 		o(s)
 	}
-	for _, d := range []string{root, s.layersDir(), s.tmpDir()} {
+	for _, d := range []string{root, s.layersDir(), s.blobsDir(), s.tmpDir()} {
 		if err := ensurePrivateDir(d); err != nil {
 			return nil, err
 		}
@@ -382,6 +389,7 @@ func (s *Store) gcLocked(ctx context.Context) {
 			s.log.DebugContext(ctx, "layer deleted", "layer", base)
 		}
 	}
+	s.gcBlobsLocked(ctx)
 }
 
 // pin keeps diff IDs from garbage collection while a pull is in flight.

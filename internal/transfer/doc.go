@@ -5,8 +5,8 @@
 // so only what changed since travels) and, for a memory checkpoint, the
 // files of its memory image; the receiver runs `btrfs receive` and commits
 // the result into its snapshot store and ledger as a read-only checkpoint.
-// Image layers are not shipped: a node must have the checkpoint's image
-// (pulled or imported) before it can start children of it.
+// The checkpoint's image goes first when the receiver lacks it: its
+// blobs, by digest, verified by the receiver's image store (images.go).
 //
 // Channel: HTTPS with mutual TLS between node agents, certificates pinned.
 // Each node makes its own key pair and self-signed certificate once

@@ -35,6 +35,9 @@ type Local struct {
 	MemRoot string
 	Ledger  Ledger
 	Log     *slog.Logger
+	// Images is its image store (images.go); nil serves and fetches no
+	// images.
+	Images Images
 }
 
 // stagingPrefix names memory images being received in MemRoot.

@@ -66,6 +66,7 @@ func NewServer(o ServerOptions) (*Server, error) {
 	s := &Server{o: o, sem: make(chan struct{}, o.MaxConcurrent)}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/pull", s.pull)
+	s.imageRoutes(mux) // images.go
 	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(o.Log.Handler(), slog.LevelDebug)}
 	return s, nil
 }

@@ -191,6 +191,13 @@ func (a *agent) pull(ctx context.Context, ck *fbv1.Checkpoint) (string, error) {
 			continue
 		}
 		peer := transfer.Peer{Node: n.Name, Endpoint: n.Status.Transfer.Endpoint, CertPEM: []byte(n.Status.Transfer.Certificate)}
+		// The image first (children mount it under the checkpoint):
+		// from the sender when this node lacks it.
+		img, err := a.t.client.EnsureImage(ctx, peer, rp.LocalID)
+		if err != nil {
+			errs = append(errs, rp.Node+": "+err.Error())
+			continue
+		}
 		res, err := a.t.client.Pull(ctx, peer, transfer.Request{Checkpoint: rp.LocalID, UUID: ck.Status.SubvolumeUUID, Have: have})
 		if errdefs.IsAlreadyExists(err) && a.t.local.Holds(ctx, rp.LocalID) {
 			return rp.LocalID, a.addReplica(ctx, ck, rp.LocalID, "Reused", "a copy was on the node already")
@@ -204,6 +211,9 @@ func (a *agent) pull(ctx context.Context, ck *fbv1.Checkpoint) (string, error) {
 			how = "incremental from " + names[res.Parent]
 		}
 		msg := fmt.Sprintf("node %s pulled from node %s: %s, %d bytes in %d ms", a.o.NodeName, rp.Node, how, res.SendBytes+res.FileBytes, res.Duration.Milliseconds())
+		if img.Fetched {
+			msg += fmt.Sprintf("; image %s fetched from node %s: %d bytes in %d ms", img.Ref, rp.Node, img.Bytes, img.Duration.Milliseconds())
+		}
 		a.rec.Eventf(ck, nil, corev1.EventTypeNormal, "Transferred", "Transfer", "%s", msg)
 		return rp.LocalID, a.addReplica(ctx, ck, rp.LocalID, "Transferred", msg)
 	}
