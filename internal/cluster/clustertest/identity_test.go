@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -178,6 +180,28 @@ func TestNodeIdentity(t *testing.T) {
 		t.Fatalf("an unbound token reads (allowed): %v", err)
 	}
 	wantForbidden(t, "an unbound token writes a node's status", u.Status().Update(ctx, &own), "bound to no node")
+
+	// An agent outside a pod: a token bound to its Node object is that
+	// node's too.
+	if err := plane.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "ident-n"}}); err != nil {
+		t.Fatal(err)
+	}
+	var kn corev1.Node
+	if err := plane.Client.Get(ctx, client.ObjectKey{Name: "ident-n"}, &kn); err != nil {
+		t.Fatal(err)
+	}
+	if tok, err = plane.Token(ctx, &authenticationv1.BoundObjectReference{Kind: "Node", APIVersion: "v1", Name: kn.Name, UID: kn.UID}); err != nil {
+		t.Fatal(err)
+	}
+	nodeBound := filepath.Join(t.TempDir(), "node-bound.kubeconfig")
+	if err := plane.writeTokenKubeconfig(tok, nodeBound, ""); err != nil {
+		t.Fatal(err)
+	}
+	n := kubeconfigClient(t, nodeBound)
+	if err := register(ctx, n, "ident-n", "CERT-N", 2); err != nil {
+		t.Errorf("a node-bound token registers its node: %v", err)
+	}
+	wantForbidden(t, "a node-bound token writes another node", n.Status().Update(ctx, &own), "node ident-n", "ident-a")
 
 	// The controller keeps its rights over every node.
 	ctrlPath := filepath.Join(t.TempDir(), "controller.kubeconfig")
