@@ -255,6 +255,25 @@ func (c *Cluster) Logs(max int) string {
 	return b.String()
 }
 
+// LogLines are the lines of the processes' logs (controller and nodes)
+// that contain substr, each prefixed with its log's name; at most max.
+func (c *Cluster) LogLines(substr string, max int) []string {
+	var out []string
+	paths := []string{c.ControllerLogPath()}
+	for _, n := range c.Nodes {
+		paths = append(paths, n.LogPath())
+	}
+	for _, p := range paths {
+		b, _ := os.ReadFile(p)
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, substr) && len(out) < max {
+				out = append(out, filepath.Base(p)+": "+l)
+			}
+		}
+	}
+	return out
+}
+
 // Close stops the nodes (SIGTERM) and the controller, removes each
 // node's host state through its own `forkbox uninstall`, then the
 // namespaces, the bridge and Dir. What is left after that is an error

@@ -83,7 +83,9 @@ func wantForbidden(t *testing.T, what string, err error, words ...string) {
 // is refused, Forbidden and told why, when it writes another node's
 // certificate, capacity, endpoint or Lease, registers a node that is not
 // its own, reports another node's Sandbox or binds an unplaced one to
-// itself; a token of the same account bound to no node writes nothing;
+// itself, or changes another node's copy of a Checkpoint or what a
+// Checkpoint it did not capture is; a token of the same account bound
+// to no node writes nothing, one bound to a Node object is that node's;
 // the controller and the gateway keep their rights.
 func TestNodeIdentity(t *testing.T) {
 	plane.Need(t)
@@ -164,6 +166,42 @@ func TestNodeIdentity(t *testing.T) {
 	rep.Status.Phase, rep.Status.Endpoint = fbv1.PhaseRunning, "ident-b:7070"
 	if err := b.Status().Update(ctx, rep); err != nil {
 		t.Errorf("b reports its own sandbox: %v", err)
+	}
+
+	// Checkpoints: b captured one; a records its own copy and its pull,
+	// but neither touches b's copy nor rewrites what the checkpoint is.
+	ck := &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: "ident-ck"},
+		Spec: fbv1.CheckpointSpec{Sandbox: "ident-on-b", NodeName: "ident-b"}}
+	if err := plane.Client.Create(ctx, ck); err != nil {
+		t.Fatal(err)
+	}
+	ck.Status = fbv1.CheckpointStatus{Phase: fbv1.CheckpointReady, OriginNode: "ident-b", SubvolumeUUID: "uuid-b", Kind: "filesystem"}
+	ck.Status.Replicas = []fbv1.Replica{{Node: "ident-b", LocalID: "ck-1", Ready: true}}
+	if err := b.Status().Update(ctx, ck); err != nil {
+		t.Fatalf("b records the checkpoint it captured: %v", err)
+	}
+	mine := ck.DeepCopy()
+	mine.Status.Replicas = append(mine.Status.Replicas, fbv1.Replica{Node: "ident-a", LocalID: "ck-1", Ready: true})
+	kube.SetCondition(&mine.Status.Conditions, fbv1.ConditionTransferring, false, "Transferred", "ident-a pulled it", mine.Generation)
+	if err := a.Status().Update(ctx, mine); err != nil {
+		t.Fatalf("a records its own copy: %v", err)
+	}
+	drop := mine.DeepCopy()
+	drop.Status.Replicas = drop.Status.Replicas[1:]
+	wantForbidden(t, "a drops b's copy", a.Status().Update(ctx, drop), "node ident-a", "other nodes' replicas of checkpoint "+Namespace+"/ident-ck")
+	forge := mine.DeepCopy()
+	forge.Status.Replicas[0].LocalID = "ck-evil"
+	wantForbidden(t, "a rewrites b's copy", a.Status().Update(ctx, forge), "other nodes' replicas")
+	forge = mine.DeepCopy()
+	forge.Status.SubvolumeUUID = "uuid-a"
+	wantForbidden(t, "a rewrites the checkpoint's subvolume", a.Status().Update(ctx, forge), "node ident-a", "may not change what checkpoint "+Namespace+"/ident-ck")
+	forge = mine.DeepCopy()
+	forge.Status.Phase = fbv1.CheckpointFailed
+	wantForbidden(t, "a fails b's checkpoint", a.Status().Update(ctx, forge), "may not change what checkpoint")
+	origin := mine.DeepCopy()
+	origin.Status.Message = "b says"
+	if err := b.Status().Update(ctx, origin); err != nil {
+		t.Errorf("b, the origin, updates its checkpoint: %v", err)
 	}
 
 	// The same account with a token bound to nothing is no node.
