@@ -91,6 +91,24 @@ func TestNodeIdentity(t *testing.T) {
 	plane.Need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	t.Cleanup(func() { // what it made, so that it runs again (-count)
+		ctx := context.Background()
+		for _, o := range []client.Object{
+			&fbv1.ForkboxNode{ObjectMeta: metav1.ObjectMeta{Name: "ident-a"}}, &fbv1.ForkboxNode{ObjectMeta: metav1.ObjectMeta{Name: "ident-b"}},
+			&fbv1.ForkboxNode{ObjectMeta: metav1.ObjectMeta{Name: "ident-n"}}, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "ident-n"}},
+			&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: "ident-a"}},
+			&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: "ident-b"}},
+			&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: "ident-n"}},
+			&fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: "ident-on-b"}},
+			&fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: "ident-unplaced"}},
+			&fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: "ident-gw"}},
+			&fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: "ident-ck"}},
+		} {
+			if err := plane.Client.Delete(ctx, o); client.IgnoreNotFound(err) != nil {
+				t.Errorf("clean up %s: %v", o.GetName(), err)
+			}
+		}
+	})
 	a, b := nodeClient(t, ctx, "ident-a"), nodeClient(t, ctx, "ident-b")
 
 	// Each writes its own: allowed.
