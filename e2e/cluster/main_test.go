@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -125,7 +126,14 @@ func run(m *testing.M) (code int, err error) {
 	if env.image, err = cl.ImportImage(ctx, archive); err != nil {
 		return 1, err
 	}
-	return m.Run(), nil
+	code = m.Run()
+	// The agents' own writes must all pass the node identity policy
+	// (deploy/policy): a refusal in any log fails the run.
+	if bad := cl.LogLines("forkbox-node-identity", 20); len(bad) > 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: the node identity policy refused writes of the cluster's own processes:\n  %s\n", strings.Join(bad, "\n  "))
+		code = 1
+	}
+	return code, nil
 }
 
 // nodes are the cluster's nodes, node(i) the i-th, nodeNamed the one

@@ -24,6 +24,7 @@ func BenchmarkFork(b *testing.B) {
 	a, r := newNode(tb, "a", trust), newNode(tb, "b", trust)
 	a.write(tb, "sb-src", "", "blob", 100<<20)
 	a.checkpoint(tb, "ck-base", "sb-src", false)
+	a.grant(r, "ck-base")
 	n := 0
 	child := func(nd *node, parent string) {
 		n++
@@ -75,6 +76,7 @@ func BenchmarkFork(b *testing.B) {
 			id := fmt.Sprintf("ck-inc-%d", n)
 			a.write(tb, "sb-inc-"+id, "ck-base", "more", 1<<20)
 			a.checkpoint(tb, id, "sb-inc-"+id, false)
+			a.grant(r, id)
 			b.StartTimer()
 			res, err := r.client.Pull(ctx, a.peer(), Request{Checkpoint: id, Have: []string{"ck-base"}})
 			if err != nil {

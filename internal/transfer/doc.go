@@ -14,7 +14,10 @@
 // cluster mode: its ForkboxNode status, written through the API server,
 // which authenticates the node's write); a server accepts only client
 // certificates its Trust names, a client only the exact certificate it was
-// given for the peer. No CA key lives on any node.
+// given for the peer. No CA key lives on any node. Being trusted is not
+// enough to be sent a checkpoint: the server asks its Grants (grants.go)
+// whether the requesting node has a reason to hold it, and refuses others
+// (PermissionDenied) before anything is sent.
 //
 // One pull is one POST /v1/pull of a JSON Request; the response body is a
 // sequence of frames (frames.go): a header, the send stream, the memory

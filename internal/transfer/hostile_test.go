@@ -123,6 +123,7 @@ func TestCutStream(t *testing.T) {
 			b.requireNothing(t, "ck-1")
 		})
 	}
+	a.grant(b, "ck-1")
 	if _, err := b.client.Pull(ctx, a.peer(), Request{Checkpoint: "ck-1"}); err != nil {
 		t.Fatalf("retry from an honest sender: %v", err)
 	}
@@ -238,6 +239,7 @@ func TestReceiverCrash(t *testing.T) {
 			}
 		})
 	}
+	a.grant(b, "ck-m")
 	if _, err := b.client.Pull(ctx, a.peer(), Request{Checkpoint: "ck-m"}); err != nil {
 		t.Fatalf("pull after the crashes: %v", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -43,6 +44,7 @@ type node struct {
 	ledger *store.Store
 	local  *Local
 	id     *Identity
+	grants *testGrants // what its server lets peers pull
 	srv    *Server
 	addr   string
 	client *Client
@@ -67,7 +69,8 @@ func newNode(t testing.TB, name string, trust StaticTrust) *node {
 	n.id = id
 	n.client.Identity = id
 	trust[name] = id.CertPEM
-	n.srv, err = NewServer(ServerOptions{Identity: id, Trust: trust, Local: n.local})
+	n.grants = &testGrants{g: StaticGrants{}}
+	n.srv, err = NewServer(ServerOptions{Identity: id, Trust: trust, Grants: n.grants, Local: n.local})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,6 +87,26 @@ func newNode(t testing.TB, name string, trust StaticTrust) *node {
 		}
 	})
 	return n
+}
+
+// testGrants are a node's StaticGrants, added to by the test between
+// pulls.
+type testGrants struct {
+	mu sync.Mutex
+	g  StaticGrants
+}
+
+func (g *testGrants) MayPull(ctx context.Context, node, checkpoint string) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.g.MayPull(ctx, node, checkpoint)
+}
+
+// grant lets node to pull the checkpoints ids from n.
+func (n *node) grant(to *node, ids ...string) {
+	n.grants.mu.Lock()
+	defer n.grants.mu.Unlock()
+	n.grants.g[to.name] = append(n.grants.g[to.name], ids...)
 }
 
 func (n *node) root() string { return filepath.Join(n.dir, "snaps") }

@@ -25,7 +25,11 @@ import (
 type ServerOptions struct {
 	Identity *Identity
 	Trust    Trust
-	Local    *Local
+	// Grants says which checkpoints each peer may pull: being trusted
+	// (a node) is not enough, a peer gets only what it has a reason to
+	// hold.
+	Grants Grants
+	Local  *Local
 	// Timeout bounds one pull (default 30m).
 	Timeout time.Duration
 	// MaxConcurrent pulls served at once (default 4); more are refused
@@ -48,8 +52,8 @@ type Server struct {
 
 // NewServer makes a server; Start runs it.
 func NewServer(o ServerOptions) (*Server, error) {
-	if o.Identity == nil || o.Trust == nil || o.Local == nil {
-		return nil, fmt.Errorf("transfer server: an identity, a trust and a local store are required: %w", errdefs.ErrInvalidArgument)
+	if o.Identity == nil || o.Trust == nil || o.Grants == nil || o.Local == nil {
+		return nil, fmt.Errorf("transfer server: an identity, a trust, grants and a local store are required: %w", errdefs.ErrInvalidArgument)
 	}
 	if o.Timeout == 0 {
 		o.Timeout = 30 * time.Minute
@@ -100,11 +104,9 @@ func (s *Server) Close() error {
 }
 
 func (s *Server) pull(w http.ResponseWriter, r *http.Request) {
-	peer := "?"
+	peer, perr := "", fmt.Errorf("no client certificate: %w", errdefs.ErrPermissionDenied)
 	if r.TLS != nil && len(r.TLS.PeerCertificates) == 1 {
-		if n, err := s.o.Trust.NodeOf(r.Context(), r.TLS.PeerCertificates[0].Raw); err == nil {
-			peer = n
-		}
+		peer, perr = s.o.Trust.NodeOf(r.Context(), r.TLS.PeerCertificates[0].Raw)
 	}
 	select {
 	case s.sem <- struct{}{}:
@@ -123,6 +125,15 @@ func (s *Server) pull(w http.ResponseWriter, r *http.Request) {
 	log := s.o.Log.With(slog.String("checkpoint", req.Checkpoint), slog.String("peer", peer))
 	w.Header().Set("Content-Type", "application/octet-stream")
 	start := time.Now()
+	err := perr // the handshake checked it; the certificate may have been withdrawn since
+	if err == nil {
+		err = s.grant(ctx, peer, req.Checkpoint)
+	}
+	if err != nil {
+		log.WarnContext(ctx, "checkpoint pull refused", slog.Any("err", err))
+		_ = writeJSON(w, frameError, remoteError{Class: errdefs.ClassName(err), Message: truncate(err.Error(), 4096)})
+		return
+	}
 	t, parent, err := s.send(ctx, w, req)
 	if err != nil {
 		log.WarnContext(ctx, "checkpoint send failed", slog.Any("err", err))
@@ -132,6 +143,28 @@ func (s *Server) pull(w http.ResponseWriter, r *http.Request) {
 	log.InfoContext(ctx, "checkpoint sent", slog.String("parent", parent), slog.Int64("send_bytes", t.SendBytes),
 		slog.Int64("file_bytes", t.FileBytes), slog.Duration("took", time.Since(start)))
 }
+
+// grant refuses, PermissionDenied, a pull that Grants do not allow;
+// the grant is asked under its own bound in time.
+func (s *Server) grant(ctx context.Context, peer, checkpoint string) error {
+	if err := validID(checkpoint); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, grantTimeout)
+	defer cancel()
+	err := s.o.Grants.MayPull(ctx, peer, checkpoint)
+	switch {
+	case err == nil, errdefs.IsPermissionDenied(err):
+		return err
+	case errdefs.IsUnavailable(err):
+		return fmt.Errorf("cannot tell now whether node %s may pull checkpoint %s: %w", peer, checkpoint, err)
+	default: // whatever else went wrong, the answer is no
+		return Denied(peer, checkpoint, err.Error())
+	}
+}
+
+// grantTimeout bounds one Grants lookup.
+const grantTimeout = 30 * time.Second
 
 // send writes the frames of one pull.
 func (s *Server) send(ctx context.Context, w io.Writer, req Request) (trailer, string, error) {

@@ -3,8 +3,10 @@ package transfer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -24,6 +26,7 @@ func TestFullAndIncremental(t *testing.T) {
 
 	big := a.write(t, "sb-1", "", "big", 20*mb)
 	a.checkpoint(t, "ck-1", "sb-1", false)
+	a.grant(b, "ck-1")
 	res, err := b.client.Pull(ctx, a.peer(), Request{Checkpoint: "ck-1", UUID: a.uuid(t, "ck-1")})
 	if err != nil {
 		t.Fatalf("full pull: %v", err)
@@ -47,6 +50,7 @@ func TestFullAndIncremental(t *testing.T) {
 	// back from b, incrementally from its own (original) ck-1.
 	small := b.write(t, "sb-2", "ck-1", "small", mb)
 	b.checkpoint(t, "ck-2", "sb-2", false)
+	b.grant(a, "ck-2")
 	res, err = a.client.Pull(ctx, b.peer(), Request{Checkpoint: "ck-2", UUID: b.uuid(t, "ck-2"), Have: []string{"ck-1"}})
 	if err != nil {
 		t.Fatalf("incremental pull b→a: %v", err)
@@ -61,6 +65,7 @@ func TestFullAndIncremental(t *testing.T) {
 	// And a third generation on a goes to b, from b's received ck-2.
 	third := a.write(t, "sb-3", "ck-2", "third", 2*mb)
 	a.checkpoint(t, "ck-3", "sb-3", false)
+	a.grant(b, "ck-3")
 	res, err = b.client.Pull(ctx, a.peer(), Request{Checkpoint: "ck-3", UUID: a.uuid(t, "ck-3"), Have: []string{"ck-2", "ck-1"}})
 	if err != nil {
 		t.Fatalf("incremental pull a→b: %v", err)
@@ -90,6 +95,7 @@ func TestMemoryImage(t *testing.T) {
 	a, b := newNode(t, "a", trust), newNode(t, "b", trust)
 	a.write(t, "sb-1", "", "f", mb)
 	a.checkpoint(t, "ck-m", "sb-1", true)
+	a.grant(b, "ck-m")
 	res, err := b.client.Pull(ctx, a.peer(), Request{Checkpoint: "ck-m"})
 	if err != nil {
 		t.Fatal(err)
@@ -118,6 +124,7 @@ func TestRefusedPeers(t *testing.T) {
 	a, b := newNode(t, "a", trust), newNode(t, "b", trust)
 	a.write(t, "sb-1", "", "f", mb)
 	a.checkpoint(t, "ck-1", "sb-1", false)
+	a.grant(b, "ck-1", "ck-none")
 
 	stranger, _, err := NewIdentity("b")
 	if err != nil {
@@ -144,6 +151,76 @@ func TestRefusedPeers(t *testing.T) {
 	}
 }
 
+// TestPullNeedsGrant: a trusted node gets only the checkpoints the
+// server's Grants give it; others are refused, PermissionDenied, with a
+// message naming the node and the checkpoint, before anything is sent;
+// a node granted nothing gets nothing; the granted pull works.
+func TestPullNeedsGrant(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	trust := StaticTrust{}
+	a, b, c := newNode(t, "a", trust), newNode(t, "b", trust), newNode(t, "c", trust)
+	a.write(t, "sb-1", "", "f", mb)
+	a.checkpoint(t, "ck-1", "sb-1", false)
+	a.checkpoint(t, "ck-2", "sb-1", false)
+	a.grant(b, "ck-1")
+	for _, p := range []struct {
+		who *node
+		ck  string
+	}{{b, "ck-2"}, {c, "ck-1"}, {c, "ck-2"}} {
+		res, err := p.who.client.Pull(ctx, a.peer(), Request{Checkpoint: p.ck})
+		if !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), "node "+p.who.name+" may not pull checkpoint "+p.ck) {
+			t.Errorf("node %s pulls %s, not granted: got %v, want PermissionDenied naming the node and the checkpoint", p.who.name, p.ck, err)
+		}
+		if res.SendBytes != 0 {
+			t.Errorf("node %s pulls %s, not granted: %d bytes of the send stream came", p.who.name, p.ck, res.SendBytes)
+		}
+		p.who.requireNothing(t, p.ck)
+	}
+	if _, err := b.client.Pull(ctx, a.peer(), Request{Checkpoint: "ck-1"}); err != nil {
+		t.Fatalf("the granted pull: %v", err)
+	}
+}
+
+// grantsFunc is Grants from a function.
+type grantsFunc func(ctx context.Context, node, checkpoint string) error
+
+func (f grantsFunc) MayPull(ctx context.Context, node, checkpoint string) error {
+	return f(ctx, node, checkpoint)
+}
+
+// TestGrantErrors: a Grants lookup that fails for another reason than
+// unavailability refuses too (PermissionDenied); unavailability stays
+// Unavailable (the puller retries); a bad ID is refused before Grants are
+// asked.
+func TestGrantErrors(t *testing.T) {
+	ctx := context.Background()
+	asked := 0
+	for _, c := range []struct {
+		err  error
+		want error
+	}{
+		{nil, nil},
+		{errors.New("the record is corrupt"), errdefs.ErrPermissionDenied},
+		{fmt.Errorf("list sandboxes: %w", errdefs.ErrUnavailable), errdefs.ErrUnavailable},
+		{Denied("b", "ck-1", "no reason"), errdefs.ErrPermissionDenied},
+	} {
+		s := &Server{o: ServerOptions{Grants: grantsFunc(func(context.Context, string, string) error { asked++; return c.err })}}
+		err := s.grant(ctx, "b", "ck-1")
+		if (c.want == nil) != (err == nil) || (c.want != nil && !errors.Is(err, c.want)) {
+			t.Errorf("grants answer %v: got %v, want class %v", c.err, err, c.want)
+		}
+		if err != nil && (!strings.Contains(err.Error(), "node b") || !strings.Contains(err.Error(), "checkpoint ck-1")) {
+			t.Errorf("grants answer %v: got %q, want a message naming node b and ck-1", c.err, err)
+		}
+	}
+	s := &Server{o: ServerOptions{Grants: grantsFunc(func(context.Context, string, string) error { asked++; return nil })}}
+	before := asked
+	if err := s.grant(ctx, "b", "../ck-1"); !errdefs.IsInvalidArgument(err) || asked != before {
+		t.Errorf("a bad checkpoint ID: got %v (grants asked: %v), want InvalidArgument before asking", err, asked != before)
+	}
+}
+
 // TestOversizedStream: a pull past the receiver's byte limit stops there
 // and leaves nothing.
 func TestOversizedStream(t *testing.T) {
@@ -153,6 +230,7 @@ func TestOversizedStream(t *testing.T) {
 	a, b := newNode(t, "a", trust), newNode(t, "b", trust)
 	a.write(t, "sb-1", "", "f", 8*mb)
 	a.checkpoint(t, "ck-1", "sb-1", false)
+	a.grant(b, "ck-1")
 	c := &Client{Identity: b.id, Local: b.local, Limits: Limits{MaxBytes: 2 * mb}}
 	res, err := c.Pull(ctx, a.peer(), Request{Checkpoint: "ck-1"})
 	if !errdefs.IsResourceExhausted(err) {

@@ -1,15 +1,10 @@
 package clustertest
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net"
-	"net/url"
-	"os"
 	"sync"
-
-	"k8s.io/client-go/tools/clientcmd"
 )
 
 // apiProxy carries TCP from the nodes' network to the control plane,
@@ -98,27 +93,4 @@ func (p *apiProxy) Close() error {
 	p.mu.Unlock()
 	p.wg.Wait()
 	return err
-}
-
-// kubeconfigVia rewrites the kubeconfig at path to reach the API server
-// through addr, still checking the server's certificate (issued for
-// localhost).
-func kubeconfigVia(ctx context.Context, path, addr string) error {
-	cfg, err := clientcmd.LoadFromFile(path)
-	if err != nil {
-		return err
-	}
-	for _, c := range cfg.Clusters {
-		u, err := url.Parse(c.Server)
-		if err != nil {
-			return err
-		}
-		u.Host = addr
-		c.Server, c.TLSServerName = u.String(), "localhost"
-	}
-	b, err := clientcmd.Write(*cfg)
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, b, 0o600)
 }

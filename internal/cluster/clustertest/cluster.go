@@ -63,7 +63,8 @@ func (o *Options) setDefaults() {
 // Cluster is forkbox's cluster mode on this machine: `forkbox
 // controller` and Options.Nodes `forkbox serve --cluster` node agents as
 // processes against a Plane, each process with a kubeconfig of a user
-// bound only to its ClusterRole from deploy/rbac, each node in its own
+// bound only to its ClusterRole from deploy/rbac (each node agent with a
+// token bound to its own node, see addNode), each node in its own
 // network namespace on a host bridge (see hostnet.go). Close removes all
 // of it, and Leaks says what it did not.
 type Cluster struct {
@@ -76,13 +77,12 @@ type Cluster struct {
 	Token string
 	Nodes []*Node
 
-	opts           Options
-	net            *hostNet
-	proxy          *apiProxy
-	nodeKubeconfig string
-	controller     *exec.Cmd
-	ctrlDone       chan struct{}
-	wg             sync.WaitGroup // the processes' waiters
+	opts       Options
+	net        *hostNet
+	proxy      *apiProxy
+	controller *exec.Cmd
+	ctrlDone   chan struct{}
+	wg         sync.WaitGroup // the processes' waiters
 }
 
 // Build builds forkbox and forkbox-agent from this checkout into dir.
@@ -140,18 +140,11 @@ func StartCluster(ctx context.Context, p *Plane, o Options) (_ *Cluster, err err
 	if err := p.UserKubeconfig(ctx, "forkbox-controller", filepath.Join(rbac, "controller", "role.yaml"), ctrlCfg); err != nil {
 		return nil, err
 	}
-	c.nodeKubeconfig = filepath.Join(c.Dir, "forkbox-node.kubeconfig")
-	if err := p.UserKubeconfig(ctx, "forkbox-node", filepath.Join(rbac, "node", "role.yaml"), c.nodeKubeconfig); err != nil {
-		return nil, err
-	}
 	apiURL, err := url.Parse(p.Config.Host)
 	if err != nil {
 		return nil, err
 	}
 	if c.proxy, err = startAPIProxy(net.JoinHostPort(c.net.addr(-1).String(), "0"), apiURL.Host); err != nil {
-		return nil, err
-	}
-	if err := kubeconfigVia(ctx, c.nodeKubeconfig, c.proxy.Addr()); err != nil {
 		return nil, err
 	}
 	if err := c.startController(ctrlCfg); err != nil {
@@ -169,7 +162,10 @@ func StartCluster(ctx context.Context, p *Plane, o Options) (_ *Cluster, err err
 	return c, nil
 }
 
-// addNode makes node i's namespace and directories.
+// addNode makes node i's namespace, directories and identity: a token
+// of the node agents' service account bound to a Pod on node i, as a
+// DaemonSet's pod has (see NodeKubeconfig), so the API server's node
+// identity policy (deploy/policy) knows it as that node and no other.
 func (c *Cluster) addNode(ctx context.Context, i int) (*Node, error) {
 	id := fmt.Sprintf("%s-%d", c.RunID, i)
 	dir := filepath.Join(c.Dir, fmt.Sprintf("node-%d", i))
@@ -182,6 +178,10 @@ func (c *Cluster) addNode(ctx context.Context, i int) (*Node, error) {
 	n.Endpoint = fmt.Sprintf("%s:%d", n.IP, apiPort)
 	n.Client = &client.Client{Socket: n.Socket}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	n.Kubeconfig = filepath.Join(dir, "kubeconfig")
+	if err := c.Plane.NodeKubeconfig(ctx, n.Name, n.Kubeconfig, c.proxy.Addr()); err != nil {
 		return nil, err
 	}
 	c.Nodes = append(c.Nodes, n)
@@ -253,6 +253,25 @@ func (c *Cluster) Logs(max int) string {
 		fmt.Fprintf(&b, "---- %s (end) ----\n%s\n", filepath.Base(p), tail(out, max))
 	}
 	return b.String()
+}
+
+// LogLines are the lines of the processes' logs (controller and nodes)
+// that contain substr, each prefixed with its log's name; at most max.
+func (c *Cluster) LogLines(substr string, max int) []string {
+	var out []string
+	paths := []string{c.ControllerLogPath()}
+	for _, n := range c.Nodes {
+		paths = append(paths, n.LogPath())
+	}
+	for _, p := range paths {
+		b, _ := os.ReadFile(p)
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, substr) && len(out) < max {
+				out = append(out, filepath.Base(p)+": "+l)
+			}
+		}
+	}
+	return out
 }
 
 // Close stops the nodes (SIGTERM) and the controller, removes each

@@ -10,13 +10,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
+	goruntime "runtime"
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -39,7 +41,7 @@ const Namespace = "forkbox-system"
 
 // Root is the repository's root directory.
 func Root() string {
-	_, file, _, _ := runtime.Caller(0)
+	_, file, _, _ := goruntime.Caller(0)
 	return filepath.Join(filepath.Dir(file), "..", "..", "..")
 }
 
@@ -90,7 +92,8 @@ func Missing() string { return missing() }
 func (p *Plane) Stop() error { return p.Env.Stop() }
 
 // Start starts a control plane from KUBEBUILDER_ASSETS with forkbox's
-// CRDs and the Leases' namespace (Main does it for a test package).
+// CRDs, the Leases' namespace and the node identity admission policy of
+// deploy/policy (Main does it for a test package).
 func (p *Plane) Start() error {
 	p.Env = &envtest.Environment{
 		CRDInstallOptions:     envtest.CRDInstallOptions{Paths: []string{filepath.Join(Root(), "deploy", "crd")}},
@@ -102,9 +105,13 @@ func (p *Plane) Start() error {
 	}
 	p.Config, p.KubeConfig = cfg, p.Env.KubeConfig
 	scheme := kube.NewScheme()
-	if err := rbacv1.AddToScheme(scheme); err != nil { // tests bind users to the ClusterRoles in deploy/rbac
-		p.Env.Stop()
-		return err
+	// Tests bind users to the ClusterRoles in deploy/rbac and mint the
+	// node agents' tokens.
+	for _, add := range []func(*runtime.Scheme) error{rbacv1.AddToScheme, authenticationv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			p.Env.Stop()
+			return err
+		}
 	}
 	if p.Client, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
 		p.Env.Stop()
@@ -113,6 +120,10 @@ func (p *Plane) Start() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := p.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}); err != nil {
+		p.Env.Stop()
+		return err
+	}
+	if err := p.installPolicy(ctx); err != nil {
 		p.Env.Stop()
 		return err
 	}

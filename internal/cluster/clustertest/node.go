@@ -46,6 +46,9 @@ type Node struct {
 	Slots, Preboot int
 	// Client speaks to its daemon through Socket.
 	Client *client.Client
+	// Kubeconfig is its agent's: the node agents' service account, with
+	// a token bound to this node (Plane.NodeKubeconfig).
+	Kubeconfig string
 
 	c                      *Cluster
 	bridge, table, cgroup  string
@@ -126,7 +129,7 @@ func (n *Node) Start(ctx context.Context) error {
 		return err
 	}
 	fmt.Fprintf(log, "==== clustertest: start %s at %s ====\n", n.Name, time.Now().UTC().Format(time.RFC3339Nano))
-	args := append([]string{"serve", "--cluster", "--node-name", n.Name, "--kubeconfig", n.c.nodeKubeconfig,
+	args := append([]string{"serve", "--cluster", "--node-name", n.Name, "--kubeconfig", n.Kubeconfig,
 		"--cluster-namespace", Namespace, "--lease-duration", n.c.opts.LeaseDuration.String(),
 		"--node-endpoint", n.Endpoint, "--tcp", n.Endpoint, "--api-token", n.c.Token,
 		"--max-sandboxes", strconv.Itoa(n.Slots), "--preboot", strconv.Itoa(n.Preboot),

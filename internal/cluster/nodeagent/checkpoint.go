@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -108,22 +109,26 @@ func (r *checkpoints) remove(ctx context.Context, ck *fbv1.Checkpoint) error {
 	if !controllerutil.ContainsFinalizer(ck, fbv1.CheckpointFinalizer) {
 		return nil
 	}
-	before := ck.DeepCopy()
-	var keep []fbv1.Replica
 	for _, rp := range ck.Status.Replicas {
 		if rp.Node != r.o.NodeName {
-			keep = append(keep, rp)
 			continue
 		}
 		if err := r.d.DeleteCheckpoint(ctx, rp.LocalID); err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("delete checkpoint %s: %w", rp.LocalID, err)
 		}
 	}
-	ck.Status.Replicas = keep
-	if err := r.writeStatus(ctx, before, ck); err != nil {
-		return err
+	// Only this node's entries go, from the latest object (other holders
+	// remove theirs at the same time: a patch of a stale list would put
+	// theirs back, and the node identity policy refuses a node that
+	// changes another's entries).
+	if slices.ContainsFunc(ck.Status.Replicas, func(rp fbv1.Replica) bool { return rp.Node == r.o.NodeName }) {
+		if err := r.patchCheckpoint(ctx, ck, func(c *fbv1.Checkpoint) {
+			c.Status.Replicas = slices.DeleteFunc(c.Status.Replicas, func(rp fbv1.Replica) bool { return rp.Node == r.o.NodeName })
+		}); err != nil {
+			return client.IgnoreNotFound(err)
+		}
 	}
-	if len(keep) > 0 {
+	if len(ck.Status.Replicas) > 0 {
 		return nil // other holders remove theirs
 	}
 	patch := client.MergeFrom(ck.DeepCopy())

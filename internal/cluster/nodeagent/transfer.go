@@ -97,7 +97,8 @@ func (a *agent) setupTransfer(ctx context.Context, mgr manager.Manager) error {
 		return err
 	}
 	log := a.log.With(slog.String("component", "transfer"))
-	srv, err := transfer.NewServer(transfer.ServerOptions{Identity: id, Trust: nodeTrust{a.api}, Local: local, Timeout: o.Limits.Timeout, Log: log})
+	srv, err := transfer.NewServer(transfer.ServerOptions{Identity: id, Trust: nodeTrust{a.api},
+		Grants: placementGrants{api: a.api, node: a.o.NodeName}, Local: local, Timeout: o.Limits.Timeout, Log: log})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,10 @@
+package clustertest
+
+import (
+	"os"
+	"testing"
+)
+
+var plane Plane
+
+func TestMain(m *testing.M) { os.Exit(Main(m, &plane)) }
