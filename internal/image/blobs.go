@@ -192,27 +192,30 @@ func (s *Store) ensureLayerBlob(ctx context.Context, l v1.Layer) error {
 	return s.keepLayerBlob(ctx, l, s.limits.LayerBytes+s.limits.LayerBytes/64)
 }
 
-// OpenBlob opens blob digest ("sha256:<64 hex>") of an image this store
-// holds, for a peer to read (package transfer): the manifest of an image
-// (its Digest), its config or one of its layer blobs. Anything else,
-// whatever is on disk, is NotFound; a digest of another form is
-// InvalidArgument. The path is made of the checked digest only, and is
-// opened without following a link.
-func (s *Store) OpenBlob(ctx context.Context, digest string) (*os.File, int64, error) {
+// OpenImageBlob opens blob digest ("sha256:<64 hex>") of the image of
+// manifest digest image, which this store holds, for a peer to read
+// (package transfer): its manifest (image itself), its config or one of
+// its layer blobs. Anything else, whatever is on disk, is NotFound; a
+// digest of another form is InvalidArgument. The path is made of the
+// checked digest only, and is opened without following a link.
+func (s *Store) OpenImageBlob(_ context.Context, image, digest string) (*os.File, int64, error) {
+	if !validDiffID(image) {
+		return nil, 0, fmt.Errorf("image digest %q: want sha256:<64 lowercase hex>: %w", image, errdefs.ErrInvalidArgument)
+	}
 	if !validDiffID(digest) {
 		return nil, 0, fmt.Errorf("blob digest %q: want sha256:<64 lowercase hex>: %w", digest, errdefs.ErrInvalidArgument)
 	}
 	s.mu.Lock()
 	held := false
 	for _, r := range s.images {
-		if len(r.Blobs) > 0 && (r.Digest == digest || slices.Contains(r.Blobs, digest)) {
+		if r.Digest == image && len(r.Blobs) > 0 && (r.Digest == digest || slices.Contains(r.Blobs, digest)) {
 			held = true
 			break
 		}
 	}
 	s.mu.Unlock()
 	if !held {
-		return nil, 0, fmt.Errorf("blob %s: no image held here has it (images from a docker archive, or stored before blobs were kept, have none): %w", digest, errdefs.ErrNotFound)
+		return nil, 0, fmt.Errorf("blob %s: image %s is not held here with it (images from a docker archive, or stored before blobs were kept, have no blobs): %w", digest, image, errdefs.ErrNotFound)
 	}
 	f, err := os.OpenFile(s.blobPath(digest), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if errors.Is(err, fs.ErrNotExist) {

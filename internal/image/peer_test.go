@@ -39,7 +39,7 @@ func newPeerPair(t *testing.T) peerPair {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, _, err := a.OpenBlob(ctx, got.Digest)
+	f, _, err := a.OpenImageBlob(ctx, got.Digest, got.Digest)
 	if err != nil {
 		t.Fatalf("OpenBlob(manifest): %v", err)
 	}
@@ -51,13 +51,13 @@ func newPeerPair(t *testing.T) peerPair {
 	return peerPair{sender: a, img: got, m: m}
 }
 
-// fetch serves the sender's blobs as OpenBlob does, counting the calls.
+// fetch serves the sender's blobs as OpenImageBlob does, counting the calls.
 func (p peerPair) fetch(calls *atomic.Int32) FetchFunc {
 	return func(ctx context.Context, digest string) (io.ReadCloser, error) {
 		if calls != nil {
 			calls.Add(1)
 		}
-		f, _, err := p.sender.OpenBlob(ctx, digest)
+		f, _, err := p.sender.OpenImageBlob(ctx, p.img.Digest, digest)
 		if err != nil {
 			return nil, err
 		}
@@ -105,7 +105,7 @@ func TestImportFromPeer(t *testing.T) {
 		t.Errorf("config: got %+v, want %+v", got.Config, p.img.Config)
 	}
 	for _, d := range append([]string{p.img.Digest, p.m.Config.Digest.String()}, layerDigests(p.m)...) {
-		f, _, err := b.OpenBlob(ctx, d)
+		f, _, err := b.OpenImageBlob(ctx, p.img.Digest, d)
 		if err != nil {
 			t.Errorf("the receiver's blob %s: %v", d, err)
 			continue
@@ -140,7 +140,7 @@ func TestImportFromPeer(t *testing.T) {
 	if err := c.Remove(ctx, got.Name); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := c.OpenBlob(ctx, p.img.Digest); !errdefs.IsNotFound(err) {
+	if _, _, err := c.OpenImageBlob(ctx, p.img.Digest, p.img.Digest); !errdefs.IsNotFound(err) {
 		t.Errorf("manifest blob after Remove: got %v, want NotFound", err)
 	}
 	if _, err := os.Stat(c.blobPath(p.img.Digest)); !os.IsNotExist(err) {
@@ -170,7 +170,7 @@ func TestImportFromLyingPeer(t *testing.T) {
 	top := p.m.Layers[len(p.m.Layers)-1].Digest.String()
 	base := p.m.Layers[0].Digest.String()
 	read := func(d string) []byte {
-		f, _, err := p.sender.OpenBlob(ctx, d)
+		f, _, err := p.sender.OpenImageBlob(ctx, p.img.Digest, d)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -288,7 +288,7 @@ func TestOpenBlobConfined(t *testing.T) {
 		{diffID, errdefs.IsNotFound},
 		{digestOf([]byte("never stored")), errdefs.IsNotFound},
 	} {
-		f, _, err := s.OpenBlob(ctx, tc.digest)
+		f, _, err := s.OpenImageBlob(ctx, p.img.Digest, tc.digest)
 		if err == nil {
 			f.Close()
 		}
@@ -304,7 +304,7 @@ func TestOpenBlobConfined(t *testing.T) {
 	if err := os.Symlink("/etc/passwd", s.blobPath(cfg)); err != nil {
 		t.Fatal(err)
 	}
-	if f, _, err := s.OpenBlob(ctx, cfg); err == nil {
+	if f, _, err := s.OpenImageBlob(ctx, p.img.Digest, cfg); err == nil {
 		b, _ := io.ReadAll(f)
 		f.Close()
 		t.Errorf("OpenBlob through a link: got %d bytes, want an error", len(b))
@@ -319,7 +319,7 @@ func TestOpenBlobConfined(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.OpenBlob(ctx, dimg.Digest); !errdefs.IsNotFound(err) {
+	if _, _, err := s.OpenImageBlob(ctx, dimg.Digest, dimg.Digest); !errdefs.IsNotFound(err) {
 		t.Errorf("OpenBlob(docker-archive image's manifest): got %v, want NotFound", err)
 	}
 }
@@ -355,7 +355,7 @@ func TestBlobsKeptForLayersHeldAlready(t *testing.T) {
 	}
 	m := manifestOfStore(t, s, o.Digest)
 	for _, dg := range append([]string{m.Config.Digest.String()}, layerDigests(m)...) {
-		f, _, err := s.OpenBlob(ctx, dg)
+		f, _, err := s.OpenImageBlob(ctx, o.Digest, dg)
 		if err != nil {
 			t.Errorf("blob %s of the OCI image: %v", dg, err)
 			continue
@@ -377,7 +377,7 @@ func TestBlobsKeptForLayersHeldAlready(t *testing.T) {
 
 func manifestOfStore(t *testing.T, s *Store, digest string) *v1.Manifest {
 	t.Helper()
-	f, _, err := s.OpenBlob(context.Background(), digest)
+	f, _, err := s.OpenImageBlob(context.Background(), digest, digest)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,11 +24,13 @@ import (
 // layer blobs from the sender by digest over the same pinned mutual TLS
 // channel, and imports them through its image store (Images.ImportFrom),
 // which verifies every byte against the digest asked for and applies the
-// same limits and unpacking as any pull. The sender serves only blobs of
-// images its store holds, named by a checked digest (Images.OpenBlob).
+// same limits and unpacking as any pull. The sender answers both only for
+// a checkpoint the peer may pull (Grants, as for the pull itself), and
+// serves only blobs of that checkpoint's image, named by a checked digest
+// (Images.OpenBlob).
 //
-//	POST /v1/image          {"checkpoint": ID} → {"ref": ..., "digest": ...}
-//	GET  /v1/blobs/{digest} the blob's bytes (Content-Length set)
+//	POST /v1/image                          {"checkpoint": ID} → {"ref": ..., "digest": ...}
+//	GET  /v1/checkpoints/{id}/blobs/{digest} the blob's bytes (Content-Length set)
 //
 // Errors are a JSON remoteError with an HTTP status for the class.
 
@@ -37,9 +39,10 @@ type Images interface {
 	// CheckpointImage returns the reference and manifest digest of the
 	// image checkpoint id's sandbox runs (sender).
 	CheckpointImage(ctx context.Context, id string) (ref, digest string, err error)
-	// OpenBlob opens blob digest of an image the node holds; NotFound
-	// for anything else (sender).
-	OpenBlob(ctx context.Context, digest string) (io.ReadCloser, int64, error)
+	// OpenBlob opens blob digest (its manifest, config or a layer) of the
+	// image of manifest digest image, which the node holds; NotFound for
+	// anything else (sender).
+	OpenBlob(ctx context.Context, image, digest string) (io.ReadCloser, int64, error)
 	// HasImage reports whether the node holds the image of manifest
 	// digest (receiver).
 	HasImage(ctx context.Context, digest string) bool
@@ -83,7 +86,23 @@ func (s *Server) imageRoutes(mux *http.ServeMux) {
 		}
 	}
 	mux.HandleFunc("POST /v1/image", limit(s.image))
-	mux.HandleFunc("GET /v1/blobs/{digest}", limit(s.blob))
+	mux.HandleFunc("GET /v1/checkpoints/{checkpoint}/blobs/{digest}", limit(s.blob))
+}
+
+// checkpointImage is the image of a checkpoint that the peer of r may
+// pull and this node holds.
+func (s *Server) checkpointImage(ctx context.Context, r *http.Request, checkpoint string) (ref, digest string, err error) {
+	peer, err := s.peerOf(r)
+	if err == nil {
+		err = s.grant(ctx, peer, checkpoint)
+	}
+	if err == nil {
+		_, err = s.o.Local.held(ctx, checkpoint)
+	}
+	if err != nil {
+		return "", "", err
+	}
+	return s.o.Local.Images.CheckpointImage(ctx, checkpoint)
 }
 
 func (s *Server) image(w http.ResponseWriter, r *http.Request) {
@@ -94,12 +113,8 @@ func (s *Server) image(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
 	defer cancel()
-	// Only the image of a checkpoint this node could send.
-	if _, err := s.o.Local.held(ctx, req.Checkpoint); err != nil {
-		httpError(w, err)
-		return
-	}
-	ref, digest, err := s.o.Local.Images.CheckpointImage(ctx, req.Checkpoint)
+	// Only the image of a checkpoint this node would send the peer.
+	ref, digest, err := s.checkpointImage(ctx, r, req.Checkpoint)
 	if err != nil {
 		httpError(w, err)
 		return
@@ -112,7 +127,12 @@ func (s *Server) blob(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.o.Timeout)
 	defer cancel()
 	digest := r.PathValue("digest")
-	f, size, err := s.o.Local.Images.OpenBlob(ctx, digest)
+	_, img, err := s.checkpointImage(ctx, r, r.PathValue("checkpoint"))
+	var f io.ReadCloser
+	var size int64
+	if err == nil {
+		f, size, err = s.o.Local.Images.OpenBlob(ctx, img, digest)
+	}
 	if err != nil {
 		s.o.Log.DebugContext(ctx, "blob refused", slog.String("digest", truncate(digest, 100)), slog.Any("err", err))
 		httpError(w, err)
@@ -237,7 +257,7 @@ func (c *Client) EnsureImage(ctx context.Context, peer Peer, checkpoint string) 
 		if !validDigest(digest) {
 			return nil, fmt.Errorf("blob digest %q: %w", truncate(digest, 100), errdefs.ErrInvalidArgument)
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+peer.Endpoint+"/v1/blobs/"+digest, nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+peer.Endpoint+"/v1/checkpoints/"+checkpoint+"/blobs/"+digest, nil)
 		if err != nil {
 			return nil, fmt.Errorf("blob %s: %v: %w", digest, err, errdefs.ErrInvalidArgument)
 		}

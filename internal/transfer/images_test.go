@@ -97,6 +97,12 @@ func TestImageTravelsWithCheckpoint(t *testing.T) {
 	img := importImage(t, aImgs, "example.com/t/img:1", "from a's image\n")
 	data := a.write(t, "sb-1", "", "work", mb)
 	a.checkpointOn(t, "ck-1", "sb-1", img)
+	// Not granted the checkpoint, b is told nothing of its image.
+	if _, err := b.client.EnsureImage(ctx, a.peer(), "ck-1"); !errdefs.IsPermissionDenied(err) {
+		t.Fatalf("EnsureImage without a grant of the checkpoint: got %v, want PermissionDenied", err)
+	}
+	b.requireNoImage(t, bImgs)
+	a.grant(b, "ck-1")
 
 	res, err := b.client.EnsureImage(ctx, a.peer(), "ck-1")
 	if err != nil {
@@ -142,7 +148,7 @@ func TestImageTravelsWithCheckpoint(t *testing.T) {
 	}
 	// b can pass the image on: it keeps the blobs it verified.
 	for _, d := range []string{img.Digest} {
-		if f, _, err := bImgs.OpenBlob(ctx, d); err != nil {
+		if f, _, err := bImgs.OpenImageBlob(ctx, img.Digest, d); err != nil {
 			t.Errorf("b's blob %s: %v", d, err)
 		} else {
 			f.Close()
@@ -161,8 +167,8 @@ type lyingImages struct {
 	stall bool
 }
 
-func (l lyingImages) OpenBlob(ctx context.Context, d string) (io.ReadCloser, int64, error) {
-	rc, n, err := l.Images.OpenBlob(ctx, d)
+func (l lyingImages) OpenBlob(ctx context.Context, image, d string) (io.ReadCloser, int64, error) {
+	rc, n, err := l.Images.OpenBlob(ctx, image, d)
 	if err != nil || d != l.lie {
 		return rc, n, err
 	}
@@ -205,6 +211,7 @@ func TestLyingImageSender(t *testing.T) {
 	img := importImage(t, aImgs, "example.com/t/img:1", "x\n")
 	a.write(t, "sb-1", "", "work", mb)
 	a.checkpointOn(t, "ck-1", "sb-1", img)
+	a.grant(b, "ck-1")
 	honest := a.local.Images
 	m := manifestOf(t, aImgs, img.Digest)
 	top := m.Layers[len(m.Layers)-1].Digest.String()
@@ -258,7 +265,7 @@ func TestLyingImageSender(t *testing.T) {
 
 func manifestOf(t testing.TB, st *image.Store, digest string) *v1.Manifest {
 	t.Helper()
-	f, _, err := st.OpenBlob(context.Background(), digest)
+	f, _, err := st.OpenImageBlob(context.Background(), digest, digest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,10 +278,12 @@ func manifestOf(t testing.TB, st *image.Store, digest string) *v1.Manifest {
 }
 
 // TestBlobEndpointConfined: over the channel, a trusted peer gets blobs
-// only by digest and only of images the sender holds: paths, digests it
-// does not hold, a layer directory's name, a file put in the blob
-// directory by hand, and the image of a checkpoint it lacks are refused
-// with NotFound or InvalidArgument, and no byte of a file outside.
+// only by digest and only of the image of a checkpoint it may pull:
+// paths, digests the sender does not hold, another image it holds, a
+// layer directory's name, a file put in the blob directory by hand, and
+// the image of a checkpoint it lacks are refused with NotFound or
+// InvalidArgument, a checkpoint it is not granted with PermissionDenied,
+// and no byte of a file outside.
 func TestBlobEndpointConfined(t *testing.T) {
 	requireRoot(t)
 	ctx := context.Background()
@@ -285,6 +294,10 @@ func TestBlobEndpointConfined(t *testing.T) {
 	img := importImage(t, aImgs, "example.com/t/img:1", "x\n")
 	a.write(t, "sb-1", "", "work", mb)
 	a.checkpointOn(t, "ck-1", "sb-1", img)
+	other := importImage(t, aImgs, "example.com/t/other:1", "another image\n")
+	a.write(t, "sb-2", "", "work", mb)
+	a.checkpointOn(t, "ck-2", "sb-2", img) // not granted to b
+	a.grant(b, "ck-1", "ck-none")
 	orphan := []byte("a file nobody listed")
 	orphanDigest := fmt.Sprintf("sha256:%x", sha256.Sum256(orphan))
 	if err := os.WriteFile(filepath.Join(a.imagesDir(), "b", strings.TrimPrefix(orphanDigest, "sha256:")), orphan, 0o600); err != nil {
@@ -303,18 +316,22 @@ func TestBlobEndpointConfined(t *testing.T) {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		return resp.StatusCode, body
 	}
+	blobs := "/v1/checkpoints/ck-1/blobs/"
 	for _, tc := range []struct {
 		path string
 		want []int
 	}{
-		{"/v1/blobs/..%2F..%2F..%2F..%2Fetc%2Fpasswd", []int{http.StatusBadRequest}},
-		{"/v1/blobs/sha256:..%2F..%2F..%2Fetc%2Fpasswd", []int{http.StatusBadRequest}},
-		{"/v1/blobs/%2Fetc%2Fpasswd", []int{http.StatusBadRequest}},
-		{"/v1/blobs/../../../etc/passwd", []int{http.StatusNotFound, http.StatusMovedPermanently}},
-		{"/v1/blobs/" + orphanDigest, []int{http.StatusNotFound}},
-		{"/v1/blobs/sha256:" + filepath.Base(img.Layers[1]), []int{http.StatusNotFound}},
-		{"/v1/blobs/sha256:" + strings.Repeat("0", 64), []int{http.StatusNotFound}},
-		{"/v1/blobs/sha256:" + strings.ToUpper(strings.Repeat("ab", 32)), []int{http.StatusBadRequest}},
+		{"/v1/checkpoints/ck-2/blobs/" + img.Digest, []int{http.StatusForbidden}},
+		{"/v1/checkpoints/..%2Fck-1/blobs/" + img.Digest, []int{http.StatusBadRequest}},
+		{blobs + other.Digest, []int{http.StatusNotFound}},
+		{blobs + "..%2F..%2F..%2F..%2Fetc%2Fpasswd", []int{http.StatusBadRequest}},
+		{blobs + "sha256:..%2F..%2F..%2Fetc%2Fpasswd", []int{http.StatusBadRequest}},
+		{blobs + "%2Fetc%2Fpasswd", []int{http.StatusBadRequest}},
+		{blobs + "../../../etc/passwd", []int{http.StatusNotFound, http.StatusMovedPermanently}},
+		{blobs + orphanDigest, []int{http.StatusNotFound}},
+		{blobs + "sha256:" + filepath.Base(img.Layers[1]), []int{http.StatusNotFound}},
+		{blobs + "sha256:" + strings.Repeat("0", 64), []int{http.StatusNotFound}},
+		{blobs + "sha256:" + strings.ToUpper(strings.Repeat("ab", 32)), []int{http.StatusBadRequest}},
 	} {
 		code, body := get(tc.path)
 		ok := false
@@ -329,7 +346,7 @@ func TestBlobEndpointConfined(t *testing.T) {
 		}
 	}
 	// The manifest of an image held is served.
-	if code, body := get("/v1/blobs/" + img.Digest); code != http.StatusOK || fmt.Sprintf("sha256:%x", sha256.Sum256(body)) != img.Digest {
+	if code, body := get(blobs + img.Digest); code != http.StatusOK || fmt.Sprintf("sha256:%x", sha256.Sum256(body)) != img.Digest {
 		t.Errorf("GET the manifest: got %d, %d bytes", code, len(body))
 	}
 	// The image of a checkpoint a does not hold: NotFound.
@@ -342,7 +359,7 @@ func TestBlobEndpointConfined(t *testing.T) {
 		t.Fatal(err)
 	}
 	sc := &http.Client{Transport: &http.Transport{TLSClientConfig: clientTLS(stranger, pinned)}}
-	if resp, err := sc.Get("https://" + a.addr + "/v1/blobs/" + img.Digest); err == nil {
+	if resp, err := sc.Get("https://" + a.addr + blobs + img.Digest); err == nil {
 		resp.Body.Close()
 		t.Errorf("GET with an unknown client certificate: got %s, want the handshake refused", resp.Status)
 	}

@@ -29,8 +29,8 @@ func (s ImageStore) CheckpointImage(ctx context.Context, id string) (string, str
 	return ref, digest, nil
 }
 
-func (s ImageStore) OpenBlob(ctx context.Context, digest string) (io.ReadCloser, int64, error) {
-	f, n, err := s.Store.OpenBlob(ctx, digest)
+func (s ImageStore) OpenBlob(ctx context.Context, image, digest string) (io.ReadCloser, int64, error) {
+	f, n, err := s.Store.OpenImageBlob(ctx, image, digest)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -103,11 +103,17 @@ func (s *Server) Close() error {
 	return err
 }
 
-func (s *Server) pull(w http.ResponseWriter, r *http.Request) {
-	peer, perr := "", fmt.Errorf("no client certificate: %w", errdefs.ErrPermissionDenied)
-	if r.TLS != nil && len(r.TLS.PeerCertificates) == 1 {
-		peer, perr = s.o.Trust.NodeOf(r.Context(), r.TLS.PeerCertificates[0].Raw)
+// peerOf is the node whose certificate r came with (the handshake
+// checked it; it may have been withdrawn since).
+func (s *Server) peerOf(r *http.Request) (string, error) {
+	if r.TLS == nil || len(r.TLS.PeerCertificates) != 1 {
+		return "", fmt.Errorf("no client certificate: %w", errdefs.ErrPermissionDenied)
 	}
+	return s.o.Trust.NodeOf(r.Context(), r.TLS.PeerCertificates[0].Raw)
+}
+
+func (s *Server) pull(w http.ResponseWriter, r *http.Request) {
+	peer, perr := s.peerOf(r)
 	select {
 	case s.sem <- struct{}{}:
 		defer func() { <-s.sem }()
@@ -125,7 +131,7 @@ func (s *Server) pull(w http.ResponseWriter, r *http.Request) {
 	log := s.o.Log.With(slog.String("checkpoint", req.Checkpoint), slog.String("peer", peer))
 	w.Header().Set("Content-Type", "application/octet-stream")
 	start := time.Now()
-	err := perr // the handshake checked it; the certificate may have been withdrawn since
+	err := perr
 	if err == nil {
 		err = s.grant(ctx, peer, req.Checkpoint)
 	}
