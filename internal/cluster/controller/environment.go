@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strconv"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/errors"
@@ -31,8 +31,11 @@ import (
 // (and, for a rebuild of the same spec after maxAge, the time the
 // replaced one was built), so a reconcile that runs again finds the
 // objects it made; a failed build is not tried again until the spec
-// changes or maxAge passes. Until a new build is ready the old
-// checkpoint keeps serving.
+// changes, maxAge passes or a retry is asked for (RetryAnnotation). A
+// builder that fails to start fails the build too, with its node's
+// reason. Until a new build is ready the old checkpoint keeps serving.
+// Once the Environment is gone its builders and checkpoints go too (as
+// the garbage collector would, which a cluster may not run).
 type environments struct {
 	c   client.Client
 	rec recorder.EventRecorder
@@ -61,12 +64,19 @@ const (
 	ReasonSetupFailed   = "SetupFailed"
 	ReasonCaptureFailed = "CaptureFailed"
 	ReasonNotBuilt      = "NotBuilt"
+	// ReasonBuilderFailed: the builder sandbox failed or its node was
+	// lost. A builder whose node refused to create it names the class of
+	// the refusal instead: CreateFailed<Class> (its Ready reason).
+	ReasonBuilderFailed = "BuilderFailed"
 )
 
 func (r *environments) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	var e fbv1.Environment
 	if err := r.c.Get(ctx, req.NamespacedName, &e); err != nil {
-		return reconcile.Result{}, client.IgnoreNotFound(err)
+		if errors.IsNotFound(err) {
+			return reconcile.Result{}, r.collect(ctx, req.NamespacedName)
+		}
+		return reconcile.Result{}, err
 	}
 	if !e.DeletionTimestamp.IsZero() {
 		return reconcile.Result{}, nil // owner references delete the rest
@@ -86,7 +96,7 @@ func (r *environments) Reconcile(ctx context.Context, req reconcile.Request) (re
 
 func (r *environments) reconcile(ctx context.Context, e *fbv1.Environment) (reconcile.Result, error) {
 	hash := e.Spec.Hash()
-	build := buildName(e, hash)
+	build := fbv1.BuildName(e, hash)
 	var res reconcile.Result
 	if e.Status.Checkpoint != "" && e.Status.Hash == hash && e.Status.Checkpoint == build {
 		// Built and current; look again when it gets too old.
@@ -120,6 +130,14 @@ func (r *environments) reconcile(ctx context.Context, e *fbv1.Environment) (reco
 	}
 	setup := meta.FindStatusCondition(builder.Status.Conditions, fbv1.ConditionSetupComplete)
 	switch {
+	case setup == nil && (builder.Status.Phase == fbv1.PhaseFailed || builder.Status.Phase == fbv1.PhaseLost):
+		reason := ReasonBuilderFailed
+		if c := meta.FindStatusCondition(builder.Status.Conditions, fbv1.ConditionReady); c != nil && strings.HasPrefix(c.Reason, "CreateFailed") {
+			reason = c.Reason
+		}
+		r.fail(e, reason, fmt.Sprintf("build %s: builder sandbox %s on node %s: %s", build, strings.ToLower(string(builder.Status.Phase)),
+			builder.Spec.NodeName, builder.Status.Message))
+		return res, nil
 	case setup == nil:
 		building(fmt.Sprintf("builder sandbox %s: %s %s", build, builder.Status.Phase, builder.Status.Message))
 		return res, nil
@@ -152,24 +170,6 @@ func (r *environments) reconcile(ctx context.Context, e *fbv1.Environment) (reco
 	// The status is written before the old objects go; the next
 	// reconcile (this write triggers it) removes them.
 	return res, nil
-}
-
-// buildName names the build of spec hash: the environment's name, the
-// hash, and for a rebuild of the same spec after maxAge the build time
-// of the checkpoint it replaces.
-func buildName(e *fbv1.Environment, hash string) string {
-	base := e.Name
-	if len(base) > 200 {
-		base = base[:200]
-	}
-	name := base + "-" + hash[:10]
-	if e.Status.Hash == hash && e.Status.BuiltAt != nil && e.Spec.MaxAge != nil && e.Spec.MaxAge.Duration > 0 &&
-		time.Since(e.Status.BuiltAt.Time) >= e.Spec.MaxAge.Duration {
-		name += "-" + strconv.FormatInt(e.Status.BuiltAt.Unix(), 36)
-	} else if e.Status.Hash == hash && e.Status.Checkpoint != "" {
-		name = e.Status.Checkpoint // the current one, not aged yet
-	}
-	return name
 }
 
 func (r *environments) fail(e *fbv1.Environment, reason, msg string) {
@@ -253,6 +253,48 @@ func (r *environments) cleanup(ctx context.Context, e *fbv1.Environment, build, 
 		}
 		r.log.InfoContext(ctx, "environment checkpoint replaced", slog.String("environment", e.Namespace+"/"+e.Name), slog.String("checkpoint", ck.Name))
 		if err := r.c.Delete(ctx, ck); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// collect deletes what a deleted Environment called key left: the
+// builder Sandboxes and Checkpoints it controlled (found by its label and
+// their controller reference, whatever its UID was: no Environment of
+// that name exists now, and one made again meanwhile is not deleted for).
+func (r *environments) collect(ctx context.Context, key types.NamespacedName) error {
+	mine := []client.ListOption{client.InNamespace(key.Namespace), client.MatchingLabels{fbv1.EnvironmentLabel: key.Name}}
+	var sl fbv1.SandboxList
+	if err := r.c.List(ctx, &sl, mine...); err != nil {
+		return err
+	}
+	var cl fbv1.CheckpointList
+	if err := r.c.List(ctx, &cl, mine...); err != nil {
+		return err
+	}
+	var objs []client.Object
+	for i := range sl.Items {
+		objs = append(objs, &sl.Items[i])
+	}
+	for i := range cl.Items {
+		objs = append(objs, &cl.Items[i])
+	}
+	if len(objs) == 0 {
+		return nil
+	}
+	var now fbv1.Environment // one made again since the cache said it was gone
+	err := r.c.Get(ctx, key, &now)
+	if err != nil && !errors.IsNotFound(err) {
+		return err
+	}
+	for _, o := range objs {
+		ref := metav1.GetControllerOf(o)
+		if ref == nil || ref.Kind != "Environment" || ref.Name != key.Name || (err == nil && ref.UID == now.UID) || !o.GetDeletionTimestamp().IsZero() {
+			continue
+		}
+		r.log.InfoContext(ctx, "collecting what a deleted environment left", slog.String("environment", key.String()), slog.String("object", o.GetName()))
+		if err := r.c.Delete(ctx, o); client.IgnoreNotFound(err) != nil {
 			return err
 		}
 	}

@@ -46,6 +46,11 @@ const (
 	// BuildHashAnnotation is, on a builder Sandbox, the hash of the
 	// Environment spec it builds (EnvironmentSpec.Hash).
 	BuildHashAnnotation = "forkbox.dev/build-hash"
+	// RetryAnnotation is, on an Environment, a count: raising it asks for
+	// a failed build of the current spec to be tried again (a build that
+	// failed is otherwise not tried again until the spec changes or
+	// maxAge passes). It is part of the build's name (see BuildName).
+	RetryAnnotation = "forkbox.dev/retry"
 	// NodeNameField is the field the node agents select their objects by.
 	NodeNameField = "spec.nodeName"
 )

@@ -1,0 +1,93 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
+	"github.com/forkbox/forkbox/internal/cluster/clustertest"
+)
+
+// awaitFailed waits until the environment's build failed with reason.
+func awaitFailed(t *testing.T, e *fbv1.Environment, build, reason string) *metav1.Condition {
+	t.Helper()
+	var c *metav1.Condition
+	clustertest.Eventually(t, 30*time.Second, "build "+build+" failed with "+reason, func() (bool, string) {
+		get(t, e)
+		c = meta.FindStatusCondition(e.Status.Conditions, fbv1.ConditionBuilt)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == reason && e.Status.Build == build, fmt.Sprintf("%+v", e.Status)
+	})
+	return c
+}
+
+// A failed build is tried again once the Environment's retry count is
+// raised, under a new build name; a builder its node refused to create
+// fails the build with the node's reason (naming the class), and goes;
+// a deleted Environment's checkpoint and builders are collected.
+func TestEnvironmentRetryAndCollect(t *testing.T) {
+	plane.Need(t)
+	startController(t)
+	ns := namespace(t)
+	node(t, "retry-a", 4, long)
+	ctx := context.Background()
+	e := &fbv1.Environment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "flaky"},
+		Spec: fbv1.EnvironmentSpec{Image: "busybox", Runtime: fbv1.RuntimeCrun, Setup: []string{"curl example.com"}}}
+	create(t, e)
+	first := "flaky-" + e.Spec.Hash()[:10]
+	b := awaitBuilder(t, e, first)
+	setupDone(t, b, false, "step 1 of 1 (curl example.com): exited 6")
+	awaitFailed(t, e, first, ReasonSetupFailed)
+	goneObj(t, b)
+
+	// Not tried again by itself; tried again once asked.
+	if got := fbv1.BuildName(get(t, e), e.Spec.Hash()); got != first {
+		t.Fatalf("build name of a failed build: got %s, want %s", got, first)
+	}
+	e.Annotations = map[string]string{fbv1.RetryAnnotation: "1"}
+	if err := plane.Client.Update(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	retry := first + "-r1"
+	b = awaitBuilder(t, e, retry)
+	// Its node refuses to create it (an image it does not have).
+	get(t, b).Status.Phase = fbv1.PhaseFailed
+	b.Status.Message = `image "busybox" not found`
+	meta.SetStatusCondition(&b.Status.Conditions, metav1.Condition{Type: fbv1.ConditionReady, Status: metav1.ConditionFalse,
+		Reason: "CreateFailedNotFound", Message: b.Status.Message})
+	if err := plane.Client.Status().Update(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	c := awaitFailed(t, e, retry, "CreateFailedNotFound")
+	if want := `builder sandbox failed on node retry-a: image "busybox" not found`; !strings.Contains(c.Message, want) {
+		t.Fatalf("failure message %q, want it to say %q", c.Message, want)
+	}
+	goneObj(t, b)
+
+	// Tried again, and built this time.
+	get(t, e).Annotations[fbv1.RetryAnnotation] = "2"
+	if err := plane.Client.Update(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	third := first + "-r2"
+	b = awaitBuilder(t, e, third)
+	setupDone(t, b, true, "1 step")
+	awaitCapture(t, b, "retry-a")
+	awaitBuilt(t, e, third)
+	if got := fbv1.BuildName(get(t, e), e.Spec.Hash()); got != third {
+		t.Fatalf("build name once built: got %s, want the checkpoint's %s", got, third)
+	}
+
+	// Deleted: its checkpoint goes (no garbage collector runs here).
+	ck := &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: third}}
+	get(t, ck)
+	if err := plane.Client.Delete(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	goneObj(t, ck)
+}
