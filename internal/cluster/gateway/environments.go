@@ -164,7 +164,7 @@ func (g *Gateway) environment(ctx context.Context, name string) (*fbv1.Environme
 		return nil, err
 	}
 	e := &fbv1.Environment{ObjectMeta: metav1.ObjectMeta{Namespace: g.o.Namespace, Name: name}}
-	gone, err := g.getFresh(ctx, e)
+	gone, err := g.getAPI(ctx, e)
 	if err != nil {
 		return nil, err
 	}
@@ -172,6 +172,17 @@ func (g *Gateway) environment(ctx context.Context, name string) (*fbv1.Environme
 		return nil, fmt.Errorf("environment %q: %w", name, errdefs.ErrNotFound)
 	}
 	return e, nil
+}
+
+// getAPI reads an Environment from the API server: the cache may not
+// have seen a write of this call yet (an old spec or retry count would be
+// taken for another caller's, or for the failure of the build before).
+func (g *Gateway) getAPI(ctx context.Context, e *fbv1.Environment) (gone bool, err error) {
+	err = g.api.Get(ctx, client.ObjectKeyFromObject(e), e)
+	if apierrors.IsNotFound(err) {
+		return true, nil
+	}
+	return false, kerr(err, "environment "+e.Name)
 }
 
 // buildEnvironment makes the Environment object say the definition and
@@ -205,7 +216,7 @@ func (g *Gateway) awaitEnvironment(ctx context.Context, name string, spec fbv1.E
 	}
 	var last string
 	err = g.await(ctx, "environment "+name+" to be built", func() (bool, string, error) {
-		gone, err := g.getFresh(ctx, e)
+		gone, err := g.getAPI(ctx, e)
 		switch {
 		case err != nil:
 			return false, "", err
