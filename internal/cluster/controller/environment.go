@@ -35,7 +35,11 @@ import (
 // builder that fails to start fails the build too, with its node's
 // reason. Until a new build is ready the old checkpoint keeps serving.
 // Once the Environment is gone its builders and checkpoints go too (as
-// the garbage collector would, which a cluster may not run).
+// the garbage collector would, which a cluster may not run). A spec with
+// a setupHash has its setup run by a client instead (through the
+// gateway): its builder has no build-hash annotation, so no node agent
+// runs steps in it, and its outcome is the client's word on the builder
+// (SetupResultAnnotation), within ClientSetupTimeout.
 type environments struct {
 	c   client.Client
 	rec recorder.EventRecorder
@@ -129,6 +133,12 @@ func (r *environments) reconcile(ctx context.Context, e *fbv1.Environment) (reco
 		return res, err
 	}
 	setup := meta.FindStatusCondition(builder.Status.Conditions, fbv1.ConditionSetupComplete)
+	if e.Spec.SetupHash != "" {
+		var wait time.Duration
+		if setup, wait = clientSetup(builder); wait > 0 {
+			res.RequeueAfter = wait
+		}
+	}
 	switch {
 	case setup == nil && (builder.Status.Phase == fbv1.PhaseFailed || builder.Status.Phase == fbv1.PhaseLost):
 		reason := ReasonBuilderFailed
@@ -192,6 +202,9 @@ func (r *environments) builder(ctx context.Context, e *fbv1.Environment, build, 
 			Annotations: map[string]string{fbv1.BuildHashAnnotation: hash}},
 		Spec: fbv1.SandboxSpec{Image: e.Spec.Image, Runtime: e.Spec.Runtime, Resources: *e.Spec.Resources.DeepCopy(),
 			Env: append([]fbv1.EnvVar(nil), e.Spec.Env...), WorkingDir: e.Spec.WorkingDir, State: fbv1.StateRunning},
+	}
+	if e.Spec.SetupHash != "" {
+		delete(sb.Annotations, fbv1.BuildHashAnnotation) // its client runs the setup, not its node agent
 	}
 	if err := controllerutil.SetControllerReference(e, &sb, r.c.Scheme()); err != nil {
 		return nil, err
@@ -299,4 +312,34 @@ func (r *environments) collect(ctx context.Context, key types.NamespacedName) er
 		}
 	}
 	return nil
+}
+
+// ClientSetupTimeout bounds how long a client may hold the builder of a
+// client-run setup (as the daemon bounds a build lease).
+const ClientSetupTimeout = 2 * time.Hour
+
+// clientSetup is the outcome of a client-run setup as a SetupComplete
+// condition would say it, from the builder's SetupResultAnnotation: nil
+// while the builder is not running yet, Unknown while its client holds
+// it (and wait is when that times out), False once the client said it
+// failed or the time is up.
+func clientSetup(sb *fbv1.Sandbox) (c *metav1.Condition, wait time.Duration) {
+	v, said := sb.Annotations[fbv1.SetupResultAnnotation]
+	switch {
+	case said && v == "ok":
+		return &metav1.Condition{Status: metav1.ConditionTrue, Message: "the client's setup is done"}, 0
+	case said:
+		return &metav1.Condition{Status: metav1.ConditionFalse, Message: kube.Truncate(strings.TrimPrefix(v, "failed: "), 2048)}, 0
+	case sb.Status.Phase != fbv1.PhaseRunning:
+		return nil, 0
+	}
+	left := ClientSetupTimeout - time.Since(sb.CreationTimestamp.Time)
+	if left <= 0 {
+		return &metav1.Condition{Status: metav1.ConditionFalse, Message: fmt.Sprintf("the client's setup did not end within %s", ClientSetupTimeout)}, 0
+	}
+	msg := "waiting for a client to take the builder"
+	if sb.Annotations[fbv1.LeaseAnnotation] != "" {
+		msg = "its client runs the setup"
+	}
+	return &metav1.Condition{Status: metav1.ConditionUnknown, Message: msg}, left + 100*time.Millisecond
 }

@@ -9,6 +9,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
 	"github.com/forkbox/forkbox/internal/cluster/clustertest"
@@ -90,4 +92,67 @@ func TestEnvironmentRetryAndCollect(t *testing.T) {
 		t.Fatal(err)
 	}
 	goneObj(t, ck)
+}
+
+// A client-run setup (spec.setupHash): the builder is left to a client
+// (no node agent runs steps in it: no build-hash annotation); the
+// client's word on it (SetupResultAnnotation) fails the build with its
+// message, or, on a retry, lets it be captured and built.
+func TestEnvironmentClientSetup(t *testing.T) {
+	plane.Need(t)
+	startController(t)
+	ns := namespace(t)
+	node(t, "client-a", 4, long)
+	ctx := context.Background()
+	e := &fbv1.Environment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fn"},
+		Spec: fbv1.EnvironmentSpec{Image: "busybox", Runtime: fbv1.RuntimeCrun, SetupHash: "abc123"}}
+	create(t, e)
+	first := "fn-" + e.Spec.Hash()[:10]
+	b := &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: first}}
+	clustertest.Eventually(t, 30*time.Second, "builder "+first, func() (bool, string) {
+		err := plane.Client.Get(ctx, client.ObjectKeyFromObject(b), b)
+		return err == nil && b.Spec.NodeName != "", fmt.Sprint(err)
+	})
+	if _, ok := b.Annotations[fbv1.BuildHashAnnotation]; ok || !metav1.IsControlledBy(b, e) {
+		t.Fatalf("builder of a client-run setup: annotations %v, owners %v", b.Annotations, b.OwnerReferences)
+	}
+	setPhase(t, b, fbv1.PhaseRunning)
+	clustertest.Eventually(t, 30*time.Second, "waiting for a client", func() (bool, string) {
+		c := meta.FindStatusCondition(get(t, e).Status.Conditions, fbv1.ConditionBuilt)
+		return c != nil && c.Reason == ReasonBuilding && strings.Contains(c.Message, "waiting for a client"), fmt.Sprintf("%+v", c)
+	})
+	clientSays := func(b *fbv1.Sandbox, result string) {
+		t.Helper()
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			if err := plane.Client.Get(ctx, client.ObjectKeyFromObject(b), b); err != nil {
+				return err
+			}
+			b.Annotations = map[string]string{fbv1.LeaseAnnotation: "lease-1", fbv1.SetupResultAnnotation: result}
+			return plane.Client.Update(ctx, b)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	clientSays(b, "failed: setup broke")
+	c := awaitFailed(t, e, first, ReasonSetupFailed)
+	if !strings.Contains(c.Message, "setup broke") {
+		t.Fatalf("failure message %q, want the client's", c.Message)
+	}
+	goneObj(t, b)
+
+	get(t, e).Annotations = map[string]string{fbv1.RetryAnnotation: "1"}
+	if err := plane.Client.Update(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	b = &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: first + "-r1"}}
+	clustertest.Eventually(t, 30*time.Second, "builder "+b.Name, func() (bool, string) {
+		err := plane.Client.Get(ctx, client.ObjectKeyFromObject(b), b)
+		return err == nil && b.Spec.NodeName != "", fmt.Sprint(err)
+	})
+	setPhase(t, b, fbv1.PhaseRunning)
+	clientSays(b, "ok")
+	awaitCapture(t, b, "client-a")
+	awaitBuilt(t, e, b.Name)
+	goneObj(t, b)
 }

@@ -34,6 +34,14 @@ type EnvironmentSpec struct {
 	// +listType=atomic
 	// +optional
 	Setup []string `json:"setup,omitempty"`
+	// SetupHash, when set, says a client runs the setup instead of
+	// Setup (the gateway's BeginBuild and CompleteBuild: an SDK's setup
+	// function): it is a hash of the client's setup code, and part of the
+	// spec's hash. The builder is handed to that client, which says how
+	// its setup went on the builder (SetupResultAnnotation).
+	// +kubebuilder:validation:MaxLength=128
+	// +optional
+	SetupHash string `json:"setupHash,omitempty"`
 	// MaxAge rebuilds the checkpoint once it is older (0 = never).
 	// +optional
 	MaxAge *metav1.Duration `json:"maxAge,omitempty"`
