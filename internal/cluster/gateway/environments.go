@@ -148,16 +148,6 @@ func (s *environments) DeleteEnvironment(ctx context.Context, req *connect.Reque
 	return connect.NewResponse(&v1.DeleteEnvironmentResponse{}), nil
 }
 
-const interactiveBuild = "a client-run setup holds a builder sandbox between two calls under a lease, and an Environment object's builds are run by the controller and its node agents from spec.setup only: give the setup as steps (commands and files)"
-
-func (s *environments) BeginBuild(context.Context, *connect.Request[v1.BeginBuildRequest]) (*connect.Response[v1.BeginBuildResponse], error) {
-	return nil, unimplemented("BeginBuild", interactiveBuild)
-}
-
-func (s *environments) CompleteBuild(context.Context, *connect.Request[v1.CompleteBuildRequest]) (*connect.Response[v1.CompleteBuildResponse], error) {
-	return nil, unimplemented("CompleteBuild", interactiveBuild)
-}
-
 // environment finds the Environment called name.
 func (g *Gateway) environment(ctx context.Context, name string) (*fbv1.Environment, error) {
 	if err := checkRef("environment", name); err != nil {
@@ -202,6 +192,20 @@ func (g *Gateway) awaitEnvironment(ctx context.Context, name string, spec fbv1.E
 	if send == nil {
 		send = func(*v1.BuildProgress) {}
 	}
+	if spec.SetupHash != "" {
+		// Built by a client (BeginBuild): answered only once built, so
+		// that no builder waits for a client that is not coming.
+		e, err := g.environment(ctx, name)
+		if err == nil && builtAs(e, spec.Hash()) {
+			send(&v1.BuildProgress{Phase: "cached", Message: "already built: " + g.checkpointPublicID(ctx, e.Status.Checkpoint)})
+			return e, false, nil
+		}
+		if err != nil && !errdefs.IsNotFound(err) {
+			return nil, false, err
+		}
+		return nil, false, fmt.Errorf("environment %s has a client-run setup (setup_hash) that is not built: run it with BeginBuild and CompleteBuild (an SDK's setup function): %w",
+			name, errdefs.ErrFailedPrecondition)
+	}
 	e, started, err := g.define(ctx, name, spec)
 	if err != nil {
 		return nil, false, err
@@ -232,9 +236,9 @@ func (g *Gateway) awaitEnvironment(ctx context.Context, name string, spec fbv1.E
 			return false, "", buildError(e, c)
 		}
 		p, builder := g.buildProgress(ctx, e, hash)
-		if key := p.Phase + "\x00" + p.Message; key != last {
+		if key := p.Phase + "\x00" + p.Message; key != last && started {
 			last = key
-			send(p)
+			send(p) // a build's progress is for the caller that started it (the others were told to wait)
 		}
 		status := fmt.Sprintf("%s: %s", p.Phase, p.Message)
 		// A builder that fails is the controller's to report (above); one

@@ -16,11 +16,12 @@ import (
 
 // An environment definition in cluster mode is an Environment object's
 // spec. What the spec has no field for is refused, naming cluster mode,
-// rather than dropped: a warm pool, a start command, an egress policy, a
-// client-run setup's hash. A step that writes a file becomes a shell
-// command that writes it (spec.setup holds commands): printf with the
-// content escaped in its format, so any image with a POSIX shell runs
-// it, and read back as the write step it came from.
+// rather than dropped: a warm pool, a start command, an egress policy. A
+// client-run setup (setup_hash) is built through BeginBuild (envlease.go).
+// A step that writes a file becomes a shell command that writes it
+// (spec.setup holds commands): printf with the content escaped in its
+// format, so any image with a POSIX shell runs it, and read back as the
+// write step it came from.
 
 // Bounds of a definition in an object (the CRD's, checked first so the
 // error is the caller's; the total keeps the object well under etcd's
@@ -54,8 +55,10 @@ func specOf(d *v1.EnvironmentDefinition) (fbv1.EnvironmentSpec, error) {
 		return spec, fmt.Errorf("environment %s: a start command is not available in cluster mode (forkbox serve --gateway): the Environment object's snapshot is a filesystem checkpoint: %w", d.Name, errdefs.ErrInvalidArgument)
 	case d.Egress != "":
 		return spec, fmt.Errorf("environment %s: an environment's egress policy is not available in cluster mode (forkbox serve --gateway): give it to each sandbox of the environment (overrides.egress): %w", d.Name, errdefs.ErrInvalidArgument)
-	case d.SetupHash != "":
-		return spec, fmt.Errorf("environment %s: a client-run setup (setup_hash) is not available in cluster mode (forkbox serve --gateway): give the setup as steps: %w", d.Name, errdefs.ErrInvalidArgument)
+	case len(d.SetupHash) > 128:
+		return spec, fmt.Errorf("setup hash of %d bytes: at most 128: %w", len(d.SetupHash), errdefs.ErrInvalidArgument)
+	case d.SetupHash != "" && len(d.Steps) > 0:
+		return spec, fmt.Errorf("environment %s: a client-run setup (setup_hash) with steps is not available in cluster mode (forkbox serve --gateway): give steps or a setup function, not both: %w", d.Name, errdefs.ErrInvalidArgument)
 	case d.MaxAgeSeconds < 0:
 		return spec, fmt.Errorf("max age %ds is negative: %w", d.MaxAgeSeconds, errdefs.ErrInvalidArgument)
 	}
@@ -72,7 +75,7 @@ func specOf(d *v1.EnvironmentDefinition) (fbv1.EnvironmentSpec, error) {
 	if err != nil {
 		return spec, err
 	}
-	spec = fbv1.EnvironmentSpec{Image: d.Image, Runtime: rt, WorkingDir: d.Cwd}
+	spec = fbv1.EnvironmentSpec{Image: d.Image, Runtime: rt, WorkingDir: d.Cwd, SetupHash: d.SetupHash}
 	if spec.Resources, err = resourcesOf(d.Resources); err != nil {
 		return spec, err
 	}
@@ -229,7 +232,7 @@ func printfUnformat(f string) ([]byte, bool) {
 // definitionOf is the definition an Environment object holds.
 func definitionOf(e *fbv1.Environment) *v1.EnvironmentDefinition {
 	s := &e.Spec
-	d := &v1.EnvironmentDefinition{Name: e.Name, Image: s.Image, Runtime: string(s.Runtime), Cwd: s.WorkingDir,
+	d := &v1.EnvironmentDefinition{Name: e.Name, Image: s.Image, Runtime: string(s.Runtime), Cwd: s.WorkingDir, SetupHash: s.SetupHash,
 		Resources: &v1.Resources{Cpu: quantityString(s.Resources.CPU), Memory: quantityString(s.Resources.Memory), Disk: quantityString(s.Resources.Disk)}}
 	if p := s.Resources.Pids; p != nil {
 		d.Resources.Pids = *p
