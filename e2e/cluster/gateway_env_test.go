@@ -2,6 +2,9 @@ package cluster
 
 import (
 	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -203,5 +206,42 @@ func cleanEnvironments(t *testing.T, names ...string) {
 		if slices.Contains(names, cl.Items[i].Labels[fbv1.EnvironmentLabel]) {
 			gone(t, &cl.Items[i]) // the controller collects them
 		}
+	}
+}
+
+// The CLI, unchanged, against the gateway: the README's environment
+// commands (a definition file with a command and a file to write).
+func TestGatewayEnvCLI(t *testing.T) {
+	gateway(t)
+	t.Cleanup(func() { cleanEnvironments(t, "tools") })
+	cli := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(cl.Bin, append([]string{"--host", "http://" + gw.addr, "--token", gw.token}, args...)...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("forkbox %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	def := filepath.Join(t.TempDir(), "tools.json")
+	if err := os.WriteFile(def, []byte(`{"name": "tools", "image": "`+env.image+`", "resources": {"memory": "256Mi"},
+ "setup": ["mkdir -p /opt/tool && echo v1 > /opt/tool/version", {"path": "/opt/tool/cfg", "content": "debug=1\n"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cli("env", "build", "-f", def)
+	if ls := cli("env", "ls"); !strings.Contains(ls, "tools") || !strings.Contains(ls, "ready") {
+		t.Fatalf("env ls: got %s", ls)
+	}
+	cli("create", "--environment", "tools", "--name", "t1")
+	if got := cli("exec", "t1", "--", "cat", "/opt/tool/version", "/opt/tool/cfg"); got != "v1\ndebug=1\n" {
+		t.Fatalf("exec in a sandbox of the environment: got %q", got)
+	}
+	if ins := cli("env", "inspect", "tools"); !strings.Contains(ins, "/opt/tool/cfg") {
+		t.Fatalf("env inspect: got %s, want the write step", ins)
+	}
+	cli("rm", "t1")
+	cli("env", "rm", "tools")
+	if ls := cli("env", "ls"); strings.Contains(ls, "tools") {
+		t.Fatalf("env ls after rm: got %s", ls)
 	}
 }
