@@ -51,7 +51,7 @@ func TestGatewayEnvironments(t *testing.T) {
 		}
 		if info.State != "ready" || !strings.HasPrefix(info.Checkpoint, "ck-") || len(phases) < 2 || phases[0] != "create" ||
 			phases[len(phases)-1] != "done" || slices.Contains(phases, "cached") {
-			t.Fatalf("build: state %q checkpoint %q, progress %v", info.State, info.Checkpoint, phases)
+			t.Fatalf("build: state %q checkpoint %q, progress %v", info.State, info.Checkpoint, progress)
 		}
 		obj := get(t, &fbv1.Environment{ObjectMeta: metav1.ObjectMeta{Namespace: gw.namespace, Name: name}})
 		ck := get(t, &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: gw.namespace, Name: obj.Status.Checkpoint}})

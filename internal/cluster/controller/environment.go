@@ -78,12 +78,15 @@ func (r *environments) Reconcile(ctx context.Context, req reconcile.Request) (re
 	var e fbv1.Environment
 	if err := r.c.Get(ctx, req.NamespacedName, &e); err != nil {
 		if errors.IsNotFound(err) {
-			return reconcile.Result{}, r.collect(ctx, req.NamespacedName)
+			return reconcile.Result{}, r.collect(ctx, req.NamespacedName, "")
 		}
 		return reconcile.Result{}, err
 	}
 	if !e.DeletionTimestamp.IsZero() {
 		return reconcile.Result{}, nil // owner references delete the rest
+	}
+	if err := r.collect(ctx, req.NamespacedName, e.UID); err != nil {
+		return reconcile.Result{}, err
 	}
 	before := e.DeepCopy()
 	res, err := r.reconcile(ctx, &e)
@@ -193,6 +196,14 @@ func (r *environments) fail(e *fbv1.Environment, reason, msg string) {
 func (r *environments) builder(ctx context.Context, e *fbv1.Environment, build, hash string) (*fbv1.Sandbox, error) {
 	var sb fbv1.Sandbox
 	err := r.c.Get(ctx, types.NamespacedName{Namespace: e.Namespace, Name: build}, &sb)
+	if err == nil && !metav1.IsControlledBy(&sb, e) {
+		// The builder of an Environment of this name that was deleted
+		// (same spec, same build name): not ours to use; collect deletes
+		// it, and its going brings us back.
+		kube.SetCondition(&e.Status.Conditions, fbv1.ConditionBuilt, false, ReasonBuilding,
+			"waiting for sandbox "+build+" of an earlier environment of this name to go", e.Generation)
+		return nil, nil
+	}
 	if err == nil || !errors.IsNotFound(err) {
 		return &sb, err
 	}
@@ -220,6 +231,11 @@ func (r *environments) builder(ctx context.Context, e *fbv1.Environment, build, 
 func (r *environments) checkpoint(ctx context.Context, e *fbv1.Environment, build string, builder *fbv1.Sandbox) (*fbv1.Checkpoint, error) {
 	var ck fbv1.Checkpoint
 	err := r.c.Get(ctx, types.NamespacedName{Namespace: e.Namespace, Name: build}, &ck)
+	if err == nil && !metav1.IsControlledBy(&ck, e) {
+		kube.SetCondition(&e.Status.Conditions, fbv1.ConditionBuilt, false, ReasonBuilding,
+			"waiting for checkpoint "+build+" of an earlier environment of this name to go", e.Generation)
+		return nil, nil // as for the builder
+	}
 	if err == nil || !errors.IsNotFound(err) {
 		return &ck, err
 	}
@@ -273,10 +289,12 @@ func (r *environments) cleanup(ctx context.Context, e *fbv1.Environment, build, 
 }
 
 // collect deletes what a deleted Environment called key left: the
-// builder Sandboxes and Checkpoints it controlled (found by its label and
-// their controller reference, whatever its UID was: no Environment of
-// that name exists now, and one made again meanwhile is not deleted for).
-func (r *environments) collect(ctx context.Context, key types.NamespacedName) error {
+// builder Sandboxes and Checkpoints controlled by an Environment of that
+// name other than the one of UID keep ("" when none exists now), found
+// by its label and their controller reference. An Environment deleted
+// and made again (same name, new UID) does not take over the objects of
+// the first, which may be going already.
+func (r *environments) collect(ctx context.Context, key types.NamespacedName, keep types.UID) error {
 	mine := []client.ListOption{client.InNamespace(key.Namespace), client.MatchingLabels{fbv1.EnvironmentLabel: key.Name}}
 	var sl fbv1.SandboxList
 	if err := r.c.List(ctx, &sl, mine...); err != nil {
@@ -293,18 +311,19 @@ func (r *environments) collect(ctx context.Context, key types.NamespacedName) er
 	for i := range cl.Items {
 		objs = append(objs, &cl.Items[i])
 	}
-	if len(objs) == 0 {
-		return nil
-	}
-	var now fbv1.Environment // one made again since the cache said it was gone
-	err := r.c.Get(ctx, key, &now)
-	if err != nil && !errors.IsNotFound(err) {
-		return err
-	}
 	for _, o := range objs {
 		ref := metav1.GetControllerOf(o)
-		if ref == nil || ref.Kind != "Environment" || ref.Name != key.Name || (err == nil && ref.UID == now.UID) || !o.GetDeletionTimestamp().IsZero() {
+		if ref == nil || ref.Kind != "Environment" || ref.Name != key.Name || ref.UID == keep || !o.GetDeletionTimestamp().IsZero() {
 			continue
+		}
+		if keep == "" {
+			// One made again since the cache said it was gone keeps its own.
+			var now fbv1.Environment
+			if err := r.c.Get(ctx, key, &now); err == nil && ref.UID == now.UID {
+				continue
+			} else if err != nil && !errors.IsNotFound(err) {
+				return err
+			}
 		}
 		r.log.InfoContext(ctx, "collecting what a deleted environment left", slog.String("environment", key.String()), slog.String("object", o.GetName()))
 		if err := r.c.Delete(ctx, o); client.IgnoreNotFound(err) != nil {

@@ -85,13 +85,41 @@ func TestEnvironmentRetryAndCollect(t *testing.T) {
 		t.Fatalf("build name once built: got %s, want the checkpoint's %s", got, third)
 	}
 
-	// Deleted: its checkpoint goes (no garbage collector runs here).
+	// Deleted: its checkpoint goes (no garbage collector runs here). Its
+	// node holds a copy a while (the finalizer), and an Environment of
+	// the same name and spec made meanwhile does not take it for its own.
 	ck := &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: third}}
-	get(t, ck)
+	get(t, ck).Finalizers = []string{fbv1.CheckpointFinalizer}
+	if err := plane.Client.Update(ctx, ck); err != nil {
+		t.Fatal(err)
+	}
 	if err := plane.Client.Delete(ctx, e); err != nil {
 		t.Fatal(err)
 	}
-	goneObj(t, ck)
+	clustertest.Eventually(t, 30*time.Second, "checkpoint "+ck.Name+" deleted", func() (bool, string) {
+		return !get(t, ck).DeletionTimestamp.IsZero(), "not yet"
+	})
+	again := &fbv1.Environment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "flaky", Annotations: map[string]string{fbv1.RetryAnnotation: "2"}},
+		Spec: e.Spec}
+	create(t, again)
+	b = awaitBuilder(t, again, third) // the same build name
+	setupDone(t, b, true, "1 step")
+	clustertest.Eventually(t, 30*time.Second, "waiting for the old checkpoint", func() (bool, string) {
+		c := meta.FindStatusCondition(get(t, again).Status.Conditions, fbv1.ConditionBuilt)
+		return c != nil && strings.Contains(c.Message, "earlier environment"), fmt.Sprintf("%+v", again.Status)
+	})
+	if again.Status.Checkpoint != "" {
+		t.Fatalf("the new environment took the old one's checkpoint: %+v", again.Status)
+	}
+	get(t, ck).Finalizers = nil // its node let it go
+	if err := plane.Client.Update(ctx, ck); err != nil {
+		t.Fatal(err)
+	}
+	awaitCapture(t, b, "retry-a")
+	awaitBuilt(t, again, third)
+	if ck := get(t, &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: third}}); !metav1.IsControlledBy(ck, again) {
+		t.Fatalf("checkpoint %s: owners %v, want the new environment", ck.Name, ck.OwnerReferences)
+	}
 }
 
 // A client-run setup (spec.setupHash): the builder is left to a client

@@ -164,15 +164,47 @@ func (g *Gateway) environment(ctx context.Context, name string) (*fbv1.Environme
 	return e, nil
 }
 
-// getAPI reads an Environment from the API server: the cache may not
-// have seen a write of this call yet (an old spec or retry count would be
-// taken for another caller's, or for the failure of the build before).
+// getAPI reads an Environment from the API server.
 func (g *Gateway) getAPI(ctx context.Context, e *fbv1.Environment) (gone bool, err error) {
 	err = g.api.Get(ctx, client.ObjectKeyFromObject(e), e)
 	if apierrors.IsNotFound(err) {
 		return true, nil
 	}
 	return false, kerr(err, "environment "+e.Name)
+}
+
+// envWatch is what a call waiting on an Environment knows it wrote (or
+// read) last: that object, at that generation and retry count, of that
+// spec hash.
+type envWatch struct {
+	uid     types.UID
+	gen     int64
+	retries int
+	hash    string
+}
+
+func watchOf(e *fbv1.Environment) envWatch {
+	return envWatch{uid: e.UID, gen: e.Generation, retries: fbv1.Retries(e), hash: e.Spec.Hash()}
+}
+
+// envNow reads e for a wait, from the cache (a wait reads on every change
+// in the namespace: the API server's client would throttle it), once the
+// cache has seen what w says was written: until then fresh is false. A
+// cached spec of another hash or another object is confirmed with the
+// API server (a redefinition, or a cache still behind).
+func (g *Gateway) envNow(ctx context.Context, e *fbv1.Environment, w envWatch) (fresh, gone bool, err error) {
+	if gone, err = g.getFresh(ctx, e); err != nil || gone {
+		return true, gone, err
+	}
+	if e.UID != w.uid || e.Spec.Hash() != w.hash {
+		if gone, err = g.getAPI(ctx, e); err != nil || gone {
+			return true, gone, err
+		}
+		if e.UID != w.uid {
+			return true, true, nil // deleted, and made again
+		}
+	}
+	return e.Generation >= w.gen && fbv1.Retries(e) >= w.retries, false, nil
 }
 
 // buildEnvironment makes the Environment object say the definition and
@@ -219,11 +251,14 @@ func (g *Gateway) awaitEnvironment(ctx context.Context, name string, spec fbv1.E
 		send(&v1.BuildProgress{Phase: "wait", Steps: steps, Message: "another caller is building this definition"})
 	}
 	var last string
+	w := watchOf(e)
 	err = g.await(ctx, "environment "+name+" to be built", func() (bool, string, error) {
-		gone, err := g.getAPI(ctx, e)
+		fresh, gone, err := g.envNow(ctx, e, w)
 		switch {
 		case err != nil:
 			return false, "", err
+		case !fresh:
+			return false, "the gateway's cache has not seen the environment's last write yet", nil
 		case gone || !e.DeletionTimestamp.IsZero():
 			return false, "", fmt.Errorf("environment %s was deleted while it was building: %w", name, errdefs.ErrNotFound)
 		case e.Spec.Hash() != hash:
@@ -238,6 +273,7 @@ func (g *Gateway) awaitEnvironment(ctx context.Context, name string, spec fbv1.E
 		p, builder := g.buildProgress(ctx, e, hash)
 		if key := p.Phase + "\x00" + p.Message; key != last && started {
 			last = key
+			g.log.DebugContext(ctx, "build progress", "environment", name, "phase", p.Phase, "message", p.Message)
 			send(p) // a build's progress is for the caller that started it (the others were told to wait)
 		}
 		status := fmt.Sprintf("%s: %s", p.Phase, p.Message)
@@ -351,7 +387,7 @@ func (g *Gateway) buildProgress(ctx context.Context, e *fbv1.Environment, hash s
 		return p, nil
 	}
 	var sb fbv1.Sandbox
-	if err := g.c.Get(ctx, types.NamespacedName{Namespace: e.Namespace, Name: build}, &sb); err != nil {
+	if err := g.c.Get(ctx, types.NamespacedName{Namespace: e.Namespace, Name: build}, &sb); err != nil || !metav1.IsControlledBy(&sb, e) {
 		if c := meta.FindStatusCondition(e.Status.Conditions, fbv1.ConditionBuilt); c != nil && strings.HasPrefix(c.Message, "capturing") {
 			p.Phase, p.Message = "checkpoint", c.Message
 		}

@@ -55,11 +55,14 @@ func (s *environments) BeginBuild(ctx context.Context, req *connect.Request[v1.B
 		var builder *fbv1.Sandbox
 		var lease string
 		var failed *metav1.Condition
+		w := watchOf(e)
 		err = s.g.await(ctx, "a builder of environment "+name, func() (bool, string, error) {
-			gone, err := s.g.getAPI(ctx, e)
+			fresh, gone, err := s.g.envNow(ctx, e, w)
 			switch {
 			case err != nil:
 				return false, "", err
+			case !fresh:
+				return false, "the gateway's cache has not seen the environment's last write yet", nil
 			case gone || !e.DeletionTimestamp.IsZero():
 				return false, "", fmt.Errorf("environment %s was deleted while it was building: %w", name, errdefs.ErrNotFound)
 			case e.Spec.Hash() != hash:
@@ -105,12 +108,15 @@ func (g *Gateway) takeBuilder(ctx context.Context, e *fbv1.Environment, hash str
 	if e.Status.Build != build {
 		return nil, "", nil
 	}
-	var sb fbv1.Sandbox
-	if err := g.api.Get(ctx, types.NamespacedName{Namespace: e.Namespace, Name: build}, &sb); err != nil {
+	var sb fbv1.Sandbox // from the cache: a stale one fails the update below, and the next change brings it
+	if err := g.c.Get(ctx, types.NamespacedName{Namespace: e.Namespace, Name: build}, &sb); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, "", nil
 		}
 		return nil, "", kerr(err, "builder "+build)
+	}
+	if !metav1.IsControlledBy(&sb, e) || !sb.DeletionTimestamp.IsZero() {
+		return nil, "", nil // of an earlier environment of this name, going
 	}
 	if sb.Status.Phase != fbv1.PhaseRunning || sb.Status.LocalID == "" {
 		if sb.Status.Phase != fbv1.PhaseFailed && sb.Status.Phase != fbv1.PhaseLost {
@@ -183,7 +189,7 @@ func (s *environments) CompleteBuild(ctx context.Context, req *connect.Request[v
 	// Until the controller has captured the builder, or recorded the
 	// failure.
 	err = s.g.await(ctx, "build "+build+" of environment "+e.Name, func() (bool, string, error) {
-		gone, err := s.g.getAPI(ctx, e)
+		gone, err := s.g.getFresh(ctx, e)
 		switch {
 		case err != nil:
 			return false, "", err
