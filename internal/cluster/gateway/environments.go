@@ -423,8 +423,15 @@ func (g *Gateway) checkpointPublicID(ctx context.Context, name string) string {
 
 // envView is an Environment as the daemon's API shows one.
 func (g *Gateway) envView(ctx context.Context, e *fbv1.Environment) *v1.Environment {
+	out := envState(e)
+	out.Checkpoint = g.checkpointPublicID(ctx, e.Status.Checkpoint)
+	return out
+}
+
+// envState is envView but for the checkpoint's ID (which takes a read).
+func envState(e *fbv1.Environment) *v1.Environment {
 	hash := e.Spec.Hash()
-	out := &v1.Environment{Definition: definitionOf(e), Hash: hash, Checkpoint: g.checkpointPublicID(ctx, e.Status.Checkpoint)}
+	out := &v1.Environment{Definition: definitionOf(e), Hash: hash}
 	if t := e.Status.BuiltAt; t != nil {
 		out.BuiltAtUnixMs = t.UnixMilli()
 	}

@@ -163,3 +163,53 @@ func TestEnvironmentSpec(t *testing.T) {
 		}
 	}
 }
+
+// A build's outcome as the daemon's API says it: the Environment's state
+// from its status, and a failed build's class from the controller's
+// reason (a failed step FailedPrecondition, a node's refusal its class).
+func TestEnvironmentState(t *testing.T) {
+	spec := fbv1.EnvironmentSpec{Image: "busybox", Setup: []string{"true"}}
+	hash := spec.Hash()
+	build := "py-" + hash[:10]
+	cond := func(ok metav1.ConditionStatus, reason, msg string) []metav1.Condition {
+		return []metav1.Condition{{Type: fbv1.ConditionBuilt, Status: ok, Reason: reason, Message: msg}}
+	}
+	now := metav1.Now()
+	for _, tc := range []struct {
+		name   string
+		status fbv1.EnvironmentStatus
+		state  string
+		class  error // of the failure, if failed
+	}{
+		{"new", fbv1.EnvironmentStatus{}, "new", nil},
+		{"building", fbv1.EnvironmentStatus{Build: build, Conditions: cond(metav1.ConditionFalse, "Building", "builder created")}, "building", nil},
+		{"built", fbv1.EnvironmentStatus{Build: build, Checkpoint: build, Hash: hash, BuiltAt: &now,
+			Conditions: cond(metav1.ConditionTrue, "Built", "built")}, "ready", nil},
+		{"step failed", fbv1.EnvironmentStatus{Build: build, Conditions: cond(metav1.ConditionFalse, "SetupFailed", "step 1 of 1 (true): exited 1")},
+			"failed", errdefs.ErrFailedPrecondition},
+		{"refused by its node", fbv1.EnvironmentStatus{Build: build, Conditions: cond(metav1.ConditionFalse, "CreateFailedNotFound", `image "busybox": not found`)},
+			"failed", errdefs.ErrNotFound},
+		{"failed, the old build serves", fbv1.EnvironmentStatus{Build: build, Checkpoint: "py-old", Hash: "0123456789abcdef",
+			Conditions: cond(metav1.ConditionFalse, "SetupFailed", "exited 1")}, "ready", errdefs.ErrFailedPrecondition},
+		{"a failure of the build before a retry", fbv1.EnvironmentStatus{Build: build + "-r1", Conditions: cond(metav1.ConditionFalse, "SetupFailed", "x")},
+			"building", nil},
+	} {
+		e := &fbv1.Environment{ObjectMeta: metav1.ObjectMeta{Name: "py"}, Spec: spec, Status: tc.status}
+		if tc.name == "a failure of the build before a retry" {
+			e.Annotations = map[string]string{fbv1.RetryAnnotation: "2"}
+		}
+		if got := envState(e); got.State != tc.state {
+			t.Errorf("%s: state %q, want %q", tc.name, got.State, tc.state)
+		}
+		c := failedBuild(e, hash)
+		if (c != nil) != (tc.class != nil) {
+			t.Errorf("%s: failed %v, want %v", tc.name, c != nil, tc.class != nil)
+			continue
+		}
+		if c != nil {
+			if err := buildError(e, c); !errors.Is(err, tc.class) || !strings.Contains(err.Error(), c.Message) {
+				t.Errorf("%s: got %v, want %v with the message", tc.name, err, tc.class)
+			}
+		}
+	}
+}
