@@ -160,6 +160,12 @@ func TestGatewayEnvironments(t *testing.T) {
 		if _, err := c.GetEnvironment(ctx, name+"-pool"); !errdefs.IsNotFound(err) {
 			t.Fatalf("a refused definition left an environment: %v", err)
 		}
+		if _, err := c.Environment(name+"-ovr", opts).Sandbox(ctx, fbclient.Overrides{Name: "Bad_Name"}); !errdefs.IsInvalidArgument(err) {
+			t.Fatalf("a bad sandbox name: got %v, want InvalidArgument", err)
+		}
+		if _, err := c.GetEnvironment(ctx, name+"-ovr"); !errdefs.IsNotFound(err) {
+			t.Fatalf("a refused sandbox built its environment first: %v", err)
+		}
 	})
 }
 

@@ -56,6 +56,17 @@ func (s *environments) EnvironmentSandbox(ctx context.Context, req *connect.Requ
 	if err := noOnTimeout(o.OnTimeout, ""); err != nil {
 		return nil, err
 	}
+	// The overrides are checked before anything is built.
+	sb := &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: s.g.o.Namespace, Name: o.Name},
+		Spec: fbv1.SandboxSpec{WorkingDir: o.Cwd, State: fbv1.StateRunning}}
+	if err := fill(&sb.Spec, o.Resources, o.Env, o.Egress, o.EgressAllow, o.EgressDeny); err != nil {
+		return nil, err
+	}
+	if o.Name != "" {
+		if err := validName("sandbox", o.Name); err != nil {
+			return nil, err
+		}
+	}
 	var e *fbv1.Environment
 	var built bool
 	var err error
@@ -83,15 +94,9 @@ func (s *environments) EnvironmentSandbox(ctx context.Context, req *connect.Requ
 		return nil, err
 	}
 	start := time.Now()
-	spec := fbv1.SandboxSpec{Source: &fbv1.SandboxSource{Environment: e.Name}, WorkingDir: o.Cwd, State: fbv1.StateRunning}
-	if err := fill(&spec, o.Resources, o.Env, o.Egress, o.EgressAllow, o.EgressDeny); err != nil {
-		return nil, err
-	}
-	sb := &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: s.g.o.Namespace, Name: o.Name}, Spec: spec}
+	sb.Spec.Source = &fbv1.SandboxSource{Environment: e.Name}
 	if o.Name == "" {
 		sb.GenerateName = e.Name + "-" // as the daemon names them: <environment>-<random>
-	} else if err := validName("sandbox", o.Name); err != nil {
-		return nil, err
 	}
 	out, err := s.g.createAndWait(ctx, sb, o.TimeoutMs)
 	if err != nil {
