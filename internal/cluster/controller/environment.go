@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strconv"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/errors"
@@ -31,8 +31,15 @@ import (
 // (and, for a rebuild of the same spec after maxAge, the time the
 // replaced one was built), so a reconcile that runs again finds the
 // objects it made; a failed build is not tried again until the spec
-// changes or maxAge passes. Until a new build is ready the old
-// checkpoint keeps serving.
+// changes, maxAge passes or a retry is asked for (RetryAnnotation). A
+// builder that fails to start fails the build too, with its node's
+// reason. Until a new build is ready the old checkpoint keeps serving.
+// Once the Environment is gone its builders and checkpoints go too (as
+// the garbage collector would, which a cluster may not run). A spec with
+// a setupHash has its setup run by a client instead (through the
+// gateway): its builder has no build-hash annotation, so no node agent
+// runs steps in it, and its outcome is the client's word on the builder
+// (SetupResultAnnotation), within ClientSetupTimeout.
 type environments struct {
 	c   client.Client
 	rec recorder.EventRecorder
@@ -61,15 +68,25 @@ const (
 	ReasonSetupFailed   = "SetupFailed"
 	ReasonCaptureFailed = "CaptureFailed"
 	ReasonNotBuilt      = "NotBuilt"
+	// ReasonBuilderFailed: the builder sandbox failed or its node was
+	// lost. A builder whose node refused to create it names the class of
+	// the refusal instead: CreateFailed<Class> (its Ready reason).
+	ReasonBuilderFailed = "BuilderFailed"
 )
 
 func (r *environments) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	var e fbv1.Environment
 	if err := r.c.Get(ctx, req.NamespacedName, &e); err != nil {
-		return reconcile.Result{}, client.IgnoreNotFound(err)
+		if errors.IsNotFound(err) {
+			return reconcile.Result{}, r.collect(ctx, req.NamespacedName, "")
+		}
+		return reconcile.Result{}, err
 	}
 	if !e.DeletionTimestamp.IsZero() {
 		return reconcile.Result{}, nil // owner references delete the rest
+	}
+	if err := r.collect(ctx, req.NamespacedName, e.UID); err != nil {
+		return reconcile.Result{}, err
 	}
 	before := e.DeepCopy()
 	res, err := r.reconcile(ctx, &e)
@@ -86,7 +103,7 @@ func (r *environments) Reconcile(ctx context.Context, req reconcile.Request) (re
 
 func (r *environments) reconcile(ctx context.Context, e *fbv1.Environment) (reconcile.Result, error) {
 	hash := e.Spec.Hash()
-	build := buildName(e, hash)
+	build := fbv1.BuildName(e, hash)
 	var res reconcile.Result
 	if e.Status.Checkpoint != "" && e.Status.Hash == hash && e.Status.Checkpoint == build {
 		// Built and current; look again when it gets too old.
@@ -119,7 +136,21 @@ func (r *environments) reconcile(ctx context.Context, e *fbv1.Environment) (reco
 		return res, err
 	}
 	setup := meta.FindStatusCondition(builder.Status.Conditions, fbv1.ConditionSetupComplete)
+	if e.Spec.SetupHash != "" {
+		var wait time.Duration
+		if setup, wait = clientSetup(builder); wait > 0 {
+			res.RequeueAfter = wait
+		}
+	}
 	switch {
+	case setup == nil && (builder.Status.Phase == fbv1.PhaseFailed || builder.Status.Phase == fbv1.PhaseLost):
+		reason := ReasonBuilderFailed
+		if c := meta.FindStatusCondition(builder.Status.Conditions, fbv1.ConditionReady); c != nil && strings.HasPrefix(c.Reason, "CreateFailed") {
+			reason = c.Reason
+		}
+		r.fail(e, reason, fmt.Sprintf("build %s: builder sandbox %s on node %s: %s", build, strings.ToLower(string(builder.Status.Phase)),
+			builder.Spec.NodeName, builder.Status.Message))
+		return res, nil
 	case setup == nil:
 		building(fmt.Sprintf("builder sandbox %s: %s %s", build, builder.Status.Phase, builder.Status.Message))
 		return res, nil
@@ -154,24 +185,6 @@ func (r *environments) reconcile(ctx context.Context, e *fbv1.Environment) (reco
 	return res, nil
 }
 
-// buildName names the build of spec hash: the environment's name, the
-// hash, and for a rebuild of the same spec after maxAge the build time
-// of the checkpoint it replaces.
-func buildName(e *fbv1.Environment, hash string) string {
-	base := e.Name
-	if len(base) > 200 {
-		base = base[:200]
-	}
-	name := base + "-" + hash[:10]
-	if e.Status.Hash == hash && e.Status.BuiltAt != nil && e.Spec.MaxAge != nil && e.Spec.MaxAge.Duration > 0 &&
-		time.Since(e.Status.BuiltAt.Time) >= e.Spec.MaxAge.Duration {
-		name += "-" + strconv.FormatInt(e.Status.BuiltAt.Unix(), 36)
-	} else if e.Status.Hash == hash && e.Status.Checkpoint != "" {
-		name = e.Status.Checkpoint // the current one, not aged yet
-	}
-	return name
-}
-
 func (r *environments) fail(e *fbv1.Environment, reason, msg string) {
 	if c := meta.FindStatusCondition(e.Status.Conditions, fbv1.ConditionBuilt); c == nil || c.Reason != reason {
 		r.rec.Eventf(e, nil, "Warning", reason, "Build", "%s", kube.Truncate(msg, 1024))
@@ -183,6 +196,14 @@ func (r *environments) fail(e *fbv1.Environment, reason, msg string) {
 func (r *environments) builder(ctx context.Context, e *fbv1.Environment, build, hash string) (*fbv1.Sandbox, error) {
 	var sb fbv1.Sandbox
 	err := r.c.Get(ctx, types.NamespacedName{Namespace: e.Namespace, Name: build}, &sb)
+	if err == nil && !metav1.IsControlledBy(&sb, e) {
+		// The builder of an Environment of this name that was deleted
+		// (same spec, same build name): not ours to use; collect deletes
+		// it, and its going brings us back.
+		kube.SetCondition(&e.Status.Conditions, fbv1.ConditionBuilt, false, ReasonBuilding,
+			"waiting for sandbox "+build+" of an earlier environment of this name to go", e.Generation)
+		return nil, nil
+	}
 	if err == nil || !errors.IsNotFound(err) {
 		return &sb, err
 	}
@@ -192,6 +213,9 @@ func (r *environments) builder(ctx context.Context, e *fbv1.Environment, build, 
 			Annotations: map[string]string{fbv1.BuildHashAnnotation: hash}},
 		Spec: fbv1.SandboxSpec{Image: e.Spec.Image, Runtime: e.Spec.Runtime, Resources: *e.Spec.Resources.DeepCopy(),
 			Env: append([]fbv1.EnvVar(nil), e.Spec.Env...), WorkingDir: e.Spec.WorkingDir, State: fbv1.StateRunning},
+	}
+	if e.Spec.SetupHash != "" {
+		delete(sb.Annotations, fbv1.BuildHashAnnotation) // its client runs the setup, not its node agent
 	}
 	if err := controllerutil.SetControllerReference(e, &sb, r.c.Scheme()); err != nil {
 		return nil, err
@@ -207,6 +231,11 @@ func (r *environments) builder(ctx context.Context, e *fbv1.Environment, build, 
 func (r *environments) checkpoint(ctx context.Context, e *fbv1.Environment, build string, builder *fbv1.Sandbox) (*fbv1.Checkpoint, error) {
 	var ck fbv1.Checkpoint
 	err := r.c.Get(ctx, types.NamespacedName{Namespace: e.Namespace, Name: build}, &ck)
+	if err == nil && !metav1.IsControlledBy(&ck, e) {
+		kube.SetCondition(&e.Status.Conditions, fbv1.ConditionBuilt, false, ReasonBuilding,
+			"waiting for checkpoint "+build+" of an earlier environment of this name to go", e.Generation)
+		return nil, nil // as for the builder
+	}
 	if err == nil || !errors.IsNotFound(err) {
 		return &ck, err
 	}
@@ -257,4 +286,79 @@ func (r *environments) cleanup(ctx context.Context, e *fbv1.Environment, build, 
 		}
 	}
 	return nil
+}
+
+// collect deletes what a deleted Environment called key left: the
+// builder Sandboxes and Checkpoints controlled by an Environment of that
+// name other than the one of UID keep ("" when none exists now), found
+// by its label and their controller reference. An Environment deleted
+// and made again (same name, new UID) does not take over the objects of
+// the first, which may be going already.
+func (r *environments) collect(ctx context.Context, key types.NamespacedName, keep types.UID) error {
+	mine := []client.ListOption{client.InNamespace(key.Namespace), client.MatchingLabels{fbv1.EnvironmentLabel: key.Name}}
+	var sl fbv1.SandboxList
+	if err := r.c.List(ctx, &sl, mine...); err != nil {
+		return err
+	}
+	var cl fbv1.CheckpointList
+	if err := r.c.List(ctx, &cl, mine...); err != nil {
+		return err
+	}
+	var objs []client.Object
+	for i := range sl.Items {
+		objs = append(objs, &sl.Items[i])
+	}
+	for i := range cl.Items {
+		objs = append(objs, &cl.Items[i])
+	}
+	for _, o := range objs {
+		ref := metav1.GetControllerOf(o)
+		if ref == nil || ref.Kind != "Environment" || ref.Name != key.Name || ref.UID == keep || !o.GetDeletionTimestamp().IsZero() {
+			continue
+		}
+		if keep == "" {
+			// One made again since the cache said it was gone keeps its own.
+			var now fbv1.Environment
+			if err := r.c.Get(ctx, key, &now); err == nil && ref.UID == now.UID {
+				continue
+			} else if err != nil && !errors.IsNotFound(err) {
+				return err
+			}
+		}
+		r.log.InfoContext(ctx, "collecting what a deleted environment left", slog.String("environment", key.String()), slog.String("object", o.GetName()))
+		if err := r.c.Delete(ctx, o); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ClientSetupTimeout bounds how long a client may hold the builder of a
+// client-run setup (as the daemon bounds a build lease).
+const ClientSetupTimeout = 2 * time.Hour
+
+// clientSetup is the outcome of a client-run setup as a SetupComplete
+// condition would say it, from the builder's SetupResultAnnotation: nil
+// while the builder is not running yet, Unknown while its client holds
+// it (and wait is when that times out), False once the client said it
+// failed or the time is up.
+func clientSetup(sb *fbv1.Sandbox) (c *metav1.Condition, wait time.Duration) {
+	v, said := sb.Annotations[fbv1.SetupResultAnnotation]
+	switch {
+	case said && v == "ok":
+		return &metav1.Condition{Status: metav1.ConditionTrue, Message: "the client's setup is done"}, 0
+	case said:
+		return &metav1.Condition{Status: metav1.ConditionFalse, Message: kube.Truncate(strings.TrimPrefix(v, "failed: "), 2048)}, 0
+	case sb.Status.Phase != fbv1.PhaseRunning:
+		return nil, 0
+	}
+	left := ClientSetupTimeout - time.Since(sb.CreationTimestamp.Time)
+	if left <= 0 {
+		return &metav1.Condition{Status: metav1.ConditionFalse, Message: fmt.Sprintf("the client's setup did not end within %s", ClientSetupTimeout)}, 0
+	}
+	msg := "waiting for a client to take the builder"
+	if sb.Annotations[fbv1.LeaseAnnotation] != "" {
+		msg = "its client runs the setup"
+	}
+	return &metav1.Condition{Status: metav1.ConditionUnknown, Message: msg}, left + 100*time.Millisecond
 }

@@ -6,7 +6,8 @@
 //     (the gateway's tenant) and wait, with the caller's deadline, for
 //     their status: CreateSandbox is a Sandbox that must reach Running,
 //     Fork a Fork whose children are answered as they become ready,
-//     Checkpoint a Checkpoint, Pause/Hibernate a change of spec.state;
+//     Checkpoint a Checkpoint, Pause/Hibernate a change of spec.state,
+//     BuildEnvironment an Environment that must be built (environments.go);
 //   - sandbox-scoped calls (exec, files, PTY, copy, metrics, ports,
 //     timeouts, egress, events) are proxied to the API of the node that
 //     runs the sandbox (its ForkboxNode's endpoint), streams pumped both
@@ -29,7 +30,7 @@
 // sandboxes of the gateway's namespace and only the calls proxied here:
 // never a node's image, environment or all-sandboxes API.
 //
-// +kubebuilder:rbac:groups=forkbox.dev,resources=sandboxes;checkpoints;forks,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=forkbox.dev,resources=sandboxes;checkpoints;forks;environments,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=forkbox.dev,resources=forkboxnodes,verbs=get;list;watch
 package gateway
 
@@ -158,8 +159,9 @@ func Run(ctx context.Context, o Options) error {
 }
 
 // start builds the gateway's cache (the namespace's Sandboxes,
-// Checkpoints and Forks, and the ForkboxNodes), its indexes and event
-// hooks, and waits for it to sync; cacheDone yields once it has stopped.
+// Checkpoints, Forks and Environments, and the ForkboxNodes), its
+// indexes and event hooks, and waits for it to sync; cacheDone yields
+// once it has stopped.
 func start(ctx context.Context, o Options) (*Gateway, <-chan error, error) {
 	scheme := kube.NewScheme()
 	ch, err := cache.New(o.Config, cache.Options{Scheme: scheme, DefaultNamespaces: map[string]cache.Config{o.Namespace: {}}})
@@ -171,7 +173,7 @@ func start(ctx context.Context, o Options) (*Gateway, <-chan error, error) {
 	}
 	g := &Gateway{o: o, log: o.Log.With(slog.String("component", "gateway")), cache: ch, changed: newNotifier(),
 		nodes: newNodeClients(o.NodeToken)}
-	for _, obj := range []client.Object{&fbv1.Sandbox{}, &fbv1.Checkpoint{}, &fbv1.Fork{}, &fbv1.ForkboxNode{}} {
+	for _, obj := range []client.Object{&fbv1.Sandbox{}, &fbv1.Checkpoint{}, &fbv1.Fork{}, &fbv1.Environment{}, &fbv1.ForkboxNode{}} {
 		inf, err := ch.GetInformer(ctx, obj)
 		if err != nil {
 			return nil, nil, fmt.Errorf("gateway informer: %w", err)
@@ -208,7 +210,7 @@ func (g *Gateway) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(forkboxv1connect.NewSandboxServiceHandler(&sandboxes{g}, opts...))
 	mux.Handle(forkboxv1connect.NewImageServiceHandler(&images{g}, opts...))
-	mux.Handle(forkboxv1connect.NewEnvironmentServiceHandler(&environments{}, opts...))
+	mux.Handle(forkboxv1connect.NewEnvironmentServiceHandler(&environments{g}, opts...))
 	return g.requireToken(withStreamControl(mux))
 }
 

@@ -68,46 +68,12 @@ func (i *images) ListImages(ctx context.Context, _ *connect.Request[v1.ListImage
 	return connect.NewResponse(out), nil
 }
 
-// environments is the EnvironmentService: environments are Environment
-// objects in cluster mode.
-type environments struct{}
-
-const useEnvironmentObjects = "environments are Environment objects (kubectl apply); a Sandbox starts from one with spec.source.environment"
-
-func (environments) BuildEnvironment(context.Context, *connect.Request[v1.BuildEnvironmentRequest], *connect.ServerStream[v1.BuildProgress]) error {
-	return unimplemented("BuildEnvironment", useEnvironmentObjects)
-}
-
-func (environments) EnvironmentSandbox(context.Context, *connect.Request[v1.EnvironmentSandboxRequest]) (*connect.Response[v1.EnvironmentSandboxResponse], error) {
-	return nil, unimplemented("EnvironmentSandbox", useEnvironmentObjects)
-}
-
-func (environments) GetEnvironment(context.Context, *connect.Request[v1.GetEnvironmentRequest]) (*connect.Response[v1.GetEnvironmentResponse], error) {
-	return nil, unimplemented("GetEnvironment", useEnvironmentObjects)
-}
-
-func (environments) ListEnvironments(context.Context, *connect.Request[v1.ListEnvironmentsRequest]) (*connect.Response[v1.ListEnvironmentsResponse], error) {
-	return nil, unimplemented("ListEnvironments", useEnvironmentObjects)
-}
-
-func (environments) DeleteEnvironment(context.Context, *connect.Request[v1.DeleteEnvironmentRequest]) (*connect.Response[v1.DeleteEnvironmentResponse], error) {
-	return nil, unimplemented("DeleteEnvironment", useEnvironmentObjects)
-}
-
-func (environments) BeginBuild(context.Context, *connect.Request[v1.BeginBuildRequest]) (*connect.Response[v1.BeginBuildResponse], error) {
-	return nil, unimplemented("BeginBuild", useEnvironmentObjects)
-}
-
-func (environments) CompleteBuild(context.Context, *connect.Request[v1.CompleteBuildRequest]) (*connect.Response[v1.CompleteBuildResponse], error) {
-	return nil, unimplemented("CompleteBuild", useEnvironmentObjects)
-}
-
 // Every method of the three services is implemented here, with a
 // cluster meaning or a clear refusal.
 var (
 	_ forkboxv1connect.SandboxServiceHandler     = (*sandboxes)(nil)
 	_ forkboxv1connect.ImageServiceHandler       = (*images)(nil)
-	_ forkboxv1connect.EnvironmentServiceHandler = environments{}
+	_ forkboxv1connect.EnvironmentServiceHandler = (*environments)(nil)
 )
 
 type streamCtlKey struct{}

@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"strconv"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -32,6 +34,14 @@ type EnvironmentSpec struct {
 	// +listType=atomic
 	// +optional
 	Setup []string `json:"setup,omitempty"`
+	// SetupHash, when set, says a client runs the setup instead of
+	// Setup (the gateway's BeginBuild and CompleteBuild: an SDK's setup
+	// function): it is a hash of the client's setup code, and part of the
+	// spec's hash. The builder is handed to that client, which says how
+	// its setup went on the builder (SetupResultAnnotation).
+	// +kubebuilder:validation:MaxLength=128
+	// +optional
+	SetupHash string `json:"setupHash,omitempty"`
 	// MaxAge rebuilds the checkpoint once it is older (0 = never).
 	// +optional
 	MaxAge *metav1.Duration `json:"maxAge,omitempty"`
@@ -93,4 +103,37 @@ func (s *EnvironmentSpec) Hash() string {
 	b, _ := json.Marshal(d)
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:8])
+}
+
+// BuildName names the build of spec hash: the builder Sandbox and the
+// Checkpoint it makes. It is the environment's name and the hash; for a
+// rebuild of the same spec after maxAge, also the build time of the
+// checkpoint it replaces; for a retry (RetryAnnotation), the retry's
+// count. While the checkpoint of hash is current it is that checkpoint's
+// name.
+func BuildName(e *Environment, hash string) string {
+	base := e.Name
+	if len(base) > 200 {
+		base = base[:200]
+	}
+	name := base + "-" + hash[:10]
+	if e.Status.Hash == hash && e.Status.BuiltAt != nil && e.Spec.MaxAge != nil && e.Spec.MaxAge.Duration > 0 &&
+		time.Since(e.Status.BuiltAt.Time) >= e.Spec.MaxAge.Duration {
+		name += "-" + strconv.FormatInt(e.Status.BuiltAt.Unix(), 36)
+	} else if e.Status.Hash == hash && e.Status.Checkpoint != "" {
+		return e.Status.Checkpoint // the current one, not aged yet
+	}
+	if n := Retries(e); n > 0 {
+		name += "-r" + strconv.Itoa(n)
+	}
+	return name
+}
+
+// Retries is the count of RetryAnnotation (0 when unset or not a count).
+func Retries(e *Environment) int {
+	n, err := strconv.Atoi(e.Annotations[RetryAnnotation])
+	if err != nil || n < 0 || n > 1_000_000 {
+		return 0
+	}
+	return n
 }

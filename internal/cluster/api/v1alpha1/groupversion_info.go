@@ -46,6 +46,18 @@ const (
 	// BuildHashAnnotation is, on a builder Sandbox, the hash of the
 	// Environment spec it builds (EnvironmentSpec.Hash).
 	BuildHashAnnotation = "forkbox.dev/build-hash"
+	// RetryAnnotation is, on an Environment, a count: raising it asks for
+	// a failed build of the current spec to be tried again (a build that
+	// failed is otherwise not tried again until the spec changes or
+	// maxAge passes). It is part of the build's name (see BuildName).
+	RetryAnnotation = "forkbox.dev/retry"
+	// LeaseAnnotation is, on the builder Sandbox of a client-run setup
+	// (EnvironmentSpec.SetupHash), the lease of the client it was handed
+	// to: one client at a time runs a build's setup.
+	LeaseAnnotation = "forkbox.dev/lease"
+	// SetupResultAnnotation is, on the builder Sandbox of a client-run
+	// setup, how it went, as its client says: "ok", or "failed: <why>".
+	SetupResultAnnotation = "forkbox.dev/setup-result"
 	// NodeNameField is the field the node agents select their objects by.
 	NodeNameField = "spec.nodeName"
 )
