@@ -296,6 +296,10 @@ func TestGatewayGoSDK(t *testing.T) {
 		if len(kids) != 2 || res.Checkpoint == nil || !strings.HasPrefix(res.Checkpoint.Id, "ck-") {
 			t.Fatalf("fork: got %d children (%+v), checkpoint %v", len(kids), res.Children, res.Checkpoint)
 		}
+		// The node's own figure, carried by the Checkpoint's status.
+		if res.CaptureMS <= 0 || res.Checkpoint.CaptureMs != res.CaptureMS {
+			t.Errorf("fork: capture %v ms, the checkpoint's %v ms; want the node's measure (> 0) in both", res.CaptureMS, res.Checkpoint.CaptureMs)
+		}
 		for i, k := range kids {
 			if !strings.HasPrefix(k.ID, "sb-") || k.ID == sb.ID || k.Info.State != "running" {
 				t.Fatalf("child %d: got id %q state %q", i, k.ID, k.Info.State)

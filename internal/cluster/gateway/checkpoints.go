@@ -51,7 +51,7 @@ func (s *sandboxes) Checkpoint(ctx context.Context, req *connect.Request[v1.Chec
 		}
 		return nil, err
 	}
-	return connect.NewResponse(&v1.CheckpointResponse{Checkpoint: s.g.checkpointDetail(ctx, ck)}), nil
+	return connect.NewResponse(&v1.CheckpointResponse{Checkpoint: s.g.checkpointView(ctx, ck)}), nil
 }
 
 // waitCheckpoint waits until ck is Ready; Failed is FailedPrecondition.
@@ -93,40 +93,11 @@ func checkpointID(ck *fbv1.Checkpoint) string {
 
 func (g *Gateway) checkpointView(ctx context.Context, ck *fbv1.Checkpoint) *v1.Checkpoint {
 	out := &v1.Checkpoint{Id: checkpointID(ck), SandboxName: ck.Spec.Sandbox, Tag: ck.Spec.Tag,
-		CreatedAtUnixMs: ck.CreationTimestamp.UnixMilli(), Size: ck.Status.SizeBytes, Kind: ck.Status.Kind, Image: ck.Status.Image}
+		CreatedAtUnixMs: ck.CreationTimestamp.UnixMilli(), Size: ck.Status.SizeBytes, Kind: ck.Status.Kind, Image: ck.Status.Image,
+		CaptureMs: float64(ck.Status.CaptureMicros) / 1000, FlushMs: float64(ck.Status.FlushMicros) / 1000}
 	var sb fbv1.Sandbox
 	if err := g.c.Get(ctx, types.NamespacedName{Namespace: ck.Namespace, Name: ck.Spec.Sandbox}, &sb); err == nil {
 		out.SandboxId = sb.Status.LocalID
-	}
-	return out
-}
-
-// checkpointDetail is checkpointView with what only the capturing node
-// knows (how long the capture froze the sandbox), when it can be asked.
-func (g *Gateway) checkpointDetail(ctx context.Context, ck *fbv1.Checkpoint) *v1.Checkpoint {
-	out := g.checkpointView(ctx, ck)
-	if out.SandboxId == "" {
-		return out
-	}
-	r, err := g.route(ctx, out.SandboxId)
-	if err != nil {
-		return out
-	}
-	req := &v1.ListCheckpointsRequest{Sandbox: r.id, PageSize: 1000}
-	for range 10 { // bounded: 10,000 checkpoints of one sandbox
-		resp, err := r.c.ListCheckpoints(ctx, connect.NewRequest(req))
-		if err != nil {
-			return out
-		}
-		for _, c := range resp.Msg.Checkpoints {
-			if c.Id == out.Id {
-				out.CaptureMs, out.FlushMs, out.Size, out.CreatedAtUnixMs = c.CaptureMs, c.FlushMs, c.Size, c.CreatedAtUnixMs
-				return out
-			}
-		}
-		if req.PageToken = resp.Msg.NextPageToken; req.PageToken == "" {
-			break
-		}
 	}
 	return out
 }

@@ -40,7 +40,7 @@ func (s *sandboxes) Fork(ctx context.Context, req *connect.Request[v1.ForkReques
 	if err := f.children(ctx, nil); err != nil && !errdefs.IsDeadlineExceeded(err) && !errors.Is(err, errdefs.ErrCanceled) {
 		return nil, err
 	}
-	ck := s.g.checkpointDetail(ctx, f.ck)
+	ck := s.g.checkpointView(ctx, f.ck)
 	out := &v1.ForkResponse{Checkpoint: ck, Captured: f.ck.Status.Kind, CaptureMs: ck.CaptureMs, FlushMs: ck.FlushMs}
 	started := 0
 	for i := range int(f.fk.Spec.Count) {
@@ -62,7 +62,7 @@ func (s *sandboxes) ForkStream(ctx context.Context, req *connect.Request[v1.Fork
 	if err != nil {
 		return err
 	}
-	ck := s.g.checkpointDetail(ctx, f.ck)
+	ck := s.g.checkpointView(ctx, f.ck)
 	if err := stream.Send(&v1.ForkStreamResponse{Event: &v1.ForkStreamResponse_Captured{Captured: &v1.ForkCaptured{
 		Checkpoint: ck, Captured: f.ck.Status.Kind, CaptureMs: ck.CaptureMs, FlushMs: ck.FlushMs, Count: f.fk.Spec.Count}}}); err != nil {
 		return err

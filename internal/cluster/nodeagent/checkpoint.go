@@ -59,6 +59,7 @@ func (r *checkpoints) Reconcile(ctx context.Context, req reconcile.Request) (rec
 	ck.Status = fbv1.CheckpointStatus{
 		Phase: fbv1.CheckpointReady, Kind: local.Kind, OriginNode: r.o.NodeName, SizeBytes: local.Size,
 		Size: resource.NewQuantity(local.Size, resource.BinarySI), Image: local.Image, Runtime: fbv1.Runtime(local.Runtime),
+		CaptureMicros: int64(local.CaptureMS * 1000), FlushMicros: int64(local.FlushMS * 1000),
 		Replicas:   []fbv1.Replica{{Node: r.o.NodeName, LocalID: local.ID, Ready: true}},
 		Conditions: ck.Status.Conditions,
 	}

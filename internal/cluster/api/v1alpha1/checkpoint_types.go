@@ -68,6 +68,13 @@ type CheckpointStatus struct {
 	// Size is SizeBytes as a quantity, for people.
 	// +optional
 	Size *resource.Quantity `json:"size,omitempty"`
+	// CaptureMicros is how long the capture froze the sandbox (freeze,
+	// snapshot, thaw), and FlushMicros the writeback of its dirty data
+	// before, in microseconds, as its node measured them.
+	// +optional
+	CaptureMicros int64 `json:"captureMicros,omitempty"`
+	// +optional
+	FlushMicros int64 `json:"flushMicros,omitempty"`
 	// Image the checkpoint's sandbox runs, and its runtime: children
 	// inherit both.
 	// +optional
