@@ -56,7 +56,8 @@ func (l *Lab) Run(ctx context.Context, sb *fbv1.Sandbox, timeout time.Duration) 
 
 // Checkpoint creates a Checkpoint called name of sandbox sb in namespace
 // ns and waits (at most timeout) until it is Ready; it returns it and how
-// long that took.
+// long that took. The Checkpoint is returned on failure too (it may
+// exist: delete it).
 func (l *Lab) Checkpoint(ctx context.Context, ns, name, sb string, timeout time.Duration) (*fbv1.Checkpoint, time.Duration, error) {
 	ck := &fbv1.Checkpoint{}
 	ck.Namespace, ck.Name, ck.Spec.Sandbox = ns, name, sb
@@ -77,7 +78,7 @@ func (l *Lab) Checkpoint(ctx context.Context, ns, name, sb string, timeout time.
 			return false, nil
 		})
 	if err != nil {
-		return nil, 0, fmt.Errorf("checkpoint %s of %s: %w", name, sb, err)
+		return ck, 0, fmt.Errorf("checkpoint %s of %s: %w", name, sb, err)
 	}
 	return ck, time.Since(start), nil
 }
