@@ -17,6 +17,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -87,6 +88,7 @@ func main() {
 	flag.StringVar(&o.bin, "bin", "", "forkbox binary (default: built from this checkout)")
 	flag.StringVar(&o.agent, "agent", "", "forkbox-agent binary (default: built from this checkout)")
 	flag.Parse()
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	rep, err := run(ctx, o)

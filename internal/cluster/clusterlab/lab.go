@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/cluster/clustertest"
+	"github.com/forkbox/forkbox/internal/cluster/kube"
 	"github.com/forkbox/forkbox/internal/testimage"
 )
 
@@ -61,6 +63,9 @@ func Up(ctx context.Context, o clustertest.Options, say func(format string, a ..
 	if why := Missing(); why != "" {
 		return nil, fmt.Errorf("%s: %w", why, errdefs.ErrFailedPrecondition)
 	}
+	// controller-runtime's clients log through its global logger (and
+	// print a stack when none is set): slog's default gets their lines.
+	kube.SetLogger(slog.Default())
 	l := &Lab{Plane: &clustertest.Plane{}, say: say}
 	say("starting the control plane (kube-apiserver, etcd)")
 	if err := l.Plane.Start(); err != nil {
