@@ -194,8 +194,12 @@ func printCluster(w io.Writer, rs []ClusterResult) {
 			pp(r.SingleHost), ratio(r.SingleHost.Median, r.Cases[0].Ready.Median))
 		fmt.Fprintf(w, "%s\tcheckpoint object → Ready (single host: capture %s)\t%s\t%s\t\t\t\t\t\n", r.Size, pp(r.SingleHostCapture), r.SourceNode, pp(r.Capture))
 	}
-	fmt.Fprintf(w, "(source: %d files of 20 KB; the incremental child's parent wrote %s more; sent = the btrfs stream and the files beside it)\n\n",
-		rs[0].Files, megabytes(rs[0].DeltaBytes))
+	files := ""
+	for _, r := range rs {
+		files += fmt.Sprintf(", %s in %d", r.Size, r.Files)
+	}
+	fmt.Fprintf(w, "(sources in files of 20 KB%s; the incremental child's parent wrote %s more; sent = the btrfs stream and the files beside it)\n\n",
+		files, megabytes(rs[0].DeltaBytes))
 }
 
 // verdict is a target's status for a table cell.

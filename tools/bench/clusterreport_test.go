@@ -8,7 +8,7 @@ import (
 // clusterResult is a result of the given ready p50s (ms) per case, one
 // sample each, finished as the section finishes it.
 func clusterResult(size string, bytes int64, same, full, reuse, incr float64) ClusterResult {
-	r := ClusterResult{Size: size, Bytes: bytes, SourceNode: "a", OtherNode: "b", Reps: 1, Runtime: "crun"}
+	r := ClusterResult{Size: size, Bytes: bytes, Files: bytes / fileSize, SourceNode: "a", OtherNode: "b", Reps: 1, Runtime: "crun"}
 	var s clusterSamples
 	s.add(caseSame, same)
 	s.add(caseFull, full, Send{Bytes: bytes, MS: int64(full / 2)})
@@ -106,6 +106,9 @@ func near(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }
 func TestClusterTableShowsTargets(t *testing.T) {
 	var out strings.Builder
 	printCluster(&out, []ClusterResult{clusterResult("100MB", 100_000_000, 200, 2500, 220, 400)})
+	if want := "(sources in files of 20 KB, 100MB in 5000; "; !strings.Contains(out.String(), want) {
+		t.Errorf("table:\n%s\nwant it to contain %q", out.String(), want)
+	}
 	lines := map[string]string{}
 	for _, l := range strings.Split(out.String(), "\n") {
 		for _, k := range clusterCases {
