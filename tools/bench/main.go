@@ -9,6 +9,11 @@
 // fork of the same source). Every figure is a median and a p95 over
 // repeated runs, never a single timing.
 //
+// Opt-in sections, not in the default run: density (how many sandboxes
+// the host holds) and cluster (forks across the nodes of the 3-node test
+// cluster vs on one node and on a single host, with the bytes each
+// transfer ships; needs root and KUBEBUILDER_ASSETS; see cluster.go).
+//
 // By default it starts a throwaway daemon of its own (own state dir, socket,
 // bridge, nftables table, veth prefix, subnet and cgroup parent) and removes
 // everything at the end, on Ctrl-C too; --host uses a running daemon.
@@ -17,6 +22,7 @@
 //	go run ./tools/bench --sections env [--env-setup 10s] [--env-runs 10] [--env-samples 20]
 //	go run ./tools/bench --sections memory [--mem-sizes 10MB,256MB,1GB] [--mem-reps 5] [--mem-fanout 10]
 //	go run ./tools/bench --sections e2b [--reps 10] [--exec-reps 50]
+//	KUBEBUILDER_ASSETS=/var/cache/forkbox/envtest go run ./tools/bench --sections fork,cluster [--cluster-sizes 100MB,1GB] [--cluster-reps 3]
 package main
 
 import (
@@ -30,6 +36,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -37,6 +44,7 @@ import (
 
 	"github.com/forkbox/forkbox/client"
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/cluster/clusterlab"
 	"github.com/forkbox/forkbox/internal/testimage"
 )
 
@@ -69,11 +77,15 @@ type options struct {
 	densityBudget  float64 // GiB
 	densityMinFree float64 // GiB
 	binDir         string
+	// cluster section
+	clusterSizes   []string
+	clusterReps    int
+	clusterRuntime string
 }
 
 func parseFlags(args []string) (options, error) {
 	var o options
-	var sizes, runtimes, sections, memSizes string
+	var sizes, runtimes, sections, memSizes, clusterSizes string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.StringVar(&o.host, "host", "", "use this running daemon (unix:///path or http://host:port) instead of a throwaway one")
 	fs.StringVar(&o.token, "token", os.Getenv("FORKBOX_TOKEN"), "bearer token for a TCP --host")
@@ -101,6 +113,9 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.densityMemory, "density-memory", "128Mi", "memory limit of each density sandbox")
 	fs.Float64Var(&o.densityBudget, "density-budget", 8, "GiB of host memory the density sandboxes may use at most")
 	fs.Float64Var(&o.densityMinFree, "density-min-free", 4, "GiB of MemAvailable the density section always leaves (it stops growing there)")
+	fs.StringVar(&clusterSizes, "cluster-sizes", "100MB,1GB", "source sizes of the cluster section (written as the fork section writes them)")
+	fs.IntVar(&o.clusterReps, "cluster-reps", 3, "repetitions of each cluster case per size (cluster section)")
+	fs.StringVar(&o.clusterRuntime, "cluster-runtime", "crun", "runtime of the cluster section's sandboxes")
 	fs.StringVar(&o.logLevel, "daemon-log-level", "info", "log level of the throwaway daemon (debug when the memory section runs)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the throwaway daemon's directory (logs) after the run")
 	if err := fs.Parse(args); err != nil {
@@ -150,23 +165,30 @@ func parseFlags(args []string) (options, error) {
 		if !set["mem-fanout"] {
 			o.memFanout = 3
 		}
+		if !set["cluster-sizes"] {
+			clusterSizes = "10MB"
+		}
+		if !set["cluster-reps"] {
+			o.clusterReps = 2
+		}
 	}
 	o.sizes = splitList(sizes)
 	o.runtimes = splitList(runtimes)
 	o.memSizes = splitList(memSizes)
+	o.clusterSizes = splitList(clusterSizes)
 	o.sections = map[string]bool{}
 	for _, x := range splitList(sections) {
 		if !knownSections[x] {
-			return o, fmt.Errorf("section %q: want start, profile, fork, fanout, busy, env, memory, e2b or density: %w", x, errdefs.ErrInvalidArgument)
+			return o, fmt.Errorf("section %q: want start, profile, fork, fanout, busy, env, memory, e2b, density or cluster: %w", x, errdefs.ErrInvalidArgument)
 		}
 		o.sections[x] = true
 	}
-	for _, s := range append(append([]string(nil), o.sizes...), o.memSizes...) {
+	for _, s := range slices.Concat(o.sizes, o.memSizes, o.clusterSizes) {
 		if _, err := parseSize(s); err != nil {
 			return o, err
 		}
 	}
-	for _, rt := range o.runtimes {
+	for _, rt := range append(slices.Clone(o.runtimes), o.clusterRuntime) {
 		if rt != "gvisor" && rt != "crun" {
 			return o, fmt.Errorf("runtime %q: want gvisor or crun: %w", rt, errdefs.ErrInvalidArgument)
 		}
@@ -180,13 +202,27 @@ func parseFlags(args []string) (options, error) {
 	if o.memReps < 1 || o.memFanout < 0 || o.memFanout > 100 {
 		return o, fmt.Errorf("mem-reps must be >= 1 and mem-fanout 0..100: %w", errdefs.ErrInvalidArgument)
 	}
+	if o.sections["cluster"] && (o.clusterReps < 1 || o.clusterReps > 100 || len(o.clusterSizes) == 0) {
+		return o, fmt.Errorf("cluster-reps must be 1..100 and cluster-sizes not empty: %w", errdefs.ErrInvalidArgument)
+	}
 	if o.envRuns < 2 || o.envSamples < 1 || o.envSetup < 100*time.Millisecond {
 		return o, fmt.Errorf("env-runs must be >= 2, env-samples >= 1 and env-setup >= 100ms: %w", errdefs.ErrInvalidArgument)
 	}
 	return o, nil
 }
 
-var knownSections = map[string]bool{"start": true, "profile": true, "fork": true, "fanout": true, "busy": true, "env": true, "memory": true, "e2b": true, "density": true}
+var knownSections = map[string]bool{"start": true, "profile": true, "fork": true, "fanout": true, "busy": true, "env": true, "memory": true, "e2b": true, "density": true, "cluster": true}
+
+// singleHost says whether a section runs that measures the throwaway (or
+// --host) daemon: all but cluster, which starts its own cluster.
+func (o options) singleHost() bool {
+	for x := range o.sections {
+		if x != "cluster" {
+			return true
+		}
+	}
+	return false
+}
 
 func splitList(s string) []string {
 	var out []string
@@ -249,6 +285,11 @@ func run(o options) (err error) {
 		}
 	}()
 	began := time.Now()
+	if o.sections["cluster"] {
+		if why := clusterlab.Missing(); why != "" {
+			return fmt.Errorf("the cluster section: %s: %w", why, errdefs.ErrFailedPrecondition)
+		}
+	}
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("the bench needs root (raw floor, throwaway daemon): %w", errdefs.ErrFailedPrecondition)
 	}
@@ -268,6 +309,45 @@ func run(o options) (err error) {
 	}()
 	b := &bench{opts: o, live: map[string]*client.Sandbox{}}
 	rep := &Report{Host: hostInfo(), Started: began}
+	mem := startMemSampler()
+	defer mem.stop()
+	rootfs := ""
+	if !o.singleHost() {
+		rep.Daemon = "none (the cluster section runs its own cluster)"
+	} else {
+		var undo func()
+		rootfs, undo, err = b.connect(ctx, rep, dir)
+		defer undo()
+		if err != nil {
+			return err
+		}
+	}
+	if err := b.measureAll(ctx, rep, rootfs, dir); err != nil {
+		return err
+	}
+	rep.PeakUsedGiB, rep.BaseUsedGiB = mem.stop()
+	rep.DurationS = time.Since(began).Seconds()
+	rep.Targets = rep.targets()
+	if o.json {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	rep.print(os.Stdout)
+	return nil
+}
+
+// connect points b at the --host daemon or at a throwaway one, imports the
+// bench image and unpacks the floor's rootfs below dir. undo closes what
+// is left open and removes the throwaway daemon (call it also on error).
+func (b *bench) connect(ctx context.Context, rep *Report, dir string) (rootfs string, undo func(), err error) {
+	o := b.opts
+	var undos []func()
+	undo = func() {
+		for i := len(undos) - 1; i >= 0; i-- {
+			undos[i]()
+		}
+	}
 	if o.host != "" {
 		b.c = &client.Client{Token: o.token}
 		if strings.HasPrefix(o.host, "unix://") {
@@ -283,10 +363,10 @@ func run(o options) (err error) {
 		progress("starting a throwaway daemon in %s", dir)
 		d, err := startDaemon(ctx, dir, o.binDir, o.logLevel, o.maxSandboxes(), o.sections["e2b"])
 		if d != nil {
-			defer d.cleanup()
+			undos = append(undos, d.cleanup)
 		}
 		if err != nil {
-			return err
+			return "", undo, err
 		}
 		b.c = &client.Client{Socket: d.socket}
 		b.daemonLog, b.stateDir = d.log.Name(), d.stateDir
@@ -299,52 +379,37 @@ func run(o options) (err error) {
 		b.cgroupParent = d.names.cgroup
 		rep.Daemon = "throwaway (" + d.socket + ")"
 	}
-	defer b.closeLeft()
-	mem := startMemSampler()
-	defer mem.stop()
-
+	undos = append(undos, b.closeLeft)
 	img, err := testimage.Busybox()
 	if err != nil {
-		return err
+		return "", undo, err
 	}
 	archive := filepath.Join(dir, "busybox.tar")
 	if err := testimage.WriteOCIArchive(img, "bench.local/busybox:latest", archive); err != nil {
-		return err
+		return "", undo, err
 	}
 	im, err := b.c.ImportImage(ctx, archive, "", nil)
 	if err != nil {
-		return fmt.Errorf("import busybox: %w", err)
+		return "", undo, fmt.Errorf("import busybox: %w", err)
 	}
 	b.image = im.Name
 	if b.memorySection() {
 		progress("building the memory section's allocator")
 		if b.memhog, err = buildMemhog(ctx, dir); err != nil {
-			return err
+			return "", undo, err
 		}
 	}
-	rootfs := filepath.Join(dir, "rootfs")
+	rootfs = filepath.Join(dir, "rootfs")
 	if err := unpackRootfs(img, rootfs); err != nil {
-		return fmt.Errorf("unpack rootfs for the floor: %w", err)
+		return "", undo, fmt.Errorf("unpack rootfs for the floor: %w", err)
 	}
-	if err := b.measureAll(ctx, rep, rootfs); err != nil {
-		return err
-	}
-	rep.PeakUsedGiB, rep.BaseUsedGiB = mem.stop()
-	rep.DurationS = time.Since(began).Seconds()
-	rep.Targets = rep.targets()
-	if o.json {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
-	}
-	rep.print(os.Stdout)
-	return nil
+	return rootfs, undo, nil
 }
 
-func (b *bench) measureAll(ctx context.Context, rep *Report, rootfs string) error {
+func (b *bench) measureAll(ctx context.Context, rep *Report, rootfs, dir string) error {
 	o := b.opts
 	var floor Summary
-	if len(o.sections) > 1 || !o.sections["density"] { // the floor is the start section's yardstick
+	if o.singleHost() && (len(o.sections) > 1 || !o.sections["density"]) { // the floor is the start section's yardstick
 		progress("raw floor: %d namespaced starts of /bin/true", o.floorReps)
 		var err error
 		if floor, err = measureFloor(ctx, rootfs, o.floorReps); err != nil {
@@ -450,6 +515,14 @@ func (b *bench) measureAll(ctx context.Context, rep *Report, rootfs string) erro
 				return err
 			}
 			rep.Memory = append(rep.Memory, r)
+		}
+	}
+	if o.sections["cluster"] {
+		progress("cluster: sources of %s on the 3-node test cluster, %d repetitions", strings.Join(o.clusterSizes, ", "), o.clusterReps)
+		r, err := b.measureCluster(ctx, dir)
+		rep.Cluster = r
+		if err != nil {
+			return err
 		}
 	}
 	return nil

@@ -28,6 +28,7 @@ type Report struct {
 	Memory      []MemoryResult  `json:"memory_forks,omitempty"`
 	E2B         *E2BResult      `json:"e2b,omitempty"`
 	Density     *DensityResult  `json:"density,omitempty"`
+	Cluster     []ClusterResult `json:"cluster,omitempty"`
 	BaseUsedGiB float64         `json:"mem_used_at_start_gib"`
 	PeakUsedGiB float64         `json:"mem_used_peak_gib"`
 	Targets     []Target        `json:"targets"`
@@ -113,7 +114,7 @@ func (r *Report) targets() []Target {
 			add("env: pool hand-over p50, client call", goalHandoverMS, e.HandoverClient.Median)
 		}
 	}
-	return ts
+	return append(ts, clusterTargets(r.Cluster)...)
 }
 
 func pp(s Summary) string {
@@ -167,6 +168,7 @@ func (r *Report) print(out io.Writer) {
 	if r.Density != nil {
 		r.Density.print(w)
 	}
+	printCluster(w, r.Cluster)
 
 	fmt.Fprintln(w, "targets")
 	for _, t := range r.Targets {

@@ -3,7 +3,8 @@
 // controller` and three `forkbox serve --cluster` node agents on this
 // machine, each in its own network namespace with its own btrfs, state
 // dir and runsc root (internal/cluster/clustertest, the harness of the
-// cluster e2e tests). It creates a sandbox, writes 200 MB in it, forks it
+// cluster e2e tests, started through internal/cluster/clusterlab, which
+// the bench's cluster section shares). It creates a sandbox, writes 200 MB in it, forks it
 // into 6 children through a Fork object, and prints where each child
 // landed and how long it took from the Fork to Running, as a table or as
 // JSON. It removes everything it made when it ends, also on Ctrl-C.
@@ -16,17 +17,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
@@ -34,8 +32,8 @@ import (
 
 	fbclient "github.com/forkbox/forkbox/client"
 	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
+	"github.com/forkbox/forkbox/internal/cluster/clusterlab"
 	"github.com/forkbox/forkbox/internal/cluster/clustertest"
-	"github.com/forkbox/forkbox/internal/testimage"
 )
 
 // Child is one fork child's placement and timing.
@@ -59,9 +57,12 @@ type Report struct {
 	Children     []Child `json:"children"`
 	// SingleHostForkMS is, for comparison, the same fork through the
 	// source node's own API (one daemon, no objects): the whole call,
-	// which returns with every child running.
-	SingleHostForkMS int64    `json:"single_host_fork_ms"`
-	Notes            []string `json:"notes,omitempty"`
+	// which returns with every child running. It forks
+	// SingleHostChildren: the children, or as many as the node's slots
+	// hold beside the source.
+	SingleHostForkMS   int64    `json:"single_host_fork_ms"`
+	SingleHostChildren int      `json:"single_host_children"`
+	Notes              []string `json:"notes,omitempty"`
 }
 
 // Node is one node of the demo cluster.
@@ -90,6 +91,7 @@ func main() {
 	flag.StringVar(&o.bin, "bin", "", "forkbox binary (default: built from this checkout)")
 	flag.StringVar(&o.agent, "agent", "", "forkbox-agent binary (default: built from this checkout)")
 	flag.Parse()
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	rep, err := run(ctx, o)
@@ -119,96 +121,45 @@ type options struct {
 func say(format string, a ...any) { fmt.Fprintf(os.Stderr, "==> "+format+"\n", a...) }
 
 func run(ctx context.Context, o options) (_ *Report, err error) {
-	if os.Geteuid() != 0 {
-		return nil, errors.New("run as root (it mounts btrfs, makes network namespaces, runs sandboxes)")
-	}
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		os.Setenv("KUBEBUILDER_ASSETS", "/var/cache/forkbox/envtest")
 	}
-	if why := clustertest.Missing(); why != "" {
-		return nil, errors.New(why)
-	}
-	if err := testimage.Available(); err != nil {
-		return nil, err
-	}
-	say("starting the control plane (kube-apiserver, etcd)")
-	var plane clustertest.Plane
-	if err := plane.Start(); err != nil {
-		return nil, fmt.Errorf("control plane: %w", err)
-	}
-	defer func() {
-		say("stopping the control plane")
-		err = errors.Join(err, plane.Stop())
-	}()
-	say("starting forkbox controller and %d node agents", o.nodes)
-	cl, err := clustertest.StartCluster(ctx, &plane, clustertest.Options{Nodes: o.nodes, Slots: o.slots, Preboot: o.preboot,
-		Bin: o.bin, Agent: o.agent, LogLevel: "info", LeaseDuration: 15 * time.Second})
+	lab, err := clusterlab.Up(ctx, clustertest.Options{Nodes: o.nodes, Slots: o.slots, Preboot: o.preboot,
+		Bin: o.bin, Agent: o.agent, LogLevel: "info", LeaseDuration: 15 * time.Second}, say)
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		say("cleaning up: stopping the agents and the controller, `forkbox uninstall --purge` in each node's namespace, " +
-			"then removing the namespaces, the bridge and " + cl.Dir)
-		if cerr := cl.Close(context.Background()); cerr != nil {
-			err = errors.Join(err, cerr)
-		} else {
-			say("nothing left behind (leak audit: mounts, loop devices, processes, netns, links, cgroups)")
-		}
-	}()
 	defer func() {
 		if err != nil {
-			fmt.Fprint(os.Stderr, cl.Logs(3000))
+			fmt.Fprint(os.Stderr, lab.Logs())
 		}
+		err = errors.Join(err, lab.Close())
 	}()
-	for _, n := range cl.Nodes {
-		say("node %s: netns %s, endpoint %s, state %s", n.Name, n.NetNS, n.Endpoint, n.StateDir)
-	}
-	img, err := testimage.Busybox()
-	if err != nil {
-		return nil, err
-	}
-	archive := filepath.Join(cl.Dir, "busybox.tar")
-	if err := testimage.WriteOCIArchive(img, "demo.local/busybox:latest", archive); err != nil {
-		return nil, err
-	}
-	image, err := cl.ImportImage(ctx, archive)
-	if err != nil {
-		return nil, err
-	}
-	return demo(ctx, cl, image, o)
+	return demo(ctx, lab, o)
 }
 
 // demo creates the source, writes into it, forks it and times the
 // children.
-func demo(ctx context.Context, cl *clustertest.Cluster, image string, o options) (*Report, error) {
-	c := cl.Plane.Client
+func demo(ctx context.Context, lab *clusterlab.Lab, o options) (*Report, error) {
+	cl, c := lab.Cluster, lab.Client()
 	const ns = "default"
 	rep := &Report{Runtime: o.runtime}
 	src := &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "source"},
-		Spec: fbv1.SandboxSpec{Image: image, Runtime: fbv1.Runtime(o.runtime)}}
-	if err := c.Create(ctx, src); err != nil {
-		return nil, err
-	}
-	say("sandbox %s/source created; waiting for it to run", ns)
-	if err := waitRunning(ctx, c, src, 3*time.Minute); err != nil {
-		return nil, err
-	}
-	n := cl.Node(src.Spec.NodeName)
-	local, err := n.Client.Sandbox(ctx, src.Status.LocalID)
+		Spec: fbv1.SandboxSpec{Image: lab.Image, Runtime: fbv1.Runtime(o.runtime)}}
+	say("creating sandbox %s/source; waiting for it to run", ns)
+	_, local, err := lab.Run(ctx, src, 3*time.Minute)
 	if err != nil {
 		return nil, err
 	}
+	n := cl.Node(src.Spec.NodeName)
 	say("source runs on %s as %s; writing %d MB", n.Name, local.ID, o.mb)
 	t := time.Now()
-	if _, err := shell(ctx, local, fmt.Sprintf("dd if=/dev/urandom of=/root/data bs=1M count=%d 2>/dev/null && sync", o.mb)); err != nil {
+	if _, err := clusterlab.Shell(ctx, local, fmt.Sprintf("dd if=/dev/urandom of=/root/data bs=1M count=%d 2>/dev/null && sync", o.mb)); err != nil {
 		return nil, err
 	}
 	rep.Source = Source{Node: n.Name, Bytes: int64(o.mb) << 20, WriteMS: time.Since(t).Milliseconds()}
 
-	wc, err := client.NewWithWatch(cl.Plane.Config, client.Options{Scheme: c.Scheme()})
-	if err != nil {
-		return nil, err
-	}
+	wc := lab.Watcher()
 	w, err := wc.Watch(ctx, &fbv1.SandboxList{}, client.InNamespace(ns), client.MatchingLabels{fbv1.ForkLabel: "demo"})
 	if err != nil {
 		return nil, err
@@ -234,14 +185,15 @@ func demo(ctx context.Context, cl *clustertest.Cluster, image string, o options)
 	for _, ch := range children {
 		if ch.Error == "" {
 			if sb, err := cl.Node(ch.Node).Client.Sandbox(ctx, ch.LocalID); err == nil {
-				if out, err := shell(ctx, sb, "wc -c < /root/data"); err == nil {
+				if out, err := clusterlab.Shell(ctx, sb, "wc -c < /root/data"); err == nil {
 					fmt.Sscan(out, &ch.Bytes)
 				}
 			}
 		}
 		rep.Children = append(rep.Children, *ch)
 	}
-	if rep.SingleHostForkMS, err = singleHost(ctx, c, n, local, o.children); err != nil {
+	rep.SingleHostChildren = min(o.children, n.Slots-1) // one daemon holds no more
+	if rep.SingleHostForkMS, err = singleHost(ctx, c, n, local, rep.SingleHostChildren); err != nil {
 		return nil, err
 	}
 	for _, n := range cl.Nodes {
@@ -253,7 +205,7 @@ func demo(ctx context.Context, cl *clustertest.Cluster, image string, o options)
 		}
 		rep.Nodes = append(rep.Nodes, Node{Name: n.Name, Endpoint: n.Endpoint, Children: k})
 	}
-	if err := transferTimes(ctx, c, ns, rep); err != nil {
+	if err := transferTimes(ctx, lab, ns, rep); err != nil {
 		return nil, err
 	}
 	rep.Notes = append(rep.Notes, "children fill the checkpoint's node first and spill to the others; "+
@@ -261,27 +213,20 @@ func demo(ctx context.Context, cl *clustertest.Cluster, image string, o options)
 	return rep, nil
 }
 
-var pulledRE = regexp.MustCompile(`^node (\S+) pulled from node \S+: .*, \d+ bytes in (\d+) ms`)
-
 // transferTimes sets each node's first child's transfer_ms from the
 // Transferred events of the fork's checkpoint.
-func transferTimes(ctx context.Context, c client.Client, ns string, rep *Report) error {
+func transferTimes(ctx context.Context, lab *clusterlab.Lab, ns string, rep *Report) error {
 	var fk fbv1.Fork
-	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "demo"}, &fk); err != nil {
+	if err := lab.Client().Get(ctx, client.ObjectKey{Namespace: ns, Name: "demo"}, &fk); err != nil {
 		return err
 	}
-	var evs corev1.EventList
-	if err := c.List(ctx, &evs, client.InNamespace(ns)); err != nil {
+	pulls, err := lab.Pulls(ctx, ns, fk.Status.Checkpoint)
+	if err != nil {
 		return err
 	}
 	pulled := map[string]int64{}
-	for _, e := range evs.Items {
-		if e.InvolvedObject.Kind == "Checkpoint" && e.InvolvedObject.Name == fk.Status.Checkpoint && e.Reason == "Transferred" {
-			if m := pulledRE.FindStringSubmatch(e.Message); m != nil {
-				ms, _ := strconv.ParseInt(m[2], 10, 64)
-				pulled[m[1]] = ms
-			}
-		}
+	for _, p := range pulls {
+		pulled[p.Node] = p.MS
 	}
 	for i := range rep.Children {
 		ch := &rep.Children[i]
@@ -297,7 +242,7 @@ func transferTimes(ctx context.Context, c client.Client, ns string, rep *Report)
 // then forks the source through its node's own API, and returns how long
 // that took; the children are closed after.
 func singleHost(ctx context.Context, c client.Client, n *clustertest.Node, src *fbclient.Sandbox, count int) (int64, error) {
-	say("for comparison: the same fork through %s's own API", n.Name)
+	say("for comparison: the same fork (%d children) through %s's own API", count, n.Name)
 	if err := c.DeleteAllOf(ctx, &fbv1.Sandbox{}, client.InNamespace("default"), client.MatchingLabels{fbv1.ForkLabel: "demo"}); err != nil {
 		return 0, err
 	}
@@ -390,44 +335,10 @@ func follow(ctx context.Context, w, ckw watch.Interface, start time.Time, count 
 	return out, nil
 }
 
-func waitRunning(ctx context.Context, c client.Client, sb *fbv1.Sandbox, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		if err := c.Get(ctx, client.ObjectKeyFromObject(sb), sb); err != nil {
-			return err
-		}
-		switch {
-		case sb.Status.Phase == fbv1.PhaseRunning && sb.Status.LocalID != "":
-			return nil
-		case sb.Status.Phase == fbv1.PhaseFailed:
-			return fmt.Errorf("sandbox %s failed: %s", sb.Name, sb.Status.Message)
-		case time.Now().After(deadline):
-			return fmt.Errorf("sandbox %s not running after %s: phase %q, %s", sb.Name, timeout, sb.Status.Phase, sb.Status.Message)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond): // polling a condition with a deadline
-		}
-	}
-}
-
-func shell(ctx context.Context, sb *fbclient.Sandbox, cmd string) (string, error) {
-	var out, errb strings.Builder
-	res, err := sb.Exec(ctx, fbclient.ExecOptions{Shell: cmd, Stdout: &out, Stderr: &errb})
-	if err == nil && res.ExitCode != 0 {
-		err = fmt.Errorf("exit %d: %s", res.ExitCode, errb.String())
-	}
-	if err != nil {
-		return "", fmt.Errorf("exec %q in %s: %w", cmd, sb.ID, err)
-	}
-	return out.String(), nil
-}
-
 func printTable(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "\nsource: %s, %d MB written in %d ms (%s)\n", rep.Source.Node, rep.Source.Bytes>>20, rep.Source.WriteMS, rep.Runtime)
-	fmt.Fprintf(w, "fork of %d: checkpoint ready %d ms after the Fork, last child %d ms (the same fork on one daemon, through its API: %d ms)\n\n",
-		len(rep.Children), rep.CheckpointMS, rep.ForkMS, rep.SingleHostForkMS)
+	fmt.Fprintf(w, "fork of %d: checkpoint ready %d ms after the Fork, last child %d ms (a fork of %d on one daemon, through its API: %d ms)\n\n",
+		len(rep.Children), rep.CheckpointMS, rep.ForkMS, rep.SingleHostChildren, rep.SingleHostForkMS)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CHILD\tNODE\tREADY_MS\tTRANSFER_MS\tSEES\t")
 	for _, c := range rep.Children {
