@@ -188,6 +188,25 @@ type envWatch struct {
 	hash    string
 }
 
+// buildNow reads e afresh for a wait on its build of hash: done once it
+// is built so, a reason to wait while the cache lags, an error once it is
+// gone or redefined; none of the three while the build goes on.
+func (g *Gateway) buildNow(ctx context.Context, e *fbv1.Environment, w envWatch, name, hash string) (done bool, wait string, err error) {
+	fresh, gone, err := g.envNow(ctx, e, w)
+	switch {
+	case err != nil:
+		return false, "", err
+	case !fresh:
+		return false, "the gateway's cache has not seen the environment's last write yet", nil
+	case gone || !e.DeletionTimestamp.IsZero():
+		return false, "", fmt.Errorf("environment %s was deleted while it was building: %w", name, errdefs.ErrNotFound)
+	case e.Spec.Hash() != hash:
+		return false, "", fmt.Errorf("environment %s was redefined while it was building (its spec's hash is now %s, not %s): %w",
+			name, e.Spec.Hash(), hash, errdefs.ErrFailedPrecondition)
+	}
+	return builtAs(e, hash), "", nil
+}
+
 func watchOf(e *fbv1.Environment) envWatch {
 	return envWatch{uid: e.UID, gen: e.Generation, retries: fbv1.Retries(e), hash: e.Spec.Hash()}
 }
@@ -258,19 +277,8 @@ func (g *Gateway) awaitEnvironment(ctx context.Context, name string, spec fbv1.E
 	var last string
 	w := watchOf(e)
 	err = g.await(ctx, "environment "+name+" to be built", func() (bool, string, error) {
-		fresh, gone, err := g.envNow(ctx, e, w)
-		switch {
-		case err != nil:
-			return false, "", err
-		case !fresh:
-			return false, "the gateway's cache has not seen the environment's last write yet", nil
-		case gone || !e.DeletionTimestamp.IsZero():
-			return false, "", fmt.Errorf("environment %s was deleted while it was building: %w", name, errdefs.ErrNotFound)
-		case e.Spec.Hash() != hash:
-			return false, "", fmt.Errorf("environment %s was redefined while it was building (its spec's hash is now %s, not %s): %w",
-				name, e.Spec.Hash(), hash, errdefs.ErrFailedPrecondition)
-		case builtAs(e, hash):
-			return true, "", nil
+		if done, wait, err := g.buildNow(ctx, e, w, name, hash); done || wait != "" || err != nil {
+			return done, wait, err
 		}
 		if c := failedBuild(e, hash); c != nil {
 			return false, "", buildError(e, c)

@@ -57,19 +57,8 @@ func (s *environments) BeginBuild(ctx context.Context, req *connect.Request[v1.B
 		var failed *metav1.Condition
 		w := watchOf(e)
 		err = s.g.await(ctx, "a builder of environment "+name, func() (bool, string, error) {
-			fresh, gone, err := s.g.envNow(ctx, e, w)
-			switch {
-			case err != nil:
-				return false, "", err
-			case !fresh:
-				return false, "the gateway's cache has not seen the environment's last write yet", nil
-			case gone || !e.DeletionTimestamp.IsZero():
-				return false, "", fmt.Errorf("environment %s was deleted while it was building: %w", name, errdefs.ErrNotFound)
-			case e.Spec.Hash() != hash:
-				return false, "", fmt.Errorf("environment %s was redefined while it was building (its spec's hash is now %s, not %s): %w",
-					name, e.Spec.Hash(), hash, errdefs.ErrFailedPrecondition)
-			case builtAs(e, hash):
-				return true, "", nil
+			if done, wait, err := s.g.buildNow(ctx, e, w, name, hash); done || wait != "" || err != nil {
+				return done, wait, err
 			}
 			if failed = failedBuild(e, hash); failed != nil {
 				return true, "", nil
