@@ -24,8 +24,10 @@ type Ledger interface {
 	Record(ctx context.Context, id string) ([]byte, error)
 	// Commit records checkpoint id received with record rec (untrusted:
 	// the ledger checks it), once its snapshot is committed and its
-	// memory image, if any, is at memDir ("" for none).
-	Commit(ctx context.Context, id string, rec []byte, memDir string) error
+	// memory image, if any, is at memDir ("" for none). imageDigest is
+	// the image the receiver ensured for it (Request.ImageDigest): a
+	// record naming another is refused.
+	Commit(ctx context.Context, id string, rec []byte, memDir, imageDigest string) error
 }
 
 // Local is one node's side of transfers: its btrfs snapshot store, the

@@ -140,7 +140,7 @@ func (s *Server) pull(w http.ResponseWriter, r *http.Request) {
 		_ = writeJSON(w, frameError, remoteError{Class: errdefs.ClassName(err), Message: truncate(err.Error(), 4096)})
 		return
 	}
-	t, parent, err := s.send(ctx, w, req)
+	t, parent, err := s.send(ctx, w, peer, req)
 	if err != nil {
 		log.WarnContext(ctx, "checkpoint send failed", slog.Any("err", err))
 		_ = writeJSON(w, frameError, remoteError{Class: errdefs.ClassName(err), Message: truncate(err.Error(), 4096)})
@@ -172,8 +172,8 @@ func (s *Server) grant(ctx context.Context, peer, checkpoint string) error {
 // grantTimeout bounds one Grants lookup.
 const grantTimeout = 30 * time.Second
 
-// send writes the frames of one pull.
-func (s *Server) send(ctx context.Context, w io.Writer, req Request) (trailer, string, error) {
+// send writes the frames of one pull to peer.
+func (s *Server) send(ctx context.Context, w io.Writer, peer string, req Request) (trailer, string, error) {
 	var t trailer
 	if len(req.Have) > maxHave {
 		return t, "", fmt.Errorf("%d ancestors named, limit %d: %w", len(req.Have), maxHave, errdefs.ErrInvalidArgument)
@@ -186,9 +186,16 @@ func (s *Server) send(ctx context.Context, w io.Writer, req Request) (trailer, s
 		return t, "", fmt.Errorf("checkpoint %s here is subvolume %s, not %s: %w", h.id, h.info.Origin(), req.UUID, errdefs.ErrFailedPrecondition)
 	}
 	hd := header{Checkpoint: h.id, UUID: h.info.Origin(), Memory: h.memDir != "", Record: h.record}
+	// The base of an incremental send is one the peer may pull itself:
+	// a diff from any other checkpoint held here would show the peer what
+	// that one holds (its names, its sizes).
 	var parent *held
 	for _, a := range req.Have {
 		if a == h.id {
+			continue
+		}
+		if err := s.grant(ctx, peer, a); err != nil {
+			s.o.Log.DebugContext(ctx, "an ancestor named is no base for the peer", slog.String("checkpoint", truncate(a, 200)), slog.Any("err", err))
 			continue
 		}
 		if p, err := s.o.Local.held(ctx, a); err == nil {

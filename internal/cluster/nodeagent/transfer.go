@@ -199,7 +199,7 @@ func (a *agent) pull(ctx context.Context, ck *fbv1.Checkpoint) (string, error) {
 			errs = append(errs, rp.Node+": "+err.Error())
 			continue
 		}
-		res, err := a.t.client.Pull(ctx, peer, transfer.Request{Checkpoint: rp.LocalID, UUID: ck.Status.SubvolumeUUID, Have: have})
+		res, err := a.t.client.Pull(ctx, peer, transfer.Request{Checkpoint: rp.LocalID, UUID: ck.Status.SubvolumeUUID, Have: have, ImageDigest: img.Digest})
 		if errdefs.IsAlreadyExists(err) && a.t.local.Holds(ctx, rp.LocalID) {
 			return rp.LocalID, a.addReplica(ctx, ck, rp.LocalID, "Reused", "a copy was on the node already")
 		}
