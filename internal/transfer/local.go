@@ -93,6 +93,25 @@ func (l *Local) held(ctx context.Context, id string) (*held, error) {
 	return h, nil
 }
 
+// ancestor reports whether checkpoint base is an ancestor of checkpoint
+// id in this node's snapshot store: id's snapshot, its parent's, and so
+// on up (a sandbox's snapshot's parent is the checkpoint it started
+// from), at most maxHave generations. A received checkpoint's parents
+// are not known here: the chain ends there.
+func (l *Local) ancestor(ctx context.Context, id, base string) bool {
+	for range maxHave {
+		in, err := l.Snaps.Stat(ctx, id)
+		if err != nil || in.Parent == "" {
+			return false
+		}
+		if in.Parent == base {
+			return true
+		}
+		id = in.Parent
+	}
+	return false
+}
+
 // Holds reports whether this node holds checkpoint id.
 func (l *Local) Holds(ctx context.Context, id string) bool {
 	_, err := l.held(ctx, id)

@@ -249,9 +249,9 @@ func TestOversizedStream(t *testing.T) {
 func isRefused(err error) bool { return errors.Is(err, errdefs.ErrInvalidArgument) }
 
 // TestIncrementalOnlyFromGrantedBase: a peer that names in Have a
-// checkpoint of the sender it may not pull gets no send from it (a diff
-// from it would show what it holds): the send is full, or from a base it
-// may pull.
+// checkpoint of the sender it may not pull, or one that is no ancestor
+// of the checkpoint pulled, gets no send from it (a diff from it would
+// show what it holds): the send is full.
 func TestIncrementalOnlyFromGrantedBase(t *testing.T) {
 	requireRoot(t)
 	ctx := context.Background()
@@ -265,5 +265,18 @@ func TestIncrementalOnlyFromGrantedBase(t *testing.T) {
 	res, err := b.client.Pull(ctx, a.peer(), Request{Checkpoint: "ck-1", UUID: a.uuid(t, "ck-1"), Have: []string{"ck-secret"}})
 	if err != nil || res.Parent != "" {
 		t.Fatalf("pull naming an ungranted base: got parent %q, %v; want a full send", res.Parent, err)
+	}
+	// ck-other is granted and held by both, but no ancestor of ck-2.
+	a.write(t, "sb-other", "", "other", mb)
+	a.checkpoint(t, "ck-other", "sb-other", false)
+	a.write(t, "sb-2", "ck-1", "two", mb)
+	a.checkpoint(t, "ck-2", "sb-2", false)
+	a.grant(b, "ck-other", "ck-2")
+	if _, err := b.client.Pull(ctx, a.peer(), Request{Checkpoint: "ck-other"}); err != nil {
+		t.Fatal(err)
+	}
+	res, err = b.client.Pull(ctx, a.peer(), Request{Checkpoint: "ck-2", UUID: a.uuid(t, "ck-2"), Have: []string{"ck-other"}})
+	if err != nil || res.Parent != "" {
+		t.Fatalf("pull naming a base that is no ancestor: got parent %q, %v; want a full send", res.Parent, err)
 	}
 }
