@@ -81,7 +81,7 @@ func (l transferLedger) Record(ctx context.Context, id string) ([]byte, error) {
 	return json.Marshal(transferRecord{Checkpoint: *ck, Bundle: l.d.bundleDir(ck.SandboxID)})
 }
 
-func (l transferLedger) Commit(ctx context.Context, id string, rec []byte, memDir string) error {
+func (l transferLedger) Commit(ctx context.Context, id string, rec []byte, memDir, imageDigest string) error {
 	var r transferRecord
 	if err := json.Unmarshal(rec, &r); err != nil {
 		return fmt.Errorf("received record of %s: %v: %w", id, err, errdefs.ErrInvalidArgument)
@@ -96,6 +96,11 @@ func (l transferLedger) Commit(ctx context.Context, id string, rec []byte, memDi
 		return fmt.Errorf("received checkpoint %s is %s with memory image %q: %w", id, ck.Kind, memDir, errdefs.ErrInvalidArgument)
 	case !validID(ck.SandboxID) || !filepath.IsAbs(r.Bundle) && memDir != "":
 		return fmt.Errorf("received checkpoint %s names source %q, bundle %q: %w", id, ck.SandboxID, r.Bundle, errdefs.ErrInvalidArgument)
+	case imageDigest == "" || ck.ImageDigest != imageDigest:
+		// The image the pull fetched, not one the sender names: an image
+		// only this node holds would reach the sender through its own
+		// checkpoint's children.
+		return fmt.Errorf("received checkpoint %s names image %q (%q), not the %q ensured for it: %w", id, ck.Image, ck.ImageDigest, imageDigest, errdefs.ErrInvalidArgument)
 	}
 	if _, ok := l.d.runtimes[ck.Runtime]; !ok {
 		return fmt.Errorf("received checkpoint %s is of runtime %q, which this node lacks: %w", id, ck.Runtime, errdefs.ErrFailedPrecondition)

@@ -1,14 +1,17 @@
 package daemon
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/store"
 )
 
 // TestAdoptMemImage: a memory image received from another node names
@@ -53,6 +56,33 @@ func TestAdoptMemImage(t *testing.T) {
 			err := d.adoptMemImage(write(t, append(ok[:1:1], m)...), from, to)
 			if !errdefs.IsInvalidArgument(err) {
 				t.Fatalf("got %v, want InvalidArgument", err)
+			}
+		})
+	}
+}
+
+// TestCommitRefusesAnotherImage: a received record names the image its
+// sender says; the ledger records it only when that is the image the
+// pull ensured (an image only this node holds, named by a sender, would
+// reach the sender through its checkpoint's children).
+func TestCommitRefusesAnotherImage(t *testing.T) {
+	l := transferLedger{&Daemon{}}
+	ensured, private := "sha256:"+strings.Repeat("a", 64), "sha256:"+strings.Repeat("b", 64)
+	rec := func(digest string) []byte {
+		b, _ := json.Marshal(transferRecord{Checkpoint: store.Checkpoint{ID: "ck-1", SandboxID: "sb-1", Kind: KindFilesystem,
+			Image: "example.com/private:1", ImageDigest: digest}})
+		return b
+	}
+	for name, tc := range map[string]struct{ rec, ensured string }{
+		"another image":       {private, ensured},
+		"no image":            {"", ensured},
+		"nothing ensured":     {private, ""},
+		"nothing on any side": {"", ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := l.Commit(context.Background(), "ck-1", rec(tc.rec), "", tc.ensured)
+			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "ensured") {
+				t.Fatalf("got %v, want InvalidArgument naming the image ensured", err)
 			}
 		})
 	}

@@ -114,8 +114,10 @@ func (b *blobFile) abort() {
 
 // keepLayerBlob reads and keeps the blob of layer l, unpacked before
 // blobs were kept: at most its descriptor's size (itself at most max),
-// checked against its digest before it goes into place.
-func (s *Store) keepLayerBlob(ctx context.Context, l v1.Layer, max int64) error {
+// checked against its digest, and its tar stream against diffID (the
+// layer unpacked here: a blob kept is served to other nodes as this
+// layer), before it goes into place.
+func (s *Store) keepLayerBlob(ctx context.Context, l v1.Layer, diffID string, max int64) error {
 	want, err := l.Digest()
 	if err != nil {
 		return readErr("layer digest", err)
@@ -127,29 +129,32 @@ func (s *Store) keepLayerBlob(ctx context.Context, l v1.Layer, max int64) error 
 	if size > max {
 		return exhausted("layer blob", max)
 	}
-	rc, err := l.Compressed()
-	if err != nil {
-		return readErr("open layer blob", err)
-	}
-	defer rc.Close()
 	bf, err := s.newBlobFile(want.String())
 	if err != nil {
 		return err
 	}
-	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(bf, h), newLimitReader(ctx, rc, size, "layer blob"))
-	if err != nil {
-		bf.abort()
-		if errdefs.IsResourceExhausted(err) {
-			err = fmt.Errorf("layer blob %s is longer than its %d bytes: %w", want, size, errdefs.ErrInvalidArgument)
+	keep := false
+	defer func() {
+		if !keep {
+			bf.abort()
 		}
+	}()
+	rc, blob, err := openLayer(l, false, func(int64) {}, bf)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, newLimitReader(ctx, rc, s.limits.LayerBytes, "layer")); err != nil {
 		return readErr("read layer blob", err)
 	}
-	got := v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(h.Sum(nil))}
-	if got != want || n != size {
-		bf.abort()
-		return fmt.Errorf("layer blob (%d bytes, %s) does not match the manifest (%d bytes, %s): %w", n, got, size, want, errdefs.ErrInvalidArgument)
+	if err := blob.check(l); err != nil {
+		return fmt.Errorf("layer blob: %w", err)
 	}
+	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != diffID {
+		return fmt.Errorf("layer blob %s holds a tar stream of digest %s, not the diff ID %s unpacked here: %w", want, got, diffID, errdefs.ErrInvalidArgument)
+	}
+	keep = true
 	return bf.commit()
 }
 
@@ -178,7 +183,7 @@ func checkBlobDescriptors(m *v1.Manifest, lim Limits) error {
 
 // ensureLayerBlob keeps the blob of a layer unpacked before blobs were
 // kept (or by a docker-archive import), so the image can be shipped too.
-func (s *Store) ensureLayerBlob(ctx context.Context, l v1.Layer) error {
+func (s *Store) ensureLayerBlob(ctx context.Context, l v1.Layer, diffID string) error {
 	d, err := l.Digest()
 	if err != nil {
 		return readErr("layer digest", err)
@@ -189,7 +194,7 @@ func (s *Store) ensureLayerBlob(ctx context.Context, l v1.Layer) error {
 	if s.hasBlob(d.String()) {
 		return nil
 	}
-	return s.keepLayerBlob(ctx, l, s.limits.LayerBytes+s.limits.LayerBytes/64)
+	return s.keepLayerBlob(ctx, l, diffID, s.limits.LayerBytes+s.limits.LayerBytes/64)
 }
 
 // OpenImageBlob opens blob digest ("sha256:<64 hex>") of the image of

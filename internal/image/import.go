@@ -197,7 +197,7 @@ func (s *Store) importOCI(ctx context.Context, archive, want string, progress fu
 	if err := s.checkBlob(ctx, dir, m.Config, s.limits.ConfigBytes, "image config"); err != nil {
 		return Image{}, err
 	}
-	return s.store(ctx, n, img, false, nil, progress)
+	return s.store(ctx, n, img, false, nil, progress, replace)
 }
 
 // pickPlatform returns the descriptor of idx's image for this platform.
@@ -354,5 +354,5 @@ func (s *Store) importDocker(ctx context.Context, archive, want string, entries 
 	for _, l := range m[pick].Layers {
 		sizes = append(sizes, entries[path.Clean(l)])
 	}
-	return s.store(ctx, n, img, true, sizes, progress)
+	return s.store(ctx, n, img, true, sizes, progress, replace)
 }

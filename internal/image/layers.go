@@ -36,8 +36,10 @@ import (
 // and nothing else references are deleted.
 //
 // Unless uncompressed, the manifest, config and layer blobs are kept as
-// read (blobs.go) once each matched its digest.
-func (s *Store) store(ctx context.Context, name string, img v1.Image, uncompressed bool, sizes []int64, progress func(Progress)) (_ Image, err error) {
+// read (blobs.go) once each matched its digest. mode says whether the
+// record replaces one of that name (a pull, an import) or is added only
+// if the name is free (a peer's import: what holds the name is returned).
+func (s *Store) store(ctx context.Context, name string, img v1.Image, uncompressed bool, sizes []int64, progress func(Progress), mode addMode) (_ Image, err error) {
 	lim := s.limits
 	var m *v1.Manifest
 	var raw []byte
@@ -178,7 +180,7 @@ func (s *Store) store(ctx context.Context, name string, img v1.Image, uncompress
 			User:       cf.Config.User,
 		},
 	}
-	if err := s.add(rec); err != nil {
+	if rec, err = s.add(rec, mode); err != nil {
 		return Image{}, err
 	}
 	report(progress, Progress{Phase: "done", Done: done.Load(), Total: total})
@@ -216,7 +218,7 @@ func (s *Store) ensureLayer(ctx context.Context, diffID string, l v1.Layer, unco
 			var n int64
 			fmt.Sscan(strings.TrimPrefix(string(rec), diffID+" "), &n)
 			if !uncompressed {
-				if err := s.ensureLayerBlob(ctx, l); err != nil {
+				if err := s.ensureLayerBlob(ctx, l, diffID); err != nil {
 					return 0, err
 				}
 				if sz, err := l.Size(); err == nil {

@@ -28,27 +28,26 @@ type FetchFunc func(ctx context.Context, digest string) (io.ReadCloser, error)
 // checks, limits and unpacking as any pull (store); a layer already here
 // is not fetched. What a refused image unpacked or kept is removed.
 //
-// The image is stored as name, or, when this store holds another image
-// under that name, as name's repository@digest, so no image here changes.
-// An image of that digest held already is returned as it is.
+// The image is stored only as ref's repository@digest, never under a tag:
+// the peer picks both ref and digest, so a tag it names would let it plant
+// its image under a name that sandboxes here resolve by (checkpoints'
+// children mount their image by digest). A ref whose own digest differs
+// from digest is refused (InvalidArgument). The record is added only if
+// that name is free: a concurrent pull of the same name is kept. An image
+// of that digest held already is returned as it is.
 func (s *Store) ImportFrom(ctx context.Context, ref, digest string, fetch FetchFunc, progress func(Progress)) (_ Image, err error) {
-	n, err := normalize(ref)
-	if err != nil {
-		return Image{}, err
-	}
 	if !validDiffID(digest) {
 		return Image{}, fmt.Errorf("manifest digest %q: want sha256:<64 lowercase hex>: %w", digest, errdefs.ErrInvalidArgument)
+	}
+	n, err := peerName(ref, digest)
+	if err != nil {
+		return Image{}, err
 	}
 	s.mu.Lock()
 	for _, r := range s.images {
 		if r.Digest == digest {
 			s.mu.Unlock()
 			return s.toImage(r), nil
-		}
-	}
-	if r, ok := s.images[n]; ok && r.Digest != digest {
-		if p, err := name.ParseReference(n); err == nil {
-			n = p.Context().Digest(digest).Name()
 		}
 	}
 	s.mu.Unlock()
@@ -95,7 +94,25 @@ func (s *Store) ImportFrom(ctx context.Context, ref, digest string, fetch FetchF
 		return Image{}, fmt.Errorf("image from peer: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
 	s.log.InfoContext(ctx, "importing image from a peer", "image", n, "digest", digest)
-	return s.store(ctx, n, img, false, nil, progress)
+	got, err := s.store(ctx, n, img, false, nil, progress, addIfAbsent)
+	if err == nil && got.Digest != digest {
+		// Taken meanwhile by a pull of that name: it stays.
+		return Image{}, fmt.Errorf("image name %s was taken by image %s while %s was imported: %w", n, got.Digest, digest, errdefs.ErrAlreadyExists)
+	}
+	return got, err
+}
+
+// peerName is the name a peer's image ref of manifest digest is stored
+// under: ref's repository@digest.
+func peerName(ref, digest string) (string, error) {
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		return "", fmt.Errorf("image reference %q: %v: %w", ref, err, errdefs.ErrInvalidArgument)
+	}
+	if d, ok := r.(name.Digest); ok && d.DigestStr() != digest {
+		return "", fmt.Errorf("image reference %q names digest %s, not the %s imported: %w", ref, d.DigestStr(), digest, errdefs.ErrInvalidArgument)
+	}
+	return r.Context().Digest(digest).Name(), nil
 }
 
 // fetchAll reads all of blob digest, at most max bytes.

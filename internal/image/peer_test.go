@@ -91,9 +91,9 @@ func TestImportFromPeer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ImportFrom: %v", err)
 	}
-	if got.Digest != p.img.Digest || got.Name != p.img.Name || got.Size != p.img.Size || len(got.Layers) != len(p.img.Layers) {
+	if got.Digest != p.img.Digest || got.Name != "example.com/peer/img@"+p.img.Digest || got.Size != p.img.Size || len(got.Layers) != len(p.img.Layers) {
 		t.Fatalf("imported: got %s %s %d bytes %d layers, want %s %s %d bytes %d layers",
-			got.Name, got.Digest, got.Size, len(got.Layers), p.img.Name, p.img.Digest, p.img.Size, len(p.img.Layers))
+			got.Name, got.Digest, got.Size, len(got.Layers), "example.com/peer/img@"+p.img.Digest, p.img.Digest, p.img.Size, len(p.img.Layers))
 	}
 	if want := int32(2 + len(p.m.Layers)); calls.Load() != want {
 		t.Errorf("blobs fetched: got %d, want %d (manifest, config, layers)", calls.Load(), want)

@@ -46,7 +46,7 @@ func (s *Store) Pull(ctx context.Context, ref string, insecure bool, progress fu
 		return Image{}, tr.classify(ref, err)
 	}
 	s.log.InfoContext(ctx, "pulling image", "image", r.Name(), "digest", desc.Digest.String())
-	out, err := s.store(ctx, r.Name(), img, false, nil, progress)
+	out, err := s.store(ctx, r.Name(), img, false, nil, progress, replace)
 	if err != nil && !isClassified(err) {
 		err = tr.classify(ref, err)
 	}

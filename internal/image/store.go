@@ -125,7 +125,7 @@ type layerLock struct {
 
 // Open opens (creating if needed) the store at root, migrates an older
 // layout, and removes what a crash may have left in root/tmp (even when
-// that is not a directory any more).
+// that is not a directory any more) and the blobs no image lists.
 func Open(ctx context.Context, root string, log *slog.Logger, opts ...Option) (*Store, error) {
 	if log == nil {
 		log = slog.Default()
@@ -174,6 +174,12 @@ func Open(ctx context.Context, root string, log *slog.Logger, opts ...Option) (*
 			s.images[r.Name] = r
 		}
 	}
+	// Blobs that a crash left between being kept and their image being
+	// recorded (or removed) are listed by no image: delete them. Layers
+	// wait for a Remove, which knows what sandboxes still mount.
+	s.mu.Lock()
+	s.gcBlobsLocked(ctx)
+	s.mu.Unlock()
 	return s, nil
 }
 
@@ -308,11 +314,23 @@ func (s *Store) Remove(ctx context.Context, nameOrDigest string) error {
 	return nil
 }
 
-// add records an image under its name, replacing an older one.
-func (s *Store) add(r record) error {
+// addMode says what add does when the name is taken.
+type addMode int
+
+const (
+	replace     addMode = iota // the new record replaces the old
+	addIfAbsent                // the old record stays, and is returned
+)
+
+// add records an image under its name; it returns the record the name
+// holds afterwards.
+func (s *Store) add(r record, mode addMode) (record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old, had := s.images[r.Name]
+	if had && mode == addIfAbsent {
+		return old, nil
+	}
 	s.images[r.Name] = r
 	if err := s.saveLocked(); err != nil {
 		if had {
@@ -320,9 +338,9 @@ func (s *Store) add(r record) error {
 		} else {
 			delete(s.images, r.Name)
 		}
-		return err
+		return record{}, err
 	}
-	return nil
+	return r, nil
 }
 
 func (s *Store) saveLocked() error {

@@ -199,7 +199,7 @@ func (p *pull) run(ctx context.Context) (err error) {
 		}
 	}
 	if err == nil {
-		err = local.Ledger.Commit(ctx, p.hd.Checkpoint, p.hd.Record, final)
+		err = local.Ledger.Commit(ctx, p.hd.Checkpoint, p.hd.Record, final, p.req.ImageDigest)
 	}
 	if err != nil {
 		if rerr := local.Snaps.Remove(context.WithoutCancel(ctx), p.hd.Checkpoint); rerr != nil {

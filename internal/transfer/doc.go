@@ -17,7 +17,16 @@
 // given for the peer. No CA key lives on any node. Being trusted is not
 // enough to be sent a checkpoint: the server asks its Grants (grants.go)
 // whether the requesting node has a reason to hold it, and refuses others
-// (PermissionDenied) before anything is sent.
+// (PermissionDenied) before anything is sent. A request is identified,
+// granted and its body read (bounded in time) before it takes one of the
+// server's slots, of which one peer takes at most half (slots.go); the
+// base of an incremental send is an ancestor of the checkpoint that the
+// peer is granted too, never another checkpoint it names.
+//
+// The sender is untrusted by the receiver as much: the image it names is
+// stored only by digest (image.Store.ImportFrom), and the ledger commits
+// its record only if it names the image the pull ensured
+// (Request.ImageDigest).
 //
 // One pull is one POST /v1/pull of a JSON Request; the response body is a
 // sequence of frames (frames.go): a header, the send stream, the memory

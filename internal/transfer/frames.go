@@ -34,6 +34,10 @@ type Request struct {
 	// Have are ancestors of the checkpoint the asking node holds, nearest
 	// first: the sender sends incrementally from the first it holds too.
 	Have []string `json:"have,omitempty"`
+	// ImageDigest, the receiver's own and not sent, is the manifest digest
+	// of the image EnsureImage made sure of for this checkpoint: the
+	// ledger refuses a record that names another image.
+	ImageDigest string `json:"-"`
 }
 
 // maxHave bounds Request.Have; maxRequest the request body.

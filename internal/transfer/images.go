@@ -66,55 +66,63 @@ type imageAnswer struct {
 const maxRef = 1024
 
 // imageRoutes adds the image endpoints to mux. They have their own
-// limit of concurrent requests, so images never wait for checkpoints.
+// slots, so images never wait for checkpoints; a request takes one only
+// once its peer is identified and granted the checkpoint named.
 func (s *Server) imageRoutes(mux *http.ServeMux) {
-	sem := make(chan struct{}, s.o.MaxConcurrent*2)
-	limit := func(h http.HandlerFunc) http.HandlerFunc {
+	limit := func(h func(http.ResponseWriter, *http.Request, string, string)) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
-			select {
-			case sem <- struct{}{}:
-				defer func() { <-sem }()
-			default:
-				httpError(w, fmt.Errorf("too many image requests: %w", errdefs.ErrUnavailable))
-				return
-			}
 			if s.o.Local.Images == nil {
 				httpError(w, fmt.Errorf("node serves no images: %w", errdefs.ErrFailedPrecondition))
 				return
 			}
-			h(w, r)
+			peer, err := s.peerOf(r)
+			if err != nil {
+				httpError(w, err)
+				return
+			}
+			checkpoint := r.PathValue("checkpoint")
+			if checkpoint == "" {
+				var req imageRequest
+				if err := readBody(w, r, s.o.BodyTimeout, &req); err != nil {
+					httpError(w, err)
+					return
+				}
+				checkpoint = req.Checkpoint
+			}
+			ctx, cancel := context.WithTimeout(r.Context(), grantTimeout)
+			err = s.grant(ctx, peer, checkpoint)
+			cancel()
+			if err != nil {
+				httpError(w, err)
+				return
+			}
+			release, err := s.images.take(peer)
+			if err != nil {
+				httpError(w, fmt.Errorf("image requests: %w", err))
+				return
+			}
+			defer release()
+			h(w, r, peer, checkpoint)
 		}
 	}
 	mux.HandleFunc("POST /v1/image", limit(s.image))
 	mux.HandleFunc("GET /v1/checkpoints/{checkpoint}/blobs/{digest}", limit(s.blob))
 }
 
-// checkpointImage is the image of a checkpoint that the peer of r may
-// pull and this node holds.
-func (s *Server) checkpointImage(ctx context.Context, r *http.Request, checkpoint string) (ref, digest string, err error) {
-	peer, err := s.peerOf(r)
-	if err == nil {
-		err = s.grant(ctx, peer, checkpoint)
-	}
-	if err == nil {
-		_, err = s.o.Local.held(ctx, checkpoint)
-	}
-	if err != nil {
+// checkpointImage is the image of checkpoint, which the peer was granted
+// (imageRoutes), if this node holds it.
+func (s *Server) checkpointImage(ctx context.Context, checkpoint string) (ref, digest string, err error) {
+	if _, err := s.o.Local.held(ctx, checkpoint); err != nil {
 		return "", "", err
 	}
 	return s.o.Local.Images.CheckpointImage(ctx, checkpoint)
 }
 
-func (s *Server) image(w http.ResponseWriter, r *http.Request) {
-	var req imageRequest
-	if err := json.NewDecoder(io.LimitReader(r.Body, maxRequest)).Decode(&req); err != nil {
-		httpError(w, fmt.Errorf("bad request: %v: %w", err, errdefs.ErrInvalidArgument))
-		return
-	}
+func (s *Server) image(w http.ResponseWriter, r *http.Request, _, checkpoint string) {
 	ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
 	defer cancel()
 	// Only the image of a checkpoint this node would send the peer.
-	ref, digest, err := s.checkpointImage(ctx, r, req.Checkpoint)
+	ref, digest, err := s.checkpointImage(ctx, checkpoint)
 	if err != nil {
 		httpError(w, err)
 		return
@@ -123,11 +131,11 @@ func (s *Server) image(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(imageAnswer{Ref: ref, Digest: digest})
 }
 
-func (s *Server) blob(w http.ResponseWriter, r *http.Request) {
+func (s *Server) blob(w http.ResponseWriter, r *http.Request, _, checkpoint string) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.o.Timeout)
 	defer cancel()
 	digest := r.PathValue("digest")
-	_, img, err := s.checkpointImage(ctx, r, r.PathValue("checkpoint"))
+	_, img, err := s.checkpointImage(ctx, checkpoint)
 	var f io.ReadCloser
 	var size int64
 	if err == nil {

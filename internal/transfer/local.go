@@ -24,8 +24,10 @@ type Ledger interface {
 	Record(ctx context.Context, id string) ([]byte, error)
 	// Commit records checkpoint id received with record rec (untrusted:
 	// the ledger checks it), once its snapshot is committed and its
-	// memory image, if any, is at memDir ("" for none).
-	Commit(ctx context.Context, id string, rec []byte, memDir string) error
+	// memory image, if any, is at memDir ("" for none). imageDigest is
+	// the image the receiver ensured for it (Request.ImageDigest): a
+	// record naming another is refused.
+	Commit(ctx context.Context, id string, rec []byte, memDir, imageDigest string) error
 }
 
 // Local is one node's side of transfers: its btrfs snapshot store, the
@@ -89,6 +91,25 @@ func (l *Local) held(ctx context.Context, id string) (*held, error) {
 		h.memDir = filepath.Join(l.MemRoot, id)
 	}
 	return h, nil
+}
+
+// ancestor reports whether checkpoint base is an ancestor of checkpoint
+// id in this node's snapshot store: id's snapshot, its parent's, and so
+// on up (a sandbox's snapshot's parent is the checkpoint it started
+// from), at most maxHave generations. A received checkpoint's parents
+// are not known here: the chain ends there.
+func (l *Local) ancestor(ctx context.Context, id, base string) bool {
+	for range maxHave {
+		in, err := l.Snaps.Stat(ctx, id)
+		if err != nil || in.Parent == "" {
+			return false
+		}
+		if in.Parent == base {
+			return true
+		}
+		id = in.Parent
+	}
+	return false
 }
 
 // Holds reports whether this node holds checkpoint id.

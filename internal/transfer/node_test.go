@@ -27,7 +27,7 @@ func (l storeLedger) Record(ctx context.Context, id string) ([]byte, error) {
 	return json.Marshal(ck)
 }
 
-func (l storeLedger) Commit(ctx context.Context, id string, rec []byte, memDir string) error {
+func (l storeLedger) Commit(ctx context.Context, id string, rec []byte, memDir, imageDigest string) error {
 	var ck store.Checkpoint
 	if err := json.Unmarshal(rec, &ck); err != nil || ck.ID != id {
 		return errdefs.ErrInvalidArgument

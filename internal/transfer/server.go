@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -32,9 +31,13 @@ type ServerOptions struct {
 	Local  *Local
 	// Timeout bounds one pull (default 30m).
 	Timeout time.Duration
-	// MaxConcurrent pulls served at once (default 4); more are refused
-	// with 503 and retried by their receivers.
+	// MaxConcurrent pulls served at once (default 4), of which one peer
+	// takes at most half (at least one); more are refused with 503 and
+	// retried by their receivers. Image requests have twice as many.
 	MaxConcurrent int
+	// BodyTimeout bounds the read of a request's body (default 30s); it
+	// is read before the request takes a slot (slots.go).
+	BodyTimeout time.Duration
 	// MaxFiles bounds the files of a memory image sent (default 256).
 	MaxFiles int
 	Log      *slog.Logger
@@ -42,12 +45,14 @@ type ServerOptions struct {
 
 // Server serves the checkpoints of one node to its peers.
 type Server struct {
-	o    ServerOptions
-	srv  *http.Server
-	sem  chan struct{}
-	wg   sync.WaitGroup
-	ln   net.Listener
-	once sync.Once
+	o   ServerOptions
+	srv *http.Server
+	// pulls and images are the slots of pulls and of image requests
+	// (slots.go): images never wait for checkpoints.
+	pulls, images *slots
+	wg            sync.WaitGroup
+	ln            net.Listener
+	once          sync.Once
 }
 
 // NewServer makes a server; Start runs it.
@@ -64,14 +69,17 @@ func NewServer(o ServerOptions) (*Server, error) {
 	if o.MaxFiles == 0 {
 		o.MaxFiles = 256
 	}
+	if o.BodyTimeout == 0 {
+		o.BodyTimeout = 30 * time.Second
+	}
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	s := &Server{o: o, sem: make(chan struct{}, o.MaxConcurrent)}
+	s := &Server{o: o, pulls: newSlots(o.MaxConcurrent, o.MaxConcurrent/2), images: newSlots(2*o.MaxConcurrent, o.MaxConcurrent)}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/pull", s.pull)
 	s.imageRoutes(mux) // images.go
-	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(o.Log.Handler(), slog.LevelDebug)}
+	s.srv = &http.Server{Handler: bounded(o.BodyTimeout, mux), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(o.Log.Handler(), slog.LevelDebug)}
 	return s, nil
 }
 
@@ -112,35 +120,38 @@ func (s *Server) peerOf(r *http.Request) (string, error) {
 	return s.o.Trust.NodeOf(r.Context(), r.TLS.PeerCertificates[0].Raw)
 }
 
+// pull serves one pull: the peer is identified and its request read
+// (bounded in size and time) and granted before it takes a slot.
 func (s *Server) pull(w http.ResponseWriter, r *http.Request) {
-	peer, perr := s.peerOf(r)
-	select {
-	case s.sem <- struct{}{}:
-		defer func() { <-s.sem }()
-	default:
-		http.Error(w, "too many transfers", http.StatusServiceUnavailable)
-		return
-	}
+	peer, err := s.peerOf(r)
 	var req Request
-	if err := json.NewDecoder(io.LimitReader(r.Body, maxRequest)).Decode(&req); err != nil {
-		http.Error(w, "bad request", http.StatusBadRequest)
-		return
+	if err == nil {
+		if err = readBody(w, r, s.o.BodyTimeout, &req); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.o.Timeout)
 	defer cancel()
-	log := s.o.Log.With(slog.String("checkpoint", req.Checkpoint), slog.String("peer", peer))
-	w.Header().Set("Content-Type", "application/octet-stream")
-	start := time.Now()
-	err := perr
+	log := s.o.Log.With(slog.String("checkpoint", truncate(req.Checkpoint, 200)), slog.String("peer", peer))
 	if err == nil {
 		err = s.grant(ctx, peer, req.Checkpoint)
 	}
 	if err != nil {
 		log.WarnContext(ctx, "checkpoint pull refused", slog.Any("err", err))
+		w.Header().Set("Content-Type", "application/octet-stream")
 		_ = writeJSON(w, frameError, remoteError{Class: errdefs.ClassName(err), Message: truncate(err.Error(), 4096)})
 		return
 	}
-	t, parent, err := s.send(ctx, w, req)
+	release, err := s.pulls.take(peer)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	defer release()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	start := time.Now()
+	t, parent, err := s.send(ctx, w, peer, req)
 	if err != nil {
 		log.WarnContext(ctx, "checkpoint send failed", slog.Any("err", err))
 		_ = writeJSON(w, frameError, remoteError{Class: errdefs.ClassName(err), Message: truncate(err.Error(), 4096)})
@@ -172,8 +183,8 @@ func (s *Server) grant(ctx context.Context, peer, checkpoint string) error {
 // grantTimeout bounds one Grants lookup.
 const grantTimeout = 30 * time.Second
 
-// send writes the frames of one pull.
-func (s *Server) send(ctx context.Context, w io.Writer, req Request) (trailer, string, error) {
+// send writes the frames of one pull to peer.
+func (s *Server) send(ctx context.Context, w io.Writer, peer string, req Request) (trailer, string, error) {
 	var t trailer
 	if len(req.Have) > maxHave {
 		return t, "", fmt.Errorf("%d ancestors named, limit %d: %w", len(req.Have), maxHave, errdefs.ErrInvalidArgument)
@@ -186,9 +197,17 @@ func (s *Server) send(ctx context.Context, w io.Writer, req Request) (trailer, s
 		return t, "", fmt.Errorf("checkpoint %s here is subvolume %s, not %s: %w", h.id, h.info.Origin(), req.UUID, errdefs.ErrFailedPrecondition)
 	}
 	hd := header{Checkpoint: h.id, UUID: h.info.Origin(), Memory: h.memDir != "", Record: h.record}
+	// The base of an incremental send is an ancestor of the checkpoint
+	// here that the peer may pull itself: a diff from any other
+	// checkpoint held here would show the peer what that one holds (its
+	// names, its sizes).
 	var parent *held
 	for _, a := range req.Have {
-		if a == h.id {
+		if a == h.id || !s.o.Local.ancestor(ctx, h.id, a) {
+			continue
+		}
+		if err := s.grant(ctx, peer, a); err != nil {
+			s.o.Log.DebugContext(ctx, "an ancestor named is no base for the peer", slog.String("checkpoint", truncate(a, 200)), slog.Any("err", err))
 			continue
 		}
 		if p, err := s.o.Local.held(ctx, a); err == nil {

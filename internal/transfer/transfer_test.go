@@ -50,7 +50,7 @@ func TestFullAndIncremental(t *testing.T) {
 	// back from b, incrementally from its own (original) ck-1.
 	small := b.write(t, "sb-2", "ck-1", "small", mb)
 	b.checkpoint(t, "ck-2", "sb-2", false)
-	b.grant(a, "ck-2")
+	b.grant(a, "ck-2", "ck-1") // its ancestors too, as placement grants them
 	res, err = a.client.Pull(ctx, b.peer(), Request{Checkpoint: "ck-2", UUID: b.uuid(t, "ck-2"), Have: []string{"ck-1"}})
 	if err != nil {
 		t.Fatalf("incremental pull b→a: %v", err)
@@ -65,7 +65,7 @@ func TestFullAndIncremental(t *testing.T) {
 	// And a third generation on a goes to b, from b's received ck-2.
 	third := a.write(t, "sb-3", "ck-2", "third", 2*mb)
 	a.checkpoint(t, "ck-3", "sb-3", false)
-	a.grant(b, "ck-3")
+	a.grant(b, "ck-3", "ck-2")
 	res, err = b.client.Pull(ctx, a.peer(), Request{Checkpoint: "ck-3", UUID: a.uuid(t, "ck-3"), Have: []string{"ck-2", "ck-1"}})
 	if err != nil {
 		t.Fatalf("incremental pull a→b: %v", err)
@@ -247,3 +247,36 @@ func TestOversizedStream(t *testing.T) {
 }
 
 func isRefused(err error) bool { return errors.Is(err, errdefs.ErrInvalidArgument) }
+
+// TestIncrementalOnlyFromGrantedBase: a peer that names in Have a
+// checkpoint of the sender it may not pull, or one that is no ancestor
+// of the checkpoint pulled, gets no send from it (a diff from it would
+// show what it holds): the send is full.
+func TestIncrementalOnlyFromGrantedBase(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	trust := StaticTrust{}
+	a, b := newNode(t, "a", trust), newNode(t, "b", trust)
+	a.write(t, "sb-secret", "", "secret", mb)
+	a.checkpoint(t, "ck-secret", "sb-secret", false)
+	a.write(t, "sb-1", "ck-secret", "mine", mb)
+	a.checkpoint(t, "ck-1", "sb-1", false)
+	a.grant(b, "ck-1")
+	res, err := b.client.Pull(ctx, a.peer(), Request{Checkpoint: "ck-1", UUID: a.uuid(t, "ck-1"), Have: []string{"ck-secret"}})
+	if err != nil || res.Parent != "" {
+		t.Fatalf("pull naming an ungranted base: got parent %q, %v; want a full send", res.Parent, err)
+	}
+	// ck-other is granted and held by both, but no ancestor of ck-2.
+	a.write(t, "sb-other", "", "other", mb)
+	a.checkpoint(t, "ck-other", "sb-other", false)
+	a.write(t, "sb-2", "ck-1", "two", mb)
+	a.checkpoint(t, "ck-2", "sb-2", false)
+	a.grant(b, "ck-other", "ck-2")
+	if _, err := b.client.Pull(ctx, a.peer(), Request{Checkpoint: "ck-other"}); err != nil {
+		t.Fatal(err)
+	}
+	res, err = b.client.Pull(ctx, a.peer(), Request{Checkpoint: "ck-2", UUID: a.uuid(t, "ck-2"), Have: []string{"ck-other"}})
+	if err != nil || res.Parent != "" {
+		t.Fatalf("pull naming a base that is no ancestor: got parent %q, %v; want a full send", res.Parent, err)
+	}
+}

@@ -136,6 +136,10 @@ func (r *sandboxes) localCheckpoint(ctx context.Context, sb *fbv1.Sandbox) (stri
 	}
 	for _, rp := range ck.Status.Replicas {
 		if rp.Node == r.o.NodeName && rp.Ready {
+			// Any node writes replica entries: this one must name ck's copy.
+			if err := r.checkCopy(ctx, &ck, rp.LocalID); err != nil {
+				return "", err
+			}
 			return rp.LocalID, nil
 		}
 	}

@@ -151,7 +151,9 @@ func (t nodeTrust) NodeOf(ctx context.Context, der []byte) (string, error) {
 
 // pull brings checkpoint ck to this node from a node holding a ready copy
 // and records the new replica; it returns the checkpoint's local ID. A
-// copy already here (a pull whose status write was lost) is reused.
+// copy already here (a pull whose status write was lost) is reused if it
+// is ck's (checkCopy, reuse.go); a local checkpoint of that ID that is
+// not is refused, PermissionDenied.
 func (a *agent) pull(ctx context.Context, ck *fbv1.Checkpoint) (string, error) {
 	var ready []fbv1.Replica
 	for _, rp := range ck.Status.Replicas {
@@ -168,6 +170,10 @@ func (a *agent) pull(ctx context.Context, ck *fbv1.Checkpoint) (string, error) {
 	localID := ready[0].LocalID
 	defer a.t.lock(localID)()
 	if a.t.local.Holds(ctx, localID) {
+		if err := a.checkCopy(ctx, ck, localID); err != nil {
+			a.rec.Eventf(ck, nil, corev1.EventTypeWarning, "TransferRefused", "Transfer", "%s", kube.Truncate(err.Error(), 1024))
+			return "", err
+		}
 		return localID, a.addReplica(ctx, ck, localID, "Reused", "a copy was on the node already")
 	}
 	nodes, err := a.peers(ctx)
@@ -199,8 +205,12 @@ func (a *agent) pull(ctx context.Context, ck *fbv1.Checkpoint) (string, error) {
 			errs = append(errs, rp.Node+": "+err.Error())
 			continue
 		}
-		res, err := a.t.client.Pull(ctx, peer, transfer.Request{Checkpoint: rp.LocalID, UUID: ck.Status.SubvolumeUUID, Have: have})
+		res, err := a.t.client.Pull(ctx, peer, transfer.Request{Checkpoint: rp.LocalID, UUID: ck.Status.SubvolumeUUID, Have: have, ImageDigest: img.Digest})
 		if errdefs.IsAlreadyExists(err) && a.t.local.Holds(ctx, rp.LocalID) {
+			if err := a.checkCopy(ctx, ck, rp.LocalID); err != nil {
+				a.rec.Eventf(ck, nil, corev1.EventTypeWarning, "TransferRefused", "Transfer", "%s", kube.Truncate(err.Error(), 1024))
+				return "", err
+			}
 			return rp.LocalID, a.addReplica(ctx, ck, rp.LocalID, "Reused", "a copy was on the node already")
 		}
 		if err != nil {
@@ -284,7 +294,7 @@ func (a *agent) ancestors(ctx context.Context, ck *fbv1.Checkpoint) ([]string, m
 			if _, seen := holders[rp.Node]; !seen {
 				holders[rp.Node] = rank
 			}
-			if rp.Node == a.o.NodeName && a.t.local.Holds(ctx, rp.LocalID) {
+			if rp.Node == a.o.NodeName && a.t.local.Holds(ctx, rp.LocalID) && a.checkCopy(ctx, &anc, rp.LocalID) == nil {
 				have = append(have, rp.LocalID)
 				names[rp.LocalID] = anc.Name
 			}
