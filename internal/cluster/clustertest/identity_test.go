@@ -260,7 +260,7 @@ func TestNodeIdentity(t *testing.T) {
 	}
 	withFin := ck.DeepCopy()
 	withFin.Finalizers = []string{fbv1.CheckpointFinalizer}
-	wantForbidden(t, "a adds the replicas finalizer to b's capture", a.Update(ctx, withFin.DeepCopy()), "node ident-a", "may not update checkpoint "+Namespace+"/ident-ck, which node ident-b captures")
+	wantForbidden(t, "a adds the replicas finalizer to b's capture", a.Update(ctx, withFin.DeepCopy()), "node ident-a", "may not update checkpoint "+Namespace+"/ident-ck, which node ident-b captures", "only the capturing node adds")
 	owned := ck.DeepCopy()
 	owned.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "gone", UID: "00000000-0000-0000-0000-000000000000"}}
 	wantForbidden(t, "b gives its capture a bogus owner", b.Update(ctx, owned), "may not change checkpoints "+Namespace+"/ident-ck")
@@ -296,12 +296,21 @@ func TestNodeIdentity(t *testing.T) {
 	if err := a.Status().Update(ctx, gone); err != nil {
 		t.Fatalf("a removes its copy of the deleted checkpoint: %v", err)
 	}
-	if err := b.Get(ctx, client.ObjectKeyFromObject(ck), ck); err != nil {
+	// a holds no copy now, b does: a may not let it go, and once b's
+	// copy is gone too, a, the last holder, may.
+	if err := a.Get(ctx, client.ObjectKeyFromObject(ck), ck); err != nil {
 		t.Fatal(err)
 	}
+	noFin = ck.DeepCopy()
+	noFin.Finalizers = nil
+	wantForbidden(t, "a drops the finalizer while b holds a copy", a.Update(ctx, noFin), "node ident-a", "other nodes still hold copies")
+	ck.Status.Replicas = nil
+	if err := b.Status().Update(ctx, ck); err != nil {
+		t.Fatalf("b removes its copy of the deleted checkpoint: %v", err)
+	}
 	ck.Finalizers = nil
-	if err := b.Update(ctx, ck); err != nil {
-		t.Errorf("b, the last holder, drops the finalizer: %v", err)
+	if err := a.Update(ctx, ck); err != nil {
+		t.Errorf("a, the last holder, drops the finalizer: %v", err)
 	}
 
 	// The same account with a token bound to nothing is no node.
