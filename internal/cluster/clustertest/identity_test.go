@@ -3,6 +3,7 @@ package clustertest
 import (
 	"context"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -103,7 +104,14 @@ func TestNodeIdentity(t *testing.T) {
 			&fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: "ident-unplaced"}},
 			&fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: "ident-gw"}},
 			&fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: "ident-ck"}},
+			&fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: "ident-ck-unset"}},
 		} {
+			if err := plane.Client.Get(ctx, client.ObjectKeyFromObject(o), o); err == nil && len(o.GetFinalizers()) > 0 {
+				o.SetFinalizers(nil)
+				if err := plane.Client.Update(ctx, o); client.IgnoreNotFound(err) != nil {
+					t.Errorf("clean up %s's finalizers: %v", o.GetName(), err)
+				}
+			}
 			if err := plane.Client.Delete(ctx, o); client.IgnoreNotFound(err) != nil {
 				t.Errorf("clean up %s: %v", o.GetName(), err)
 			}
@@ -185,15 +193,37 @@ func TestNodeIdentity(t *testing.T) {
 	if err := b.Status().Update(ctx, rep); err != nil {
 		t.Errorf("b reports its own sandbox: %v", err)
 	}
+	// b's own Sandbox: its finalizer, nothing else of the main resource.
+	if err := b.Get(ctx, client.ObjectKeyFromObject(onB), onB); err != nil {
+		t.Fatal(err)
+	}
+	forgeSb := onB.DeepCopy()
+	forgeSb.Spec.WorkingDir = "/evil"
+	wantForbidden(t, "b changes its sandbox's spec", b.Update(ctx, forgeSb), "node ident-b", "may not change sandboxes "+Namespace+"/ident-on-b")
+	forgeSb = onB.DeepCopy()
+	forgeSb.Labels = map[string]string{"x": "y"}
+	wantForbidden(t, "b labels its sandbox", b.Update(ctx, forgeSb), "may not change sandboxes")
+	forgeSb = onB.DeepCopy()
+	forgeSb.Finalizers = []string{"example.com/other"}
+	wantForbidden(t, "b adds another finalizer to its sandbox", b.Update(ctx, forgeSb), "may not change sandboxes")
+	finSb := onB.DeepCopy()
+	finSb.Finalizers = []string{fbv1.SandboxFinalizer}
+	if err := b.Update(ctx, finSb); err != nil {
+		t.Errorf("b adds its finalizer to its sandbox: %v", err)
+	}
 
 	// Checkpoints: b captured one; a records its own copy and its pull,
 	// but neither touches b's copy nor rewrites what the checkpoint is.
 	ck := &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: "ident-ck"},
-		Spec: fbv1.CheckpointSpec{Sandbox: "ident-on-b", NodeName: "ident-b"}}
+		Spec: fbv1.CheckpointSpec{Sandbox: "ident-on-b", NodeName: "ident-b", Parent: "ident-base"}}
 	if err := plane.Client.Create(ctx, ck); err != nil {
 		t.Fatal(err)
 	}
-	ck.Status = fbv1.CheckpointStatus{Phase: fbv1.CheckpointReady, OriginNode: "ident-b", SubvolumeUUID: "uuid-b", Kind: "filesystem"}
+	ck.Status = fbv1.CheckpointStatus{Phase: fbv1.CheckpointReady, OriginNode: "ident-a", SubvolumeUUID: "uuid-b", Kind: "filesystem"}
+	wantForbidden(t, "b names a the origin of its capture", b.Status().Update(ctx, ck.DeepCopy()), "node ident-b", "may not name node ident-a the origin")
+	ck.Status.OriginNode, ck.Status.Parent = "ident-b", "ident-victim"
+	wantForbidden(t, "b forges its capture's parent", b.Status().Update(ctx, ck.DeepCopy()), "node ident-b", "may not set the parent of checkpoint "+Namespace+"/ident-ck to ident-victim")
+	ck.Status.Parent = "ident-base"
 	ck.Status.Replicas = []fbv1.Replica{{Node: "ident-b", LocalID: "ck-1", Ready: true}}
 	if err := b.Status().Update(ctx, ck); err != nil {
 		t.Fatalf("b records the checkpoint it captured: %v", err)
@@ -220,6 +250,67 @@ func TestNodeIdentity(t *testing.T) {
 	origin.Status.Message = "b says"
 	if err := b.Status().Update(ctx, origin); err != nil {
 		t.Errorf("b, the origin, updates its checkpoint: %v", err)
+	}
+
+	// The Checkpoint itself (not its status): its capturing node adds and
+	// drops its finalizer, no node changes anything else, and no node
+	// binds an unset one to itself.
+	if err := b.Get(ctx, client.ObjectKeyFromObject(ck), ck); err != nil {
+		t.Fatal(err)
+	}
+	withFin := ck.DeepCopy()
+	withFin.Finalizers = []string{fbv1.CheckpointFinalizer}
+	wantForbidden(t, "a adds the replicas finalizer to b's capture", a.Update(ctx, withFin.DeepCopy()), "node ident-a", "may not update checkpoint "+Namespace+"/ident-ck, which node ident-b captures", "only the capturing node adds")
+	owned := ck.DeepCopy()
+	owned.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "gone", UID: "00000000-0000-0000-0000-000000000000"}}
+	wantForbidden(t, "b gives its capture a bogus owner", b.Update(ctx, owned), "may not change checkpoints "+Namespace+"/ident-ck")
+	owned = ck.DeepCopy()
+	owned.Annotations = map[string]string{"x": "y"}
+	wantForbidden(t, "b annotates its capture", b.Update(ctx, owned), "may not change checkpoints")
+	if err := b.Update(ctx, withFin); err != nil {
+		t.Fatalf("b adds the replicas finalizer to its capture: %v", err)
+	}
+	noFin := withFin.DeepCopy()
+	noFin.Finalizers = nil
+	wantForbidden(t, "b drops the finalizer of a live checkpoint", b.Update(ctx, noFin), "may not drop finalizer "+fbv1.CheckpointFinalizer, "not being deleted")
+	unset := &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: "ident-ck-unset"}, Spec: fbv1.CheckpointSpec{Sandbox: "ident-unplaced"}}
+	if err := plane.Client.Create(ctx, unset); err != nil {
+		t.Fatal(err)
+	}
+	claim := unset.DeepCopy()
+	claim.Spec.NodeName = "ident-a"
+	wantForbidden(t, "a binds an unset checkpoint to itself", a.Update(ctx, claim), "node ident-a", "which is bound to no node")
+	// Deleted while a holds a copy: b may not let it go until a's entry
+	// is gone (a's copy would be orphaned), then may.
+	if err := plane.Client.Delete(ctx, withFin); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Get(ctx, client.ObjectKeyFromObject(ck), ck); err != nil {
+		t.Fatal(err)
+	}
+	noFin = ck.DeepCopy()
+	noFin.Finalizers = nil
+	wantForbidden(t, "b drops the finalizer while a holds a copy", b.Update(ctx, noFin), "may not drop finalizer", "other nodes still hold copies")
+	gone := ck.DeepCopy()
+	gone.Status.Replicas = slices.DeleteFunc(gone.Status.Replicas, func(r fbv1.Replica) bool { return r.Node == "ident-a" })
+	if err := a.Status().Update(ctx, gone); err != nil {
+		t.Fatalf("a removes its copy of the deleted checkpoint: %v", err)
+	}
+	// a holds no copy now, b does: a may not let it go, and once b's
+	// copy is gone too, a, the last holder, may.
+	if err := a.Get(ctx, client.ObjectKeyFromObject(ck), ck); err != nil {
+		t.Fatal(err)
+	}
+	noFin = ck.DeepCopy()
+	noFin.Finalizers = nil
+	wantForbidden(t, "a drops the finalizer while b holds a copy", a.Update(ctx, noFin), "node ident-a", "other nodes still hold copies")
+	ck.Status.Replicas = nil
+	if err := b.Status().Update(ctx, ck); err != nil {
+		t.Fatalf("b removes its copy of the deleted checkpoint: %v", err)
+	}
+	ck.Finalizers = nil
+	if err := a.Update(ctx, ck); err != nil {
+		t.Errorf("a, the last holder, drops the finalizer: %v", err)
 	}
 
 	// The same account with a token bound to nothing is no node.

@@ -17,7 +17,8 @@ import (
 )
 
 // checkpoints sends a Checkpoint to its sandbox's node (spec.nodeName,
-// set once), and releases the finalizer of a deleted one whose holders
+// set once, with spec.parent, the checkpoint the sandbox started from),
+// and releases the finalizer of a deleted one whose holders
 // are all gone from the cluster.
 type checkpoints struct {
 	c     client.Client
@@ -52,6 +53,9 @@ func (r *checkpoints) Reconcile(ctx context.Context, req reconcile.Request) (rec
 	}
 	patch := client.MergeFromWithOptions(ck.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	ck.Spec.NodeName = sb.Spec.NodeName
+	if ck.Spec.Parent == "" { // what grants and placement trust as its descent
+		ck.Spec.Parent = sb.Spec.SourceCheckpoint()
+	}
 	return reconcile.Result{}, r.c.Patch(ctx, &ck, patch)
 }
 

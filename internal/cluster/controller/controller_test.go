@@ -207,3 +207,32 @@ func TestLeaseExpiry(t *testing.T) {
 	create(t, fresh)
 	unschedulable(t, fresh, "ls-dying: not ready")
 }
+
+// A Checkpoint records the checkpoint its sandbox started from as its
+// spec.parent (what grants trust as descent; no node writes it): a
+// Fork's from its creation, one created bare with its node.
+func TestCheckpointRecordsParent(t *testing.T) {
+	plane.Need(t)
+	startController(t)
+	ns := namespace(t)
+	node(t, "par-node", 4, long)
+	child := sandbox(ns, "child", fromCheckpoint("base"), func(sb *fbv1.Sandbox) { sb.Spec.NodeName = "par-node" })
+	create(t, child)
+	setPhase(t, child, fbv1.PhaseRunning)
+	bare := &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bare"}, Spec: fbv1.CheckpointSpec{Sandbox: "child"}}
+	create(t, bare)
+	clustertest.Eventually(t, 30*time.Second, "the bare checkpoint's node and parent", func() (bool, string) {
+		get(t, bare)
+		return bare.Spec.NodeName == "par-node" && bare.Spec.Parent == "base", fmt.Sprintf("%+v", bare.Spec)
+	})
+	create(t, &fbv1.Fork{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fk"},
+		Spec: fbv1.ForkSpec{Source: fbv1.ForkSource{Sandbox: "child"}, Count: 1}})
+	ck := &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fk"}}
+	clustertest.Eventually(t, 30*time.Second, "the fork's checkpoint", func() (bool, string) {
+		err := plane.Client.Get(context.Background(), client.ObjectKeyFromObject(ck), ck)
+		return err == nil, fmt.Sprint(err)
+	})
+	if ck.Spec.Parent != "base" || ck.Spec.NodeName != "par-node" {
+		t.Fatalf("the fork's checkpoint: got spec %+v, want parent base on par-node", ck.Spec)
+	}
+}

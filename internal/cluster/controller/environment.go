@@ -241,7 +241,7 @@ func (r *environments) checkpoint(ctx context.Context, e *fbv1.Environment, buil
 	}
 	ck = fbv1.Checkpoint{
 		ObjectMeta: metav1.ObjectMeta{Namespace: e.Namespace, Name: build, Labels: map[string]string{fbv1.EnvironmentLabel: e.Name}},
-		Spec:       fbv1.CheckpointSpec{Sandbox: builder.Name, NodeName: builder.Spec.NodeName},
+		Spec:       fbv1.CheckpointSpec{Sandbox: builder.Name, NodeName: builder.Spec.NodeName, Parent: builder.Spec.SourceCheckpoint()},
 	}
 	if err := controllerutil.SetControllerReference(e, &ck, r.c.Scheme()); err != nil {
 		return nil, err

@@ -129,7 +129,7 @@ func (f *forker) capture(ctx context.Context, fk *fbv1.Fork) (bool, error) {
 	}
 	ck = fbv1.Checkpoint{
 		ObjectMeta: metav1.ObjectMeta{Namespace: fk.Namespace, Name: fk.Name, Labels: map[string]string{fbv1.ForkLabel: fk.Name}},
-		Spec:       fbv1.CheckpointSpec{Sandbox: src.Name, Memory: fk.Spec.Memory, NodeName: src.Spec.NodeName},
+		Spec:       fbv1.CheckpointSpec{Sandbox: src.Name, Memory: fk.Spec.Memory, NodeName: src.Spec.NodeName, Parent: src.Spec.SourceCheckpoint()},
 	}
 	if err := controllerutil.SetControllerReference(fk, &ck, f.c.Scheme()); err != nil {
 		return false, err

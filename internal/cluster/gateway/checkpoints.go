@@ -39,7 +39,7 @@ func (s *sandboxes) Checkpoint(ctx context.Context, req *connect.Request[v1.Chec
 	ck := &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: s.g.o.Namespace, GenerateName: sb.Name + "-ck-"},
 		// The sandbox's node captures it (set here, as the controller does
 		// for a Fork's: spec.nodeName is set once).
-		Spec: fbv1.CheckpointSpec{Sandbox: sb.Name, Tag: m.Tag, Memory: m.Memory, NodeName: sb.Spec.NodeName}}
+		Spec: fbv1.CheckpointSpec{Sandbox: sb.Name, Tag: m.Tag, Memory: m.Memory, NodeName: sb.Spec.NodeName, Parent: sb.Spec.SourceCheckpoint()}}
 	if err := s.g.c.Create(ctx, ck); err != nil {
 		return nil, kerr(err, "create checkpoint of "+sb.Name)
 	}

@@ -63,9 +63,10 @@ func (r *checkpoints) Reconcile(ctx context.Context, req reconcile.Request) (rec
 		Replicas:   []fbv1.Replica{{Node: r.o.NodeName, LocalID: local.ID, Ready: true}},
 		Conditions: ck.Status.Conditions,
 	}
-	if src := sb.Spec.Source; src != nil {
-		ck.Status.Parent = src.Checkpoint
-	}
+	// The parent is what the Checkpoint's creator recorded from the
+	// sandbox's spec.source, never this node's say (the node identity
+	// policy refuses any other).
+	ck.Status.Parent = ck.Spec.Parent
 	if ck.Status.SubvolumeUUID, err = r.d.CheckpointUUID(local.ID); err != nil {
 		return reconcile.Result{}, err
 	}

@@ -16,12 +16,15 @@ import (
 
 // TestPlacementGrants: node a serves a checkpoint only to a node with a
 // sandbox placed on it that starts from it (directly, through an
-// Environment, or from a descendant); every other pull is refused,
-// PermissionDenied, naming the node and the checkpoint.
+// Environment, or from a descendant by spec.parent); every other pull
+// is refused, PermissionDenied, naming the node and the checkpoint: one
+// through a status.parent the capturing node forged, one of a local ID
+// two Checkpoints name, one of a capture whose Checkpoint names another
+// origin.
 func TestPlacementGrants(t *testing.T) {
 	const ns = "work"
 	ck := func(name, local, parent string) *fbv1.Checkpoint {
-		return &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		return &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: fbv1.CheckpointSpec{Parent: parent},
 			Status: fbv1.CheckpointStatus{Parent: parent, Replicas: []fbv1.Replica{{Node: "a", LocalID: local, Ready: true}}}}
 	}
 	sb := func(ns, name, node string, src fbv1.SandboxSource) *fbv1.Sandbox {
@@ -35,7 +38,26 @@ func TestPlacementGrants(t *testing.T) {
 	notReady.Status.Replicas[0].Ready = false
 	elsewhere := ck("elsewhere", "ck-6", "")
 	elsewhere.Status.Replicas[0].Node = "z"
+	// forged: captured by g, which claims (status.parent, which the
+	// capturing node writes) that its parent is victim; its creator
+	// recorded none (spec.parent).
+	forged := ck("forged", "ck-7", "")
+	forged.Status.Replicas[0].Node = "g"
+	forged.Status.Parent = "victim"
+	// Two Checkpoints name a's ck-8; and ck-10 is a's capture by its
+	// entry, but the Checkpoint says node z captured it.
+	twinA, twinB := ck("twin-a", "ck-8", ""), ck("twin-b", "ck-8", "")
+	twinB.Status.Replicas = append([]fbv1.Replica{{Node: "h", LocalID: "ck-8", Ready: true}}, twinB.Status.Replicas...)
+	misOrigin := ck("mis-origin", "ck-10", "")
+	misOrigin.Spec.NodeName, misOrigin.Status.OriginNode = "a", "z"
+	captured := ck("captured", "ck-11", "")
+	captured.Spec.NodeName, captured.Status.OriginNode = "a", "a"
 	objs := []client.Object{
+		ck("victim", "ck-V", ""), forged, twinA, twinB, misOrigin, captured,
+		sb(ns, "on-g", "g", fbv1.SandboxSource{Checkpoint: "forged"}),
+		sb(ns, "on-h", "h", fbv1.SandboxSource{Checkpoint: "twin-b"}),
+		sb(ns, "on-i", "i", fbv1.SandboxSource{Checkpoint: "mis-origin"}),
+		sb(ns, "on-j", "j", fbv1.SandboxSource{Checkpoint: "captured"}),
 		ck("base", "ck-1", ""), ck("child", "ck-2", "base"), ck("grandchild", "ck-4", "child"), ck("other", "ck-3", ""), notReady, elsewhere,
 		&fbv1.Environment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "env"}, Status: fbv1.EnvironmentStatus{Checkpoint: "other"}},
 		sb(ns, "on-b", "b", fbv1.SandboxSource{Checkpoint: "base"}),
@@ -68,6 +90,10 @@ func TestPlacementGrants(t *testing.T) {
 		{"b", "ck-5", false, "a's copy of pending is not ready"},
 		{"b", "ck-6", false, "the copy is z's, not a's"},
 		{"b", "ck-9", false, "no checkpoint has that ID"},
+		{"g", "ck-V", false, "forged's status.parent names victim, its spec.parent nothing"},
+		{"h", "ck-8", false, "twin-a and twin-b both name ck-8 as a's copy"},
+		{"i", "ck-10", false, "mis-origin was a's to capture but says z captured it"},
+		{"j", "ck-11", true, "captured is a's capture and its sandbox starts from it"},
 	} {
 		err := g.MayPull(context.Background(), tc.peer, tc.id)
 		if tc.ok {

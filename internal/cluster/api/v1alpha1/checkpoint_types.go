@@ -6,7 +6,7 @@ import (
 )
 
 // CheckpointSpec names the sandbox to capture.
-// +kubebuilder:validation:XValidation:rule="self == oldSelf || (!has(oldSelf.nodeName) && self.sandbox == oldSelf.sandbox && has(self.tag) == has(oldSelf.tag) && (!has(self.tag) || self.tag == oldSelf.tag) && has(self.memory) == has(oldSelf.memory) && (!has(self.memory) || self.memory == oldSelf.memory))",message="a checkpoint's spec is immutable (nodeName is set once)"
+// +kubebuilder:validation:XValidation:rule="self == oldSelf || (!has(oldSelf.nodeName) && self.sandbox == oldSelf.sandbox && (!has(oldSelf.parent) || (has(self.parent) && self.parent == oldSelf.parent)) && has(self.tag) == has(oldSelf.tag) && (!has(self.tag) || self.tag == oldSelf.tag) && has(self.memory) == has(oldSelf.memory) && (!has(self.memory) || self.memory == oldSelf.memory))",message="a checkpoint's spec is immutable (nodeName and parent are set once)"
 type CheckpointSpec struct {
 	// Sandbox names the Sandbox (same namespace) to capture.
 	// +kubebuilder:validation:MinLength=1
@@ -19,6 +19,16 @@ type CheckpointSpec struct {
 	// Memory asks for a memory checkpoint (gvisor) besides the filesystem.
 	// +optional
 	Memory bool `json:"memory,omitempty"`
+	// Parent names the Checkpoint (same namespace) the sandbox started
+	// from, if any, recorded by whoever creates the Checkpoint (the
+	// gateway or the controller) from the Sandbox's spec.source, or by
+	// the controller with nodeName for one created without either: the
+	// ancestry that grants and placement trust, which no node agent may
+	// write (deploy/policy/node-identity.yaml keeps a node's
+	// status.parent equal to it).
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	Parent string `json:"parent,omitempty"`
 	// NodeName is the node that captures it: the sandbox's, filled in by
 	// the controller.
 	// +kubebuilder:validation:MaxLength=253

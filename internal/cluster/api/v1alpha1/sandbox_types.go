@@ -147,3 +147,13 @@ type SandboxList struct {
 }
 
 func init() { SchemeBuilder.Register(&Sandbox{}, &SandboxList{}) }
+
+// SourceCheckpoint is the Checkpoint a sandbox of spec starts from by
+// name ("" when it starts from an image or an Environment): what a
+// Checkpoint of that sandbox records as its spec.parent.
+func (s *SandboxSpec) SourceCheckpoint() string {
+	if s.Source == nil {
+		return ""
+	}
+	return s.Source.Checkpoint
+}
