@@ -9,7 +9,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
@@ -51,20 +50,16 @@ func TestEnvironmentRetryAndCollect(t *testing.T) {
 	if got := fbv1.BuildName(get(t, e), e.Spec.Hash()); got != first {
 		t.Fatalf("build name of a failed build: got %s, want %s", got, first)
 	}
-	e.Annotations = map[string]string{fbv1.RetryAnnotation: "1"}
-	if err := plane.Client.Update(ctx, e); err != nil {
-		t.Fatal(err)
-	}
+	update(t, e, func(e *fbv1.Environment) { e.Annotations = map[string]string{fbv1.RetryAnnotation: "1"} })
 	retry := first + "-r1"
 	b = awaitBuilder(t, e, retry)
 	// Its node refuses to create it (an image it does not have).
-	get(t, b).Status.Phase = fbv1.PhaseFailed
-	b.Status.Message = `image "busybox" not found`
-	meta.SetStatusCondition(&b.Status.Conditions, metav1.Condition{Type: fbv1.ConditionReady, Status: metav1.ConditionFalse,
-		Reason: "CreateFailedNotFound", Message: b.Status.Message})
-	if err := plane.Client.Status().Update(ctx, b); err != nil {
-		t.Fatal(err)
-	}
+	updateStatus(t, b, func(b *fbv1.Sandbox) {
+		b.Status.Phase = fbv1.PhaseFailed
+		b.Status.Message = `image "busybox" not found`
+		meta.SetStatusCondition(&b.Status.Conditions, metav1.Condition{Type: fbv1.ConditionReady, Status: metav1.ConditionFalse,
+			Reason: "CreateFailedNotFound", Message: b.Status.Message})
+	})
 	c := awaitFailed(t, e, retry, "CreateFailedNotFound")
 	if want := `builder sandbox failed on node retry-a: image "busybox" not found`; !strings.Contains(c.Message, want) {
 		t.Fatalf("failure message %q, want it to say %q", c.Message, want)
@@ -72,10 +67,7 @@ func TestEnvironmentRetryAndCollect(t *testing.T) {
 	goneObj(t, b)
 
 	// Tried again, and built this time.
-	get(t, e).Annotations[fbv1.RetryAnnotation] = "2"
-	if err := plane.Client.Update(ctx, e); err != nil {
-		t.Fatal(err)
-	}
+	update(t, e, func(e *fbv1.Environment) { e.Annotations[fbv1.RetryAnnotation] = "2" })
 	third := first + "-r2"
 	b = awaitBuilder(t, e, third)
 	setupDone(t, b, true, "1 step")
@@ -89,10 +81,7 @@ func TestEnvironmentRetryAndCollect(t *testing.T) {
 	// node holds a copy a while (the finalizer), and an Environment of
 	// the same name and spec made meanwhile does not take it for its own.
 	ck := &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: third}}
-	get(t, ck).Finalizers = []string{fbv1.CheckpointFinalizer}
-	if err := plane.Client.Update(ctx, ck); err != nil {
-		t.Fatal(err)
-	}
+	update(t, ck, func(ck *fbv1.Checkpoint) { ck.Finalizers = []string{fbv1.CheckpointFinalizer} })
 	if err := plane.Client.Delete(ctx, e); err != nil {
 		t.Fatal(err)
 	}
@@ -111,10 +100,7 @@ func TestEnvironmentRetryAndCollect(t *testing.T) {
 	if again.Status.Checkpoint != "" {
 		t.Fatalf("the new environment took the old one's checkpoint: %+v", again.Status)
 	}
-	get(t, ck).Finalizers = nil // its node let it go
-	if err := plane.Client.Update(ctx, ck); err != nil {
-		t.Fatal(err)
-	}
+	update(t, ck, func(ck *fbv1.Checkpoint) { ck.Finalizers = nil }) // its node let it go
 	awaitCapture(t, b, "retry-a")
 	awaitBuilt(t, again, third)
 	if ck := get(t, &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: third}}); !metav1.IsControlledBy(ck, again) {
@@ -151,16 +137,9 @@ func TestEnvironmentClientSetup(t *testing.T) {
 	})
 	clientSays := func(b *fbv1.Sandbox, result string) {
 		t.Helper()
-		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			if err := plane.Client.Get(ctx, client.ObjectKeyFromObject(b), b); err != nil {
-				return err
-			}
+		update(t, b, func(b *fbv1.Sandbox) {
 			b.Annotations = map[string]string{fbv1.LeaseAnnotation: "lease-1", fbv1.SetupResultAnnotation: result}
-			return plane.Client.Update(ctx, b)
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
 	}
 	clientSays(b, "failed: setup broke")
 	c := awaitFailed(t, e, first, ReasonSetupFailed)
@@ -169,10 +148,7 @@ func TestEnvironmentClientSetup(t *testing.T) {
 	}
 	goneObj(t, b)
 
-	get(t, e).Annotations = map[string]string{fbv1.RetryAnnotation: "1"}
-	if err := plane.Client.Update(ctx, e); err != nil {
-		t.Fatal(err)
-	}
+	update(t, e, func(e *fbv1.Environment) { e.Annotations = map[string]string{fbv1.RetryAnnotation: "1"} })
 	b = &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: first + "-r1"}}
 	clustertest.Eventually(t, 30*time.Second, "builder "+b.Name, func() (bool, string) {
 		err := plane.Client.Get(ctx, client.ObjectKeyFromObject(b), b)

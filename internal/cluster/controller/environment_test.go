@@ -21,7 +21,6 @@ import (
 // Running with its setup's outcome.
 func setupDone(t *testing.T, sb *fbv1.Sandbox, ok bool, msg string) {
 	t.Helper()
-	get(t, sb)
 	st, reason := metav1.ConditionTrue, "SetupDone"
 	switch {
 	case !ok && msg == "running":
@@ -29,11 +28,10 @@ func setupDone(t *testing.T, sb *fbv1.Sandbox, ok bool, msg string) {
 	case !ok:
 		st, reason = metav1.ConditionFalse, "SetupFailed"
 	}
-	sb.Status.Phase = fbv1.PhaseRunning
-	meta.SetStatusCondition(&sb.Status.Conditions, metav1.Condition{Type: fbv1.ConditionSetupComplete, Status: st, Reason: reason, Message: msg})
-	if err := plane.Client.Status().Update(context.Background(), sb); err != nil {
-		t.Fatal(err)
-	}
+	updateStatus(t, sb, func(sb *fbv1.Sandbox) {
+		sb.Status.Phase = fbv1.PhaseRunning
+		meta.SetStatusCondition(&sb.Status.Conditions, metav1.Condition{Type: fbv1.ConditionSetupComplete, Status: st, Reason: reason, Message: msg})
+	})
 }
 
 // awaitBuilder waits for the builder Sandbox of the environment's
@@ -98,7 +96,6 @@ func TestEnvironmentBuild(t *testing.T) {
 	startController(t)
 	ns := namespace(t)
 	node(t, "env-a", 4, long)
-	ctx := context.Background()
 	e := &fbv1.Environment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "py"},
 		Spec: fbv1.EnvironmentSpec{Image: "busybox", Runtime: fbv1.RuntimeCrun, Setup: []string{"echo one > /root/one"}}}
 	create(t, e)
@@ -125,10 +122,7 @@ func TestEnvironmentBuild(t *testing.T) {
 	}
 
 	// A changed spec whose setup fails: the old checkpoint keeps serving.
-	get(t, e).Spec.Setup = append(e.Spec.Setup, "false")
-	if err := plane.Client.Update(ctx, e); err != nil {
-		t.Fatal(err)
-	}
+	update(t, e, func(e *fbv1.Environment) { e.Spec.Setup = append(e.Spec.Setup, "false") })
 	bad := awaitBuilder(t, e, "py-"+e.Spec.Hash()[:10])
 	setupDone(t, bad, false, "step 2 of 2 (false): exited 1")
 	clustertest.Eventually(t, 30*time.Second, "build failure reported", func() (bool, string) {
@@ -140,10 +134,7 @@ func TestEnvironmentBuild(t *testing.T) {
 	goneObj(t, bad) // its slot is given back
 
 	// A good spec: rebuilt, and the first checkpoint goes.
-	get(t, e).Spec.Setup = []string{"echo one > /root/one", "echo two > /root/two"}
-	if err := plane.Client.Update(ctx, e); err != nil {
-		t.Fatal(err)
-	}
+	update(t, e, func(e *fbv1.Environment) { e.Spec.Setup = []string{"echo one > /root/one", "echo two > /root/two"} })
 	second := "py-" + e.Spec.Hash()[:10]
 	b2 := awaitBuilder(t, e, second)
 	setupDone(t, b2, true, "2 steps")
@@ -154,10 +145,7 @@ func TestEnvironmentBuild(t *testing.T) {
 
 	// maxAge: the same spec is rebuilt once its checkpoint is older.
 	builtAt := get(t, e).Status.BuiltAt
-	e.Spec.MaxAge = &metav1.Duration{Duration: 2 * time.Second}
-	if err := plane.Client.Update(ctx, e); err != nil {
-		t.Fatal(err)
-	}
+	update(t, e, func(e *fbv1.Environment) { e.Spec.MaxAge = &metav1.Duration{Duration: 2 * time.Second} })
 	if e.Spec.Hash() != e.Status.Hash {
 		t.Fatalf("maxAge changed the spec's hash")
 	}

@@ -12,6 +12,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -119,27 +120,46 @@ func get[T client.Object](t *testing.T, o T) T {
 	return o
 }
 
+// update reads o afresh, changes it and writes it back, again on a
+// conflict: the controller writes the same objects meanwhile.
+func update[T client.Object](t *testing.T, o T, change func(T)) {
+	t.Helper()
+	write(t, o, change, func(ctx context.Context) error { return plane.Client.Update(ctx, o) })
+}
+
+// updateStatus is update of o's status.
+func updateStatus[T client.Object](t *testing.T, o T, change func(T)) {
+	t.Helper()
+	write(t, o, change, func(ctx context.Context) error { return plane.Client.Status().Update(ctx, o) })
+}
+
+func write[T client.Object](t *testing.T, o T, change func(T), put func(context.Context) error) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		get(t, o)
+		change(o)
+		return put(context.Background())
+	})
+	if err != nil {
+		t.Fatalf("write %s: %v", o.GetName(), err)
+	}
+}
+
 // bound writes, as a node agent would, a Sandbox's phase.
 func setPhase(t *testing.T, sb *fbv1.Sandbox, ph fbv1.SandboxPhase) {
 	t.Helper()
-	get(t, sb)
-	sb.Status.Phase = ph
-	if err := plane.Client.Status().Update(context.Background(), sb); err != nil {
-		t.Fatal(err)
-	}
+	updateStatus(t, sb, func(sb *fbv1.Sandbox) { sb.Status.Phase = ph })
 }
 
 // ready writes, as the capturing node's agent would, a Checkpoint ready on
 // the given nodes.
 func setReady(t *testing.T, ck *fbv1.Checkpoint, nodes ...string) {
 	t.Helper()
-	get(t, ck)
-	ck.Status.Phase, ck.Status.Image, ck.Status.Runtime = fbv1.CheckpointReady, "busybox", fbv1.RuntimeGVisor
-	ck.Status.Replicas = nil
-	for _, n := range nodes {
-		ck.Status.Replicas = append(ck.Status.Replicas, fbv1.Replica{Node: n, LocalID: "ck-" + n, Ready: true})
-	}
-	if err := plane.Client.Status().Update(context.Background(), ck); err != nil {
-		t.Fatal(err)
-	}
+	updateStatus(t, ck, func(ck *fbv1.Checkpoint) {
+		ck.Status.Phase, ck.Status.Image, ck.Status.Runtime = fbv1.CheckpointReady, "busybox", fbv1.RuntimeGVisor
+		ck.Status.Replicas = nil
+		for _, n := range nodes {
+			ck.Status.Replicas = append(ck.Status.Replicas, fbv1.Replica{Node: n, LocalID: "ck-" + n, Ready: true})
+		}
+	})
 }
