@@ -41,13 +41,12 @@ func (d *Daemon) deleteLocked(ctx context.Context, sb *store.Sandbox) error {
 		d.recordState(ctx, sb, store.StateFailed, err.Error())
 		return fmt.Errorf("close %s: %w", sb.ID, err)
 	}
-	if err := d.setState(ctx, sb, store.StateClosed, sb.Error); err != nil {
+	if err := d.setStateNoting(ctx, sb, store.StateClosed, sb.Error, store.EventSandboxClosed, nil); err != nil {
 		return err
 	}
-	_, err := d.store.AppendEvent(ctx, sb.ID, store.EventSandboxClosed, nil)
 	d.forget(sb.ID)
 	d.log.Info("sandbox closed", "sandbox", sb.ID)
-	return err
+	return nil
 }
 
 // teardown removes everything a sandbox may own on the host. Every step is

@@ -196,13 +196,12 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 	if err := d.injectCredentialFiles(ctx, sb); err != nil {
 		return nil, err
 	}
-	if err := d.setState(ctx, sb, store.StateRunning, ""); err != nil {
+	readyMS := msSince(start)
+	if err := d.setStateNoting(ctx, sb, store.StateRunning, "", store.EventSandboxReady, map[string]any{"ready_ms": readyMS}); err != nil {
 		return nil, err
 	}
 	d.touch(id)
 	d.life.set(id, d.ExpiresAt(sb))
-	readyMS := msSince(start)
-	d.note(ctx, id, store.EventSandboxReady, map[string]any{"ready_ms": readyMS})
 	log.Info("sandbox ready", "ready_ms", readyMS)
 	return sb, nil
 }

@@ -124,11 +124,10 @@ func (d *Daemon) hibernateLocked(ctx context.Context, sb *store.Sandbox) (err er
 	if err := d.deleteContainers(ctx, sb); err != nil {
 		return fmt.Errorf("hibernate: release the stopped container: %w", err)
 	}
-	if err := d.setState(ctx, sb, store.StateHibernated, ""); err != nil {
+	size := dirSize(dir)
+	if err := d.setStateNoting(ctx, sb, store.StateHibernated, "", store.EventHibernated, map[string]any{"image_bytes": size, "ms": msSince(start)}); err != nil {
 		return err
 	}
-	size := dirSize(dir)
-	d.note(ctx, sb.ID, store.EventHibernated, map[string]any{"image_bytes": size, "ms": msSince(start)})
 	d.log.Info("sandbox hibernated", "sandbox", sb.ID, "image_bytes", size, "ms", msSince(start))
 	return nil
 }
@@ -160,12 +159,11 @@ func (d *Daemon) wakeLocked(ctx context.Context, sb *store.Sandbox) error {
 	if err := d.restoreAsItself(ctx, sb, mc, dir); err != nil {
 		return fmt.Errorf("wake: %w", err)
 	}
-	if err := d.setState(ctx, sb, store.StateRunning, ""); err != nil {
+	if err := d.setStateNoting(ctx, sb, store.StateRunning, "", store.EventWoken, map[string]any{"ms": msSince(start)}); err != nil {
 		return err
 	}
 	d.restartLifetime(ctx, sb)
 	d.bestEffort(ctx, "remove hibernation image", removeTree(dir), slog.String("sandbox", sb.ID))
-	d.note(ctx, sb.ID, store.EventWoken, map[string]any{"ms": msSince(start)})
 	return nil
 }
 

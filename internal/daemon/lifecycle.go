@@ -52,10 +52,16 @@ func checkTransition(id string, from, to store.State) error {
 // change is an error rather than overwritten. reason is recorded as the
 // sandbox's error text ("" clears it). On success sb is updated.
 func (d *Daemon) setState(ctx context.Context, sb *store.Sandbox, to store.State, reason string) error {
+	return d.setStateNoting(ctx, sb, to, reason, "", nil)
+}
+
+// setStateNoting is setState that records event typ (with data) in the
+// same write: a reader never sees the new state before its event.
+func (d *Daemon) setStateNoting(ctx context.Context, sb *store.Sandbox, to store.State, reason, typ string, data map[string]any) error {
 	if err := checkTransition(sb.ID, sb.State, to); err != nil {
 		return err
 	}
-	if err := d.store.SwapSandboxState(ctx, sb.ID, sb.State, to, reason); err != nil {
+	if err := d.store.SwapSandboxStateNoting(ctx, sb.ID, sb.State, to, reason, typ, data); err != nil {
 		return err
 	}
 	sb.State, sb.Error = to, reason

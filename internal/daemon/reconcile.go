@@ -118,10 +118,9 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *store.Sandbox) error {
 				log.Debug("reconcile: sandbox still degraded", slog.String("reason", h.reason))
 				return nil
 			}
-			if err := d.setState(ctx, sb, store.StateDegraded, h.reason); err != nil {
+			if err := d.setStateNoting(ctx, sb, store.StateDegraded, h.reason, store.EventSandboxDegraded, map[string]any{"reason": h.reason}); err != nil {
 				return err
 			}
-			d.note(ctx, sb.ID, store.EventSandboxDegraded, map[string]any{"reason": h.reason})
 			log.Warn("reconcile: sandbox kept, degraded", slog.String("reason", h.reason))
 			return nil
 		}
@@ -191,10 +190,9 @@ func (d *Daemon) cleanLost(ctx context.Context, sb *store.Sandbox) error {
 	}
 	if err := d.teardown(ctx, sb); err != nil {
 		reason := "reconcile could not clean it: " + err.Error()
-		if err := d.setState(ctx, sb, store.StateFailed, reason); err != nil {
+		if err := d.setStateNoting(ctx, sb, store.StateFailed, reason, store.EventSandboxFailed, map[string]any{"reason": reason}); err != nil {
 			return err
 		}
-		d.note(ctx, sb.ID, store.EventSandboxFailed, map[string]any{"reason": reason})
 		d.log.Warn("reconcile: sandbox left failed; a close retries its cleanup",
 			slog.String("sandbox", sb.ID), slog.String("err", err.Error()))
 		return nil
@@ -203,11 +201,7 @@ func (d *Daemon) cleanLost(ctx context.Context, sb *store.Sandbox) error {
 	if msg == "" {
 		msg = "cleaned by reconcile (was " + string(was) + ")"
 	}
-	if err := d.setState(ctx, sb, store.StateClosed, msg); err != nil {
-		return err
-	}
-	d.note(ctx, sb.ID, store.EventSandboxClosed, map[string]any{"reason": msg})
-	return nil
+	return d.setStateNoting(ctx, sb, store.StateClosed, msg, store.EventSandboxClosed, map[string]any{"reason": msg})
 }
 
 // reconcileAgentTimeout bounds how long reconcile waits for an agent.

@@ -165,23 +165,52 @@ func (s *Store) ListSandboxes(ctx context.Context, all bool) ([]*Sandbox, error)
 // Whether the move is allowed is the daemon's to decide (its state machine
 // is the only caller).
 func (s *Store) SwapSandboxState(ctx context.Context, id string, from, to State, errText string) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, error = ?, updated_at = ? WHERE id = ? AND state = ?`,
-		to, errText, time.Now().UnixMilli(), id, from)
+	return s.SwapSandboxStateNoting(ctx, id, from, to, errText, "", nil)
+}
+
+// SwapSandboxStateNoting is SwapSandboxState that also appends event typ
+// (with data) to the sandbox's ledger, in the same transaction: no reader
+// sees the new state without the event that says why ("" appends none).
+func (s *Store) SwapSandboxStateNoting(ctx context.Context, id string, from, to State, errText, typ string, data map[string]any) error {
+	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("store: set state: %w", err)
 	}
-	if n, _ := res.RowsAffected(); n == 1 {
-		return nil
-	}
-	var now State
-	err = s.db.QueryRowContext(ctx, `SELECT state FROM sandboxes WHERE id = ?`, id).Scan(&now)
-	if errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
-	}
+	defer tx.Rollback()
+	now := time.Now()
+	res, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, error = ?, updated_at = ? WHERE id = ? AND state = ?`,
+		to, errText, now.UnixMilli(), id, from)
 	if err != nil {
 		return fmt.Errorf("store: set state: %w", err)
 	}
-	return fmt.Errorf("sandbox %s is %s, not %s, so it cannot become %s: %w", id, now, from, to, errdefs.ErrFailedPrecondition)
+	if n, _ := res.RowsAffected(); n != 1 {
+		var cur State
+		err = tx.QueryRowContext(ctx, `SELECT state FROM sandboxes WHERE id = ?`, id).Scan(&cur)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+		}
+		if err != nil {
+			return fmt.Errorf("store: set state: %w", err)
+		}
+		return fmt.Errorf("sandbox %s is %s, not %s, so it cannot become %s: %w", id, cur, from, to, errdefs.ErrFailedPrecondition)
+	}
+	if typ != "" {
+		if data == nil {
+			data = map[string]any{}
+		}
+		b, err := json.Marshal(data)
+		if err != nil {
+			return fmt.Errorf("store: event data: %w", err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO events (sandbox_id, type, time, data) VALUES (?,?,?,?)`,
+			id, typ, now.UnixMilli(), string(b)); err != nil {
+			return fmt.Errorf("store: append event: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: set state: %w", err)
+	}
+	return nil
 }
 
 // SetAgentToken records a sandbox's new agent token (after the daemon
