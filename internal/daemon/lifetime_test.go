@@ -235,8 +235,15 @@ func TestExpiryHibernates(t *testing.T) {
 	if data["action"] != OnTimeoutHibernate || data["reason"] != reasonTimeout {
 		t.Errorf("expired event %v: want action hibernate, reason timeout", data)
 	}
-	if at := h.d.ExpiresAt(h.state(id)); !at.IsZero() {
-		t.Errorf("hibernated by expiry: expires at %v, want never until woken", at)
+	sb := h.state(id)
+	if at := h.d.ExpiresAt(sb); !at.IsZero() || !sb.Deadline.IsZero() {
+		t.Errorf("hibernated by expiry: expires at %v (deadline %v), want never until woken", at, sb.Deadline)
+	}
+	// The timeout the wake re-arms, long enough for the exec that wakes
+	// it to end first on a loaded host (an expiry cuts an exec in flight).
+	const rearmed = 2 * time.Second
+	if err := h.d.store.SetLifetime(ctx, id, rearmed.Milliseconds(), time.Time{}, sb.LifetimeFrom); err != nil {
+		t.Fatal(err)
 	}
 	res, err := h.d.Exec(ctx, id, ExecOptions{ExecRequest: agent.ExecRequest{Argv: []string{"true"}}}, nil, nil)
 	if err != nil || res.ExitCode != 0 {
@@ -244,6 +251,9 @@ func TestExpiryHibernates(t *testing.T) {
 	}
 	if !slices.Contains(h.events(id), store.EventWoken) {
 		t.Errorf("events %v: want sandbox.woken", h.events(id))
+	}
+	if woken := h.state(id); woken.State == store.StateRunning && woken.Deadline.Sub(woken.LifetimeFrom) != rearmed {
+		t.Errorf("woken: deadline %v after its new start, want %s", woken.Deadline.Sub(woken.LifetimeFrom), rearmed)
 	}
 	// Woken, its timeout is re-armed: it expires again.
 	waitUntil(t, "the second expiry", func() bool {
