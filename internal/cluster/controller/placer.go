@@ -9,6 +9,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -34,6 +35,7 @@ const maxAncestry = 16
 // count the same free slot.
 type placer struct {
 	c     client.Client
+	api   client.Reader // uncached: the latest status, after a conflict
 	rec   recorder.EventRecorder
 	log   *slog.Logger
 	retry time.Duration
@@ -281,9 +283,20 @@ func (p *placer) bind(ctx context.Context, sb *fbv1.Sandbox, node string) error 
 	p.mu.Unlock()
 	p.log.InfoContext(ctx, "sandbox placed", slog.String("sandbox", sb.Namespace+"/"+sb.Name), slog.String("node", node))
 	p.rec.Eventf(sb, nil, "Normal", "Scheduled", "Schedule", "placed on node %s", node)
-	spatch := client.MergeFrom(sb.DeepCopy())
-	kube.SetCondition(&sb.Status.Conditions, fbv1.ConditionScheduled, true, "Placed", "placed on node "+node, sb.Generation)
-	return p.c.Status().Patch(ctx, sb, spatch)
+	// The node's agent writes the status as soon as it sees the binding:
+	// the condition goes on the status as it is then, never over it (a
+	// merge patch replaces the whole list of conditions).
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		spatch := client.MergeFromWithOptions(sb.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		kube.SetCondition(&sb.Status.Conditions, fbv1.ConditionScheduled, true, "Placed", "placed on node "+node, sb.Generation)
+		err := p.c.Status().Patch(ctx, sb, spatch)
+		if errors.IsConflict(err) {
+			if gerr := p.api.Get(ctx, client.ObjectKeyFromObject(sb), sb); gerr != nil {
+				return gerr
+			}
+		}
+		return err
+	})
 }
 
 // Reasons of a Sandbox's Scheduled=False condition when no node fits.
