@@ -13,7 +13,6 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -23,7 +22,6 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
 )
@@ -76,6 +74,12 @@ func (p *Plane) installPolicy(ctx context.Context) error {
 // Apply creates every object of the YAML manifest at path (several
 // documents); objects already there are left as they are.
 func (p *Plane) Apply(ctx context.Context, path string) error {
+	return p.apply(ctx, path, nil)
+}
+
+// apply is Apply of the objects keep takes (all when nil); an error of
+// keep stops it.
+func (p *Plane) apply(ctx context.Context, path string, keep func(*unstructured.Unstructured) (bool, error)) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return err
@@ -90,6 +94,13 @@ func (p *Plane) Apply(ctx context.Context, path string) error {
 		}
 		if len(u.Object) == 0 {
 			continue
+		}
+		if keep != nil {
+			if ok, err := keep(&u); err != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			} else if !ok {
+				continue
+			}
 		}
 		if err := p.Client.Create(ctx, &u); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("%s: %s %s: %w", path, u.GetKind(), u.GetName(), err)
@@ -151,40 +162,19 @@ func (p *Plane) Token(ctx context.Context, bound *authenticationv1.BoundObjectRe
 // deploy/node.yaml and the ClusterRole of deploy/rbac/node (those there
 // already are kept).
 func (p *Plane) nodeAccount(ctx context.Context) error {
-	b, err := os.ReadFile(filepath.Join(Root(), "deploy", "rbac", "node", "role.yaml"))
-	if err != nil {
-		return err
-	}
-	var role rbacv1.ClusterRole
-	if err := yaml.Unmarshal(b, &role); err != nil {
-		return err
-	}
-	if err := p.Client.Create(ctx, &role); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := p.Apply(ctx, filepath.Join(Root(), "deploy", "rbac", "node", "role.yaml")); err != nil {
 		return err
 	}
 	// deploy/node.yaml's account and binding, its DaemonSet left out.
-	b, err = os.ReadFile(filepath.Join(Root(), "deploy", "node.yaml"))
-	if err != nil {
-		return err
-	}
-	d := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
-	for {
-		var u unstructured.Unstructured
-		if err := d.Decode(&u.Object); errors.Is(err, io.EOF) {
-			return nil
-		} else if err != nil {
-			return fmt.Errorf("deploy/node.yaml: %w", err)
-		}
+	return p.apply(ctx, filepath.Join(Root(), "deploy", "node.yaml"), func(u *unstructured.Unstructured) (bool, error) {
 		if k := u.GetKind(); k != "ServiceAccount" && k != "ClusterRoleBinding" {
-			continue
+			return false, nil
 		}
 		if u.GetNamespace() != "" && u.GetNamespace() != Namespace {
-			return fmt.Errorf("deploy/node.yaml: %s %s is in namespace %s, the tests' is %s", u.GetKind(), u.GetName(), u.GetNamespace(), Namespace)
+			return false, fmt.Errorf("%s %s is in namespace %s, the tests' is %s", u.GetKind(), u.GetName(), u.GetNamespace(), Namespace)
 		}
-		if err := p.Client.Create(ctx, &u); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("deploy/node.yaml: %s %s: %w", u.GetKind(), u.GetName(), err)
-		}
-	}
+		return true, nil
+	})
 }
 
 // writeTokenKubeconfig writes a kubeconfig of the control plane with
