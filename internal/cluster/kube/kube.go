@@ -86,12 +86,22 @@ func IndexNodeName(ctx context.Context, idx client.FieldIndexer) error {
 // creating it and writing status finds it again.
 func LocalSandboxName(sb *fbv1.Sandbox) string { return "k8s-" + string(sb.UID) }
 
-// LocalCheckpointTag is the tag of a Checkpoint in its node's ledger.
+// LocalCheckpointTag is the tag of a Checkpoint in its node's ledger:
+// bound to the object's UID (a sandbox may have many Checkpoints of one
+// spec.tag, each its own capture), after the spec's tag if any, which
+// people reading the node's ledger know it by.
 func LocalCheckpointTag(ck *fbv1.Checkpoint) string {
 	if ck.Spec.Tag != "" {
-		return ck.Spec.Tag
+		return ck.Spec.Tag + "@k8s-" + string(ck.UID)
 	}
 	return "k8s-" + string(ck.UID)
+}
+
+// LegacyCheckpointTag is the ledger tag that nodes before
+// LocalCheckpointTag bound the UID gave a tagged Checkpoint (its bare
+// spec.tag), "" if it was the same.
+func LegacyCheckpointTag(ck *fbv1.Checkpoint) string {
+	return ck.Spec.Tag
 }
 
 // SetCondition sets a condition on conds, stamped with gen; it reports

@@ -16,8 +16,8 @@ import (
 // as a copy of a Checkpoint only when it is that one: its subvolume is
 // the one the Checkpoint's status names (received copies carry it as
 // their received UUID, the origin's is its own), and its ledger tag is
-// the Checkpoint's (kube.LocalCheckpointTag: "k8s-<uid>" unless the spec
-// names one), which the capture wrote and a transfer carries.
+// the Checkpoint's (kube.LocalCheckpointTag: bound to its UID), which the
+// capture wrote and a transfer carries.
 
 // checkCopy returns nil when checkpoint localID held here is ck's copy,
 // and otherwise a PermissionDenied error that names both.
@@ -48,7 +48,11 @@ func sameCheckpoint(ck *fbv1.Checkpoint, local *store.Checkpoint, uuid string) e
 	case uuid != want:
 		return deny("it is subvolume %q, the checkpoint's is %q", uuid, want)
 	}
-	if want := kube.LocalCheckpointTag(ck); local.Tag != want {
+	want := kube.LocalCheckpointTag(ck)
+	// A copy captured before tags were bound to the UID carries the bare
+	// spec tag: then the subvolume alone tells it, so only with one.
+	legacy := kube.LegacyCheckpointTag(ck)
+	if local.Tag != want && (legacy == "" || local.Tag != legacy || uuid == "") {
 		return deny("its tag is %q, the checkpoint's %q", local.Tag, want)
 	}
 	return nil
