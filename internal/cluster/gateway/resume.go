@@ -124,4 +124,3 @@ func (g *Gateway) lastCheckpoint(ctx context.Context, name string, since metav1.
 	}
 	return last, nil
 }
-
