@@ -41,6 +41,18 @@ type Replayed struct {
 // reported. Without a checkpoint there is nothing to resume from: that is a
 // FailedPrecondition error, never a fresh start.
 func (d *Daemon) Resume(ctx context.Context, session string) (*store.Sandbox, *store.Checkpoint, []Replayed, error) {
+	return d.ResumeWith(ctx, session, ResumeOptions{})
+}
+
+// ResumeOptions change what Resume does.
+type ResumeOptions struct {
+	// Name of the new sandbox; empty: the session's name.
+	Name string
+}
+
+// ResumeWith is Resume with options (cluster mode names the new sandbox
+// after its object).
+func (d *Daemon) ResumeWith(ctx context.Context, session string, o ResumeOptions) (*store.Sandbox, *store.Checkpoint, []Replayed, error) {
 	old, err := d.store.GetSandbox(ctx, session)
 	if err != nil {
 		return nil, nil, nil, err
@@ -56,6 +68,10 @@ func (d *Daemon) Resume(ctx context.Context, session string) (*store.Sandbox, *s
 		return nil, nil, nil, fmt.Errorf("session %s has no checkpoint to resume from: %w", old.ID, errdefs.ErrFailedPrecondition)
 	}
 	ck := cks[len(cks)-1]
+	name := old.Name
+	if o.Name != "" {
+		name = o.Name
+	}
 	evs, err := d.store.Events(ctx, old.ID)
 	if err != nil {
 		return nil, nil, nil, err
@@ -75,7 +91,7 @@ func (d *Daemon) Resume(ctx context.Context, session string) (*store.Sandbox, *s
 			return nil, nil, nil, fmt.Errorf("clean up the crashed session first: %w", err)
 		}
 	}
-	sb, err := d.startFromCheckpoint(ctx, startOptions{checkpoint: ck, defaultName: old.Name, parentID: old.ID, creds: creds,
+	sb, err := d.startFromCheckpoint(ctx, startOptions{checkpoint: ck, defaultName: name, parentID: old.ID, creds: creds,
 		event: map[string]any{"resumed_from": old.ID, "checkpoint": ck.ID}})
 	if err != nil {
 		return nil, nil, nil, err
@@ -90,12 +106,29 @@ func (d *Daemon) Resume(ctx context.Context, session string) (*store.Sandbox, *s
 			continue
 		}
 		out = append(out, r)
-		data := map[string]any{"exec_id": r.ExecID, "skipped": r.Skipped, "exit_code": r.ExitCode}
-		if r.SkipReason != "" {
-			data["skip_reason"] = r.SkipReason
-		}
-		d.note(ctx, sb.ID, store.EventExecReplayed, data)
+		d.note(ctx, sb.ID, store.EventExecReplayed, replayedData(r))
 	}
 	d.note(ctx, sb.ID, store.EventResumed, map[string]any{"session": old.ID, "checkpoint": ck.ID, "replayed": len(out)})
 	return sb, ck, out, nil
+}
+
+// replayedData is what the ledger keeps of a replayed exec: its outcome
+// and its command (in clear in the session's ledger already), so that the
+// outcome of a resume can be read back from the new sandbox's own ledger
+// (cluster mode reports it so, after a crash too).
+func replayedData(r Replayed) map[string]any {
+	data := map[string]any{"exec_id": r.ExecID, "skipped": r.Skipped, "exit_code": r.ExitCode}
+	if r.SkipReason != "" {
+		data["skip_reason"] = r.SkipReason
+	}
+	if r.Shell != "" {
+		data["shell"] = r.Shell
+	}
+	if len(r.Argv) > 0 {
+		data["argv"] = r.Argv
+	}
+	if r.Err != nil {
+		data["error"] = r.Err.Error()
+	}
+	return data
 }

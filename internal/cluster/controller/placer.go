@@ -140,6 +140,13 @@ func (p *placer) request(ctx context.Context, sb *fbv1.Sandbox) (placement.Reque
 		return r, fmt.Sprintf("checkpoint %s is not ready (%s)", ckName, ck.Status.Phase), nil
 	}
 	r.Checkpoint = ckName
+	if src.Resume {
+		// What is replayed is in the ledger of the node that captured it.
+		r.Only = ck.Status.OriginNode
+		if r.Only == "" {
+			return r, fmt.Sprintf("checkpoint %s names no origin node, whose ledger a resume replays", ckName), nil
+		}
+	}
 	if r.Runtime == "" {
 		r.Runtime = string(ck.Status.Runtime)
 	}
@@ -307,12 +314,18 @@ const (
 	// checkpoint the sandbox starts from (FailedPrecondition, until
 	// checkpoints can be shipped between nodes).
 	ReasonCheckpointUnavailable = "CheckpointUnavailable"
+	// ReasonNodeUnavailable: the one node the sandbox may run on (a
+	// resumed session's) is not Ready or not registered (Unavailable).
+	ReasonNodeUnavailable = "NodeUnavailable"
 )
 
 // pendingReason names the class of a placement error.
 func pendingReason(err error) string {
-	if errdefs.IsFailedPrecondition(err) {
+	switch {
+	case errdefs.IsFailedPrecondition(err):
 		return ReasonCheckpointUnavailable
+	case errdefs.IsUnavailable(err):
+		return ReasonNodeUnavailable
 	}
 	return ReasonUnschedulable
 }

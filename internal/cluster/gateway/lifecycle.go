@@ -172,9 +172,12 @@ func startFailure(sb *fbv1.Sandbox) error {
 		return fmt.Errorf("sandbox %s: node %s is lost: %s: %w", sb.Name, sb.Spec.NodeName, msg, errdefs.ErrUnavailable)
 	}
 	c := meta.FindStatusCondition(sb.Status.Conditions, fbv1.ConditionScheduled)
-	if sb.Spec.NodeName == "" && c != nil && c.Status == metav1.ConditionFalse && c.Reason == "Unschedulable" {
+	if sb.Spec.NodeName == "" && c != nil && c.Status == metav1.ConditionFalse && (c.Reason == "Unschedulable" || c.Reason == "NodeUnavailable") {
 		class := errdefs.ErrResourceExhausted
-		if strings.Contains(c.Message, "not on any node with room") {
+		switch {
+		case c.Reason == "NodeUnavailable":
+			class = errdefs.ErrUnavailable
+		case strings.Contains(c.Message, "not on any node with room"):
 			class = errdefs.ErrFailedPrecondition
 		}
 		msg := strings.TrimSuffix(c.Message, ": "+class.Error()) // the placer's error names its class too

@@ -21,10 +21,6 @@ func unimplemented(call, instead string) error {
 	return fmt.Errorf("%s is not available in cluster mode (forkbox serve --gateway): %s: %w", call, instead, errdefs.ErrNotImplemented)
 }
 
-func (s *sandboxes) Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error) {
-	return nil, unimplemented("Resume", "a session's ledger lives on one node; restore one of its checkpoints (RestoreSnapshot) instead")
-}
-
 func (s *sandboxes) SetCredential(context.Context, *connect.Request[v1.SetCredentialRequest]) (*connect.Response[v1.SetCredentialResponse], error) {
 	return nil, unimplemented("SetCredential", "credentials come from Secrets: name one in the Sandbox object's spec.credentials")
 }

@@ -71,6 +71,9 @@ func (r *sandboxes) Reconcile(ctx context.Context, req reconcile.Request) (recon
 		}
 	}
 	r.report(ctx, &sb, local)
+	if err := r.reportResumed(ctx, &sb, local); err != nil {
+		return reconcile.Result{}, err
+	}
 	if err := r.setup(ctx, before, &sb, local); err != nil {
 		return reconcile.Result{}, err
 	}
@@ -90,7 +93,12 @@ func (r *sandboxes) create(ctx context.Context, sb *fbv1.Sandbox, name string, b
 		return nil, err
 	}
 	var local *store.Sandbox
-	if src := sb.Spec.Source; src != nil {
+	if src := sb.Spec.Source; src != nil && src.Resume {
+		// The session's credentials come back with it.
+		if local, err = r.resume(ctx, sb, name); err != nil {
+			return nil, err
+		}
+	} else if src != nil {
 		ckID, err := r.localCheckpoint(ctx, sb)
 		if err != nil {
 			return nil, err

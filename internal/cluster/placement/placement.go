@@ -62,6 +62,9 @@ type Request struct {
 	// restores only under the runtime that saved it); RuntimeVersionNode
 	// is the node it was taken on.
 	RuntimeVersion, RuntimeVersionNode string
+	// Only, when set, is the one node the sandbox may run on: a resumed
+	// session's, whose ledger holds what is replayed.
+	Only string
 }
 
 // Score tiers: each outweighs the sum of all lower ones, and so does one
@@ -107,6 +110,8 @@ func filter(n Node, req Request) string {
 	switch {
 	case !n.Ready:
 		return "not ready"
+	case req.Only != "" && n.Name != req.Only:
+		return "not node " + req.Only + ", which holds the session's ledger"
 	case n.Unschedulable:
 		return "unschedulable"
 	case req.Runtime != "" && !slices.Contains(n.Runtimes, req.Runtime):
@@ -174,6 +179,9 @@ func noFit(nodes []Node, req Request, rejected map[string]string) error {
 	if len(nodes) == 0 {
 		return fmt.Errorf("no forkbox node is registered: %w", errdefs.ErrResourceExhausted)
 	}
+	if req.Only != "" {
+		return onlyNoFit(req.Only, rejected)
+	}
 	names := make([]string, 0, len(rejected))
 	for n := range rejected {
 		names = append(names, n)
@@ -214,4 +222,20 @@ func PlaceMany(nodes []Node, req Request, count int) ([]string, []error) {
 		}
 	}
 	return out, errs
+}
+
+// onlyNoFit says why the one node a request may run on does not fit: a
+// node that is gone or not Ready is Unavailable (it may come back), a full
+// one ResourceExhausted, any other reason FailedPrecondition.
+func onlyNoFit(only string, rejected map[string]string) error {
+	why, ok := rejected[only]
+	switch {
+	case !ok:
+		return fmt.Errorf("node %s, which holds the session's ledger, is not registered: %w", only, errdefs.ErrUnavailable)
+	case why == "not ready":
+		return fmt.Errorf("node %s, which holds the session's ledger, is not ready: %w", only, errdefs.ErrUnavailable)
+	case strings.HasPrefix(why, "full "):
+		return fmt.Errorf("node %s, which holds the session's ledger, is %s: %w", only, why, errdefs.ErrResourceExhausted)
+	}
+	return fmt.Errorf("node %s, which holds the session's ledger: %s: %w", only, why, errdefs.ErrFailedPrecondition)
 }

@@ -45,6 +45,8 @@ func TestPlaceScoring(t *testing.T) {
 			Request{Checkpoint: "ck", CanTransfer: true}, "c"},
 		{"a memory checkpoint goes to the same runsc", []Node{node("a", 10, 10, holding("ck")), node("b", 0, 10, func(n *Node) { n.RuntimeVersions["gvisor"] = "runsc version release-2" }), node("c", 9, 10)},
 			Request{Runtime: "gvisor", Checkpoint: "ck", CanTransfer: true, RuntimeVersion: "runsc version release-1", RuntimeVersionNode: "a"}, "c"},
+		{"a resumed session goes to its node only", []Node{node("a", 0, 10, holding("ck")), node("b", 9, 10)},
+			Request{Checkpoint: "ck", CanTransfer: true, Only: "b"}, "b"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Place(tc.nodes, tc.req)
@@ -70,6 +72,14 @@ func TestPlaceNoFit(t *testing.T) {
 		{"another runsc version", []Node{node("a", 2, 2, holding("ck")), node("b", 0, 5, func(n *Node) { n.RuntimeVersions["gvisor"] = "runsc version release-2" })},
 			Request{Runtime: "gvisor", Checkpoint: "ck", CanTransfer: true, RuntimeVersion: "runsc version release-1", RuntimeVersionNode: "a"},
 			errdefs.IsFailedPrecondition, `b: runs gvisor "runsc version release-2", not "runsc version release-1" as on node a, where memory checkpoint ck was taken`},
+		{"the session's node is not ready", []Node{node("a", 0, 10), node("b", 0, 10, func(n *Node) { n.Ready = false })}, Request{Only: "b"},
+			errdefs.IsUnavailable, "node b, which holds the session's ledger, is not ready"},
+		{"the session's node is gone", []Node{node("a", 0, 10)}, Request{Only: "b"},
+			errdefs.IsUnavailable, "node b, which holds the session's ledger, is not registered"},
+		{"the session's node is full", []Node{node("a", 0, 10), node("b", 3, 3)}, Request{Only: "b"},
+			errdefs.IsResourceExhausted, "node b, which holds the session's ledger, is full (3/3 slots)"},
+		{"the session's node lacks the runtime", []Node{node("b", 0, 3, func(n *Node) { n.Runtimes = []string{"crun"} })}, Request{Runtime: "gvisor", Only: "b"},
+			errdefs.IsFailedPrecondition, "node b, which holds the session's ledger: no runtime gvisor"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Place(tc.nodes, tc.req)

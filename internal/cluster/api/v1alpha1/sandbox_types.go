@@ -17,6 +17,7 @@ const (
 
 // SandboxSource is what a sandbox starts from instead of a bare image.
 // +kubebuilder:validation:XValidation:rule="[has(self.checkpoint), has(self.environment)].filter(x, x).size() == 1",message="give exactly one of checkpoint or environment"
+// +kubebuilder:validation:XValidation:rule="!has(self.resume) || !self.resume || has(self.checkpoint)",message="resume needs a checkpoint"
 type SandboxSource struct {
 	// Checkpoint names a Checkpoint in the same namespace.
 	// +kubebuilder:validation:MaxLength=253
@@ -27,6 +28,57 @@ type SandboxSource struct {
 	// +kubebuilder:validation:MaxLength=253
 	// +optional
 	Environment string `json:"environment,omitempty"`
+	// Resume the session (the sandbox) that Checkpoint captured, as one
+	// daemon resumes one: start from the session's last checkpoint (the
+	// status says which), then replay what its ledger recorded after it
+	// (execs and file writes, in order; background and non-replayable ones
+	// are skipped). That ledger lives on the node that captured
+	// Checkpoint, so the sandbox runs there or nowhere.
+	// +optional
+	Resume bool `json:"resume,omitempty"`
+}
+
+// Resumed is what a resume replayed, as its node reports it once.
+type Resumed struct {
+	// Checkpoint is the local ID (ck-...) it started from.
+	// +kubebuilder:validation:MaxLength=64
+	Checkpoint string `json:"checkpoint"`
+	// Replayed are the execs replayed, in order (at most MaxReplayed).
+	// +kubebuilder:validation:MaxItems=256
+	// +listType=atomic
+	// +optional
+	Replayed []ReplayedExec `json:"replayed,omitempty"`
+	// Omitted counts the replayed execs beyond MaxReplayed.
+	// +optional
+	Omitted int32 `json:"omitted,omitempty"`
+}
+
+// MaxReplayed bounds Resumed.Replayed.
+const MaxReplayed = 256
+
+// ReplayedExec is the outcome of one replayed exec.
+type ReplayedExec struct {
+	// +kubebuilder:validation:MaxLength=64
+	ExecID string `json:"execID"`
+	// Argv or Shell is the command (truncated to 1 KiB).
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=1024
+	// +listType=atomic
+	// +optional
+	Argv []string `json:"argv,omitempty"`
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Shell string `json:"shell,omitempty"`
+	// +optional
+	Skipped bool `json:"skipped,omitempty"`
+	// +kubebuilder:validation:MaxLength=256
+	// +optional
+	SkipReason string `json:"skipReason,omitempty"`
+	// +optional
+	ExitCode int32 `json:"exitCode,omitempty"`
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Error string `json:"error,omitempty"`
 }
 
 // SandboxSpec is the sandbox a user asks for.
@@ -113,6 +165,9 @@ type SandboxStatus struct {
 	// ObservedGeneration is the spec generation the node acted on.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Resumed is what a resume (spec.source.resume) replayed.
+	// +optional
+	Resumed *Resumed `json:"resumed,omitempty"`
 	// +listType=map
 	// +listMapKey=type
 	// +optional
