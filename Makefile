@@ -58,15 +58,18 @@ setup:
 	./scripts/setup.sh
 
 # test is the full test suite (root: real runsc, btrfs, netns, nftables):
-# the Go packages and e2e, then the TypeScript and Python SDKs against a real
+# the Go packages and e2e (the cluster's include the TypeScript and Python
+# SDKs' suites against the gateway: the TypeScript SDK is built first), then
+# the TypeScript and Python SDKs against a real
 # daemon (Python: Debian's python3 with python3-pytest, from setup.sh), then
 # E2B's own JavaScript SDK (npm e2b, pinned) against `serve --e2b`.
 # The cluster tests run a real kube-apiserver and etcd from
 # KUBEBUILDER_ASSETS (control-plane builds them once).
 test: setup control-plane
 	$(GO) vet ./...
+	cd sdk/typescript && npm ci --no-audit --no-fund && npm run build
 	$(GO) test -count=1 -timeout 45m ./...
-	cd sdk/typescript && npm ci --no-audit --no-fund && npm test
+	cd sdk/typescript && npm test
 	cd sdk/e2b-compat && npm ci --no-audit --no-fund && npm test
 	cd sdk/python && /usr/bin/python3 -m pytest -q
 

@@ -25,18 +25,16 @@ func sdkRun(t *testing.T, dir string, name string, args ...string) string {
 	return string(out)
 }
 
-// The TypeScript SDK's own suite against the gateway. Opt-in
-// (FORKBOX_GATEWAY_SDKS=1, after `npm ci && npm run build` in
-// sdk/typescript): it adds a minute. Every test passes but those listed
-// in tsUnfit, which need what cluster mode does not have; one of those
-// that passes is fine, any other failure fails this test.
+// The TypeScript SDK's own suite against the gateway (it needs the SDK
+// built: `npm ci && npm run build` in sdk/typescript, which `make test`
+// does first). Every test passes but those listed in tsUnfit, which need
+// what cluster mode does not have; one of those that passes is fine, any
+// other failure fails this test.
 func TestGatewayTypeScriptSDK(t *testing.T) {
-	if os.Getenv("FORKBOX_GATEWAY_SDKS") != "1" {
-		t.Skip("set FORKBOX_GATEWAY_SDKS=1 to run the SDKs' suites against the gateway")
-	}
+	dir := filepath.Join("..", "..", "sdk", "typescript")
+	needSDK(t, filepath.Join(dir, "dist", "index.js"), "the TypeScript SDK is not built (cd sdk/typescript && npm ci && npm run build)")
 	gateway(t)
 	sdkImage(t)
-	dir := filepath.Join("..", "..", "sdk", "typescript")
 	files, _ := filepath.Glob(filepath.Join(dir, "test", "*.test.mjs"))
 	args := []string{"--test", "--test-concurrency=1", "--test-reporter=tap"}
 	for _, f := range files {
@@ -125,12 +123,10 @@ func sdkImage(t *testing.T) {
 	}
 }
 
-// The Python SDK's own suite against the gateway (opt-in like the
-// TypeScript one): every test passes but those in pyUnfit.
+// The Python SDK's own suite against the gateway: every test passes but
+// those in pyUnfit.
 func TestGatewayPythonSDK(t *testing.T) {
-	if os.Getenv("FORKBOX_GATEWAY_SDKS") != "1" {
-		t.Skip("set FORKBOX_GATEWAY_SDKS=1 to run the SDKs' suites against the gateway")
-	}
+	needSDK(t, "/usr/bin/python3", "no /usr/bin/python3 (scripts/setup.sh installs it with python3-pytest)")
 	gateway(t)
 	sdkImage(t)
 	out := sdkRun(t, filepath.Join("..", "..", "sdk", "python"), "/usr/bin/python3", "-m", "pytest", "-q", "-rf", "--tb=line", "-p", "no:cacheprovider")
@@ -172,4 +168,17 @@ var pyUnfit = map[string]string{
 	"tests/test_sandbox.py::test_typed_errors":                                    "ImportImage: images are per node",
 	"tests/test_sandbox.py::test_fork_one_child_failing_does_not_fail_the_others": "counts on the test daemon's --max-sandboxes 10",
 	"tests/test_sandbox.py::test_port_url":                                        "the node's preview listener takes the nodes' token, not the gateway's",
+}
+
+// needSDK skips (outside CI) or fails (in CI) a test whose SDK prerequisite
+// path is missing.
+func needSDK(t *testing.T, path, why string) {
+	t.Helper()
+	if _, err := os.Stat(path); err == nil {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("prerequisite missing in CI: %s", why)
+	}
+	t.Skip(why)
 }
