@@ -422,16 +422,27 @@ func (g *Gateway) buildProgress(ctx context.Context, e *fbv1.Environment, hash s
 }
 
 // checkpointPublicID is the ID callers know the Checkpoint called name
-// by (its name if it cannot be read).
+// by (its name if it cannot be read). An Environment names its checkpoint
+// once that is Ready, but the cache may show the Environment before the
+// Checkpoint's own update (one informer each, no order between them):
+// then the API server has its replicas.
 func (g *Gateway) checkpointPublicID(ctx context.Context, name string) string {
 	if name == "" {
 		return ""
 	}
+	key := types.NamespacedName{Namespace: g.o.Namespace, Name: name}
 	var ck fbv1.Checkpoint
-	if err := g.c.Get(ctx, types.NamespacedName{Namespace: g.o.Namespace, Name: name}, &ck); err != nil {
-		return name
+	if err := g.c.Get(ctx, key, &ck); err != nil || !hasLocalID(&ck) {
+		if err := g.api.Get(ctx, key, &ck); err != nil {
+			return name
+		}
 	}
 	return checkpointID(&ck)
+}
+
+// hasLocalID: some node has reported its local ID of ck.
+func hasLocalID(ck *fbv1.Checkpoint) bool {
+	return slices.ContainsFunc(ck.Status.Replicas, func(r fbv1.Replica) bool { return r.LocalID != "" })
 }
 
 // envView is an Environment as the daemon's API shows one.
