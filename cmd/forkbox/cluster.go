@@ -97,6 +97,7 @@ func (cf *clusterFlags) start(ctx context.Context, d *daemon.Daemon, log *slog.L
 func controllerCmd() *cobra.Command {
 	var kubeconfig, namespace, metrics, health, level string
 	var leaderElect bool
+	var retention time.Duration
 	cmd := &cobra.Command{
 		Use:   "controller",
 		Short: "Run the cluster controller: placement, forks, node leases (one replica leads)",
@@ -113,8 +114,11 @@ func controllerCmd() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
 			defer stop()
+			if retention <= 0 {
+				return fmt.Errorf("--closed-retention %s: want a positive duration: %w", retention, errdefs.ErrInvalidArgument)
+			}
 			if err := controller.Run(ctx, controller.Options{Config: cfg, LeaderElection: leaderElect, Namespace: namespace,
-				MetricsAddr: metrics, HealthAddr: health, Log: log}); err != nil {
+				MetricsAddr: metrics, HealthAddr: health, Retention: retention, Log: log}); err != nil {
 				return fmt.Errorf("controller: %w", err)
 			}
 			return nil
@@ -127,6 +131,7 @@ func controllerCmd() *cobra.Command {
 	f.StringVar(&metrics, "metrics-addr", "0", "serve controller metrics on this address (0 = off)")
 	f.StringVar(&health, "health-addr", "", "serve /healthz and /readyz on this address")
 	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	f.DurationVar(&retention, "closed-retention", controller.DefaultRetention, "how long a closed sandbox's object stays (its record and ledger, as one host keeps them) before it is deleted")
 	return cmd
 }
 

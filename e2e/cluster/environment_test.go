@@ -35,7 +35,8 @@ func fromEnv(ns, name, env string) *fbv1.Sandbox {
 }
 
 // An Environment is built on a node of the cluster: a builder Sandbox
-// runs its setup, a Checkpoint of it is captured, the builder goes. A
+// runs its setup, a Checkpoint of it is captured, the builder is closed
+// (kept, as one host keeps a closed builder's record). A
 // Sandbox from the environment starts from that checkpoint, on the node
 // that holds it, with the setup's files and the environment's env. A
 // spec whose setup fails is reported and the old checkpoint serves on;
@@ -57,8 +58,8 @@ func TestEnvironmentInCluster(t *testing.T) {
 		if holder == nil || !ck.ReadyOn(holder.Name) {
 			t.Fatalf("checkpoint %s: status %+v", first, ck.Status)
 		}
-		builder := &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: first}}
-		gone(t, builder)
+		builder := &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fbv1.BuilderName(first)}}
+		closedKept(t, builder)
 
 		user := fromEnv(ns, "user", "tools")
 		create(t, user)
@@ -82,7 +83,7 @@ func TestEnvironmentInCluster(t *testing.T) {
 				strings.Contains(c.Message, "step 4 of 4") && strings.Contains(c.Message, "exited 3") && strings.Contains(c.Message, "broken") &&
 				e.Status.Checkpoint == first && meta.IsStatusConditionTrue(e.Status.Conditions, fbv1.ConditionReady), fmt.Sprintf("%+v", e.Status)
 		})
-		gone(t, &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: e.Status.Build}})
+		closedKept(t, &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fbv1.BuilderName(e.Status.Build)}})
 
 		// A good change: rebuilt; the old build's sandbox keeps running.
 		get(t, e).Spec.Setup = []string{"mkdir -p /opt/tool", "echo v2 > /opt/tool/version"}
@@ -126,7 +127,7 @@ func TestEnvironmentInCluster(t *testing.T) {
 // A node agent SIGKILLed while it runs an Environment's setup: started
 // again, it does not run the steps a second time (they need not be
 // repeatable) but reports the build Interrupted; the Environment says the
-// build failed, and its builder goes.
+// build failed, and its builder is closed.
 func TestEnvironmentSetupInterrupted(t *testing.T) {
 	needNodes(t, 1)
 	ctx := context.Background()
@@ -141,7 +142,7 @@ func TestEnvironmentSetupInterrupted(t *testing.T) {
 		if e.Status.Build == "" {
 			return false, "no build yet"
 		}
-		builder.Namespace, builder.Name = ns, e.Status.Build
+		builder.Namespace, builder.Name = ns, fbv1.BuilderName(e.Status.Build)
 		if err := plane.Client.Get(ctx, client.ObjectKeyFromObject(builder), builder); err != nil {
 			return false, err.Error()
 		}
@@ -161,5 +162,5 @@ func TestEnvironmentSetupInterrupted(t *testing.T) {
 		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == controller.ReasonSetupFailed &&
 			strings.Contains(c.Message, "stopped during the setup") && e.Status.Checkpoint == "", fmt.Sprintf("%+v", e.Status)
 	})
-	gone(t, builder)
+	closedKept(t, builder)
 }

@@ -126,7 +126,7 @@ func TestGatewayEnvironments(t *testing.T) {
 			t.Fatal(err)
 		}
 
-		// A failing step: the daemon's class and message, no builder left;
+		// A failing step: the daemon's class and message, its builder closed;
 		// the next call builds again (and fails again).
 		bad := c.Environment(name+"-bad", fbclient.EnvironmentOptions{Image: env.image, Runtime: string(rt),
 			Setup: []*fbclient.SetupStep{fbclient.Run("echo ok"), fbclient.Run("echo broken >&2; exit 3")}})
@@ -140,7 +140,7 @@ func TestGatewayEnvironments(t *testing.T) {
 			if n := fbv1.Retries(be); n != try-1 {
 				t.Fatalf("try %d: retry count %d, want %d (each call after a failure builds again)", try, n, try-1)
 			}
-			gone(t, &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: gw.namespace, Name: be.Status.Build}})
+			closedKept(t, &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: gw.namespace, Name: fbv1.BuilderName(be.Status.Build)}})
 		}
 		binfo, err := c.GetEnvironment(ctx, name+"-bad")
 		if err != nil || binfo.State != "failed" || !strings.Contains(binfo.Error, "exited 3") || binfo.Checkpoint != "" {

@@ -77,7 +77,7 @@ func TestGatewayClientSetup(t *testing.T) {
 		if _, err := complete("nope/ls-1", true, ""); !errdefs.IsNotFound(err) {
 			t.Fatalf("complete of a lease never given: got %v, want NotFound", err)
 		}
-		gone(t, &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: gw.namespace, Name: b.Builder.Name}})
+		closedKept(t, &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: gw.namespace, Name: b.Builder.Name}})
 
 		// The next caller builds again; a second caller meanwhile waits
 		// and gets the environment.

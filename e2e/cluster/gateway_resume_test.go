@@ -82,7 +82,7 @@ func TestGatewayResume(t *testing.T) {
 	if err := fresh.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Resume(ctx, "gw-nock"); !errdefs.IsFailedPrecondition(err) && !errdefs.IsNotFound(err) { // TODO(retain): FailedPrecondition only
+	if _, err := c.Resume(ctx, "gw-nock"); !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("resume of a session without a checkpoint: %v, want FailedPrecondition", err)
 	}
 	if _, err := c.Resume(ctx, "no-such-session"); !errdefs.IsNotFound(err) {

@@ -177,11 +177,21 @@ func TestGatewayCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range l.Items {
-		if strings.HasPrefix(s.Name, "fork-cli-dev-") || s.Name == "cli-dev" {
+		if (strings.HasPrefix(s.Name, "fork-cli-dev-") || s.Name == "cli-dev") && !s.Closed() {
 			cli("rm", s.Name)
 		}
 	}
 	if ls := cli("ls"); strings.Contains(ls, "cli-dev") {
 		t.Fatalf("ls after rm: got %s", ls)
+	}
+	// Closed, and kept as one host keeps it (README, Closed sandboxes).
+	if ls := cli("ls", "--all"); !strings.Contains(ls, "cli-dev") || !strings.Contains(ls, "closed") {
+		t.Fatalf("ls --all after rm: got %s", ls)
+	}
+	if got := cli("inspect", "cli-dev"); !strings.Contains(got, "closed") {
+		t.Fatalf("inspect after rm: got %s", got)
+	}
+	if got := cli("logs", "cli-dev"); !strings.Contains(got, "sandbox.created") || !strings.Contains(got, "sandbox.closed") {
+		t.Fatalf("logs after rm: got %s", got)
 	}
 }

@@ -326,8 +326,8 @@ func TestGatewayGoSDK(t *testing.T) {
 			t.Fatalf("list: got %v, want the parent and both children", ids)
 		}
 
-		// Delete: each object goes, its local sandbox (on the node its
-		// object named) is closed.
+		// Close: each is closed as on one host (its object kept, state
+		// closed), its local sandbox (on the node its object named) too.
 		owners := map[string]*fbclient.Client{}
 		for _, s := range append(kids, sb) {
 			if owners[s.ID] = ownerClient(t, s.ID); owners[s.ID] == nil {
@@ -339,8 +339,8 @@ func TestGatewayGoSDK(t *testing.T) {
 			if err := s.Close(ctx); err != nil {
 				t.Fatalf("close %s: %v", id, err)
 			}
-			if _, err := c.Sandbox(ctx, id); !errdefs.IsNotFound(err) {
-				t.Fatalf("get %s after close: got %v, want NotFound", id, err)
+			if got, err := c.Sandbox(ctx, id); err != nil || got.Info.State != "closed" {
+				t.Fatalf("get %s after close: got %v, %v; want it closed", id, got, err)
 			}
 			if l, err := owners[id].Sandbox(ctx, id); err == nil && l.Info.State != "closed" {
 				t.Fatalf("local sandbox %s: state %s after close, want closed", id, l.Info.State)

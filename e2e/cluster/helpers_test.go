@@ -106,6 +106,29 @@ func hasEvent(t *testing.T, o client.Object, reason string) (bool, string) {
 	return false, "events: " + strings.Join(seen, ", ")
 }
 
+// closedKept waits until sb is closed on its node and its object kept,
+// as one host keeps a closed sandbox's record: phase Closed, no
+// finalizer, its local sandbox closed and nothing of it left on the host.
+func closedKept(t *testing.T, sb *fbv1.Sandbox) {
+	t.Helper()
+	ctx := context.Background()
+	clustertest.Eventually(t, 2*time.Minute, sb.Name+" closed and kept", func() (bool, string) {
+		err := plane.Client.Get(ctx, client.ObjectKeyFromObject(sb), sb)
+		return err == nil && sb.Closed() && len(sb.Finalizers) == 0, fmt.Sprint(err, " phase ", sb.Status.Phase, " finalizers ", sb.Finalizers)
+	})
+	n := nodeNamed(sb.Spec.NodeName)
+	if n == nil {
+		t.Fatalf("sandbox %s: no node %q", sb.Name, sb.Spec.NodeName)
+	}
+	if l, err := n.Client.Sandbox(ctx, sb.Status.LocalID); err != nil || l.Info.State != "closed" {
+		t.Fatalf("local sandbox %s of %s on %s: %v, %v; want it closed", sb.Status.LocalID, sb.Name, n.Name, l, err)
+	}
+	clustertest.Eventually(t, time.Minute, "nothing of "+sb.Status.LocalID+" left", func() (bool, string) {
+		l := n.Leftovers(sb.Status.LocalID)
+		return len(l) == 0, strings.Join(l, "\n")
+	})
+}
+
 // gone waits until o no longer exists.
 func gone(t *testing.T, o client.Object) {
 	t.Helper()

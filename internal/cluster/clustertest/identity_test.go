@@ -211,6 +211,21 @@ func TestNodeIdentity(t *testing.T) {
 	if err := b.Update(ctx, finSb); err != nil {
 		t.Errorf("b adds its finalizer to its sandbox: %v", err)
 	}
+	// Closing is the owner's word (spec.state); the node reports it
+	// Closed and lets go of its finalizer on the object that stays.
+	forgeSb = finSb.DeepCopy()
+	forgeSb.Spec.State = fbv1.StateClosed
+	wantForbidden(t, "b closes its sandbox in the spec", b.Update(ctx, forgeSb), "may not change sandboxes")
+	closed := finSb.DeepCopy()
+	now := metav1.Now()
+	closed.Status.Phase, closed.Status.ClosedAt = fbv1.PhaseClosed, &now
+	if err := b.Status().Update(ctx, closed); err != nil {
+		t.Errorf("b reports its sandbox closed: %v", err)
+	}
+	closed.Finalizers = nil
+	if err := b.Update(ctx, closed); err != nil {
+		t.Errorf("b drops its finalizer from its closed sandbox: %v", err)
+	}
 
 	// Checkpoints: b captured one; a records its own copy and its pull,
 	// but neither touches b's copy nor rewrites what the checkpoint is.

@@ -2,8 +2,9 @@
 // cluster mode. It places Sandboxes on ForkboxNodes (package placement
 // holds the rules), turns a Fork into a Checkpoint plus its children,
 // marks a node NotReady when its Lease expires (its sandboxes are
-// reported Lost, never recreated elsewhere), and releases the
-// finalizers of objects whose node is gone. It runs with leader election:
+// reported Lost, never recreated elsewhere), releases the finalizers of
+// objects whose node is gone, and deletes closed Sandboxes after their
+// retention (retention.go). It runs with leader election:
 // one replica acts at a time.
 //
 // The node agents (package nodeagent) do everything on a host; the
@@ -49,7 +50,11 @@ type Options struct {
 	// Retry is how often a sandbox that fits no node is tried again
 	// besides when a node changes (default 30s).
 	Retry time.Duration
-	Log   *slog.Logger
+	// Retention is how long a closed Sandbox's object (its record: get,
+	// list --all, its ledger on its node) stays before it is deleted
+	// (default DefaultRetention).
+	Retention time.Duration
+	Log       *slog.Logger
 }
 
 // DefaultNamespace holds forkbox's Leases.
@@ -64,6 +69,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.Retry == 0 {
 		o.Retry = 30 * time.Second
+	}
+	if o.Retention <= 0 {
+		o.Retention = DefaultRetention
 	}
 	if o.Log == nil {
 		o.Log = slog.Default()
@@ -123,6 +131,9 @@ func Setup(ctx context.Context, mgr manager.Manager, o Options) error {
 		return err
 	}
 	if err := (&environments{c: mgr.GetClient(), rec: rec, log: o.Log}).setup(mgr); err != nil {
+		return err
+	}
+	if err := (&retention{c: mgr.GetClient(), log: o.Log, after: o.Retention}).setup(mgr); err != nil {
 		return err
 	}
 	return (&checkpoints{c: mgr.GetClient(), log: o.Log, retry: o.Retry}).setup(mgr)

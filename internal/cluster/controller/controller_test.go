@@ -182,7 +182,8 @@ func TestForkFanOut(t *testing.T) {
 }
 
 // A node whose Lease lapses is NotReady; its sandboxes are reported Lost
-// (not recreated), and it gets no new placements.
+// (not recreated), a closed one stays Closed, and it gets no new
+// placements.
 func TestLeaseExpiry(t *testing.T) {
 	plane.Need(t)
 	startController(t)
@@ -191,6 +192,12 @@ func TestLeaseExpiry(t *testing.T) {
 	sb := sandbox(ns, "on-dying", func(sb *fbv1.Sandbox) { sb.Spec.NodeName = "ls-dying" })
 	create(t, sb)
 	setPhase(t, sb, fbv1.PhaseRunning)
+	done := sandbox(ns, "closed-on-dying", func(sb *fbv1.Sandbox) { sb.Spec.NodeName, sb.Spec.State = "ls-dying", fbv1.StateClosed })
+	create(t, done)
+	updateStatus(t, done, func(sb *fbv1.Sandbox) {
+		now := metav1.Now()
+		sb.Status.Phase, sb.Status.ClosedAt = fbv1.PhaseClosed, &now
+	})
 	clustertest.Eventually(t, 30*time.Second, "node NotReady", func() (bool, string) {
 		get(t, n)
 		c := meta.FindStatusCondition(n.Status.Conditions, fbv1.ConditionReady)
@@ -202,6 +209,9 @@ func TestLeaseExpiry(t *testing.T) {
 	})
 	if sb.Spec.NodeName != "ls-dying" {
 		t.Fatalf("got the lost sandbox moved to %q", sb.Spec.NodeName)
+	}
+	if got := get(t, done).Status.Phase; got != fbv1.PhaseClosed {
+		t.Fatalf("a closed sandbox of the lost node: phase %s, want it Closed", got)
 	}
 	fresh := sandbox(ns, "fresh")
 	create(t, fresh)

@@ -26,8 +26,10 @@ import (
 // the rest of the cluster already handles: a builder Sandbox (placed
 // like any other; its node agent runs the setup steps in it and reports
 // SetupComplete), then a Checkpoint of it on its node. When that is
-// Ready it becomes status.checkpoint, the builder goes, and so does the
-// checkpoint of the build before. A build is named after the spec's hash
+// Ready it becomes status.checkpoint, the builder is closed (its object
+// stays, as one host keeps a closed builder's record, until the
+// retention), and the checkpoint of the build before goes. The builder
+// is named build-<build> (BuilderName), as one host names it. A build is named after the spec's hash
 // (and, for a rebuild of the same spec after maxAge, the time the
 // replaced one was built), so a reconcile that runs again finds the
 // objects it made; a failed build is not tried again until the spec
@@ -143,19 +145,23 @@ func (r *environments) reconcile(ctx context.Context, e *fbv1.Environment) (reco
 		}
 	}
 	switch {
-	case setup == nil && (builder.Status.Phase == fbv1.PhaseFailed || builder.Status.Phase == fbv1.PhaseLost):
+	case setup == nil && (builder.Status.Phase == fbv1.PhaseFailed || builder.Status.Phase == fbv1.PhaseLost || builder.Spec.State == fbv1.StateClosed):
 		reason := ReasonBuilderFailed
 		if c := meta.FindStatusCondition(builder.Status.Conditions, fbv1.ConditionReady); c != nil && strings.HasPrefix(c.Reason, "CreateFailed") {
 			reason = c.Reason
 		}
-		r.fail(e, reason, fmt.Sprintf("build %s: builder sandbox %s on node %s: %s", build, strings.ToLower(string(builder.Status.Phase)),
+		phase := strings.ToLower(string(builder.Status.Phase))
+		if builder.Spec.State == fbv1.StateClosed {
+			phase = "closed"
+		}
+		r.fail(e, reason, fmt.Sprintf("build %s: builder sandbox %s on node %s: %s", build, phase,
 			builder.Spec.NodeName, builder.Status.Message))
 		return res, nil
 	case setup == nil:
-		building(fmt.Sprintf("builder sandbox %s: %s %s", build, builder.Status.Phase, builder.Status.Message))
+		building(fmt.Sprintf("builder sandbox %s: %s %s", builder.Name, builder.Status.Phase, builder.Status.Message))
 		return res, nil
 	case setup.Status == metav1.ConditionUnknown: // its agent is running the steps
-		building("builder sandbox " + build + " on node " + builder.Spec.NodeName + ": " + setup.Message)
+		building("builder sandbox " + builder.Name + " on node " + builder.Spec.NodeName + ": " + setup.Message)
 		return res, nil
 	case setup.Status != metav1.ConditionTrue:
 		r.fail(e, ReasonSetupFailed, "build "+build+": "+setup.Message)
@@ -195,20 +201,21 @@ func (r *environments) fail(e *fbv1.Environment, reason, msg string) {
 // builder returns the builder Sandbox of build, creating it first.
 func (r *environments) builder(ctx context.Context, e *fbv1.Environment, build, hash string) (*fbv1.Sandbox, error) {
 	var sb fbv1.Sandbox
-	err := r.c.Get(ctx, types.NamespacedName{Namespace: e.Namespace, Name: build}, &sb)
+	name := fbv1.BuilderName(build)
+	err := r.c.Get(ctx, types.NamespacedName{Namespace: e.Namespace, Name: name}, &sb)
 	if err == nil && !metav1.IsControlledBy(&sb, e) {
 		// The builder of an Environment of this name that was deleted
 		// (same spec, same build name): not ours to use; collect deletes
 		// it, and its going brings us back.
 		kube.SetCondition(&e.Status.Conditions, fbv1.ConditionBuilt, false, ReasonBuilding,
-			"waiting for sandbox "+build+" of an earlier environment of this name to go", e.Generation)
+			"waiting for sandbox "+name+" of an earlier environment of this name to go", e.Generation)
 		return nil, nil
 	}
 	if err == nil || !errors.IsNotFound(err) {
 		return &sb, err
 	}
 	sb = fbv1.Sandbox{
-		ObjectMeta: metav1.ObjectMeta{Namespace: e.Namespace, Name: build,
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.Namespace, Name: name,
 			Labels:      map[string]string{fbv1.EnvironmentLabel: e.Name},
 			Annotations: map[string]string{fbv1.BuildHashAnnotation: hash}},
 		Spec: fbv1.SandboxSpec{Image: e.Spec.Image, Runtime: e.Spec.Runtime, Resources: *e.Spec.Resources.DeepCopy(),
@@ -223,7 +230,7 @@ func (r *environments) builder(ctx context.Context, e *fbv1.Environment, build, 
 	if err := r.c.Create(ctx, &sb); err != nil && !errors.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("create builder of environment %s: %w", e.Name, err)
 	}
-	kube.SetCondition(&e.Status.Conditions, fbv1.ConditionBuilt, false, ReasonBuilding, "builder sandbox "+build+" created", e.Generation)
+	kube.SetCondition(&e.Status.Conditions, fbv1.ConditionBuilt, false, ReasonBuilding, "builder sandbox "+name+" created", e.Generation)
 	return nil, nil // its status comes with the next reconcile
 }
 
@@ -253,9 +260,11 @@ func (r *environments) checkpoint(ctx context.Context, e *fbv1.Environment, buil
 	return nil, nil
 }
 
-// cleanup deletes the environment's builder Sandboxes other than that of
-// build (all once it is built: keep is its checkpoint) and its
-// Checkpoints other than keep and build's.
+// cleanup closes the environment's builder Sandboxes other than that of
+// build (all once it is built: keep is its checkpoint), and deletes its
+// Checkpoints other than keep and build's. A closed builder stays (as
+// one host lists its closed builders) until the retention deletes it; one
+// that was never placed ran nowhere and is deleted.
 func (r *environments) cleanup(ctx context.Context, e *fbv1.Environment, build, keep string) error {
 	mine := client.MatchingLabels{fbv1.EnvironmentLabel: e.Name}
 	var sl fbv1.SandboxList
@@ -264,11 +273,20 @@ func (r *environments) cleanup(ctx context.Context, e *fbv1.Environment, build, 
 	}
 	for i := range sl.Items {
 		sb := &sl.Items[i]
-		if !metav1.IsControlledBy(sb, e) || !sb.DeletionTimestamp.IsZero() || (sb.Name == build && build != keep) {
+		if !metav1.IsControlledBy(sb, e) || !sb.DeletionTimestamp.IsZero() || sb.Spec.State == fbv1.StateClosed ||
+			(sb.Name == fbv1.BuilderName(build) && build != keep) {
 			continue
 		}
-		if err := r.c.Delete(ctx, sb); client.IgnoreNotFound(err) != nil {
-			return err
+		if sb.Spec.NodeName == "" {
+			if err := r.c.Delete(ctx, sb); client.IgnoreNotFound(err) != nil {
+				return err
+			}
+			continue
+		}
+		patch := client.MergeFrom(sb.DeepCopy())
+		sb.Spec.State = fbv1.StateClosed
+		if err := r.c.Patch(ctx, sb, patch); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("close builder %s: %w", sb.Name, err)
 		}
 	}
 	var cl fbv1.CheckpointList

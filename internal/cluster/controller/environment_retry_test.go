@@ -44,7 +44,7 @@ func TestEnvironmentRetryAndCollect(t *testing.T) {
 	b := awaitBuilder(t, e, first)
 	setupDone(t, b, false, "step 1 of 1 (curl example.com): exited 6")
 	awaitFailed(t, e, first, ReasonSetupFailed)
-	goneObj(t, b)
+	closedObj(t, b)
 
 	// Not tried again by itself; tried again once asked.
 	if got := fbv1.BuildName(get(t, e), e.Spec.Hash()); got != first {
@@ -64,7 +64,7 @@ func TestEnvironmentRetryAndCollect(t *testing.T) {
 	if want := `builder sandbox failed on node retry-a: image "busybox" not found`; !strings.Contains(c.Message, want) {
 		t.Fatalf("failure message %q, want it to say %q", c.Message, want)
 	}
-	goneObj(t, b)
+	closedObj(t, b)
 
 	// Tried again, and built this time.
 	update(t, e, func(e *fbv1.Environment) { e.Annotations[fbv1.RetryAnnotation] = "2" })
@@ -122,8 +122,8 @@ func TestEnvironmentClientSetup(t *testing.T) {
 		Spec: fbv1.EnvironmentSpec{Image: "busybox", Runtime: fbv1.RuntimeCrun, SetupHash: "abc123"}}
 	create(t, e)
 	first := "fn-" + e.Spec.Hash()[:10]
-	b := &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: first}}
-	clustertest.Eventually(t, 30*time.Second, "builder "+first, func() (bool, string) {
+	b := &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fbv1.BuilderName(first)}}
+	clustertest.Eventually(t, 30*time.Second, "builder "+b.Name, func() (bool, string) {
 		err := plane.Client.Get(ctx, client.ObjectKeyFromObject(b), b)
 		return err == nil && b.Spec.NodeName != "", fmt.Sprint(err)
 	})
@@ -146,10 +146,10 @@ func TestEnvironmentClientSetup(t *testing.T) {
 	if !strings.Contains(c.Message, "setup broke") {
 		t.Fatalf("failure message %q, want the client's", c.Message)
 	}
-	goneObj(t, b)
+	closedObj(t, b)
 
 	update(t, e, func(e *fbv1.Environment) { e.Annotations = map[string]string{fbv1.RetryAnnotation: "1"} })
-	b = &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: first + "-r1"}}
+	b = &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fbv1.BuilderName(first + "-r1")}}
 	clustertest.Eventually(t, 30*time.Second, "builder "+b.Name, func() (bool, string) {
 		err := plane.Client.Get(ctx, client.ObjectKeyFromObject(b), b)
 		return err == nil && b.Spec.NodeName != "", fmt.Sprint(err)
@@ -157,6 +157,6 @@ func TestEnvironmentClientSetup(t *testing.T) {
 	setPhase(t, b, fbv1.PhaseRunning)
 	clientSays(b, "ok")
 	awaitCapture(t, b, "client-a")
-	awaitBuilt(t, e, b.Name)
-	goneObj(t, b)
+	awaitBuilt(t, e, first+"-r1")
+	closedObj(t, b)
 }

@@ -35,11 +35,12 @@ func setupDone(t *testing.T, sb *fbv1.Sandbox, ok bool, msg string) {
 }
 
 // awaitBuilder waits for the builder Sandbox of the environment's
-// current spec and returns it, checked.
+// current spec, of build want (named build-<want>, as one host names
+// it), and returns it, checked.
 func awaitBuilder(t *testing.T, e *fbv1.Environment, want string) *fbv1.Sandbox {
 	t.Helper()
-	sb := &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: e.Namespace, Name: want}}
-	clustertest.Eventually(t, 30*time.Second, "builder "+want, func() (bool, string) {
+	sb := &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: e.Namespace, Name: fbv1.BuilderName(want)}}
+	clustertest.Eventually(t, 30*time.Second, "builder "+sb.Name, func() (bool, string) {
 		err := plane.Client.Get(context.Background(), client.ObjectKeyFromObject(sb), sb)
 		return err == nil && sb.Spec.NodeName != "", fmt.Sprint(err, " env status: ", get(t, e).Status)
 	})
@@ -56,8 +57,8 @@ func awaitBuilder(t *testing.T, e *fbv1.Environment, want string) *fbv1.Sandbox 
 // and makes it ready on node as its agent would.
 func awaitCapture(t *testing.T, b *fbv1.Sandbox, node string) {
 	t.Helper()
-	ck := &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: b.Namespace, Name: b.Name}}
-	clustertest.Eventually(t, 30*time.Second, "checkpoint "+b.Name, func() (bool, string) {
+	ck := &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: b.Namespace, Name: strings.TrimPrefix(b.Name, "build-")}}
+	clustertest.Eventually(t, 30*time.Second, "checkpoint "+ck.Name, func() (bool, string) {
 		err := plane.Client.Get(context.Background(), client.ObjectKeyFromObject(ck), ck)
 		return err == nil, fmt.Sprint(err)
 	})
@@ -75,6 +76,21 @@ func awaitBuilt(t *testing.T, e *fbv1.Environment, want string) {
 		c := meta.FindStatusCondition(e.Status.Conditions, fbv1.ConditionBuilt)
 		return e.Status.Checkpoint == want && e.Status.Hash == e.Spec.Hash() && e.Status.BuiltAt != nil &&
 			c != nil && c.Status == metav1.ConditionTrue && meta.IsStatusConditionTrue(e.Status.Conditions, fbv1.ConditionReady), fmt.Sprintf("%+v", e.Status)
+	})
+}
+
+// closedObj waits until the controller has asked builder b to close,
+// then reports it Closed as its node would (the retention deletes it
+// later).
+func closedObj(t *testing.T, b *fbv1.Sandbox) {
+	t.Helper()
+	clustertest.Eventually(t, 30*time.Second, b.Name+" asked to close", func() (bool, string) {
+		err := plane.Client.Get(context.Background(), client.ObjectKeyFromObject(b), b)
+		return err == nil && b.Spec.State == fbv1.StateClosed, fmt.Sprint(err, " state ", b.Spec.State)
+	})
+	updateStatus(t, b, func(b *fbv1.Sandbox) {
+		now := metav1.Now()
+		b.Status.Phase, b.Status.ClosedAt = fbv1.PhaseClosed, &now
 	})
 }
 
@@ -116,7 +132,7 @@ func TestEnvironmentBuild(t *testing.T) {
 	setupDone(t, b, true, "1 step")
 	awaitCapture(t, b, "env-a")
 	awaitBuilt(t, e, first)
-	goneObj(t, b)
+	closedObj(t, b)
 	if got := placedOn(t, user); got != "env-a" {
 		t.Fatalf("user placed on %s, want env-a (holds the environment's checkpoint)", got)
 	}
@@ -128,10 +144,10 @@ func TestEnvironmentBuild(t *testing.T) {
 	clustertest.Eventually(t, 30*time.Second, "build failure reported", func() (bool, string) {
 		get(t, e)
 		c := meta.FindStatusCondition(e.Status.Conditions, fbv1.ConditionBuilt)
-		return c != nil && c.Reason == ReasonSetupFailed && e.Status.Build == bad.Name && e.Status.Checkpoint == first &&
+		return c != nil && c.Reason == ReasonSetupFailed && fbv1.BuilderName(e.Status.Build) == bad.Name && e.Status.Checkpoint == first &&
 			meta.IsStatusConditionTrue(e.Status.Conditions, fbv1.ConditionReady), fmt.Sprintf("%+v", e.Status)
 	})
-	goneObj(t, bad) // its slot is given back
+	closedObj(t, bad) // its slot is given back once its node has closed it
 
 	// A good spec: rebuilt, and the first checkpoint goes.
 	update(t, e, func(e *fbv1.Environment) { e.Spec.Setup = []string{"echo one > /root/one", "echo two > /root/two"} })
@@ -141,7 +157,7 @@ func TestEnvironmentBuild(t *testing.T) {
 	awaitCapture(t, b2, "env-a")
 	awaitBuilt(t, e, second)
 	goneObj(t, &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: first}})
-	goneObj(t, b2)
+	closedObj(t, b2)
 
 	// maxAge: the same spec is rebuilt once its checkpoint is older.
 	builtAt := get(t, e).Status.BuiltAt
@@ -149,7 +165,7 @@ func TestEnvironmentBuild(t *testing.T) {
 	if e.Spec.Hash() != e.Status.Hash {
 		t.Fatalf("maxAge changed the spec's hash")
 	}
-	aged := b2.Name + "-" + strconv.FormatInt(builtAt.Unix(), 36)
+	aged := second + "-" + strconv.FormatInt(builtAt.Unix(), 36)
 	b3 := awaitBuilder(t, e, aged)
 	if get(t, e).Status.Checkpoint != second {
 		t.Fatalf("while rebuilding: checkpoint %s, want %s to keep serving", e.Status.Checkpoint, second)

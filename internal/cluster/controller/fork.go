@@ -191,7 +191,7 @@ func (f *forker) children(ctx context.Context, fk *fbv1.Fork, ck *fbv1.Checkpoin
 		case fbv1.PhaseRunning:
 			ready++
 			settled++
-		case fbv1.PhaseFailed, fbv1.PhaseLost:
+		case fbv1.PhaseFailed, fbv1.PhaseLost, fbv1.PhaseClosed:
 			settled++
 		}
 		out = append(out, c)

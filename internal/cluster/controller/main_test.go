@@ -31,7 +31,7 @@ func TestMain(m *testing.M) { os.Exit(clustertest.Main(m, &plane)) }
 
 // startController runs the controller against the test control plane
 // until the test ends.
-func startController(t *testing.T) {
+func startController(t *testing.T, mod ...func(*Options)) {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	mgr, err := ctrl.NewManager(plane.Config, manager.Options{Scheme: kube.NewScheme(), Logger: kube.SetLogger(log),
@@ -42,7 +42,11 @@ func startController(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := Setup(ctx, mgr, Options{Namespace: clustertest.Namespace, Retry: time.Second, Log: log}); err != nil {
+	o := Options{Namespace: clustertest.Namespace, Retry: time.Second, Log: log}
+	for _, m := range mod {
+		m(&o)
+	}
+	if err := Setup(ctx, mgr, o); err != nil {
 		cancel()
 		t.Fatal(err)
 	}

@@ -104,7 +104,9 @@ func (w *nodeWatch) reportLost(ctx context.Context, n *fbv1.ForkboxNode, why str
 	}
 	for i := range l.Items {
 		sb := &l.Items[i]
-		if sb.Status.Phase == fbv1.PhaseLost || sb.Status.Phase == fbv1.PhaseFailed || !sb.DeletionTimestamp.IsZero() {
+		if sb.Status.Phase == fbv1.PhaseLost || sb.Status.Phase == fbv1.PhaseFailed || sb.Closed() || !sb.DeletionTimestamp.IsZero() {
+			// A closed one stays closed: nothing of it runs to be lost
+			// (its ledger is on the node, unreachable while it is down).
 			continue
 		}
 		patch := client.MergeFrom(sb.DeepCopy())

@@ -85,8 +85,8 @@ func (p *placer) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 	if !sb.DeletionTimestamp.IsZero() {
 		return reconcile.Result{}, p.releaseOrphan(ctx, &sb)
 	}
-	if sb.Spec.NodeName != "" {
-		return reconcile.Result{}, nil
+	if sb.Spec.NodeName != "" || sb.Spec.State == fbv1.StateClosed {
+		return reconcile.Result{}, nil // placed, or closed before it was (the retention deletes it)
 	}
 	preq, wait, err := p.request(ctx, &sb)
 	if err != nil {
@@ -247,8 +247,10 @@ func runtimeVersion(n *fbv1.ForkboxNode, runtime string) string {
 	return ""
 }
 
-// load counts the sandboxes on each node that hold a slot: bound and not
-// failed, including bindings this placer made that its cache lacks yet.
+// load counts the sandboxes on each node that hold a slot: bound, not
+// failed and not closed (a closed one's object stays for its record; a
+// sandbox asked to close holds its slot until its node has closed it),
+// including bindings this placer made that its cache lacks yet.
 func (p *placer) load(ctx context.Context) (map[string]int, error) {
 	var l fbv1.SandboxList
 	if err := p.c.List(ctx, &l); err != nil {
@@ -267,7 +269,7 @@ func (p *placer) load(ctx context.Context) (map[string]int, error) {
 		} else {
 			node = p.assumed[uid]
 		}
-		if node != "" && sb.Status.Phase != fbv1.PhaseFailed {
+		if node != "" && sb.Status.Phase != fbv1.PhaseFailed && !sb.Closed() {
 			used[node]++
 		}
 	}

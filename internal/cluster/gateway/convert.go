@@ -95,7 +95,10 @@ func runtimeOf(rt string) (fbv1.Runtime, error) {
 
 // stateOf is the daemon's word for an object's phase.
 func stateOf(sb *fbv1.Sandbox) string {
-	if !sb.DeletionTimestamp.IsZero() {
+	switch {
+	case sb.Closed():
+		return "closed"
+	case !sb.DeletionTimestamp.IsZero() || sb.Spec.State == fbv1.StateClosed:
 		return "closing"
 	}
 	switch sb.Status.Phase {
@@ -133,6 +136,7 @@ func objectView(sb *fbv1.Sandbox) *v1.Sandbox {
 	if sb.Status.Phase != fbv1.PhaseRunning {
 		out.Error = sb.Status.Message
 	}
+
 	if len(sb.Spec.Env) > 0 {
 		out.Env = map[string]string{}
 		for _, e := range sb.Spec.Env {

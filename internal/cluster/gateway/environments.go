@@ -400,7 +400,7 @@ func (g *Gateway) buildProgress(ctx context.Context, e *fbv1.Environment, hash s
 		return p, nil
 	}
 	var sb fbv1.Sandbox
-	if err := g.c.Get(ctx, types.NamespacedName{Namespace: e.Namespace, Name: build}, &sb); err != nil || !metav1.IsControlledBy(&sb, e) {
+	if err := g.c.Get(ctx, types.NamespacedName{Namespace: e.Namespace, Name: fbv1.BuilderName(build)}, &sb); err != nil || !metav1.IsControlledBy(&sb, e) {
 		if c := meta.FindStatusCondition(e.Status.Conditions, fbv1.ConditionBuilt); c != nil && strings.HasPrefix(c.Message, "capturing") {
 			p.Phase, p.Message = "checkpoint", c.Message
 		}
@@ -409,9 +409,9 @@ func (g *Gateway) buildProgress(ctx context.Context, e *fbv1.Environment, hash s
 	setup := meta.FindStatusCondition(sb.Status.Conditions, fbv1.ConditionSetupComplete)
 	switch {
 	case setup == nil:
-		p.Message = fmt.Sprintf("starting the builder sandbox %s (%s on node %q)", build, strings.ToLower(string(sb.Status.Phase)), sb.Spec.NodeName)
+		p.Message = fmt.Sprintf("starting the builder sandbox %s (%s on node %q)", sb.Name, strings.ToLower(string(sb.Status.Phase)), sb.Spec.NodeName)
 		if sb.Spec.NodeName == "" {
-			p.Message = fmt.Sprintf("starting the builder sandbox %s (not placed yet)", build)
+			p.Message = fmt.Sprintf("starting the builder sandbox %s (not placed yet)", sb.Name)
 		}
 	case setup.Status == metav1.ConditionUnknown:
 		p.Phase, p.Message = "step", fmt.Sprintf("on node %s: %s", sb.Spec.NodeName, setup.Message)

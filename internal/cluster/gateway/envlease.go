@@ -29,8 +29,9 @@ import (
 // it, the others wait until the build ends. CompleteBuild writes the
 // client's word on the builder (forkbox.dev/setup-result), and waits
 // while the controller captures it (ok) or records the failure. The
-// lease a caller holds is "<builder>/<token>"; a client that never
-// completes is timed out by the controller (ClientSetupTimeout).
+// lease a caller holds is "<build>/<token>" (the builder is
+// fbv1.BuilderName of the build); a client that never completes is timed
+// out by the controller (ClientSetupTimeout).
 
 // maxLease bounds the lease a caller sends back.
 const maxLease = 320
@@ -98,11 +99,11 @@ func (g *Gateway) takeBuilder(ctx context.Context, e *fbv1.Environment, hash str
 		return nil, "", nil
 	}
 	var sb fbv1.Sandbox // from the cache: a stale one fails the update below, and the next change brings it
-	if err := g.c.Get(ctx, types.NamespacedName{Namespace: e.Namespace, Name: build}, &sb); err != nil {
+	if err := g.c.Get(ctx, types.NamespacedName{Namespace: e.Namespace, Name: fbv1.BuilderName(build)}, &sb); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, "", nil
 		}
-		return nil, "", kerr(err, "builder "+build)
+		return nil, "", kerr(err, "builder "+fbv1.BuilderName(build))
 	}
 	if !metav1.IsControlledBy(&sb, e) || !sb.DeletionTimestamp.IsZero() {
 		return nil, "", nil // of an earlier environment of this name, going
@@ -131,7 +132,7 @@ func (g *Gateway) takeBuilder(ctx context.Context, e *fbv1.Environment, hash str
 		}
 		return nil, "", kerr(err, "take builder "+build)
 	}
-	g.log.InfoContext(ctx, "build lease taken", "environment", e.Name, "sandbox", build)
+	g.log.InfoContext(ctx, "build lease taken", "environment", e.Name, "sandbox", sb.Name)
 	return &sb, build + "/" + token, nil
 }
 
@@ -150,7 +151,7 @@ func (s *environments) CompleteBuild(ctx context.Context, req *connect.Request[v
 		result = "failed: " + kube.Truncate(why, maxSetupError)
 	}
 	sb := &fbv1.Sandbox{}
-	key := types.NamespacedName{Namespace: s.g.o.Namespace, Name: build}
+	key := types.NamespacedName{Namespace: s.g.o.Namespace, Name: fbv1.BuilderName(build)}
 	notHeld := fmt.Errorf("build lease %q: not held (it ended: completed, timed out, or its builder is gone): %w", kube.Truncate(m.Lease, 64), errdefs.ErrNotFound)
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if err := s.g.api.Get(ctx, key, sb); err != nil {

@@ -6,7 +6,9 @@
 //     (the gateway's tenant) and wait, with the caller's deadline, for
 //     their status: CreateSandbox is a Sandbox that must reach Running,
 //     Fork a Fork whose children are answered as they become ready,
-//     Checkpoint a Checkpoint, Pause/Hibernate a change of spec.state,
+//     Checkpoint a Checkpoint, Pause/Hibernate/Close a change of
+//     spec.state (a closed sandbox's object stays, its record, until the
+//     controller's retention: lifecycle.go),
 //     BuildEnvironment an Environment that must be built (environments.go);
 //   - sandbox-scoped calls (exec, files, PTY, copy, metrics, ports,
 //     timeouts, egress, events) are proxied to the API of the node that

@@ -105,8 +105,8 @@ func (g *Gateway) createAndWait(ctx context.Context, sb *fbv1.Sandbox, timeoutMs
 	if timeoutMs < 0 {
 		return nil, fmt.Errorf("timeout_ms %d: %w", timeoutMs, errdefs.ErrInvalidArgument)
 	}
-	if err := g.c.Create(ctx, sb); err != nil {
-		return nil, kerr(err, "create sandbox "+sb.Name+sb.GenerateName)
+	if err := g.create(ctx, sb); err != nil {
+		return nil, err
 	}
 	out, err := g.waitRunning(ctx, sb)
 	if err == nil && timeoutMs > 0 {
@@ -127,6 +127,25 @@ func (g *Gateway) createAndWait(ctx context.Context, sb *fbv1.Sandbox, timeoutMs
 		return nil, err
 	}
 	return out, nil
+}
+
+// create creates sb. A name that a closed sandbox's object holds is
+// free, as one host frees a closed sandbox's name: that object (the
+// record the retention keeps; its node's ledger keeps its own) is
+// deleted first.
+func (g *Gateway) create(ctx context.Context, sb *fbv1.Sandbox) error {
+	err := g.c.Create(ctx, sb)
+	if apierrors.IsAlreadyExists(err) && sb.Name != "" {
+		var old fbv1.Sandbox
+		if gerr := g.api.Get(ctx, client.ObjectKeyFromObject(sb), &old); gerr == nil && old.Closed() {
+			g.log.InfoContext(ctx, "name of a closed sandbox taken again: its record goes", "sandbox", old.Name, "local", old.Status.LocalID)
+			if err = g.deleteAndWait(ctx, &old); err != nil {
+				return err
+			}
+			err = g.c.Create(ctx, sb)
+		}
+	}
+	return kerr(err, "create sandbox "+sb.Name+sb.GenerateName)
 }
 
 // waitRunning waits until sb runs on its node and returns the node's
@@ -204,7 +223,8 @@ func (s *sandboxes) GetSandbox(ctx context.Context, req *connect.Request[v1.GetS
 	if err != nil {
 		return nil, err
 	}
-	if sb.Status.LocalID == "" || sb.Status.Phase == fbv1.PhaseLost || !sb.DeletionTimestamp.IsZero() {
+	if sb.Status.LocalID == "" || sb.Status.Phase == fbv1.PhaseLost || !sb.DeletionTimestamp.IsZero() ||
+		sb.Closed() || sb.Spec.State == fbv1.StateClosed {
 		return connect.NewResponse(&v1.GetSandboxResponse{Sandbox: objectView(sb)}), nil
 	}
 	out, err := s.g.nodeSandbox(ctx, sb)
@@ -214,24 +234,65 @@ func (s *sandboxes) GetSandbox(ctx context.Context, req *connect.Request[v1.GetS
 	return connect.NewResponse(&v1.GetSandboxResponse{Sandbox: out}), nil
 }
 
-// DeleteSandbox deletes the object and waits until it is gone: its node
-// has closed the local sandbox.
+// DeleteSandbox closes the sandbox as one host does: the object asks
+// for state Closed, its node closes the local sandbox (nothing of it is
+// left on the host; its ledger keeps the record) and reports it Closed;
+// the object stays, read and listed (all) as a closed sandbox, until the
+// controller's retention deletes it. Closing a closed sandbox is
+// NotFound, as on one host. A sandbox not placed yet ran nowhere: its
+// object is deleted. A sandbox of a lost node is closed when the node
+// comes back; until then the call is Unavailable. Deleting the object
+// (a cluster admin's kubectl delete) closes it too, and keeps nothing.
 func (s *sandboxes) DeleteSandbox(ctx context.Context, req *connect.Request[v1.DeleteSandboxRequest]) (*connect.Response[v1.DeleteSandboxResponse], error) {
 	sb, err := s.g.sandbox(ctx, req.Msg.Sandbox)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.g.c.Delete(ctx, sb); err != nil && !apierrors.IsNotFound(err) {
-		return nil, kerr(err, "delete sandbox "+sb.Name)
+	switch {
+	case sb.Closed():
+		return nil, fmt.Errorf("sandbox %s is already closed: %w", publicID(sb), errdefs.ErrNotFound)
+	case sb.Spec.NodeName == "" || !sb.DeletionTimestamp.IsZero():
+		if err := s.g.deleteAndWait(ctx, sb); err != nil {
+			return nil, err
+		}
+		return connect.NewResponse(&v1.DeleteSandboxResponse{}), nil
+	}
+	if sb.Spec.State != fbv1.StateClosed {
+		patch := client.MergeFrom(sb.DeepCopy())
+		sb.Spec.State = fbv1.StateClosed
+		if err := s.g.c.Patch(ctx, sb, patch); err != nil {
+			return nil, kerr(err, "close sandbox "+sb.Name)
+		}
 	}
 	err = s.g.await(ctx, "sandbox "+sb.Name+" to be closed", func() (bool, string, error) {
 		gone, err := s.g.getFresh(ctx, sb)
-		return gone, fmt.Sprintf("phase %q, finalizers %v", sb.Status.Phase, sb.Finalizers), err
+		if err != nil || gone {
+			return gone, "", err
+		}
+		status := fmt.Sprintf("phase %q on node %q: %s", sb.Status.Phase, sb.Spec.NodeName, sb.Status.Message)
+		if sb.Status.Phase == fbv1.PhaseLost {
+			return false, status, fmt.Errorf("close sandbox %s: its node %s is lost (%s); it is closed when the node comes back: %w",
+				sb.Name, sb.Spec.NodeName, sb.Status.Message, errdefs.ErrUnavailable)
+		}
+		return sb.Closed(), status, nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&v1.DeleteSandboxResponse{}), nil
+}
+
+// deleteAndWait deletes sb's object (if it is still the one read) and
+// waits until it is gone: its node, if any, has closed the local sandbox.
+func (g *Gateway) deleteAndWait(ctx context.Context, sb *fbv1.Sandbox) error {
+	uid := sb.UID
+	if err := g.c.Delete(ctx, sb, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
+		return kerr(err, "delete sandbox "+sb.Name)
+	}
+	return g.await(ctx, "sandbox "+sb.Name+" to be deleted", func() (bool, string, error) {
+		gone, err := g.getFresh(ctx, sb)
+		return gone || sb.UID != uid, fmt.Sprintf("phase %q, finalizers %v", sb.Status.Phase, sb.Finalizers), err
+	})
 }
 
 // setState asks for a state and waits until the node reports it.

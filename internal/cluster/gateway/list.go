@@ -16,8 +16,8 @@ import (
 	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
 )
 
-// ListSandboxes lists the namespace's Sandboxes as their objects say,
-// oldest first (creation, then name), paged by an opaque token that
+// ListSandboxes lists the namespace's Sandboxes as their objects say
+// (with all, the closed ones its retention keeps too), oldest first (creation, then name), paged by an opaque token that
 // names the last one given.
 func (s *sandboxes) ListSandboxes(ctx context.Context, req *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error) {
 	size := int(req.Msg.PageSize)
@@ -50,7 +50,7 @@ func (s *sandboxes) ListSandboxes(ctx context.Context, req *connect.Request[v1.L
 		if after != nil && !after.before(sb) {
 			continue
 		}
-		if !req.Msg.All && !sb.DeletionTimestamp.IsZero() {
+		if !req.Msg.All && (!sb.DeletionTimestamp.IsZero() || sb.Closed()) {
 			continue
 		}
 		if len(out.Sandboxes) == size {

@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/forkbox/forkbox/api/forkbox/v1/forkboxv1connect"
@@ -90,12 +93,54 @@ func (g *Gateway) route(ctx context.Context, ref string) (*route, error) {
 
 func (g *Gateway) routeTo(ctx context.Context, sb *fbv1.Sandbox) (*route, error) {
 	switch {
+	case sb.Closed():
+		// As one host answers a call on a closed sandbox.
+		return nil, fmt.Errorf("sandbox %s is closed: %w", publicID(sb), errdefs.ErrFailedPrecondition)
+	case sb.Spec.State == fbv1.StateClosed:
+		return nil, fmt.Errorf("sandbox %s is closing: %w", publicID(sb), errdefs.ErrFailedPrecondition)
 	case sb.Status.Phase == fbv1.PhaseLost:
 		return nil, fmt.Errorf("sandbox %s: its node %s is lost: %s: %w", sb.Name, sb.Spec.NodeName, sb.Status.Message, errdefs.ErrUnavailable)
 	case sb.Spec.NodeName == "" || sb.Status.LocalID == "":
 		return nil, fmt.Errorf("sandbox %s is not running on a node yet (phase %q): %w", sb.Name, sb.Status.Phase, errdefs.ErrFailedPrecondition)
 	}
 	ep, err := g.endpoint(ctx, sb.Spec.NodeName)
+	if err != nil {
+		return nil, err
+	}
+	return &route{c: g.nodes.get(ep), id: sb.Status.LocalID, obj: sb}, nil
+}
+
+// routeLedger is route for the reads of a sandbox's record on its node
+// (its ledger: events, credentials' names), which a closed sandbox keeps
+// there: they go to the node that ran it (spec.nodeName). A node that is
+// gone or not ready makes them Unavailable, saying so.
+func (g *Gateway) routeLedger(ctx context.Context, ref string) (*route, error) {
+	sb, err := g.sandbox(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	if !sb.Closed() && sb.Spec.State != fbv1.StateClosed {
+		return g.routeTo(ctx, sb)
+	}
+	node := sb.Spec.NodeName
+	if node == "" || sb.Status.LocalID == "" {
+		return nil, fmt.Errorf("sandbox %s was closed before it ran on a node: it has no ledger: %w", sb.Name, errdefs.ErrFailedPrecondition)
+	}
+	var n fbv1.ForkboxNode
+	if err := g.c.Get(ctx, types.NamespacedName{Name: node}, &n); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("sandbox %s is closed and its ledger is on node %s, which is gone from the cluster: %w", publicID(sb), node, errdefs.ErrUnavailable)
+		}
+		return nil, kerr(err, "node "+node)
+	}
+	if c := meta.FindStatusCondition(n.Status.Conditions, fbv1.ConditionReady); c == nil || c.Status != metav1.ConditionTrue {
+		why := "it has not reported ready"
+		if c != nil {
+			why = c.Reason + ": " + c.Message
+		}
+		return nil, fmt.Errorf("sandbox %s is closed and its ledger is on node %s, which is not ready (%s): %w", publicID(sb), node, why, errdefs.ErrUnavailable)
+	}
+	ep, err := g.endpoint(ctx, node)
 	if err != nil {
 		return nil, err
 	}

@@ -150,8 +150,9 @@ func (s *sandboxes) ListFiles(ctx context.Context, req *connect.Request[v1.ListF
 	return connect.NewResponse(resp.Msg), nil
 }
 
+// Events reads the ledger on the sandbox's node, a closed sandbox's too.
 func (s *sandboxes) Events(ctx context.Context, req *connect.Request[v1.EventsRequest]) (*connect.Response[v1.EventsResponse], error) {
-	r, err := s.g.route(ctx, req.Msg.Sandbox)
+	r, err := s.g.routeLedger(ctx, req.Msg.Sandbox)
 	if err != nil {
 		return nil, err
 	}
@@ -164,7 +165,7 @@ func (s *sandboxes) Events(ctx context.Context, req *connect.Request[v1.EventsRe
 }
 
 func (s *sandboxes) ListCredentials(ctx context.Context, req *connect.Request[v1.ListCredentialsRequest]) (*connect.Response[v1.ListCredentialsResponse], error) {
-	r, err := s.g.route(ctx, req.Msg.Sandbox)
+	r, err := s.g.routeLedger(ctx, req.Msg.Sandbox)
 	if err != nil {
 		return nil, err
 	}
@@ -256,8 +257,8 @@ func (s *sandboxes) GetSandboxMetrics(ctx context.Context, req *connect.Request[
 	}
 	byNode := map[string]map[string]string{} // node → local ID → name
 	for _, sb := range l.Items {
-		if sb.Spec.NodeName == "" || sb.Status.LocalID == "" {
-			continue
+		if sb.Spec.NodeName == "" || sb.Status.LocalID == "" || sb.Closed() {
+			continue // a closed one has no counters (its node may be gone)
 		}
 		if byNode[sb.Spec.NodeName] == nil {
 			byNode[sb.Spec.NodeName] = map[string]string{}

@@ -35,8 +35,12 @@ func (s *sandboxes) Resume(ctx context.Context, req *connect.Request[v1.ResumeRe
 			return nil, fmt.Errorf("sandbox %s is %s; only a closed or crashed session can be resumed: fork a live one instead: %w",
 				sb.Name, phaseOrPending(sb), errdefs.ErrFailedPrecondition)
 		}
-		// Its object still holds the name: the resumed one gets its own.
-		name, since, newName = sb.Name, sb.CreationTimestamp, ""
+		name, since = sb.Name, sb.CreationTimestamp
+		if !sb.Closed() {
+			// A crashed session's object still holds the name (a closed
+			// one's gives it up, as on one host): the resumed one gets its own.
+			newName = ""
+		}
 	case errdefs.IsNotFound(err) && !strings.HasPrefix(ref, "sb-"):
 		// A closed session's object is gone; its checkpoints stay, by name.
 		if err := validName("session", ref); err != nil {
@@ -93,7 +97,7 @@ func (s *sandboxes) Resume(ctx context.Context, req *connect.Request[v1.ResumeRe
 
 // resumable: a session whose sandbox is no longer live.
 func resumable(sb *fbv1.Sandbox) bool {
-	return sb.Status.Phase == fbv1.PhaseFailed
+	return sb.Closed() || sb.Status.Phase == fbv1.PhaseFailed
 }
 
 func phaseOrPending(sb *fbv1.Sandbox) string {

@@ -79,7 +79,9 @@ func phaseOf(st store.State) fbv1.SandboxPhase {
 		return fbv1.PhaseCreating
 	case store.StateClosing:
 		return fbv1.PhaseTerminating
-	default: // failed, degraded, closed
+	case store.StateClosed:
+		return fbv1.PhaseClosed
+	default: // failed, degraded
 		return fbv1.PhaseFailed
 	}
 }

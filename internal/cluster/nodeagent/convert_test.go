@@ -44,7 +44,7 @@ func TestCreateOptionsQuantities(t *testing.T) {
 func TestPhaseOf(t *testing.T) {
 	for st, want := range map[store.State]fbv1.SandboxPhase{
 		store.StateRunning: fbv1.PhaseRunning, store.StatePaused: fbv1.PhasePaused, store.StateHibernated: fbv1.PhaseHibernated,
-		store.StateCreating: fbv1.PhaseCreating, store.StateClosed: fbv1.PhaseFailed, store.StateDegraded: fbv1.PhaseFailed,
+		store.StateCreating: fbv1.PhaseCreating, store.StateClosed: fbv1.PhaseClosed, store.StateDegraded: fbv1.PhaseFailed,
 	} {
 		if got := phaseOf(st); got != want {
 			t.Errorf("phaseOf(%s): got %s, want %s", st, got, want)

@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -36,6 +37,9 @@ func (r *sandboxes) Reconcile(ctx context.Context, req reconcile.Request) (recon
 	if !sb.DeletionTimestamp.IsZero() {
 		return reconcile.Result{}, r.close(ctx, &sb, name)
 	}
+	if sb.Spec.State == fbv1.StateClosed || sb.Closed() {
+		return reconcile.Result{}, r.retire(ctx, &sb, name)
+	}
 	if !controllerutil.ContainsFinalizer(&sb, fbv1.SandboxFinalizer) {
 		// Recorded before acted on: the local sandbox never outlives
 		// the object unnoticed.
@@ -61,14 +65,17 @@ func (r *sandboxes) Reconcile(ctx context.Context, req reconcile.Request) (recon
 	case err != nil:
 		return reconcile.Result{}, err
 	}
-	if local.State != store.StateClosed {
-		if err := r.drive(ctx, &sb, local); err != nil {
-			r.rec.Eventf(&sb, nil, corev1.EventTypeWarning, "StateChangeFailed", "Drive", "%s", kube.Truncate(err.Error(), 1024))
-			sb.Status.Message = kube.Truncate(err.Error(), 4096)
-		}
-		if local, err = r.d.Get(ctx, local.ID); err != nil {
-			return reconcile.Result{}, err
-		}
+	if local.State == store.StateClosed {
+		// Closed here (its timeout, or a caller of this node's API): the
+		// object records it as it would a close asked for.
+		return reconcile.Result{}, r.retire(ctx, &sb, name)
+	}
+	if err := r.drive(ctx, &sb, local); err != nil {
+		r.rec.Eventf(&sb, nil, corev1.EventTypeWarning, "StateChangeFailed", "Drive", "%s", kube.Truncate(err.Error(), 1024))
+		sb.Status.Message = kube.Truncate(err.Error(), 4096)
+	}
+	if local, err = r.d.Get(ctx, local.ID); err != nil {
+		return reconcile.Result{}, err
 	}
 	r.report(ctx, &sb, local)
 	if err := r.reportResumed(ctx, &sb, local); err != nil {
@@ -243,6 +250,51 @@ func (r *sandboxes) writeStatus(ctx context.Context, before, sb *fbv1.Sandbox) e
 		return nil
 	}
 	return r.c.Status().Patch(ctx, sb, client.MergeFrom(before))
+}
+
+// retire closes the local sandbox of an object asked to be Closed (or
+// found closed here) and records it: phase Closed, when, and the
+// finalizer dropped, since nothing of it is left on the node but its
+// ledger's record (which the object's deletion leaves too). The object
+// stays for the controller's retention; reads of a closed sandbox are
+// answered from it and from this node's ledger.
+func (r *sandboxes) retire(ctx context.Context, sb *fbv1.Sandbox, name string) error {
+	before := sb.DeepCopy()
+	local, err := r.d.Get(ctx, name)
+	switch {
+	case err == nil && local.State != store.StateClosed:
+		if err := r.d.Delete(ctx, local.ID); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("close sandbox %s: %w", local.ID, err)
+		}
+		r.log.InfoContext(ctx, "sandbox closed", slog.String("sandbox", sb.Namespace+"/"+sb.Name), slog.String("local", local.ID))
+		r.rec.Eventf(sb, nil, corev1.EventTypeNormal, "Closed", "Close", "sandbox %s closed on node %s", local.ID, r.o.NodeName)
+	case err != nil && !errdefs.IsNotFound(err):
+		return err
+	}
+	if !sb.Closed() {
+		now := metav1.Now()
+		sb.Status.Phase, sb.Status.Message, sb.Status.ClosedAt = fbv1.PhaseClosed, "", &now
+		if err == nil {
+			if sb.Status.LocalID == "" {
+				sb.Status.LocalID = local.ID
+			}
+			if local, err := r.d.Get(ctx, local.ID); err == nil {
+				sb.Status.Message = kube.Truncate(local.Error, 4096) // why, when it did not close on request (as one host shows it)
+			}
+		}
+		sb.Status.ObservedGeneration = sb.Generation
+		kube.SetCondition(&sb.Status.Conditions, fbv1.ConditionReady, false, string(fbv1.PhaseClosed), "closed on node "+r.o.NodeName, sb.Generation)
+		if err := r.writeStatus(ctx, before, sb); err != nil {
+			return err
+		}
+	}
+	r.setups.Delete(sb.UID)
+	if !controllerutil.ContainsFinalizer(sb, fbv1.SandboxFinalizer) {
+		return nil
+	}
+	patch := client.MergeFrom(sb.DeepCopy())
+	controllerutil.RemoveFinalizer(sb, fbv1.SandboxFinalizer)
+	return client.IgnoreNotFound(r.c.Patch(ctx, sb, patch))
 }
 
 // close closes the local sandbox of a deleted object, then lets the

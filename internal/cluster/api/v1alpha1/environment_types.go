@@ -105,8 +105,8 @@ func (s *EnvironmentSpec) Hash() string {
 	return hex.EncodeToString(sum[:8])
 }
 
-// BuildName names the build of spec hash: the builder Sandbox and the
-// Checkpoint it makes. It is the environment's name and the hash; for a
+// BuildName names the build of spec hash: the Checkpoint it makes (and,
+// through BuilderName, its builder Sandbox). It is the environment's name and the hash; for a
 // rebuild of the same spec after maxAge, also the build time of the
 // checkpoint it replaces; for a retry (RetryAnnotation), the retry's
 // count. While the checkpoint of hash is current it is that checkpoint's
@@ -128,6 +128,13 @@ func BuildName(e *Environment, hash string) string {
 	}
 	return name
 }
+
+// BuilderName is the name of the builder Sandbox of build: "build-"
+// and the build, as one host names an environment's builder
+// (build-<env>-...), so that a caller's list of sandboxes shows the
+// builders alike, and a builder's name never takes a name a caller may
+// give a sandbox of its own (<env>-<hash>).
+func BuilderName(build string) string { return "build-" + build }
 
 // Retries is the count of RetryAnnotation (0 when unset or not a count).
 func Retries(e *Environment) int {

@@ -5,14 +5,18 @@ import (
 )
 
 // DesiredState is the state a Sandbox's owner asks for.
-// +kubebuilder:validation:Enum=Running;Paused;Hibernated
+// +kubebuilder:validation:Enum=Running;Paused;Hibernated;Closed
 type DesiredState string
 
-// Desired states.
+// Desired states. Closed is final: its node closes the local sandbox
+// (whose ledger keeps the record) and the object stays, phase Closed, as
+// a closed sandbox stays listed on one host, until the controller's
+// retention deletes it.
 const (
 	StateRunning    DesiredState = "Running"
 	StatePaused     DesiredState = "Paused"
 	StateHibernated DesiredState = "Hibernated"
+	StateClosed     DesiredState = "Closed"
 )
 
 // SandboxSource is what a sandbox starts from instead of a bare image.
@@ -85,6 +89,7 @@ type ReplayedExec struct {
 // +kubebuilder:validation:XValidation:rule="has(self.image) || has(self.source)",message="image or source is required"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.nodeName) || (has(self.nodeName) && self.nodeName == oldSelf.nodeName)",message="nodeName is set once"
 // +kubebuilder:validation:XValidation:rule="has(self.source) == has(oldSelf.source) && (!has(self.source) || self.source == oldSelf.source)",message="source is immutable"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.state) || oldSelf.state != 'Closed' || (has(self.state) && self.state == 'Closed')",message="a closed sandbox stays closed"
 type SandboxSpec struct {
 	// Image is an image reference cached on (or pullable by) the nodes.
 	// A sandbox with a source inherits its source's image.
@@ -129,7 +134,7 @@ type SandboxSpec struct {
 }
 
 // SandboxPhase is where a sandbox is in its life.
-// +kubebuilder:validation:Enum=Pending;Creating;Running;Paused;Hibernated;Failed;Lost;Terminating
+// +kubebuilder:validation:Enum=Pending;Creating;Running;Paused;Hibernated;Failed;Lost;Terminating;Closed
 type SandboxPhase string
 
 // Sandbox phases.
@@ -142,6 +147,7 @@ const (
 	PhaseFailed      SandboxPhase = "Failed"
 	PhaseLost        SandboxPhase = "Lost" // its node stopped renewing its Lease
 	PhaseTerminating SandboxPhase = "Terminating"
+	PhaseClosed      SandboxPhase = "Closed" // closed on its node, which holds its ledger
 )
 
 // SandboxStatus is written by the node agent (and the controller, for
@@ -162,6 +168,10 @@ type SandboxStatus struct {
 	// +kubebuilder:validation:MaxLength=4096
 	// +optional
 	Message string `json:"message,omitempty"`
+	// ClosedAt is when its node closed it (phase Closed): the retention
+	// counts from it.
+	// +optional
+	ClosedAt *metav1.Time `json:"closedAt,omitempty"`
 	// ObservedGeneration is the spec generation the node acted on.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
@@ -202,6 +212,11 @@ type SandboxList struct {
 }
 
 func init() { SchemeBuilder.Register(&Sandbox{}, &SandboxList{}) }
+
+// Closed reports whether sb is closed on its node: phase Closed. Such a
+// sandbox holds no slot, runs nothing and takes no call but reads of its
+// record and ledger.
+func (sb *Sandbox) Closed() bool { return sb.Status.Phase == PhaseClosed }
 
 // SourceCheckpoint is the Checkpoint a sandbox of spec starts from by
 // name ("" when it starts from an image or an Environment): what a
