@@ -65,7 +65,6 @@ var tsUnfit = map[string]string{
 	"runs an async setup function once for concurrent callers":     "a second client on the daemon's local socket (new Client({ socket })): the gateway has none",
 	"hands over from the warm pool":                                "warm pools: the Environment object has none (refused: InvalidArgument naming cluster mode)",
 	"every SDK result is a plain, JSON-serializable object":        "ImportImage: images are per node",
-	"checkpoints, restores (clean history) and resumes (replayed)": "Resume: a session's ledger lives on one node",
 	"carries credentials to forks; per-fork ones must be supplied": "SetCredential: credentials come from Secrets",
 	"gives each sandbox port a URL with its token":                 "preview URLs: the harness's nodes serve no preview listener, and a node's takes the nodes' token, not the gateway's",
 }
@@ -157,7 +156,6 @@ func TestGatewayPythonSDK(t *testing.T) {
 // (yet), with why.
 var pyUnfit = map[string]string{
 	"tests/test_environment.py::test_warm_pool_handover":                          "warm pools: the Environment object has none (refused: InvalidArgument naming cluster mode)",
-	"tests/test_sandbox.py::test_checkpoint_restore_and_resume":                   "Resume: a session's ledger lives on one node",
 	"tests/test_sandbox.py::test_credentials":                                     "SetCredential: credentials come from Secrets",
 	"tests/test_async.py::test_async_fork_checkpoint_restore_credentials":         "SetCredential: credentials come from Secrets",
 	"tests/test_sandbox.py::test_typed_errors":                                    "ImportImage: images are per node",

@@ -2,9 +2,12 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
+	"strings"
 
 	"connectrpc.com/connect"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -161,7 +164,40 @@ func (s *sandboxes) Events(ctx context.Context, req *connect.Request[v1.EventsRe
 	if err != nil {
 		return nil, err
 	}
+	for _, e := range resp.Msg.Events {
+		e.DataJson = userTags(e.DataJson)
+	}
 	return connect.NewResponse(resp.Msg), nil
+}
+
+// localTagSuffix is what a node appends to a Checkpoint's tag in its
+// ledger (kube.LocalCheckpointTag): the object's UID, which binds it.
+var localTagSuffix = regexp.MustCompile(`@k8s-[0-9a-f-]{36}$`)
+
+// userTags shows the checkpoint tags in an event's data as the user gave
+// them: without the suffix that binds them to their object.
+func userTags(data string) string {
+	if !strings.Contains(data, "@k8s-") {
+		return data
+	}
+	var m map[string]any
+	if err := json.Unmarshal([]byte(data), &m); err != nil {
+		return data
+	}
+	changed := false
+	for k, v := range m {
+		if s, ok := v.(string); ok && (k == "tag" || strings.HasSuffix(k, "_tag")) && localTagSuffix.MatchString(s) {
+			m[k], changed = localTagSuffix.ReplaceAllString(s, ""), true
+		}
+	}
+	if !changed {
+		return data
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return data
+	}
+	return string(b)
 }
 
 func (s *sandboxes) ListCredentials(ctx context.Context, req *connect.Request[v1.ListCredentialsRequest]) (*connect.Response[v1.ListCredentialsResponse], error) {
