@@ -65,7 +65,6 @@ func TestGatewayTypeScriptSDK(t *testing.T) {
 // not (yet), with why.
 var tsUnfit = map[string]string{
 	"runs an async setup function once for concurrent callers":       "a second client on the daemon's local socket (new Client({ socket })): the gateway has none",
-	"hands over from the warm pool":                                  "warm pools: the Environment object has none (refused: InvalidArgument naming cluster mode)",
 	"every SDK result is a plain, JSON-serializable object":          "ImportImage: images are per node",
 	"checkpoints, restores (clean history) and resumes (replayed)":   "Resume: a session's ledger lives on one node",
 	"carries credentials to forks; per-fork ones must be supplied":   "SetCredential: credentials come from Secrets",
@@ -162,7 +161,6 @@ func TestGatewayPythonSDK(t *testing.T) {
 // pyUnfit are the Python SDK's tests that need what cluster mode has not
 // (yet), with why.
 var pyUnfit = map[string]string{
-	"tests/test_environment.py::test_warm_pool_handover":                          "warm pools: the Environment object has none (refused: InvalidArgument naming cluster mode)",
 	"tests/test_seed_examples.py::test_branching_experiments":                     "counts the daemon's closed builders (build-<env>-...) in list(all=True); a cluster's builder is an object <env>-<hash>, deleted once built",
 	"tests/test_sandbox.py::test_checkpoint_restore_and_resume":                   "Resume: a session's ledger lives on one node",
 	"tests/test_sandbox.py::test_credentials":                                     "SetCredential: credentials come from Secrets",
