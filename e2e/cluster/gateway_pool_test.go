@@ -86,7 +86,8 @@ func handedOver(t *testing.T, sb *fbclient.EnvSandbox, ck string, members map[st
 // object); two handovers are those two, taken out of the pool (from_pool,
 // no pool label, no owner), and see the setup's file and nothing of
 // another caller; the pool refills with new members; concurrent
-// handovers get distinct sandboxes (both ready members among them);
+// handovers get distinct sandboxes (both ready members among them); the
+// same definition with a smaller pool builds nothing and shrinks it;
 // deleting the environment deletes its pool before
 // the call returns, and the handed-over sandboxes run on.
 func TestGatewayWarmPool(t *testing.T) {
@@ -96,8 +97,9 @@ func TestGatewayWarmPool(t *testing.T) {
 		defer cancel()
 		name := "gpool-" + string(rt)
 		t.Cleanup(func() { cleanEnvironments(t, name) })
-		e := c.Environment(name, fbclient.EnvironmentOptions{Image: env.image, Runtime: string(rt), Resources: fbclient.Resources{Memory: "256Mi"},
-			PoolSize: 2, Setup: []*fbclient.SetupStep{fbclient.Run("echo pooled > /root/p")}})
+		opts := fbclient.EnvironmentOptions{Image: env.image, Runtime: string(rt), Resources: fbclient.Resources{Memory: "256Mi"},
+			PoolSize: 2, Setup: []*fbclient.SetupStep{fbclient.Run("echo pooled > /root/p")}}
+		e := c.Environment(name, opts)
 		info, err := e.Build(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -183,9 +185,24 @@ func TestGatewayWarmPool(t *testing.T) {
 			t.Fatalf("%d of the pool's 2 ready members were handed over to 3 concurrent callers, want both", pooled)
 		}
 
+		// The same definition with a pool of 1: nothing is built again, and
+		// the pool shrinks.
+		awaitPoolReady(t, c, name, 2)
+		opts.PoolSize = 1
+		var phases []string
+		again, err := c.Environment(name, opts).Build(ctx, func(p *fbclient.BuildProgress) { phases = append(phases, p.Phase) })
+		if err != nil || again.Hash != info.Hash || again.Checkpoint != info.Checkpoint || len(phases) == 0 || phases[0] != "cached" ||
+			again.Definition.PoolSize != 1 {
+			t.Fatalf("pool of 1: %v, %v, progress %v; want the same build, cached", again, err, phases)
+		}
+		awaitPoolReady(t, c, name, 1)
+		clustertest.Eventually(t, 2*time.Minute, "pool of 1 member", func() (bool, string) {
+			n := len(gwPool(t, name))
+			return n == 1, fmt.Sprint(n, " members")
+		})
+
 		// Deleted: the pool goes before the call returns; what was handed
 		// over runs on.
-		awaitPoolReady(t, c, name, 2)
 		pool := gwPool(t, name)
 		if err := c.DeleteEnvironment(ctx, name); err != nil {
 			t.Fatal(err)

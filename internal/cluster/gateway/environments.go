@@ -352,13 +352,16 @@ func (g *Gateway) define(ctx context.Context, name string, spec fbv1.Environment
 		}
 		was := e.Spec.Hash()
 		switch {
-		case was != hash || !sameMaxAge(e.Spec.MaxAge, spec.MaxAge) || e.Spec.PoolSize != spec.PoolSize:
+		case was != hash || !sameMaxAge(e.Spec.MaxAge, spec.MaxAge):
 			e.Spec = spec
 		case failedBuild(e, hash) != nil:
 			if e.Annotations == nil {
 				e.Annotations = map[string]string{}
 			}
 			e.Annotations[fbv1.RetryAnnotation] = fmt.Sprint(fbv1.Retries(e) + 1)
+			e.Spec.PoolSize = spec.PoolSize
+		case e.Spec.PoolSize != spec.PoolSize: // the same build, a pool of another size
+			e.Spec.PoolSize = spec.PoolSize
 		default:
 			return e, false, nil // built, or a build of it under way
 		}
