@@ -26,8 +26,8 @@ import (
 // env under its own overrides; deleted, the environment is NotFound, its
 // checkpoint is collected, and the sandbox from it runs on. A failing
 // step comes back as the daemon's FailedPrecondition with the step's exit
-// code and output, and the next call tries the build again; a warm pool
-// is refused naming cluster mode.
+// code and output, and the next call tries the build again; a pool size
+// out of bounds is refused (TestGatewayWarmPool has the pools).
 func TestGatewayEnvironments(t *testing.T) {
 	c := gateway(t)
 	forEachRuntime(t, func(t *testing.T, rt fbv1.Runtime) {
@@ -153,9 +153,9 @@ func TestGatewayEnvironments(t *testing.T) {
 
 		// What the Environment object cannot hold: refused, nothing made.
 		pool := opts
-		pool.PoolSize = 2
-		if _, err := c.Environment(name+"-pool", pool).Build(ctx, nil); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "cluster mode") {
-			t.Fatalf("a warm pool: got %v, want InvalidArgument naming cluster mode", err)
+		pool.PoolSize = 33
+		if _, err := c.Environment(name+"-pool", pool).Build(ctx, nil); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "pool size") {
+			t.Fatalf("a warm pool of 33: got %v, want InvalidArgument naming the pool size", err)
 		}
 		if _, err := c.GetEnvironment(ctx, name+"-pool"); !errdefs.IsNotFound(err) {
 			t.Fatalf("a refused definition left an environment: %v", err)
@@ -197,7 +197,8 @@ func cleanEnvironments(t *testing.T, names ...string) {
 	for i := range sl.Items {
 		sb := &sl.Items[i]
 		src := sb.Spec.Source
-		if (src != nil && slices.Contains(names, src.Environment)) || slices.Contains(names, sb.Labels[fbv1.EnvironmentLabel]) {
+		if (src != nil && slices.Contains(names, src.Environment)) || slices.Contains(names, sb.Labels[fbv1.EnvironmentLabel]) ||
+			slices.Contains(names, sb.Labels[fbv1.PoolLabel]) {
 			if err := plane.Client.Delete(ctx, sb); client.IgnoreNotFound(err) != nil {
 				t.Errorf("delete sandbox %s: %v", sb.Name, err)
 			}

@@ -63,7 +63,6 @@ func TestGatewayTypeScriptSDK(t *testing.T) {
 // not (yet), with why.
 var tsUnfit = map[string]string{
 	"runs an async setup function once for concurrent callers":     "a second client on the daemon's local socket (new Client({ socket })): the gateway has none",
-	"hands over from the warm pool":                                "warm pools: the Environment object has none (refused: InvalidArgument naming cluster mode)",
 	"every SDK result is a plain, JSON-serializable object":        "ImportImage: images are per node",
 	"carries credentials to forks; per-fork ones must be supplied": "SetCredential: credentials come from Secrets",
 	"gives each sandbox port a URL with its token":                 "preview URLs: the harness's nodes serve no preview listener, and a node's takes the nodes' token, not the gateway's",
@@ -155,7 +154,6 @@ func TestGatewayPythonSDK(t *testing.T) {
 // pyUnfit are the Python SDK's tests that need what cluster mode has not
 // (yet), with why.
 var pyUnfit = map[string]string{
-	"tests/test_environment.py::test_warm_pool_handover":                          "warm pools: the Environment object has none (refused: InvalidArgument naming cluster mode)",
 	"tests/test_sandbox.py::test_credentials":                                     "SetCredential: credentials come from Secrets",
 	"tests/test_async.py::test_async_fork_checkpoint_restore_credentials":         "SetCredential: credentials come from Secrets",
 	"tests/test_sandbox.py::test_typed_errors":                                    "ImportImage: images are per node",

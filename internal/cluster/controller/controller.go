@@ -1,10 +1,11 @@
 // Package controller is `forkbox controller`: the cluster-wide half of
 // cluster mode. It places Sandboxes on ForkboxNodes (package placement
 // holds the rules), turns a Fork into a Checkpoint plus its children,
-// marks a node NotReady when its Lease expires (its sandboxes are
-// reported Lost, never recreated elsewhere), releases the finalizers of
-// objects whose node is gone, and deletes closed Sandboxes after their
-// retention (retention.go). It runs with leader election:
+// builds Environments and keeps their warm pools of Sandboxes, marks a
+// node NotReady when its Lease expires (its sandboxes are reported Lost,
+// never recreated elsewhere), releases the finalizers of objects whose
+// node is gone, and deletes closed Sandboxes after their retention
+// (retention.go). It runs with leader election:
 // one replica acts at a time.
 //
 // The node agents (package nodeagent) do everything on a host; the
@@ -134,6 +135,9 @@ func Setup(ctx context.Context, mgr manager.Manager, o Options) error {
 		return err
 	}
 	if err := (&retention{c: mgr.GetClient(), log: o.Log, after: o.Retention}).setup(mgr); err != nil {
+		return err
+	}
+	if err := (&pools{c: mgr.GetClient(), api: mgr.GetAPIReader(), rec: rec, log: o.Log, retry: o.Retry}).setup(mgr); err != nil {
 		return err
 	}
 	return (&checkpoints{c: mgr.GetClient(), log: o.Log, retry: o.Retry}).setup(mgr)

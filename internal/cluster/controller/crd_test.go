@@ -45,6 +45,8 @@ func TestCRDsRefuseBadObjects(t *testing.T) {
 		{"fork of 101", &fbv1.Fork{ObjectMeta: meta("f2"), Spec: fbv1.ForkSpec{Count: 101, Source: fbv1.ForkSource{Sandbox: "s"}}}, "spec.count"},
 		{"checkpoint tag with a path", &fbv1.Checkpoint{ObjectMeta: meta("ck"), Spec: fbv1.CheckpointSpec{Sandbox: "s", Tag: "../x"}}, "spec.tag"},
 		{"environment without image", &fbv1.Environment{ObjectMeta: meta("env")}, "spec.image"},
+		{"warm pool of 33", &fbv1.Environment{ObjectMeta: meta("env33"), Spec: fbv1.EnvironmentSpec{Image: "busybox", PoolSize: 33}}, "spec.poolSize"},
+		{"warm pool of -1", &fbv1.Environment{ObjectMeta: meta("env-1"), Spec: fbv1.EnvironmentSpec{Image: "busybox", PoolSize: -1}}, "spec.poolSize"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := plane.Client.Create(context.Background(), tc.obj)

@@ -28,8 +28,9 @@ import (
 // objects say as progress; the definition's hash is the spec's, so a
 // definition built already is answered at once ("cached"), and a build
 // of it that failed is tried again by the next call (the object's retry
-// count), as the daemon does. A sandbox of the environment is a Sandbox
-// whose source is the environment.
+// count), as the daemon does. A sandbox of the environment is a member
+// of its warm pool when one is ready (pool.go), else a Sandbox whose
+// source is the environment.
 type environments struct{ g *Gateway }
 
 func (s *environments) BuildEnvironment(ctx context.Context, req *connect.Request[v1.BuildEnvironmentRequest], stream *connect.ServerStream[v1.BuildProgress]) error {
@@ -94,6 +95,19 @@ func (s *environments) EnvironmentSandbox(ctx context.Context, req *connect.Requ
 		return nil, err
 	}
 	start := time.Now()
+	if poolable(sb, o.Name) {
+		out, err := s.g.handOver(ctx, e, o.TimeoutMs)
+		if err != nil {
+			return nil, err
+		}
+		if out != nil {
+			if out.FromCheckpoint == "" {
+				out.FromCheckpoint = s.g.checkpointPublicID(ctx, e.Status.Checkpoint)
+			}
+			return connect.NewResponse(&v1.EnvironmentSandboxResponse{Sandbox: out, Environment: s.g.envView(ctx, e),
+				FromPool: true, HandoverMs: ms(time.Since(start)), Built: built}), nil
+		}
+	}
 	sb.Spec.Source = &fbv1.SandboxSource{Environment: e.Name}
 	if o.Name == "" {
 		sb.GenerateName = e.Name + "-" // as the daemon names them: <environment>-<random>
@@ -132,9 +146,10 @@ func (s *environments) ListEnvironments(ctx context.Context, _ *connect.Request[
 	return connect.NewResponse(out), nil
 }
 
-// DeleteEnvironment deletes the object and waits until it is gone; its
-// builder and checkpoints are the controller's to collect. Sandboxes
-// started from it are not affected.
+// DeleteEnvironment deletes the object and waits until it is gone and
+// the controller is deleting its warm pool (as the daemon closes a pool
+// before it answers); its builder and checkpoints are the controller's to
+// collect. Sandboxes started or handed over from it are not affected.
 func (s *environments) DeleteEnvironment(ctx context.Context, req *connect.Request[v1.DeleteEnvironmentRequest]) (*connect.Response[v1.DeleteEnvironmentResponse], error) {
 	e, err := s.g.environment(ctx, req.Msg.Name)
 	if err != nil {
@@ -145,7 +160,11 @@ func (s *environments) DeleteEnvironment(ctx context.Context, req *connect.Reque
 	}
 	err = s.g.await(ctx, "environment "+e.Name+" to be deleted", func() (bool, string, error) {
 		gone, err := s.g.getFresh(ctx, e)
-		return gone, fmt.Sprintf("finalizers %v", e.Finalizers), err
+		if err != nil || !gone {
+			return false, fmt.Sprintf("finalizers %v", e.Finalizers), err
+		}
+		left, err := s.g.poolLeft(ctx, e)
+		return left == 0, fmt.Sprintf("%d warm pool sandboxes not being deleted yet", left), err
 	})
 	if err != nil {
 		return nil, err
@@ -340,6 +359,9 @@ func (g *Gateway) define(ctx context.Context, name string, spec fbv1.Environment
 				e.Annotations = map[string]string{}
 			}
 			e.Annotations[fbv1.RetryAnnotation] = fmt.Sprint(fbv1.Retries(e) + 1)
+			e.Spec.PoolSize = spec.PoolSize
+		case e.Spec.PoolSize != spec.PoolSize: // the same build, a pool of another size
+			e.Spec.PoolSize = spec.PoolSize
 		default:
 			return e, false, nil // built, or a build of it under way
 		}
@@ -449,6 +471,7 @@ func hasLocalID(ck *fbv1.Checkpoint) bool {
 func (g *Gateway) envView(ctx context.Context, e *fbv1.Environment) *v1.Environment {
 	out := envState(e)
 	out.Checkpoint = g.checkpointPublicID(ctx, e.Status.Checkpoint)
+	out.PoolReady = g.poolReady(ctx, e)
 	return out
 }
 

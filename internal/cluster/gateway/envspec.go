@@ -16,7 +16,7 @@ import (
 
 // An environment definition in cluster mode is an Environment object's
 // spec. What the spec has no field for is refused, naming cluster mode,
-// rather than dropped: a warm pool, a start command, an egress policy. A
+// rather than dropped: a start command, an egress policy. A
 // client-run setup (setup_hash) is built through BeginBuild (envlease.go).
 // A step that writes a file becomes a shell command that writes it
 // (spec.setup holds commands): printf with the content escaped in its
@@ -32,6 +32,7 @@ const (
 	maxSetupTotal  = 1 << 20
 	maxCwd         = 4096
 	maxEnvName     = 50
+	maxPoolSize    = 32
 	maxWritePath   = 4096
 	defaultWriteMd = 0o644
 )
@@ -46,11 +47,8 @@ func specOf(d *v1.EnvironmentDefinition) (fbv1.EnvironmentSpec, error) {
 		return spec, err
 	}
 	switch {
-	case d.PoolSize < 0 || d.PoolSize > 32:
-		return spec, fmt.Errorf("pool size %d: want 0 to 32: %w", d.PoolSize, errdefs.ErrInvalidArgument)
-	case d.PoolSize > 0:
-		return spec, fmt.Errorf("environment %s: a warm pool (pool_size %d) is not available in cluster mode (forkbox serve --gateway): the Environment object has no pool; leave pool_size 0 (each sandbox starts from the built checkpoint): %w",
-			d.Name, d.PoolSize, errdefs.ErrInvalidArgument)
+	case d.PoolSize < 0 || d.PoolSize > maxPoolSize:
+		return spec, fmt.Errorf("pool size %d: want 0 to %d: %w", d.PoolSize, maxPoolSize, errdefs.ErrInvalidArgument)
 	case d.Start != nil:
 		return spec, fmt.Errorf("environment %s: a start command is not available in cluster mode (forkbox serve --gateway): the Environment object's snapshot is a filesystem checkpoint: %w", d.Name, errdefs.ErrInvalidArgument)
 	case d.Egress != "":
@@ -75,7 +73,7 @@ func specOf(d *v1.EnvironmentDefinition) (fbv1.EnvironmentSpec, error) {
 	if err != nil {
 		return spec, err
 	}
-	spec = fbv1.EnvironmentSpec{Image: d.Image, Runtime: rt, WorkingDir: d.Cwd, SetupHash: d.SetupHash}
+	spec = fbv1.EnvironmentSpec{Image: d.Image, Runtime: rt, WorkingDir: d.Cwd, SetupHash: d.SetupHash, PoolSize: d.PoolSize}
 	if spec.Resources, err = resourcesOf(d.Resources); err != nil {
 		return spec, err
 	}
@@ -232,7 +230,7 @@ func printfUnformat(f string) ([]byte, bool) {
 // definitionOf is the definition an Environment object holds.
 func definitionOf(e *fbv1.Environment) *v1.EnvironmentDefinition {
 	s := &e.Spec
-	d := &v1.EnvironmentDefinition{Name: e.Name, Image: s.Image, Runtime: string(s.Runtime), Cwd: s.WorkingDir, SetupHash: s.SetupHash,
+	d := &v1.EnvironmentDefinition{Name: e.Name, Image: s.Image, Runtime: string(s.Runtime), Cwd: s.WorkingDir, SetupHash: s.SetupHash, PoolSize: s.PoolSize,
 		Resources: &v1.Resources{Cpu: quantityString(s.Resources.CPU), Memory: quantityString(s.Resources.Memory), Disk: quantityString(s.Resources.Disk)}}
 	if p := s.Resources.Pids; p != nil {
 		d.Resources.Pids = *p

@@ -102,7 +102,7 @@ func TestWriteStepShell(t *testing.T) {
 // cluster mode, and oversized ones as ResourceExhausted.
 func TestEnvironmentSpec(t *testing.T) {
 	d := &v1.EnvironmentDefinition{Name: "py", Image: "busybox", Runtime: "crun", Cwd: "/app", Env: map[string]string{"B": "2", "A": "1"},
-		Resources: &v1.Resources{Cpu: "1", Memory: "256Mi", Pids: 64}, MaxAgeSeconds: 3600,
+		Resources: &v1.Resources{Cpu: "1", Memory: "256Mi", Pids: 64}, MaxAgeSeconds: 3600, PoolSize: 2,
 		Steps: []*v1.SetupStep{{Run: "echo hi > /root/hi"}, {WritePath: "/app/cfg.json", WriteContent: []byte(`{"a":1}`)}}}
 	spec, err := specOf(d)
 	if err != nil {
@@ -117,17 +117,22 @@ func TestEnvironmentSpec(t *testing.T) {
 	if again, _ := specOf(d); again.Hash() != spec.Hash() {
 		t.Fatal("one definition, two hashes")
 	}
+	d.PoolSize = 3
+	if other, _ := specOf(d); other.PoolSize != 3 || other.Hash() != spec.Hash() {
+		t.Fatalf("pool size %d: spec's %d, hash %s; want 3 and the hash unchanged (%s): the pool is not what is built", d.PoolSize, other.PoolSize, other.Hash(), spec.Hash())
+	}
+	d.PoolSize = 2
 	for _, tc := range []struct {
 		mod   func(*v1.EnvironmentDefinition)
 		class error
 		says  string
 	}{
-		{func(d *v1.EnvironmentDefinition) { d.PoolSize = 2 }, errdefs.ErrInvalidArgument, "cluster mode"},
 		{func(d *v1.EnvironmentDefinition) { d.Start = &v1.StartCommand{Run: "srv"} }, errdefs.ErrInvalidArgument, "cluster mode"},
 		{func(d *v1.EnvironmentDefinition) { d.Egress = "none" }, errdefs.ErrInvalidArgument, "cluster mode"},
 		{func(d *v1.EnvironmentDefinition) { d.SetupHash = "abc" }, errdefs.ErrInvalidArgument, "not both"},
 		{func(d *v1.EnvironmentDefinition) { d.Steps, d.SetupHash = nil, strings.Repeat("a", 129) }, errdefs.ErrInvalidArgument, "at most 128"},
-		{func(d *v1.EnvironmentDefinition) { d.PoolSize = 99 }, errdefs.ErrInvalidArgument, "pool size"},
+		{func(d *v1.EnvironmentDefinition) { d.PoolSize = 33 }, errdefs.ErrInvalidArgument, "pool size"},
+		{func(d *v1.EnvironmentDefinition) { d.PoolSize = -1 }, errdefs.ErrInvalidArgument, "pool size"},
 		{func(d *v1.EnvironmentDefinition) { d.Name = "Py_1" }, errdefs.ErrInvalidArgument, "name"},
 		{func(d *v1.EnvironmentDefinition) { d.Name = "sb-1" }, errdefs.ErrInvalidArgument, "name"},
 		{func(d *v1.EnvironmentDefinition) { d.Image = "" }, errdefs.ErrInvalidArgument, "image"},

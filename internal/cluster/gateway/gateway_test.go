@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
@@ -134,5 +135,31 @@ func TestOptionsTokens(t *testing.T) {
 	o.NodeToken = "other"
 	if err := o.setDefaults(); err != nil || o.Namespace != "default" {
 		t.Fatalf("distinct tokens: got %v, namespace %q", err, o.Namespace)
+	}
+}
+
+// A handover comes from a warm pool only when nothing in it differs from
+// a member: no name, resources, env, cwd or egress (a timeout is set
+// after the handover).
+func TestPoolable(t *testing.T) {
+	q := resource.MustParse("1")
+	for _, tc := range []struct {
+		name string
+		mod  func(*fbv1.SandboxSpec)
+		sb   string
+		want bool
+	}{
+		{"nothing", func(*fbv1.SandboxSpec) {}, "", true},
+		{"a name", func(*fbv1.SandboxSpec) {}, "mine", false},
+		{"cpu", func(s *fbv1.SandboxSpec) { s.Resources.CPU = &q }, "", false},
+		{"env", func(s *fbv1.SandboxSpec) { s.Env = []fbv1.EnvVar{{Name: "A"}} }, "", false},
+		{"cwd", func(s *fbv1.SandboxSpec) { s.WorkingDir = "/x" }, "", false},
+		{"egress", func(s *fbv1.SandboxSpec) { s.Egress = &fbv1.Egress{Mode: "none"} }, "", false},
+	} {
+		sb := &fbv1.Sandbox{Spec: fbv1.SandboxSpec{State: fbv1.StateRunning}}
+		tc.mod(&sb.Spec)
+		if got := poolable(sb, tc.sb); got != tc.want {
+			t.Errorf("%s: got poolable %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -271,7 +271,7 @@ func (s *sandboxes) SetEgress(ctx context.Context, req *connect.Request[v1.SetEg
 
 // GetSandboxMetrics of one sandbox asks its node; of every sandbox, asks
 // each node that runs some of this namespace's and keeps only those: a
-// caller never sees another tenant's sandboxes.
+// caller never sees another tenant's sandboxes (nor a warm pool's).
 func (s *sandboxes) GetSandboxMetrics(ctx context.Context, req *connect.Request[v1.GetSandboxMetricsRequest]) (*connect.Response[v1.GetSandboxMetricsResponse], error) {
 	if req.Msg.Sandbox != "" {
 		r, err := s.g.route(ctx, req.Msg.Sandbox)
@@ -293,8 +293,8 @@ func (s *sandboxes) GetSandboxMetrics(ctx context.Context, req *connect.Request[
 	}
 	byNode := map[string]map[string]string{} // node → local ID → name
 	for _, sb := range l.Items {
-		if sb.Spec.NodeName == "" || sb.Status.LocalID == "" || sb.Closed() {
-			continue // a closed one has no counters (its node may be gone)
+		if sb.Spec.NodeName == "" || sb.Status.LocalID == "" || sb.Closed() || sb.Labels[fbv1.PoolLabel] != "" {
+			continue // not on a node yet, closed (no counters; its node may be gone), or waiting in a warm pool (as the daemon leaves those out)
 		}
 		if byNode[sb.Spec.NodeName] == nil {
 			byNode[sb.Spec.NodeName] = map[string]string{}

@@ -45,6 +45,15 @@ type EnvironmentSpec struct {
 	// MaxAge rebuilds the checkpoint once it is older (0 = never).
 	// +optional
 	MaxAge *metav1.Duration `json:"maxAge,omitempty"`
+	// PoolSize is how many Sandboxes of the built checkpoint the
+	// controller keeps started, ready to hand over (a warm pool: each is
+	// labelled PoolLabel, and a handover takes it out of the pool; 0 =
+	// none). Like maxAge it says nothing of what is built: it is not part
+	// of the spec's hash.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=32
+	// +optional
+	PoolSize int32 `json:"poolSize,omitempty"`
 }
 
 // EnvironmentStatus says which checkpoint holds the built environment.
@@ -61,6 +70,10 @@ type EnvironmentStatus struct {
 	Checkpoint string `json:"checkpoint,omitempty"`
 	// +optional
 	BuiltAt *metav1.Time `json:"builtAt,omitempty"`
+	// PoolReady counts the warm pool's Sandboxes of the checkpoint that
+	// run, ready to hand over.
+	// +optional
+	PoolReady int32 `json:"poolReady,omitempty"`
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -75,6 +88,7 @@ type EnvironmentStatus struct {
 // +kubebuilder:printcolumn:name="Image",type=string,JSONPath=`.spec.image`
 // +kubebuilder:printcolumn:name="Checkpoint",type=string,JSONPath=`.status.checkpoint`
 // +kubebuilder:printcolumn:name="Built",type=date,JSONPath=`.status.builtAt`
+// +kubebuilder:printcolumn:name="Pool",type=integer,JSONPath=`.status.poolReady`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Environment struct {
 	metav1.TypeMeta   `json:",inline"`
@@ -96,10 +110,11 @@ type EnvironmentList struct {
 func init() { SchemeBuilder.Register(&Environment{}, &EnvironmentList{}) }
 
 // Hash is the hash of the definition a build makes (the spec without
-// maxAge, which says when to rebuild, not what): 16 hex digits.
+// maxAge, which says when to rebuild, and poolSize, how many to keep
+// started: neither says what): 16 hex digits.
 func (s *EnvironmentSpec) Hash() string {
 	d := s.DeepCopy()
-	d.MaxAge = nil
+	d.MaxAge, d.PoolSize = nil, 0
 	b, _ := json.Marshal(d)
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:8])

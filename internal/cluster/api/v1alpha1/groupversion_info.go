@@ -43,6 +43,15 @@ const (
 	// EnvironmentLabel names, on an Environment's builder Sandbox and its
 	// Checkpoints, their Environment.
 	EnvironmentLabel = "forkbox.dev/environment"
+	// PoolLabel names, on a Sandbox of an Environment's warm pool, that
+	// Environment (which controls it). A handover takes the Sandbox out
+	// of the pool by removing the label and the controller reference in
+	// one write, under an optimistic lock: two callers never get the
+	// same one. The Sandbox then belongs to its caller alone.
+	PoolLabel = "forkbox.dev/pool"
+	// HandedOverAnnotation is, on a Sandbox taken from a warm pool, when
+	// it was handed over (RFC 3339).
+	HandedOverAnnotation = "forkbox.dev/handed-over"
 	// BuildHashAnnotation is, on a builder Sandbox, the hash of the
 	// Environment spec it builds (EnvironmentSpec.Hash).
 	BuildHashAnnotation = "forkbox.dev/build-hash"
