@@ -64,14 +64,12 @@ func TestGatewayTypeScriptSDK(t *testing.T) {
 // tsUnfit are the TypeScript SDK's tests that need what cluster mode has
 // not (yet), with why.
 var tsUnfit = map[string]string{
-	"runs an async setup function once for concurrent callers":       "a second client on the daemon's local socket (new Client({ socket })): the gateway has none",
 	"hands over from the warm pool":                                  "warm pools: the Environment object has none (refused: InvalidArgument naming cluster mode)",
 	"every SDK result is a plain, JSON-serializable object":          "ImportImage: images are per node",
 	"checkpoints, restores (clean history) and resumes (replayed)":   "Resume: a session's ledger lives on one node",
 	"carries credentials to forks; per-fork ones must be supplied":   "SetCredential: credentials come from Secrets",
 	"reads a sandbox's counters":                                     "a closed sandbox's object is gone: NotFound, not FailedPrecondition",
 	"basic usage: fork after install, run two workloads in parallel": "the ledger of a closed sandbox: its object is gone",
-	"gives each sandbox port a URL with its token":                   "preview URLs: the harness's nodes serve no preview listener, and a node's takes the nodes' token, not the gateway's",
 }
 
 // tapCounts reads node's TAP: the totals and the names of the tests
@@ -131,6 +129,12 @@ func TestGatewayPythonSDK(t *testing.T) {
 	if os.Getenv("FORKBOX_GATEWAY_SDKS") != "1" {
 		t.Skip("set FORKBOX_GATEWAY_SDKS=1 to run the SDKs' suites against the gateway")
 	}
+	// The suite counts on its server's bound of pyMaxSandboxes live
+	// sandboxes (conftest's MAX_SANDBOXES, its daemon's --max-sandboxes):
+	// a fork's children past it fail one by one (ResourceExhausted) while
+	// the others start. The cluster gets that many slots in all.
+	keepRunning(t)
+	setTotalSlots(t, pyMaxSandboxes)
 	gateway(t)
 	sdkImage(t)
 	out := sdkRun(t, filepath.Join("..", "..", "sdk", "python"), "/usr/bin/python3", "-m", "pytest", "-q", "-rf", "--tb=line", "-p", "no:cacheprovider")
@@ -159,17 +163,39 @@ func TestGatewayPythonSDK(t *testing.T) {
 	}
 }
 
+// pyMaxSandboxes is sdk/python/tests/conftest.py's MAX_SANDBOXES.
+const pyMaxSandboxes = 10
+
+// setTotalSlots restarts the nodes whose slots change so that the
+// cluster has total slots in all, spread evenly (keepRunning puts the
+// suite's back).
+func setTotalSlots(t *testing.T, total int) {
+	t.Helper()
+	ns := nodes()
+	for i, n := range ns {
+		want := total / len(ns)
+		if i < total%len(ns) {
+			want++
+		}
+		if n.Slots == want {
+			continue
+		}
+		n.Slots = want
+		if err := n.Restart(context.Background()); err != nil {
+			t.Fatalf("restart %s with %d slots: %v", n.Name, want, err)
+		}
+	}
+}
+
 // pyUnfit are the Python SDK's tests that need what cluster mode has not
 // (yet), with why.
 var pyUnfit = map[string]string{
-	"tests/test_environment.py::test_warm_pool_handover":                          "warm pools: the Environment object has none (refused: InvalidArgument naming cluster mode)",
-	"tests/test_seed_examples.py::test_branching_experiments":                     "counts the daemon's closed builders (build-<env>-...) in list(all=True); a cluster's builder is an object <env>-<hash>, deleted once built",
-	"tests/test_sandbox.py::test_checkpoint_restore_and_resume":                   "Resume: a session's ledger lives on one node",
-	"tests/test_sandbox.py::test_credentials":                                     "SetCredential: credentials come from Secrets",
-	"tests/test_async.py::test_async_fork_checkpoint_restore_credentials":         "SetCredential: credentials come from Secrets",
-	"tests/test_sandbox.py::test_create_exec_close":                               "list(all=True) and the ledger of a closed sandbox: its object is gone",
-	"tests/test_seed_examples.py::test_basic_usage":                               "the ledger of a closed sandbox: its object is gone",
-	"tests/test_sandbox.py::test_typed_errors":                                    "ImportImage: images are per node",
-	"tests/test_sandbox.py::test_fork_one_child_failing_does_not_fail_the_others": "counts on the test daemon's --max-sandboxes 10",
-	"tests/test_sandbox.py::test_port_url":                                        "the node's preview listener takes the nodes' token, not the gateway's",
+	"tests/test_environment.py::test_warm_pool_handover":                  "warm pools: the Environment object has none (refused: InvalidArgument naming cluster mode)",
+	"tests/test_seed_examples.py::test_branching_experiments":             "counts the daemon's closed builders (build-<env>-...) in list(all=True); a cluster's builder is an object <env>-<hash>, deleted once built",
+	"tests/test_sandbox.py::test_checkpoint_restore_and_resume":           "Resume: a session's ledger lives on one node",
+	"tests/test_sandbox.py::test_credentials":                             "SetCredential: credentials come from Secrets",
+	"tests/test_async.py::test_async_fork_checkpoint_restore_credentials": "SetCredential: credentials come from Secrets",
+	"tests/test_sandbox.py::test_create_exec_close":                       "list(all=True) and the ledger of a closed sandbox: its object is gone",
+	"tests/test_seed_examples.py::test_basic_usage":                       "the ledger of a closed sandbox: its object is gone",
+	"tests/test_sandbox.py::test_typed_errors":                            "ImportImage: images are per node",
 }
