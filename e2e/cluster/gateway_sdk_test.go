@@ -184,6 +184,7 @@ func setTotalSlots(t *testing.T, total int) {
 		if err := n.Restart(context.Background()); err != nil {
 			t.Fatalf("restart %s with %d slots: %v", n.Name, want, err)
 		}
+		t.Logf("node %s: %d slots", n.Name, want)
 	}
 }
 
