@@ -31,6 +31,7 @@ type clusterFlags struct {
 	transferListen             string
 	transferAdvertise          string
 	transferMax                int64
+	previewAdvertise           string
 }
 
 func (cf *clusterFlags) register(cmd *cobra.Command) {
@@ -44,6 +45,7 @@ func (cf *clusterFlags) register(cmd *cobra.Command) {
 	f.DurationVar(&cf.lease, "lease-duration", 40*time.Second, "cluster mode: the node is NotReady when its Lease is not renewed for this long")
 	f.StringVar(&cf.transferListen, "transfer-listen", "", "cluster mode: serve this node's checkpoints to other nodes on this address, e.g. :7071 (mutual TLS, pinned certificates), and pull the ones its sandboxes need; empty: off, children go only to nodes that hold their checkpoint")
 	f.StringVar(&cf.transferAdvertise, "transfer-advertise", "", "cluster mode: where other nodes reach the transfer listener (host:port; default: --transfer-listen when it names a host, else the host of --node-endpoint or this host's name, with its port)")
+	f.StringVar(&cf.previewAdvertise, "node-preview-endpoint", "", "cluster mode: where the gateway reaches this node's preview listener (--ports), registered on its ForkboxNode (default: --ports when it names a host, else the host of --node-endpoint with its port)")
 	f.Int64Var(&cf.transferMax, "transfer-max-bytes", 64<<30, "cluster mode: the most one checkpoint pulled from another node may bring")
 }
 
@@ -71,6 +73,28 @@ func (cf *clusterFlags) transferOptions(d *daemon.Daemon) (*nodeagent.TransferOp
 		Limits: transfer.Limits{MaxBytes: cf.transferMax}}, nil
 }
 
+// previewEndpoint is where the gateway reaches the daemon's preview
+// listener bound to addr ("" without one): --node-preview-endpoint, or
+// addr when it names a host, else the host of --node-endpoint (or this
+// host's name) with addr's port.
+func (cf *clusterFlags) previewEndpoint(addr string) string {
+	if cf.previewAdvertise != "" || addr == "" {
+		return cf.previewAdvertise
+	}
+	lhost, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(lhost); lhost != "" && (ip == nil || !ip.IsUnspecified()) {
+		return addr
+	}
+	host, _ := os.Hostname()
+	if h, _, err := net.SplitHostPort(cf.endpoint); err == nil && h != "" {
+		host = h
+	}
+	return net.JoinHostPort(host, port)
+}
+
 // start runs the node agent beside the daemon until ctx ends; done
 // yields its error once it has stopped (nil channel: not in cluster mode).
 func (cf *clusterFlags) start(ctx context.Context, d *daemon.Daemon, log *slog.Logger) (done <-chan error, err error) {
@@ -88,7 +112,8 @@ func (cf *clusterFlags) start(ctx context.Context, d *daemon.Daemon, log *slog.L
 	ch := make(chan error, 1)
 	go func() {
 		ch <- nodeagent.Run(ctx, nodeagent.Options{Daemon: d, Config: cfg, NodeName: cf.node, Endpoint: cf.endpoint,
-			Namespace: cf.namespace, LeaseDuration: cf.lease, Version: version(), Transfer: to,
+			PreviewEndpoint: cf.previewEndpoint(d.PortsAddr()),
+			Namespace:       cf.namespace, LeaseDuration: cf.lease, Version: version(), Transfer: to,
 			Log: log.With(slog.String("component", "node-agent"))})
 	}()
 	return ch, nil

@@ -175,7 +175,7 @@ func serveCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&df.metrics, "metrics", "", "also serve Prometheus metrics at /metrics on this address (token required when one is set; loopback only without)")
 	f.StringVar(&df.ui, "ui", "", "serve the dashboard on this address (needs --api-token; open http://ADDR/?token=T)")
-	f.StringVar(&df.cfg.PortsAddr, "ports", "", "serve preview URLs of sandbox ports on this address (http://<port>-<id>.localhost:PORT/, each with its sandbox's token; see `forkbox port`)")
+	f.StringVar(&df.cfg.PortsAddr, "ports", "", "serve preview URLs of sandbox ports on this address (http://<port>-<id>.localhost:PORT/, each with its sandbox's token; see `forkbox port`); with --gateway, the gateway's own (needs --ports-key), relayed to the nodes' --ports")
 	f.StringVar(&df.cfg.PortsDomain, "ports-domain", "localhost", "domain of preview host names: <port>-<sandbox id>.<domain> (point a wildcard DNS name at the listener)")
 	f.StringVar(&df.e2b, "e2b", "", "also serve an E2B-compatible endpoint (REST and envd) on this address (needs --api-token, the E2B API key): E2B_API_URL=E2B_SANDBOX_URL=http://ADDR")
 	f.StringVar(&df.e2bTemplate, "e2b-default-template", "", "what E2B's default templateID \"base\" creates from: an environment, image or snapshot")

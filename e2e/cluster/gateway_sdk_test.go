@@ -9,6 +9,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
 )
 
 // sdkRun runs an SDK's own test command against the gateway (through the
@@ -19,7 +23,8 @@ func sdkRun(t *testing.T, dir string, name string, args ...string) string {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "FORKBOX_TEST_GATEWAY=http://"+gw.addr, "FORKBOX_TEST_TOKEN="+gw.token, "FORKBOX_TEST_IMAGE="+sdkImageName)
+	// COLUMNS: pytest's summary lines keep whole test names.
+	cmd.Env = append(os.Environ(), "COLUMNS=1000", "FORKBOX_TEST_GATEWAY=http://"+gw.addr, "FORKBOX_TEST_TOKEN="+gw.token, "FORKBOX_TEST_IMAGE="+sdkImageName)
 	out, err := cmd.CombinedOutput()
 	t.Logf("%s %v: %v", name, args, err)
 	return string(out)
@@ -34,6 +39,7 @@ func TestGatewayTypeScriptSDK(t *testing.T) {
 	dir := filepath.Join("..", "..", "sdk", "typescript")
 	needSDK(t, filepath.Join(dir, "dist", "index.js"), "the TypeScript SDK is not built (cd sdk/typescript && npm ci && npm run build)")
 	gateway(t)
+	freshTenant(t)
 	sdkImage(t)
 	files, _ := filepath.Glob(filepath.Join(dir, "test", "*.test.mjs"))
 	args := []string{"--test", "--test-concurrency=1", "--test-reporter=tap"}
@@ -62,10 +68,8 @@ func TestGatewayTypeScriptSDK(t *testing.T) {
 // tsUnfit are the TypeScript SDK's tests that need what cluster mode has
 // not (yet), with why.
 var tsUnfit = map[string]string{
-	"runs an async setup function once for concurrent callers":     "a second client on the daemon's local socket (new Client({ socket })): the gateway has none",
 	"every SDK result is a plain, JSON-serializable object":        "ImportImage: images are per node",
 	"carries credentials to forks; per-fork ones must be supplied": "SetCredential: credentials come from Secrets",
-	"gives each sandbox port a URL with its token":                 "preview URLs: the harness's nodes serve no preview listener, and a node's takes the nodes' token, not the gateway's",
 }
 
 // tapCounts reads node's TAP: the totals and the names of the tests
@@ -123,7 +127,14 @@ func sdkImage(t *testing.T) {
 // those in pyUnfit.
 func TestGatewayPythonSDK(t *testing.T) {
 	needSDK(t, "/usr/bin/python3", "no /usr/bin/python3 (scripts/setup.sh installs it with python3-pytest)")
+	// The suite counts on its server's bound of pyMaxSandboxes live
+	// sandboxes (conftest's MAX_SANDBOXES, its daemon's --max-sandboxes):
+	// a fork's children past it fail one by one (ResourceExhausted) while
+	// the others start. The cluster gets that many slots in all.
+	keepRunning(t)
+	setTotalSlots(t, pyMaxSandboxes)
 	gateway(t)
+	freshTenant(t)
 	sdkImage(t)
 	out := sdkRun(t, filepath.Join("..", "..", "sdk", "python"), "/usr/bin/python3", "-m", "pytest", "-q", "-rf", "--tb=line", "-p", "no:cacheprovider")
 	var summary string
@@ -151,14 +162,37 @@ func TestGatewayPythonSDK(t *testing.T) {
 	}
 }
 
+// pyMaxSandboxes is sdk/python/tests/conftest.py's MAX_SANDBOXES.
+const pyMaxSandboxes = 10
+
+// setTotalSlots restarts the nodes whose slots change so that the
+// cluster has total slots in all, spread evenly (keepRunning puts the
+// suite's back).
+func setTotalSlots(t *testing.T, total int) {
+	t.Helper()
+	ns := nodes()
+	for i, n := range ns {
+		want := total / len(ns)
+		if i < total%len(ns) {
+			want++
+		}
+		if n.Slots == want {
+			continue
+		}
+		n.Slots = want
+		if err := n.Restart(context.Background()); err != nil {
+			t.Fatalf("restart %s with %d slots: %v", n.Name, want, err)
+		}
+		t.Logf("node %s: %d slots", n.Name, want)
+	}
+}
+
 // pyUnfit are the Python SDK's tests that need what cluster mode has not
 // (yet), with why.
 var pyUnfit = map[string]string{
-	"tests/test_sandbox.py::test_credentials":                                     "SetCredential: credentials come from Secrets",
-	"tests/test_async.py::test_async_fork_checkpoint_restore_credentials":         "SetCredential: credentials come from Secrets",
-	"tests/test_sandbox.py::test_typed_errors":                                    "ImportImage: images are per node",
-	"tests/test_sandbox.py::test_fork_one_child_failing_does_not_fail_the_others": "counts on the test daemon's --max-sandboxes 10",
-	"tests/test_sandbox.py::test_port_url":                                        "the node's preview listener takes the nodes' token, not the gateway's",
+	"tests/test_sandbox.py::test_credentials":                             "SetCredential: credentials come from Secrets",
+	"tests/test_async.py::test_async_fork_checkpoint_restore_credentials": "SetCredential: credentials come from Secrets",
+	"tests/test_sandbox.py::test_typed_errors":                            "ImportImage: images are per node",
 }
 
 // needSDK skips (outside CI) or fails (in CI) a test whose SDK prerequisite
@@ -172,4 +206,34 @@ func needSDK(t *testing.T, path, why string) {
 		t.Fatalf("prerequisite missing in CI: %s", why)
 	}
 	t.Skip(why)
+}
+
+// freshTenant gives an SDK suite the gateway's namespace as a fresh
+// daemon would be to it: no environment and no closed sandbox of an
+// earlier suite (both SDKs' seed examples build an environment
+// python-base, and the Python one counts its closed builders).
+func freshTenant(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	var el fbv1.EnvironmentList
+	if err := plane.Client.List(ctx, &el, client.InNamespace(gw.namespace)); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range el.Items {
+		names = append(names, e.Name)
+	}
+	cleanEnvironments(t, names...)
+	var sl fbv1.SandboxList
+	if err := plane.Client.List(ctx, &sl, client.InNamespace(gw.namespace)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range sl.Items {
+		if sb := &sl.Items[i]; sb.Closed() {
+			if err := plane.Client.Delete(ctx, sb); client.IgnoreNotFound(err) != nil {
+				t.Fatalf("delete closed sandbox %s: %v", sb.Name, err)
+			}
+			gone(t, sb)
+		}
+	}
 }

@@ -112,7 +112,8 @@ func startGateway() error {
 		return err
 	}
 	cmd := exec.Command(cl.Bin, "serve", "--gateway", "--kubeconfig", cfg, "--gateway-namespace", gw.namespace,
-		"--tcp", gw.addr, "--api-token", gw.token, "--node-token", cl.Token, "--log-level", "debug")
+		"--tcp", gw.addr, "--api-token", gw.token, "--node-token", cl.Token, "--log-level", "debug",
+		"--ports", "127.0.0.1:0", "--ports-key", filepath.Join(cl.Dir, "gateway-port.key"))
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -131,8 +132,8 @@ func startGateway() error {
 			if err := plane.Client.Get(ctx, client.ObjectKey{Name: nd.Name}, &n); err != nil {
 				return err
 			}
-			if !kube.IsTrue(n.Status.Conditions, fbv1.ConditionReady) || n.Spec.Endpoint != nd.Endpoint {
-				return fmt.Errorf("node %s: endpoint %q, conditions %v", n.Name, n.Spec.Endpoint, n.Status.Conditions)
+			if !kube.IsTrue(n.Status.Conditions, fbv1.ConditionReady) || n.Spec.Endpoint != nd.Endpoint || n.Spec.PreviewEndpoint != nd.PreviewEndpoint {
+				return fmt.Errorf("node %s: endpoint %q, preview endpoint %q, conditions %v", n.Name, n.Spec.Endpoint, n.Spec.PreviewEndpoint, n.Status.Conditions)
 			}
 		}
 		return nil

@@ -35,8 +35,9 @@ func (d *Daemon) startPorts() error {
 // portBackend is the daemon as the preview handler's Backend.
 type portBackend struct{ d *Daemon }
 
-func (b portBackend) Target(ctx context.Context, id string, port int) (string, func(), error) {
-	return b.d.PortTarget(ctx, id, port)
+func (b portBackend) Target(ctx context.Context, id string, port int) (ports.Target, func(), error) {
+	addr, done, err := b.d.PortTarget(ctx, id, port)
+	return ports.Target{Addr: addr}, done, err
 }
 
 // PortTarget returns the address of port in sandbox id (an ID, not a name:
@@ -83,4 +84,13 @@ func (d *Daemon) PortURL(ctx context.Context, idOrName string, port int) (ports.
 		return ports.URLs{}, fmt.Errorf("the daemon serves no preview URLs (start it with `forkbox serve --ports ADDR`): %w", errdefs.ErrFailedPrecondition)
 	}
 	return ports.BuildURLs(d.portSrv.Addr(), d.cfg.PortsDomain, sb.ID, port, d.portKeys.Token(sb.ID)), nil
+}
+
+// PortsAddr is the address the preview listener is bound to ("" without
+// one).
+func (d *Daemon) PortsAddr() string {
+	if d.portSrv == nil {
+		return ""
+	}
+	return d.portSrv.Addr()
 }

@@ -99,11 +99,12 @@ func withoutQueryToken(rawQuery string, q url.Values) string {
 	return c.Encode()
 }
 
-// stripCredentials removes forkbox's credentials from a request headed for
-// the sandbox: the app must never see the API token, and has no use for
-// its port token. q is the request's parsed query.
+// stripCredentials removes forkbox's credentials (and route header) from
+// a request headed for the sandbox: the app must never see the API token,
+// and has no use for its port token. q is the request's parsed query.
 func (h *Handler) stripCredentials(out *http.Request, q url.Values) {
 	out.Header.Del(Header)
+	out.Header.Del(RouteHeader)
 	if a := out.Header.Get("Authorization"); h.o.APIToken != "" && strings.HasPrefix(a, bearer) && equal(strings.TrimPrefix(a, bearer), h.o.APIToken) {
 		out.Header.Del("Authorization")
 	}

@@ -10,6 +10,12 @@
 // and no response may register a service worker above its own path. HTTP and WebSocket go through a reverse proxy; raw
 // TCP goes through an HTTP CONNECT tunnel to the same routes.
 //
+// A third form, the header X-Forkbox-Port-Route: <port>-<id>, routes ahead
+// of both and leaves Host and path to the app as they came: the gateway's
+// listener sends it when it relays a request to the preview listener of
+// the sandbox's node (Target.RelayToken), with the node's port token of
+// the sandbox in place of the caller's credentials.
+//
 // Every request carries the sandbox's port token: an HMAC-SHA256 of the
 // sandbox ID under a daemon secret kept in the state dir, so a link can be
 // shared for one sandbox (and one sandbox only: each fork child has its own)

@@ -16,13 +16,27 @@ import (
 	"github.com/forkbox/forkbox/errdefs"
 )
 
-// Backend resolves a sandbox's port to the address to dial.
+// Backend resolves a sandbox's port to where requests for it go.
 type Backend interface {
-	// Target returns the address of port in sandbox id, waking the sandbox
-	// if it is hibernated, and marks it busy until done is called. An
-	// unknown or closed sandbox is NotFound; one that cannot serve (paused)
-	// is FailedPrecondition.
-	Target(ctx context.Context, id string, port int) (addr string, done func(), err error)
+	// Target returns where port in sandbox id is reached, waking the
+	// sandbox if it is hibernated, and marks it busy until done is called.
+	// An unknown or closed sandbox is NotFound; one that cannot serve
+	// (paused) is FailedPrecondition.
+	Target(ctx context.Context, id string, port int) (t Target, done func(), err error)
+}
+
+// Target is where a request for a sandbox port goes.
+type Target struct {
+	// Addr is the host:port dialled: the sandbox's port itself, or the
+	// relay's listener.
+	Addr string
+	// RelayToken, when set, says Addr is another forkbox preview listener
+	// in front of the sandbox (its node's, behind the gateway) and is the
+	// sandbox's port token there. Requests go to it in the header form
+	// (RouteHeader; Host and path as the app is to see them) with
+	// RelayToken in Header, and a CONNECT is passed on as a CONNECT: the
+	// caller's credentials never go further than this listener.
+	RelayToken string
 }
 
 // Options configure a Handler.
@@ -71,7 +85,7 @@ type Handler struct {
 type targetKey struct{}
 
 type target struct {
-	addr  string
+	Target
 	route Route
 	query url.Values // the request's, parsed
 }
@@ -112,7 +126,7 @@ func NewHandler(b Backend, o Options) *Handler {
 			t := pr.In.Context().Value(targetKey{}).(target)
 			pr.SetXForwarded()
 			u := *pr.Out.URL
-			u.Scheme, u.Host = "http", t.addr
+			u.Scheme, u.Host = "http", t.Addr
 			if p := t.route.Prefix(); p != "" {
 				esc := strings.TrimPrefix(pr.In.URL.EscapedPath(), p)
 				if esc == "" {
@@ -126,6 +140,10 @@ func NewHandler(b Backend, o Options) *Handler {
 			pr.Out.URL = &u
 			pr.Out.Host = pr.In.Host // the app sees the name it was reached by
 			h.stripCredentials(pr.Out, t.query)
+			if t.RelayToken != "" {
+				pr.Out.Header.Set(RouteHeader, t.route.HeaderValue())
+				pr.Out.Header.Set(Header, t.RelayToken)
+			}
 		},
 		ModifyResponse: func(resp *http.Response) error {
 			sanitizeResponse(resp.Header)
@@ -136,13 +154,21 @@ func NewHandler(b Backend, o Options) *Handler {
 			h.o.Log.Debug("preview proxy", "sandbox", t.route.Sandbox, "port", t.route.Port, "err", err)
 			var op *net.OpError
 			if errors.As(err, &op) && op.Op == "dial" {
-				fail(w, http.StatusBadGateway, fmt.Sprintf("nothing answers on port %d of sandbox %s", t.route.Port, t.route.Sandbox))
+				fail(w, http.StatusBadGateway, t.unreachable())
 				return
 			}
 			fail(w, http.StatusBadGateway, fmt.Sprintf("port %d of sandbox %s: %v", t.route.Port, t.route.Sandbox, err))
 		},
 	}
 	return h
+}
+
+// unreachable says that t's address does not answer.
+func (t target) unreachable() string {
+	if t.RelayToken != "" {
+		return fmt.Sprintf("the preview listener in front of sandbox %s (%s) does not answer", t.route.Sandbox, t.Addr)
+	}
+	return fmt.Sprintf("nothing answers on port %d of sandbox %s", t.route.Port, t.route.Sandbox)
 }
 
 // Close ends every proxied request, WebSocket and tunnel, and waits for
@@ -202,7 +228,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	stop := context.AfterFunc(h.ctx, cancel)
 	defer stop()
 
-	route, err := Parse(r.Host, h.o.Domain, r.URL.Path)
+	route, err := ParseRequest(r, h.o.Domain)
 	if err != nil {
 		fail(w, status(err), message(err))
 		return
@@ -212,7 +238,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fail(w, status(err), message(err))
 		return
 	}
-	if !route.ByHost && route.Path == "" && r.Method != http.MethodConnect {
+	if route.Prefix() != "" && route.Path == "" && r.Method != http.MethodConnect {
 		// Relative links (and the cookie's path) need the trailing slash:
 		// first, with the query as it is.
 		loc := route.Prefix() + "/"
@@ -258,7 +284,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		defer release()
 	}
-	addr, done, err := h.b.Target(ctx, route.Sandbox, route.Port)
+	to, done, err := h.b.Target(ctx, route.Sandbox, route.Port)
 	if err != nil {
 		code := status(err)
 		if code == http.StatusInternalServerError {
@@ -268,9 +294,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer done()
+	t := target{Target: to, route: route, query: q}
 	if r.Method == http.MethodConnect {
-		h.tunnel(ctx, w, r, addr, route)
+		h.tunnel(ctx, w, r, t)
 		return
 	}
-	h.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, targetKey{}, target{addr: addr, route: route, query: q})))
+	h.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, targetKey{}, t)))
 }

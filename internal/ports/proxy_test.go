@@ -30,20 +30,20 @@ type fakeBackend struct {
 	calls    atomic.Int32
 }
 
-func (b *fakeBackend) Target(_ context.Context, id string, port int) (string, func(), error) {
+func (b *fakeBackend) Target(_ context.Context, id string, port int) (Target, func(), error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.calls.Add(1)
 	if err := b.errs[id]; err != nil {
-		return "", nil, err
+		return Target{}, nil, err
 	}
 	addr, ok := b.addrs[id]
 	if !ok {
-		return "", nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+		return Target{}, nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
 	host, _, _ := net.SplitHostPort(addr)
 	b.inFlight.Add(1)
-	return net.JoinHostPort(host, fmt.Sprint(port)), func() { b.inFlight.Add(-1) }, nil
+	return Target{Addr: net.JoinHostPort(host, fmt.Sprint(port))}, func() { b.inFlight.Add(-1) }, nil
 }
 
 // echoApp answers with what it was asked: method, path, query, Host and the
@@ -58,8 +58,8 @@ func echoApp() http.Handler {
 		fmt.Fprint(w, "self.addEventListener('fetch', () => {})")
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "%s %s?%s host=%s auth=%q token=%q cookie=%q", r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Host,
-			r.Header.Get("Authorization"), r.Header.Get(Header), r.Header.Get("Cookie"))
+		fmt.Fprintf(w, "%s %s?%s host=%s auth=%q token=%q cookie=%q route=%q fwd=%q", r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Host,
+			r.Header.Get("Authorization"), r.Header.Get(Header), r.Header.Get("Cookie"), r.Header.Get(RouteHeader), r.Header.Get("X-Forwarded-Host"))
 	})
 	return mux
 }

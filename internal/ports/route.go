@@ -3,6 +3,7 @@ package ports
 import (
 	"fmt"
 	"net"
+	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
@@ -17,6 +18,14 @@ const AgentPort = 7077
 // PathPrefix starts the path form of a route.
 const PathPrefix = "/sandboxes/"
 
+// RouteHeader names a request's route as "<port>-<sandbox id>" (the
+// header form), ahead of its Host and path, which go to the app as they
+// came: a preview listener in front of another (the gateway's, relaying to
+// a node's) sends it, so that the app sees the Host its client used. It
+// routes like the path form (any client may send it; the token decides)
+// and, like it, takes no cookie.
+const RouteHeader = "X-Forkbox-Port-Route"
+
 // Route is where a request goes: a sandbox, one of its ports, and the path
 // to ask it for.
 type Route struct {
@@ -25,15 +34,22 @@ type Route struct {
 	// Path is the request path with the route prefix stripped (path form)
 	// or unchanged (host form).
 	Path string
-	// ByHost says the route came from the Host header.
-	ByHost bool
+	// ByHost says the route came from the Host header; ByHeader from
+	// RouteHeader.
+	ByHost, ByHeader bool
 }
 
-// Prefix is the path that the path form strips ("" for the host form).
+// Prefix is the path that the path form strips ("" for the host and
+// header forms).
 func (r Route) Prefix() string {
-	if r.ByHost {
+	if r.ByHost || r.ByHeader {
 		return ""
 	}
+	return r.pathPrefix()
+}
+
+// pathPrefix is the route's path form without the trailing slash.
+func (r Route) pathPrefix() string {
 	return fmt.Sprintf("%s%s/ports/%d", PathPrefix, r.Sandbox, r.Port)
 }
 
@@ -109,6 +125,36 @@ func ParsePath(path string) (r Route, ok bool, err error) {
 		r.Path = "/" + tail
 	}
 	return r, true, nil
+}
+
+// ParseHeader parses the header form "<port>-<id>" (RouteHeader).
+func ParseHeader(v string) (Route, error) {
+	p, id, found := strings.Cut(v, "-")
+	if !found || !idRE.MatchString(id) {
+		return Route{}, fmt.Errorf("%s %q: want <port>-<sandbox id>: %w", RouteHeader, v, errdefs.ErrInvalidArgument)
+	}
+	port, err := parsePort(p)
+	if err != nil {
+		return Route{}, err
+	}
+	return Route{Sandbox: id, Port: port, ByHeader: true}, nil
+}
+
+// HeaderValue is route's RouteHeader value.
+func (r Route) HeaderValue() string { return fmt.Sprintf("%d-%s", r.Port, r.Sandbox) }
+
+// ParseRequest finds the route of a request: the header form first (the
+// path unchanged), then Parse.
+func ParseRequest(r *http.Request, domain string) (Route, error) {
+	if vs := r.Header.Values(RouteHeader); len(vs) > 0 {
+		if len(vs) > 1 {
+			return Route{}, fmt.Errorf("%d %s headers: want one: %w", len(vs), RouteHeader, errdefs.ErrInvalidArgument)
+		}
+		rt, err := ParseHeader(vs[0])
+		rt.Path = r.URL.Path
+		return rt, err
+	}
+	return Parse(r.Host, domain, r.URL.Path)
 }
 
 // Parse finds the route of a request: the host form below domain first,

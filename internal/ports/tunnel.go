@@ -1,26 +1,35 @@
 package ports
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 )
 
-// tunnel answers a CONNECT: it dials the sandbox's port, says 200, and
-// copies bytes both ways until one side closes, the tunnel idles for
-// TunnelIdle, or ctx ends (the handler's Close).
-func (h *Handler) tunnel(ctx context.Context, w http.ResponseWriter, r *http.Request, addr string, route Route) {
+// tunnel answers a CONNECT: it dials the sandbox's port (or opens a
+// tunnel through the relay), says 200, and copies bytes both ways until
+// one side closes, the tunnel idles for TunnelIdle, or ctx ends (the
+// handler's Close).
+func (h *Handler) tunnel(ctx context.Context, w http.ResponseWriter, r *http.Request, t target) {
 	d := net.Dialer{Timeout: h.o.DialTimeout}
-	back, err := d.DialContext(ctx, "tcp", addr)
+	back, err := d.DialContext(ctx, "tcp", t.Addr)
 	if err != nil {
-		fail(w, http.StatusBadGateway, fmt.Sprintf("nothing answers on port %d of sandbox %s", route.Port, route.Sandbox))
+		fail(w, http.StatusBadGateway, t.unreachable())
 		return
 	}
 	defer back.Close()
+	if t.RelayToken != "" {
+		if code, msg := h.relayConnect(ctx, back, t); code != http.StatusOK {
+			fail(w, code, msg)
+			return
+		}
+	}
 	front, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		fail(w, http.StatusHTTPVersionNotSupported, "CONNECT tunnels need HTTP/1.1")
@@ -74,4 +83,50 @@ func (h *Handler) pipe(dst, src net.Conn) (eof bool) {
 			return err == io.EOF
 		}
 	}
+}
+
+// Bounds on the relay's answer to a CONNECT.
+const (
+	relayAnswerTimeout = 30 * time.Second
+	relayAnswerBytes   = 64 << 10
+)
+
+// relayConnect asks the relay on back for a tunnel to t's route with the
+// relay's token; it returns 200, or the status and message to answer the
+// caller with. The relay's answer is bounded in time and size.
+func (h *Handler) relayConnect(ctx context.Context, back net.Conn, t target) (int, string) {
+	back.SetDeadline(time.Now().Add(relayAnswerTimeout))
+	defer back.SetDeadline(time.Time{})
+	stop := context.AfterFunc(ctx, func() { back.SetDeadline(time.Now()) })
+	defer stop()
+	if _, err := fmt.Fprintf(back, "CONNECT %s/ HTTP/1.1\r\nHost: %s\r\n%s: %s\r\n%s: %s\r\n\r\n",
+		t.route.pathPrefix(), t.Addr, RouteHeader, t.route.HeaderValue(), Header, t.RelayToken); err != nil {
+		return http.StatusBadGateway, t.unreachable()
+	}
+	// Read byte by byte (at most relayAnswerBytes): what follows the
+	// answer is the tunnel's, and must not be buffered away here.
+	resp, err := http.ReadResponse(bufio.NewReaderSize(&byteReader{r: io.LimitReader(back, relayAnswerBytes)}, 16), &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		return http.StatusBadGateway, fmt.Sprintf("the preview listener in front of sandbox %s (%s) gave no answer: %v", t.route.Sandbox, t.Addr, err)
+	}
+	if resp.StatusCode == http.StatusOK {
+		return http.StatusOK, ""
+	}
+	msg := resp.Status
+	if n := resp.ContentLength; n > 0 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, min(n, 1024)))
+		msg = strings.TrimPrefix(strings.TrimSpace(string(b)), "forkbox: ")
+	}
+	return resp.StatusCode, msg
+}
+
+// byteReader reads one byte at a time, so that a bufio.Reader over it
+// never reads ahead more than the byte it is asked for.
+type byteReader struct{ r io.Reader }
+
+func (b *byteReader) Read(p []byte) (int, error) {
+	if len(p) > 1 {
+		p = p[:1]
+	}
+	return b.r.Read(p)
 }

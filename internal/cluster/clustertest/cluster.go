@@ -176,6 +176,7 @@ func (c *Cluster) addNode(ctx context.Context, i int) (*Node, error) {
 		cgroup: "forkbox-cl-" + id, subnet: fmt.Sprintf("10.%d.0.0/20", 100+i), vethPfx: "c" + c.RunID,
 		hostV: fmt.Sprintf("fbh%sn%d", c.RunID, i)}
 	n.Endpoint = fmt.Sprintf("%s:%d", n.IP, apiPort)
+	n.PreviewEndpoint = fmt.Sprintf("%s:%d", n.IP, previewPort)
 	n.Client = &client.Client{Socket: n.Socket}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err

@@ -22,10 +22,12 @@ import (
 )
 
 // apiPort is the TCP port of each node's API on its own address;
-// transferPort that of its checkpoint transfers (package transfer).
+// transferPort that of its checkpoint transfers (package transfer);
+// previewPort that of its preview listener of sandbox ports.
 const (
 	apiPort      = 7443
 	transferPort = 7444
+	previewPort  = 7445
 )
 
 // Node is one `forkbox serve --cluster` node agent with its daemon, in
@@ -37,8 +39,9 @@ type Node struct {
 	Name  string
 	Index int
 	// NetNS is its network namespace (under /run/netns); IP its address
-	// on the nodes' network; Endpoint its API there (host:port, Token).
-	NetNS, IP, Endpoint string
+	// on the nodes' network; Endpoint its API there (host:port, Token),
+	// PreviewEndpoint its preview listener (serve --ports).
+	NetNS, IP, Endpoint, PreviewEndpoint string
 	// Socket is its API's unix socket; StateDir and RunDir its daemon's.
 	Socket, StateDir, RunDir string
 	// Slots is its --max-sandboxes, Preboot its --preboot; a change
@@ -133,7 +136,7 @@ func (n *Node) Start(ctx context.Context) error {
 		"--cluster-namespace", Namespace, "--lease-duration", n.c.opts.LeaseDuration.String(),
 		"--node-endpoint", n.Endpoint, "--tcp", n.Endpoint, "--api-token", n.c.Token,
 		"--max-sandboxes", strconv.Itoa(n.Slots), "--preboot", strconv.Itoa(n.Preboot),
-		"--transfer-listen", net.JoinHostPort(n.IP, strconv.Itoa(transferPort))}, n.daemonArgs()...)
+		"--transfer-listen", net.JoinHostPort(n.IP, strconv.Itoa(transferPort)), "--ports", n.PreviewEndpoint}, n.daemonArgs()...)
 	cmd := n.inNetns(args...)
 	cmd.Stdout, cmd.Stderr = log, log
 	started := time.Now()

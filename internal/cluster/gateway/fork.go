@@ -148,6 +148,9 @@ func (g *Gateway) startFork(ctx context.Context, m *v1.ForkRequest) (*forkCall, 
 			return nil, err
 		}
 		fk.Spec.Source.Checkpoint, fk.Spec.Memory, base = ck.Name, false, ck.Spec.Sandbox
+		if err := g.roomFor(ctx, int(count), m.BestEffort); err != nil {
+			return nil, err
+		}
 	default:
 		sb, err := g.sandbox(ctx, m.Sandbox)
 		if err != nil {
@@ -157,6 +160,9 @@ func (g *Gateway) startFork(ctx context.Context, m *v1.ForkRequest) (*forkCall, 
 			return nil, fmt.Errorf("fork: %w", err)
 		}
 		base = sb.Name
+		if err := g.roomFor(ctx, int(count), m.BestEffort); err != nil { // before anything is captured
+			return nil, err
+		}
 		if m.Tag != "" {
 			// The Fork's own checkpoint has no tag: take a tagged one first.
 			resp, err := (&sandboxes{g}).Checkpoint(ctx, connect.NewRequest(&v1.CheckpointRequest{Sandbox: sb.Name, Tag: m.Tag, Memory: m.Memory}))

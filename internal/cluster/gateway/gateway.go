@@ -10,10 +10,12 @@
 //     spec.state (a closed sandbox's object stays, its record, until the
 //     controller's retention: lifecycle.go),
 //     BuildEnvironment an Environment that must be built (environments.go);
-//   - sandbox-scoped calls (exec, files, PTY, copy, metrics, ports,
-//     timeouts, egress, events) are proxied to the API of the node that
-//     runs the sandbox (its ForkboxNode's endpoint), streams pumped both
-//     ways, cancelled with the caller.
+//   - sandbox-scoped calls (exec, files, PTY, copy, metrics, timeouts,
+//     egress, events) are proxied to the API of the node that runs the
+//     sandbox (its ForkboxNode's endpoint), streams pumped both ways,
+//     cancelled with the caller;
+//   - preview URLs (GetPortURL) are the gateway's own, on its own preview
+//     listener with its own port tokens, relayed to the node's (preview.go).
 //
 // Sandbox IDs. The ID a caller sees is the node's own local ID of the
 // sandbox (status.localID, "sb-..."), found again through a cache index.
@@ -59,6 +61,7 @@ import (
 	"github.com/forkbox/forkbox/errdefs/errconnect"
 	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
 	"github.com/forkbox/forkbox/internal/cluster/kube"
+	"github.com/forkbox/forkbox/internal/ports"
 )
 
 // MaxRequestBytes bounds one request message from a caller (as the
@@ -76,6 +79,11 @@ type Options struct {
 	// NodeToken is the bearer token of the nodes' APIs (required, and not
 	// Token).
 	NodeToken string
+	// PortsAddr, when set, serves preview URLs of sandbox ports on this
+	// TCP address (preview.go), with host names below PortsDomain
+	// (default localhost) and port tokens from the key in file PortsKey
+	// (created on first use; replicas share one).
+	PortsAddr, PortsDomain, PortsKey string
 	// MaxWait bounds a lifecycle call's wait when the caller set no
 	// shorter deadline (default 5m).
 	MaxWait time.Duration
@@ -110,6 +118,7 @@ type Gateway struct {
 	cache   cache.Cache
 	changed *notifier
 	nodes   *nodeClients
+	preview *preview // nil without Options.PortsAddr
 }
 
 // Run serves until ctx ends.
@@ -117,14 +126,29 @@ func Run(ctx context.Context, o Options) error {
 	if err := o.setDefaults(); err != nil {
 		return err
 	}
+	var keys *ports.Keys
+	if o.PortsAddr != "" {
+		var err error
+		if keys, err = openPreviewKeys(o.PortsKey, o.Namespace); err != nil {
+			return err
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	g, cacheDone, err := start(ctx, o)
 	if err != nil {
 		return err
 	}
+	if keys != nil {
+		if err := g.startPreview(keys); err != nil {
+			cancel()
+			<-cacheDone
+			return err
+		}
+	}
 	ln, err := net.Listen("tcp", o.Addr)
 	if err != nil {
+		g.closePreview()
 		cancel()
 		<-cacheDone
 		return fmt.Errorf("gateway: listen %s: %w", o.Addr, err)
@@ -145,7 +169,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer scancel()
-	err = srv.Shutdown(sctx)
+	err = errors.Join(srv.Shutdown(sctx), g.closePreview())
 	if serving {
 		<-served
 	}
@@ -158,6 +182,15 @@ func Run(ctx context.Context, o Options) error {
 		serr = nil
 	}
 	return errors.Join(serr, err)
+}
+
+// closePreview stops the preview listener, if any, and waits for what it
+// serves.
+func (g *Gateway) closePreview() error {
+	if g.preview == nil {
+		return nil
+	}
+	return g.preview.close()
 }
 
 // start builds the gateway's cache (the namespace's Sandboxes,

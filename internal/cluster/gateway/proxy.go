@@ -213,19 +213,6 @@ func (s *sandboxes) ListCredentials(ctx context.Context, req *connect.Request[v1
 	return connect.NewResponse(resp.Msg), nil
 }
 
-func (s *sandboxes) GetPortURL(ctx context.Context, req *connect.Request[v1.GetPortURLRequest]) (*connect.Response[v1.GetPortURLResponse], error) {
-	r, err := s.g.route(ctx, req.Msg.Sandbox)
-	if err != nil {
-		return nil, err
-	}
-	req.Msg.Sandbox = r.id
-	resp, err := r.c.GetPortURL(ctx, connect.NewRequest(req.Msg))
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(resp.Msg), nil
-}
-
 // SetTimeout is not in the Sandbox object (its node keeps the deadline),
 // so it only goes to the node.
 func (s *sandboxes) SetTimeout(ctx context.Context, req *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error) {

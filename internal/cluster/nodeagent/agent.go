@@ -51,6 +51,9 @@ type Options struct {
 	NodeName string
 	// Endpoint is where the node's API is reached (host:port), if any.
 	Endpoint string
+	// PreviewEndpoint is where the node's preview listener is reached
+	// (host:port), if it has one.
+	PreviewEndpoint string
 	// Namespace holds the heartbeat Lease (default forkbox-system).
 	Namespace string
 	// LeaseDuration is how long a renewal counts (default 40s); the agent

@@ -83,6 +83,7 @@ func (a *agent) register(ctx context.Context) (*fbv1.ForkboxNode, error) {
 	n := &fbv1.ForkboxNode{ObjectMeta: metav1.ObjectMeta{Name: a.o.NodeName}}
 	if _, err := controllerutil.CreateOrPatch(ctx, a.c, n, func() error {
 		n.Spec.Endpoint = a.o.Endpoint
+		n.Spec.PreviewEndpoint = a.o.PreviewEndpoint
 		return nil
 	}); err != nil {
 		return nil, fmt.Errorf("register node %s: %w", a.o.NodeName, err)

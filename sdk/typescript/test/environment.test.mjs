@@ -55,12 +55,13 @@ describe("environments", { skip: skipReason() }, () => {
       await sb.exec("mkdir -p /site && echo 1.26.4 > /site/numpy.version");
       await sb.writeFile("/site/by", "setup-fn");
     };
-    // Two Environment objects (as two processes would have): the daemon
-    // makes the second caller wait for the first one's build.
+    // Two clients of the same server (as two processes would have), each
+    // with its Environment: the server makes the second caller wait for
+    // the first one's build.
     const opts = { image: d.image, resources, setup };
     const [a, b] = await Promise.all([
       d.client.environment("ts-fn", opts).sandbox(),
-      new Client({ socket: d.socket }).environment("ts-fn", opts).sandbox(),
+      new Client(d.clientOptions).environment("ts-fn", opts).sandbox(),
     ]);
     try {
       assert.equal(runs, 1);

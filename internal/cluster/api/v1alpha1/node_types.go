@@ -12,6 +12,11 @@ type ForkboxNodeSpec struct {
 	// +kubebuilder:validation:MaxLength=512
 	// +optional
 	Endpoint string `json:"endpoint,omitempty"`
+	// PreviewEndpoint is where the gateway reaches this node's preview
+	// listener of sandbox ports (host:port; `serve --ports`), if any.
+	// +kubebuilder:validation:MaxLength=512
+	// +optional
+	PreviewEndpoint string `json:"previewEndpoint,omitempty"`
 	// Unschedulable nodes get no new placements (a cordon).
 	// +optional
 	Unschedulable bool `json:"unschedulable,omitempty"`
