@@ -107,6 +107,9 @@ func startGateway() error {
 	if err := plane.UserKubeconfig(ctx, "forkbox-gateway", "../../deploy/rbac/gateway/role.yaml", cfg); err != nil {
 		return err
 	}
+	if err := plane.UserNamespaceRole(ctx, "forkbox-gateway", "../../deploy/rbac/gateway/secrets.yaml", gw.namespace); err != nil {
+		return err
+	}
 	log, err := os.Create(filepath.Join(cl.Dir, "gateway.log"))
 	if err != nil {
 		return err
