@@ -19,7 +19,8 @@ func sdkRun(t *testing.T, dir string, name string, args ...string) string {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "FORKBOX_TEST_GATEWAY=http://"+gw.addr, "FORKBOX_TEST_TOKEN="+gw.token, "FORKBOX_TEST_IMAGE="+sdkImageName)
+	cmd.Env = append(os.Environ(), "FORKBOX_TEST_GATEWAY=http://"+gw.addr, "FORKBOX_TEST_TOKEN="+gw.token, "FORKBOX_TEST_IMAGE="+sdkImageName,
+		"FORKBOX_TEST_ARCHIVE="+sdkArchive())
 	out, err := cmd.CombinedOutput()
 	t.Logf("%s %v: %v", name, args, err)
 	return string(out)
@@ -66,9 +67,7 @@ func TestGatewayTypeScriptSDK(t *testing.T) {
 var tsUnfit = map[string]string{
 	"runs an async setup function once for concurrent callers":       "a second client on the daemon's local socket (new Client({ socket })): the gateway has none",
 	"hands over from the warm pool":                                  "warm pools: the Environment object has none (refused: InvalidArgument naming cluster mode)",
-	"every SDK result is a plain, JSON-serializable object":          "ImportImage: images are per node",
 	"checkpoints, restores (clean history) and resumes (replayed)":   "Resume: a session's ledger lives on one node",
-	"carries credentials to forks; per-fork ones must be supplied":   "SetCredential: credentials come from Secrets",
 	"reads a sandbox's counters":                                     "a closed sandbox's object is gone: NotFound, not FailedPrecondition",
 	"basic usage: fork after install, run two workloads in parallel": "the ledger of a closed sandbox: its object is gone",
 	"gives each sandbox port a URL with its token":                   "preview URLs: the harness's nodes serve no preview listener, and a node's takes the nodes' token, not the gateway's",
@@ -112,16 +111,23 @@ func suiteFailure(block []string) bool {
 }
 
 // sdkImageName is the image the SDKs' suites expect (the name
-// tools/mkimage gives it), imported on the node.
+// tools/mkimage gives it), imported on every node through the gateway.
 const sdkImageName = "forkbox.local/busybox:latest"
+
+// sdkArchive is the absolute path of the image archive the suites import.
+func sdkArchive() string {
+	p, _ := filepath.Abs(filepath.Join(cl.Dir, "busybox.tar"))
+	return p
+}
 
 func sdkImage(t *testing.T) {
 	t.Helper()
-	archive := filepath.Join(cl.Dir, "busybox.tar")
-	for _, n := range nodes() {
-		if _, err := n.Client.ImportImage(context.Background(), archive, sdkImageName, nil); err != nil {
-			t.Fatalf("import %s on %s: %v", sdkImageName, n.Name, err)
-		}
+	b, err := os.ReadFile(sdkArchive())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gw.c.ImportImageArchive(context.Background(), b, sdkImageName, nil); err != nil {
+		t.Fatalf("import %s through the gateway: %v", sdkImageName, err)
 	}
 }
 
@@ -165,11 +171,8 @@ var pyUnfit = map[string]string{
 	"tests/test_environment.py::test_warm_pool_handover":                          "warm pools: the Environment object has none (refused: InvalidArgument naming cluster mode)",
 	"tests/test_seed_examples.py::test_branching_experiments":                     "counts the daemon's closed builders (build-<env>-...) in list(all=True); a cluster's builder is an object <env>-<hash>, deleted once built",
 	"tests/test_sandbox.py::test_checkpoint_restore_and_resume":                   "Resume: a session's ledger lives on one node",
-	"tests/test_sandbox.py::test_credentials":                                     "SetCredential: credentials come from Secrets",
-	"tests/test_async.py::test_async_fork_checkpoint_restore_credentials":         "SetCredential: credentials come from Secrets",
 	"tests/test_sandbox.py::test_create_exec_close":                               "list(all=True) and the ledger of a closed sandbox: its object is gone",
 	"tests/test_seed_examples.py::test_basic_usage":                               "the ledger of a closed sandbox: its object is gone",
-	"tests/test_sandbox.py::test_typed_errors":                                    "ImportImage: images are per node",
 	"tests/test_sandbox.py::test_fork_one_child_failing_does_not_fail_the_others": "counts on the test daemon's --max-sandboxes 10",
 	"tests/test_sandbox.py::test_port_url":                                        "the node's preview listener takes the nodes' token, not the gateway's",
 }
