@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,6 +19,7 @@ import (
 	fbclient "github.com/forkbox/forkbox/client"
 	"github.com/forkbox/forkbox/errdefs"
 	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
+	"github.com/forkbox/forkbox/internal/cluster/clustertest"
 )
 
 // Credentials through the gateway, with the daemon's behaviour (the
@@ -179,6 +181,20 @@ func TestGatewayCredentials(t *testing.T) {
 		t.Errorf("secret %s is still there after the delete", apiKey.Name)
 	}
 
+	// The nodes read the Secrets of tenant namespaces only (a Role bound
+	// in each, deploy/rbac/node/secrets.yaml): a credential naming a Secret
+	// elsewhere fails the create, and says why.
+	other := testNamespace(t)
+	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: other, Name: "creds-other"}, Data: map[string][]byte{"k": []byte(vals["direct"])}})
+	osb := newSandbox(other, "creds-other", "", "")
+	osb.Spec.Credentials = []fbv1.Credential{{Name: "X", SecretRef: fbv1.SecretKeyRef{Name: "creds-other", Key: "k"}}}
+	create(t, osb)
+	clustertest.Eventually(t, 2*time.Minute, "sandbox "+osb.Name+" refused its Secret", func() (bool, string) {
+		get(t, osb)
+		return osb.Status.Phase == fbv1.PhaseFailed && strings.Contains(osb.Status.Message, "secret creds-other") &&
+			strings.Contains(osb.Status.Message, "forbidden"), string(osb.Status.Phase) + ": " + osb.Status.Message
+	})
+
 	// No value anywhere but in Secrets and the sandboxes.
 	where := map[string][]byte{}
 	where["gateway log"], _ = os.ReadFile(filepath.Join(cl.Dir, "gateway.log"))
@@ -204,6 +220,23 @@ func TestGatewayCredentials(t *testing.T) {
 				t.Errorf("the %s value appears in %s", k, what)
 			}
 		}
+	}
+
+	// At most 64 credentials a sandbox (the daemon's limit); replacing one
+	// at the limit is fine.
+	for i := len(credNames(t, sb)); i < 64; i++ {
+		if err := creds.Set(ctx, fmt.Sprintf("C%d", i), "v", fbclient.CredentialOptions{}); err != nil {
+			t.Fatalf("credential %d: %v", i+1, err)
+		}
+	}
+	if err := creds.Set(ctx, "ONE_TOO_MANY", "v", fbclient.CredentialOptions{}); !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("a 65th credential: got %v, want ResourceExhausted", err)
+	}
+	if err := creds.Set(ctx, "C10", "w", fbclient.CredentialOptions{}); err != nil {
+		t.Fatalf("replacing one at the limit: %v", err)
+	}
+	if got := gsh(t, sb, "echo $C10"); got != "w\n" {
+		t.Fatalf("replaced at the limit: got %q", got)
 	}
 }
 

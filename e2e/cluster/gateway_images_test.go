@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -96,6 +97,25 @@ func TestGatewayImportImage(t *testing.T) {
 	if err := c.RemoveImage(ctx, ref); !errdefs.IsNotFound(err) {
 		t.Fatalf("remove of an image on no node: got %v, want NotFound", err)
 	}
+
+	// The CLI, as the README says: --upload sends this machine's file.
+	cli := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(cl.Bin, append([]string{"--host", "http://" + gw.addr, "--token", gw.token}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("forkbox %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	if out := cli("image", "import", "--upload", path); !strings.Contains(out, ref) || !strings.Contains(out, im.Digest) {
+		t.Fatalf("forkbox image import --upload: got %q", out)
+	}
+	for _, n := range nodes() {
+		if !nodeHasImage(t, n, im.Digest) {
+			t.Errorf("node %s lacks the image the CLI imported", n.Name)
+		}
+	}
+	cli("image", "rm", ref)
 
 	// Pull: each node is asked; the first that fails is named (the test
 	// hosts have no registry).

@@ -110,6 +110,11 @@ func startGateway() error {
 	if err := plane.UserNamespaceRole(ctx, "forkbox-gateway", "../../deploy/rbac/gateway/secrets.yaml", gw.namespace); err != nil {
 		return err
 	}
+	// A tenant namespace: the nodes read its Secrets (credentials), and
+	// no other namespace's.
+	if err := plane.NodeNamespaceRole(ctx, "../../deploy/rbac/node/secrets.yaml", gw.namespace); err != nil {
+		return err
+	}
 	log, err := os.Create(filepath.Join(cl.Dir, "gateway.log"))
 	if err != nil {
 		return err

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -20,14 +22,21 @@ import (
 // (uncached, never logged, never in status or Events: errors name the
 // credential and the Secret, not the value) and hands them to the daemon,
 // which seals them. A running sandbox follows its spec: a credential
-// added, changed (in the spec or its Secret's resourceVersion) or removed
-// is applied on the next reconcile.
+// added, changed or removed there is applied at the next reconcile, before
+// the node reports the generation observed (the gateway waits for that);
+// a new value written into the same Secret is applied within a resync
+// period (the gateway's SetCredential also sets it on the node at once).
 
 // credential is a credential of a Sandbox with its value from its Secret.
 type credential struct {
 	spec    daemon.CredentialSpec
 	value   string
-	version string // the Secret's resourceVersion
+	version string // credVersion
+}
+
+// credVersion names the value of c at a resourceVersion of its Secret.
+func credVersion(c fbv1.Credential, resourceVersion string) string {
+	return c.SecretRef.Name + "/" + c.SecretRef.Key + "/" + resourceVersion
 }
 
 // maxCredentialBytes bounds one credential's value read from a Secret
@@ -56,7 +65,7 @@ func (r *sandboxes) credential(ctx context.Context, ns string, c fbv1.Credential
 	if len(v) > maxCredentialBytes {
 		return credential{}, fmt.Errorf("credential %s: %d bytes, limit %d: %w", c.Name, len(v), maxCredentialBytes, errdefs.ErrInvalidArgument)
 	}
-	return credential{spec: specOf(c), value: string(v), version: s.ResourceVersion}, nil
+	return credential{spec: specOf(c), value: string(v), version: credVersion(c, s.ResourceVersion)}, nil
 }
 
 func (r *sandboxes) credentials(ctx context.Context, sb *fbv1.Sandbox) ([]credential, error) {
@@ -71,13 +80,21 @@ func (r *sandboxes) credentials(ctx context.Context, sb *fbv1.Sandbox) ([]creden
 	return out, nil
 }
 
+// applied is what a sandbox's credentials were last set from: each one's
+// Secret resourceVersion, and when the versions were last compared with
+// the Secrets'.
+type applied struct {
+	versions map[string]string
+	checked  time.Time
+}
+
 // noteApplied records the Secret versions a sandbox now holds.
 func (r *sandboxes) noteApplied(sb *fbv1.Sandbox, creds []credential) {
-	m := map[string]string{}
+	a := applied{versions: map[string]string{}, checked: time.Now()}
 	for _, c := range creds {
-		m[c.spec.Name] = c.version
+		a.versions[c.spec.Name] = c.version
 	}
-	r.credsApplied.Store(sb.UID, m)
+	r.credsApplied.Store(sb.UID, a)
 }
 
 // syncCredentials makes a running sandbox's credentials those of its
@@ -95,10 +112,19 @@ func (r *sandboxes) syncCredentials(ctx context.Context, sb *fbv1.Sandbox, local
 	for _, c := range have {
 		byName[c.Name] = c
 	}
-	applied := map[string]string{}
+	a := applied{versions: map[string]string{}}
 	if v, ok := r.credsApplied.Load(sb.UID); ok {
-		applied = maps.Clone(v.(map[string]string))
+		a = v.(applied)
+		a.versions = maps.Clone(a.versions)
 	}
+	// A Secret's value changed in place (not through the gateway, which
+	// sets it on the node itself) is looked for once a resync period, not
+	// at every reconcile: that would be a read per credential each time.
+	recheck := time.Since(a.checked) >= r.o.Resync
+	if recheck {
+		a.checked = time.Now()
+	}
+	applied := a.versions
 	var errs []error
 	want := map[string]bool{}
 	for _, c := range sb.Spec.Credentials {
@@ -106,7 +132,8 @@ func (r *sandboxes) syncCredentials(ctx context.Context, sb *fbv1.Sandbox, local
 		spec := specOf(c)
 		l := byName[c.Name]
 		same := l != nil && l.Env == spec.Env && l.File == spec.File && l.PerFork == spec.PerFork
-		if same && applied[c.Name] != "" && applied[c.Name] == r.secretVersion(ctx, sb.Namespace, c.SecretRef.Name) {
+		same = same && strings.HasPrefix(applied[c.Name], credVersion(c, ""))
+		if same && (!recheck || applied[c.Name] == credVersion(c, r.secretVersion(ctx, sb.Namespace, c.SecretRef.Name))) {
 			continue
 		}
 		cr, err := r.credential(ctx, sb.Namespace, c)
@@ -137,7 +164,8 @@ func (r *sandboxes) syncCredentials(ctx context.Context, sb *fbv1.Sandbox, local
 		}
 		delete(applied, l.Name)
 	}
-	r.credsApplied.Store(sb.UID, applied)
+	a.versions = applied
+	r.credsApplied.Store(sb.UID, a)
 	return errors.Join(errs...)
 }
 

@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -53,6 +55,11 @@ func (r *sandboxes) Reconcile(ctx context.Context, req reconcile.Request) (recon
 			// It existed here and is gone from the ledger: never recreate.
 			r.setFailed(&sb, "LocalSandboxGone", "the node's ledger no longer has sandbox "+sb.Status.LocalID)
 			return reconcile.Result{}, r.writeStatus(ctx, before, &sb)
+		}
+		if finalFailure(&sb) {
+			// Not retried (see failed) until the spec changes: each try
+			// writes Creating then Failed, a loop of writes otherwise.
+			return reconcile.Result{}, nil
 		}
 		local, err = r.create(ctx, &sb, name, before)
 		if err != nil {
@@ -230,6 +237,14 @@ func (r *sandboxes) failed(ctx context.Context, before, sb *fbv1.Sandbox, reason
 	// the gateway answers a failed create with it.
 	r.setFailed(sb, reason+errdefs.ClassName(err), err.Error())
 	return reconcile.Result{}, r.writeStatus(ctx, before, sb)
+}
+
+// finalFailure reports whether sb's create failed for good at its
+// current generation.
+func finalFailure(sb *fbv1.Sandbox) bool {
+	c := meta.FindStatusCondition(sb.Status.Conditions, fbv1.ConditionReady)
+	return sb.Status.Phase == fbv1.PhaseFailed && c != nil && c.ObservedGeneration == sb.Generation &&
+		strings.HasPrefix(c.Reason, "CreateFailed")
 }
 
 func (r *sandboxes) setFailed(sb *fbv1.Sandbox, reason, msg string) {
