@@ -38,7 +38,8 @@ func TestGatewayCredentials(t *testing.T) {
 	for _, k := range []string{"a", "b", "parent", "child", "restored", "direct"} {
 		vals[k] = "fbval-" + k + "-" + randomToken()[:16]
 	}
-	sb, err := c.CreateSandbox(ctx, fbclient.CreateOptions{Image: env.image, Name: "creds-parent", Resources: fbclient.Resources{Memory: "256Mi"}})
+	name := "creds-" + randomToken()[:8] // another each run: an earlier run's Secrets stay (envtest collects no garbage)
+	sb, err := c.CreateSandbox(ctx, fbclient.CreateOptions{Image: env.image, Name: name, Resources: fbclient.Resources{Memory: "256Mi"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +74,7 @@ func TestGatewayCredentials(t *testing.T) {
 	if got := gsh(t, sb, "echo $API_KEY; cat /run/secrets/token"); got != vals["a"]+"\n"+vals["parent"] {
 		t.Fatalf("exec: got %q", got)
 	}
-	obj := get(t, &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: gw.namespace, Name: "creds-parent"}})
+	obj := get(t, &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: gw.namespace, Name: name}})
 	apiKey := secretOf(t, obj, "API_KEY")
 	if errs := validation.IsDNS1123Subdomain(apiKey.Name); len(errs) > 0 {
 		t.Errorf("secret name %q: %v", apiKey.Name, errs)
@@ -100,12 +101,13 @@ func TestGatewayCredentials(t *testing.T) {
 	// The object is the truth: an entry added to spec.credentials by hand
 	// (naming a Secret of one's own) reaches the running sandbox, and goes
 	// when removed.
-	own := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: gw.namespace, Name: "creds-own"}, Data: map[string][]byte{"k": []byte(vals["direct"])}}
+	own := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: gw.namespace, Name: name + "-own"}, Data: map[string][]byte{"k": []byte(vals["direct"])}}
 	if err := plane.Client.Create(ctx, own); err != nil {
 		t.Fatal(err)
 	}
+	defer plane.Client.Delete(context.Background(), own)
 	editSpec(t, obj, func(cs []fbv1.Credential) []fbv1.Credential {
-		return append(cs, fbv1.Credential{Name: "DIRECT", SecretRef: fbv1.SecretKeyRef{Name: "creds-own", Key: "k"}})
+		return append(cs, fbv1.Credential{Name: "DIRECT", SecretRef: fbv1.SecretKeyRef{Name: own.Name, Key: "k"}})
 	})
 	waitExec(t, sb, "echo $DIRECT", vals["direct"]+"\n")
 	editSpec(t, obj, func(cs []fbv1.Credential) []fbv1.Credential {

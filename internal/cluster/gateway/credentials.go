@@ -100,6 +100,11 @@ func (g *Gateway) putSecret(ctx context.Context, name, cred, value string, owner
 	}
 	s.Data = data
 	if owner != nil && !slices.ContainsFunc(s.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == owner.UID }) {
+		// An earlier object of the same name (deleted, its Secret not
+		// collected yet) owns it no more.
+		s.OwnerReferences = slices.DeleteFunc(s.OwnerReferences, func(o metav1.OwnerReference) bool {
+			return o.Kind == owner.Kind && o.Name == owner.Name
+		})
 		s.OwnerReferences = append(s.OwnerReferences, *owner)
 	}
 	return kerr(g.c.Update(ctx, &s), "update the secret of credential "+cred)
