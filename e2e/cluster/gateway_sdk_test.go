@@ -67,6 +67,7 @@ func TestGatewayTypeScriptSDK(t *testing.T) {
 var tsUnfit = map[string]string{
 	"runs an async setup function once for concurrent callers":       "a second client on the daemon's local socket (new Client({ socket })): the gateway has none",
 	"hands over from the warm pool":                                  "warm pools: the Environment object has none (refused: InvalidArgument naming cluster mode)",
+	"every SDK result is a plain, JSON-serializable object":          "Resume at its end (c.resume): a session's ledger lives on one node; its importImage (the archive's bytes) and the rest pass",
 	"checkpoints, restores (clean history) and resumes (replayed)":   "Resume: a session's ledger lives on one node",
 	"reads a sandbox's counters":                                     "a closed sandbox's object is gone: NotFound, not FailedPrecondition",
 	"basic usage: fork after install, run two workloads in parallel": "the ledger of a closed sandbox: its object is gone",
