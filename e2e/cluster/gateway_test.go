@@ -384,9 +384,8 @@ func TestGatewayErrors(t *testing.T) {
 	if _, err := c.ListImages(ctx); err != nil {
 		t.Fatalf("list images: %v", err)
 	}
-	if _, err := c.PullImage(ctx, "docker.io/library/busybox:latest", false, nil); !errdefs.IsNotImplemented(err) ||
-		!strings.Contains(err.Error(), "cluster mode") {
-		t.Fatalf("pull through the gateway: got %v, want NotImplemented naming cluster mode", err)
+	if _, err := c.Resume(ctx, "no-such-session"); !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "cluster mode") {
+		t.Fatalf("resume through the gateway: got %v, want NotImplemented naming cluster mode", err)
 	}
 
 	// A sandbox of another namespace is not this tenant's.
