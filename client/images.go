@@ -61,6 +61,19 @@ func (c *Client) ImportImage(ctx context.Context, path, name string, progress fu
 	return drain(s, progress)
 }
 
+// ImportImageArchive imports an oci-archive or docker-archive sent in
+// the request (any caller, over TCP too; a gateway imports it on every
+// ready node). The server bounds its request (32 MiB): larger images go
+// through a registry.
+func (c *Client) ImportImageArchive(ctx context.Context, archive []byte, name string, progress func(*Progress)) (*Image, error) {
+	c.init()
+	s, err := c.images.ImportImage(ctx, connect.NewRequest(&v1.ImportImageRequest{Archive: archive, Name: name}))
+	if err != nil {
+		return nil, errconnect.FromConnect(err)
+	}
+	return drain(s, progress)
+}
+
 // ListImages lists the daemon's images.
 func (c *Client) ListImages(ctx context.Context) ([]*Image, error) {
 	c.init()

@@ -44,6 +44,7 @@ func printImage(g *globals, img *client.Image) error {
 func imageCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "image", Short: "Manage images"}
 	var name string
+	var upload bool
 	imp := &cobra.Command{
 		Use:   "import FILE",
 		Short: "Import an oci-archive or docker-archive tarball",
@@ -53,8 +54,21 @@ func imageCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			var archive []byte
+			if upload {
+				// This machine's file, sent in the request: what a remote
+				// daemon or a gateway (which imports on every node) needs.
+				if archive, err = os.ReadFile(path); err != nil {
+					return err
+				}
+			}
 			p, done := progress(g, "import")
-			img, err := g.client().ImportImage(cmd.Context(), path, name, p)
+			var img *client.Image
+			if upload {
+				img, err = g.client().ImportImageArchive(cmd.Context(), archive, name, p)
+			} else {
+				img, err = g.client().ImportImage(cmd.Context(), path, name, p)
+			}
 			done()
 			if err != nil {
 				return err
@@ -63,6 +77,7 @@ func imageCmd(g *globals) *cobra.Command {
 		},
 	}
 	imp.Flags().StringVar(&name, "name", "", "image name (default: the name in the archive)")
+	imp.Flags().BoolVar(&upload, "upload", false, "send this machine's file (at most 32 MiB) instead of naming a path on the daemon's host: over TCP, and to a gateway")
 	var insecure bool
 	pull := &cobra.Command{
 		Use:   "pull REF",

@@ -24,7 +24,8 @@ func sdkRun(t *testing.T, dir string, name string, args ...string) string {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = dir
 	// COLUMNS: pytest's summary lines keep whole test names.
-	cmd.Env = append(os.Environ(), "COLUMNS=1000", "FORKBOX_TEST_GATEWAY=http://"+gw.addr, "FORKBOX_TEST_TOKEN="+gw.token, "FORKBOX_TEST_IMAGE="+sdkImageName)
+	cmd.Env = append(os.Environ(), "COLUMNS=1000", "FORKBOX_TEST_GATEWAY=http://"+gw.addr, "FORKBOX_TEST_TOKEN="+gw.token, "FORKBOX_TEST_IMAGE="+sdkImageName,
+		"FORKBOX_TEST_ARCHIVE="+sdkArchive())
 	out, err := cmd.CombinedOutput()
 	t.Logf("%s %v: %v", name, args, err)
 	return string(out)
@@ -67,10 +68,7 @@ func TestGatewayTypeScriptSDK(t *testing.T) {
 
 // tsUnfit are the TypeScript SDK's tests that need what cluster mode has
 // not (yet), with why.
-var tsUnfit = map[string]string{
-	"every SDK result is a plain, JSON-serializable object":        "ImportImage: images are per node",
-	"carries credentials to forks; per-fork ones must be supplied": "SetCredential: credentials come from Secrets",
-}
+var tsUnfit = map[string]string{}
 
 // tapCounts reads node's TAP: the totals and the names of the tests
 // (leaves, not suites) that failed.
@@ -110,16 +108,23 @@ func suiteFailure(block []string) bool {
 }
 
 // sdkImageName is the image the SDKs' suites expect (the name
-// tools/mkimage gives it), imported on the node.
+// tools/mkimage gives it), imported on every node through the gateway.
 const sdkImageName = "forkbox.local/busybox:latest"
+
+// sdkArchive is the absolute path of the image archive the suites import.
+func sdkArchive() string {
+	p, _ := filepath.Abs(filepath.Join(cl.Dir, "busybox.tar"))
+	return p
+}
 
 func sdkImage(t *testing.T) {
 	t.Helper()
-	archive := filepath.Join(cl.Dir, "busybox.tar")
-	for _, n := range nodes() {
-		if _, err := n.Client.ImportImage(context.Background(), archive, sdkImageName, nil); err != nil {
-			t.Fatalf("import %s on %s: %v", sdkImageName, n.Name, err)
-		}
+	b, err := os.ReadFile(sdkArchive())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gw.c.ImportImageArchive(context.Background(), b, sdkImageName, nil); err != nil {
+		t.Fatalf("import %s through the gateway: %v", sdkImageName, err)
 	}
 }
 
@@ -189,11 +194,7 @@ func setTotalSlots(t *testing.T, total int) {
 
 // pyUnfit are the Python SDK's tests that need what cluster mode has not
 // (yet), with why.
-var pyUnfit = map[string]string{
-	"tests/test_sandbox.py::test_credentials":                             "SetCredential: credentials come from Secrets",
-	"tests/test_async.py::test_async_fork_checkpoint_restore_credentials": "SetCredential: credentials come from Secrets",
-	"tests/test_sandbox.py::test_typed_errors":                            "ImportImage: images are per node",
-}
+var pyUnfit = map[string]string{}
 
 // needSDK skips (outside CI) or fails (in CI) a test whose SDK prerequisite
 // path is missing.

@@ -107,6 +107,14 @@ func startGateway() error {
 	if err := plane.UserKubeconfig(ctx, "forkbox-gateway", "../../deploy/rbac/gateway/role.yaml", cfg); err != nil {
 		return err
 	}
+	if err := plane.UserNamespaceRole(ctx, "forkbox-gateway", "../../deploy/rbac/gateway/secrets.yaml", gw.namespace); err != nil {
+		return err
+	}
+	// A tenant namespace: the nodes read its Secrets (credentials), and
+	// no other namespace's.
+	if err := plane.NodeNamespaceRole(ctx, "../../deploy/rbac/node/secrets.yaml", gw.namespace); err != nil {
+		return err
+	}
 	log, err := os.Create(filepath.Join(cl.Dir, "gateway.log"))
 	if err != nil {
 		return err
@@ -377,9 +385,11 @@ func TestGatewayErrors(t *testing.T) {
 	if _, err := c.ListImages(ctx); err != nil {
 		t.Fatalf("list images: %v", err)
 	}
-	if _, err := c.PullImage(ctx, "docker.io/library/busybox:latest", false, nil); !errdefs.IsNotImplemented(err) ||
-		!strings.Contains(err.Error(), "cluster mode") {
-		t.Fatalf("pull through the gateway: got %v, want NotImplemented naming cluster mode", err)
+	if _, err := c.Resume(ctx, "no-such-session"); !errdefs.IsNotFound(err) {
+		t.Fatalf("resume of no session through the gateway: got %v, want NotFound", err)
+	}
+	if _, err := c.CreateSandbox(ctx, fbclient.CreateOptions{Image: env.image, Runtime: string(fbv1.RuntimeGVisor), OnTimeout: "hibernate", Timeout: time.Minute}); !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "cluster mode") {
+		t.Fatalf("on_timeout hibernate through the gateway: got %v, want NotImplemented naming cluster mode", err)
 	}
 
 	// A sandbox of another namespace is not this tenant's.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/agent"
@@ -52,7 +53,8 @@ func (d *Daemon) SetCredential(ctx context.Context, idOrName string, c Credentia
 	if err != nil {
 		return nil, err
 	}
-	if len(existing) >= credentials.MaxPerSandbox {
+	replaces := slices.ContainsFunc(existing, func(e *store.Credential) bool { return e.Name == c.Name })
+	if !replaces && len(existing) >= credentials.MaxPerSandbox {
 		return nil, fmt.Errorf("sandbox %s has %d credentials, the limit: %w", sb.ID, len(existing), errdefs.ErrResourceExhausted)
 	}
 	cred := &store.Credential{SandboxID: sb.ID, Name: c.Name, Env: c.Env, File: c.File, PerFork: c.PerFork,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/credentials"
 	"github.com/forkbox/forkbox/internal/store"
 )
 
@@ -21,6 +22,38 @@ func (d *Daemon) RestoreSnapshot(ctx context.Context, checkpoint string, o Overr
 	}
 	return d.startFromCheckpoint(ctx, startOptions{checkpoint: ck, overrides: o, defaultName: "restore-" + ck.ID[len("ck-"):],
 		creds: creds, event: map[string]any{"restored_from": ck.ID, "tag": ck.Tag}})
+}
+
+// CredentialValue is a credential with its clear value (what a cluster
+// node reads from the Secret a Sandbox object names).
+type CredentialValue struct {
+	Spec  CredentialSpec
+	Value string
+}
+
+// RestoreSnapshotWith starts a new sandbox from a checkpoint, like
+// RestoreSnapshot, but with exactly creds rather than what the
+// checkpoint's sandbox holds now: in cluster mode a Sandbox object names
+// all of its credentials, and the checkpoint's sandbox may be on another
+// node.
+func (d *Daemon) RestoreSnapshotWith(ctx context.Context, checkpoint string, o Overrides, creds []CredentialValue) (*store.Sandbox, error) {
+	ck, err := d.store.GetCheckpoint(ctx, checkpoint)
+	if err != nil {
+		return nil, err
+	}
+	if len(creds) > credentials.MaxPerSandbox {
+		return nil, fmt.Errorf("%d credentials, the limit is %d: %w", len(creds), credentials.MaxPerSandbox, errdefs.ErrResourceExhausted)
+	}
+	var sealed []*store.Credential
+	for _, c := range creds {
+		if err := credentials.Check(c.Spec, c.Value); err != nil {
+			return nil, err
+		}
+		sealed = append(sealed, &store.Credential{Name: c.Spec.Name, Env: c.Spec.Env, File: c.Spec.File, PerFork: c.Spec.PerFork,
+			Sealed: d.sealer.Seal(c.Spec.Name, []byte(c.Value))})
+	}
+	return d.startFromCheckpoint(ctx, startOptions{checkpoint: ck, overrides: o, defaultName: "restore-" + ck.ID[len("ck-"):],
+		creds: sealed, event: map[string]any{"restored_from": ck.ID, "tag": ck.Tag}})
 }
 
 // Replayed is the outcome of one exec replayed by Resume.

@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"sync"
 
 	"connectrpc.com/connect"
@@ -40,6 +42,17 @@ func (s *images) PullImage(ctx context.Context, req *connect.Request[v1.PullImag
 }
 
 func (s *images) ImportImage(ctx context.Context, req *connect.Request[v1.ImportImageRequest], stream *connect.ServerStream[v1.ImageProgress]) error {
+	if len(req.Msg.Archive) > 0 {
+		if req.Msg.Path != "" {
+			return fmt.Errorf("give a path or an archive, not both: %w", errdefs.ErrInvalidArgument)
+		}
+		// The caller's own bytes (bounded by MaxRequestBytes): any caller.
+		img, err := importArchive(ctx, s.d, req.Msg.Archive, req.Msg.Name, progressSender(stream))
+		if err != nil {
+			return err
+		}
+		return stream.Send(&v1.ImageProgress{Phase: "done", Image: toImage(img)})
+	}
 	if remote(ctx) {
 		// The path is read by the daemon, as root, on its host: only local
 		// callers may name one.
@@ -50,6 +63,24 @@ func (s *images) ImportImage(ctx context.Context, req *connect.Request[v1.Import
 		return err
 	}
 	return stream.Send(&v1.ImageProgress{Phase: "done", Image: toImage(img)})
+}
+
+// importArchive imports an archive sent in a request from a private
+// temporary file, removed after.
+func importArchive(ctx context.Context, d *daemon.Daemon, archive []byte, name string, progress func(image.Progress)) (image.Image, error) {
+	f, err := os.CreateTemp("", "forkbox-import-*.tar") // mode 0600
+	if err != nil {
+		return image.Image{}, fmt.Errorf("import: %v: %w", err, errdefs.ErrInternal)
+	}
+	defer os.Remove(f.Name())
+	_, err = f.Write(archive)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return image.Image{}, fmt.Errorf("import: write the archive: %v: %w", err, errdefs.ErrInternal)
+	}
+	return d.ImportImage(ctx, f.Name(), name, progress)
 }
 
 func (s *images) ListImages(ctx context.Context, req *connect.Request[v1.ListImagesRequest]) (*connect.Response[v1.ListImagesResponse], error) {

@@ -5182,9 +5182,15 @@ func (x *PullImageRequest) GetInsecure() bool {
 
 type ImportImageRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	Path  string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// A path on the daemon's host: local callers only (the daemon reads it
+	// as root). Either path or archive.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
 	// The name to give the image; defaults to the name in the archive.
-	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// The archive itself, sent by the caller (any caller, local or remote;
+	// a gateway imports it on every ready node). Bounded by the server's
+	// request size (32 MiB): larger images go through a registry.
+	Archive       []byte `protobuf:"bytes,220,opt,name=archive,proto3" json:"archive,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5231,6 +5237,13 @@ func (x *ImportImageRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *ImportImageRequest) GetArchive() []byte {
+	if x != nil {
+		return x.Archive
+	}
+	return nil
 }
 
 type ImageProgress struct {
@@ -7141,10 +7154,11 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x12created_at_unix_ms\x18\x05 \x01(\x03R\x0fcreatedAtUnixMs\"@\n" +
 	"\x10PullImageRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x1a\n" +
-	"\binsecure\x18\x02 \x01(\bR\binsecure\"<\n" +
+	"\binsecure\x18\x02 \x01(\bR\binsecure\"W\n" +
 	"\x12ImportImageRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"x\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x19\n" +
+	"\aarchive\x18\xdc\x01 \x01(\fR\aarchive\"x\n" +
 	"\rImageProgress\x12\x14\n" +
 	"\x05phase\x18\x01 \x01(\tR\x05phase\x12\x12\n" +
 	"\x04done\x18\x02 \x01(\x03R\x04done\x12\x14\n" +

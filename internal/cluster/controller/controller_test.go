@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -110,12 +111,21 @@ func TestForkFanOut(t *testing.T) {
 	ns := namespace(t)
 	node(t, "fk-src", 4, long)
 	node(t, "fk-other", 10, long)
-	src := sandbox(ns, "src", func(sb *fbv1.Sandbox) { sb.Spec.NodeName = "fk-src" })
+	ref := func(name string) fbv1.SecretKeyRef { return fbv1.SecretKeyRef{Name: name, Key: "value"} }
+	src := sandbox(ns, "src", func(sb *fbv1.Sandbox) {
+		sb.Spec.NodeName = "fk-src"
+		sb.Spec.Credentials = []fbv1.Credential{{Name: "API_KEY", SecretRef: ref("s1")},
+			{Name: "token", File: "token", PerFork: true, SecretRef: ref("s2")}, {Name: "OTHER", SecretRef: ref("s3")}}
+	})
 	create(t, src)
 	setPhase(t, src, fbv1.PhaseRunning)
+	// Children inherit the source's credentials but the per-fork one; the
+	// Fork's replace those of the same name.
 	fk := &fbv1.Fork{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fan"},
 		Spec: fbv1.ForkSpec{Source: fbv1.ForkSource{Sandbox: "src"}, Count: 5,
-			Overrides: fbv1.ForkOverrides{Env: []fbv1.EnvVar{{Name: "CHILD", Value: "1"}}}}}
+			Overrides: fbv1.ForkOverrides{Env: []fbv1.EnvVar{{Name: "CHILD", Value: "1"}},
+				Credentials: []fbv1.Credential{{Name: "OTHER", SecretRef: ref("s4")}}}}}
+	wantCreds := []fbv1.Credential{{Name: "API_KEY", SecretRef: ref("s1")}, {Name: "OTHER", SecretRef: ref("s4")}}
 	create(t, fk)
 
 	ck := &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fan"}}
@@ -140,7 +150,8 @@ func TestForkFanOut(t *testing.T) {
 			return err == nil, fmt.Sprint(err)
 		})
 		if !metav1.IsControlledBy(sb, fk) || sb.Labels[fbv1.ForkLabel] != "fan" || sb.Spec.Source == nil ||
-			sb.Spec.Source.Checkpoint != "fan" || len(sb.Spec.Env) != 1 || sb.Spec.Env[0].Name != "CHILD" {
+			sb.Spec.Source.Checkpoint != "fan" || len(sb.Spec.Env) != 1 || sb.Spec.Env[0].Name != "CHILD" ||
+			!reflect.DeepEqual(sb.Spec.Credentials, wantCreds) {
 			t.Fatalf("child %s: got %+v, owners %+v", sb.Name, sb.Spec, sb.OwnerReferences)
 		}
 		children = append(children, sb)

@@ -35,7 +35,7 @@ func TestCRDsRefuseBadObjects(t *testing.T) {
 		{"unknown state", &fbv1.Sandbox{ObjectMeta: meta("state"), Spec: fbv1.SandboxSpec{Image: "busybox", State: "Flying"}}, "spec.state"},
 		{"bad env name", &fbv1.Sandbox{ObjectMeta: meta("env"), Spec: fbv1.SandboxSpec{Image: "busybox",
 			Env: []fbv1.EnvVar{{Name: "1BAD=x"}}}}, "spec.env[0].name"},
-		{"relative credential file", &fbv1.Sandbox{ObjectMeta: meta("cred"), Spec: fbv1.SandboxSpec{Image: "busybox",
+		{"credential file outside /run/secrets", &fbv1.Sandbox{ObjectMeta: meta("cred"), Spec: fbv1.SandboxSpec{Image: "busybox",
 			Credentials: []fbv1.Credential{{Name: "TOKEN", SecretRef: fbv1.SecretKeyRef{Name: "s", Key: "k"}, File: "../etc/passwd"}}}},
 			"spec.credentials[0].file"},
 		{"bad egress mode", &fbv1.Sandbox{ObjectMeta: meta("egress"), Spec: fbv1.SandboxSpec{Image: "busybox",

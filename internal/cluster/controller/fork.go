@@ -164,6 +164,10 @@ func (f *forker) children(ctx context.Context, fk *fbv1.Fork, ck *fbv1.Checkpoin
 	for _, c := range fk.Status.Children {
 		made[c.Name] = !strings.HasPrefix(c.Message, createFailed)
 	}
+	inherited, err := f.inherited(ctx, fk, ck)
+	if err != nil {
+		return err
+	}
 	var out []fbv1.ForkChild
 	ready, settled := int32(0), 0
 	for i := range int(fk.Spec.Count) {
@@ -175,7 +179,7 @@ func (f *forker) children(ctx context.Context, fk *fbv1.Fork, ck *fbv1.Checkpoin
 			continue
 		}
 		if sb == nil {
-			sb = f.child(fk, ck, name)
+			sb = f.child(fk, ck, name, inherited)
 			if err := controllerutil.SetControllerReference(fk, sb, f.c.Scheme()); err != nil {
 				return err
 			}
@@ -205,9 +209,34 @@ func (f *forker) children(ctx context.Context, fk *fbv1.Fork, ck *fbv1.Checkpoin
 	return nil
 }
 
+// inherited are the credentials children get from their source: the
+// checkpoint's sandbox's, but for per-fork ones (each child's must be in
+// the overrides), each overridden by the Fork's of the same name.
+func (f *forker) inherited(ctx context.Context, fk *fbv1.Fork, ck *fbv1.Checkpoint) ([]fbv1.Credential, error) {
+	var out []fbv1.Credential
+	given := map[string]bool{}
+	for _, c := range fk.Spec.Overrides.Credentials {
+		given[c.Name] = true
+	}
+	if ck.Spec.Sandbox != "" {
+		var src fbv1.Sandbox
+		err := f.c.Get(ctx, types.NamespacedName{Namespace: fk.Namespace, Name: ck.Spec.Sandbox}, &src)
+		if err != nil && !errors.IsNotFound(err) {
+			return nil, err
+		}
+		for _, c := range src.Spec.Credentials {
+			if !c.PerFork && !given[c.Name] {
+				out = append(out, c)
+			}
+		}
+	}
+	return append(out, fk.Spec.Overrides.Credentials...), nil
+}
+
 // child is the Sandbox of one child: the checkpoint plus the Fork's
-// overrides; its node inherits the rest from the checkpoint's sandbox.
-func (f *forker) child(fk *fbv1.Fork, ck *fbv1.Checkpoint, name string) *fbv1.Sandbox {
+// overrides and the credentials inherited; its node inherits the rest
+// from the checkpoint.
+func (f *forker) child(fk *fbv1.Fork, ck *fbv1.Checkpoint, name string, creds []fbv1.Credential) *fbv1.Sandbox {
 	o := fk.Spec.Overrides
 	return &fbv1.Sandbox{
 		ObjectMeta: metav1.ObjectMeta{Namespace: fk.Namespace, Name: name, Labels: map[string]string{fbv1.ForkLabel: fk.Name}},
@@ -216,7 +245,7 @@ func (f *forker) child(fk *fbv1.Fork, ck *fbv1.Checkpoint, name string) *fbv1.Sa
 			Resources:   *o.Resources.DeepCopy(),
 			Env:         slices.Clone(o.Env),
 			WorkingDir:  o.WorkingDir,
-			Credentials: slices.Clone(o.Credentials),
+			Credentials: slices.Clone(creds),
 			Egress:      o.Egress.DeepCopy(),
 			State:       fbv1.StateRunning,
 		},

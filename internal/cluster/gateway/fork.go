@@ -12,14 +12,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	utilrand "k8s.io/apimachinery/pkg/util/rand"
 
 	v1 "github.com/forkbox/forkbox/api/forkbox/v1"
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/errdefs/errconnect"
 	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
 )
-
-var errCredentials = fmt.Errorf("cluster mode: credential values cannot be given through the gateway: put them in a Secret and name it in spec.credentials (or a Fork's spec.overrides.credentials): %w", errdefs.ErrNotImplemented)
 
 // forkCall is one Fork or ForkStream in progress.
 type forkCall struct {
@@ -112,9 +111,6 @@ func (g *Gateway) startFork(ctx context.Context, m *v1.ForkRequest) (*forkCall, 
 	if count < 1 || count > 100 {
 		return nil, fmt.Errorf("count %d: want 1 to 100: %w", m.Count, errdefs.ErrInvalidArgument)
 	}
-	if len(m.Credentials) > 0 {
-		return nil, errCredentials
-	}
 	o := m.Overrides
 	if o == nil {
 		o = &v1.Overrides{}
@@ -141,6 +137,7 @@ func (g *Gateway) startFork(ctx context.Context, m *v1.ForkRequest) (*forkCall, 
 	fk := &fbv1.Fork{ObjectMeta: metav1.ObjectMeta{Namespace: g.o.Namespace},
 		Spec: fbv1.ForkSpec{Count: count, Memory: m.Memory, Overrides: ov}}
 	var base string
+	var kept, withValue []fbv1.Credential
 	switch {
 	case m.FromCheckpoint != "":
 		ck, err := g.checkpoint(ctx, m.FromCheckpoint)
@@ -149,6 +146,13 @@ func (g *Gateway) startFork(ctx context.Context, m *v1.ForkRequest) (*forkCall, 
 		}
 		fk.Spec.Source.Checkpoint, fk.Spec.Memory, base = ck.Name, false, ck.Spec.Sandbox
 		if err := g.roomFor(ctx, int(count), m.BestEffort); err != nil {
+			return nil, err
+		}
+		src, err := g.sourceSandbox(ctx, ck)
+		if err != nil {
+			return nil, err
+		}
+		if kept, withValue, err = inherit(src, m.Credentials); err != nil {
 			return nil, err
 		}
 	default:
@@ -160,7 +164,11 @@ func (g *Gateway) startFork(ctx context.Context, m *v1.ForkRequest) (*forkCall, 
 			return nil, fmt.Errorf("fork: %w", err)
 		}
 		base = sb.Name
-		if err := g.roomFor(ctx, int(count), m.BestEffort); err != nil { // before anything is captured
+		// Before any checkpoint: a refused fork changes nothing.
+		if err := g.roomFor(ctx, int(count), m.BestEffort); err != nil {
+			return nil, err
+		}
+		if kept, withValue, err = inherit(sb, m.Credentials); err != nil {
 			return nil, err
 		}
 		if m.Tag != "" {
@@ -191,10 +199,21 @@ func (g *Gateway) startFork(ctx context.Context, m *v1.ForkRequest) (*forkCall, 
 			base = base[:40]
 		}
 		fk.GenerateName = "fork-" + base + "-" // children: fork-<parent>-<short>-<i>, as on one host
+		if len(withValue) > 0 {
+			// The given values' Secrets are named after the Fork: name it now.
+			fk.Name, fk.GenerateName = fk.GenerateName+utilrand.String(5), ""
+		}
 	}
+	given, err := g.putGiven(ctx, fk.Name, withValue, m.Credentials)
+	if err != nil {
+		return nil, err
+	}
+	fk.Spec.Overrides.Credentials = given // the controller adds the inherited ones
 	if err := g.c.Create(ctx, fk); err != nil {
+		g.dropGiven(ctx, given)
 		return nil, kerr(err, "create fork")
 	}
+	g.addOwner(ctx, append(kept, given...), fk, "Fork")
 	f.fk = fk
 	if err := f.capture(ctx); err != nil {
 		return nil, err

@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/forkbox/forkbox/api/forkbox/v1"
@@ -389,10 +390,15 @@ func (s *sandboxes) WakeSandbox(ctx context.Context, req *connect.Request[v1.Wak
 // RestoreSnapshot is a Sandbox whose source is the checkpoint.
 func (s *sandboxes) RestoreSnapshot(ctx context.Context, req *connect.Request[v1.RestoreSnapshotRequest]) (*connect.Response[v1.RestoreSnapshotResponse], error) {
 	start := time.Now()
-	if len(req.Msg.Credentials) > 0 {
-		return nil, errCredentials
-	}
 	ck, err := s.g.checkpoint(ctx, req.Msg.Checkpoint)
+	if err != nil {
+		return nil, err
+	}
+	src, err := s.g.sourceSandbox(ctx, ck)
+	if err != nil {
+		return nil, err
+	}
+	kept, withValue, err := inherit(src, req.Msg.Credentials)
 	if err != nil {
 		return nil, err
 	}
@@ -407,13 +413,24 @@ func (s *sandboxes) RestoreSnapshot(ctx context.Context, req *connect.Request[v1
 	if err := fill(&spec, o.Resources, o.Env, o.Egress, o.EgressAllow, o.EgressDeny); err != nil {
 		return nil, err
 	}
-	sb, err := s.g.newSandbox(o.Name, spec)
+	name := o.Name
+	if name == "" && len(withValue) > 0 {
+		name = "box-" + utilrand.String(5) // the given values' Secrets are named after it
+	}
+	sb, err := s.g.newSandbox(name, spec)
 	if err != nil {
 		return nil, err
 	}
+	given, err := s.g.putGiven(ctx, sb.Name, withValue, req.Msg.Credentials)
+	if err != nil {
+		return nil, err
+	}
+	sb.Spec.Credentials = append(kept, given...)
 	out, err := s.g.createAndWait(ctx, sb, o.TimeoutMs)
 	if err != nil {
+		s.g.dropGiven(ctx, given)
 		return nil, err
 	}
+	s.g.addOwner(ctx, sb.Spec.Credentials, sb, "Sandbox")
 	return connect.NewResponse(&v1.RestoreSnapshotResponse{Sandbox: out, StartMs: ms(time.Since(start))}), nil
 }

@@ -28,6 +28,7 @@ type nodeClients struct {
 	tr    *http.Transport
 	mu    sync.Mutex
 	byEP  map[string]forkboxv1connect.SandboxServiceClient
+	imgs  map[string]forkboxv1connect.ImageServiceClient
 }
 
 func newNodeClients(token string) *nodeClients {
@@ -35,7 +36,8 @@ func newNodeClients(token string) *nodeClients {
 	p.SetUnencryptedHTTP2(true)
 	tr := &http.Transport{Protocols: &p, DialContext: (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
 		ResponseHeaderTimeout: 0, IdleConnTimeout: 90 * time.Second}
-	return &nodeClients{token: token, tr: tr, byEP: map[string]forkboxv1connect.SandboxServiceClient{}}
+	return &nodeClients{token: token, tr: tr, byEP: map[string]forkboxv1connect.SandboxServiceClient{},
+		imgs: map[string]forkboxv1connect.ImageServiceClient{}}
 }
 
 func (n *nodeClients) get(endpoint string) forkboxv1connect.SandboxServiceClient {
@@ -46,6 +48,19 @@ func (n *nodeClients) get(endpoint string) forkboxv1connect.SandboxServiceClient
 		c = forkboxv1connect.NewSandboxServiceClient(&http.Client{Transport: n.tr}, "http://"+endpoint,
 			connect.WithInterceptors(nodeAuth{n.token}))
 		n.byEP[endpoint] = c
+	}
+	return c
+}
+
+// images is the ImageService of the node at endpoint.
+func (n *nodeClients) images(endpoint string) forkboxv1connect.ImageServiceClient {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	c, ok := n.imgs[endpoint]
+	if !ok {
+		c = forkboxv1connect.NewImageServiceClient(&http.Client{Transport: n.tr}, "http://"+endpoint,
+			connect.WithInterceptors(nodeAuth{n.token}), connect.WithSendMaxBytes(MaxRequestBytes))
+		n.imgs[endpoint] = c
 	}
 	return c
 }

@@ -17,7 +17,6 @@
 // +kubebuilder:rbac:groups=forkbox.dev,resources=sandboxes/finalizers;checkpoints/finalizers,verbs=update
 // +kubebuilder:rbac:groups=forkbox.dev,resources=environments,verbs=get;list;watch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 package nodeagent
 

@@ -40,6 +40,9 @@ type agent struct {
 	// setups holds the UIDs of the builder Sandboxes whose setup this
 	// process started (see setup.go).
 	setups sync.Map
+	// credsApplied holds, per Sandbox UID, the Secret resourceVersion each
+	// credential was last applied at (credentials.go).
+	credsApplied sync.Map
 }
 
 // heartbeat registers the node, then renews its Lease every third of the

@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -58,6 +60,11 @@ func (r *sandboxes) Reconcile(ctx context.Context, req reconcile.Request) (recon
 			r.setFailed(&sb, "LocalSandboxGone", "the node's ledger no longer has sandbox "+sb.Status.LocalID)
 			return reconcile.Result{}, r.writeStatus(ctx, before, &sb)
 		}
+		if finalFailure(&sb) {
+			// Not retried (see failed) until the spec changes: each try
+			// writes Creating then Failed, a loop of writes otherwise.
+			return reconcile.Result{}, nil
+		}
 		local, err = r.create(ctx, &sb, name, before)
 		if err != nil {
 			return r.failed(ctx, before, &sb, "CreateFailed", err)
@@ -69,6 +76,9 @@ func (r *sandboxes) Reconcile(ctx context.Context, req reconcile.Request) (recon
 		// Closed here (its timeout, or a caller of this node's API): the
 		// object records it as it would a close asked for.
 		return reconcile.Result{}, r.retire(ctx, &sb, name)
+	}
+	if err := r.syncCredentials(ctx, &sb, local); err != nil {
+		r.rec.Eventf(&sb, nil, corev1.EventTypeWarning, "CredentialsFailed", "Credentials", "%s", kube.Truncate(err.Error(), 1024))
 	}
 	if err := r.drive(ctx, &sb, local); err != nil {
 		r.rec.Eventf(&sb, nil, corev1.EventTypeWarning, "StateChangeFailed", "Drive", "%s", kube.Truncate(err.Error(), 1024))
@@ -110,11 +120,14 @@ func (r *sandboxes) create(ctx context.Context, sb *fbv1.Sandbox, name string, b
 		if err != nil {
 			return nil, err
 		}
-		given := map[string]string{}
+		// The object names all of its credentials (its parent's are
+		// merged in by whoever made it): exactly those, not the
+		// checkpoint's sandbox's, which may be on another node.
+		var with []daemon.CredentialValue
 		for _, c := range creds {
-			given[c.spec.Name] = c.value
+			with = append(with, daemon.CredentialValue{Spec: c.spec, Value: c.value})
 		}
-		local, err = r.d.RestoreSnapshot(ctx, ckID, overrides(&sb.Spec, name), given)
+		local, err = r.d.RestoreSnapshotWith(ctx, ckID, overrides(&sb.Spec, name), with)
 		if err != nil {
 			return nil, err
 		}
@@ -130,6 +143,7 @@ func (r *sandboxes) create(ctx context.Context, sb *fbv1.Sandbox, name string, b
 			}
 		}
 	}
+	r.noteApplied(sb, creds)
 	r.log.InfoContext(ctx, "sandbox created", slog.String("sandbox", sb.Namespace+"/"+sb.Name), slog.String("local", local.ID))
 	r.rec.Eventf(sb, nil, corev1.EventTypeNormal, "Created", "Create", "sandbox %s created on node %s", local.ID, r.o.NodeName)
 	return local, nil
@@ -240,6 +254,14 @@ func (r *sandboxes) failed(ctx context.Context, before, sb *fbv1.Sandbox, reason
 	return reconcile.Result{}, r.writeStatus(ctx, before, sb)
 }
 
+// finalFailure reports whether sb's create failed for good at its
+// current generation.
+func finalFailure(sb *fbv1.Sandbox) bool {
+	c := meta.FindStatusCondition(sb.Status.Conditions, fbv1.ConditionReady)
+	return sb.Status.Phase == fbv1.PhaseFailed && c != nil && c.ObservedGeneration == sb.Generation &&
+		strings.HasPrefix(c.Reason, "CreateFailed")
+}
+
 func (r *sandboxes) setFailed(sb *fbv1.Sandbox, reason, msg string) {
 	sb.Status.Phase, sb.Status.Message = fbv1.PhaseFailed, kube.Truncate(msg, 4096)
 	kube.SetCondition(&sb.Status.Conditions, fbv1.ConditionReady, false, reason, sb.Status.Message, sb.Generation)
@@ -316,37 +338,6 @@ func (r *sandboxes) close(ctx context.Context, sb *fbv1.Sandbox, name string) er
 	patch := client.MergeFrom(sb.DeepCopy())
 	controllerutil.RemoveFinalizer(sb, fbv1.SandboxFinalizer)
 	r.setups.Delete(sb.UID)
+	r.credsApplied.Delete(sb.UID)
 	return client.IgnoreNotFound(r.c.Patch(ctx, sb, patch))
-}
-
-// credential is a credential of a Sandbox with its value from its Secret.
-type credential struct {
-	spec  daemon.CredentialSpec
-	value string
-}
-
-// maxCredentialBytes bounds one credential's value read from a Secret.
-const maxCredentialBytes = 64 << 10
-
-func (r *sandboxes) credentials(ctx context.Context, sb *fbv1.Sandbox) ([]credential, error) {
-	var out []credential
-	for _, c := range sb.Spec.Credentials {
-		var s corev1.Secret
-		if err := r.api.Get(ctx, types.NamespacedName{Namespace: sb.Namespace, Name: c.SecretRef.Name}, &s); err != nil {
-			return nil, fmt.Errorf("credential %s: secret %s: %v: %w", c.Name, c.SecretRef.Name, err, errdefs.ErrFailedPrecondition)
-		}
-		v, ok := s.Data[c.SecretRef.Key]
-		if !ok {
-			return nil, fmt.Errorf("credential %s: secret %s has no key %s: %w", c.Name, c.SecretRef.Name, c.SecretRef.Key, errdefs.ErrFailedPrecondition)
-		}
-		if len(v) > maxCredentialBytes {
-			return nil, fmt.Errorf("credential %s: %d bytes, limit %d: %w", c.Name, len(v), maxCredentialBytes, errdefs.ErrInvalidArgument)
-		}
-		spec := daemon.CredentialSpec{Name: c.Name, File: c.File, PerFork: c.PerFork}
-		if c.File == "" {
-			spec.Env = c.Name
-		}
-		out = append(out, credential{spec: spec, value: string(v)})
-	}
-	return out, nil
 }

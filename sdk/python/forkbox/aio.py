@@ -564,7 +564,7 @@ class AsyncClient:
 
     async def import_image(
         self,
-        path: str,
+        path: Union[str, bytes],
         *,
         name: Optional[str] = None,
         on_progress: Optional[Callable[[ImageProgress], None]] = None,

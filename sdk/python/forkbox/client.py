@@ -3,6 +3,7 @@ bearer token), and the client-side concurrency slots."""
 
 from __future__ import annotations
 
+import base64
 import os
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
@@ -261,14 +262,21 @@ class Client:
 
     def import_image(
         self,
-        path: str,
+        path: Union[str, bytes],
         *,
         name: Optional[str] = None,
         on_progress: Optional[Callable[[ImageProgress], None]] = None,
     ) -> Image:
-        """Imports an oci-archive or docker-archive at a path on the daemon's
-        host (local socket only)."""
-        return self._drain("ImportImage", {"path": path, "name": name or ""}, on_progress)
+        """Imports an oci-archive or docker-archive: at a path on the daemon's
+        host (local socket only), or the archive's bytes, sent in the request
+        (any connection, a gateway too; at most 32 MiB: larger images go
+        through a registry)."""
+        msg: Dict[str, Any] = {"name": name or ""}
+        if isinstance(path, (bytes, bytearray)):
+            msg["archive"] = base64.b64encode(bytes(path)).decode("ascii")
+        else:
+            msg["path"] = path
+        return self._drain("ImportImage", msg, on_progress)
 
     def pull_image(
         self,

@@ -5,6 +5,7 @@ resume, credentials, pause, hibernate, max_concurrency, TCP with a token."""
 from __future__ import annotations
 
 import io
+import os
 import sys
 import time
 
@@ -160,6 +161,20 @@ def test_typed_errors(daemon: Daemon, client: forkbox.Client, image: str) -> Non
         daemon.client(url=daemon.tcp_url, token="wrong").list_sandboxes()
     with pytest.raises(forkbox.PermissionDeniedError):
         daemon.client(url=daemon.tcp_url, token=daemon.token).import_image("/etc/passwd")
+
+
+def test_import_archive_bytes_over_tcp(daemon: Daemon) -> None:
+    # A remote caller sends the archive itself (a gateway imports it on
+    # every node); the image is the one the suite runs.
+    archive = os.environ.get("FORKBOX_TEST_ARCHIVE") or str(daemon.dir / "busybox.tar")
+    with open(archive, "rb") as f:
+        data = f.read()
+    seen: list = []
+    c = daemon.client(url=daemon.tcp_url, token=daemon.token)
+    img = c.import_image(data, name="forkbox.local/busybox:latest", on_progress=seen.append)
+    assert img.name == "forkbox.local/busybox:latest" and seen
+    with pytest.raises(forkbox.InvalidArgumentError):
+        c.import_image(b"not an archive")
 
 
 def test_tcp_with_token(daemon: Daemon, image: str) -> None:

@@ -304,9 +304,18 @@ export class Client {
     return new Environment(this, name, o);
   }
 
-  /** Imports an oci-archive or docker-archive at a path on the daemon's host. */
-  async importImage(path: string, o: { name?: string; onProgress?: (p: ImageProgress) => void } = {}): Promise<Image> {
-    return this.drain(this.rpc.images.importImage({ path, name: o.name }), o.onProgress);
+  /**
+   * Imports an oci-archive or docker-archive: a path on the daemon's host
+   * (local socket only), or the archive's bytes, sent in the request (any
+   * connection, a gateway too; at most 32 MiB: larger images go through a
+   * registry).
+   */
+  async importImage(
+    archive: string | Uint8Array,
+    o: { name?: string; onProgress?: (p: ImageProgress) => void } = {},
+  ): Promise<Image> {
+    const req = typeof archive === "string" ? { path: archive, name: o.name } : { archive, name: o.name };
+    return this.drain(this.rpc.images.importImage(req), o.onProgress);
   }
 
   /** Pulls an image from a registry. */

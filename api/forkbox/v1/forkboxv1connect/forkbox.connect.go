@@ -1070,8 +1070,9 @@ func (UnimplementedSandboxServiceHandler) ForkStream(context.Context, *connect.R
 type ImageServiceClient interface {
 	// PullImage pulls from a registry and streams progress.
 	PullImage(context.Context, *connect.Request[v1.PullImageRequest]) (*connect.ServerStreamForClient[v1.ImageProgress], error)
-	// ImportImage imports an oci-archive or docker-archive tarball that is on
-	// the daemon's host, and streams progress.
+	// ImportImage imports an oci-archive or docker-archive tarball, on the
+	// daemon's host (path) or sent in the request (archive), and streams
+	// progress.
 	ImportImage(context.Context, *connect.Request[v1.ImportImageRequest]) (*connect.ServerStreamForClient[v1.ImageProgress], error)
 	ListImages(context.Context, *connect.Request[v1.ListImagesRequest]) (*connect.Response[v1.ListImagesResponse], error)
 	RemoveImage(context.Context, *connect.Request[v1.RemoveImageRequest]) (*connect.Response[v1.RemoveImageResponse], error)
@@ -1147,8 +1148,9 @@ func (c *imageServiceClient) RemoveImage(ctx context.Context, req *connect.Reque
 type ImageServiceHandler interface {
 	// PullImage pulls from a registry and streams progress.
 	PullImage(context.Context, *connect.Request[v1.PullImageRequest], *connect.ServerStream[v1.ImageProgress]) error
-	// ImportImage imports an oci-archive or docker-archive tarball that is on
-	// the daemon's host, and streams progress.
+	// ImportImage imports an oci-archive or docker-archive tarball, on the
+	// daemon's host (path) or sent in the request (archive), and streams
+	// progress.
 	ImportImage(context.Context, *connect.Request[v1.ImportImageRequest], *connect.ServerStream[v1.ImageProgress]) error
 	ListImages(context.Context, *connect.Request[v1.ListImagesRequest]) (*connect.Response[v1.ListImagesResponse], error)
 	RemoveImage(context.Context, *connect.Request[v1.RemoveImageRequest]) (*connect.Response[v1.RemoveImageResponse], error)

@@ -51,21 +51,31 @@ type SecretKeyRef struct {
 }
 
 // Credential is a named secret attached to a sandbox: injected as an
-// environment variable or a file, redacted everywhere, carried to forks
-// unless PerFork.
+// environment variable of every exec, as a file under /run/secrets, or
+// both (as on one host: internal/credentials), redacted everywhere,
+// carried to forks unless PerFork. The gateway's SetCredential writes one
+// (its value in a Secret the Sandbox owns); a node applies changes to a
+// running sandbox.
 type Credential struct {
-	// +kubebuilder:validation:Pattern=`^[A-Za-z_][A-Za-z0-9_]*$`
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`
 	// +kubebuilder:validation:MaxLength=128
 	Name string `json:"name"`
 	// SecretRef is where the value comes from.
 	SecretRef SecretKeyRef `json:"secretRef"`
-	// File, when set, is the absolute path the value is written to
-	// instead of an environment variable.
-	// +kubebuilder:validation:Pattern=`^/`
-	// +kubebuilder:validation:MaxLength=4096
+	// Env is the environment variable the value is given as. With
+	// neither Env nor File, it is Name.
+	// +kubebuilder:validation:Pattern=`^[A-Za-z_][A-Za-z0-9_]*$`
+	// +kubebuilder:validation:MaxLength=128
+	// +optional
+	Env string `json:"env,omitempty"`
+	// File, when set, is the file under /run/secrets (a plain name: a
+	// tmpfs outside the sandbox's writable layer) the value is written to.
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`
+	// +kubebuilder:validation:MaxLength=128
 	// +optional
 	File string `json:"file,omitempty"`
-	// PerFork credentials are not copied to forks.
+	// PerFork credentials are not copied to forks: each fork must be
+	// given its own value.
 	// +optional
 	PerFork bool `json:"perFork,omitempty"`
 }

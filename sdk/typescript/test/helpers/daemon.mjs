@@ -54,7 +54,7 @@ export function skipReason() {
  * hostArgs (the CLI's flags that reach it), socket, image, dir.
  */
 export function useDaemon(extra = []) {
-  const d = { client: undefined, socket: "", image: "", dir: "", flags: [], proc: undefined, log: "" };
+  const d = { client: undefined, socket: "", image: "", dir: "", archive: "", flags: [], proc: undefined, log: "" };
   if (process.env.FORKBOX_TEST_GATEWAY) return useGateway(d);
   before(async () => {
     execFileSync("make", ["-s", "build"], { cwd: repoRoot, stdio: ["ignore", "ignore", "inherit"] });
@@ -71,6 +71,7 @@ export function useDaemon(extra = []) {
       d.client = new Client(d.clientOptions);
       await waitReady(d);
       const archive = join(d.dir, "busybox.tar");
+      d.archive = archive;
       execFileSync("go", ["run", "./tools/mkimage", "-o", archive], { cwd: repoRoot, stdio: ["ignore", "ignore", "inherit"] });
       d.image = (await d.client.importImage(archive)).name;
     } catch (err) {
@@ -86,7 +87,8 @@ export function useDaemon(extra = []) {
  * The suite against a running `forkbox serve --gateway` instead of a
  * daemon of its own (e2e/cluster's TestGatewayTypeScriptSDK sets these):
  * FORKBOX_TEST_GATEWAY (http://host:port), FORKBOX_TEST_TOKEN, and
- * FORKBOX_TEST_IMAGE (an image on the cluster's nodes). There is no local
+ * FORKBOX_TEST_IMAGE (an image on the cluster's nodes), FORKBOX_TEST_ARCHIVE
+ * (an image archive on this host, for importImage's bytes). There is no local
  * socket, state dir or serve flags then; the sandboxes left at the end
  * are closed.
  */
@@ -98,6 +100,7 @@ function useGateway(d) {
     d.hostArgs = ["--host", d.gateway, "--token", d.clientOptions.token];
     d.client = new Client(d.clientOptions);
     d.image = process.env.FORKBOX_TEST_IMAGE ?? "";
+    d.archive = process.env.FORKBOX_TEST_ARCHIVE ?? ""; // an image archive on this host
   });
   after(async () => {
     for (const s of await d.client.listSandboxes()) await (await d.client.getSandbox(s.id)).close().catch(() => {});
