@@ -110,9 +110,9 @@ func Open(ctx context.Context, root string, b Backend, log *slog.Logger) (*Store
 	if err != nil {
 		return nil, fmt.Errorf("open lock: %v: %w", err, errdefs.ErrInternal)
 	}
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	if err := lockRoot(ctx, lock, root); err != nil {
 		lock.Close()
-		return nil, fmt.Errorf("snapshot root %s is in use by another process: %w", root, errdefs.ErrUnavailable)
+		return nil, err
 	}
 	s := &Store{root: root, backend: b, log: log, lock: lock}
 	if err := s.sweep(ctx); err != nil {
