@@ -98,7 +98,7 @@ func (p *preview) Target(ctx context.Context, id string, port int) (ports.Target
 	if err != nil {
 		return ports.Target{}, nil, err
 	}
-	if sb.Status.LocalID != id { // a name: the token is the ID's
+	if sb.Status.LocalID != id || sb.Closed() { // a name (the token is the ID's), or a sandbox gone as the daemon sees it
 		return ports.Target{}, nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
 	if sb.Spec.State == fbv1.StatePaused {
@@ -151,6 +151,12 @@ func (p *preview) relay(ctx context.Context, r *route, port int) (endpoint, toke
 func (p *preview) urls(ctx context.Context, ref string, port int) (ports.URLs, error) {
 	if err := ports.CheckPort(port); err != nil {
 		return ports.URLs{}, err
+	}
+	// A closed sandbox has no ports: NotFound, as the daemon answers.
+	if sb, err := p.g.sandbox(ctx, ref); err != nil {
+		return ports.URLs{}, err
+	} else if sb.Closed() {
+		return ports.URLs{}, fmt.Errorf("sandbox %s is closed: %w", sb.Status.LocalID, errdefs.ErrNotFound)
 	}
 	r, err := p.g.route(ctx, ref)
 	if err != nil {
