@@ -209,32 +209,37 @@ func needSDK(t *testing.T, path, why string) {
 	t.Skip(why)
 }
 
-// freshTenant gives an SDK suite the gateway's namespace as a fresh
-// daemon would be to it: no environment and no closed sandbox of an
-// earlier suite (both SDKs' seed examples build an environment
-// python-base, and the Python one counts its closed builders).
+// freshTenant gives an SDK suite the gateway's namespace as its own fresh
+// daemon is to it, and takes back what the suite left when it ends (a
+// suite's daemon goes with it): no environment, no sandbox, live or
+// closed, of an earlier suite or test (both SDKs' seed examples build an
+// environment python-base, and the Python one counts its closed
+// builders; a failed test can leave sandboxes that hold slots).
 func freshTenant(t *testing.T) {
 	t.Helper()
-	ctx := context.Background()
-	var el fbv1.EnvironmentList
-	if err := plane.Client.List(ctx, &el, client.InNamespace(gw.namespace)); err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, e := range el.Items {
-		names = append(names, e.Name)
-	}
-	cleanEnvironments(t, names...)
-	var sl fbv1.SandboxList
-	if err := plane.Client.List(ctx, &sl, client.InNamespace(gw.namespace)); err != nil {
-		t.Fatal(err)
-	}
-	for i := range sl.Items {
-		if sb := &sl.Items[i]; sb.Closed() {
+	clean := func() {
+		ctx := context.Background()
+		var el fbv1.EnvironmentList
+		if err := plane.Client.List(ctx, &el, client.InNamespace(gw.namespace)); err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range el.Items {
+			names = append(names, e.Name)
+		}
+		cleanEnvironments(t, names...)
+		var sl fbv1.SandboxList
+		if err := plane.Client.List(ctx, &sl, client.InNamespace(gw.namespace)); err != nil {
+			t.Fatal(err)
+		}
+		for i := range sl.Items {
+			sb := &sl.Items[i]
 			if err := plane.Client.Delete(ctx, sb); client.IgnoreNotFound(err) != nil {
-				t.Fatalf("delete closed sandbox %s: %v", sb.Name, err)
+				t.Fatalf("delete sandbox %s: %v", sb.Name, err)
 			}
 			gone(t, sb)
 		}
 	}
+	clean()
+	t.Cleanup(clean)
 }

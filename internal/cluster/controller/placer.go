@@ -269,7 +269,7 @@ func (p *placer) load(ctx context.Context) (map[string]int, error) {
 		} else {
 			node = p.assumed[uid]
 		}
-		if node != "" && sb.Status.Phase != fbv1.PhaseFailed && !sb.Closed() {
+		if node != "" && sb.HoldsSlot() {
 			used[node]++
 		}
 	}

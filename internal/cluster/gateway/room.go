@@ -17,7 +17,7 @@ import (
 // free slots"), and only a best-effort one starts what fits, its other
 // children failing one by one. Free slots are counted as the placer counts
 // them (a Ready, schedulable node's slots less the sandboxes bound to it
-// that have not failed), from the gateway's view: its namespace's
+// that hold one: not failed, not closed), from the gateway's view: its namespace's
 // sandboxes. Another tenant's are not seen, so a fork that passes may
 // still find less room, and those of its children fail one by one; one
 // that is refused would not have fitted.
@@ -35,7 +35,7 @@ func (g *Gateway) roomFor(ctx context.Context, n int, bestEffort bool) error {
 	}
 	used := map[string]int{}
 	for _, sb := range sl.Items {
-		if sb.Spec.NodeName != "" && sb.Status.Phase != fbv1.PhaseFailed {
+		if sb.Spec.NodeName != "" && sb.HoldsSlot() {
 			used[sb.Spec.NodeName]++
 		}
 	}

@@ -218,6 +218,10 @@ func init() { SchemeBuilder.Register(&Sandbox{}, &SandboxList{}) }
 // record and ledger.
 func (sb *Sandbox) Closed() bool { return sb.Status.Phase == PhaseClosed }
 
+// HoldsSlot says whether sb, once bound, counts against its node's slots:
+// unless it failed or closed (its node holds nothing of it then).
+func (sb *Sandbox) HoldsSlot() bool { return sb.Status.Phase != PhaseFailed && !sb.Closed() }
+
 // SourceCheckpoint is the Checkpoint a sandbox of spec starts from by
 // name ("" when it starts from an image or an Environment): what a
 // Checkpoint of that sandbox records as its spec.parent.
