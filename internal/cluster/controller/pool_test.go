@@ -86,15 +86,16 @@ func TestEnvironmentPool(t *testing.T) {
 	e := &fbv1.Environment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "warm"},
 		Spec: fbv1.EnvironmentSpec{Image: "busybox", Runtime: fbv1.RuntimeCrun, Setup: []string{"echo w > /root/w"}, PoolSize: 2}}
 	create(t, e)
-	b := awaitBuilder(t, e, "warm-"+e.Spec.Hash()[:10])
+	first := "warm-" + e.Spec.Hash()[:10] // the build, and the checkpoint it makes
+	b := awaitBuilder(t, e, first)
 	if n := len(poolMembers(t, e)); n != 0 {
 		t.Fatalf("%d pool members before the first build", n)
 	}
 	setupDone(t, b, true, "1 step")
 	awaitCapture(t, b, "pool-holder")
-	holder, first := "pool-holder", b.Name
+	holder := "pool-holder"
 	awaitBuilt(t, e, first)
-	goneObj(t, b)
+	closedObj(t, b)
 	node(t, "pool-empty", 10, long) // emptier, but without the checkpoint
 
 	// Two members, where the checkpoint is.
@@ -163,14 +164,15 @@ func TestEnvironmentPool(t *testing.T) {
 
 	// A rebuild: the old checkpoint's members are replaced.
 	update(t, e, func(e *fbv1.Environment) { e.Spec.Setup = append(e.Spec.Setup, "echo x > /root/x") })
-	b2 := awaitBuilder(t, e, "warm-"+e.Spec.Hash()[:10])
+	rebuilt := "warm-" + e.Spec.Hash()[:10]
+	b2 := awaitBuilder(t, e, rebuilt)
 	setupDone(t, b2, true, "2 steps")
 	awaitCapture(t, b2, b2.Spec.NodeName)
-	awaitBuilt(t, e, b2.Name)
+	awaitBuilt(t, e, rebuilt)
 	for _, m := range pool {
 		goneObj(t, m)
 	}
-	pool = awaitPool(t, e, 2, b2.Name)
+	pool = awaitPool(t, e, 2, rebuilt)
 
 	// A smaller pool; then one handed over; then the environment goes:
 	// its pool goes with it, the handed-over sandbox stays.
@@ -178,12 +180,12 @@ func TestEnvironmentPool(t *testing.T) {
 	if e.Spec.Hash() != e.Status.Hash {
 		t.Fatalf("poolSize changed the spec's hash")
 	}
-	pool = awaitPool(t, e, 1, b2.Name)
+	pool = awaitPool(t, e, 1, rebuilt)
 	for _, m := range pool {
 		taken = m
 	}
 	claim(t, taken)
-	pool = awaitPool(t, e, 1, b2.Name)
+	pool = awaitPool(t, e, 1, rebuilt)
 	if err := plane.Client.Delete(context.Background(), e); err != nil {
 		t.Fatal(err)
 	}
