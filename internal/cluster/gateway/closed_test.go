@@ -61,10 +61,10 @@ func TestUserTags(t *testing.T) {
 	const uid = "0b7d5bd4-8a1e-4c46-9f0c-2a1d55d0c2a7"
 	for in, want := range map[string]string{
 		`{"snapshot":"ck-1","tag":"after-install@k8s-` + uid + `"}`: `{"snapshot":"ck-1","tag":"after-install"}`,
-		`{"tag":"k8s-` + uid + `"}`:                                `{"tag":"k8s-` + uid + `"}`,
-		`{"shell":"echo x@k8s-` + uid + `"}`:                       `{"shell":"echo x@k8s-` + uid + `"}`,
-		`{"tag":"a@k8s-short"}`:                                    `{"tag":"a@k8s-short"}`,
-		`not json @k8s-`:                                           `not json @k8s-`,
+		`{"tag":"k8s-` + uid + `"}`:                                 `{"tag":"k8s-` + uid + `"}`,
+		`{"shell":"echo x@k8s-` + uid + `"}`:                        `{"shell":"echo x@k8s-` + uid + `"}`,
+		`{"tag":"a@k8s-short"}`:                                     `{"tag":"a@k8s-short"}`,
+		`not json @k8s-`:                                            `not json @k8s-`,
 	} {
 		if got := userTags(in); got != want {
 			t.Errorf("userTags(%s) = %s, want %s", in, got, want)

@@ -9,7 +9,6 @@ import (
 
 	"connectrpc.com/connect"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
@@ -22,11 +21,15 @@ import (
 
 // forkCall is one Fork or ForkStream in progress.
 type forkCall struct {
-	g       *Gateway
-	start   time.Time
-	fk      *fbv1.Fork
-	ck      *fbv1.Checkpoint
-	timeout int64
+	g     *Gateway
+	start time.Time
+	fk    *fbv1.Fork
+	ck    *fbv1.Checkpoint
+	// captured is when this call saw the checkpoint Ready: a child's
+	// start is timed from it to when this call sees the child run (the
+	// objects' timestamps are whole seconds).
+	captured time.Time
+	timeout  int64
 	// done holds the children settled so far, by index.
 	done map[int]*v1.ForkChild
 }
@@ -250,7 +253,11 @@ func (f *forkCall) capture(ctx context.Context) error {
 		if ck.Status.Phase == fbv1.CheckpointFailed {
 			return false, status, fmt.Errorf("fork %s: checkpoint failed: %s: %w", fk.Name, ck.Status.Message, errdefs.ErrFailedPrecondition)
 		}
-		return ck.Status.Phase == fbv1.CheckpointReady, status, nil
+		ready := ck.Status.Phase == fbv1.CheckpointReady
+		if ready && f.captured.IsZero() {
+			f.captured = time.Now()
+		}
+		return ready, status, nil
 	})
 }
 
@@ -318,9 +325,11 @@ func (f *forkCall) settle(ctx context.Context, i int) (*v1.ForkChild, error) {
 			return failedChild(errconnect.FromConnect(err)), nil
 		}
 		c := &v1.ForkChild{Sandbox: out}
-		if rc := meta.FindStatusCondition(sb.Status.Conditions, fbv1.ConditionReady); rc != nil && f.ck != nil {
-			c.StartMs = ms(rc.LastTransitionTime.Sub(f.ck.CreationTimestamp.Time))
+		from := f.captured
+		if from.IsZero() {
+			from = f.start
 		}
+		c.StartMs = ms(time.Since(from))
 		return c, nil
 	}
 	if err := startFailure(&sb); err != nil {
