@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/forkbox/forkbox/client"
+	"github.com/forkbox/forkbox/internal/porttest"
 )
 
 // upgradeScript answers one HTTP upgrade with 101 and then echoes: an
@@ -44,40 +44,12 @@ func serveInSandbox(t *testing.T, sb *client.Sandbox, body string) {
 	}
 }
 
-// preview sends one request to the preview listener of u (dialled at the
-// path URL's address): by the host form (Host header) or the path form.
-// It does not follow redirects.
-func preview(t *testing.T, u *client.PortURL, byHost bool, path string, hdr http.Header) (int, string, *http.Response) {
-	t.Helper()
-	pu, err := url.Parse(u.PathURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	target := "http://" + pu.Host + path
-	if !byHost {
-		target = "http://" + pu.Host + strings.TrimSuffix(pu.Path, "/") + path
-	}
-	req, err := http.NewRequest(http.MethodGet, target, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if byHost {
-		req.Host = u.Host
-	}
-	for k, v := range hdr {
-		req.Header[k] = v
-	}
-	c := &http.Client{Timeout: 2 * time.Minute, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s (Host %s): %v", target, req.Host, err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode, string(b), resp
-}
-
-func tok(token string) http.Header { return http.Header{client.PortTokenHeader: {token}} }
+// preview, tok and upgradeEcho are shared with the cluster's tests.
+var (
+	preview     = porttest.Get
+	tok         = porttest.Tok
+	upgradeEcho = porttest.UpgradeEcho
+)
 
 // waitPreview waits until a GET of the port with its token answers 200
 // (the server in the sandbox may not listen yet: 502 until then).
@@ -241,45 +213,6 @@ func TestPorts(t *testing.T) {
 			t.Errorf("closed child: %d %q, want 404", code, body)
 		}
 	})
-}
-
-// upgradeEcho sends an Upgrade request through the preview listener and
-// echoes bytes over the upgraded connection.
-func upgradeEcho(t *testing.T, u *client.PortURL) {
-	t.Helper()
-	pu, _ := url.Parse(u.PathURL)
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		c, err := net.Dial("tcp", pu.Host)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.SetDeadline(time.Now().Add(time.Minute))
-		fmt.Fprintf(c, "GET /chat HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n%s: %s\r\n\r\n", u.Host, client.PortTokenHeader, u.Token)
-		br := bufio.NewReader(c)
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			c.Close()
-			t.Fatal(err)
-		}
-		if resp.StatusCode == http.StatusBadGateway && time.Now().Before(deadline) {
-			c.Close()
-			time.Sleep(50 * time.Millisecond) // poll interval: the server may not listen yet
-			continue
-		}
-		if resp.StatusCode != http.StatusSwitchingProtocols {
-			c.Close()
-			t.Fatalf("upgrade: %s, want 101", resp.Status)
-		}
-		msg := "frames after the upgrade\n"
-		io.WriteString(c, msg)
-		got := make([]byte, len(msg))
-		if _, err := io.ReadFull(br, got); err != nil || string(got) != msg {
-			t.Errorf("upgraded echo: got %q (%v)", got, err)
-		}
-		c.Close()
-		return
-	}
 }
 
 // cliForward runs `forkbox port SB 9000 --forward` and echoes through the

@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -18,6 +17,7 @@ import (
 	"github.com/forkbox/forkbox/errdefs"
 	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
 	"github.com/forkbox/forkbox/internal/cluster/clustertest"
+	"github.com/forkbox/forkbox/internal/porttest"
 )
 
 // upgradeScript answers one HTTP upgrade with 101 and then echoes (the
@@ -237,35 +237,14 @@ func nodeOf(t *testing.T, sb *fbclient.Sandbox) *clustertest.Node {
 // form (Host header) or the path form, without following redirects.
 func previewGet(t *testing.T, u *fbclient.PortURL, byHost bool, path string, hdr http.Header) (int, string) {
 	t.Helper()
-	pu, err := url.Parse(u.PathURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	target := "http://" + pu.Host + path
-	if !byHost {
-		target = "http://" + pu.Host + strings.TrimSuffix(pu.Path, "/") + path
-	}
-	req, err := http.NewRequest(http.MethodGet, target, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if byHost {
-		req.Host = u.Host
-	}
-	for k, v := range hdr {
-		req.Header[k] = v
-	}
-	hc := &http.Client{Timeout: 2 * time.Minute, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	resp, err := hc.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s (Host %s): %v", target, req.Host, err)
-	}
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	resp.Body.Close()
-	return resp.StatusCode, string(b)
+	code, body, _ := porttest.Get(t, u, byHost, path, hdr)
+	return code, body
 }
 
-func tok(token string) http.Header { return http.Header{fbclient.PortTokenHeader: {token}} }
+var (
+	tok         = porttest.Tok
+	upgradeEcho = porttest.UpgradeEcho
+)
 
 // waitPreview waits until a GET of index.html by the host form with the
 // token answers 200 (502 until the server in the sandbox listens).
@@ -316,44 +295,5 @@ func echoThrough(t *testing.T, c net.Conn, msg string) {
 	got := make([]byte, len(msg))
 	if _, err := io.ReadFull(c, got); err != nil || string(got) != msg {
 		t.Fatalf("echo: got %q (%v), want %q", got, err, msg)
-	}
-}
-
-// upgradeEcho does an upgrade round trip through u's listener and checks
-// that bytes after it are echoed.
-func upgradeEcho(t *testing.T, u *fbclient.PortURL) {
-	t.Helper()
-	pu, _ := url.Parse(u.PathURL)
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		c, err := net.Dial("tcp", pu.Host)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.SetDeadline(time.Now().Add(time.Minute))
-		fmt.Fprintf(c, "GET /chat HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n%s: %s\r\n\r\n", u.Host, fbclient.PortTokenHeader, u.Token)
-		br := bufio.NewReader(c)
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			c.Close()
-			t.Fatal(err)
-		}
-		if resp.StatusCode == http.StatusBadGateway && time.Now().Before(deadline) {
-			c.Close()
-			time.Sleep(50 * time.Millisecond) // poll interval: the server may not listen yet
-			continue
-		}
-		if resp.StatusCode != http.StatusSwitchingProtocols {
-			c.Close()
-			t.Fatalf("upgrade: %s, want 101", resp.Status)
-		}
-		msg := "frames after the upgrade\n"
-		io.WriteString(c, msg)
-		got := make([]byte, len(msg))
-		if _, err := io.ReadFull(br, got); err != nil || string(got) != msg {
-			t.Errorf("upgraded echo: got %q (%v)", got, err)
-		}
-		c.Close()
-		return
 	}
 }
