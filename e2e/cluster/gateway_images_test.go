@@ -23,10 +23,11 @@ import (
 // Ready node imports it (progress forwarded), and a sandbox then starts
 // from it on each node; a host path is PermissionDenied (as a daemon
 // answers a remote caller), an oversized archive ResourceExhausted, a
-// corrupt one an error naming the node that refused it; RemoveImage
-// removes it from every node (a node where a sandbox uses it refuses,
-// named), NotFound once on none; PullImage reaches the nodes and names
-// the one that failed.
+// corrupt one an error naming the node that refused it; the same image
+// again is fine, another image under its name FailedPrecondition and
+// nothing replaced (images are shared by every tenant); RemoveImage and
+// an insecure PullImage are PermissionDenied (a cluster admin's, on the
+// nodes); PullImage reaches the nodes and names the one that failed.
 func TestGatewayImportImage(t *testing.T) {
 	c := gateway(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -76,9 +77,32 @@ func TestGatewayImportImage(t *testing.T) {
 			t.Errorf("sandbox on %s: got %q, want %q", n.Name, got, mark)
 		}
 	}
-	// In use on each node: refused, naming the first.
-	if err := c.RemoveImage(ctx, ref); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "on node "+nodes()[0].Name) {
-		t.Fatalf("remove of an image in use: got %v, want FailedPrecondition naming node %s", err, nodes()[0].Name)
+	// The same image again is fine; another image under its name is
+	// refused, naming the node, and replaces nothing: one tenant's import
+	// never swaps the image another tenant runs.
+	if again, err := c.ImportImageArchive(ctx, archive, "", nil); err != nil || again.Digest != im.Digest {
+		t.Fatalf("the same import again: %v, %v", again, err)
+	}
+	other := filepath.Join(cl.Dir, "gw-import-other.tar")
+	if err := testimage.WriteOCIArchive(testimage.WithFilesT(t, testimage.BusyboxT(t), map[string]string{"etc/gw-import": "someone else's\n"}), ref, other); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(other)
+	otherBytes, err := os.ReadFile(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ImportImageArchive(ctx, otherBytes, "", nil); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "on node "+nodes()[0].Name) {
+		t.Fatalf("import of another image under a taken name: got %v, want FailedPrecondition naming node %s", err, nodes()[0].Name)
+	}
+	for _, n := range nodes() {
+		if !nodeHasImage(t, n, im.Digest) {
+			t.Errorf("node %s lost the image another import tried to replace", n.Name)
+		}
+	}
+	// Removal is the cluster admin's, on the nodes: images are shared.
+	if err := c.RemoveImage(ctx, ref); !errdefs.IsPermissionDenied(err) {
+		t.Fatalf("remove through the gateway: got %v, want PermissionDenied", err)
 	}
 	for _, sb := range objs {
 		if err := plane.Client.Delete(ctx, sb); err != nil {
@@ -86,17 +110,18 @@ func TestGatewayImportImage(t *testing.T) {
 		}
 		gone(t, sb)
 	}
-	if err := c.RemoveImage(ctx, ref); err != nil {
-		t.Fatalf("remove: %v", err)
-	}
-	for _, n := range nodes() {
-		if nodeHasImage(t, n, im.Digest) {
-			t.Errorf("node %s still has the removed image", n.Name)
+	removeOnNodes := func() {
+		t.Helper()
+		for _, n := range nodes() {
+			if err := n.Client.RemoveImage(ctx, ref); err != nil && !errdefs.IsNotFound(err) {
+				t.Fatalf("remove on node %s: %v", n.Name, err)
+			}
+			if nodeHasImage(t, n, im.Digest) {
+				t.Errorf("node %s still has the removed image", n.Name)
+			}
 		}
 	}
-	if err := c.RemoveImage(ctx, ref); !errdefs.IsNotFound(err) {
-		t.Fatalf("remove of an image on no node: got %v, want NotFound", err)
-	}
+	removeOnNodes()
 
 	// The CLI, as the README says: --upload sends this machine's file.
 	cli := func(args ...string) string {
@@ -115,12 +140,15 @@ func TestGatewayImportImage(t *testing.T) {
 			t.Errorf("node %s lacks the image the CLI imported", n.Name)
 		}
 	}
-	cli("image", "rm", ref)
+	removeOnNodes()
 
 	// Pull: each node is asked; the first that fails is named (the test
-	// hosts have no registry).
-	if _, err := c.PullImage(ctx, "127.0.0.1:1/none:latest", true, nil); err == nil || !strings.Contains(err.Error(), "on node "+nodes()[0].Name) {
+	// hosts have no registry). A plain-HTTP pull is not a tenant's to ask.
+	if _, err := c.PullImage(ctx, "127.0.0.1:1/none:latest", false, nil); err == nil || !strings.Contains(err.Error(), "on node "+nodes()[0].Name) {
 		t.Fatalf("pull from no registry: got %v, want an error naming node %s", err, nodes()[0].Name)
+	}
+	if _, err := c.PullImage(ctx, "127.0.0.1:1/none:latest", true, nil); !errdefs.IsPermissionDenied(err) {
+		t.Fatalf("insecure pull through the gateway: got %v, want PermissionDenied", err)
 	}
 }
 

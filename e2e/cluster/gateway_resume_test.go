@@ -28,6 +28,9 @@ func TestGatewayResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sb.Close(context.Background())
+	if err := sb.Credentials().Set(ctx, "API_KEY", "resume-s3cret", fbclient.CredentialOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	gsh(t, sb, "echo one > /root/a")
 	ck, err := sb.Checkpoint(ctx, "ready")
 	if err != nil {
@@ -62,6 +65,12 @@ func TestGatewayResume(t *testing.T) {
 	}
 	if got := gsh(t, res.Sandbox, "cat /root/a"); got != "one\ntwo\n" {
 		t.Fatalf("resumed: %q, want the exec after the checkpoint replayed", got)
+	}
+	// The session's credential came back with it and stayed: the node
+	// syncs credentials to the object in the reconcile that resumed it
+	// (before it reported Running), and the object names the session's.
+	if got := gsh(t, res.Sandbox, `echo "$API_KEY"`); got != "resume-s3cret\n" {
+		t.Fatalf("resumed session's credential: %q, want it back", got)
 	}
 	var l fbv1.SandboxList
 	if err := plane.Client.List(ctx, &l); err != nil {

@@ -19,11 +19,24 @@ func (d *Daemon) PullImage(ctx context.Context, ref string, insecure bool, progr
 
 // ImportImage imports an image archive on the daemon's host.
 func (d *Daemon) ImportImage(ctx context.Context, path, name string, progress func(image.Progress)) (image.Image, error) {
+	return d.importImage(ctx, path, name, progress, false)
+}
+
+// ImportImageKeep is ImportImage that keeps an image the name holds
+// already (image.Store.ImportKeep).
+func (d *Daemon) ImportImageKeep(ctx context.Context, path, name string, progress func(image.Progress)) (image.Image, error) {
+	return d.importImage(ctx, path, name, progress, true)
+}
+
+func (d *Daemon) importImage(ctx context.Context, path, name string, progress func(image.Progress), keep bool) (image.Image, error) {
 	if !filepath.IsAbs(path) {
 		return image.Image{}, fmt.Errorf("archive path %q must be absolute (it is read by the daemon): %w", path, errdefs.ErrInvalidArgument)
 	}
 	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
 		return image.Image{}, fmt.Errorf("archive %s is not a regular file: %w", path, errdefs.ErrInvalidArgument)
+	}
+	if keep {
+		return d.images.ImportKeep(ctx, path, name, progress)
 	}
 	return d.images.Import(ctx, path, name, progress)
 }

@@ -130,15 +130,9 @@ func Start(ctx context.Context, cfg Config) (*Proxy, error) {
 	if cfg.Device != "" {
 		lc.Control = bindToDevice(cfg.Device)
 	}
-	pc, err := lc.ListenPacket(ctx, "udp", cfg.Listen.String())
+	pc, ln, addr, err := listenPair(ctx, &lc, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("dnsproxy: listen udp %s (device %q): %v: %w", cfg.Listen, cfg.Device, err, errdefs.ErrUnavailable)
-	}
-	addr := pc.LocalAddr().(*net.UDPAddr).AddrPort()
-	ln, err := lc.Listen(ctx, "tcp", addr.String())
-	if err != nil {
-		pc.Close()
-		return nil, fmt.Errorf("dnsproxy: listen tcp %s: %v: %w", addr, err, errdefs.ErrUnavailable)
+		return nil, err
 	}
 	p := &Proxy{cfg: cfg, log: cfg.Log, addr: netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port()),
 		sem: make(chan struct{}, cfg.Inflight), limiters: map[netip.Addr]*rate.Limiter{}}
@@ -252,3 +246,24 @@ func (l *limitListener) Close() error {
 }
 
 func (c *limitConn) Close() error { c.release(); return c.Conn.Close() }
+
+// listenPair binds UDP and TCP on one address. With port 0 the kernel
+// picks a UDP port that TCP may hold already (another process's
+// listener): then a new pair is tried, a bounded number of times.
+func listenPair(ctx context.Context, lc *net.ListenConfig, cfg Config) (net.PacketConn, net.Listener, netip.AddrPort, error) {
+	for try := 0; ; try++ {
+		pc, err := lc.ListenPacket(ctx, "udp", cfg.Listen.String())
+		if err != nil {
+			return nil, nil, netip.AddrPort{}, fmt.Errorf("dnsproxy: listen udp %s (device %q): %v: %w", cfg.Listen, cfg.Device, err, errdefs.ErrUnavailable)
+		}
+		addr := pc.LocalAddr().(*net.UDPAddr).AddrPort()
+		ln, err := lc.Listen(ctx, "tcp", addr.String())
+		if err == nil {
+			return pc, ln, addr, nil
+		}
+		pc.Close()
+		if cfg.Listen.Port() != 0 || !errors.Is(err, syscall.EADDRINUSE) || try == 20 {
+			return nil, nil, netip.AddrPort{}, fmt.Errorf("dnsproxy: listen tcp %s: %v: %w", addr, err, errdefs.ErrUnavailable)
+		}
+	}
+}

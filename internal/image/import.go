@@ -30,6 +30,17 @@ const (
 // takes the name recorded in the archive; an archive without one is an
 // InvalidArgument error, as is a corrupt archive.
 func (s *Store) Import(ctx context.Context, path, name string, progress func(Progress)) (Image, error) {
+	return s.importArchive(ctx, path, name, progress, replace)
+}
+
+// ImportKeep is Import that keeps an image the name holds already: the
+// import of another image under a taken name is FailedPrecondition and
+// replaces nothing; the same image again returns it.
+func (s *Store) ImportKeep(ctx context.Context, path, name string, progress func(Progress)) (Image, error) {
+	return s.importArchive(ctx, path, name, progress, addNew)
+}
+
+func (s *Store) importArchive(ctx context.Context, path, name string, progress func(Progress), mode addMode) (Image, error) {
 	if name != "" {
 		n, err := normalize(name)
 		if err != nil {
@@ -48,12 +59,12 @@ func (s *Store) Import(ctx context.Context, path, name string, progress func(Pro
 		if entries["index.json"] > s.limits.ManifestBytes {
 			return Image{}, exhausted("archive's index.json", s.limits.ManifestBytes)
 		}
-		out, err = s.importOCI(ctx, path, name, progress)
+		out, err = s.importOCI(ctx, path, name, progress, mode)
 	case has(entries, "manifest.json"):
 		if entries["manifest.json"] > s.limits.ManifestBytes {
 			return Image{}, exhausted("archive's manifest.json", s.limits.ManifestBytes)
 		}
-		out, err = s.importDocker(ctx, path, name, entries, progress)
+		out, err = s.importDocker(ctx, path, name, entries, progress, mode)
 	default:
 		return Image{}, fmt.Errorf("import %s: neither an OCI layout nor a docker archive: %w", path, errdefs.ErrInvalidArgument)
 	}
@@ -110,7 +121,7 @@ func archiveName(d v1.Descriptor) string {
 	return ""
 }
 
-func (s *Store) importOCI(ctx context.Context, archive, want string, progress func(Progress)) (Image, error) {
+func (s *Store) importOCI(ctx context.Context, archive, want string, progress func(Progress), mode addMode) (Image, error) {
 	dir, err := os.MkdirTemp(s.tmpDir(), "import-")
 	if err != nil {
 		return Image{}, fmt.Errorf("temp dir: %v: %w", err, errdefs.ErrInternal)
@@ -197,7 +208,7 @@ func (s *Store) importOCI(ctx context.Context, archive, want string, progress fu
 	if err := s.checkBlob(ctx, dir, m.Config, s.limits.ConfigBytes, "image config"); err != nil {
 		return Image{}, err
 	}
-	return s.store(ctx, n, img, false, nil, progress, replace)
+	return s.store(ctx, n, img, false, nil, progress, mode)
 }
 
 // pickPlatform returns the descriptor of idx's image for this platform.
@@ -298,7 +309,7 @@ func extractFiles(ctx context.Context, archive, dir string, maxPath int) error {
 	}
 }
 
-func (s *Store) importDocker(ctx context.Context, archive, want string, entries map[string]int64, progress func(Progress)) (Image, error) {
+func (s *Store) importDocker(ctx context.Context, archive, want string, entries map[string]int64, progress func(Progress), mode addMode) (Image, error) {
 	opener := func() (io.ReadCloser, error) { return os.Open(archive) }
 	m, err := tarball.LoadManifest(opener)
 	if err != nil {
@@ -354,5 +365,5 @@ func (s *Store) importDocker(ctx context.Context, archive, want string, entries 
 	for _, l := range m[pick].Layers {
 		sizes = append(sizes, entries[path.Clean(l)])
 	}
-	return s.store(ctx, n, img, true, sizes, progress, replace)
+	return s.store(ctx, n, img, true, sizes, progress, mode)
 }

@@ -320,6 +320,7 @@ type addMode int
 const (
 	replace     addMode = iota // the new record replaces the old
 	addIfAbsent                // the old record stays, and is returned
+	addNew                     // another image under the name is refused; the same one is returned
 )
 
 // add records an image under its name; it returns the record the name
@@ -330,6 +331,13 @@ func (s *Store) add(r record, mode addMode) (record, error) {
 	old, had := s.images[r.Name]
 	if had && mode == addIfAbsent {
 		return old, nil
+	}
+	if had && mode == addNew {
+		if old.Digest == r.Digest {
+			return old, nil
+		}
+		return record{}, fmt.Errorf("image name %s holds another image here (%s, not %s): it is kept; import under another name: %w",
+			r.Name, old.Digest, r.Digest, errdefs.ErrFailedPrecondition)
 	}
 	s.images[r.Name] = r
 	if err := s.saveLocked(); err != nil {

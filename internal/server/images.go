@@ -47,7 +47,7 @@ func (s *images) ImportImage(ctx context.Context, req *connect.Request[v1.Import
 			return fmt.Errorf("give a path or an archive, not both: %w", errdefs.ErrInvalidArgument)
 		}
 		// The caller's own bytes (bounded by MaxRequestBytes): any caller.
-		img, err := importArchive(ctx, s.d, req.Msg.Archive, req.Msg.Name, progressSender(stream))
+		img, err := importArchive(ctx, s.d, req.Msg.Archive, req.Msg.Name, req.Msg.KeepExisting, progressSender(stream))
 		if err != nil {
 			return err
 		}
@@ -58,16 +58,23 @@ func (s *images) ImportImage(ctx context.Context, req *connect.Request[v1.Import
 		// callers may name one.
 		return errdefs.FromClassName("PermissionDenied", "ImportImage reads a path on the daemon's host: use the local socket, or push the image to a registry and pull it")
 	}
-	img, err := s.d.ImportImage(ctx, req.Msg.Path, req.Msg.Name, progressSender(stream))
+	img, err := s.importPath(ctx, req.Msg.Path, req.Msg.Name, req.Msg.KeepExisting, progressSender(stream))
 	if err != nil {
 		return err
 	}
 	return stream.Send(&v1.ImageProgress{Phase: "done", Image: toImage(img)})
 }
 
+func (s *images) importPath(ctx context.Context, path, name string, keep bool, progress func(image.Progress)) (image.Image, error) {
+	if keep {
+		return s.d.ImportImageKeep(ctx, path, name, progress)
+	}
+	return s.d.ImportImage(ctx, path, name, progress)
+}
+
 // importArchive imports an archive sent in a request from a private
 // temporary file, removed after.
-func importArchive(ctx context.Context, d *daemon.Daemon, archive []byte, name string, progress func(image.Progress)) (image.Image, error) {
+func importArchive(ctx context.Context, d *daemon.Daemon, archive []byte, name string, keep bool, progress func(image.Progress)) (image.Image, error) {
 	f, err := os.CreateTemp("", "forkbox-import-*.tar") // mode 0600
 	if err != nil {
 		return image.Image{}, fmt.Errorf("import: %v: %w", err, errdefs.ErrInternal)
@@ -79,6 +86,9 @@ func importArchive(ctx context.Context, d *daemon.Daemon, archive []byte, name s
 	}
 	if err != nil {
 		return image.Image{}, fmt.Errorf("import: write the archive: %v: %w", err, errdefs.ErrInternal)
+	}
+	if keep {
+		return d.ImportImageKeep(ctx, f.Name(), name, progress)
 	}
 	return d.ImportImage(ctx, f.Name(), name, progress)
 }

@@ -5190,7 +5190,12 @@ type ImportImageRequest struct {
 	// The archive itself, sent by the caller (any caller, local or remote;
 	// a gateway imports it on every ready node). Bounded by the server's
 	// request size (32 MiB): larger images go through a registry.
-	Archive       []byte `protobuf:"bytes,220,opt,name=archive,proto3" json:"archive,omitempty"`
+	Archive []byte `protobuf:"bytes,220,opt,name=archive,proto3" json:"archive,omitempty"`
+	// Keep an image the name holds already: the import of another image
+	// under a taken name is FailedPrecondition and replaces nothing (the
+	// same image again is fine). A gateway sets it: one tenant's import
+	// never replaces an image another tenant runs.
+	KeepExisting  bool `protobuf:"varint,250,opt,name=keep_existing,json=keepExisting,proto3" json:"keep_existing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5244,6 +5249,13 @@ func (x *ImportImageRequest) GetArchive() []byte {
 		return x.Archive
 	}
 	return nil
+}
+
+func (x *ImportImageRequest) GetKeepExisting() bool {
+	if x != nil {
+		return x.KeepExisting
+	}
+	return false
 }
 
 type ImageProgress struct {
@@ -7154,11 +7166,12 @@ const file_forkbox_v1_forkbox_proto_rawDesc = "" +
 	"\x12created_at_unix_ms\x18\x05 \x01(\x03R\x0fcreatedAtUnixMs\"@\n" +
 	"\x10PullImageRequest\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x1a\n" +
-	"\binsecure\x18\x02 \x01(\bR\binsecure\"W\n" +
+	"\binsecure\x18\x02 \x01(\bR\binsecure\"}\n" +
 	"\x12ImportImageRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x19\n" +
-	"\aarchive\x18\xdc\x01 \x01(\fR\aarchive\"x\n" +
+	"\aarchive\x18\xdc\x01 \x01(\fR\aarchive\x12$\n" +
+	"\rkeep_existing\x18\xfa\x01 \x01(\bR\fkeepExisting\"x\n" +
 	"\rImageProgress\x12\x14\n" +
 	"\x05phase\x18\x01 \x01(\tR\x05phase\x12\x12\n" +
 	"\x04done\x18\x02 \x01(\x03R\x04done\x12\x14\n" +

@@ -130,6 +130,12 @@ func (r *pools) keep(ctx context.Context, e *fbv1.Environment, members []fbv1.Sa
 			why = "the environment was rebuilt: it serves checkpoint " + ck
 		case m.Status.Phase == fbv1.PhaseLost:
 			why = "its node " + m.Spec.NodeName + " is lost"
+		case m.Closed() || m.Spec.State != "" && m.Spec.State != fbv1.StateRunning:
+			// Waiting members are asked to run; one asked to stop (by a
+			// caller or kubectl) or closed would leave the pool short: it
+			// is replaced. (One its node hibernated when idle is still
+			// asked to run, and wakes on its first exec.)
+			why = fmt.Sprintf("it is %s, asked %s: not waiting to run", m.Status.Phase, m.Spec.State)
 		case m.Status.Phase == fbv1.PhaseFailed:
 			wait := r.retry - time.Since(failedAt(m))
 			if wait <= 0 {

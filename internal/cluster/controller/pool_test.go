@@ -162,6 +162,16 @@ func TestEnvironmentPool(t *testing.T) {
 	goneObj(t, failed)
 	pool = awaitPool(t, e, 2, first)
 
+	// A member asked to stop (a caller paused it) is replaced too.
+	var paused *fbv1.Sandbox
+	for _, m := range pool {
+		paused = m
+		break
+	}
+	update(t, paused, func(sb *fbv1.Sandbox) { sb.Spec.State = fbv1.StatePaused })
+	goneObj(t, paused)
+	pool = awaitPool(t, e, 2, first)
+
 	// A rebuild: the old checkpoint's members are replaced.
 	update(t, e, func(e *fbv1.Environment) { e.Spec.Setup = append(e.Spec.Setup, "echo x > /root/x") })
 	rebuilt := "warm-" + e.Spec.Hash()[:10]

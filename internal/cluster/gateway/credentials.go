@@ -133,6 +133,30 @@ func (g *Gateway) addOwner(ctx context.Context, creds []fbv1.Credential, obj cli
 	}
 }
 
+// disown drops owner uid from the gateway's Secrets among creds, before
+// that owner's object goes while another takes them over (addOwner after
+// it is made). A Secret left with no owner by a call that dies in between
+// stays, as one the gateway made and never finished.
+func (g *Gateway) disown(ctx context.Context, creds []fbv1.Credential, uid types.UID) {
+	for _, c := range creds {
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			var s corev1.Secret
+			if err := g.api.Get(ctx, types.NamespacedName{Namespace: g.o.Namespace, Name: c.SecretRef.Name}, &s); err != nil {
+				return client.IgnoreNotFound(err)
+			}
+			if s.Type != credentialType || s.Labels[credentialLabel] == "" ||
+				!slices.ContainsFunc(s.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == uid }) {
+				return nil
+			}
+			s.OwnerReferences = slices.DeleteFunc(s.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == uid })
+			return g.c.Update(ctx, &s)
+		})
+		if err != nil {
+			g.log.Warn("could not hand over a credential's secret", "secret", c.SecretRef.Name, "err", err)
+		}
+	}
+}
+
 func ownerRef(obj client.Object, kind string) metav1.OwnerReference {
 	return metav1.OwnerReference{APIVersion: fbv1.GroupVersion.String(), Kind: kind, Name: obj.GetName(), UID: obj.GetUID()}
 }

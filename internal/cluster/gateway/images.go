@@ -109,9 +109,11 @@ func (g *Gateway) everyNode(ctx context.Context, what string, stream *connect.Se
 	return stream.Send(&v1.ImageProgress{Phase: "done", Image: img})
 }
 
-// ImportImage imports the archive the caller sends on every ready node.
-// A path names a file on some host: the gateway reads none (as a daemon
-// reads none for a remote caller).
+// ImportImage imports the archive the caller sends on every ready node,
+// keeping what a name holds already (KeepExisting): the nodes' images are
+// shared by every tenant, so an import never replaces an image another
+// runs; the same image again is fine. A path names a file on some host:
+// the gateway reads none (as a daemon reads none for a remote caller).
 func (i *images) ImportImage(ctx context.Context, req *connect.Request[v1.ImportImageRequest], stream *connect.ServerStream[v1.ImageProgress]) error {
 	m := req.Msg
 	if m.Path != "" {
@@ -124,7 +126,7 @@ func (i *images) ImportImage(ctx context.Context, req *connect.Request[v1.Import
 		return fmt.Errorf("an archive of %d bytes: at most %d through the gateway (larger images: push to a registry and pull): %w", len(m.Archive), MaxArchiveBytes, errdefs.ErrResourceExhausted)
 	}
 	return i.g.everyNode(ctx, "import", stream, func(ctx context.Context, n readyNode) (*connect.ServerStreamForClient[v1.ImageProgress], error) {
-		return i.g.nodes.images(n.endpoint).ImportImage(ctx, connect.NewRequest(&v1.ImportImageRequest{Archive: m.Archive, Name: m.Name}))
+		return i.g.nodes.images(n.endpoint).ImportImage(ctx, connect.NewRequest(&v1.ImportImageRequest{Archive: m.Archive, Name: m.Name, KeepExisting: true}))
 	})
 }
 
@@ -134,34 +136,20 @@ func (i *images) PullImage(ctx context.Context, req *connect.Request[v1.PullImag
 	if m.Ref == "" || len(m.Ref) > 1024 {
 		return fmt.Errorf("an image reference of 1 to 1024 bytes is required: %w", errdefs.ErrInvalidArgument)
 	}
+	if m.Insecure {
+		// Plain HTTP to any address from every node: not a tenant's to ask.
+		return fmt.Errorf("an insecure pull through the gateway: a cluster admin pulls from a plain-HTTP registry on the nodes' own API: %w", errdefs.ErrPermissionDenied)
+	}
 	return i.g.everyNode(ctx, "pull", stream, func(ctx context.Context, n readyNode) (*connect.ServerStreamForClient[v1.ImageProgress], error) {
 		return i.g.nodes.images(n.endpoint).PullImage(ctx, connect.NewRequest(&v1.PullImageRequest{Ref: m.Ref, Insecure: m.Insecure}))
 	})
 }
 
-// RemoveImage removes the image from every ready node that has it: a
-// node where a live sandbox uses it refuses (FailedPrecondition, named);
-// NotFound only if no node had it.
-func (i *images) RemoveImage(ctx context.Context, req *connect.Request[v1.RemoveImageRequest]) (*connect.Response[v1.RemoveImageResponse], error) {
-	nodes, err := i.g.readyNodes(ctx)
-	if err != nil {
-		return nil, err
-	}
-	removed := 0
-	for _, n := range nodes {
-		_, err := i.g.nodes.images(n.endpoint).RemoveImage(ctx, connect.NewRequest(req.Msg))
-		switch {
-		case err == nil:
-			removed++
-		case connect.CodeOf(err) == connect.CodeNotFound:
-		default:
-			return nil, onNode("remove", n.name, err)
-		}
-	}
-	if removed == 0 {
-		return nil, fmt.Errorf("image %q is on no ready node: %w", req.Msg.Name, errdefs.ErrNotFound)
-	}
-	return connect.NewResponse(&v1.RemoveImageResponse{}), nil
+// RemoveImage is refused: the nodes' images are shared by every tenant
+// of the cluster, so one tenant's remove would break the others'
+// sandboxes; a cluster admin removes images on the nodes' own API.
+func (i *images) RemoveImage(context.Context, *connect.Request[v1.RemoveImageRequest]) (*connect.Response[v1.RemoveImageResponse], error) {
+	return nil, fmt.Errorf("RemoveImage through the gateway: the nodes' images are shared by every tenant of the cluster; a cluster admin removes them on each node's API (forkbox image rm against the node): %w", errdefs.ErrPermissionDenied)
 }
 
 // ListImages lists the images the nodes report cached (status.images),

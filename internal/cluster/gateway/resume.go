@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"connectrpc.com/connect"
@@ -59,7 +60,18 @@ func (s *sandboxes) Resume(ctx context.Context, req *connect.Request[v1.ResumeRe
 		}
 		return nil, fmt.Errorf("session %s has no checkpoint to resume from: %w", name, errdefs.ErrFailedPrecondition)
 	}
-	nsb, err := s.g.newSandbox(newName, fbv1.SandboxSpec{Source: &fbv1.SandboxSource{Checkpoint: ck.Name, Resume: true}, State: fbv1.StateRunning})
+	spec := fbv1.SandboxSpec{Source: &fbv1.SandboxSource{Checkpoint: ck.Name, Resume: true}, State: fbv1.StateRunning}
+	if sb != nil {
+		// The session's credentials come back with it (its node restores
+		// them, and the object says so, or its next reconcile would drop
+		// them); their Secrets outlive the session's object, which a
+		// resume under its name replaces.
+		spec.Credentials = slices.Clone(sb.Spec.Credentials)
+		if newName != "" {
+			s.g.disown(ctx, spec.Credentials, sb.UID)
+		}
+	}
+	nsb, err := s.g.newSandbox(newName, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -70,6 +82,7 @@ func (s *sandboxes) Resume(ctx context.Context, req *connect.Request[v1.ResumeRe
 	if err != nil {
 		return nil, err
 	}
+	s.g.addOwner(ctx, spec.Credentials, nsb, "Sandbox")
 	// The node reports what it replayed with the phase Running, in one
 	// status write; wait for it all the same.
 	err = s.g.await(ctx, "sandbox "+nsb.Name+" to report its replay", func() (bool, string, error) {
