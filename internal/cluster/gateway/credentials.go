@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -327,18 +328,34 @@ func inherit(src *fbv1.Sandbox, given map[string]string) (kept, withValue []fbv1
 	return kept, withValue, nil
 }
 
-// putGiven writes the given values of creds to Secrets named after
-// owner (not owning them yet) and returns the entries naming them.
+// putGiven writes the given values of creds to new Secrets named after
+// owner (which does not exist yet, so does not own them yet) and returns
+// the entries naming them. Each name is this call's own (a random
+// suffix): owner's name may be another object's still, or another call's,
+// and a Secret of theirs is never overwritten, nor deleted by dropGiven.
 func (g *Gateway) putGiven(ctx context.Context, owner string, creds []fbv1.Credential, given map[string]string) ([]fbv1.Credential, error) {
 	var out []fbv1.Credential
 	for _, c := range creds {
-		c.SecretRef = fbv1.SecretKeyRef{Name: credentialSecret(owner, c.Name), Key: "value"}
-		if err := g.putSecret(ctx, c.SecretRef.Name, c.Name, given[c.Name], nil); err != nil {
+		var nonce [4]byte
+		if _, err := rand.Read(nonce[:]); err != nil {
+			return nil, fmt.Errorf("credential %s: %v: %w", c.Name, err, errdefs.ErrInternal)
+		}
+		c.SecretRef = fbv1.SecretKeyRef{Name: credentialSecret(owner, c.Name) + "-" + hex.EncodeToString(nonce[:]), Key: "value"}
+		if err := g.createSecret(ctx, c.SecretRef.Name, c.Name, given[c.Name]); err != nil {
+			g.dropGiven(ctx, out)
 			return nil, err
 		}
 		out = append(out, c)
 	}
 	return out, nil
+}
+
+// createSecret creates the Secret name with value, owned by no one yet;
+// one that exists is an error, never overwritten.
+func (g *Gateway) createSecret(ctx context.Context, name, cred, value string) error {
+	s := corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: g.o.Namespace, Name: name,
+		Labels: map[string]string{credentialLabel: credentialHash(cred)}}, Type: credentialType, Data: map[string][]byte{"value": []byte(value)}}
+	return kerr(g.c.Create(ctx, &s), "create the secret of credential "+cred)
 }
 
 // dropGiven deletes the Secrets putGiven wrote for a call that failed.
