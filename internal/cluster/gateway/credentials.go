@@ -369,7 +369,8 @@ func (g *Gateway) dropGiven(ctx context.Context, creds []fbv1.Credential) {
 }
 
 // sourceSandbox is the Sandbox object a checkpoint was taken of, or nil
-// once it is gone.
+// once it is gone (a sandbox of its name made after the checkpoint is
+// another one).
 func (g *Gateway) sourceSandbox(ctx context.Context, ck *fbv1.Checkpoint) (*fbv1.Sandbox, error) {
 	if ck.Spec.Sandbox == "" {
 		return nil, nil
@@ -381,6 +382,11 @@ func (g *Gateway) sourceSandbox(ctx context.Context, ck *fbv1.Checkpoint) (*fbv1
 	}
 	if err != nil {
 		return nil, kerr(err, "sandbox "+ck.Spec.Sandbox)
+	}
+	if sb.CreationTimestamp.After(ck.CreationTimestamp.Time) {
+		// A later sandbox of that name (names are free again once closed):
+		// not the one the checkpoint captured, whose credentials are gone.
+		return nil, nil
 	}
 	return &sb, nil
 }
