@@ -104,9 +104,12 @@ func (p *preview) Target(ctx context.Context, id string, port int) (ports.Target
 	if sb.Spec.State == fbv1.StatePaused {
 		return ports.Target{}, nil, fmt.Errorf("sandbox %s is paused: unpause it to reach its ports: %w", id, errdefs.ErrFailedPrecondition)
 	}
-	r, err := p.g.routeLive(ctx, sb.Name)
+	r, err := p.g.routeLive(ctx, id) // by the ID the token is of, never a name another sandbox may hold by now
 	if err != nil {
 		return ports.Target{}, nil, err
+	}
+	if r.id != id {
+		return ports.Target{}, nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
 	ep, tok, err := p.relay(ctx, r, port)
 	if err != nil {
