@@ -12,8 +12,14 @@ import (
 // Leaks lists what of the cluster is still on the host: mounts and loop
 // devices of its directory, processes started from it, its network
 // namespaces, host links, cgroups, the namespaces' forwarding records,
-// and the directory itself. After Close it must be empty.
+// and the directory itself. After Close it must be empty (Close audits
+// the records before it deletes the namespaces).
 func (c *Cluster) Leaks() []string {
+	return append(c.leaks(), c.recordLeaks()...)
+}
+
+// leaks is Leaks but for the forwarding records.
+func (c *Cluster) leaks() []string {
 	var found []string
 	dir := c.Dir
 	if dir != "" {
@@ -56,6 +62,13 @@ func (c *Cluster) Leaks() []string {
 	for _, cg := range append(cgs, cgs2...) {
 		found = append(found, "cgroup: "+cg)
 	}
+	return found
+}
+
+// recordLeaks are the nodes' namespaces' forwarding records still there:
+// meaningful only while the namespaces stand (their names are inodes).
+func (c *Cluster) recordLeaks() []string {
+	var found []string
 	for _, n := range c.Nodes {
 		if n.nsRecord != "" {
 			p := filepath.Join(network.ForwardRecordDir(), n.nsRecord)

@@ -300,6 +300,10 @@ func (c *Cluster) Close(ctx context.Context) error {
 	for _, n := range c.Nodes {
 		errs = append(errs, n.uninstall(ctx))
 	}
+	// The forwarding records are named after their namespace's inode,
+	// which a namespace made later (another run's, on the same host) may
+	// take once these are deleted: they are audited while they stand.
+	records := c.recordLeaks()
 	for _, n := range c.Nodes {
 		errs = append(errs, c.net.delNode(ctx, n.NetNS, n.hostV))
 	}
@@ -313,7 +317,7 @@ func (c *Cluster) Close(ctx context.Context) error {
 	if c.Dir != "" {
 		errs = append(errs, os.RemoveAll(c.Dir))
 	}
-	if l := c.Leaks(); len(l) > 0 {
+	if l := append(c.leaks(), records...); len(l) > 0 {
 		errs = append(errs, fmt.Errorf("left behind by the cluster:\n  %s", strings.Join(l, "\n  ")))
 	}
 	for _, n := range c.Nodes { // not the host's: never leave them, even after a failure
