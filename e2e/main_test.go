@@ -226,7 +226,16 @@ func cleanupHost() {
 	}
 	if m, err := network.New(ctx, network.Config{Bridge: bridge, Table: netTable, VethPrefix: vethPrefix,
 		NetnsDir: filepath.Join(env.runDir, "netns")}); err == nil {
-		m.Destroy(ctx)
+		if err := m.Destroy(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e: destroy the network:", err)
+		}
+	} else {
+		fmt.Fprintln(os.Stderr, "e2e: the network's manager:", err)
+	}
+	// Whatever happened above, this run's hold on the host's IPv4
+	// forwarding goes (the last holder restores the host's value).
+	if err := network.ReleaseForwarding(netTable, nil); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: release forwarding:", err)
 	}
 	// Last resort for a run that crashed: nothing of this run may outlive it.
 	exec.Command("pkill", "-9", "-f", env.dir).Run()

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -136,6 +137,18 @@ func (m *Manager) enableForwarding() error {
 	}
 	m.forwardOn = true
 	return nil
+}
+
+// ReleaseForwarding drops the hold on IPv4 forwarding of the Manager of
+// table, without the rest of a Manager (whose New may fail on a host left
+// half torn down): what a cleanup that must not leave the host's switch on
+// calls when it cannot Destroy.
+func ReleaseForwarding(table string, log *slog.Logger) error {
+	if log == nil {
+		log = slog.Default()
+	}
+	m := &Manager{cfg: Config{Table: table}, log: log}
+	return m.releaseForwarding()
 }
 
 // releaseForwarding drops this Manager's hold on IPv4 forwarding. When no
