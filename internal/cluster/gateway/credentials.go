@@ -115,23 +115,12 @@ func (g *Gateway) putSecret(ctx context.Context, name, cred, value string, owner
 // that they outlive the object that made them while obj names them.
 func (g *Gateway) addOwner(ctx context.Context, creds []fbv1.Credential, obj client.Object, kind string) {
 	owner := ownerRef(obj, kind)
-	for _, c := range creds {
-		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			var s corev1.Secret
-			if err := g.api.Get(ctx, types.NamespacedName{Namespace: g.o.Namespace, Name: c.SecretRef.Name}, &s); err != nil {
-				return client.IgnoreNotFound(err)
-			}
-			if s.Type != credentialType || s.Labels[credentialLabel] == "" ||
-				slices.ContainsFunc(s.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == owner.UID }) {
-				return nil // not ours to own (a user's Secret), or owned already
-			}
-			s.OwnerReferences = append(s.OwnerReferences, owner)
-			return g.c.Update(ctx, &s)
-		})
-		if err != nil {
-			g.log.Warn("could not add an owner to a credential's secret", "secret", c.SecretRef.Name, "owner", obj.GetName(), "err", err)
+	g.editOwners(ctx, creds, "add an owner to", func(refs []metav1.OwnerReference) ([]metav1.OwnerReference, bool) {
+		if slices.ContainsFunc(refs, func(o metav1.OwnerReference) bool { return o.UID == owner.UID }) {
+			return refs, false // owned already
 		}
-	}
+		return append(refs, owner), true
+	})
 }
 
 // disown drops owner uid from the gateway's Secrets among creds, before
@@ -139,21 +128,35 @@ func (g *Gateway) addOwner(ctx context.Context, creds []fbv1.Credential, obj cli
 // it is made). A Secret left with no owner by a call that dies in between
 // stays, as one the gateway made and never finished.
 func (g *Gateway) disown(ctx context.Context, creds []fbv1.Credential, uid types.UID) {
+	g.editOwners(ctx, creds, "hand over", func(refs []metav1.OwnerReference) ([]metav1.OwnerReference, bool) {
+		if !slices.ContainsFunc(refs, func(o metav1.OwnerReference) bool { return o.UID == uid }) {
+			return refs, false
+		}
+		return slices.DeleteFunc(refs, func(o metav1.OwnerReference) bool { return o.UID == uid }), true
+	})
+}
+
+// editOwners applies edit to the owner references of the gateway's own
+// Secrets among creds (never a user's Secret), writing those it changed.
+func (g *Gateway) editOwners(ctx context.Context, creds []fbv1.Credential, what string, edit func([]metav1.OwnerReference) ([]metav1.OwnerReference, bool)) {
 	for _, c := range creds {
 		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 			var s corev1.Secret
 			if err := g.api.Get(ctx, types.NamespacedName{Namespace: g.o.Namespace, Name: c.SecretRef.Name}, &s); err != nil {
 				return client.IgnoreNotFound(err)
 			}
-			if s.Type != credentialType || s.Labels[credentialLabel] == "" ||
-				!slices.ContainsFunc(s.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == uid }) {
+			if s.Type != credentialType || s.Labels[credentialLabel] == "" {
+				return nil // not ours (a user's Secret)
+			}
+			refs, changed := edit(s.OwnerReferences)
+			if !changed {
 				return nil
 			}
-			s.OwnerReferences = slices.DeleteFunc(s.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == uid })
+			s.OwnerReferences = refs
 			return g.c.Update(ctx, &s)
 		})
 		if err != nil {
-			g.log.Warn("could not hand over a credential's secret", "secret", c.SecretRef.Name, "err", err)
+			g.log.Warn("could not "+what+" a credential's secret", "secret", c.SecretRef.Name, "err", err)
 		}
 	}
 }

@@ -27,15 +27,9 @@ func (r *sandboxes) resume(ctx context.Context, sb *fbv1.Sandbox, name string) (
 		return nil, fmt.Errorf("checkpoint %s was captured on node %q, whose ledger holds the session to replay, not on %s: %w",
 			ckName, ck.Status.OriginNode, r.o.NodeName, errdefs.ErrFailedPrecondition)
 	}
-	localID := ""
-	for _, rp := range ck.Status.Replicas {
-		if rp.Node == r.o.NodeName && rp.Ready {
-			// Any node writes replica entries: this one must name ck's copy.
-			if err := r.checkCopy(ctx, &ck, rp.LocalID); err != nil {
-				return nil, err
-			}
-			localID = rp.LocalID
-		}
+	localID, err := r.heldCopy(ctx, &ck)
+	if err != nil {
+		return nil, err
 	}
 	if localID == "" {
 		return nil, fmt.Errorf("checkpoint %s has no ready copy on node %s, which captured it: %w", ckName, r.o.NodeName, errdefs.ErrFailedPrecondition)

@@ -33,6 +33,21 @@ func (a *agent) checkCopy(ctx context.Context, ck *fbv1.Checkpoint, localID stri
 	return sameCheckpoint(ck, local, uuid)
 }
 
+// heldCopy is the local ID of ck's ready copy on this node, checked to
+// be ck's (checkCopy), or "" when the node lists none.
+func (a *agent) heldCopy(ctx context.Context, ck *fbv1.Checkpoint) (string, error) {
+	for _, rp := range ck.Status.Replicas {
+		if rp.Node == a.o.NodeName && rp.Ready {
+			// Any node writes replica entries: this one must name ck's copy.
+			if err := a.checkCopy(ctx, ck, rp.LocalID); err != nil {
+				return "", err
+			}
+			return rp.LocalID, nil
+		}
+	}
+	return "", nil
+}
+
 // sameCheckpoint says whether local, of subvolume identity uuid ("" on
 // a snapshotter other than btrfs), is ck's.
 func sameCheckpoint(ck *fbv1.Checkpoint, local *store.Checkpoint, uuid string) error {

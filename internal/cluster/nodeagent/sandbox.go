@@ -163,14 +163,8 @@ func (r *sandboxes) localCheckpoint(ctx context.Context, sb *fbv1.Sandbox) (stri
 	if err := r.api.Get(ctx, types.NamespacedName{Namespace: sb.Namespace, Name: name}, &ck); err != nil {
 		return "", fmt.Errorf("checkpoint %q: %v: %w", name, err, errdefs.ErrFailedPrecondition)
 	}
-	for _, rp := range ck.Status.Replicas {
-		if rp.Node == r.o.NodeName && rp.Ready {
-			// Any node writes replica entries: this one must name ck's copy.
-			if err := r.checkCopy(ctx, &ck, rp.LocalID); err != nil {
-				return "", err
-			}
-			return rp.LocalID, nil
-		}
+	if id, err := r.heldCopy(ctx, &ck); err != nil || id != "" {
+		return id, err
 	}
 	if ck.Status.Phase != fbv1.CheckpointReady {
 		return "", fmt.Errorf("checkpoint %s is %s: %w", name, ck.Status.Phase, errdefs.ErrUnavailable)
