@@ -83,9 +83,12 @@ reliability: setup
 	FUZZTIME=$(or $(FUZZTIME),30s) ./scripts/reliability.sh
 
 # bench measures start, exec, fork, fan-out and busy capture on this host with
-# a throwaway daemon (root). BENCH_FLAGS=--quick for a smoke run, --json for JSON.
+# a throwaway daemon (root), then the same with podman in the same run
+# (--peers: Debian's podman and runc, installed here if missing).
+# BENCH_FLAGS=--quick for a smoke run, --json for JSON.
 bench: build
-	$(GO) run ./tools/bench $(BENCH_FLAGS)
+	command -v podman >/dev/null && command -v runc >/dev/null || apt-get install -y -q podman runc
+	$(GO) run ./tools/bench --peers $(BENCH_FLAGS)
 
 clean:
 	rm -rf bin .tools

@@ -45,6 +45,10 @@ type options struct {
 	clusterSizes   []string
 	clusterReps    int
 	clusterRuntime string
+	// peers section (--peers): podman with this OCI runtime
+	peers        bool
+	peerRuntime  string
+	peerForkReps int
 }
 
 func parseFlags(args []string) (options, error) {
@@ -80,6 +84,9 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&clusterSizes, "cluster-sizes", "100MB,1GB", "source sizes of the cluster section (written as the fork section writes them)")
 	fs.IntVar(&o.clusterReps, "cluster-reps", 3, "repetitions of each cluster case per size (cluster section)")
 	fs.StringVar(&o.clusterRuntime, "cluster-runtime", "crun", "runtime of the cluster section's sandboxes")
+	fs.BoolVar(&o.peers, "peers", false, "also measure podman with the same image and data (run + exec, exec, fork by commit + run) and print forkbox/podman ratios")
+	fs.StringVar(&o.peerRuntime, "peer-runtime", "runc", "OCI runtime podman runs the peers with")
+	fs.IntVar(&o.peerForkReps, "peer-fork-reps", 3, "forks by commit + run per size (peers)")
 	fs.StringVar(&o.logLevel, "daemon-log-level", "info", "log level of the throwaway daemon (debug when the memory section runs)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the throwaway daemon's directory (logs) after the run")
 	if err := fs.Parse(args); err != nil {
@@ -168,6 +175,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.sections["cluster"] && (o.clusterReps < 1 || o.clusterReps > 100 || len(o.clusterSizes) == 0) {
 		return o, fmt.Errorf("cluster-reps must be 1..100 and cluster-sizes not empty: %w", errdefs.ErrInvalidArgument)
+	}
+	if o.peers && (o.peerForkReps < 1 || o.peerForkReps > 100 || (o.peerRuntime != "runc" && o.peerRuntime != "crun")) {
+		return o, fmt.Errorf("peer-fork-reps must be 1..100 and peer-runtime runc or crun: %w", errdefs.ErrInvalidArgument)
 	}
 	if o.envRuns < 2 || o.envSamples < 1 || o.envSetup < 100*time.Millisecond {
 		return o, fmt.Errorf("env-runs must be >= 2, env-samples >= 1 and env-setup >= 100ms: %w", errdefs.ErrInvalidArgument)

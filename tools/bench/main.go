@@ -81,6 +81,11 @@ func run(o options) (err error) {
 			return fmt.Errorf("the cluster section: %s: %w", why, errdefs.ErrFailedPrecondition)
 		}
 	}
+	if o.peers {
+		if why := peerMissing(o.peerRuntime); why != "" {
+			return fmt.Errorf("--peers: %s: %w", why, errdefs.ErrFailedPrecondition)
+		}
+	}
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("the bench needs root (raw floor, throwaway daemon): %w", errdefs.ErrFailedPrecondition)
 	}
@@ -175,8 +180,8 @@ func (b *bench) connect(ctx context.Context, rep *Report, dir string) (rootfs st
 	if err != nil {
 		return "", undo, err
 	}
-	archive := filepath.Join(dir, "busybox.tar")
-	if err := testimage.WriteOCIArchive(img, "bench.local/busybox:latest", archive); err != nil {
+	archive := filepath.Join(dir, benchArchive)
+	if err := testimage.WriteOCIArchive(img, benchImage, archive); err != nil {
 		return "", undo, err
 	}
 	im, err := b.c.ImportImage(ctx, archive, "", nil)
@@ -196,6 +201,13 @@ func (b *bench) connect(ctx context.Context, rep *Report, dir string) (rootfs st
 	}
 	return rootfs, undo, nil
 }
+
+// The bench image: busybox, written as an OCI archive into the run's
+// directory and imported (into the daemon, and into podman for --peers).
+const (
+	benchImage   = "bench.local/busybox:latest"
+	benchArchive = "busybox.tar"
+)
 
 func hostInfo() string {
 	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")

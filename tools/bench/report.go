@@ -29,6 +29,7 @@ type Report struct {
 	E2B         *E2BResult      `json:"e2b,omitempty"`
 	Density     *DensityResult  `json:"density,omitempty"`
 	Cluster     []ClusterResult `json:"cluster,omitempty"`
+	Peers       *PeerResult     `json:"peers,omitempty"`
 	BaseUsedGiB float64         `json:"mem_used_at_start_gib"`
 	PeakUsedGiB float64         `json:"mem_used_peak_gib"`
 	Targets     []Target        `json:"targets"`
@@ -46,7 +47,14 @@ type Target struct {
 const (
 	goalCaptureMS      = 30
 	goalCrunForkMS     = 100
-	goalFanoutGvisorMS = 30_000
+	goalFanoutGvisorMS = 10_000
+	// gVisor at container speed: create → first exec and fork to child
+	// ready (p50), exec of true on each runtime (p50), and every exec's
+	// p95 within this factor of its p50.
+	goalStartGvisorMS  = 80
+	goalExecGvisorMS   = 3
+	goalExecCrunMS     = 1
+	goalExecP95OverP50 = 3
 	// goalEnvOverSetup: build once + N forked runs within this factor of
 	// one setup.
 	goalEnvOverSetup = 1.2
@@ -67,8 +75,24 @@ func (r *Report) targets() []Target {
 	add := func(what string, goal, got float64) {
 		ts = append(ts, Target{What: what, Goal: goal, Got: got, Met: got < goal})
 	}
+	for _, x := range r.Runtimes {
+		switch x.Runtime {
+		case "gvisor":
+			add("gVisor create + first exec p50", goalStartGvisorMS, x.CreateFirstExec.Median)
+			add("gVisor exec true p50", goalExecGvisorMS, x.ExecTrue.Median)
+		case "crun":
+			add("crun exec true p50", goalExecCrunMS, x.ExecTrue.Median)
+		}
+		add(fmt.Sprintf("%s exec true p95 within %dx p50", x.Runtime, goalExecP95OverP50),
+			goalExecP95OverP50*x.ExecTrue.Median, x.ExecTrue.P95)
+	}
 	for _, f := range r.Forks {
 		add(fmt.Sprintf("capture p50 %s %s", f.Runtime, f.Size), goalCaptureMS, f.Capture.Median)
+	}
+	for _, f := range r.Forks {
+		if f.Runtime == "gvisor" {
+			add("gVisor fork-to-child-ready p50 "+f.Size+" (call to ready)", goalStartGvisorMS, f.ForkWall.Median)
+		}
 	}
 	for _, f := range r.Forks {
 		if f.Runtime == "crun" && f.Size == "1GB" {
@@ -169,6 +193,9 @@ func (r *Report) print(out io.Writer) {
 		r.Density.print(w)
 	}
 	printCluster(w, r.Cluster)
+	if r.Peers != nil {
+		r.Peers.print(w)
+	}
 
 	fmt.Fprintln(w, "targets")
 	for _, t := range r.Targets {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -118,6 +119,14 @@ func (b *bench) measureAll(ctx context.Context, rep *Report, rootfs, dir string)
 			}
 			rep.Memory = append(rep.Memory, r)
 		}
+	}
+	if o.peers && o.singleHost() {
+		r, err := b.measurePeers(ctx, dir, filepath.Join(dir, benchArchive), benchImage)
+		if err != nil {
+			return err
+		}
+		r.setRatios(rep)
+		rep.Peers = &r
 	}
 	if o.sections["cluster"] {
 		progress("cluster: sources of %s on the 3-node test cluster, %d repetitions", strings.Join(o.clusterSizes, ", "), o.clusterReps)
