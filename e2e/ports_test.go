@@ -49,53 +49,14 @@ var (
 	preview     = porttest.Get
 	tok         = porttest.Tok
 	upgradeEcho = porttest.UpgradeEcho
+	waitDial    = porttest.WaitDial
+	echoThrough = porttest.EchoThrough
 )
 
-// waitPreview waits until a GET of the port with its token answers 200
-// (the server in the sandbox may not listen yet: 502 until then).
+// waitPreview waits until a GET of the port with its token answers 200.
 func waitPreview(t *testing.T, u *client.PortURL) string {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		code, body, _ := preview(t, u, true, "/index.html", tok(u.Token))
-		if code == 200 {
-			return body
-		}
-		if code != http.StatusBadGateway || time.Now().After(deadline) {
-			t.Fatalf("preview %s: %d %q, want 200", u.Host, code, body)
-		}
-		time.Sleep(50 * time.Millisecond) // poll interval, not a wait for an outcome
-	}
-}
-
-// waitDial opens a tunnel to u once something listens there.
-func waitDial(t *testing.T, u *client.PortURL) net.Conn {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		c, err := u.Dial(ctx)
-		cancel()
-		if err == nil {
-			return c
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("tunnel to %s: %v", u.Host, err)
-		}
-		time.Sleep(50 * time.Millisecond) // poll interval
-	}
-}
-
-func echoThrough(t *testing.T, c net.Conn, msg string) {
-	t.Helper()
-	c.SetDeadline(time.Now().Add(time.Minute))
-	if _, err := io.WriteString(c, msg); err != nil {
-		t.Fatal(err)
-	}
-	got := make([]byte, len(msg))
-	if _, err := io.ReadFull(c, got); err != nil || string(got) != msg {
-		t.Fatalf("echo: got %q (%v), want %q", got, err, msg)
-	}
+	return porttest.WaitPreview(t, u, "/index.html", tok(u.Token))
 }
 
 // TestPorts: a sandbox's HTTP server, TCP echo and an upgrade round trip

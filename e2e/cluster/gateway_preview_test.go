@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -244,6 +243,8 @@ func previewGet(t *testing.T, u *fbclient.PortURL, byHost bool, path string, hdr
 var (
 	tok         = porttest.Tok
 	upgradeEcho = porttest.UpgradeEcho
+	waitDial    = porttest.WaitDial
+	echoThrough = porttest.EchoThrough
 )
 
 // waitPreview waits until a GET of index.html by the host form with the
@@ -255,45 +256,5 @@ func waitPreview(t *testing.T, u *fbclient.PortURL) string {
 
 func waitPreviewPath(t *testing.T, u *fbclient.PortURL, path string, hdr http.Header) string {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		code, body := previewGet(t, u, true, path, hdr)
-		if code == 200 {
-			return body
-		}
-		if code != http.StatusBadGateway || time.Now().After(deadline) {
-			t.Fatalf("preview %s%s: %d %q, want 200", u.Host, path, code, body)
-		}
-		time.Sleep(50 * time.Millisecond) // poll interval, not a wait for an outcome
-	}
-}
-
-// waitDial opens a tunnel to u once something listens there.
-func waitDial(t *testing.T, u *fbclient.PortURL) net.Conn {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		c, err := u.Dial(ctx)
-		cancel()
-		if err == nil {
-			return c
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("tunnel to %s: %v", u.Host, err)
-		}
-		time.Sleep(50 * time.Millisecond) // poll interval
-	}
-}
-
-func echoThrough(t *testing.T, c net.Conn, msg string) {
-	t.Helper()
-	c.SetDeadline(time.Now().Add(time.Minute))
-	if _, err := io.WriteString(c, msg); err != nil {
-		t.Fatal(err)
-	}
-	got := make([]byte, len(msg))
-	if _, err := io.ReadFull(c, got); err != nil || string(got) != msg {
-		t.Fatalf("echo: got %q (%v), want %q", got, err, msg)
-	}
+	return porttest.WaitPreview(t, u, path, hdr)
 }

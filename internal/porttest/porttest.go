@@ -1,10 +1,12 @@
 // Package porttest holds what the daemon's and the cluster's end-to-end
 // tests of preview URLs share: one request to a preview listener, in
-// either URL form, and an upgraded connection's round trip.
+// either URL form, waiting for a preview or a tunnel, an echo through a
+// tunnel, and an upgraded connection's round trip.
 package porttest
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -93,5 +95,54 @@ func UpgradeEcho(t testing.TB, u *client.PortURL) {
 		}
 		c.Close()
 		return
+	}
+}
+
+// WaitPreview waits until a GET of path by the host form with hdr answers
+// 200 and returns the body (the server in the sandbox may not listen yet:
+// 502 until then; any other answer fails t).
+func WaitPreview(t testing.TB, u *client.PortURL, path string, hdr http.Header) string {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		code, body, _ := Get(t, u, true, path, hdr)
+		if code == 200 {
+			return body
+		}
+		if code != http.StatusBadGateway || time.Now().After(deadline) {
+			t.Fatalf("preview %s%s: %d %q, want 200", u.Host, path, code, body)
+		}
+		time.Sleep(50 * time.Millisecond) // poll interval, not a wait for an outcome
+	}
+}
+
+// WaitDial opens a tunnel to u once something listens there.
+func WaitDial(t testing.TB, u *client.PortURL) net.Conn {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		c, err := u.Dial(ctx)
+		cancel()
+		if err == nil {
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tunnel to %s: %v", u.Host, err)
+		}
+		time.Sleep(50 * time.Millisecond) // poll interval
+	}
+}
+
+// EchoThrough writes msg to c and checks that the same bytes come back.
+func EchoThrough(t testing.TB, c net.Conn, msg string) {
+	t.Helper()
+	c.SetDeadline(time.Now().Add(time.Minute))
+	if _, err := io.WriteString(c, msg); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != msg {
+		t.Fatalf("echo: got %q (%v), want %q", got, err, msg)
 	}
 }
