@@ -46,7 +46,6 @@ func fromEnv(ns, name, env string) *fbv1.Sandbox {
 func TestEnvironmentInCluster(t *testing.T) {
 	needNodes(t, 2)
 	forEachRuntime(t, func(t *testing.T, rt fbv1.Runtime) {
-		ctx := context.Background()
 		ns := testNamespace(t)
 		e := &fbv1.Environment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "tools"},
 			Spec: fbv1.EnvironmentSpec{Image: env.image, Runtime: rt, Env: []fbv1.EnvVar{{Name: "GREETING", Value: "hi"}},
@@ -72,10 +71,7 @@ func TestEnvironmentInCluster(t *testing.T) {
 		}
 
 		// A failing step: reported, and the built checkpoint serves on.
-		get(t, e).Spec.Setup = append(e.Spec.Setup, "echo broken >&2; exit 3")
-		if err := plane.Client.Update(ctx, e); err != nil {
-			t.Fatal(err)
-		}
+		update(t, e, func(e *fbv1.Environment) { e.Spec.Setup = append(e.Spec.Setup, "echo broken >&2; exit 3") })
 		clustertest.Eventually(t, 3*time.Minute, "failed build reported", func() (bool, string) {
 			get(t, e)
 			c := meta.FindStatusCondition(e.Status.Conditions, fbv1.ConditionBuilt)
@@ -86,10 +82,9 @@ func TestEnvironmentInCluster(t *testing.T) {
 		closedKept(t, &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fbv1.BuilderName(e.Status.Build)}})
 
 		// A good change: rebuilt; the old build's sandbox keeps running.
-		get(t, e).Spec.Setup = []string{"mkdir -p /opt/tool", "echo v2 > /opt/tool/version"}
-		if err := plane.Client.Update(ctx, e); err != nil {
-			t.Fatal(err)
-		}
+		update(t, e, func(e *fbv1.Environment) {
+			e.Spec.Setup = []string{"mkdir -p /opt/tool", "echo v2 > /opt/tool/version"}
+		})
 		second := builtAs(t, e, first)
 		gone(t, &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: first}})
 		user2 := fromEnv(ns, "user2", "tools")

@@ -300,12 +300,7 @@ func objectOf(t *testing.T, id string) *fbv1.Sandbox {
 
 func editSpec(t *testing.T, obj *fbv1.Sandbox, edit func([]fbv1.Credential) []fbv1.Credential) {
 	t.Helper()
-	obj = get(t, obj)
-	patch := client.MergeFromWithOptions(obj.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	obj.Spec.Credentials = edit(obj.Spec.Credentials)
-	if err := plane.Client.Patch(context.Background(), obj, patch); err != nil {
-		t.Fatal(err)
-	}
+	update(t, obj, func(obj *fbv1.Sandbox) { obj.Spec.Credentials = edit(obj.Spec.Credentials) })
 }
 
 // waitExec waits until cmd in sb prints want.

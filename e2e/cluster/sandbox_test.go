@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fbclient "github.com/forkbox/forkbox/client"
@@ -42,6 +43,20 @@ func get[T client.Object](t testing.TB, o T) T {
 		t.Fatalf("get %s: %v", o.GetName(), err)
 	}
 	return o
+}
+
+// update re-reads o, applies change and writes it, again on a conflict: a
+// node or the controller may write the object (its status) in between, as
+// they may under a user's kubectl edit, which then asks again.
+func update[T client.Object](t testing.TB, o T, change func(T)) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		change(get(t, o))
+		return plane.Client.Update(context.Background(), o)
+	})
+	if err != nil {
+		t.Fatalf("update %s: %v", o.GetName(), err)
+	}
 }
 
 // running waits until sb is placed on a node of the cluster and in
@@ -115,18 +130,12 @@ func TestSandboxObjectLifecycle(t *testing.T) {
 		})
 
 		// Paused, then Running again.
-		get(t, sb).Spec.State = fbv1.StatePaused
-		if err := plane.Client.Update(ctx, sb); err != nil {
-			t.Fatal(err)
-		}
+		update(t, sb, func(sb *fbv1.Sandbox) { sb.Spec.State = fbv1.StatePaused })
 		running(t, sb, fbv1.PhasePaused)
 		if l, err := nodeNamed(sb.Spec.NodeName).Client.Sandbox(ctx, sb.Status.LocalID); err != nil || l.Info.State != "paused" {
 			t.Fatalf("local state: got %v, %v; want paused", l, err)
 		}
-		get(t, sb).Spec.State = fbv1.StateRunning
-		if err := plane.Client.Update(ctx, sb); err != nil {
-			t.Fatal(err)
-		}
+		update(t, sb, func(sb *fbv1.Sandbox) { sb.Spec.State = fbv1.StateRunning })
 		local = running(t, sb, fbv1.PhaseRunning)
 
 		// A Fork of it: a Checkpoint on this node and two children that

@@ -124,23 +124,16 @@ func (s *sandboxes) ListCheckpoints(ctx context.Context, req *connect.Request[v1
 	if err != nil {
 		return nil, err
 	}
-	var l fbv1.CheckpointList
-	if err := s.g.c.List(ctx, &l, client.InNamespace(s.g.o.Namespace), client.MatchingFields{checkpointSandboxes: name}); err != nil {
-		return nil, kerr(err, "list checkpoints")
+	cks, err := s.g.readyCheckpoints(ctx, name, since)
+	if err != nil {
+		return nil, err
 	}
-	slices.SortFunc(l.Items, func(a, b fbv1.Checkpoint) int {
-		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Name, b.Name)
-	})
 	out := &v1.ListCheckpointsResponse{}
 	var last *fbv1.Checkpoint
-	for i := range l.Items {
-		ck := &l.Items[i]
+	for i := range cks {
+		ck := &cks[i]
 		ms := ck.CreationTimestamp.UnixMilli()
-		if after != nil && !(ms > after.ms || ms == after.ms && ck.Name > after.name) || ck.Status.Phase != fbv1.CheckpointReady ||
-			ck.CreationTimestamp.Before(&since) {
+		if after != nil && !(ms > after.ms || ms == after.ms && ck.Name > after.name) {
 			continue
 		}
 		if len(out.Checkpoints) == size {
@@ -151,6 +144,26 @@ func (s *sandboxes) ListCheckpoints(ctx context.Context, req *connect.Request[v1
 		last = ck
 	}
 	return connect.NewResponse(out), nil
+}
+
+// readyCheckpoints are the Ready Checkpoints of the sandbox named name (its
+// forks' included) not older than since and not being deleted, oldest
+// first (by creation, then name).
+func (g *Gateway) readyCheckpoints(ctx context.Context, name string, since metav1.Time) ([]fbv1.Checkpoint, error) {
+	var l fbv1.CheckpointList
+	if err := g.c.List(ctx, &l, client.InNamespace(g.o.Namespace), client.MatchingFields{checkpointSandboxes: name}); err != nil {
+		return nil, kerr(err, "list checkpoints")
+	}
+	cks := slices.DeleteFunc(l.Items, func(ck fbv1.Checkpoint) bool {
+		return ck.Status.Phase != fbv1.CheckpointReady || ck.CreationTimestamp.Before(&since) || !ck.DeletionTimestamp.IsZero()
+	})
+	slices.SortFunc(cks, func(a, b fbv1.Checkpoint) int {
+		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return cks, nil
 }
 
 // DeleteCheckpoint deletes the object and waits until every node has

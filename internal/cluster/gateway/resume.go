@@ -8,7 +8,6 @@ import (
 
 	"connectrpc.com/connect"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/forkbox/forkbox/api/forkbox/v1"
 	"github.com/forkbox/forkbox/errdefs"
@@ -124,20 +123,9 @@ func phaseOrPending(sb *fbv1.Sandbox) string {
 // not older than since (a sandbox of that name before it is another
 // session), nil if none.
 func (g *Gateway) lastCheckpoint(ctx context.Context, name string, since metav1.Time) (*fbv1.Checkpoint, error) {
-	var l fbv1.CheckpointList
-	if err := g.c.List(ctx, &l, client.InNamespace(g.o.Namespace), client.MatchingFields{checkpointSandboxes: name}); err != nil {
-		return nil, kerr(err, "list checkpoints")
+	cks, err := g.readyCheckpoints(ctx, name, since)
+	if err != nil || len(cks) == 0 {
+		return nil, err
 	}
-	var last *fbv1.Checkpoint
-	for i := range l.Items {
-		ck := &l.Items[i]
-		if ck.Status.Phase != fbv1.CheckpointReady || ck.CreationTimestamp.Before(&since) || !ck.DeletionTimestamp.IsZero() {
-			continue
-		}
-		if last == nil || ck.CreationTimestamp.After(last.CreationTimestamp.Time) ||
-			ck.CreationTimestamp.Equal(&last.CreationTimestamp) && ck.Name > last.Name {
-			last = ck
-		}
-	}
-	return last, nil
+	return &cks[len(cks)-1], nil
 }
