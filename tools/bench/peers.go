@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -63,6 +64,9 @@ type PeerRatio struct {
 type podman struct {
 	root, runtime string
 	memory        int64 // bytes: the --memory of every forkbox sandbox
+	// cgroupParent holds the containers' cgroups (and conmon's), removed
+	// by reset: podman's default parent stays on the host.
+	cgroupParent string
 }
 
 // peerTimeout bounds each podman call (a 1 GB commit included).
@@ -98,7 +102,7 @@ var peerLimits = []string{"--ulimit", "nofile=1024:1024", "--ulimit", "nproc=409
 // start runs a container of image named name that sleeps, and returns
 // once podman says it runs.
 func (p *podman) start(ctx context.Context, name, image string) error {
-	args := append([]string{"run", "-d", "--name", name, "--network", "none", "--memory", fmt.Sprint(p.memory)}, peerLimits...)
+	args := append([]string{"run", "-d", "--name", name, "--network", "none", "--memory", fmt.Sprint(p.memory), "--cgroup-parent", p.cgroupParent}, peerLimits...)
 	_, err := p.run(ctx, append(args, image, "sleep", "1000000000")...)
 	return err
 }
@@ -136,7 +140,8 @@ func (b *bench) measurePeers(ctx context.Context, dir, archive, image string) (r
 	if err != nil {
 		return r, err
 	}
-	p := &podman{root: filepath.Join(dir, "podman"), runtime: o.peerRuntime, memory: mem}
+	p := &podman{root: filepath.Join(dir, "podman"), runtime: o.peerRuntime, memory: mem,
+		cgroupParent: "/forkbox-bench-peers-" + strconv.Itoa(os.Getpid())}
 	for _, d := range []string{"root", "run", "tmp"} {
 		if err := os.MkdirAll(filepath.Join(p.root, d), 0o700); err != nil {
 			return r, err
@@ -237,8 +242,9 @@ func (b *bench) peerFork(ctx context.Context, p *podman, image string, size int6
 	return f, nil
 }
 
-// reset removes every container and image of the bench's podman store and
-// unmounts it, so that removing the directory leaves nothing behind.
+// reset removes every container and image of the bench's podman store,
+// unmounts it and removes the containers' parent cgroup, so that removing
+// the directory leaves nothing behind.
 func (p *podman) reset(ctx context.Context) {
 	ctx = context.WithoutCancel(ctx)
 	if _, err := p.run(ctx, "rm", "-a", "-f", "-t", "0"); err != nil {
@@ -247,6 +253,9 @@ func (p *podman) reset(ctx context.Context) {
 	if _, err := p.run(ctx, "system", "reset", "-f"); err != nil {
 		progress("  peers: %v", err)
 	}
+	name := strings.TrimPrefix(p.cgroupParent, "/")
+	removeCgroupParent(filepath.Join(name, "conmon"))
+	removeCgroupParent(name)
 }
 
 func peerVersions(ctx context.Context, p *podman) string {
