@@ -1,0 +1,53 @@
+package daemon
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// Every host thread takes a PID, so the kernel's pid_max (and threads-max)
+// bound how many sandboxes a host can run: an idle gVisor sandbox holds
+// about 37 host threads (its sentry's, its gofer's and the systrap stubs of
+// its address spaces; measured at 283 live on the pinned runsc). Past the
+// bound a clone fails on the host, and gVisor reports it as an I/O error
+// from a new sandbox's root file system or an exec that exits 127 (both
+// seen at 864 live with pid_max 32768, the kernel's default where no
+// systemd raises it to 4194304).
+const pidsPerSandbox = 48
+
+// hostPidsWarning says why pid_max or threads-max is too low for max
+// sandboxes ("" when they hold them), with the command that raises them.
+func hostPidsWarning(pidMax, threadsMax, maxSandboxes int) string {
+	need := 4096 + maxSandboxes*pidsPerSandbox
+	var low []string
+	if pidMax > 0 && pidMax < need {
+		low = append(low, fmt.Sprintf("kernel.pid_max is %d", pidMax))
+	}
+	if threadsMax > 0 && threadsMax < need {
+		low = append(low, fmt.Sprintf("kernel.threads-max is %d", threadsMax))
+	}
+	if len(low) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s: %d sandboxes (--max-sandboxes) need about %d host threads; past the limit new sandboxes fail with I/O errors and execs exit 127 (raise it: sysctl -w kernel.pid_max=4194304 kernel.threads-max=%d)",
+		strings.Join(low, " and "), maxSandboxes, need, max(threadsMax, 2*need))
+}
+
+// warnHostPids logs hostPidsWarning for this host.
+func warnHostPids(log *slog.Logger, maxSandboxes int) {
+	if w := hostPidsWarning(readProcInt("/proc/sys/kernel/pid_max"), readProcInt("/proc/sys/kernel/threads-max"), maxSandboxes); w != "" {
+		log.Warn("host limit below what --max-sandboxes needs", "why", w)
+	}
+}
+
+func readProcInt(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return n
+}
