@@ -19,5 +19,8 @@ func (d *DensityResult) print(w io.Writer) {
 	fmt.Fprintf(w, "  list all (%d pages of %d)\t%s ms\t\t\n", d.ListPages, d.ListPageSize, num(d.ListAllMS))
 	fmt.Fprintf(w, "  hibernate each / all %d\t%s\t%.0f s\t\n", d.Hibernated, pp(d.Hibernate), d.HibernateAllS)
 	fmt.Fprintf(w, "  wake on exec\t%s\t\t\n", pp(d.WakeOnExec))
+	if d.WakeFailed > 0 {
+		fmt.Fprintf(w, "  wakes that failed\t%d\t%s\t\n", d.WakeFailed, d.WakeErr)
+	}
 	fmt.Fprintf(w, "  grow / close all\t%.0f s\t%.0f s\t\n\n", d.GrowS, d.CloseAllS)
 }
