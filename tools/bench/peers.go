@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/forkbox/forkbox/errdefs"
 	fbdaemon "github.com/forkbox/forkbox/internal/daemon"
 )
 
@@ -132,10 +131,7 @@ func peerMissing(runtime string) string {
 // measurePeers runs the peer measures; archive is the bench image as an
 // OCI archive, its name image.
 func (b *bench) measurePeers(ctx context.Context, dir, archive, image string) (r PeerResult, err error) {
-	o := b.opts
-	if why := peerMissing(o.peerRuntime); why != "" {
-		return r, fmt.Errorf("--peers: %s: %w", why, errdefs.ErrFailedPrecondition)
-	}
+	o := b.opts // run checked peerMissing before any section
 	mem, err := fbdaemon.ParseMemory(o.memory)
 	if err != nil {
 		return r, err
@@ -274,7 +270,7 @@ func peerVersions(ctx context.Context, p *podman) string {
 func (r *PeerResult) setRatios(rep *Report) {
 	add := func(what, rt string, fb, peer float64) {
 		if fb > 0 && peer > 0 {
-			r.Ratios = append(r.Ratios, PeerRatio{What: what, Runtime: rt, Forkbox: fb, Peer: peer, Ratio: fb / peer})
+			r.Ratios = append(r.Ratios, PeerRatio{What: what, Runtime: rt, Forkbox: fb, Peer: peer, Ratio: ratio(fb, peer)})
 		}
 	}
 	for _, x := range rep.Runtimes {
