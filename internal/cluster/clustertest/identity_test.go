@@ -261,8 +261,12 @@ func TestNodeIdentity(t *testing.T) {
 	forge = mine.DeepCopy()
 	forge.Status.Phase = fbv1.CheckpointFailed
 	wantForbidden(t, "a fails b's checkpoint", a.Status().Update(ctx, forge), "may not change what checkpoint")
+	forge = mine.DeepCopy()
+	forge.Status.CapturedAt = &metav1.MicroTime{Time: time.Unix(1, 0)}
+	wantForbidden(t, "a moves b's capture time (the checkpoints' order)", a.Status().Update(ctx, forge), "may not change what checkpoint")
 	origin := mine.DeepCopy()
 	origin.Status.Message = "b says"
+	origin.Status.CapturedAt = &metav1.MicroTime{Time: time.Now()}
 	if err := b.Status().Update(ctx, origin); err != nil {
 		t.Errorf("b, the origin, updates its checkpoint: %v", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -93,7 +94,7 @@ func checkpointID(ck *fbv1.Checkpoint) string {
 
 func (g *Gateway) checkpointView(ctx context.Context, ck *fbv1.Checkpoint) *v1.Checkpoint {
 	out := &v1.Checkpoint{Id: checkpointID(ck), SandboxName: ck.Spec.Sandbox, Tag: ck.Spec.Tag,
-		CreatedAtUnixMs: ck.CreationTimestamp.UnixMilli(), Size: ck.Status.SizeBytes, Kind: ck.Status.Kind, Image: ck.Status.Image,
+		CreatedAtUnixMs: capturedAt(ck).UnixMilli(), Size: ck.Status.SizeBytes, Kind: ck.Status.Kind, Image: ck.Status.Image,
 		CaptureMs: float64(ck.Status.CaptureMicros) / 1000, FlushMs: float64(ck.Status.FlushMicros) / 1000}
 	var sb fbv1.Sandbox
 	if err := g.c.Get(ctx, types.NamespacedName{Namespace: ck.Namespace, Name: ck.Spec.Sandbox}, &sb); err == nil {
@@ -132,12 +133,11 @@ func (s *sandboxes) ListCheckpoints(ctx context.Context, req *connect.Request[v1
 	var last *fbv1.Checkpoint
 	for i := range cks {
 		ck := &cks[i]
-		ms := ck.CreationTimestamp.UnixMilli()
-		if after != nil && !(ms > after.ms || ms == after.ms && ck.Name > after.name) {
+		if after != nil && !after.beforeAt(capturedAt(ck).UnixMicro(), ck.Name) {
 			continue
 		}
 		if len(out.Checkpoints) == size {
-			out.NextPageToken = pageToken(last.CreationTimestamp.UnixMilli(), last.Name)
+			out.NextPageToken = pageToken(capturedAt(last).UnixMicro(), last.Name)
 			break
 		}
 		out.Checkpoints = append(out.Checkpoints, s.g.checkpointView(ctx, ck))
@@ -148,22 +148,37 @@ func (s *sandboxes) ListCheckpoints(ctx context.Context, req *connect.Request[v1
 
 // readyCheckpoints are the Ready Checkpoints of the sandbox named name (its
 // forks' included) not older than since and not being deleted, oldest
-// first (by creation, then name).
+// first.
 func (g *Gateway) readyCheckpoints(ctx context.Context, name string, since metav1.Time) ([]fbv1.Checkpoint, error) {
 	var l fbv1.CheckpointList
 	if err := g.c.List(ctx, &l, client.InNamespace(g.o.Namespace), client.MatchingFields{checkpointSandboxes: name}); err != nil {
 		return nil, kerr(err, "list checkpoints")
 	}
-	cks := slices.DeleteFunc(l.Items, func(ck fbv1.Checkpoint) bool {
+	return readyOldestFirst(l.Items, since), nil
+}
+
+// readyOldestFirst keeps the Ready checkpoints of cks not older than since
+// and not being deleted, and orders them by capture, then name.
+func readyOldestFirst(cks []fbv1.Checkpoint, since metav1.Time) []fbv1.Checkpoint {
+	cks = slices.DeleteFunc(cks, func(ck fbv1.Checkpoint) bool {
 		return ck.Status.Phase != fbv1.CheckpointReady || ck.CreationTimestamp.Before(&since) || !ck.DeletionTimestamp.IsZero()
 	})
 	slices.SortFunc(cks, func(a, b fbv1.Checkpoint) int {
-		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+		if c := capturedAt(&a).Compare(capturedAt(&b)); c != 0 {
 			return c
 		}
 		return strings.Compare(a.Name, b.Name)
 	})
-	return cks, nil
+	return cks
+}
+
+// capturedAt is when ck was captured, as its node recorded it; the
+// object's creation (whole seconds) for one captured before nodes did.
+func capturedAt(ck *fbv1.Checkpoint) time.Time {
+	if ck.Status.CapturedAt != nil {
+		return ck.Status.CapturedAt.Time
+	}
+	return ck.CreationTimestamp.Time
 }
 
 // DeleteCheckpoint deletes the object and waits until every node has

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -38,7 +39,7 @@ func TestValidName(t *testing.T) {
 // A page token round-trips, and anything else is InvalidArgument.
 func TestPageToken(t *testing.T) {
 	k, err := parsePageToken(pageToken(1234, "box-1"))
-	if err != nil || k.ms != 1234 || k.name != "box-1" {
+	if err != nil || k.at != 1234 || k.name != "box-1" {
 		t.Fatalf("round trip: got %+v, %v", k, err)
 	}
 	for _, tok := range []string{"x", "bm90LW91cnM", pageToken(1, "a") + "=", strings.Repeat("A", 600)} {
@@ -47,7 +48,7 @@ func TestPageToken(t *testing.T) {
 		}
 	}
 	sb := &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Name: "box-2", CreationTimestamp: metav1.NewTime(time.UnixMilli(1234))}}
-	if !(&pageKey{ms: 1234, name: "box-1"}).before(sb) || (&pageKey{ms: 1234, name: "box-3"}).before(sb) {
+	if !(&pageKey{at: 1234, name: "box-1"}).before(sb) || (&pageKey{at: 1234, name: "box-3"}).before(sb) {
 		t.Fatal("page keys order by creation, then name")
 	}
 }
@@ -161,5 +162,54 @@ func TestPoolable(t *testing.T) {
 		if got := poolable(sb, tc.sb); got != tc.want {
 			t.Errorf("%s: got poolable %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// A sandbox's checkpoints list in the order its node captured them, even
+// when their objects were made within one second (creation times are whole
+// seconds, and names are random): the MCP suite's fork-then-checkpoint
+// listed them the other way round when both fell in one second. A page
+// token continues after the last item in that order.
+func TestCheckpointsOldestFirst(t *testing.T) {
+	sec := time.Unix(1_700_000_000, 0)
+	ck := func(name string, captured time.Duration, phase fbv1.CheckpointPhase) fbv1.Checkpoint {
+		c := fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(sec)}}
+		c.Status.Phase = phase
+		if captured >= 0 {
+			c.Status.CapturedAt = &metav1.MicroTime{Time: sec.Add(captured)}
+		}
+		return c
+	}
+	in := []fbv1.Checkpoint{
+		ck("box-ck-zz", 900*time.Millisecond, fbv1.CheckpointReady),
+		ck("box-ck-aa", 400*time.Millisecond, fbv1.CheckpointReady),
+		ck("fork-box-x", 100*time.Millisecond, fbv1.CheckpointReady),
+		ck("box-ck-mm", 500*time.Millisecond, fbv1.CheckpointPending),
+	}
+	var got []string
+	for _, c := range readyOldestFirst(in, metav1.NewTime(sec)) {
+		got = append(got, c.Name)
+	}
+	if want := []string{"fork-box-x", "box-ck-aa", "box-ck-zz"}; !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	// The key a page token carries puts the next page after the last item.
+	last := ck("box-ck-aa", 400*time.Millisecond, fbv1.CheckpointReady)
+	k, err := parsePageToken(pageToken(capturedAt(&last).UnixMicro(), last.Name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		ck    fbv1.Checkpoint
+		after bool
+	}{{ck("fork-box-x", 100*time.Millisecond, ""), false}, {last, false}, {ck("box-ck-zz", 900*time.Millisecond, ""), true}} {
+		if got := k.beforeAt(capturedAt(&c.ck).UnixMicro(), c.ck.Name); got != c.after {
+			t.Errorf("%s after the page: got %v, want %v", c.ck.Name, got, c.after)
+		}
+	}
+	// One captured before nodes recorded the time orders by its creation.
+	old := ck("old", -1, fbv1.CheckpointReady)
+	if !capturedAt(&old).Equal(sec) {
+		t.Errorf("capturedAt without status: got %v, want the creation time %v", capturedAt(&old), sec)
 	}
 }

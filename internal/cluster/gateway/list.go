@@ -63,21 +63,28 @@ func (s *sandboxes) ListSandboxes(ctx context.Context, req *connect.Request[v1.L
 	return connect.NewResponse(out), nil
 }
 
+// pageKey is where a page ended: the last item's position (a sandbox's
+// creation in milliseconds, a checkpoint's capture in microseconds) and
+// name.
 type pageKey struct {
-	ms   int64
+	at   int64
 	name string
 }
 
 // before reports whether the key sorts before sb.
 func (k *pageKey) before(sb *fbv1.Sandbox) bool {
-	ms := sb.CreationTimestamp.UnixMilli()
-	return ms > k.ms || ms == k.ms && sb.Name > k.name
+	return k.beforeAt(sb.CreationTimestamp.UnixMilli(), sb.Name)
+}
+
+// beforeAt reports whether the key sorts before the item at at named name.
+func (k *pageKey) beforeAt(at int64, name string) bool {
+	return at > k.at || at == k.at && name > k.name
 }
 
 const pagePrefix = "gw1:"
 
-func pageToken(ms int64, name string) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(pagePrefix + strconv.FormatInt(ms, 10) + ":" + name))
+func pageToken(at int64, name string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(pagePrefix + strconv.FormatInt(at, 10) + ":" + name))
 }
 
 func parsePageToken(tok string) (*pageKey, error) {
@@ -96,10 +103,10 @@ func parsePageToken(tok string) (*pageKey, error) {
 	if !ok {
 		return nil, bad
 	}
-	msStr, name, ok := strings.Cut(rest, ":")
-	n, err := strconv.ParseInt(msStr, 10, 64)
+	atStr, name, ok := strings.Cut(rest, ":")
+	n, err := strconv.ParseInt(atStr, 10, 64)
 	if !ok || err != nil {
 		return nil, bad
 	}
-	return &pageKey{ms: n, name: name}, nil
+	return &pageKey{at: n, name: name}, nil
 }

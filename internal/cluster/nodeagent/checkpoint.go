@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -60,6 +61,7 @@ func (r *checkpoints) Reconcile(ctx context.Context, req reconcile.Request) (rec
 		Phase: fbv1.CheckpointReady, Kind: local.Kind, OriginNode: r.o.NodeName, SizeBytes: local.Size,
 		Size: resource.NewQuantity(local.Size, resource.BinarySI), Image: local.Image, Runtime: fbv1.Runtime(local.Runtime),
 		CaptureMicros: int64(local.CaptureMS * 1000), FlushMicros: int64(local.FlushMS * 1000),
+		CapturedAt: &metav1.MicroTime{Time: local.CreatedAt},
 		Replicas:   []fbv1.Replica{{Node: r.o.NodeName, LocalID: local.ID, Ready: true}},
 		Conditions: ck.Status.Conditions,
 	}

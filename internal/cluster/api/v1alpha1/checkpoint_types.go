@@ -85,6 +85,12 @@ type CheckpointStatus struct {
 	CaptureMicros int64 `json:"captureMicros,omitempty"`
 	// +optional
 	FlushMicros int64 `json:"flushMicros,omitempty"`
+	// CapturedAt is when the capturing node took it, by that node's
+	// clock: it orders a sandbox's checkpoints (all captured on the
+	// sandbox's node), which the object's creation time, in whole
+	// seconds, cannot.
+	// +optional
+	CapturedAt *metav1.MicroTime `json:"capturedAt,omitempty"`
 	// Image the checkpoint's sandbox runs, and its runtime: children
 	// inherit both.
 	// +optional

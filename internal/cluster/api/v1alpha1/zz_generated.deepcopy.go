@@ -121,6 +121,10 @@ func (in *CheckpointStatus) DeepCopyInto(out *CheckpointStatus) {
 		x := (*in).DeepCopy()
 		*out = &x
 	}
+	if in.CapturedAt != nil {
+		in, out := &in.CapturedAt, &out.CapturedAt
+		*out = (*in).DeepCopy()
+	}
 	if in.Replicas != nil {
 		in, out := &in.Replicas, &out.Replicas
 		*out = make([]Replica, len(*in))
