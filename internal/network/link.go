@@ -221,6 +221,49 @@ func ipNet(ip netip.Addr, bits int) *net.IPNet {
 	return &net.IPNet{IP: net.IP(ip.AsSlice()), Mask: net.CIDRMask(bits, ip.BitLen())}
 }
 
+// pinNeighbour records where sandbox ip is at L2 for good: a permanent
+// neighbour entry on the bridge (ip → the MAC of the netns's eth0, which
+// gVisor also keeps, fresh or restored) and a static forwarding entry of
+// that MAC on the sandbox's port. Without them every sandbox costs every
+// other one: the kernel keeps dynamic neighbour entries only up to
+// gc_thresh2 (512 by default) before evicting them, so past a few hundred
+// sandboxes the host re-resolved addresses all the time, and each ARP
+// request, broadcast on the bridge, woke every sandbox's Sentry (1,000 idle
+// gVisor sandboxes took a whole core; 400 took 2%); and a port's learned
+// entry ages out when its sandbox is quiet, so the next frame to it is
+// flooded to every port. Permanent entries are never collected and do not
+// count against the thresholds. It replaces whatever entry ip had (a
+// closed sandbox's address taken again).
+func (m *Manager) pinNeighbour(ns netns.NsHandle, host string, ip netip.Addr) error {
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("network: netlink handle in netns: %v: %w", err, errdefs.ErrInternal)
+	}
+	defer h.Close()
+	eth, err := h.LinkByName(peerName)
+	if err != nil {
+		return fmt.Errorf("network: %s in netns: %v: %w", peerName, err, errdefs.ErrInternal)
+	}
+	mac := eth.Attrs().HardwareAddr
+	br, err := netlink.LinkByName(m.cfg.Bridge)
+	if err != nil {
+		return fmt.Errorf("network: bridge %s: %v: %w", m.cfg.Bridge, err, errdefs.ErrUnavailable)
+	}
+	port, err := netlink.LinkByName(host)
+	if err != nil {
+		return fmt.Errorf("network: veth %s: %v: %w", host, err, errdefs.ErrInternal)
+	}
+	if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: port.Attrs().Index, Family: unix.AF_BRIDGE,
+		Flags: netlink.NTF_MASTER, State: netlink.NUD_NOARP, HardwareAddr: mac}); err != nil {
+		return fmt.Errorf("network: forwarding entry of %s on %s: %v: %w", mac, host, err, errdefs.ErrInternal)
+	}
+	if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: br.Attrs().Index, Family: netlink.FAMILY_V4,
+		State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: mac}); err != nil {
+		return fmt.Errorf("network: neighbour entry %s → %s: %v: %w", ip, mac, err, errdefs.ErrInternal)
+	}
+	return nil
+}
+
 // forgetNeighbour deletes the bridge's neighbour (ARP) entry for ip, if any.
 func (m *Manager) forgetNeighbour(ip netip.Addr) {
 	br, err := netlink.LinkByName(m.cfg.Bridge)

@@ -257,13 +257,15 @@ func (m *Manager) addElements(veth string, ip netip.Addr, egress Egress) error {
 }
 
 // delElements removes every element that belongs to the port veth: its
-// entries in ports, their addresses in egress_all, and their egress
-// policies' objects. Missing is fine.
+// entries in ports, their addresses in egress_all, their egress policies'
+// objects, and the bridge's neighbour entries of those addresses (pinned
+// by Setup). Missing is fine.
 func (m *Manager) delElements(veth string) error {
 	var addrs []netip.Addr
 	errs := []error{m.delPortElements(veth, &addrs)}
 	for _, a := range addrs {
 		errs = append(errs, m.dropPolicy(a))
+		m.forgetNeighbour(a) // pinned at setup
 	}
 	return errors.Join(errs...)
 }

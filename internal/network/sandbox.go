@@ -43,7 +43,8 @@ func validID(id string) error {
 
 // Setup creates the network of sandbox id: a named netns at NSPath(id) with
 // eth0 at ip (default route via the gateway) and lo up, a veth pair to the
-// bridge on an isolated port, and the nftables elements for egress. On
+// bridge on an isolated port, the nftables elements for egress, and ip
+// pinned to eth0's MAC on the bridge (pinNeighbour). On
 // failure every step done is undone. It fails with AlreadyExists if the
 // sandbox already has a netns or a veth.
 func (m *Manager) Setup(ctx context.Context, id string, ip netip.Addr, pol Policy) (nw *Network, err error) {
@@ -124,9 +125,10 @@ func (m *Manager) Setup(ctx context.Context, id string, ip netip.Addr, pol Polic
 	}
 
 	// The address may have belonged to a sandbox closed a moment ago: the
-	// host's neighbour entry still holds that sandbox's MAC (REACHABLE for
-	// tens of seconds), and packets to the new one would go nowhere.
-	m.forgetNeighbour(ip)
+	// pin replaces the neighbour entry that still holds that sandbox's MAC.
+	if err := m.pinNeighbour(ns, host, ip); err != nil {
+		return nil, err
+	}
 	if err := upVeth(host); err != nil {
 		return nil, err
 	}
@@ -220,6 +222,8 @@ func (m *Manager) Reconfigure(ctx context.Context, id string, ip netip.Addr) err
 		return fmt.Errorf("network: netns of %s: %v: %w", id, err, errdefs.ErrNotFound)
 	}
 	defer ns.Close()
-	m.forgetNeighbour(ip)
-	return configureInside(ns, ip, m.gateway, m.cfg.Subnet.Bits())
+	if err := configureInside(ns, ip, m.gateway, m.cfg.Subnet.Bits()); err != nil {
+		return err
+	}
+	return m.pinNeighbour(ns, m.hostVethName(id), ip)
 }
