@@ -165,11 +165,12 @@ func delVeth(host string) error {
 	return nil
 }
 
-// configureInside sets up lo and eth0 in the netns: address, up, default route.
-func configureInside(ns netns.NsHandle, ip, gw netip.Addr, bits int) error {
+// configureInside sets up lo and eth0 in the netns: address, up, default
+// route. It returns eth0's MAC.
+func configureInside(ns netns.NsHandle, ip, gw netip.Addr, bits int) (net.HardwareAddr, error) {
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
-		return fmt.Errorf("network: netlink handle in netns: %v: %w", err, errdefs.ErrInternal)
+		return nil, fmt.Errorf("network: netlink handle in netns: %v: %w", err, errdefs.ErrInternal)
 	}
 	defer h.Close()
 	lo, err := h.LinkByName("lo")
@@ -177,23 +178,23 @@ func configureInside(ns netns.NsHandle, ip, gw netip.Addr, bits int) error {
 		err = h.LinkSetUp(lo)
 	}
 	if err != nil {
-		return fmt.Errorf("network: bring up lo: %v: %w", err, errdefs.ErrInternal)
+		return nil, fmt.Errorf("network: bring up lo: %v: %w", err, errdefs.ErrInternal)
 	}
 	eth, err := h.LinkByName(peerName)
 	if err != nil {
-		return fmt.Errorf("network: %s in netns: %v: %w", peerName, err, errdefs.ErrInternal)
+		return nil, fmt.Errorf("network: %s in netns: %v: %w", peerName, err, errdefs.ErrInternal)
 	}
 	if err := h.AddrReplace(eth, &netlink.Addr{IPNet: ipNet(ip, bits)}); err != nil {
-		return fmt.Errorf("network: add %s/%d to %s: %v: %w", ip, bits, peerName, err, errdefs.ErrInternal)
+		return nil, fmt.Errorf("network: add %s/%d to %s: %v: %w", ip, bits, peerName, err, errdefs.ErrInternal)
 	}
 	if err := h.LinkSetUp(eth); err != nil {
-		return fmt.Errorf("network: bring up %s: %v: %w", peerName, err, errdefs.ErrInternal)
+		return nil, fmt.Errorf("network: bring up %s: %v: %w", peerName, err, errdefs.ErrInternal)
 	}
 	route := &netlink.Route{LinkIndex: eth.Attrs().Index, Gw: net.IP(gw.AsSlice()), Scope: netlink.SCOPE_UNIVERSE}
 	if err := h.RouteReplace(route); err != nil {
-		return fmt.Errorf("network: default route via %s: %v: %w", gw, err, errdefs.ErrInternal)
+		return nil, fmt.Errorf("network: default route via %s: %v: %w", gw, err, errdefs.ErrInternal)
 	}
-	return nil
+	return eth.Attrs().HardwareAddr, nil
 }
 
 // ourVeths returns the host veths of ours, by name, with the sandbox id
@@ -234,17 +235,7 @@ func ipNet(ip netip.Addr, bits int) *net.IPNet {
 // flooded to every port. Permanent entries are never collected and do not
 // count against the thresholds. It replaces whatever entry ip had (a
 // closed sandbox's address taken again).
-func (m *Manager) pinNeighbour(ns netns.NsHandle, host string, ip netip.Addr) error {
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		return fmt.Errorf("network: netlink handle in netns: %v: %w", err, errdefs.ErrInternal)
-	}
-	defer h.Close()
-	eth, err := h.LinkByName(peerName)
-	if err != nil {
-		return fmt.Errorf("network: %s in netns: %v: %w", peerName, err, errdefs.ErrInternal)
-	}
-	mac := eth.Attrs().HardwareAddr
+func (m *Manager) pinNeighbour(host string, ip netip.Addr, mac net.HardwareAddr) error {
 	br, err := netlink.LinkByName(m.cfg.Bridge)
 	if err != nil {
 		return fmt.Errorf("network: bridge %s: %v: %w", m.cfg.Bridge, err, errdefs.ErrUnavailable)

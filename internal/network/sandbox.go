@@ -105,7 +105,8 @@ func (m *Manager) Setup(ctx context.Context, id string, ip netip.Addr, pol Polic
 		return nil, err
 	}
 
-	if err := configureInside(ns, ip, m.gateway, m.cfg.Subnet.Bits()); err != nil {
+	mac, err := configureInside(ns, ip, m.gateway, m.cfg.Subnet.Bits())
+	if err != nil {
 		return nil, err
 	}
 	if err := step("inside"); err != nil {
@@ -126,7 +127,7 @@ func (m *Manager) Setup(ctx context.Context, id string, ip netip.Addr, pol Polic
 
 	// The address may have belonged to a sandbox closed a moment ago: the
 	// pin replaces the neighbour entry that still holds that sandbox's MAC.
-	if err := m.pinNeighbour(ns, host, ip); err != nil {
+	if err := m.pinNeighbour(host, ip, mac); err != nil {
 		return nil, err
 	}
 	if err := upVeth(host); err != nil {
@@ -222,8 +223,9 @@ func (m *Manager) Reconfigure(ctx context.Context, id string, ip netip.Addr) err
 		return fmt.Errorf("network: netns of %s: %v: %w", id, err, errdefs.ErrNotFound)
 	}
 	defer ns.Close()
-	if err := configureInside(ns, ip, m.gateway, m.cfg.Subnet.Bits()); err != nil {
+	mac, err := configureInside(ns, ip, m.gateway, m.cfg.Subnet.Bits())
+	if err != nil {
 		return err
 	}
-	return m.pinNeighbour(ns, m.hostVethName(id), ip)
+	return m.pinNeighbour(m.hostVethName(id), ip, mac)
 }
