@@ -11,23 +11,13 @@ import (
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 )
 
 // outsideAddr gives the fake outside world (fakeUplink) one more address,
 // routed from the host through outIP, with a listener on port 80.
 func outsideAddr(t *testing.T, outside string, outIP, a netip.Addr) string {
 	t.Helper()
-	ns, err := netns.GetFromPath(outside)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := nsHandle(t, outside)
 	eth, err := h.LinkByName("eth0")
 	if err == nil {
 		err = h.AddrAdd(eth, &netlink.Addr{IPNet: ipNet(a, 32)})

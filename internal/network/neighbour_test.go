@@ -86,6 +86,17 @@ func TestNeighbourPinned(t *testing.T) {
 // eth0MAC is the MAC of eth0 in the netns at path.
 func eth0MAC(t *testing.T, path string) net.HardwareAddr {
 	t.Helper()
+	eth, err := nsHandle(t, path).LinkByName(peerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return eth.Attrs().HardwareAddr
+}
+
+// nsHandle is a netlink handle in the netns at path, closed when the test
+// ends.
+func nsHandle(t *testing.T, path string) *netlink.Handle {
+	t.Helper()
 	ns, err := netns.GetFromPath(path)
 	if err != nil {
 		t.Fatal(err)
@@ -95,10 +106,6 @@ func eth0MAC(t *testing.T, path string) net.HardwareAddr {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.Close()
-	eth, err := h.LinkByName(peerName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return eth.Attrs().HardwareAddr
+	t.Cleanup(h.Close)
+	return h
 }
