@@ -6,6 +6,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/forkbox/forkbox/internal/network"
 )
 
 // Every host thread takes a PID, so the kernel's pid_max (and threads-max)
@@ -36,10 +38,15 @@ func hostPidsWarning(pidMax, threadsMax, maxSandboxes int) string {
 		strings.Join(low, " and "), maxSandboxes, need, max(threadsMax, 2*need))
 }
 
-// warnHostPids logs hostPidsWarning for this host.
+// warnHostPids logs hostPidsWarning for this host, and says so when
+// --max-sandboxes is more than one bridge holds.
 func warnHostPids(log *slog.Logger, maxSandboxes int) {
 	if w := hostPidsWarning(readProcInt("/proc/sys/kernel/pid_max"), readProcInt("/proc/sys/kernel/threads-max"), maxSandboxes); w != "" {
 		log.Warn("host limit below what --max-sandboxes needs", "why", w)
+	}
+	if maxSandboxes > network.MaxBridgePorts {
+		log.Warn("--max-sandboxes is more than one bridge holds", "why",
+			fmt.Sprintf("a Linux bridge has at most %d ports, one per sandbox (running or hibernated); past that, creates are ResourceExhausted", network.MaxBridgePorts))
 	}
 }
 

@@ -106,6 +106,12 @@ func (m *Manager) deleteBridge() error {
 	return nil
 }
 
+// MaxBridgePorts is how many ports a Linux bridge takes (port numbers are
+// 10 bits, 0 unused; more fail with EXFULL): the most sandboxes one
+// daemon's network holds, hibernated ones included, since a hibernated
+// sandbox keeps its netns and port to wake into.
+const MaxBridgePorts = 1023
+
 // addVeth creates the veth pair with its peer directly inside the netns as
 // eth0, and attaches the host side to the bridge as an isolated port.
 // The host side is left down; upVeth brings it up.
@@ -122,6 +128,10 @@ func (m *Manager) addVeth(id, host string, ns netns.NsHandle) error {
 	if err := netlink.LinkAdd(veth); err != nil {
 		if errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("network: veth %s: %w", host, errdefs.ErrAlreadyExists)
+		}
+		if errors.Is(err, unix.EXFULL) { // the kernel removes the new veth again
+			return fmt.Errorf("network: bridge %s is full: a Linux bridge has at most %d ports, one per sandbox, running or hibernated (more need another daemon with its own --bridge and --subnet): %w",
+				m.cfg.Bridge, MaxBridgePorts, errdefs.ErrResourceExhausted)
 		}
 		return fmt.Errorf("network: create veth %s: %v: %w", host, err, errdefs.ErrInternal)
 	}

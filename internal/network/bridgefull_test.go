@@ -1,0 +1,57 @@
+package network
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/vishvananda/netlink"
+)
+
+// A Linux bridge takes MaxBridgePorts ports: a sandbox past that (found by
+// the density run, 900 hibernated and 123 running) is ResourceExhausted,
+// naming the bridge and the limit, not an Internal "exchange full", and
+// leaves nothing behind.
+func TestBridgeFull(t *testing.T) {
+	m := newTestManagerIn(t, 28, netip.MustParsePrefix("10.232.0.0/16"))
+	br, err := netlink.LinkByName(m.cfg.Bridge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fill the bridge with plain veth ports (a sandbox's Setup each would
+	// take minutes): the last one must fail as a sandbox would.
+	var made []string
+	t.Cleanup(func() {
+		for _, n := range made {
+			delVeth(n)
+		}
+	})
+	for i := range MaxBridgePorts {
+		name := fmt.Sprintf("f%d-%d", os.Getpid()%10000, i)
+		err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, MasterIndex: br.Attrs().Index}, PeerName: name + "p"})
+		if err != nil {
+			t.Fatalf("port %d of %d: %v", i+1, MaxBridgePorts, err)
+		}
+		made = append(made, name)
+	}
+	ip := netip.MustParseAddr("10.232.7.7")
+	_, err = m.Setup(context.Background(), testID("full"), ip, Policy{Mode: EgressNone})
+	if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), m.cfg.Bridge) || !strings.Contains(err.Error(), "1023") {
+		t.Fatalf("Setup on a full bridge: got %v, want ResourceExhausted naming %s and the limit", err, m.cfg.Bridge)
+	}
+	m.assertGone(t, testID("full"))
+	// A free port takes a sandbox again.
+	delVeth(made[len(made)-1])
+	made = made[:len(made)-1]
+	nw, err := m.Setup(context.Background(), testID("full"), ip, Policy{Mode: EgressNone})
+	if err != nil {
+		t.Fatalf("Setup after a port is freed: %v", err)
+	}
+	if err := m.Teardown(context.Background(), nw.ID); err != nil {
+		t.Fatal(err)
+	}
+}
