@@ -190,7 +190,7 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 	if err := checkUpstream(cfg.DNSUpstream); err != nil {
 		return nil, err
 	}
-	warnHostPids(cfg.Log, cfg.MaxSandboxes)
+	warnHostLimits(cfg.Log, cfg.MaxSandboxes)
 	d := &Daemon{cfg: cfg, log: cfg.Log, locks: map[string]*sync.Mutex{}, runtimes: p.runtimes, snaps: p.snaps, net: p.net, host: p.host,
 		cgroupRoot: cgroups.Root,
 		life:       newSchedule()}

@@ -38,9 +38,9 @@ func hostPidsWarning(pidMax, threadsMax, maxSandboxes int) string {
 		strings.Join(low, " and "), maxSandboxes, need, max(threadsMax, 2*need))
 }
 
-// warnHostPids logs hostPidsWarning for this host, and says so when
+// warnHostLimits logs hostPidsWarning for this host, and says so when
 // --max-sandboxes is more than one bridge holds.
-func warnHostPids(log *slog.Logger, maxSandboxes int) {
+func warnHostLimits(log *slog.Logger, maxSandboxes int) {
 	if w := hostPidsWarning(readProcInt("/proc/sys/kernel/pid_max"), readProcInt("/proc/sys/kernel/threads-max"), maxSandboxes); w != "" {
 		log.Warn("host limit below what --max-sandboxes needs", "why", w)
 	}
