@@ -10,6 +10,7 @@ import (
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 )
 
 // A Linux bridge takes MaxBridgePorts ports: a sandbox past that (found by
@@ -37,6 +38,26 @@ func TestBridgeFull(t *testing.T) {
 			t.Fatalf("port %d of %d: %v", i+1, MaxBridgePorts, err)
 		}
 		made = append(made, name)
+	}
+	// addVeth itself cleans up: with the netns held open (so its
+	// destruction cannot remove the pair behind our back), the half-made
+	// veth must already be gone when the error returns.
+	held := m.NSPath(testID("held"))
+	if err := createNetns(held); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeNetns(held) })
+	ns, err := netns.GetFromPath(held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	host := m.hostVethName(testID("held"))
+	if err := m.addVeth(testID("held"), host, ns); !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("addVeth on a full bridge: got %v, want ResourceExhausted", err)
+	}
+	if _, err := netlink.LinkByName(host); !isNotFound(err) {
+		t.Fatalf("veth %s after a failed attach: err %v, want not found", host, err)
 	}
 	ip := netip.MustParseAddr("10.232.7.7")
 	_, err = m.Setup(context.Background(), testID("full"), ip, Policy{Mode: EgressNone})
