@@ -10,12 +10,13 @@ RUNSC_VERSION=v0.0.0-20260905035102-160fafc42237
 RUNSC_BIN=/usr/local/bin/runsc
 RUNSC_STAMP=/usr/local/lib/forkbox/runsc.version
 # runsc is built with scripts/gvisor/memory-limit.patch (an exact memory
-# limit inside gVisor: SECURITY.md, "Memory limits under gVisor");
+# limit inside gVisor: SECURITY.md, "Memory limits under gVisor") and
+# precompiled seccomp programs (scripts/gvisor/precompile.go);
 # FORKBOX_RUNSC_PATCHED=0 builds the stock one. The stamp names the patch,
 # so changing either rebuilds it.
 RUNSC_WANT=$RUNSC_VERSION
 if [ "${FORKBOX_RUNSC_PATCHED:-1}" = 1 ]; then
-	RUNSC_WANT="$RUNSC_VERSION+memory-limit-$(sha256sum scripts/gvisor/memory-limit.patch | cut -c1-12)"
+	RUNSC_WANT="$RUNSC_VERSION+memory-limit-$(cat scripts/gvisor/memory-limit.patch scripts/gvisor/precompile.go scripts/gvisor/build-runsc.sh | sha256sum | cut -c1-12)"
 fi
 PACKAGES=(btrfs-progs busybox-static crun iproute2 nftables util-linux procps kmod coreutils python3-pytest chromium)
 
@@ -37,7 +38,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 if [ "$(cat "$RUNSC_STAMP" 2>/dev/null)" != "$RUNSC_WANT" ] || [ ! -x "$RUNSC_BIN" ]; then
-	say "building gVisor runsc $RUNSC_WANT (static, about 2 minutes)"
+	say "building gVisor runsc $RUNSC_WANT (static, about 4 minutes)"
 	tmp=$(mktemp -d)
 	if [ "$RUNSC_WANT" != "$RUNSC_VERSION" ]; then
 		scripts/gvisor/build-runsc.sh "$RUNSC_VERSION" "$tmp/runsc"
