@@ -10,13 +10,14 @@ RUNSC_VERSION=v0.0.0-20260905035102-160fafc42237
 RUNSC_BIN=/usr/local/bin/runsc
 RUNSC_STAMP=/usr/local/lib/forkbox/runsc.version
 # runsc is built with scripts/gvisor/memory-limit.patch (an exact memory
-# limit inside gVisor: SECURITY.md, "Memory limits under gVisor") and
-# precompiled seccomp programs (scripts/gvisor/precompile.go);
+# limit inside gVisor: SECURITY.md, "Memory limits under gVisor"),
+# pages-parallel.patch (page I/O of memory checkpoints sized to the host's
+# CPUs) and precompiled seccomp programs (scripts/gvisor/precompile.go);
 # FORKBOX_RUNSC_PATCHED=0 builds the stock one. The stamp names the patch,
 # so changing either rebuilds it.
 RUNSC_WANT=$RUNSC_VERSION
 if [ "${FORKBOX_RUNSC_PATCHED:-1}" = 1 ]; then
-	RUNSC_WANT="$RUNSC_VERSION+memory-limit-$(cat scripts/gvisor/memory-limit.patch scripts/gvisor/precompile.go scripts/gvisor/build-runsc.sh | sha256sum | cut -c1-12)"
+	RUNSC_WANT="$RUNSC_VERSION+patched-$(cat scripts/gvisor/*.patch scripts/gvisor/precompile.go scripts/gvisor/build-runsc.sh | sha256sum | cut -c1-12)"
 fi
 PACKAGES=(btrfs-progs busybox-static crun iproute2 nftables util-linux procps kmod coreutils python3-pytest chromium)
 

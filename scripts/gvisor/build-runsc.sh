@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds gVisor's runsc at VERSION with memory-limit.patch (next to this
-# script) applied and its seccomp programs precompiled (precompile.go, as
+# Builds gVisor's runsc at VERSION with the patches next to this script
+# applied (memory-limit.patch, pages-parallel.patch) and its seccomp
+# programs precompiled (precompile.go, as
 # gVisor's Bazel build does), into OUT: a copy of the module's source from
 # the Go module cache (downloaded through the module proxy if missing),
 # patched, built static like `go install gvisor.dev/gvisor/runsc@VERSION`
@@ -15,7 +16,6 @@ fi
 version=$1
 out=$2
 here="$(cd "$(dirname "$0")" && pwd)"
-patch="$here/memory-limit.patch"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cd "$tmp" # outside any module
@@ -27,7 +27,9 @@ fi
 cp -r "$src" "$tmp/gvisor"
 chmod -R u+w "$tmp/gvisor"
 cd "$tmp/gvisor"
-git apply "$patch"
+for patch in "$here"/*.patch; do
+	git apply "$patch"
+done
 # Compiling every variant gVisor lists takes about 1.5 minutes of 2 cores.
 cp "$here/precompile.go" precompile_forkbox.go
 GOFLAGS=-mod=mod go run precompile_forkbox.go "$tmp/gvisor"
