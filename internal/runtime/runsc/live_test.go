@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/runtime/testsuite"
 )
@@ -83,11 +85,43 @@ func TestCheckpointLive(t *testing.T) {
 		t.Errorf("the child's first tick is %d; the source had passed 3 at the checkpoint", first)
 	}
 
-	// A stopped container is refused.
+	// A stopped container is refused, as a precondition (the live path
+	// leaves that check to runsc), and so is a deleted one.
+	kst, err := rt.State(ctx, kid.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Kill(ctx, kid.ID, syscall.SIGKILL, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitExited(ctx, kst.Pid, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// runsc says stopped once the dead sandbox is reaped (a zombie still
+	// answers kill 0).
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		st, err := rt.State(ctx, kid.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Status == runtime.StatusStopped {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("killed container still %s after 30 s", st.Status)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := rt.CheckpointLive(ctx, kid.ID, filepath.Join(tmp, "image3")); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("live checkpoint of a stopped container: got %v, want FailedPrecondition", err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(tmp, "image3")); len(ents) != 0 {
+		t.Errorf("a refused live checkpoint left %d files in its image dir", len(ents))
+	}
 	if err := rt.Delete(ctx, kid.ID, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := rt.CheckpointLive(ctx, kid.ID, filepath.Join(tmp, "image3")); err == nil {
-		t.Errorf("live checkpoint of a deleted container: no error")
+	if err := rt.CheckpointLive(ctx, kid.ID, filepath.Join(tmp, "image4")); !errdefs.IsNotFound(err) {
+		t.Errorf("live checkpoint of a deleted container: got %v, want NotFound", err)
 	}
 }

@@ -174,7 +174,7 @@ func (r *Runsc) command(ctx context.Context, id string, args ...string) ([]byte,
 var errs = ocicli.Errors{Runtime: "runsc", Rules: []ocicli.Rule{
 	ocicli.NotFound,
 	ocicli.AlreadyExists,
-	ocicli.Precondition("cannot pause", "cannot resume", "invalid state", "is in state"),
+	ocicli.Precondition("cannot pause", "cannot resume", "cannot checkpoint", "invalid state", "is in state"),
 }}
 
 // wrap turns a failed runsc command into an error of the right class.
