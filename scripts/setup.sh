@@ -12,9 +12,10 @@ RUNSC_STAMP=/usr/local/lib/forkbox/runsc.version
 # runsc is built with scripts/gvisor/memory-limit.patch (an exact memory
 # limit inside gVisor: SECURITY.md, "Memory limits under gVisor"),
 # pages-parallel.patch (page I/O of memory checkpoints sized to the host's
-# CPUs) and precompiled seccomp programs (scripts/gvisor/precompile.go);
-# FORKBOX_RUNSC_PATCHED=0 builds the stock one. The stamp names the patch,
-# so changing either rebuilds it.
+# CPUs), systrap-self-pid.patch and precompiled seccomp programs
+# (scripts/gvisor/precompile.go); FORKBOX_RUNSC_PATCHED=0 builds the stock
+# one. The stamp holds a hash of the patches and the build scripts, so
+# changing any of them rebuilds it.
 RUNSC_WANT=$RUNSC_VERSION
 if [ "${FORKBOX_RUNSC_PATCHED:-1}" = 1 ]; then
 	RUNSC_WANT="$RUNSC_VERSION+patched-$(cat scripts/gvisor/*.patch scripts/gvisor/precompile.go scripts/gvisor/build-runsc.sh | sha256sum | cut -c1-12)"

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Builds gVisor's runsc at VERSION with the patches next to this script
-# applied (memory-limit.patch, pages-parallel.patch) and its seccomp
-# programs precompiled (precompile.go, as
-# gVisor's Bazel build does), into OUT: a copy of the module's source from
-# the Go module cache (downloaded through the module proxy if missing),
-# patched, built static like `go install gvisor.dev/gvisor/runsc@VERSION`
-# (the module's own go.mod and go.sum pin every dependency).
+# applied (memory-limit.patch, pages-parallel.patch, systrap-self-pid.patch)
+# and its seccomp programs precompiled (precompile.go, as gVisor's Bazel
+# build does), into OUT: a copy of the module's source from the Go module
+# cache (downloaded through the module proxy if missing), patched, built
+# static like `go install gvisor.dev/gvisor/runsc@VERSION` (the module's own
+# go.mod and go.sum pin every dependency).
 #
 #	scripts/gvisor/build-runsc.sh VERSION OUT
 set -euo pipefail
@@ -30,9 +30,12 @@ cd "$tmp/gvisor"
 for patch in "$here"/*.patch; do
 	git apply "$patch"
 done
-# Compiling every variant gVisor lists takes about 1.5 minutes of 2 cores.
+# Compiling every variant gVisor lists takes about 1.5 minutes of 2 cores;
+# verify runs in a new process and compares the embedded programs with a
+# fresh compile.
 cp "$here/precompile.go" precompile_forkbox.go
-GOFLAGS=-mod=mod go run precompile_forkbox.go "$tmp/gvisor"
+GOFLAGS=-mod=mod go run precompile_forkbox.go generate "$tmp/gvisor"
+GOFLAGS=-mod=mod go run precompile_forkbox.go verify
 rm precompile_forkbox.go
 CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -o "$tmp/runsc" ./runsc
 install -D -m 0755 "$tmp/runsc" "$out"
