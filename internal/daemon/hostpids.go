@@ -44,11 +44,6 @@ func warnHostLimits(log *slog.Logger, maxSandboxes int) {
 	if w := hostPidsWarning(readProcInt("/proc/sys/kernel/pid_max"), readProcInt("/proc/sys/kernel/threads-max"), maxSandboxes); w != "" {
 		log.Warn("host limit below what --max-sandboxes needs", "why", w)
 	}
-	if b, err := os.ReadFile(shmemTHPPath); err == nil {
-		if w := shmemTHPWarning(string(b)); w != "" {
-			log.Warn("host setting slows gVisor's memory forks and wakes", "why", w)
-		}
-	}
 	if maxSandboxes > network.MaxBridgePorts {
 		log.Warn("--max-sandboxes is more than one bridge holds", "why",
 			fmt.Sprintf("a Linux bridge has at most %d ports, one per sandbox (running or hibernated); past that, creates are ResourceExhausted", network.MaxBridgePorts))
@@ -62,28 +57,4 @@ func readProcInt(path string) int {
 	}
 	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 	return n
-}
-
-const shmemTHPPath = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
-
-// shmemTHPWarning says what a host whose shmem transparent huge pages are
-// off ("never" or "deny", the kernel's default) costs gVisor ("" when they
-// are on), given the content of shmemTHPPath ("always within_size advise
-// [never] deny force"). The sentry backs sandbox memory with a memfd and
-// asks for huge pages only where the host allows them (runsc's own host
-// settings check names this one); without them a memory restore fills
-// the memory file 4 KiB at a time. Measured with the bench's memory section
-// at 256 MB resident (2 cores): with "advise", source downtime 200 -> 159 ms
-// and a fan-out of 10 children 4.2 -> 3.1 s. The setting is the host's, so
-// the daemon only says so.
-func shmemTHPWarning(content string) string {
-	i, j := strings.IndexByte(content, '['), strings.IndexByte(content, ']')
-	if i < 0 || j < i {
-		return ""
-	}
-	switch v := content[i+1 : j]; v {
-	case "never", "deny":
-		return fmt.Sprintf("%s is %q: gVisor's sandbox memory gets no huge pages, and memory checkpoints, memory forks and wakes copy it 4 KiB at a time; to allow them: echo advise > %s", shmemTHPPath, v, shmemTHPPath)
-	}
-	return ""
 }

@@ -21,25 +21,3 @@ func TestHostPidsWarning(t *testing.T) {
 		t.Errorf("unknown limits: %q", w)
 	}
 }
-
-func TestShmemTHPWarning(t *testing.T) {
-	for _, tc := range []struct {
-		content string
-		warn    bool
-	}{
-		{"always within_size advise [never] deny force\n", true},
-		{"always within_size advise never [deny] force\n", true},
-		{"always within_size [advise] never deny force\n", false},
-		{"[always] within_size advise never deny force\n", false},
-		{"always [within_size] advise never deny force\n", false},
-		{"", false},
-	} {
-		w := shmemTHPWarning(tc.content)
-		if (w != "") != tc.warn {
-			t.Errorf("%q: warning %q, want one: %v", tc.content, w, tc.warn)
-		}
-		if tc.warn && !strings.Contains(w, "echo advise > "+shmemTHPPath) {
-			t.Errorf("%q: warning %q does not say how to allow huge pages", tc.content, w)
-		}
-	}
-}
