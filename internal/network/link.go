@@ -132,12 +132,14 @@ func (m *Manager) addVeth(id, host string, ns netns.NsHandle) error {
 		// netlink creates the pair, then attaches it to the bridge in a
 		// second request: a failure there leaves the pair, which only the
 		// netns's asynchronous destruction would remove later.
-		if derr := delVeth(host); derr != nil {
-			err = errors.Join(err, derr)
-		}
+		derr := delVeth(host)
 		if errors.Is(err, unix.EXFULL) {
-			return fmt.Errorf("network: bridge %s is full: a Linux bridge has at most %d ports, one per sandbox, running or hibernated (more need another daemon with its own --bridge and --subnet): %w",
+			err = fmt.Errorf("network: bridge %s is full: a Linux bridge has at most %d ports, one per sandbox, running or hibernated (more need another daemon with its own --bridge and --subnet): %w",
 				m.cfg.Bridge, MaxBridgePorts, errdefs.ErrResourceExhausted)
+			return errors.Join(err, derr)
+		}
+		if derr != nil {
+			err = errors.Join(err, derr)
 		}
 		return fmt.Errorf("network: create veth %s: %v: %w", host, err, errdefs.ErrInternal)
 	}

@@ -65,10 +65,11 @@ func (r *Runsc) checkpoint(ctx context.Context, id, imageDir string, live bool) 
 		return fmt.Errorf("runsc checkpoint %s: image dir %s is not empty: %w", id, imageDir, errdefs.ErrAlreadyExists)
 	}
 	// A live checkpoint runs while the source stands still: runsc itself
-	// refuses a container that is not running or paused ("cannot
-	// checkpoint …": FailedPrecondition), so no `state` call (a runsc
-	// start, about 12 ms) goes first. The stopping one needs the sandbox's
-	// pid below.
+	// refuses a container that is stopped ("cannot checkpoint …":
+	// FailedPrecondition), so no `state` call (a runsc start, about 12 ms)
+	// goes first. runsc would also take a created one, which forkbox never
+	// has (it runs containers with `runsc run`). The stopping checkpoint
+	// needs the sandbox's pid below.
 	var st runtime.State
 	if !live {
 		var err error
