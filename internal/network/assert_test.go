@@ -8,7 +8,24 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 )
+
+// testNetns creates a netns at path and returns it open; it is closed and
+// removed when the test ends.
+func testNetns(tb testing.TB, path string) netns.NsHandle {
+	tb.Helper()
+	if err := createNetns(path); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { removeNetns(path) })
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { ns.Close() })
+	return ns
+}
 
 // setElements returns the set's elements: addresses for egress_all,
 // "ifname/address" for ports.

@@ -10,7 +10,6 @@ import (
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 )
 
 // A Linux bridge takes MaxBridgePorts ports: a sandbox past that (found by
@@ -42,16 +41,7 @@ func TestBridgeFull(t *testing.T) {
 	// addVeth itself cleans up: with the netns held open (so its
 	// destruction cannot remove the pair behind our back), the half-made
 	// veth must already be gone when the error returns.
-	held := m.NSPath(testID("held"))
-	if err := createNetns(held); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { removeNetns(held) })
-	ns, err := netns.GetFromPath(held)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
+	ns := testNetns(t, m.NSPath(testID("held")))
 	host := m.hostVethName(testID("held"))
 	if err := m.addVeth(testID("held"), host, ns); !errdefs.IsResourceExhausted(err) {
 		t.Fatalf("addVeth on a full bridge: got %v, want ResourceExhausted", err)

@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 )
 
 // fakeUplink makes a netns standing for "the outside world": a veth from
@@ -18,15 +17,7 @@ import (
 func fakeUplink(tb testing.TB, n int) (string, netip.Addr) {
 	tb.Helper()
 	path := filepath.Join(tb.TempDir(), "outside")
-	if err := createNetns(path); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { removeNetns(path) })
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer ns.Close()
+	ns := testNetns(tb, path)
 	host := fmt.Sprintf("fbu%d", os.Getpid())
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: host}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns))}
 	if err := netlink.LinkAdd(veth); err != nil {

@@ -134,14 +134,10 @@ func (m *Manager) addVeth(id, host string, ns netns.NsHandle) error {
 		// netns's asynchronous destruction would remove later.
 		derr := delVeth(host)
 		if errors.Is(err, unix.EXFULL) {
-			err = fmt.Errorf("network: bridge %s is full: a Linux bridge has at most %d ports, one per sandbox, running or hibernated (more need another daemon with its own --bridge and --subnet): %w",
-				m.cfg.Bridge, MaxBridgePorts, errdefs.ErrResourceExhausted)
-			return errors.Join(err, derr)
+			return errors.Join(fmt.Errorf("network: bridge %s is full: a Linux bridge has at most %d ports, one per sandbox, running or hibernated (more need another daemon with its own --bridge and --subnet): %w",
+				m.cfg.Bridge, MaxBridgePorts, errdefs.ErrResourceExhausted), derr)
 		}
-		if derr != nil {
-			err = errors.Join(err, derr)
-		}
-		return fmt.Errorf("network: create veth %s: %v: %w", host, err, errdefs.ErrInternal)
+		return errors.Join(fmt.Errorf("network: create veth %s: %v: %w", host, err, errdefs.ErrInternal), derr)
 	}
 	link, err := netlink.LinkByName(host)
 	if err != nil {
