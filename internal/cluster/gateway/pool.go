@@ -24,7 +24,8 @@ import (
 // the pool with one write: its pool label and controller reference go
 // and a handed-over annotation comes, under an optimistic lock (the
 // resource version it was read at), so of two callers that read the same
-// member one gets it and the other a conflict, and tries the next. The
+// member one gets it and the other a conflict; the other reads it again,
+// finds it taken, and tries the next. The
 // taken Sandbox is then an ordinary one, its caller's: it outlives the
 // environment, and the controller refills the pool. A member never had a
 // tenant before (it is fresh from the checkpoint) and a handed-over one
@@ -33,9 +34,9 @@ import (
 // served from the pool; one that only sets a timeout is, the timeout set
 // on its node after the handover.
 
-// maxClaimTries bounds how many members one handover tries before it
+// maxClaimTries bounds how many writes one handover tries before it
 // falls back to a fresh sandbox (each failed try is a member another
-// caller took meanwhile).
+// caller took, or wrote to, meanwhile).
 const maxClaimTries = 8
 
 // poolable reports whether a handover of sb (the overrides' object) and
@@ -74,7 +75,11 @@ func (g *Gateway) poolReady(ctx context.Context, e *fbv1.Environment) int32 {
 }
 
 // claim takes one ready member out of e's pool for the caller, or
-// returns nil when none is ready (or others took each one tried).
+// returns nil when none is ready (or others took each one tried). The
+// members come from the cache, which may be a write behind: a conflict
+// means another caller took the member or anything else wrote to it (its
+// node's status report), so the member is read again from the API server
+// and tried again while it is still a ready member.
 func (g *Gateway) claim(ctx context.Context, e *fbv1.Environment) (*fbv1.Sandbox, error) {
 	if e.Spec.PoolSize == 0 {
 		return nil, nil
@@ -83,26 +88,43 @@ func (g *Gateway) claim(ctx context.Context, e *fbv1.Environment) (*fbv1.Sandbox
 	if err != nil {
 		return nil, err
 	}
-	for i := range members[:min(len(members), maxClaimTries)] {
+	tries := 0
+	for i := 0; i < len(members) && tries < maxClaimTries; tries++ {
 		sb := &members[i]
-		patch := client.MergeFromWithOptions(sb.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		delete(sb.Labels, fbv1.PoolLabel)
-		sb.OwnerReferences = slices.DeleteFunc(sb.OwnerReferences, func(r metav1.OwnerReference) bool { return r.UID == e.UID })
-		if sb.Annotations == nil {
-			sb.Annotations = map[string]string{}
-		}
-		sb.Annotations[fbv1.HandedOverAnnotation] = time.Now().UTC().Format(time.RFC3339)
-		err := g.c.Patch(ctx, sb, patch)
-		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-			continue // another caller took it, or the controller deleted it
-		}
-		if err != nil {
+		err := g.take(ctx, e, sb)
+		switch {
+		case err == nil:
+			g.log.InfoContext(ctx, "handed over from the warm pool", "environment", e.Name, "sandbox", sb.Name)
+			return sb, nil
+		case apierrors.IsNotFound(err):
+			i++ // the controller deleted it
+		case apierrors.IsConflict(err):
+			var cur fbv1.Sandbox
+			if gerr := g.api.Get(ctx, client.ObjectKeyFromObject(sb), &cur); gerr != nil && !apierrors.IsNotFound(gerr) {
+				return nil, kerr(gerr, "read warm pool sandbox "+sb.Name)
+			} else if gerr != nil || !controller.PoolMemberReady(e, &cur) {
+				i++ // another caller took it, or it left the pool
+			} else {
+				members[i] = cur // written to meanwhile: try it as it is now
+			}
+		default:
 			return nil, kerr(err, "hand over warm pool sandbox "+sb.Name)
 		}
-		g.log.InfoContext(ctx, "handed over from the warm pool", "environment", e.Name, "sandbox", sb.Name)
-		return sb, nil
 	}
 	return nil, nil
+}
+
+// take writes sb out of e's pool, under an optimistic lock on the
+// resource version sb was read at.
+func (g *Gateway) take(ctx context.Context, e *fbv1.Environment, sb *fbv1.Sandbox) error {
+	patch := client.MergeFromWithOptions(sb.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	delete(sb.Labels, fbv1.PoolLabel)
+	sb.OwnerReferences = slices.DeleteFunc(sb.OwnerReferences, func(r metav1.OwnerReference) bool { return r.UID == e.UID })
+	if sb.Annotations == nil {
+		sb.Annotations = map[string]string{}
+	}
+	sb.Annotations[fbv1.HandedOverAnnotation] = time.Now().UTC().Format(time.RFC3339)
+	return g.c.Patch(ctx, sb, patch)
 }
 
 // handOver claims a member of e's pool and answers with its node's view

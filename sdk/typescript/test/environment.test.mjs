@@ -102,17 +102,25 @@ describe("environments", { skip: skipReason() }, () => {
 
   it("hands over from the warm pool", async () => {
     const env = d.client.environment("ts-pool", { image: d.image, resources, poolSize: 1, setup: ["echo pooled > /root/p"] });
-    const first = await env.sandbox();
-    await first.close();
-    const deadline = Date.now() + 20_000;
-    while ((await env.info()).poolReady < 1 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 200));
-    const sb = await env.sandbox();
     try {
-      assert.equal(sb.handover.fromPool, true);
-      assert.equal((await sb.exec("cat /root/p")).stdout, "pooled\n");
+      const first = await env.sandbox();
+      await first.close();
+      // The pool refills in the background: wait for it, bounded.
+      const deadline = Date.now() + 60_000;
+      while ((await env.info()).poolReady < 1) {
+        assert.ok(Date.now() < deadline, "the pool did not refill");
+        await new Promise((r) => setTimeout(r, 200));
+      }
+      const sb = await env.sandbox();
+      try {
+        assert.equal(sb.handover.fromPool, true);
+        assert.equal((await sb.exec("cat /root/p")).stdout, "pooled\n");
+      } finally {
+        await sb.close();
+      }
     } finally {
-      await sb.close();
+      // A failure above leaves no pool behind for the later tests.
+      await env.delete();
     }
-    await env.delete();
   });
 });
