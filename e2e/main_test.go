@@ -7,9 +7,11 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,6 +22,7 @@ import (
 	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/snapshot/btrfs"
 	"github.com/forkbox/forkbox/internal/testimage"
+	"github.com/vishvananda/netlink"
 )
 
 // env is the daemon and image every test shares.
@@ -45,11 +48,50 @@ var (
 	bridge       = "fbxe2e" + runID
 	netTable     = "forkbox_e2e_" + runID
 	vethPrefix   = "e" + runID
-	third        = 100 + os.Getpid()%150
+	third        = freeThird(os.Getpid(), hostRoutes())
 	subnet       = fmt.Sprintf("10.213.%d.0/24", third)
 	gateway      = fmt.Sprintf("10.213.%d.1", third)
 	cgroupParent = "forkbox-e2e-" + runID
 )
+
+// freeThird picks the third octet of this run's subnets (10.213.x.0/24
+// for sandboxes, 10.249.x and 10.250.x for the egress test's fake
+// outside): the first from 100+pid%150 on whose subnets no route of the
+// host overlaps. By the pid alone, two runs on one host shared a subnet
+// one time in 150, and each one's sandboxes reached the other's.
+func freeThird(pid int, routes []netip.Prefix) int {
+	for i := range 150 {
+		t := 100 + (pid+i)%150
+		free := true
+		for _, second := range []byte{213, 249, 250} {
+			p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, second, byte(t), 0}), 24)
+			free = free && !slices.ContainsFunc(routes, p.Overlaps)
+		}
+		if free {
+			return t
+		}
+	}
+	return 100 + pid%150
+}
+
+// hostRoutes are the destinations of the host's IPv4 routes.
+func hostRoutes() []netip.Prefix {
+	rs, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil
+	}
+	var out []netip.Prefix
+	for _, r := range rs {
+		if r.Dst == nil {
+			continue
+		}
+		ones, _ := r.Dst.Mask.Size()
+		if a, ok := netip.AddrFromSlice(r.Dst.IP.To4()); ok {
+			out = append(out, netip.PrefixFrom(a, ones).Masked())
+		}
+	}
+	return out
+}
 
 // prerequisites says what this machine lacks for the suite, or "".
 func prerequisites() string {
