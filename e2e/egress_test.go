@@ -336,6 +336,19 @@ func TestEgressAllowlist(t *testing.T) {
 		expectEgress(t, kid, "after a restart", map[string]bool{
 			"allowed.test:80": true, port80(worldDenied): false, port80(worldCIDRDeny): false,
 		}, map[string]bool{"denied.test": false})
+
+		// A hibernated sandbox gives its bridge port back and keeps its
+		// lists: woken (by the probe's exec) into a new port, the same
+		// apply.
+		if curRuntime == "gvisor" {
+			if err := kid.Hibernate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			expectEgress(t, kid, "after hibernation", map[string]bool{
+				"allowed.test:80": true, port80(worldCIDR): true, port80(worldDenied): false, port80(worldCIDRDeny): false,
+				"169.254.169.254:80": false, net.JoinHostPort(victim.Info.Ip, "9000"): false,
+			}, map[string]bool{"allowed.test": true, "denied.test": false})
+		}
 	})
 	// Closed sandboxes leave no egress chain, set or element behind.
 	audit(t)

@@ -76,6 +76,10 @@ func TestHibernateWakeCycles(t *testing.T) {
 		if len(runscPids(sb.ID)) != 0 {
 			t.Fatalf("cycle %d: a hibernated sandbox still has runtime processes: %v", cycle, runscPids(sb.ID))
 		}
+		// Nor a bridge port: it gives its veth back, and takes one to wake.
+		if v := veths(sb.ID); len(v) != 0 {
+			t.Fatalf("cycle %d: a hibernated sandbox still has %v", cycle, v)
+		}
 		// The next exec wakes it; every file of every cycle is there.
 		out := mustSh(t, sb, "cat /root/cycles/*")
 		var want strings.Builder
@@ -93,6 +97,9 @@ func TestHibernateWakeCycles(t *testing.T) {
 		gotTok, n := readCounter(t, sb)
 		if gotTok != tok || n < before {
 			t.Fatalf("cycle %d: counter %s %d after wake, was %s %d: memory lost", cycle, gotTok, n, tok, before)
+		}
+		if v := veths(sb.ID); len(v) != 1 {
+			t.Fatalf("cycle %d: woken with veths %v, want one", cycle, v)
 		}
 		last = n
 	}

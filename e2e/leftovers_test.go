@@ -44,6 +44,12 @@ func leftovers(id string) []string {
 			found = append(found, "path: "+p)
 		}
 	}
+	return append(found, veths(id)...)
+}
+
+// veths lists the host veths of sandbox id ("veth: name" each).
+func veths(id string) []string {
+	var found []string
 	links, _ := netlink.LinkList()
 	for _, l := range links {
 		if l.Attrs().Alias == "forkbox:"+id {

@@ -47,6 +47,8 @@ type world struct {
 	frozen map[string]bool
 	netns  map[string]netip.Addr
 	egress map[string]network.Policy // by sandbox id, as set up or set
+	// detached are the sandboxes whose bridge port is given back.
+	detached map[string]bool
 	// dying containers are reported running once more, then stopped (a
 	// killed sandbox whose processes are not reaped yet).
 	dying map[string]bool
@@ -54,6 +56,7 @@ type world struct {
 	checkpointErr   error // Checkpoint fails; the container keeps running unless checkpointStops
 	checkpointStops bool
 	restoreErr      error
+	attachErr       error // Attach fails (a full bridge), leaving the sandbox detached
 	frozenErr       error
 	// moveErr fails the next Pause or Resume after (moveTakes) or instead
 	// of making its move, as a runsc CLI killed after or before it saved
@@ -71,7 +74,7 @@ type container struct {
 }
 
 func newWorld(t testing.TB) *world {
-	w := &world{t: t, ctr: map[string]*container{}, mounts: map[string][]mount.Mount{}, frozen: map[string]bool{}, netns: map[string]netip.Addr{}, egress: map[string]network.Policy{},
+	w := &world{t: t, ctr: map[string]*container{}, mounts: map[string][]mount.Mount{}, frozen: map[string]bool{}, netns: map[string]netip.Addr{}, egress: map[string]network.Policy{}, detached: map[string]bool{},
 		dying: map[string]bool{}}
 	t.Cleanup(w.close)
 	return w
@@ -252,7 +255,39 @@ func (n fakeNet) Teardown(_ context.Context, id string) error {
 	defer n.w.mu.Unlock()
 	delete(n.w.netns, id)
 	delete(n.w.egress, id)
+	delete(n.w.detached, id)
 	return nil
+}
+
+func (n fakeNet) Detach(_ context.Context, id string, ip netip.Addr) error {
+	n.w.mu.Lock()
+	defer n.w.mu.Unlock()
+	if n.w.netns[id] != ip {
+		return fmt.Errorf("netns of %s at %s: %w", id, ip, errdefs.ErrNotFound)
+	}
+	n.w.detached[id] = true
+	return nil
+}
+
+func (n fakeNet) Attach(_ context.Context, id string, ip netip.Addr, pol network.Policy) error {
+	n.w.mu.Lock()
+	defer n.w.mu.Unlock()
+	if n.w.netns[id] != ip {
+		return fmt.Errorf("netns of %s at %s: %w", id, ip, errdefs.ErrNotFound)
+	}
+	n.w.detached[id] = true
+	if n.w.attachErr != nil {
+		return n.w.attachErr
+	}
+	delete(n.w.detached, id)
+	return nil
+}
+
+// isDetached reports whether sandbox id's bridge port is given back.
+func (w *world) isDetached(id string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.detached[id]
 }
 
 func (n fakeNet) List(context.Context) ([]string, error) {

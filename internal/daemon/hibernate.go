@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
@@ -17,8 +18,11 @@ import (
 // Hibernation saves a sandbox's memory and processes to disk and stops it:
 // it holds no memory and no process until the next exec (or an explicit
 // wake) restores it, state intact. Its files stay where they always are, in
-// its writable layer on the host, and its network namespace and address are
-// kept, so it wakes as itself.
+// its writable layer on the host, and its network namespace, address and
+// egress policy are kept, so it wakes as itself. Its bridge port is not: a
+// Linux bridge has 1,023, so hibernated sandboxes give theirs back and
+// take one when they wake, and a host keeps many more sessions than it
+// runs.
 
 // completeMarker is written into an image dir once the image is whole.
 const completeMarker = "complete"
@@ -124,6 +128,7 @@ func (d *Daemon) hibernateLocked(ctx context.Context, sb *store.Sandbox) (err er
 	if err := d.deleteContainers(ctx, sb); err != nil {
 		return fmt.Errorf("hibernate: release the stopped container: %w", err)
 	}
+	d.detach(ctx, sb)
 	size := dirSize(dir)
 	if err := d.setStateNoting(ctx, sb, store.StateHibernated, "", store.EventHibernated, map[string]any{"image_bytes": size, "ms": msSince(start)}); err != nil {
 		return err
@@ -156,7 +161,17 @@ func (d *Daemon) wakeLocked(ctx context.Context, sb *store.Sandbox) error {
 	start := time.Now()
 	dir := d.hibernateDir(sb.ID)
 	ctx = context.WithoutCancel(ctx)
+	pol, err := policyOf(sb.Config)
+	if err != nil {
+		return err
+	}
+	// Its bridge port first (given back when it hibernated): a full bridge
+	// fails the wake with ResourceExhausted, the sandbox still hibernated.
+	if err := d.net.Attach(ctx, sb.ID, netip.MustParseAddr(sb.IP), pol); err != nil {
+		return fmt.Errorf("wake: network: %w", err)
+	}
 	if err := d.restoreAsItself(ctx, sb, mc, dir); err != nil {
+		d.detach(ctx, sb)
 		return fmt.Errorf("wake: %w", err)
 	}
 	if err := d.setStateNoting(ctx, sb, store.StateRunning, "", store.EventWoken, map[string]any{"ms": msSince(start)}); err != nil {
@@ -165,6 +180,15 @@ func (d *Daemon) wakeLocked(ctx context.Context, sb *store.Sandbox) error {
 	d.restartLifetime(ctx, sb)
 	d.bestEffort(ctx, "remove hibernation image", removeTree(dir), slog.String("sandbox", sb.ID))
 	return nil
+}
+
+// detach gives back the bridge port of sb, which holds no process (it is
+// hibernated): a bridge has network.MaxBridgePorts, and only sandboxes
+// that run need one. Its netns, address and egress policy stay; wake
+// attaches it again. A failure only keeps the port until then.
+func (d *Daemon) detach(ctx context.Context, sb *store.Sandbox) {
+	d.bestEffort(ctx, "give back the bridge port of a hibernated sandbox", d.net.Detach(ctx, sb.ID, netip.MustParseAddr(sb.IP)),
+		slog.String("sandbox", sb.ID))
 }
 
 // hibernationComplete reports whether a sandbox has a whole hibernation image.

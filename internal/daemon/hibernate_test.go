@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"testing"
@@ -86,14 +88,62 @@ func TestHibernateWake(t *testing.T) {
 	if h.w.status(id) != "" || !h.d.hibernationComplete(id) {
 		t.Errorf("hibernated: container %q, image complete %v; want none, true", h.w.status(id), h.d.hibernationComplete(id))
 	}
+	if !h.w.isDetached(id) {
+		t.Error("hibernated, but its bridge port is not given back")
+	}
 	if sb, err = h.d.Wake(ctx, id); err != nil || sb.State != store.StateRunning {
 		t.Fatalf("wake: %v, %v", sb, err)
+	}
+	if h.w.isDetached(id) {
+		t.Error("woken, but detached from the bridge")
 	}
 	if err := agent.WaitReady(ctx, h.d.agent(sb)); err != nil {
 		t.Errorf("woken agent: %v", err)
 	}
 	if _, err := os.Stat(h.d.hibernateDir(id)); !os.IsNotExist(err) {
 		t.Errorf("hibernation image left after wake (%v)", err)
+	}
+}
+
+// A wake that cannot get a bridge port (the bridge is full: it has 1,023)
+// or whose restore fails leaves the sandbox hibernated, its image whole
+// and its port given back; the next wake works.
+func TestWakeFailureStaysHibernated(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		inject func(*world)
+		class  func(error) bool
+	}{
+		{"full bridge", func(w *world) {
+			w.attachErr = fmt.Errorf("network: bridge fb0 is full: %w", errdefs.ErrResourceExhausted)
+		}, errdefs.IsResourceExhausted},
+		{"restore fails", func(w *world) { w.restoreErr = errInjected }, func(err error) bool { return errors.Is(err, errInjected) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			ctx := context.Background()
+			id := h.create(CreateOptions{Name: "h"})
+			if _, err := h.d.Hibernate(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			tc.inject(h.w)
+			if _, err := h.d.Wake(ctx, id); !tc.class(err) {
+				t.Fatalf("wake: got %v, want the injected failure's class", err)
+			}
+			if got := h.state(id).State; got != store.StateHibernated {
+				t.Errorf("after a failed wake: %s, want hibernated", got)
+			}
+			if !h.d.hibernationComplete(id) || !h.w.isDetached(id) {
+				t.Errorf("after a failed wake: image complete %v, detached %v; want both", h.d.hibernationComplete(id), h.w.isDetached(id))
+			}
+			h.w.attachErr, h.w.restoreErr = nil, nil
+			if sb, err := h.d.Wake(ctx, id); err != nil || sb.State != store.StateRunning {
+				t.Fatalf("wake again: %v, %v", sb, err)
+			}
+			if h.w.isDetached(id) {
+				t.Error("woken, but detached from the bridge")
+			}
+		})
 	}
 }
 

@@ -24,6 +24,10 @@ type netManager interface {
 	Setup(ctx context.Context, id string, ip netip.Addr, pol network.Policy) (*network.Network, error)
 	SetPolicy(ctx context.Context, id string, ip netip.Addr, pol network.Policy) error
 	Reconfigure(ctx context.Context, id string, ip netip.Addr) error
+	// Detach gives back a sandbox's bridge port while it is hibernated;
+	// Attach plugs it in again.
+	Detach(ctx context.Context, id string, ip netip.Addr) error
+	Attach(ctx context.Context, id string, ip netip.Addr, pol network.Policy) error
 	Teardown(ctx context.Context, id string) error
 	List(ctx context.Context) ([]string, error)
 	Destroy(ctx context.Context) error

@@ -46,7 +46,7 @@ func warnHostLimits(log *slog.Logger, maxSandboxes int) {
 	}
 	if maxSandboxes > network.MaxBridgePorts {
 		log.Warn("--max-sandboxes is more than one bridge holds", "why",
-			fmt.Sprintf("a Linux bridge has at most %d ports, one per sandbox (running or hibernated); past that, creates are ResourceExhausted", network.MaxBridgePorts))
+			fmt.Sprintf("a Linux bridge has at most %d ports, one per running sandbox (hibernated ones hold none); past that, creates and wakes are ResourceExhausted", network.MaxBridgePorts))
 	}
 }
 

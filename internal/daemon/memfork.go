@@ -179,7 +179,11 @@ func (d *Daemon) checkpointMemoryStop(ctx context.Context, sb *store.Sandbox, mc
 		d.recordState(ctx, sb, store.StateFailed, rerr.Error())
 		return nil, errors.Join(captureErr, fmt.Errorf("memory checkpoint: the stopped source could not be released: %w", rerr))
 	}
-	if rerr := d.restoreAsItself(ctx, sb, mc, filepath.Join(dir, memImageSub)); rerr != nil {
+	rerr := d.net.Reconfigure(ctx, sb.ID, netip.MustParseAddr(sb.IP))
+	if rerr == nil {
+		rerr = d.restoreAsItself(ctx, sb, mc, filepath.Join(dir, memImageSub))
+	}
+	if rerr != nil {
 		d.recordState(ctx, sb, store.StateFailed, rerr.Error())
 		return nil, errors.Join(captureErr, fmt.Errorf("memory checkpoint: the source could not be restored (resume it from its last checkpoint): %w", rerr))
 	}
@@ -215,9 +219,6 @@ func (d *Daemon) rotateAgentToken(ctx context.Context, sb *store.Sandbox) error 
 // netns and address (gVisor took the address over: it is put back first),
 // and waits for its agent. Used by wake and by a memory checkpoint's source.
 func (d *Daemon) restoreAsItself(ctx context.Context, sb *store.Sandbox, mc runtime.MemoryCheckpointer, image string) error {
-	if err := d.net.Reconfigure(ctx, sb.ID, netip.MustParseAddr(sb.IP)); err != nil {
-		return err
-	}
 	if d.pooled(sb.ID) {
 		if err := mc.Restore(ctx, podID(sb.ID), d.podBundleDir(sb.ID), image); err != nil {
 			return fmt.Errorf("restore the placeholder: %w", err)

@@ -78,6 +78,7 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *store.Sandbox) error {
 			if err := d.deleteContainers(ctx, sb); !errdefs.IsNotFound(err) {
 				d.bestEffort(ctx, "reconcile: release a hibernated container", err, slog.String("sandbox", sb.ID))
 			}
+			d.detach(ctx, sb) // a crash may have come before hibernate gave its port back
 			if sb.State == store.StateHibernating {
 				if err := d.setState(ctx, sb, store.StateHibernated, ""); err != nil {
 					return err

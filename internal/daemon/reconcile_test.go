@@ -169,3 +169,25 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// A crash between a hibernation's image and the port's release leaves a
+// hibernated sandbox attached to the bridge: reconcile gives its port
+// back, and it wakes as before.
+func TestReconcileDetachesHibernated(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	id := h.create(CreateOptions{Name: "h"})
+	if _, err := h.d.Hibernate(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	h.w.mu.Lock()
+	delete(h.w.detached, id) // the port not given back yet
+	h.w.mu.Unlock()
+	h.reopen(h.runtimes(RuntimeGVisor, RuntimeCrun))
+	if sb := h.state(id); sb.State != store.StateHibernated || !h.w.isDetached(id) {
+		t.Fatalf("after reconcile: state %s, detached %v; want hibernated, detached", sb.State, h.w.isDetached(id))
+	}
+	if sb, err := h.d.Wake(ctx, id); err != nil || sb.State != store.StateRunning || h.w.isDetached(id) {
+		t.Fatalf("wake after reconcile: %v, %v, detached %v", sb, err, h.w.isDetached(id))
+	}
+}

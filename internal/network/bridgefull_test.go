@@ -15,11 +15,17 @@ import (
 // A Linux bridge takes MaxBridgePorts ports: a sandbox past that (found by
 // the density run, 900 hibernated and 123 running) is ResourceExhausted,
 // naming the bridge and the limit, not an Internal "exchange full", and
-// leaves nothing behind.
+// leaves nothing behind. A detached (hibernated) sandbox holds no port,
+// and cannot attach to a full bridge.
 func TestBridgeFull(t *testing.T) {
 	m := newTestManagerIn(t, 28, netip.MustParsePrefix("10.232.0.0/16"))
 	br, err := netlink.LinkByName(m.cfg.Bridge)
 	if err != nil {
+		t.Fatal(err)
+	}
+	// A hibernated sandbox holds no port: it is in no count below.
+	hib := setupWith(t, m, "hib", Policy{Mode: EgressNone})
+	if err := m.Detach(context.Background(), hib.ID, hib.IP); err != nil {
 		t.Fatal(err)
 	}
 	// Fill the bridge with plain veth ports (a sandbox's Setup each would
@@ -62,7 +68,21 @@ func TestBridgeFull(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Setup after a port is freed: %v", err)
 	}
+	// Full again: the hibernated one cannot wake into it, and is left
+	// detached, its netns kept; with a port free it can.
+	if err := m.Attach(context.Background(), hib.ID, hib.IP, hib.Policy); !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("Attach on a full bridge: got %v, want ResourceExhausted", err)
+	}
+	if _, err := netlink.LinkByName(hib.HostVeth); !isNotFound(err) {
+		t.Fatalf("veth %s after a failed Attach: err %v, want not found", hib.HostVeth, err)
+	}
+	if _, err := os.Stat(hib.NSPath); err != nil {
+		t.Fatalf("netns after a failed Attach: %v, want kept", err)
+	}
 	if err := m.Teardown(context.Background(), nw.ID); err != nil {
 		t.Fatal(err)
+	}
+	if err := m.Attach(context.Background(), hib.ID, hib.IP, hib.Policy); err != nil {
+		t.Fatalf("Attach with a port free: %v", err)
 	}
 }

@@ -107,9 +107,9 @@ func (m *Manager) deleteBridge() error {
 }
 
 // MaxBridgePorts is how many ports a Linux bridge takes (port numbers are
-// 10 bits, 0 unused; more fail with EXFULL): the most sandboxes one
-// daemon's network holds, hibernated ones included, since a hibernated
-// sandbox keeps its netns and port to wake into.
+// 10 bits, 0 unused; more fail with EXFULL): the most running sandboxes
+// one daemon's network holds. A hibernated sandbox gives its port back
+// (Detach) and takes one when it wakes (Attach).
 const MaxBridgePorts = 1023
 
 // addVeth creates the veth pair with its peer directly inside the netns as
@@ -134,7 +134,7 @@ func (m *Manager) addVeth(id, host string, ns netns.NsHandle) error {
 		// netns's asynchronous destruction would remove later.
 		derr := delVeth(host)
 		if errors.Is(err, unix.EXFULL) {
-			return errors.Join(fmt.Errorf("network: bridge %s is full: a Linux bridge has at most %d ports, one per sandbox, running or hibernated (more need another daemon with its own --bridge and --subnet): %w",
+			return errors.Join(fmt.Errorf("network: bridge %s is full: a Linux bridge has at most %d ports, one per running sandbox (hibernated ones hold none; more need another daemon with its own --bridge and --subnet): %w",
 				m.cfg.Bridge, MaxBridgePorts, errdefs.ErrResourceExhausted), derr)
 		}
 		return errors.Join(fmt.Errorf("network: create veth %s: %v: %w", host, err, errdefs.ErrInternal), derr)

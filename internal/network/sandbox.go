@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -97,43 +98,22 @@ func (m *Manager) Setup(ctx context.Context, id string, ip netip.Addr, pol Polic
 	}
 	defer ns.Close()
 
-	if err := m.addVeth(id, host, ns); err != nil {
-		return nil, err
-	}
-	undo.add(func() error { return delVeth(host) })
-	if err := step("veth"); err != nil {
-		return nil, err
-	}
-
-	mac, err := configureInside(ns, ip, m.gateway, m.cfg.Subnet.Bits())
+	mac, err := m.plugIn(id, host, ns, ip, &undo)
 	if err != nil {
 		return nil, err
 	}
-	if err := step("inside"); err != nil {
-		return nil, err
-	}
-
 	if err := m.addElements(host, ip, egress); err != nil {
 		return nil, err
 	}
 	undo.add(func() error { return m.delElements(host) })
+	undo.add(func() error { return m.dropPolicy(ip) }) // a half-applied policy too
 	if err := m.SetPolicy(ctx, id, ip, pol); err != nil {
 		return nil, err
 	}
-	undo.add(func() error { return m.dropPolicy(ip) })
 	if err := step("nft"); err != nil {
 		return nil, err
 	}
-
-	// The address may have belonged to a sandbox closed a moment ago: the
-	// pin replaces the neighbour entry that still holds that sandbox's MAC.
-	if err := m.pinNeighbour(host, ip, mac); err != nil {
-		return nil, err
-	}
-	if err := upVeth(host); err != nil {
-		return nil, err
-	}
-	if err := waitForwarding(ctx, host); err != nil {
+	if err := m.bringUp(ctx, host, ip, mac); err != nil {
 		return nil, err
 	}
 	if err := step("up"); err != nil {
@@ -145,6 +125,120 @@ func (m *Manager) Setup(ctx context.Context, id string, ip netip.Addr, pol Polic
 		ID: id, NSPath: path, IP: ip, Gateway: m.gateway, PrefixLen: m.cfg.Subnet.Bits(),
 		HostVeth: host, Egress: egress, Policy: pol,
 	}, nil
+}
+
+// plugIn makes sandbox id's bridge port into the open netns ns: the veth
+// pair, eth0 inside at ip, with its undo step on undo. It returns eth0's
+// MAC.
+func (m *Manager) plugIn(id, host string, ns netns.NsHandle, ip netip.Addr, undo *cleanup) (net.HardwareAddr, error) {
+	if err := m.addVeth(id, host, ns); err != nil {
+		return nil, err
+	}
+	undo.add(func() error { return delVeth(host) })
+	if err := step("veth"); err != nil {
+		return nil, err
+	}
+	mac, err := configureInside(ns, ip, m.gateway, m.cfg.Subnet.Bits())
+	if err != nil {
+		return nil, err
+	}
+	return mac, step("inside")
+}
+
+// bringUp pins ip to mac on the bridge and brings the port up, returning
+// once it forwards.
+func (m *Manager) bringUp(ctx context.Context, host string, ip netip.Addr, mac net.HardwareAddr) error {
+	// The address may have belonged to a sandbox closed a moment ago: the
+	// pin replaces the neighbour entry that still holds that sandbox's MAC.
+	if err := m.pinNeighbour(host, ip, mac); err != nil {
+		return err
+	}
+	if err := upVeth(host); err != nil {
+		return err
+	}
+	return waitForwarding(ctx, host)
+}
+
+// Detach gives back the bridge port of sandbox id, at ip, while it holds
+// no process (it is hibernated): its veth pair goes, and the bridge's pin
+// of ip. A Linux bridge has MaxBridgePorts ports, so only sandboxes that
+// run need one. Its netns, egress policy and nftables elements stay (the
+// elements name no port that exists, and are how Teardown finds the
+// address's policy): Attach plugs it in again as itself. Idempotent.
+func (m *Manager) Detach(ctx context.Context, id string, ip netip.Addr) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	if err := m.checkIP(ip); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := delVeth(m.hostVethName(id)); err != nil {
+		return err
+	}
+	m.forgetNeighbour(ip)
+	m.log.Debug("sandbox network detached", slog.String("sandbox", id))
+	return nil
+}
+
+// Attach gives sandbox id, detached, its bridge port again: a new veth
+// pair into its netns with eth0 at ip (the sandbox restored into it takes
+// the interface over, as a memory fork's child does), the port's elements
+// for pol's egress mode (the policy itself was kept) and the pin. A
+// sandbox still attached (a crash between the two) is plugged in afresh.
+// On failure it is left detached. A full bridge is ResourceExhausted.
+func (m *Manager) Attach(ctx context.Context, id string, ip netip.Addr, pol Policy) (err error) {
+	if err := validID(id); err != nil {
+		return err
+	}
+	if err := m.checkIP(ip); err != nil {
+		return err
+	}
+	if pol.Mode == "" && len(pol.Allow)+len(pol.AllowNames)+len(pol.Deny)+len(pol.DenyNames) == 0 {
+		pol.Mode = EgressNone
+	}
+	if err := checkPolicy(pol); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if pol.Mode != EgressNone {
+		if err := m.enableForwarding(); err != nil {
+			return err
+		}
+	}
+	ns, err := netns.GetFromPath(m.NSPath(id))
+	if err != nil {
+		return fmt.Errorf("network: netns of %s: %v: %w", id, err, errdefs.ErrNotFound)
+	}
+	defer ns.Close()
+	if err := m.Detach(ctx, id, ip); err != nil {
+		return err
+	}
+	host := m.hostVethName(id)
+	var undo cleanup
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, undo.run())
+		}
+	}()
+	undo.add(func() error { m.forgetNeighbour(ip); return nil })
+	mac, err := m.plugIn(id, host, ns, ip, &undo)
+	if err != nil {
+		return err
+	}
+	if err := m.addElements(host, ip, pol.Mode); err != nil {
+		return err
+	}
+	if err := m.bringUp(ctx, host, ip, mac); err != nil {
+		return err
+	}
+	undo.release()
+	m.log.Debug("sandbox network attached", slog.String("sandbox", id), slog.String("ip", ip.String()))
+	return nil
 }
 
 // Teardown removes everything Setup made for sandbox id: nftables
