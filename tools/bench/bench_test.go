@@ -121,4 +121,19 @@ func TestFreeSubnet(t *testing.T) {
 	if got := namesFor(127).freeSubnet([]netip.Prefix{netip.MustParsePrefix("10.223.240.0/20")}); got != "10.216.0.0/20" {
 		t.Fatalf("the last slot taken: got %s, want the first (wrapped)", got)
 	}
+	// 10,000 sessions need a /18: the one holding slot 3's /20, else the
+	// first free after it (routes in the first two here).
+	w := h.forAddresses(10_015)
+	if w.subnet != "10.216.0.0/18" {
+		t.Fatalf("10,015 addresses: got %s, want 10.216.0.0/18", w.subnet)
+	}
+	if got := w.freeSubnet(taken); got != "10.216.128.0/18" {
+		t.Fatalf("/18s with routes in them: got %s, want 10.216.128.0/18", got)
+	}
+	if got := h.forAddresses(1_010).subnet; got != "10.216.48.0/20" {
+		t.Fatalf("1,010 addresses: got %s, want the /20 kept", got)
+	}
+	if got := h.forAddresses(1_000_000).subnet; got != "10.216.0.0/16" {
+		t.Fatalf("a million addresses: got %s, want a /16 at most", got)
+	}
 }

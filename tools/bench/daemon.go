@@ -52,21 +52,40 @@ func namesFor(n int) hostNames {
 }
 
 // benchSlot is the i-th /20 of 10.216.0.0/13 (i mod 128).
-func benchSlot(i int) netip.Prefix {
-	i %= 128
-	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(216 + i/16), byte((i % 16) * 16), 0}), 20)
+func benchSlot(i int) netip.Prefix { return benchSlotOf(i, 20) }
+
+// benchSlotOf is the i-th /bits of 10.216.0.0/13 (i mod their count).
+func benchSlotOf(i, bits int) netip.Prefix {
+	n := 1 << (bits - 13)
+	i = ((i % n) + n) % n
+	a := uint32(10<<24|216<<16) + uint32(i)<<(32-bits)
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(a >> 24), byte(a >> 16), byte(a >> 8), byte(a)}), bits)
 }
 
-// freeSubnet returns the first slot from h's that overlaps none of the
-// host's routes (another daemon's or test's subnet), or h's own when all do.
+// forAddresses widens h's subnet, when need addresses do not fit in a
+// /20 (the density section's sessions), to the smallest slot of
+// 10.216.0.0/13 that holds them (a /16 at most: 65,533), the one that
+// holds h's /20.
+func (h hostNames) forAddresses(need int) hostNames {
+	p := netip.MustParsePrefix(h.subnet)
+	bits := p.Bits()
+	for bits > 16 && 1<<(32-bits)-3 < need {
+		bits--
+	}
+	h.subnet = netip.PrefixFrom(p.Addr(), bits).Masked().String()
+	return h
+}
+
+// freeSubnet returns the first slot, of h's size, from h's on, that
+// overlaps none of the host's routes (another daemon's or test's subnet),
+// or h's own when all do.
 func (h hostNames) freeSubnet(routes []netip.Prefix) string {
 	start := netip.MustParsePrefix(h.subnet)
-	for i := range 128 {
-		p := start
-		if i > 0 {
-			p = benchSlot(int(start.Addr().As4()[1]-216)*16 + int(start.Addr().As4()[2])/16 + i)
-		}
-		if !slices.ContainsFunc(routes, p.Overlaps) {
+	bits := start.Bits()
+	a := start.Addr().As4()
+	first := int((uint32(a[1]-216)<<16 | uint32(a[2])<<8 | uint32(a[3])) >> (32 - bits))
+	for i := range 1 << (bits - 13) {
+		if p := benchSlotOf(first+i, bits); !slices.ContainsFunc(routes, p.Overlaps) {
 			return p.String()
 		}
 	}
@@ -143,7 +162,7 @@ func startDaemon(ctx context.Context, dir, binDir, logLevel string, maxSandboxes
 	if err != nil {
 		return nil, err
 	}
-	names := namesFor(os.Getpid())
+	names := namesFor(os.Getpid()).forAddresses(maxSandboxes)
 	names.subnet = names.freeSubnet(hostRoutes())
 	d := &daemon{names: names, dir: dir, stateDir: filepath.Join(dir, "state"), runDir: filepath.Join(dir, "run"),
 		socket: filepath.Join(dir, "forkbox.sock")}

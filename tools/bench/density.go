@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/forkbox/forkbox/client"
 )
 
@@ -44,7 +46,14 @@ import (
 //	list_all_ms, list_pages        listing every sandbox through pages of list_page_size
 //	hibernated, hibernate          sandboxes hibernated, and each hibernate call
 //	hibernate_all_s                wall time to hibernate them all (a few at once)
-//	wake_on_exec                   an exec on a hibernated sandbox (the wake included)
+//	sessions_target                --density-sessions (0: no sessions phase)
+//	sessions                       sandboxes, all hibernated, when the wakes are measured
+//	sessions_stop_reason           "target", "min disk", or the error that stopped them
+//	session_make                   each extra session: create, then hibernate, call to call
+//	sessions_s                     wall time to make the extra sessions (a few at once)
+//	disk_per_session_mib           free disk under the state dir used, per hibernated sandbox
+//	mem_available_sessions_gib     MemAvailable with every sandbox hibernated
+//	wake_on_exec                   an exec on a hibernated sandbox (the wake included), among all sessions
 //	grow_s, close_all_s            wall time to create them all, and to close them all
 type DensityResult struct {
 	Runtime          string  `json:"runtime"`
@@ -73,6 +82,13 @@ type DensityResult struct {
 	Hibernated       int     `json:"hibernated"`
 	Hibernate        Summary `json:"hibernate"`
 	HibernateAllS    float64 `json:"hibernate_all_s"`
+	SessionsTarget   int     `json:"sessions_target"`
+	Sessions         int     `json:"sessions"`
+	SessionsStop     string  `json:"sessions_stop_reason,omitempty"`
+	SessionMake      Summary `json:"session_make"`
+	SessionsS        float64 `json:"sessions_s"`
+	DiskPerSession   float64 `json:"disk_per_session_mib"`
+	MemAvailSessions float64 `json:"mem_available_sessions_gib"`
 	WakeOnExec       Summary `json:"wake_on_exec"`
 	// WakeFailed counts the wakes on exec that failed, WakeErr the first.
 	WakeFailed int     `json:"wake_failed"`
@@ -271,11 +287,23 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 	r.DaemonRSSFull = max(r.DaemonRSSFull, rssMiB(b.daemonPID))
 
 	progress("density: hibernating %d sandboxes", len(all))
+	diskBefore := b.freeDiskGiB()
 	hib, wall, err := b.hibernateAll(ctx, all)
 	if err != nil {
 		return r, err
 	}
 	r.Hibernated, r.Hibernate, r.HibernateAllS = len(hib), summarize(hib), wall
+	if r.SessionsTarget = o.densitySessions; o.densitySessions > len(all) {
+		progress("density: %d hibernated; more sessions, each hibernated once up, to %d", len(all), o.densitySessions)
+		t := time.Now()
+		var made []float64
+		all, made, r.SessionsStop = b.growSessions(ctx, all, o.densitySessions)
+		r.SessionMake, r.SessionsS = summarize(made), time.Since(t).Seconds()
+	}
+	r.Sessions = len(all)
+	r.DiskPerSession = max(0, diskBefore-b.freeDiskGiB()) * 1024 / float64(max(len(all), 1))
+	r.MemAvailSessions = memAvailableGiB()
+	progress("density: wake on exec among %d hibernated", len(all))
 	var wakes []float64
 	for i := range min(densityWakes, len(all)) {
 		d, err := execTrue(ctx, all[(i*len(all))/min(densityWakes, len(all))])
@@ -295,6 +323,67 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 	r.CloseAllS = time.Since(t).Seconds()
 	all = nil
 	return r, nil
+}
+
+// growSessions adds sandboxes to all, each hibernated once it is up, a
+// few at once, until target exist or the disk under the daemon's state
+// has only --density-min-disk free; it returns them with each one's
+// create-and-hibernate time and why it stopped.
+func (b *bench) growSessions(ctx context.Context, all []*client.Sandbox, target int) ([]*client.Sandbox, []float64, string) {
+	var mu sync.Mutex
+	var made []float64
+	var failed error
+	for len(all) < target {
+		if b.freeDiskGiB() < b.opts.densityMinDisk {
+			return all, made, "min disk"
+		}
+		var wg sync.WaitGroup
+		for range min(densityParallel, target-len(all)) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				t := time.Now()
+				sb, err := b.c.CreateSandbox(ctx, client.CreateOptions{Image: b.image, Runtime: densityRuntime,
+					Resources: client.Resources{Memory: b.opts.densityMemory}})
+				if err == nil {
+					b.track(sb)
+					err = sb.Hibernate(ctx)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if sb != nil {
+					all = append(all, sb)
+				}
+				if err != nil {
+					failed = err
+					return
+				}
+				made = append(made, ms(time.Since(t)))
+			}()
+		}
+		wg.Wait()
+		if failed != nil {
+			return all, made, "create or hibernate failed: " + failed.Error()
+		}
+		if len(all)%500 < densityParallel {
+			progress("density: %d sessions, %.1f GiB disk free, %.1f GiB memory available", len(all), b.freeDiskGiB(), memAvailableGiB())
+		}
+	}
+	return all, made, "target"
+}
+
+// freeDiskGiB is the free space of the filesystem holding the daemon's
+// state (the root's with --host).
+func (b *bench) freeDiskGiB() float64 {
+	dir := b.stateDir
+	if dir == "" {
+		dir = "/"
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0
+	}
+	return float64(st.Bavail) * float64(st.Bsize) / (1 << 30)
 }
 
 // execSpread runs n `true` execs, each in a sandbox picked at random from sbs.

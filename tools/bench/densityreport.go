@@ -18,7 +18,12 @@ func (d *DensityResult) print(w io.Writer) {
 	fmt.Fprintf(w, "  daemon RSS, start / full\t%.0f MiB\t%.0f MiB\t\n", d.DaemonRSSStart, d.DaemonRSSFull)
 	fmt.Fprintf(w, "  list all (%d pages of %d)\t%s ms\t\t\n", d.ListPages, d.ListPageSize, num(d.ListAllMS))
 	fmt.Fprintf(w, "  hibernate each / all %d\t%s\t%.0f s\t\n", d.Hibernated, pp(d.Hibernate), d.HibernateAllS)
-	fmt.Fprintf(w, "  wake on exec\t%s\t\t\n", pp(d.WakeOnExec))
+	if d.SessionsTarget > 0 {
+		fmt.Fprintf(w, "  sessions, all hibernated\t%d\t(target %d, stopped: %s; %.0f s)\t\n", d.Sessions, d.SessionsTarget, d.SessionsStop, d.SessionsS)
+		fmt.Fprintf(w, "  each: create + hibernate\t%s\t\t\n", pp(d.SessionMake))
+		fmt.Fprintf(w, "  disk per session / memory available\t%.1f MiB\t%.1f GiB\t\n", d.DiskPerSession, d.MemAvailSessions)
+	}
+	fmt.Fprintf(w, "  wake on exec, among %d hibernated\t%s\t\t\n", d.Sessions, pp(d.WakeOnExec))
 	if d.WakeFailed > 0 {
 		fmt.Fprintf(w, "  wakes that failed\t%d\t%s\t\n", d.WakeFailed, d.WakeErr)
 	}

@@ -40,7 +40,12 @@ type options struct {
 	densityMemory  string
 	densityBudget  float64 // GiB
 	densityMinFree float64 // GiB
-	binDir         string
+	// densitySessions is how many sandboxes exist in all once the live
+	// ones are hibernated (more made, each hibernated once up); 0: none
+	// more. densityMinDisk is the free disk (GiB) it leaves.
+	densitySessions int
+	densityMinDisk  float64
+	binDir          string
 	// cluster section
 	clusterSizes   []string
 	clusterReps    int
@@ -81,6 +86,8 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.densityMemory, "density-memory", "128Mi", "memory limit of each density sandbox")
 	fs.Float64Var(&o.densityBudget, "density-budget", 8, "GiB of host memory the density sandboxes may use at most")
 	fs.Float64Var(&o.densityMinFree, "density-min-free", 4, "GiB of MemAvailable the density section always leaves (it stops growing there)")
+	fs.IntVar(&o.densitySessions, "density-sessions", 0, "sandboxes in all once the live ones are hibernated: more are made, each hibernated once up, and the wakes are measured among them (0: none more)")
+	fs.Float64Var(&o.densityMinDisk, "density-min-disk", 5, "GiB of free disk under the daemon's state the sessions always leave (they stop there)")
 	fs.StringVar(&clusterSizes, "cluster-sizes", "100MB,1GB", "source sizes of the cluster section (written as the fork section writes them)")
 	fs.IntVar(&o.clusterReps, "cluster-reps", 3, "repetitions of each cluster case per size (cluster section)")
 	fs.StringVar(&o.clusterRuntime, "cluster-runtime", "crun", "runtime of the cluster section's sandboxes")
@@ -169,6 +176,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.densityCount < 0 || o.densityCount > 100_000 || o.densityBudget <= 0 || o.densityMinFree < 0 {
 		return o, fmt.Errorf("density-count must be 0..100000, density-budget > 0 and density-min-free >= 0: %w", errdefs.ErrInvalidArgument)
+	}
+	if o.densitySessions < 0 || o.densitySessions > 60_000 || o.densityMinDisk < 0 {
+		return o, fmt.Errorf("density-sessions must be 0..60000 (a /16 of addresses) and density-min-disk >= 0: %w", errdefs.ErrInvalidArgument)
 	}
 	if o.memReps < 1 || o.memFanout < 0 || o.memFanout > 100 {
 		return o, fmt.Errorf("mem-reps must be >= 1 and mem-fanout 0..100: %w", errdefs.ErrInvalidArgument)

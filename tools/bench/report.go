@@ -123,7 +123,7 @@ func (r *Report) targets() []Target {
 			add(fmt.Sprintf("density: daemon RSS at %d live (MiB, not ms)", d.Count), goalDaemonRSSMiB, d.DaemonRSSFull)
 		}
 		if d.WakeOnExec.N > 0 {
-			add(fmt.Sprintf("density: wake-on-exec p50 with %d hibernated", d.Hibernated), goalWakeMS, d.WakeOnExec.Median)
+			add(fmt.Sprintf("density: wake-on-exec p50 with %d hibernated", d.Sessions), goalWakeMS, d.WakeOnExec.Median)
 		}
 	}
 	if e := r.Env; e != nil {

@@ -148,7 +148,7 @@ func (o options) maxSandboxes() int {
 	if n == 0 {
 		n = densityDefault
 	}
-	return max(benchMaxSandboxes, n+densityForks+10)
+	return max(benchMaxSandboxes, n+densityForks+10, o.densitySessions+densityForks+10)
 }
 
 func densityTargetText(n int) string {
