@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -108,6 +109,16 @@ func hostSandboxIDs(t *testing.T) (ids map[string][]string, stray []string) {
 			fmt.Sscanf(m[1], "%02x%02x%02x%02x", &a[0], &a[1], &a[2], &a[3])
 			if ip := fmt.Sprintf("%d.%d.%d.%d", a[0], a[1], a[2], a[3]); !portIPs[ip] {
 				stray = append(stray, "nftables egress chain of an address with no port: "+ip)
+			}
+		}
+	}
+	// ... and every unreachable route in the subnet (a hibernated sandbox's
+	// address, kept off the bridge) a registered port.
+	if out, err := exec.Command("ip", "-4", "route", "show", "type", "unreachable").Output(); err == nil {
+		sn := netip.MustParsePrefix(subnet)
+		for _, f := range strings.Fields(string(out)) {
+			if a, err := netip.ParseAddr(strings.TrimSuffix(f, "/32")); err == nil && sn.Contains(a) && !portIPs[a.String()] {
+				stray = append(stray, "unreachable route to an address with no port: "+a.String())
 			}
 		}
 	}

@@ -76,9 +76,9 @@ func TestHibernateWakeCycles(t *testing.T) {
 		if len(runscPids(sb.ID)) != 0 {
 			t.Fatalf("cycle %d: a hibernated sandbox still has runtime processes: %v", cycle, runscPids(sb.ID))
 		}
-		// Nor a bridge port: it gives its veth back, and takes one to wake.
-		if v := veths(sb.ID); len(v) != 0 {
-			t.Fatalf("cycle %d: a hibernated sandbox still has %v", cycle, v)
+		// Nor a bridge port: its veth leaves the bridge, and joins it to wake.
+		if v := veths(sb.ID, true); len(v) != 0 {
+			t.Fatalf("cycle %d: a hibernated sandbox is still a bridge port: %v", cycle, v)
 		}
 		// The next exec wakes it; every file of every cycle is there.
 		out := mustSh(t, sb, "cat /root/cycles/*")
@@ -98,8 +98,8 @@ func TestHibernateWakeCycles(t *testing.T) {
 		if gotTok != tok || n < before {
 			t.Fatalf("cycle %d: counter %s %d after wake, was %s %d: memory lost", cycle, gotTok, n, tok, before)
 		}
-		if v := veths(sb.ID); len(v) != 1 {
-			t.Fatalf("cycle %d: woken with veths %v, want one", cycle, v)
+		if v := veths(sb.ID, true); len(v) != 1 {
+			t.Fatalf("cycle %d: woken as bridge ports %v, want one", cycle, v)
 		}
 		last = n
 	}

@@ -44,15 +44,16 @@ func leftovers(id string) []string {
 			found = append(found, "path: "+p)
 		}
 	}
-	return append(found, veths(id)...)
+	return append(found, veths(id, false)...)
 }
 
-// veths lists the host veths of sandbox id ("veth: name" each).
-func veths(id string) []string {
+// veths lists the host veths of sandbox id ("veth: name" each); with
+// ports, only those that are a bridge's ports.
+func veths(id string, ports bool) []string {
 	var found []string
 	links, _ := netlink.LinkList()
 	for _, l := range links {
-		if l.Attrs().Alias == "forkbox:"+id {
+		if l.Attrs().Alias == "forkbox:"+id && (!ports || l.Attrs().MasterIndex != 0) {
 			found = append(found, "veth: "+l.Attrs().Name)
 		}
 	}

@@ -27,6 +27,15 @@ func policyOf(cfg store.SandboxConfig) (network.Policy, error) {
 	return pol, nil
 }
 
+// egressMode is the mode of a sandbox's recorded policy, "none" when it
+// does not parse (the sandbox still wakes, and reaches nothing outside).
+func egressMode(cfg store.SandboxConfig) network.Egress {
+	if pol, err := policyOf(cfg); err == nil {
+		return pol.Mode
+	}
+	return network.EgressNone
+}
+
 // EgressOptions is a new egress policy for a live sandbox: a mode ("none",
 // "all", "allow" or "" = "allow" with a list, else "none") and its lists.
 type EgressOptions struct {

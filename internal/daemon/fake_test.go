@@ -56,6 +56,7 @@ type world struct {
 	checkpointErr   error // Checkpoint fails; the container keeps running unless checkpointStops
 	checkpointStops bool
 	restoreErr      error
+	restoreStarts   bool  // a failing Restore started the container first (its agent then never answered)
 	attachErr       error // Attach fails (a full bridge), leaving the sandbox detached
 	frozenErr       error
 	// moveErr fails the next Pause or Resume after (moveTakes) or instead
@@ -269,7 +270,7 @@ func (n fakeNet) Detach(_ context.Context, id string, ip netip.Addr) error {
 	return nil
 }
 
-func (n fakeNet) Attach(_ context.Context, id string, ip netip.Addr, pol network.Policy) error {
+func (n fakeNet) Attach(_ context.Context, id string, ip netip.Addr, _ network.Egress) error {
 	n.w.mu.Lock()
 	defer n.w.mu.Unlock()
 	if n.w.netns[id] != ip {
@@ -461,12 +462,15 @@ func (r memRuntime) Checkpoint(_ context.Context, id, imageDir string) error {
 // Restore starts the container's agent with the token of the image: the
 // processes continue as they were.
 func (r memRuntime) Restore(_ context.Context, id, _ string, imageDir string) error {
-	if err := r.w.restoreErr; err != nil {
-		return err
-	}
 	tok, err := os.ReadFile(filepath.Join(imageDir, fakeTokenFile))
 	if err != nil {
 		return fmt.Errorf("fake restore: %w", err)
+	}
+	if err := r.w.restoreErr; err != nil {
+		if r.w.restoreStarts {
+			return errors.Join(err, r.start(id, string(tok)))
+		}
+		return err
 	}
 	return r.start(id, string(tok))
 }

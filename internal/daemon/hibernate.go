@@ -161,16 +161,18 @@ func (d *Daemon) wakeLocked(ctx context.Context, sb *store.Sandbox) error {
 	start := time.Now()
 	dir := d.hibernateDir(sb.ID)
 	ctx = context.WithoutCancel(ctx)
-	pol, err := policyOf(sb.Config)
-	if err != nil {
-		return err
-	}
 	// Its bridge port first (given back when it hibernated): a full bridge
 	// fails the wake with ResourceExhausted, the sandbox still hibernated.
-	if err := d.net.Attach(ctx, sb.ID, netip.MustParseAddr(sb.IP), pol); err != nil {
+	if err := d.net.Attach(ctx, sb.ID, netip.MustParseAddr(sb.IP), egressMode(sb.Config)); err != nil {
 		return fmt.Errorf("wake: network: %w", err)
 	}
 	if err := d.restoreAsItself(ctx, sb, mc, dir); err != nil {
+		// Still hibernated, its image whole: what the restore started
+		// (the container, a pre-booted placeholder's) goes, as reconcile
+		// would, so that the next wake can restore it again.
+		if derr := d.deleteContainers(ctx, sb); !errdefs.IsNotFound(derr) {
+			d.bestEffort(ctx, "wake: release what a failed restore left", derr, slog.String("sandbox", sb.ID))
+		}
 		d.detach(ctx, sb)
 		return fmt.Errorf("wake: %w", err)
 	}

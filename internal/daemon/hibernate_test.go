@@ -106,8 +106,9 @@ func TestHibernateWake(t *testing.T) {
 }
 
 // A wake that cannot get a bridge port (the bridge is full: it has 1,023)
-// or whose restore fails leaves the sandbox hibernated, its image whole
-// and its port given back; the next wake works.
+// or whose restore fails (after it started the container, too) leaves the
+// sandbox hibernated, its image whole, no container, its port given back;
+// the next wake works.
 func TestWakeFailureStaysHibernated(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -118,6 +119,8 @@ func TestWakeFailureStaysHibernated(t *testing.T) {
 			w.attachErr = fmt.Errorf("network: bridge fb0 is full: %w", errdefs.ErrResourceExhausted)
 		}, errdefs.IsResourceExhausted},
 		{"restore fails", func(w *world) { w.restoreErr = errInjected }, func(err error) bool { return errors.Is(err, errInjected) }},
+		{"restore starts then fails", func(w *world) { w.restoreErr, w.restoreStarts = errInjected, true },
+			func(err error) bool { return errors.Is(err, errInjected) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
@@ -133,10 +136,11 @@ func TestWakeFailureStaysHibernated(t *testing.T) {
 			if got := h.state(id).State; got != store.StateHibernated {
 				t.Errorf("after a failed wake: %s, want hibernated", got)
 			}
-			if !h.d.hibernationComplete(id) || !h.w.isDetached(id) {
-				t.Errorf("after a failed wake: image complete %v, detached %v; want both", h.d.hibernationComplete(id), h.w.isDetached(id))
+			if !h.d.hibernationComplete(id) || !h.w.isDetached(id) || h.w.status(id) != "" {
+				t.Errorf("after a failed wake: image complete %v, detached %v, container %q; want true, true, none",
+					h.d.hibernationComplete(id), h.w.isDetached(id), h.w.status(id))
 			}
-			h.w.attachErr, h.w.restoreErr = nil, nil
+			h.w.attachErr, h.w.restoreErr, h.w.restoreStarts = nil, nil, false
 			if sb, err := h.d.Wake(ctx, id); err != nil || sb.State != store.StateRunning {
 				t.Fatalf("wake again: %v, %v", sb, err)
 			}

@@ -27,7 +27,7 @@ type netManager interface {
 	// Detach gives back a sandbox's bridge port while it is hibernated;
 	// Attach plugs it in again.
 	Detach(ctx context.Context, id string, ip netip.Addr) error
-	Attach(ctx context.Context, id string, ip netip.Addr, pol network.Policy) error
+	Attach(ctx context.Context, id string, ip netip.Addr, egress network.Egress) error
 	Teardown(ctx context.Context, id string) error
 	List(ctx context.Context) ([]string, error)
 	Destroy(ctx context.Context) error

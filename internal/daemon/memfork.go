@@ -216,8 +216,10 @@ func (d *Daemon) rotateAgentToken(ctx context.Context, sb *store.Sandbox) error 
 }
 
 // restoreAsItself restores sb from a memory image into its own bundle,
-// netns and address (gVisor took the address over: it is put back first),
-// and waits for its agent. Used by wake and by a memory checkpoint's source.
+// netns and address, and waits for its agent. gVisor took eth0's address
+// over: the caller puts it back first (wake attaches the network again,
+// a memory checkpoint's source reconfigures it). Used by wake and by a
+// memory checkpoint's source.
 func (d *Daemon) restoreAsItself(ctx context.Context, sb *store.Sandbox, mc runtime.MemoryCheckpointer, image string) error {
 	if d.pooled(sb.ID) {
 		if err := mc.Restore(ctx, podID(sb.ID), d.podBundleDir(sb.ID), image); err != nil {

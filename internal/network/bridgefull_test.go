@@ -3,6 +3,7 @@ package network
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"strings"
@@ -70,11 +71,11 @@ func TestBridgeFull(t *testing.T) {
 	}
 	// Full again: the hibernated one cannot wake into it, and is left
 	// detached, its netns kept; with a port free it can.
-	if err := m.Attach(context.Background(), hib.ID, hib.IP, hib.Policy); !errdefs.IsResourceExhausted(err) {
+	if err := m.Attach(context.Background(), hib.ID, hib.IP, hib.Egress); !errdefs.IsResourceExhausted(err) {
 		t.Fatalf("Attach on a full bridge: got %v, want ResourceExhausted", err)
 	}
-	if _, err := netlink.LinkByName(hib.HostVeth); !isNotFound(err) {
-		t.Fatalf("veth %s after a failed Attach: err %v, want not found", hib.HostVeth, err)
+	if l, err := netlink.LinkByName(hib.HostVeth); err != nil || l.Attrs().MasterIndex != 0 || l.Attrs().Flags&net.FlagUp != 0 {
+		t.Fatalf("veth %s after a failed Attach: %v, want it there, down, off the bridge", hib.HostVeth, err)
 	}
 	if _, err := os.Stat(hib.NSPath); err != nil {
 		t.Fatalf("netns after a failed Attach: %v, want kept", err)
@@ -82,7 +83,7 @@ func TestBridgeFull(t *testing.T) {
 	if err := m.Teardown(context.Background(), nw.ID); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Attach(context.Background(), hib.ID, hib.IP, hib.Policy); err != nil {
+	if err := m.Attach(context.Background(), hib.ID, hib.IP, hib.Egress); err != nil {
 		t.Fatalf("Attach with a port free: %v", err)
 	}
 }

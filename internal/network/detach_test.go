@@ -3,26 +3,31 @@ package network
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net"
 	"os"
 	"testing"
 
-	"github.com/forkbox/forkbox/errdefs"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/forkbox/forkbox/errdefs"
 )
 
 // A hibernated sandbox gives its bridge port back (a bridge has
 // MaxBridgePorts, and 10,000 hibernated sessions must not hold one each):
-// Detach removes its veth pair and its address's pin, and keeps its netns,
-// egress policy and elements (Teardown finds the policy by them); Attach plugs it in again, as
-// itself: reachable at its address, pinned to the new eth0's MAC, its
-// elements back for its egress mode. Both are idempotent, and Attach on a
-// sandbox still attached (a crash between the two) plugs it in afresh.
+// Detach takes its veth off the bridge and down, keeping the pair (its
+// name, so that no other sandbox's veth can take it, and eth0's MAC), its
+// netns, egress policy and elements; its address's pin goes and an
+// unreachable route keeps traffic to it off the bridge. Attach plugs it in
+// again, as itself: reachable at its address, pinned, unblocked. Both are
+// idempotent; Attach on a sandbox still attached (a crash between the two)
+// is fine; Teardown of a detached one leaves nothing.
 func TestDetachAttach(t *testing.T) {
 	m := newTestManager(t, 29)
 	ctx := context.Background()
-	pol := Policy{Mode: EgressAll}
-	a := setupWith(t, m, "a", pol)
+	a := setupWith(t, m, "a", Policy{Mode: EgressAll})
+	mac := eth0MAC(t, a.NSPath)
 	ports := func() int {
 		t.Helper()
 		br, err := netlink.LinkByName(m.cfg.Bridge)
@@ -41,7 +46,7 @@ func TestDetachAttach(t *testing.T) {
 		}
 		return n
 	}
-	pinnedTo := func() net.HardwareAddr {
+	pinned := func() net.HardwareAddr {
 		t.Helper()
 		br, _ := netlink.LinkByName(m.cfg.Bridge)
 		ns, err := netlink.NeighList(br.Attrs().Index, netlink.FAMILY_V4)
@@ -55,6 +60,15 @@ func TestDetachAttach(t *testing.T) {
 		}
 		return nil
 	}
+	blocked := func() bool {
+		t.Helper()
+		rs, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: ipNet(a.IP, 32), Table: unix.RT_TABLE_MAIN},
+			netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(rs) == 1 && rs[0].Type == unix.RTN_UNREACHABLE
+	}
 	if got := ports(); got != 1 {
 		t.Fatalf("bridge ports after setup: %d, want 1", got)
 	}
@@ -67,35 +81,43 @@ func TestDetachAttach(t *testing.T) {
 	if got := ports(); got != 0 {
 		t.Errorf("bridge ports after Detach: %d, want 0", got)
 	}
-	if _, err := netlink.LinkByName(a.HostVeth); !isNotFound(err) {
-		t.Errorf("veth %s after Detach: err %v, want not found", a.HostVeth, err)
+	if l, err := netlink.LinkByName(a.HostVeth); err != nil || l.Attrs().MasterIndex != 0 || l.Attrs().Flags&net.FlagUp != 0 {
+		t.Errorf("veth %s after Detach: %v, want it kept, down, off the bridge", a.HostVeth, err)
 	}
 	if _, err := os.Stat(a.NSPath); err != nil {
 		t.Errorf("netns after Detach: %v, want kept", err)
 	}
 	if els := m.setElements(t, m.portsSet()); !els[a.HostVeth+"/"+a.IP.String()] {
-		t.Errorf("ports set after Detach: %v, want %s/%s kept (how Teardown finds the address)", els, a.HostVeth, a.IP)
+		t.Errorf("ports set after Detach: %v, want %s/%s kept", els, a.HostVeth, a.IP)
 	}
-	if mac := pinnedTo(); mac != nil {
-		t.Errorf("after Detach the bridge still pins %s to %s", a.IP, mac)
+	if got := pinned(); got != nil {
+		t.Errorf("after Detach the bridge still pins %s to %s", a.IP, got)
+	}
+	if !blocked() {
+		t.Errorf("after Detach: no unreachable route to %s", a.IP)
 	}
 	if _, kept := m.applied[a.IP]; !kept {
 		t.Errorf("egress policy of %s after Detach: gone, want kept", a.IP)
 	}
+	// The host refuses traffic to it at once (not an ARP broadcast to
+	// every port, and a timeout).
+	if err := dial("", net.JoinHostPort(a.IP.String(), "7077")); !errors.Is(err, unix.EHOSTUNREACH) {
+		t.Errorf("host -> detached sandbox: %v, want EHOSTUNREACH", err)
+	}
 
-	// Attach twice: the second finds it attached and plugs it in afresh.
+	// Attach twice: the second finds it attached and attaches it again.
 	for i := range 2 {
-		if err := m.Attach(ctx, a.ID, a.IP, pol); err != nil {
+		if err := m.Attach(ctx, a.ID, a.IP, EgressAll); err != nil {
 			t.Fatalf("Attach #%d: %v", i+1, err)
 		}
 		if got := ports(); got != 1 {
 			t.Errorf("bridge ports after Attach #%d: %d, want 1", i+1, got)
 		}
-		if mac, want := pinnedTo(), eth0MAC(t, a.NSPath); !bytes.Equal(mac, want) {
-			t.Errorf("after Attach #%d the bridge pins %s to %s, want eth0's %s", i+1, a.IP, mac, want)
+		if got := pinned(); !bytes.Equal(got, mac) || !bytes.Equal(eth0MAC(t, a.NSPath), mac) {
+			t.Errorf("after Attach #%d the bridge pins %s to %s, want eth0's, still %s", i+1, a.IP, got, mac)
 		}
-		if els := m.setElements(t, m.portsSet()); !els[a.HostVeth+"/"+a.IP.String()] {
-			t.Errorf("ports set after Attach #%d: %v, want %s/%s", i+1, els, a.HostVeth, a.IP)
+		if blocked() {
+			t.Errorf("after Attach #%d: %s still unreachable", i+1, a.IP)
 		}
 		if els := m.setElements(t, m.egressAllSet()); !els[a.IP.String()] {
 			t.Errorf("egress_all after Attach #%d: %v, want %s (egress all)", i+1, els, a.IP)
@@ -106,7 +128,8 @@ func TestDetachAttach(t *testing.T) {
 		t.Fatalf("host -> sandbox after Attach: %v", err)
 	}
 
-	// Teardown of a detached sandbox leaves nothing, its policy included.
+	// Teardown of a detached sandbox leaves nothing: veth, elements,
+	// policy, route.
 	if err := m.Detach(ctx, a.ID, a.IP); err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +140,39 @@ func TestDetachAttach(t *testing.T) {
 	if _, kept := m.applied[a.IP]; kept {
 		t.Errorf("egress policy of %s after Teardown: kept, want gone", a.IP)
 	}
-	if err := m.Attach(ctx, a.ID, a.IP, pol); !errdefs.IsNotFound(err) {
+	if blocked() {
+		t.Errorf("after Teardown: %s still unreachable", a.IP)
+	}
+	if err := m.Attach(ctx, a.ID, a.IP, EgressAll); !errdefs.IsNotFound(err) {
 		t.Errorf("Attach after Teardown: got %v, want NotFound (no netns)", err)
 	}
+}
+
+// A veth of that name that is not the sandbox's (a name collision) is
+// neither taken off the bridge nor attached.
+func TestDetachOthersVeth(t *testing.T) {
+	m := newTestManager(t, 30)
+	ctx := context.Background()
+	a := setupWith(t, m, "a", Policy{Mode: EgressNone})
+	if err := netlink.LinkSetAlias(mustLink(t, a.HostVeth), aliasPrefix+"someone-else"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Detach(ctx, a.ID, a.IP); err == nil {
+		t.Error("Detach of a veth with another sandbox's alias: no error")
+	}
+	if l := mustLink(t, a.HostVeth); l.Attrs().MasterIndex == 0 {
+		t.Error("Detach took another sandbox's veth off the bridge")
+	}
+	if err := m.Attach(ctx, a.ID, a.IP, EgressNone); err == nil {
+		t.Error("Attach onto a veth with another sandbox's alias: no error")
+	}
+}
+
+func mustLink(t *testing.T, name string) netlink.Link {
+	t.Helper()
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }

@@ -152,6 +152,50 @@ func (m *Manager) addVeth(id, host string, ns netns.NsHandle) error {
 	return nil
 }
 
+// joinBridge makes link (a detached sandbox's veth) an isolated port of
+// the bridge again. A full bridge is ResourceExhausted.
+func (m *Manager) joinBridge(link netlink.Link) error {
+	br, err := netlink.LinkByName(m.cfg.Bridge)
+	if err != nil {
+		return fmt.Errorf("network: bridge %s: %v: %w", m.cfg.Bridge, err, errdefs.ErrUnavailable)
+	}
+	if link.Attrs().MasterIndex != br.Attrs().Index {
+		if err := netlink.LinkSetMasterByIndex(link, br.Attrs().Index); err != nil {
+			if errors.Is(err, unix.EXFULL) {
+				return fmt.Errorf("network: bridge %s is full: a Linux bridge has at most %d ports, one per running sandbox (hibernated ones hold none; more need another daemon with its own --bridge and --subnet): %w",
+					m.cfg.Bridge, MaxBridgePorts, errdefs.ErrResourceExhausted)
+			}
+			return fmt.Errorf("network: attach %s to bridge %s: %v: %w", link.Attrs().Name, m.cfg.Bridge, err, errdefs.ErrInternal)
+		}
+	}
+	if err := netlink.LinkSetIsolated(link, true); err != nil {
+		return fmt.Errorf("network: isolate bridge port %s: %v: %w", link.Attrs().Name, err, errdefs.ErrInternal)
+	}
+	return nil
+}
+
+// blockAddr routes ip, a detached sandbox's address, nowhere: the host
+// refuses traffic to it (unreachable) instead of resolving it on the
+// bridge, where each ARP request reaches every port. Idempotent.
+func blockAddr(ip netip.Addr) error {
+	if err := netlink.RouteReplace(blockRoute(ip)); err != nil {
+		return fmt.Errorf("network: unreachable route to %s: %v: %w", ip, err, errdefs.ErrInternal)
+	}
+	return nil
+}
+
+// unblockAddr removes blockAddr's route, if any.
+func unblockAddr(ip netip.Addr) error {
+	if err := netlink.RouteDel(blockRoute(ip)); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("network: remove the unreachable route to %s: %v: %w", ip, err, errdefs.ErrInternal)
+	}
+	return nil
+}
+
+func blockRoute(ip netip.Addr) *netlink.Route {
+	return &netlink.Route{Dst: ipNet(ip, 32), Type: unix.RTN_UNREACHABLE, Table: unix.RT_TABLE_MAIN}
+}
+
 func upVeth(host string) error {
 	link, err := netlink.LinkByName(host)
 	if err == nil {

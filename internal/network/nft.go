@@ -264,8 +264,8 @@ func (m *Manager) delElements(veth string) error {
 	var addrs []netip.Addr
 	errs := []error{m.delPortElements(veth, &addrs)}
 	for _, a := range addrs {
-		errs = append(errs, m.dropPolicy(a))
-		m.forgetNeighbour(a) // pinned at setup
+		errs = append(errs, m.dropPolicy(a), unblockAddr(a)) // blocked while detached
+		m.forgetNeighbour(a)                                 // pinned at setup
 	}
 	return errors.Join(errs...)
 }

@@ -12,6 +12,7 @@ import (
 	"sort"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
 
@@ -149,8 +150,12 @@ func (m *Manager) plugIn(id, host string, ns netns.NsHandle, ip netip.Addr, undo
 // once it forwards.
 func (m *Manager) bringUp(ctx context.Context, host string, ip netip.Addr, mac net.HardwareAddr) error {
 	// The address may have belonged to a sandbox closed a moment ago: the
-	// pin replaces the neighbour entry that still holds that sandbox's MAC.
+	// pin replaces the neighbour entry that still holds that sandbox's MAC,
+	// and the route that kept traffic off it while it was detached goes.
 	if err := m.pinNeighbour(host, ip, mac); err != nil {
+		return err
+	}
+	if err := unblockAddr(ip); err != nil {
 		return err
 	}
 	if err := upVeth(host); err != nil {
@@ -160,11 +165,14 @@ func (m *Manager) bringUp(ctx context.Context, host string, ip netip.Addr, mac n
 }
 
 // Detach gives back the bridge port of sandbox id, at ip, while it holds
-// no process (it is hibernated): its veth pair goes, and the bridge's pin
-// of ip. A Linux bridge has MaxBridgePorts ports, so only sandboxes that
-// run need one. Its netns, egress policy and nftables elements stay (the
-// elements name no port that exists, and are how Teardown finds the
-// address's policy): Attach plugs it in again as itself. Idempotent.
+// no process (it is hibernated): a Linux bridge has MaxBridgePorts ports,
+// so only sandboxes that run need one. Its veth pair leaves the bridge and
+// goes down; the pair itself stays, holding its name (no other sandbox's
+// veth can take it, nor the port's nftables elements, which stay too) and
+// eth0 (its MAC, and the byte counters). The address's pin on the bridge
+// goes and an unreachable route takes its place, so that traffic to it is
+// refused on the host rather than flooded to every port. Its netns and
+// egress policy stay. Attach plugs it in again. Idempotent.
 func (m *Manager) Detach(ctx context.Context, id string, ip netip.Addr) error {
 	if err := validID(id); err != nil {
 		return err
@@ -175,37 +183,54 @@ func (m *Manager) Detach(ctx context.Context, id string, ip netip.Addr) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := delVeth(m.hostVethName(id)); err != nil {
+	host := m.hostVethName(id)
+	link, err := netlink.LinkByName(host)
+	if isNotFound(err) {
+		return nil // torn down, or never set up
+	}
+	if err != nil {
+		return fmt.Errorf("network: veth %s: %v: %w", host, err, errdefs.ErrInternal)
+	}
+	if link.Attrs().Alias != aliasPrefix+id {
+		return fmt.Errorf("network: veth %s is %q's, not sandbox %s's: %w", host, link.Attrs().Alias, id, errdefs.ErrInternal)
+	}
+	if err := blockAddr(ip); err != nil {
 		return err
 	}
 	m.forgetNeighbour(ip)
+	if err := netlink.LinkSetDown(link); err != nil {
+		return fmt.Errorf("network: bring down %s: %v: %w", host, err, errdefs.ErrInternal)
+	}
+	if link.Attrs().MasterIndex != 0 {
+		if err := netlink.LinkSetNoMaster(link); err != nil {
+			return fmt.Errorf("network: take %s off bridge %s: %v: %w", host, m.cfg.Bridge, err, errdefs.ErrInternal)
+		}
+	}
 	m.log.Debug("sandbox network detached", slog.String("sandbox", id))
 	return nil
 }
 
-// Attach gives sandbox id, detached, its bridge port again: a new veth
-// pair into its netns with eth0 at ip (the sandbox restored into it takes
-// the interface over, as a memory fork's child does), the port's elements
-// for pol's egress mode (the policy itself was kept) and the pin. A
-// sandbox still attached (a crash between the two) is plugged in afresh.
-// On failure it is left detached. A full bridge is ResourceExhausted.
-func (m *Manager) Attach(ctx context.Context, id string, ip netip.Addr, pol Policy) (err error) {
+// Attach gives sandbox id, detached, its bridge port again: its veth
+// joins the bridge as an isolated port, eth0 gets its address and route
+// back (the sandbox restored into it takes the interface over, as a
+// memory fork's child does), the port's elements are there for egress
+// mode, and the address is pinned and unblocked. One attached already (a
+// crash between the two) is attached again; one without a veth gets a
+// new pair. A full bridge is ResourceExhausted, and leaves it detached.
+func (m *Manager) Attach(ctx context.Context, id string, ip netip.Addr, egress Egress) (err error) {
 	if err := validID(id); err != nil {
 		return err
 	}
 	if err := m.checkIP(ip); err != nil {
 		return err
 	}
-	if pol.Mode == "" && len(pol.Allow)+len(pol.AllowNames)+len(pol.Deny)+len(pol.DenyNames) == 0 {
-		pol.Mode = EgressNone
-	}
-	if err := checkPolicy(pol); err != nil {
-		return err
+	if egress == "" {
+		egress = EgressNone
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if pol.Mode != EgressNone {
+	if egress != EgressNone {
 		if err := m.enableForwarding(); err != nil {
 			return err
 		}
@@ -215,22 +240,33 @@ func (m *Manager) Attach(ctx context.Context, id string, ip netip.Addr, pol Poli
 		return fmt.Errorf("network: netns of %s: %v: %w", id, err, errdefs.ErrNotFound)
 	}
 	defer ns.Close()
-	if err := m.Detach(ctx, id, ip); err != nil {
-		return err
-	}
 	host := m.hostVethName(id)
 	var undo cleanup
 	defer func() {
 		if err != nil {
-			err = errors.Join(err, undo.run())
+			err = errors.Join(err, undo.run(), m.Detach(context.WithoutCancel(ctx), id, ip))
 		}
 	}()
-	undo.add(func() error { m.forgetNeighbour(ip); return nil })
-	mac, err := m.plugIn(id, host, ns, ip, &undo)
+	link, err := netlink.LinkByName(host)
+	switch {
+	case isNotFound(err):
+		if _, err := m.plugIn(id, host, ns, ip, &undo); err != nil {
+			return err
+		}
+	case err != nil:
+		return fmt.Errorf("network: veth %s: %v: %w", host, err, errdefs.ErrInternal)
+	case link.Attrs().Alias != aliasPrefix+id:
+		return fmt.Errorf("network: veth %s is %q's, not sandbox %s's: %w", host, link.Attrs().Alias, id, errdefs.ErrInternal)
+	default:
+		if err := m.joinBridge(link); err != nil {
+			return err
+		}
+	}
+	mac, err := configureInside(ns, ip, m.gateway, m.cfg.Subnet.Bits())
 	if err != nil {
 		return err
 	}
-	if err := m.addElements(host, ip, pol.Mode); err != nil {
+	if err := m.addElements(host, ip, egress); err != nil {
 		return err
 	}
 	if err := m.bringUp(ctx, host, ip, mac); err != nil {
