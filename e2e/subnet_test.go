@@ -13,8 +13,8 @@ func TestFreeThird(t *testing.T) {
 	if got := freeThird(17, nil); got != 117 {
 		t.Errorf("no routes: got %d, want 117", got)
 	}
-	// Another run's bridge at 117, a fake outside at 118, a wider route
-	// over 119 (10.250.0.0/16 holds 10.250.119.0/24): 120 is the first free.
+	// Another run's bridge at 117, a fake outside at 118, and a wider
+	// route, 10.250.0.0/17, over every third octet up to 127.
 	routes := []netip.Prefix{p("10.213.117.0/24"), p("10.249.118.0/24"), p("10.250.0.0/17"), p("192.168.0.0/16")}
 	if got := freeThird(17, routes); got != 128 {
 		t.Errorf("117 to 127 taken: got %d, want 128", got)

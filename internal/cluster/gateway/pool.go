@@ -100,9 +100,10 @@ func (g *Gateway) claim(ctx context.Context, e *fbv1.Environment) (*fbv1.Sandbox
 			i++ // the controller deleted it
 		case apierrors.IsConflict(err):
 			var cur fbv1.Sandbox
-			if gerr := g.api.Get(ctx, client.ObjectKeyFromObject(sb), &cur); gerr != nil && !apierrors.IsNotFound(gerr) {
-				return nil, kerr(gerr, "read warm pool sandbox "+sb.Name)
-			} else if gerr != nil || !controller.PoolMemberReady(e, &cur) {
+			if gerr := g.api.Get(ctx, client.ObjectKeyFromObject(sb), &cur); gerr != nil || !controller.PoolMemberReady(e, &cur) {
+				if gerr != nil && !apierrors.IsNotFound(gerr) {
+					g.log.WarnContext(ctx, "warm pool member not read again; trying the next", "sandbox", sb.Name, "err", gerr)
+				}
 				i++ // another caller took it, or it left the pool
 			} else {
 				members[i] = cur // written to meanwhile: try it as it is now
