@@ -112,13 +112,13 @@ func hostSandboxIDs(t *testing.T) (ids map[string][]string, stray []string) {
 			}
 		}
 	}
-	// ... and every unreachable route in the subnet (a hibernated sandbox's
+	// ... and every blackhole route in the subnet (a hibernated sandbox's
 	// address, kept off the bridge) a registered port.
-	if out, err := exec.Command("ip", "-4", "route", "show", "type", "unreachable").Output(); err == nil {
+	if out, err := exec.Command("ip", "-4", "route", "show", "type", "blackhole").Output(); err == nil {
 		sn := netip.MustParsePrefix(subnet)
 		for _, f := range strings.Fields(string(out)) {
 			if a, err := netip.ParseAddr(strings.TrimSuffix(f, "/32")); err == nil && sn.Contains(a) && !portIPs[a.String()] {
-				stray = append(stray, "unreachable route to an address with no port: "+a.String())
+				stray = append(stray, "blackhole route to an address with no port: "+a.String())
 			}
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/netip"
 	"os"
 	"testing"
 
@@ -18,8 +19,8 @@ import (
 // MaxBridgePorts, and 10,000 hibernated sessions must not hold one each):
 // Detach takes its veth off the bridge and down, keeping the pair (its
 // name, so that no other sandbox's veth can take it, and eth0's MAC), its
-// netns, egress policy and elements; its address's pin goes and an
-// unreachable route keeps traffic to it off the bridge. Attach plugs it in
+// netns, egress policy and elements; its address's pin goes and a
+// blackhole route keeps traffic to it off the bridge. Attach plugs it in
 // again, as itself: reachable at its address, pinned, unblocked. Both are
 // idempotent; Attach on a sandbox still attached (a crash between the two)
 // is fine; Teardown of a detached one leaves nothing.
@@ -67,7 +68,7 @@ func TestDetachAttach(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return len(rs) == 1 && rs[0].Type == unix.RTN_UNREACHABLE
+		return len(rs) == 1 && rs[0].Type == unix.RTN_BLACKHOLE
 	}
 	if got := ports(); got != 1 {
 		t.Fatalf("bridge ports after setup: %d, want 1", got)
@@ -94,15 +95,15 @@ func TestDetachAttach(t *testing.T) {
 		t.Errorf("after Detach the bridge still pins %s to %s", a.IP, got)
 	}
 	if !blocked() {
-		t.Errorf("after Detach: no unreachable route to %s", a.IP)
+		t.Errorf("after Detach: no blackhole route to %s", a.IP)
 	}
 	if _, kept := m.applied[a.IP]; !kept {
 		t.Errorf("egress policy of %s after Detach: gone, want kept", a.IP)
 	}
-	// The host refuses traffic to it at once (not an ARP broadcast to
+	// The host's own connects to it fail at once (no ARP broadcast to
 	// every port, and a timeout).
-	if err := dial("", net.JoinHostPort(a.IP.String(), "7077")); !errors.Is(err, unix.EHOSTUNREACH) {
-		t.Errorf("host -> detached sandbox: %v, want EHOSTUNREACH", err)
+	if err := dial("", net.JoinHostPort(a.IP.String(), "7077")); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("host -> detached sandbox: %v, want an error at once (blackhole route)", err)
 	}
 
 	// Attach twice: the second finds it attached and attaches it again.
@@ -117,7 +118,7 @@ func TestDetachAttach(t *testing.T) {
 			t.Errorf("after Attach #%d the bridge pins %s to %s, want eth0's, still %s", i+1, a.IP, got, mac)
 		}
 		if blocked() {
-			t.Errorf("after Attach #%d: %s still unreachable", i+1, a.IP)
+			t.Errorf("after Attach #%d: %s still blackholed", i+1, a.IP)
 		}
 		if els := m.setElements(t, m.egressAllSet()); !els[a.IP.String()] {
 			t.Errorf("egress_all after Attach #%d: %v, want %s (egress all)", i+1, els, a.IP)
@@ -129,9 +130,17 @@ func TestDetachAttach(t *testing.T) {
 	}
 
 	// Teardown of a detached sandbox leaves nothing: veth, elements,
-	// policy, route.
+	// policy, route. One cut short while it releases the address keeps the
+	// port's elements, so that its retry finds the address again.
 	if err := m.Detach(ctx, a.ID, a.IP); err != nil {
 		t.Fatal(err)
+	}
+	cut := errors.New("cut short")
+	if err := m.delPortElements(a.HostVeth, func(netip.Addr, bool) error { return cut }); !errors.Is(err, cut) {
+		t.Fatalf("delPortElements with a failing release: %v", err)
+	}
+	if els := m.setElements(t, m.portsSet()); !els[a.HostVeth+"/"+a.IP.String()] || !blocked() {
+		t.Fatalf("after a release that failed: ports %v, blackholed %v; want the element and the route kept", els, blocked())
 	}
 	if err := m.Teardown(ctx, a.ID); err != nil {
 		t.Fatal(err)
@@ -141,7 +150,7 @@ func TestDetachAttach(t *testing.T) {
 		t.Errorf("egress policy of %s after Teardown: kept, want gone", a.IP)
 	}
 	if blocked() {
-		t.Errorf("after Teardown: %s still unreachable", a.IP)
+		t.Errorf("after Teardown: %s still blackholed", a.IP)
 	}
 	if err := m.Attach(ctx, a.ID, a.IP, EgressAll); !errdefs.IsNotFound(err) {
 		t.Errorf("Attach after Teardown: got %v, want NotFound (no netns)", err)
@@ -175,4 +184,29 @@ func mustLink(t *testing.T, name string) netlink.Link {
 		t.Fatal(err)
 	}
 	return l
+}
+
+// Destroy (forkbox uninstall) leaves no blackhole route of its subnet,
+// hibernated sandboxes' included.
+func TestDestroyUnblocks(t *testing.T) {
+	m := newTestManager(t, 31)
+	ctx := context.Background()
+	a := setupWith(t, m, "a", Policy{Mode: EgressNone})
+	if err := m.Detach(ctx, a.ID, a.IP); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Teardown(ctx, a.ID); err != nil { // as uninstall closes it first
+		t.Fatal(err)
+	}
+	if err := blockAddr(a.IP); err != nil { // as a teardown cut short would leave it
+		t.Fatal(err)
+	}
+	if err := m.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range HostRoutes() {
+		if p == netip.PrefixFrom(a.IP, 32) {
+			t.Errorf("after Destroy: a route to %s is left", a.IP)
+		}
+	}
 }

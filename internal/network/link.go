@@ -174,12 +174,14 @@ func (m *Manager) joinBridge(link netlink.Link) error {
 	return nil
 }
 
-// blockAddr routes ip, a detached sandbox's address, nowhere: the host
-// refuses traffic to it (unreachable) instead of resolving it on the
-// bridge, where each ARP request reaches every port. Idempotent.
+// blockAddr routes ip, a detached sandbox's address, nowhere: traffic to
+// it is dropped on the host (the host's own connects fail at once) instead
+// of resolving it on the bridge, where each ARP request reaches every
+// port. A blackhole, not unreachable: no ICMP answer tells a sandbox that
+// probes the subnet which addresses are hibernated. Idempotent.
 func blockAddr(ip netip.Addr) error {
 	if err := netlink.RouteReplace(blockRoute(ip)); err != nil {
-		return fmt.Errorf("network: unreachable route to %s: %v: %w", ip, err, errdefs.ErrInternal)
+		return fmt.Errorf("network: blackhole route to %s: %v: %w", ip, err, errdefs.ErrInternal)
 	}
 	return nil
 }
@@ -187,13 +189,34 @@ func blockAddr(ip netip.Addr) error {
 // unblockAddr removes blockAddr's route, if any.
 func unblockAddr(ip netip.Addr) error {
 	if err := netlink.RouteDel(blockRoute(ip)); err != nil && !errors.Is(err, unix.ESRCH) {
-		return fmt.Errorf("network: remove the unreachable route to %s: %v: %w", ip, err, errdefs.ErrInternal)
+		return fmt.Errorf("network: remove the blackhole route to %s: %v: %w", ip, err, errdefs.ErrInternal)
 	}
 	return nil
 }
 
 func blockRoute(ip netip.Addr) *netlink.Route {
-	return &netlink.Route{Dst: ipNet(ip, 32), Type: unix.RTN_UNREACHABLE, Table: unix.RT_TABLE_MAIN}
+	return &netlink.Route{Dst: ipNet(ip, 32), Type: unix.RTN_BLACKHOLE, Table: unix.RT_TABLE_MAIN}
+}
+
+// HostRoutes are the destinations of the host's IPv4 routes (other
+// daemons' and tests' subnets among them): where a new subnet must not
+// overlap. Nil when they cannot be listed.
+func HostRoutes() []netip.Prefix {
+	rs, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil
+	}
+	var out []netip.Prefix
+	for _, r := range rs {
+		if r.Dst == nil {
+			continue
+		}
+		ones, _ := r.Dst.Mask.Size()
+		if a, ok := netip.AddrFromSlice(r.Dst.IP.To4()); ok {
+			out = append(out, netip.PrefixFrom(a, ones).Masked())
+		}
+	}
+	return out
 }
 
 func upVeth(host string) error {

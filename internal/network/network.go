@@ -34,6 +34,7 @@ package network
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -187,7 +188,19 @@ func (m *Manager) Destroy(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return joinErrs(m.deleteTables(), m.deleteBridge(), releaseNetnsDir(m.cfg.NetnsDir), m.releaseForwarding())
+	return joinErrs(m.deleteTables(), m.deleteBridge(), m.unblockSubnet(), releaseNetnsDir(m.cfg.NetnsDir), m.releaseForwarding())
+}
+
+// unblockSubnet removes every blackhole route into the subnet (those of
+// hibernated sandboxes, and any a teardown cut short left).
+func (m *Manager) unblockSubnet() error {
+	var errs []error
+	for _, p := range HostRoutes() {
+		if p.Bits() == 32 && m.cfg.Subnet.Contains(p.Addr()) {
+			errs = append(errs, unblockAddr(p.Addr()))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Taken reports whether an address is in use.

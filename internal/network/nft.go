@@ -257,83 +257,105 @@ func (m *Manager) addElements(veth string, ip netip.Addr, egress Egress) error {
 }
 
 // delElements removes every element that belongs to the port veth: its
-// entries in ports, their addresses in egress_all, their egress policies'
-// objects, and the bridge's neighbour entries of those addresses (pinned
-// by Setup). Missing is fine.
+// entries in ports, their addresses in egress_all, and first what each of
+// those addresses holds elsewhere: its egress policy's objects, the
+// bridge's neighbour entry (pinned by Setup) and the blackhole route
+// (while detached). The elements go last, so that a teardown cut short
+// (an error, a crash) finds the addresses again when it is retried.
+// Missing is fine.
 func (m *Manager) delElements(veth string) error {
-	var addrs []netip.Addr
-	errs := []error{m.delPortElements(veth, &addrs)}
-	for _, a := range addrs {
-		errs = append(errs, m.dropPolicy(a), unblockAddr(a)) // blocked while detached
-		m.forgetNeighbour(a)                                 // pinned at setup
-	}
-	return errors.Join(errs...)
+	return m.delPortElements(veth, func(a netip.Addr, haveInet bool) error {
+		m.forgetNeighbour(a)
+		err := unblockAddr(a)
+		if haveInet {
+			err = errors.Join(err, m.dropPolicy(a))
+		}
+		return err
+	})
 }
 
-// delPortElements removes the ports and egress_all elements of veth and,
-// if the inet table exists, puts their addresses in addrs.
-func (m *Manager) delPortElements(veth string, addrs *[]netip.Addr) error {
+// delPortElements removes the ports and egress_all elements of veth,
+// after each of their addresses is given to release (with whether the
+// inet table exists); an error from release keeps the elements.
+func (m *Manager) delPortElements(veth string, release func(a netip.Addr, haveInet bool) error) error {
+	delPorts, delEgress, haveInet, err := m.portElements(veth)
+	if err != nil || len(delPorts) == 0 {
+		return err
+	}
+	name := ifname(veth)
+	var errs []error
+	for _, e := range delPorts {
+		if a, ok := netip.AddrFromSlice(e.Key[len(name):]); ok {
+			errs = append(errs, release(a, haveInet))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
 	m.nftMu.Lock()
 	defer m.nftMu.Unlock()
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("network: nftables: %v: %w", err, errdefs.ErrUnavailable)
 	}
-	if ok, err := m.haveTable(c, nftables.TableFamilyBridge); err != nil || !ok {
-		return err // no table: nothing registered
-	}
-	ports, err := c.GetSetElements(m.portsSet())
-	if err != nil {
-		return fmt.Errorf("network: list nft set %s: %v: %w", setPorts, err, errdefs.ErrInternal)
-	}
-	var egress []nftables.SetElement
-	haveInet, err := m.haveTable(c, nftables.TableFamilyINet)
-	if err != nil {
-		return err
-	}
-	if haveInet {
-		egress, err = c.GetSetElements(m.egressAllSet())
-	}
-	if err != nil {
-		return fmt.Errorf("network: list nft set %s: %v: %w", setEgressAll, err, errdefs.ErrInternal)
-	}
-	name := ifname(veth)
-	var delPorts, delEgress []nftables.SetElement
-	for _, e := range ports {
-		if len(e.Key) != len(name)+4 || !bytes.Equal(e.Key[:len(name)], name) {
+	// Each added, then deleted, in one transaction: surely absent after it,
+	// whether release took it out already (dropPolicy takes the address
+	// out of egress_all) or not.
+	for set, els := range map[*nftables.Set][]nftables.SetElement{m.portsSet(): delPorts, m.egressAllSet(): delEgress} {
+		if len(els) == 0 {
 			continue
 		}
-		delPorts = append(delPorts, nftables.SetElement{Key: e.Key})
-		addr := e.Key[len(name):]
-		for _, g := range egress {
-			if bytes.Equal(g.Key, addr) {
-				delEgress = append(delEgress, nftables.SetElement{Key: g.Key})
-			}
+		if err := c.SetAddElements(set, els); err != nil {
+			return fmt.Errorf("network: nft element: %v: %w", err, errdefs.ErrInternal)
 		}
-	}
-	if len(delPorts) == 0 {
-		return nil
-	}
-	if err := c.SetDeleteElements(m.portsSet(), delPorts); err != nil {
-		return fmt.Errorf("network: nft delete: %v: %w", err, errdefs.ErrInternal)
-	}
-	if len(delEgress) > 0 {
-		if err := c.SetDeleteElements(m.egressAllSet(), delEgress); err != nil {
+		if err := c.SetDeleteElements(set, els); err != nil {
 			return fmt.Errorf("network: nft delete: %v: %w", err, errdefs.ErrInternal)
 		}
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("network: delete nft elements of %s: %v: %w", veth, err, errdefs.ErrInternal)
 	}
-	if !haveInet {
-		return nil
+	return nil
+}
+
+// portElements lists the ports and egress_all elements of veth, and
+// whether the inet table exists.
+func (m *Manager) portElements(veth string) (ports, egressAll []nftables.SetElement, haveInet bool, err error) {
+	m.nftMu.Lock()
+	defer m.nftMu.Unlock()
+	c, err := nftables.New()
+	if err != nil {
+		return nil, nil, false, fmt.Errorf("network: nftables: %v: %w", err, errdefs.ErrUnavailable)
 	}
-	for _, e := range delPorts {
-		if a, ok := netip.AddrFromSlice(e.Key[len(name):]); ok {
-			*addrs = append(*addrs, a)
+	if ok, err := m.haveTable(c, nftables.TableFamilyBridge); err != nil || !ok {
+		return nil, nil, false, err // no table: nothing registered
+	}
+	all, err := c.GetSetElements(m.portsSet())
+	if err != nil {
+		return nil, nil, false, fmt.Errorf("network: list nft set %s: %v: %w", setPorts, err, errdefs.ErrInternal)
+	}
+	var egress []nftables.SetElement
+	if haveInet, err = m.haveTable(c, nftables.TableFamilyINet); err != nil {
+		return nil, nil, false, err
+	}
+	if haveInet {
+		if egress, err = c.GetSetElements(m.egressAllSet()); err != nil {
+			return nil, nil, false, fmt.Errorf("network: list nft set %s: %v: %w", setEgressAll, err, errdefs.ErrInternal)
 		}
 	}
-	return nil
+	name := ifname(veth)
+	for _, e := range all {
+		if len(e.Key) != len(name)+4 || !bytes.Equal(e.Key[:len(name)], name) {
+			continue
+		}
+		ports = append(ports, nftables.SetElement{Key: e.Key})
+		for _, g := range egress {
+			if bytes.Equal(g.Key, e.Key[len(name):]) {
+				egressAll = append(egressAll, nftables.SetElement{Key: g.Key})
+			}
+		}
+	}
+	return ports, egressAll, haveInet, nil
 }
 
 // haveTable reports whether our table of the family exists.

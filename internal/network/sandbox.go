@@ -170,8 +170,9 @@ func (m *Manager) bringUp(ctx context.Context, host string, ip netip.Addr, mac n
 // goes down; the pair itself stays, holding its name (no other sandbox's
 // veth can take it, nor the port's nftables elements, which stay too) and
 // eth0 (its MAC, and the byte counters). The address's pin on the bridge
-// goes and an unreachable route takes its place, so that traffic to it is
-// refused on the host rather than flooded to every port. Its netns and
+// goes and a blackhole route takes its place, so that traffic to it ends
+// on the host rather than in ARP requests to every port (and a sandbox
+// probing the subnet learns nothing: silence, as from a running one). Its netns and
 // egress policy stay. Attach plugs it in again. Idempotent.
 func (m *Manager) Detach(ctx context.Context, id string, ip netip.Addr) error {
 	if err := validID(id); err != nil {
@@ -186,7 +187,8 @@ func (m *Manager) Detach(ctx context.Context, id string, ip netip.Addr) error {
 	host := m.hostVethName(id)
 	link, err := netlink.LinkByName(host)
 	if isNotFound(err) {
-		return nil // torn down, or never set up
+		m.forgetNeighbour(ip) // a pin a failed Attach made
+		return nil            // torn down, or never set up
 	}
 	if err != nil {
 		return fmt.Errorf("network: veth %s: %v: %w", host, err, errdefs.ErrInternal)
@@ -241,17 +243,17 @@ func (m *Manager) Attach(ctx context.Context, id string, ip netip.Addr, egress E
 	}
 	defer ns.Close()
 	host := m.hostVethName(id)
-	var undo cleanup
 	defer func() {
-		if err != nil {
-			err = errors.Join(err, undo.run(), m.Detach(context.WithoutCancel(ctx), id, ip))
+		if err != nil { // a pair made here stays, detached like any other
+			err = errors.Join(err, m.Detach(context.WithoutCancel(ctx), id, ip))
 		}
 	}()
 	link, err := netlink.LinkByName(host)
 	switch {
 	case isNotFound(err):
+		var undo cleanup // only for a half-made pair
 		if _, err := m.plugIn(id, host, ns, ip, &undo); err != nil {
-			return err
+			return errors.Join(err, undo.run())
 		}
 	case err != nil:
 		return fmt.Errorf("network: veth %s: %v: %w", host, err, errdefs.ErrInternal)
@@ -272,7 +274,6 @@ func (m *Manager) Attach(ctx context.Context, id string, ip netip.Addr, egress E
 	if err := m.bringUp(ctx, host, ip, mac); err != nil {
 		return err
 	}
-	undo.release()
 	m.log.Debug("sandbox network attached", slog.String("sandbox", id), slog.String("ip", ip.String()))
 	return nil
 }
