@@ -22,7 +22,6 @@ import (
 	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/snapshot/btrfs"
 	"github.com/forkbox/forkbox/internal/testimage"
-	"github.com/vishvananda/netlink"
 )
 
 // env is the daemon and image every test shares.
@@ -48,7 +47,7 @@ var (
 	bridge       = "fbxe2e" + runID
 	netTable     = "forkbox_e2e_" + runID
 	vethPrefix   = "e" + runID
-	third        = freeThird(os.Getpid(), hostRoutes())
+	third        = freeThird(os.Getpid(), network.HostRoutes())
 	subnet       = fmt.Sprintf("10.213.%d.0/24", third)
 	gateway      = fmt.Sprintf("10.213.%d.1", third)
 	cgroupParent = "forkbox-e2e-" + runID
@@ -72,25 +71,6 @@ func freeThird(pid int, routes []netip.Prefix) int {
 		}
 	}
 	return 100 + pid%150
-}
-
-// hostRoutes are the destinations of the host's IPv4 routes.
-func hostRoutes() []netip.Prefix {
-	rs, err := netlink.RouteList(nil, netlink.FAMILY_V4)
-	if err != nil {
-		return nil
-	}
-	var out []netip.Prefix
-	for _, r := range rs {
-		if r.Dst == nil {
-			continue
-		}
-		ones, _ := r.Dst.Mask.Size()
-		if a, ok := netip.AddrFromSlice(r.Dst.IP.To4()); ok {
-			out = append(out, netip.PrefixFrom(a, ones).Masked())
-		}
-	}
-	return out
 }
 
 // prerequisites says what this machine lacks for the suite, or "".

@@ -20,7 +20,6 @@ import (
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/snapshot/btrfs"
-	"github.com/vishvananda/netlink"
 )
 
 // The throwaway daemon's host names are its own per run (from the bench's
@@ -92,26 +91,6 @@ func (h hostNames) freeSubnet(routes []netip.Prefix) string {
 	return h.subnet
 }
 
-// hostRoutes are the destinations of the host's IPv4 routes.
-func hostRoutes() []netip.Prefix {
-	rs, err := netlink.RouteList(nil, netlink.FAMILY_V4)
-	if err != nil {
-		return nil
-	}
-	var out []netip.Prefix
-	for _, r := range rs {
-		if r.Dst == nil {
-			continue
-		}
-		a, ok := netip.AddrFromSlice(r.Dst.IP.To4())
-		ones, _ := r.Dst.Mask.Size()
-		if ok {
-			out = append(out, netip.PrefixFrom(a, ones).Masked())
-		}
-	}
-	return out
-}
-
 // daemon is a throwaway `forkbox serve` with its own state, run dir, socket,
 // bridge, nftables table, veth prefix, subnet and cgroup parent.
 type daemon struct {
@@ -163,7 +142,7 @@ func startDaemon(ctx context.Context, dir, binDir, logLevel string, maxSandboxes
 		return nil, err
 	}
 	names := namesFor(os.Getpid()).forAddresses(maxSandboxes)
-	names.subnet = names.freeSubnet(hostRoutes())
+	names.subnet = names.freeSubnet(network.HostRoutes())
 	d := &daemon{names: names, dir: dir, stateDir: filepath.Join(dir, "state"), runDir: filepath.Join(dir, "run"),
 		socket: filepath.Join(dir, "forkbox.sock")}
 	if d.log, err = os.Create(filepath.Join(dir, "daemon.log")); err != nil {
