@@ -210,3 +210,19 @@ func TestDestroyUnblocks(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkDetachAttach: a hibernated sandbox's network, given back and
+// taken again (what hibernate and wake add to their own time).
+func BenchmarkDetachAttach(b *testing.B) {
+	m := newTestManager(b, 32)
+	ctx := context.Background()
+	a := setupWith(b, m, "a", Policy{Mode: EgressNone})
+	for b.Loop() {
+		if err := m.Detach(ctx, a.ID, a.IP); err != nil {
+			b.Fatal(err)
+		}
+		if err := m.Attach(ctx, a.ID, a.IP, EgressNone); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -105,19 +105,19 @@ type daemon struct {
 // binaries returns the forkbox and forkbox-agent binaries: bin/ of the
 // repo when `make build` made them, else freshly built into dir.
 func binaries(ctx context.Context, dir, binDir string) (string, string, error) {
-	bin, agent := "bin/forkbox", "bin/forkbox-agent"
 	if binDir != "" {
-		bin, agent = filepath.Join(binDir, "forkbox"), filepath.Join(binDir, "forkbox-agent")
+		bin, agent := filepath.Join(binDir, "forkbox"), filepath.Join(binDir, "forkbox-agent")
 		if !fileExists(bin) || !fileExists(agent) {
 			return "", "", fmt.Errorf("--bin-dir %s: no forkbox and forkbox-agent there: %w", binDir, errdefs.ErrNotFound)
 		}
-	}
-	if fileExists(bin) && fileExists(agent) {
 		a, _ := filepath.Abs(bin)
 		b, _ := filepath.Abs(agent)
 		return a, b, nil
 	}
-	bin, agent = filepath.Join(dir, "forkbox"), filepath.Join(dir, "forkbox-agent")
+	// A fresh build of this tree (fast from the build cache), never bin/:
+	// a bin/ older than the tree measured the old code (a density run
+	// stopped at a limit the tree had lifted).
+	bin, agent := filepath.Join(dir, "forkbox"), filepath.Join(dir, "forkbox-agent")
 	for out, pkg := range map[string]string{bin: "./cmd/forkbox", agent: "./cmd/forkbox-agent"} {
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")

@@ -75,7 +75,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&sections, "sections", "start,profile,fork,fanout,busy,env,memory,e2b", "sections to run")
 	fs.StringVar(&o.e2bURL, "e2b-url", "", "the --host daemon's E2B endpoint (serve --e2b), for the e2b section")
 	fs.StringVar(&o.e2bKey, "e2b-key", os.Getenv("E2B_API_KEY"), "its API key (the daemon's --api-token)")
-	fs.StringVar(&o.binDir, "bin-dir", "", "take forkbox and forkbox-agent from this directory (default bin/ when built, else a fresh build), e.g. an older build to compare with")
+	fs.StringVar(&o.binDir, "bin-dir", "", "take forkbox and forkbox-agent from this directory (default: a fresh build of this tree), e.g. an older build to compare with")
 	fs.DurationVar(&o.envSetup, "env-setup", 10*time.Second, "environment setup work to calibrate for (env section)")
 	fs.IntVar(&o.envRuns, "env-runs", 10, "runs of fresh setup vs build once and fork (env section)")
 	fs.IntVar(&o.envSamples, "env-samples", 20, "warm-pool hand-over samples (env section)")
