@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os/exec"
 	"strings"
@@ -25,12 +24,7 @@ import (
 // returns its URL and API key.
 func e2bEndpoint(t *testing.T) (string, string) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := freeAddr(t)
 	key := "e2b_test_" + runID
 	withDaemonFlags(t, "--api-token", key, "--e2b", addr)
 	return "http://" + addr, key

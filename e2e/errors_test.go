@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -187,12 +186,7 @@ func TestCLI(t *testing.T) {
 
 // TestTCPNeedsToken restarts the daemon with a TCP listener.
 func TestTCPNeedsToken(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := freeAddr(t)
 	withDaemonFlags(t, "--tcp", addr, "--api-token", "s3cret")
 	ctx := context.Background()
 	anon := &client.Client{URL: "http://" + addr}

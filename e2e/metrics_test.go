@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -12,17 +11,18 @@ import (
 
 	"github.com/forkbox/forkbox/client"
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/freeport"
 )
 
-// freeAddr returns a loopback address with a port nobody listens on.
+// freeAddr returns a loopback address with a port nobody listens on, for
+// the daemon to listen on (below the ephemeral range: see freeport).
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := freeport.Loopback()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return a
 }
 
 // scrape GETs url with the bearer token and returns each sample by its

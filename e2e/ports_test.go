@@ -180,12 +180,7 @@ func TestPorts(t *testing.T) {
 // local port it opens.
 func cliForward(t *testing.T, id string) {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := freeAddr(t)
 	cmd := exec.Command(env.bin, "--host", "unix://"+env.socket, "port", id, "9000", "--forward", addr)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

@@ -282,12 +282,7 @@ func TestPtyCLI(t *testing.T) {
 
 // TestPtyOverTCP: ExecPty over the TCP listener (h2c), which needs the token.
 func TestPtyOverTCP(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := freeAddr(t)
 	withDaemonFlags(t, "--tcp", addr, "--api-token", "s3cret")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

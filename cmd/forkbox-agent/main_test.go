@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/forkbox/forkbox/internal/agent"
+	"github.com/forkbox/forkbox/internal/freeport"
 )
 
 func need(t *testing.T, ok bool, why string) {
@@ -39,13 +39,14 @@ func buildAgent(t *testing.T) string {
 	return bin
 }
 
+// freePort is a loopback address for the agent to listen on (below the
+// ephemeral range: see freeport).
 func freePort(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := freeport.Loopback()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return a
 }
 
 // TestInitInPIDNamespace runs the built agent as PID 1 of a new PID

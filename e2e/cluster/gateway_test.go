@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +24,7 @@ import (
 	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
 	"github.com/forkbox/forkbox/internal/cluster/clustertest"
 	"github.com/forkbox/forkbox/internal/cluster/kube"
+	"github.com/forkbox/forkbox/internal/freeport"
 )
 
 // Each node serves its API on TCP at its endpoint with the nodes' token
@@ -48,13 +48,14 @@ func ownerClient(t *testing.T, id string) *fbclient.Client {
 	return nil
 }
 
+// freeAddr is a loopback address for the gateway to listen on (below the
+// ephemeral range: see freeport).
 func freeAddr() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	a, err := freeport.Loopback()
 	if err != nil {
 		panic(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return a
 }
 
 func randomToken() string {

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/forkbox/forkbox/client"
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/freeport"
 	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/snapshot/btrfs"
 )
@@ -153,12 +153,10 @@ func startDaemon(ctx context.Context, dir, binDir, logLevel string, maxSandboxes
 		"--subnet", d.names.subnet, "--cgroup-parent", d.names.cgroup, "--max-sandboxes", strconv.Itoa(maxSandboxes),
 		"--btrfs-size", benchBtrfsSize, "--log-level", logLevel}
 	if e2b {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		addr, err := freeport.Loopback()
 		if err != nil {
 			return nil, err
 		}
-		addr := ln.Addr().String()
-		ln.Close()
 		key := make([]byte, 16)
 		rand.Read(key)
 		d.e2bURL, d.e2bKey = "http://"+addr, "bench_"+hex.EncodeToString(key)
