@@ -134,8 +134,7 @@ func (m *Manager) addVeth(id, host string, ns netns.NsHandle) error {
 		// netns's asynchronous destruction would remove later.
 		derr := delVeth(host)
 		if errors.Is(err, unix.EXFULL) {
-			return errors.Join(fmt.Errorf("network: bridge %s is full: a Linux bridge has at most %d ports, one per running sandbox (hibernated ones hold none; more need another daemon with its own --bridge and --subnet): %w",
-				m.cfg.Bridge, MaxBridgePorts, errdefs.ErrResourceExhausted), derr)
+			return errors.Join(m.bridgeFull(), derr)
 		}
 		return errors.Join(fmt.Errorf("network: create veth %s: %v: %w", host, err, errdefs.ErrInternal), derr)
 	}
@@ -152,6 +151,12 @@ func (m *Manager) addVeth(id, host string, ns netns.NsHandle) error {
 	return nil
 }
 
+// bridgeFull is the error of a port the bridge has no room for.
+func (m *Manager) bridgeFull() error {
+	return fmt.Errorf("network: bridge %s is full: a Linux bridge has at most %d ports, one per running sandbox (hibernated ones hold none; more need another daemon with its own --bridge and --subnet): %w",
+		m.cfg.Bridge, MaxBridgePorts, errdefs.ErrResourceExhausted)
+}
+
 // joinBridge makes link (a detached sandbox's veth) an isolated port of
 // the bridge again. A full bridge is ResourceExhausted.
 func (m *Manager) joinBridge(link netlink.Link) error {
@@ -162,8 +167,7 @@ func (m *Manager) joinBridge(link netlink.Link) error {
 	if link.Attrs().MasterIndex != br.Attrs().Index {
 		if err := netlink.LinkSetMasterByIndex(link, br.Attrs().Index); err != nil {
 			if errors.Is(err, unix.EXFULL) {
-				return fmt.Errorf("network: bridge %s is full: a Linux bridge has at most %d ports, one per running sandbox (hibernated ones hold none; more need another daemon with its own --bridge and --subnet): %w",
-					m.cfg.Bridge, MaxBridgePorts, errdefs.ErrResourceExhausted)
+				return m.bridgeFull()
 			}
 			return fmt.Errorf("network: attach %s to bridge %s: %v: %w", link.Attrs().Name, m.cfg.Bridge, err, errdefs.ErrInternal)
 		}

@@ -248,11 +248,12 @@ func (m *Manager) Attach(ctx context.Context, id string, ip netip.Addr, egress E
 			err = errors.Join(err, m.Detach(context.WithoutCancel(ctx), id, ip))
 		}
 	}()
+	var mac net.HardwareAddr
 	link, err := netlink.LinkByName(host)
 	switch {
 	case isNotFound(err):
 		var undo cleanup // only for a half-made pair
-		if _, err := m.plugIn(id, host, ns, ip, &undo); err != nil {
+		if mac, err = m.plugIn(id, host, ns, ip, &undo); err != nil {
 			return errors.Join(err, undo.run())
 		}
 	case err != nil:
@@ -263,10 +264,9 @@ func (m *Manager) Attach(ctx context.Context, id string, ip netip.Addr, egress E
 		if err := m.joinBridge(link); err != nil {
 			return err
 		}
-	}
-	mac, err := configureInside(ns, ip, m.gateway, m.cfg.Subnet.Bits())
-	if err != nil {
-		return err
+		if mac, err = configureInside(ns, ip, m.gateway, m.cfg.Subnet.Bits()); err != nil {
+			return err
+		}
 	}
 	if err := m.addElements(host, ip, egress); err != nil {
 		return err
