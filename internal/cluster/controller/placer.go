@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -99,12 +100,44 @@ func (p *placer) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	node, perr := placement.Place(nodes, preq)
+	node, perr, err := p.place(ctx, nodes, preq)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
 	if perr != nil {
 		p.rec.Eventf(&sb, nil, "Warning", "FailedScheduling", "Schedule", "%s", kube.Truncate(perr.Error(), 1024))
 		return reconcile.Result{RequeueAfter: p.retry}, p.pending(ctx, &sb, pendingReason(perr), perr.Error())
 	}
 	return reconcile.Result{}, p.bind(ctx, &sb, node)
+}
+
+// place chooses a node for req and checks it on the API server before it
+// is bound. The cache can be a write behind a cordon: a cordon written
+// before a sandbox is created must hold for it (seen in CI: every node
+// cordoned, then a create, and the sandbox was placed). A node that is no
+// longer Ready and schedulable, or gone, counts as the API server has it,
+// and the choice is made again. Each round rules one node out, so there are
+// at most len(nodes) of them. perr is why no node fits, err a failed read.
+func (p *placer) place(ctx context.Context, nodes []placement.Node, req placement.Request) (node string, perr, err error) {
+	for {
+		name, perr := placement.Place(nodes, req)
+		if perr != nil {
+			return "", perr, nil
+		}
+		i := slices.IndexFunc(nodes, func(n placement.Node) bool { return n.Name == name })
+		var live fbv1.ForkboxNode
+		if err := p.api.Get(ctx, client.ObjectKey{Name: name}, &live); errors.IsNotFound(err) {
+			nodes = slices.Delete(nodes, i, i+1)
+			continue
+		} else if err != nil {
+			return "", nil, fmt.Errorf("read node %s: %w", name, err)
+		}
+		ready := kube.IsTrue(live.Status.Conditions, fbv1.ConditionReady)
+		if ready && !live.Spec.Unschedulable {
+			return name, nil, nil
+		}
+		nodes[i].Ready, nodes[i].Unschedulable = ready, live.Spec.Unschedulable
+	}
 }
 
 // request gathers what placement needs to know about sb, or why it must

@@ -12,23 +12,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
+	"github.com/forkbox/forkbox/internal/cluster/clustertest"
 	"github.com/forkbox/forkbox/internal/cluster/kube"
 )
-
-// staleCache reads from a copy of the objects taken earlier (as an
-// informer's cache may be a write behind) and writes to the API server.
-type staleCache struct {
-	client.Client
-	stale client.Reader
-}
-
-func (s staleCache) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-	return s.stale.Get(ctx, key, obj, opts...)
-}
-
-func (s staleCache) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
-	return s.stale.List(ctx, list, opts...)
-}
 
 // A warm pool member written to after the cache read it (its node
 // reported status again) is still handed over: the conflict of the
@@ -61,7 +47,7 @@ func TestClaimAfterCacheLag(t *testing.T) {
 			WithStatusSubresource(&fbv1.Sandbox{}).Build()
 	}
 	api, stale := build(), build()
-	g := &Gateway{o: Options{Namespace: "ns"}, c: staleCache{Client: api, stale: stale}, api: api,
+	g := &Gateway{o: Options{Namespace: "ns"}, c: clustertest.StaleCache{Client: api, Stale: stale}, api: api,
 		log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 
 	// a's node reports again: the API server's a is newer than the cache's.
