@@ -21,17 +21,37 @@ import (
 // sandboxes. Another tenant's are not seen, so a fork that passes may
 // still find less room, and those of its children fail one by one; one
 // that is refused would not have fitted.
+//
+// The count is from the gateway's cache, and a refusal is counted again from
+// the API server: the cache can be a write behind an uncordon or a closed
+// sandbox, and a fork made after either must see it.
 func (g *Gateway) roomFor(ctx context.Context, n int, bestEffort bool) error {
 	if bestEffort {
 		return nil
 	}
+	free, err := g.freeSlots(ctx, g.c)
+	if err == nil && free < n {
+		free, err = g.freeSlots(ctx, g.api)
+	}
+	if err != nil {
+		return err
+	}
+	if free < n {
+		return fmt.Errorf("%d slots needed, %d free on the cluster's ready nodes (best_effort starts as many as fit): %w", n, free, errdefs.ErrResourceExhausted)
+	}
+	return nil
+}
+
+// freeSlots counts the free slots of Ready, schedulable nodes as r shows
+// them.
+func (g *Gateway) freeSlots(ctx context.Context, r client.Reader) (int, error) {
 	var nl fbv1.ForkboxNodeList
-	if err := g.c.List(ctx, &nl); err != nil {
-		return kerr(err, "list nodes")
+	if err := r.List(ctx, &nl); err != nil {
+		return 0, kerr(err, "list nodes")
 	}
 	var sl fbv1.SandboxList
-	if err := g.c.List(ctx, &sl, client.InNamespace(g.o.Namespace)); err != nil {
-		return kerr(err, "list sandboxes")
+	if err := r.List(ctx, &sl, client.InNamespace(g.o.Namespace)); err != nil {
+		return 0, kerr(err, "list sandboxes")
 	}
 	used := map[string]int{}
 	for _, sb := range sl.Items {
@@ -45,8 +65,5 @@ func (g *Gateway) roomFor(ctx context.Context, n int, bestEffort bool) error {
 			free += max(int(nd.Status.Allocatable.Slots)-used[nd.Name], 0)
 		}
 	}
-	if free < n {
-		return fmt.Errorf("%d slots needed, %d free on the cluster's ready nodes (best_effort starts as many as fit): %w", n, free, errdefs.ErrResourceExhausted)
-	}
-	return nil
+	return free, nil
 }
