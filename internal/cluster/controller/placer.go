@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -96,11 +98,15 @@ func (p *placer) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 	if wait != "" {
 		return reconcile.Result{}, p.pending(ctx, &sb, "WaitingForSource", wait)
 	}
-	nodes, err := p.nodes(ctx, sb.Namespace, &preq)
-	if err != nil {
-		return reconcile.Result{}, err
+	node, perr, err := p.choose(ctx, p.c, sb.Namespace, preq)
+	if err == nil && perr != nil && !refused(&sb) {
+		// The cache can be a write behind what makes room (an uncordon,
+		// a node Ready again, a sandbox closed): a first refusal, which
+		// the gateway answers its caller with, is made again from the
+		// API server. Later tries (each node's heartbeat brings one) read
+		// the cache only.
+		node, perr, err = p.choose(ctx, p.api, sb.Namespace, preq)
 	}
-	node, perr, err := p.place(ctx, nodes, preq)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -109,6 +115,15 @@ func (p *placer) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 		return reconcile.Result{RequeueAfter: p.retry}, p.pending(ctx, &sb, pendingReason(perr), perr.Error())
 	}
 	return reconcile.Result{}, p.bind(ctx, &sb, node)
+}
+
+// choose gathers the nodes as r shows them and places req among them.
+func (p *placer) choose(ctx context.Context, r client.Reader, namespace string, req placement.Request) (node string, perr, err error) {
+	nodes, err := p.nodes(ctx, r, namespace, &req)
+	if err != nil {
+		return "", nil, err
+	}
+	return p.place(ctx, nodes, req)
 }
 
 // place chooses a node for req and checks it on the API server before it
@@ -197,13 +212,13 @@ func (p *placer) request(ctx context.Context, sb *fbv1.Sandbox) (placement.Reque
 	return r, "", nil
 }
 
-// nodes lists the nodes with their load and which of req's checkpoints
-// each holds, and says in req whether its checkpoint can be shipped: a
+// nodes lists the nodes (as r shows them) with their load and which of
+// req's checkpoints each holds, and says in req whether its checkpoint can be shipped: a
 // ready copy is on a Ready node that serves transfers (and, for a memory
 // checkpoint, which runtime version a receiver needs).
-func (p *placer) nodes(ctx context.Context, namespace string, req *placement.Request) ([]placement.Node, error) {
+func (p *placer) nodes(ctx context.Context, r client.Reader, namespace string, req *placement.Request) ([]placement.Node, error) {
 	var nl fbv1.ForkboxNodeList
-	if err := p.c.List(ctx, &nl); err != nil {
+	if err := r.List(ctx, &nl); err != nil {
 		return nil, err
 	}
 	byName := map[string]*fbv1.ForkboxNode{}
@@ -212,7 +227,7 @@ func (p *placer) nodes(ctx context.Context, namespace string, req *placement.Req
 	}
 	if req.Checkpoint != "" {
 		var ck fbv1.Checkpoint
-		if err := p.c.Get(ctx, types.NamespacedName{Namespace: namespace, Name: req.Checkpoint}, &ck); err != nil {
+		if err := r.Get(ctx, types.NamespacedName{Namespace: namespace, Name: req.Checkpoint}, &ck); err != nil {
 			return nil, client.IgnoreNotFound(err)
 		}
 		for _, r := range ck.Status.Replicas {
@@ -225,7 +240,7 @@ func (p *placer) nodes(ctx context.Context, namespace string, req *placement.Req
 			req.RuntimeVersion, req.RuntimeVersionNode = runtimeVersion(n, string(ck.Status.Runtime)), n.Name
 		}
 	}
-	used, err := p.load(ctx)
+	used, err := p.load(ctx, r)
 	if err != nil {
 		return nil, err
 	}
@@ -235,7 +250,7 @@ func (p *placer) nodes(ctx context.Context, namespace string, req *placement.Req
 			continue
 		}
 		var ck fbv1.Checkpoint
-		if err := p.c.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, &ck); err != nil {
+		if err := r.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, &ck); err != nil {
 			if errors.IsNotFound(err) {
 				continue
 			}
@@ -284,9 +299,9 @@ func runtimeVersion(n *fbv1.ForkboxNode, runtime string) string {
 // failed and not closed (a closed one's object stays for its record; a
 // sandbox asked to close holds its slot until its node has closed it),
 // including bindings this placer made that its cache lacks yet.
-func (p *placer) load(ctx context.Context) (map[string]int, error) {
+func (p *placer) load(ctx context.Context, r client.Reader) (map[string]int, error) {
 	var l fbv1.SandboxList
-	if err := p.c.List(ctx, &l); err != nil {
+	if err := r.List(ctx, &l); err != nil {
 		return nil, err
 	}
 	p.mu.Lock()
@@ -353,6 +368,13 @@ const (
 	// resumed session's) is not Ready or not registered (Unavailable).
 	ReasonNodeUnavailable = "NodeUnavailable"
 )
+
+// refused reports whether the placer has already found no node for sb.
+func refused(sb *fbv1.Sandbox) bool {
+	c := meta.FindStatusCondition(sb.Status.Conditions, fbv1.ConditionScheduled)
+	return c != nil && c.Status == metav1.ConditionFalse &&
+		(c.Reason == ReasonUnschedulable || c.Reason == ReasonCheckpointUnavailable || c.Reason == ReasonNodeUnavailable)
+}
 
 // pendingReason names the class of a placement error.
 func pendingReason(err error) string {

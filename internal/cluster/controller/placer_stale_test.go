@@ -23,7 +23,8 @@ import (
 // still holds for a sandbox created after it: the placer checks the node
 // it chose on the API server before it binds. The cluster suite failed on
 // this in CI: every node cordoned, then a create, and the sandbox was
-// placed.
+// placed. An uncordon the cache does not show yet is seen too: a first
+// refusal is made again from the API server.
 func TestPlacerHonoursCordonBehindCache(t *testing.T) {
 	ctx := context.Background()
 	node := func(name string, cordoned bool) *fbv1.ForkboxNode {
@@ -38,19 +39,21 @@ func TestPlacerHonoursCordonBehindCache(t *testing.T) {
 		return fake.NewClientBuilder().WithScheme(kube.NewScheme()).WithObjects(objs...).
 			WithStatusSubresource(&fbv1.Sandbox{}).Build()
 	}
+	open := []client.Object{node("a", false), node("b", false)}
 	for _, tc := range []struct {
-		name string
-		api  []client.Object // the nodes as the API server has them
-		want string          // the node bound, "" for none
+		name       string
+		cache, api []client.Object // the nodes as each shows them
+		want       string          // the node bound, "" for none
 	}{
-		{"a cordoned", []client.Object{node("a", true), node("b", false)}, "b"},
-		{"a gone", []client.Object{node("b", false)}, "b"},
-		{"every node cordoned", []client.Object{node("a", true), node("b", true)}, ""},
+		// "a" wins ties on its name.
+		{"a cordoned", open, []client.Object{node("a", true), node("b", false)}, "b"},
+		{"a gone", open, []client.Object{node("b", false)}, "b"},
+		{"every node cordoned", open, []client.Object{node("a", true), node("b", true)}, ""},
+		{"a uncordoned", []client.Object{node("a", true), node("b", true)}, []client.Object{node("a", false), node("b", true)}, "a"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			// The cache: both nodes schedulable; "a" wins ties on its name.
-			stale := build(node("a", false), node("b", false), sandbox.DeepCopy())
-			api := build(append(tc.api, sandbox.DeepCopy())...)
+			stale := build(append(clone(tc.cache), sandbox.DeepCopy())...)
+			api := build(append(clone(tc.api), sandbox.DeepCopy())...)
 			p := &placer{c: clustertest.StaleCache{Client: api, Stale: stale}, api: api, rec: events.NewFakeRecorder(10),
 				log: slog.New(slog.NewTextHandler(io.Discard, nil)), retry: time.Minute, assumed: map[string]string{}}
 			if _, err := p.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(sandbox)}); err != nil {
@@ -71,4 +74,12 @@ func TestPlacerHonoursCordonBehindCache(t *testing.T) {
 			}
 		})
 	}
+}
+
+func clone(objs []client.Object) []client.Object {
+	out := make([]client.Object, len(objs))
+	for i, o := range objs {
+		out[i] = o.DeepCopyObject().(client.Object)
+	}
+	return out
 }

@@ -16,6 +16,7 @@ import (
 	v1 "github.com/forkbox/forkbox/api/forkbox/v1"
 	"github.com/forkbox/forkbox/errdefs"
 	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
+	"github.com/forkbox/forkbox/internal/cluster/controller"
 )
 
 // sandboxes is the gateway's SandboxService.
@@ -170,9 +171,10 @@ func (g *Gateway) waitRunning(ctx context.Context, sb *fbv1.Sandbox) (*v1.Sandbo
 }
 
 // startFailure is why a starting sandbox will not run, or nil while it
-// may: the placer's Unschedulable (no node fits: ResourceExhausted; the
-// checkpoint on no node with room: FailedPrecondition), the node's
-// Failed, a Lost node.
+// may: the placer's refusal (no node fits: ResourceExhausted; the
+// checkpoint on no node with room: FailedPrecondition; the one node a
+// resumed session may run on is down: Unavailable), the node's Failed, a
+// Lost node.
 func startFailure(sb *fbv1.Sandbox) error {
 	msg := sb.Status.Message
 	switch sb.Status.Phase {
@@ -192,13 +194,17 @@ func startFailure(sb *fbv1.Sandbox) error {
 		return fmt.Errorf("sandbox %s: node %s is lost: %s: %w", sb.Name, sb.Spec.NodeName, msg, errdefs.ErrUnavailable)
 	}
 	c := meta.FindStatusCondition(sb.Status.Conditions, fbv1.ConditionScheduled)
-	if sb.Spec.NodeName == "" && c != nil && c.Status == metav1.ConditionFalse && (c.Reason == "Unschedulable" || c.Reason == "NodeUnavailable") {
-		class := errdefs.ErrResourceExhausted
-		switch {
-		case c.Reason == "NodeUnavailable":
-			class = errdefs.ErrUnavailable
-		case strings.Contains(c.Message, "not on any node with room"):
+	if sb.Spec.NodeName == "" && c != nil && c.Status == metav1.ConditionFalse {
+		var class error
+		switch c.Reason {
+		case controller.ReasonUnschedulable:
+			class = errdefs.ErrResourceExhausted
+		case controller.ReasonCheckpointUnavailable:
 			class = errdefs.ErrFailedPrecondition
+		case controller.ReasonNodeUnavailable:
+			class = errdefs.ErrUnavailable
+		default:
+			return nil // waiting for its source
 		}
 		msg := strings.TrimSuffix(c.Message, ": "+class.Error()) // the placer's error names its class too
 		return fmt.Errorf("sandbox %s is unschedulable: %s: %w", sb.Name, msg, class)
