@@ -29,6 +29,7 @@ import (
 // Fork owns its Checkpoint and children.
 type forker struct {
 	c   client.Client
+	api client.Reader // uncached: a child the cache does not show yet
 	rec recorder.EventRecorder
 	log *slog.Logger
 }
@@ -145,8 +146,24 @@ func (f *forker) capture(ctx context.Context, fk *fbv1.Fork) (bool, error) {
 // (it is tried again, unlike a child that existed and was deleted).
 const createFailed = "create: "
 
+// childDeleted is the message of a child that existed and was deleted.
+const childDeleted = "deleted"
+
 // childName is the name of a fork's i-th child.
 func childName(fk *fbv1.Fork, i int) string { return fk.Name + "-" + strconv.Itoa(i) }
+
+// liveChild reads child name of fk from the API server: nil when it is
+// gone (or no longer fk's).
+func (f *forker) liveChild(ctx context.Context, fk *fbv1.Fork, name string) (*fbv1.Sandbox, error) {
+	var sb fbv1.Sandbox
+	if err := f.api.Get(ctx, client.ObjectKey{Namespace: fk.Namespace, Name: name}, &sb); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	if !metav1.IsControlledBy(&sb, fk) {
+		return nil, nil
+	}
+	return &sb, nil
+}
 
 // children creates the missing children and records how each one is.
 func (f *forker) children(ctx context.Context, fk *fbv1.Fork, ck *fbv1.Checkpoint) error {
@@ -161,8 +178,10 @@ func (f *forker) children(ctx context.Context, fk *fbv1.Fork, ck *fbv1.Checkpoin
 		}
 	}
 	made := map[string]bool{} // children made before: a deleted one is not made again
+	gone := map[string]bool{} // children recorded deleted
 	for _, c := range fk.Status.Children {
 		made[c.Name] = !strings.HasPrefix(c.Message, createFailed)
+		gone[c.Name] = c.Phase == fbv1.PhaseTerminating && c.Message == childDeleted
 	}
 	inherited, err := f.inherited(ctx, fk, ck)
 	if err != nil {
@@ -173,8 +192,18 @@ func (f *forker) children(ctx context.Context, fk *fbv1.Fork, ck *fbv1.Checkpoin
 	for i := range int(fk.Spec.Count) {
 		name := childName(fk, i)
 		sb := have[name]
+		if sb == nil && made[name] && !gone[name] {
+			// The cache can be a write behind the child's create (the
+			// fork's status, written after it, can come first): a
+			// child is deleted only when the API server says so.
+			live, err := f.liveChild(ctx, fk, name)
+			if err != nil {
+				return err
+			}
+			sb = live
+		}
 		if sb == nil && made[name] {
-			out = append(out, fbv1.ForkChild{Name: name, Phase: fbv1.PhaseTerminating, Message: "deleted"})
+			out = append(out, fbv1.ForkChild{Name: name, Phase: fbv1.PhaseTerminating, Message: childDeleted})
 			settled++
 			continue
 		}
