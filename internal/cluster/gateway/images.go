@@ -33,10 +33,13 @@ const MaxArchiveBytes = MaxRequestBytes - 1<<20
 // readyNode is a Ready node and its API address.
 type readyNode struct{ name, endpoint string }
 
-// readyNodes are the nodes that are Ready with a usable endpoint, by name.
+// readyNodes are the nodes that are Ready with a usable endpoint, by name,
+// as the API server has them: an import is rare and heavy, and a node that
+// has just come back Ready (which the cache may not show yet) must get the
+// image too.
 func (g *Gateway) readyNodes(ctx context.Context) ([]readyNode, error) {
 	var l fbv1.ForkboxNodeList
-	if err := g.c.List(ctx, &l); err != nil {
+	if err := g.api.List(ctx, &l); err != nil {
 		return nil, kerr(err, "list nodes")
 	}
 	var out []readyNode
