@@ -128,7 +128,7 @@ func Setup(ctx context.Context, mgr manager.Manager, o Options) error {
 	if err := (&forker{c: mgr.GetClient(), api: mgr.GetAPIReader(), rec: rec, log: o.Log}).setup(mgr); err != nil {
 		return err
 	}
-	if err := (&nodeWatch{c: mgr.GetClient(), rec: rec, log: o.Log, namespace: o.Namespace}).setup(mgr); err != nil {
+	if err := (&nodeWatch{c: mgr.GetClient(), api: mgr.GetAPIReader(), rec: rec, log: o.Log, namespace: o.Namespace}).setup(mgr); err != nil {
 		return err
 	}
 	if err := (&environments{c: mgr.GetClient(), rec: rec, log: o.Log}).setup(mgr); err != nil {

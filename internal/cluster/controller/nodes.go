@@ -7,7 +7,6 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
-	"k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -33,6 +32,7 @@ const (
 // node reconciles them when it comes back.
 type nodeWatch struct {
 	c         client.Client
+	api       client.Reader // uncached: a lapse is confirmed there
 	rec       recorder.EventRecorder
 	log       *slog.Logger
 	namespace string
@@ -68,12 +68,14 @@ func (w *nodeWatch) Reconcile(ctx context.Context, req reconcile.Request) (recon
 	if leaseName == "" {
 		leaseName = n.Name
 	}
-	var l coordinationv1.Lease
-	until := time.Time{}
-	switch err := w.c.Get(ctx, types.NamespacedName{Namespace: w.namespace, Name: leaseName}, &l); {
-	case err == nil:
-		until = expiry(&l)
-	case !errors.IsNotFound(err):
+	until, err := w.leaseUntil(ctx, w.c, leaseName)
+	if err == nil && !time.Now().Before(until) {
+		// The cache can be a write behind a renewal (a node back after a
+		// lapse renews, then reports Ready): a lapse is confirmed on the
+		// API server before the node's sandboxes are marked lost.
+		until, err = w.leaseUntil(ctx, w.api, leaseName)
+	}
+	if err != nil {
 		return reconcile.Result{}, err
 	}
 	if left := time.Until(until); left > 0 {
@@ -85,7 +87,10 @@ func (w *nodeWatch) Reconcile(ctx context.Context, req reconcile.Request) (recon
 		msg = fmt.Sprintf("the node's Lease %s/%s lapsed at %s", w.namespace, leaseName, until.UTC().Format(time.RFC3339))
 	}
 	if c := meta.FindStatusCondition(n.Status.Conditions, fbv1.ConditionReady); c == nil || c.Reason != ReasonLeaseExpired {
-		patch := client.MergeFrom(n.DeepCopy())
+		// Locked: the patch replaces the whole list of conditions, and
+		// the agent's newer ones are not written over (a conflict tries
+		// again from a fresh read).
+		patch := client.MergeFromWithOptions(n.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		kube.SetCondition(&n.Status.Conditions, fbv1.ConditionReady, false, ReasonLeaseExpired, msg, n.Generation)
 		if err := w.c.Status().Patch(ctx, &n, patch); err != nil {
 			return reconcile.Result{}, err
@@ -94,6 +99,16 @@ func (w *nodeWatch) Reconcile(ctx context.Context, req reconcile.Request) (recon
 		w.rec.Eventf(&n, nil, "Warning", "NodeNotReady", "Heartbeat", "%s", msg)
 	}
 	return reconcile.Result{}, w.reportLost(ctx, &n, msg)
+}
+
+// leaseUntil returns when lease name lapses as r shows it (zero: never
+// renewed, or no such lease).
+func (w *nodeWatch) leaseUntil(ctx context.Context, r client.Reader, name string) (time.Time, error) {
+	var l coordinationv1.Lease
+	if err := r.Get(ctx, types.NamespacedName{Namespace: w.namespace, Name: name}, &l); err != nil {
+		return time.Time{}, client.IgnoreNotFound(err)
+	}
+	return expiry(&l), nil
 }
 
 // reportLost marks the node's sandboxes Lost (once each).
