@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -67,8 +66,7 @@ func TestRestartResumesSandboxCutMidCapture(t *testing.T) {
 	if err := stopDaemon(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	root := filepath.Join(env.runDir, "runsc")
-	if out, err := exec.Command("runsc", "--root", root, "pause", sb.ID).CombinedOutput(); err != nil {
+	if out, err := exec.Command("runsc", "--root", runscRoot(sb.ID), "pause", sb.ID).CombinedOutput(); err != nil {
 		t.Fatalf("runsc pause: %v: %s", err, out)
 	}
 	if err := startDaemon(); err != nil {

@@ -126,7 +126,7 @@ func stoppedInPlace(t *testing.T, id string) bool {
 	if frozen {
 		t.Errorf("the gVisor sandbox %s has a frozen host cgroup", id)
 	}
-	out, err := exec.Command("runsc", "--root", filepath.Join(env.runDir, "runsc"), "state", id).Output()
+	out, err := exec.Command("runsc", "--root", runscRoot(id), "state", id).Output()
 	if err != nil {
 		t.Fatalf("runsc state %s: %v", id, err)
 	}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -20,17 +21,31 @@ import (
 // it was pre-booted, and runsc lists its placeholder container
 // (pod-<id>) in the same sandbox process as its own container.
 
-// runscContainers lists the daemon's runsc containers: id -> sandbox pid.
+// runscRoot returns the runsc state root of container id: the daemon
+// gives each sandbox one (a tenant's is a symlink to its pod's).
+func runscRoot(id string) string { return filepath.Join(env.runDir, "runsc", id) }
+
+// runscContainers lists the daemon's runsc containers: id -> sandbox pid,
+// from every sandbox's state root (a tenant is listed in its pod's).
 func runscContainers(t *testing.T) map[string]string {
 	t.Helper()
-	out, err := exec.Command("runsc", "--root", filepath.Join(env.runDir, "runsc"), "list").Output()
+	ents, err := os.ReadDir(filepath.Join(env.runDir, "runsc"))
 	if err != nil {
-		t.Fatalf("runsc list: %v", err)
+		t.Fatal(err)
 	}
 	got := map[string]string{}
-	for _, l := range strings.Split(string(out), "\n")[1:] {
-		if f := strings.Fields(l); len(f) >= 3 {
-			got[f[0]] = f[1] + " " + f[2]
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		out, err := exec.Command("runsc", "--root", runscRoot(e.Name()), "list").Output()
+		if err != nil {
+			t.Fatalf("runsc list: %v", err)
+		}
+		for _, l := range strings.Split(string(out), "\n")[1:] {
+			if f := strings.Fields(l); len(f) >= 3 {
+				got[f[0]] = f[1] + " " + f[2]
+			}
 		}
 	}
 	return got

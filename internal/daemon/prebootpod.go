@@ -84,8 +84,8 @@ func (d *Daemon) setPodHostname(ctx context.Context, sb *store.Sandbox) error {
 // deleteContainers deletes a sandbox's container and, when it ran in a
 // pre-booted sandbox, its placeholder (the sandbox itself). The placeholder
 // goes first: runsc cannot delete a second container whose sandbox has
-// stopped (after a checkpoint) without failing, though it forgets it; so
-// the tenant's delete counts as done when runsc no longer knows it.
+// stopped (after a checkpoint) without failing, though it forgets it; the
+// runsc driver's Delete counts that as done.
 func (d *Daemon) deleteContainers(ctx context.Context, sb *store.Sandbox) error {
 	rt, ok := d.runtimes[sb.Runtime]
 	if !ok {
@@ -94,14 +94,7 @@ func (d *Daemon) deleteContainers(ctx context.Context, sb *store.Sandbox) error 
 	if !d.pooled(sb.ID) {
 		return rt.Delete(ctx, sb.ID, true)
 	}
-	perr := rt.Delete(ctx, podID(sb.ID), true)
-	err := rt.Delete(ctx, sb.ID, true)
-	if err != nil {
-		if _, serr := rt.State(ctx, sb.ID); errdefs.IsNotFound(serr) {
-			err = nil
-		}
-	}
-	return errors.Join(perr, err)
+	return errors.Join(rt.Delete(ctx, podID(sb.ID), true), rt.Delete(ctx, sb.ID, true))
 }
 
 // podSpecFile holds, beside a memory image of a sandbox that ran in a

@@ -16,13 +16,13 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/forkbox/forkbox/client"
+	"github.com/forkbox/forkbox/internal/runtime/runsc"
 	"github.com/forkbox/forkbox/internal/testimage"
 )
 
@@ -162,22 +162,26 @@ func execTrue(ctx context.Context, sb *client.Sandbox) error {
 	return nil
 }
 
-// waitSpares waits until the pool daemon's runsc root holds n placeholders
+// waitSpares waits until the pool daemon's runsc roots hold n placeholders
 // whose sandbox it does not list.
 func waitSpares(ctx context.Context, s *side, n int) error {
+	rs, err := runsc.New(runsc.Options{Root: s.runscRoot})
+	if err != nil {
+		return err
+	}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		out, err := exec.CommandContext(ctx, "runsc", "--root", s.runscRoot, "list", "-quiet").Output()
+		states, err := rs.List(ctx)
 		if err != nil {
-			return fmt.Errorf("runsc list: %w", err)
+			return err
 		}
 		list, err := s.c.ListSandboxes(ctx, false)
 		if err != nil {
 			return err
 		}
 		spare := 0
-		for _, id := range strings.Fields(string(out)) {
-			sb, ok := strings.CutPrefix(id, "pod-")
+		for _, st := range states {
+			sb, ok := strings.CutPrefix(st.ID, "pod-")
 			if ok && !slices.ContainsFunc(list, func(i *client.Info) bool { return i.Id == sb }) {
 				spare++
 			}

@@ -18,12 +18,19 @@ import (
 // after it writes the container's state; either way Delete leaves the root
 // empty. The kill lands once the lock file exists (a condition, not a
 // delay), so some runs cut the CLI before the state file and some after:
-// the assertion holds for both.
+// the assertion holds for both. The container is in a state root of its
+// own, or in the flat root a daemon before per-sandbox roots used.
 func TestDeleteForgetsRunCutShort(t *testing.T) {
-	for i := 0; i < 3; i++ {
+	for i := 0; i < 4; i++ {
 		f := newFixture(t, Options{}, spec.SpecOptions{Args: []string{"/bin/sleep", "1000"}})
 		root := f.rt.Root()
-		cmd := exec.Command(f.rt.opts.Binary, append(f.rt.globalArgs(""), "run", "--detach", "--bundle", f.Bundle, f.ID)...)
+		if i%2 == 0 {
+			var err error
+			if root, err = f.rt.makeRoot(f.ID, f.Bundle); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cmd := exec.Command(f.rt.opts.Binary, append(f.rt.globalArgs(root, ""), "run", "--detach", "--bundle", f.Bundle, f.ID)...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -44,7 +51,7 @@ func TestDeleteForgetsRunCutShort(t *testing.T) {
 		if err := f.rt.Delete(context.Background(), f.ID, true); err != nil {
 			t.Fatalf("delete after a cut-short run: %v", err)
 		}
-		left, _ := os.ReadDir(root)
+		left, _ := os.ReadDir(f.rt.Root())
 		var names []string
 		for _, e := range left {
 			names = append(names, e.Name())

@@ -5,12 +5,8 @@ package runsc
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"os/exec"
-	"path/filepath"
 	goruntime "runtime"
 	"strings"
 	"syscall"
@@ -42,9 +38,13 @@ func (r *Runsc) detached(ctx context.Context, verb, id, bundle string, missingCl
 		return fmt.Errorf("runsc %s %s: %w", verb, id, err)
 	}
 	defer stdio.Close()
+	root, err := r.makeRoot(id, bundle)
+	if err != nil {
+		return fmt.Errorf("runsc %s %s: %w", verb, id, err)
+	}
 
 	t0 := time.Now()
-	args := append(r.globalArgs(id), verb, "--detach")
+	args := append(r.globalArgs(root, id), verb, "--detach")
 	args = append(append(args, extra...), "--bundle", bundle, id)
 	cmd := exec.CommandContext(ctx, r.opts.Binary, args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdio.Null, stdio.Log, stdio.Log
@@ -96,7 +96,10 @@ func shortLines(s string, n int) string {
 
 // Delete implements runtime.Runtime: `runsc delete [--force]`. An unknown id
 // is not an error. runsc removes the sandbox's cgroups and state entry and
-// reaps its sandbox and gofer processes.
+// reaps its sandbox and gofer processes. A tenant whose pod (pod.go) went
+// first fails runsc's delete ("no control socket found for sandbox"), but
+// its state goes with the failure: it is deleted, once runsc no longer
+// knows it.
 func (r *Runsc) Delete(ctx context.Context, id string, force bool) error {
 	t0 := time.Now()
 	err := r.Tool.Delete(ctx, id, force)
@@ -108,24 +111,11 @@ func (r *Runsc) Delete(ctx context.Context, id string, force bool) error {
 		}
 	}
 	if err != nil {
-		return err
-	}
-	r.forgetCutShort(id)
-	r.log.Debug("container deleted", "sandbox", id, "took", time.Since(t0))
-	return nil
-}
-
-// forgetCutShort removes what a `runsc run` or `restore` cut short (its CLI
-// killed with a crashed daemon) leaves in the root of a container runsc has
-// just deleted or never knew: the sandbox's control socket, and the lock
-// file runsc takes before it writes the container's state file (runsc's
-// delete removes both only with the state file). Our sandboxes are their
-// own single container, so the id is both the container's and the
-// sandbox's.
-func (r *Runsc) forgetCutShort(id string) {
-	for _, name := range []string{"runsc-" + id + ".sock", id + "_sandbox:" + id + ".lock"} {
-		if err := os.Remove(filepath.Join(r.opts.Root, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			r.log.Warn("remove runsc leftover", "sandbox", id, "path", name, "err", err)
+		if _, serr := r.State(ctx, id); !errdefs.IsNotFound(serr) {
+			return err
 		}
 	}
+	r.forgetRoot(id)
+	r.log.Debug("container deleted", "sandbox", id, "took", time.Since(t0))
+	return nil
 }

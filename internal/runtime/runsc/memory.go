@@ -88,7 +88,7 @@ func (r *Runsc) checkpoint(ctx context.Context, id, imageDir string, live bool) 
 	if live {
 		args = append(args, "--leave-running")
 	}
-	if _, err := r.command(ctx, id, append(args, id)...); err != nil {
+	if _, err := r.runIn(ctx, r.RootOf(id), id, append(args, id)...); err != nil {
 		os.RemoveAll(imageDir)
 		return err
 	}

@@ -195,7 +195,7 @@ func mfExec(t *testing.T, rt *Runsc, id string, args ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if _, err := rt.command(ctx, "", append([]string{"exec", id}, args...)...); err != nil {
+	if _, err := rt.command(ctx, id, append([]string{"exec", id}, args...)...); err != nil {
 		t.Fatalf("exec in %s: %v", id, err)
 	}
 }

@@ -77,6 +77,6 @@ func (r *Runsc) Exec(ctx context.Context, id string, argv ...string) error {
 	if len(argv) == 0 {
 		return fmt.Errorf("runsc exec %s: no command: %w", id, errdefs.ErrInvalidArgument)
 	}
-	_, err := r.command(ctx, "", append([]string{"exec", id}, argv...)...)
+	_, err := r.command(ctx, id, append([]string{"exec", id}, argv...)...)
 	return err
 }

@@ -101,10 +101,10 @@ func New(o Options) (*Runsc, error) {
 		}
 	}
 	r := &Runsc{opts: o, log: o.Log.With("runtime", "runsc")}
-	// The shared calls pass no id to r.command, so that only run, restore
-	// and checkpoint write a per-container runsc --log.
-	r.Tool = ocicli.Tool{Runtime: "runsc", Command: func(ctx context.Context, _ string, args ...string) ([]byte, error) {
-		return r.command(ctx, "", args...)
+	// The shared calls write no runsc --log: only run, restore and
+	// checkpoint write a per-container one.
+	r.Tool = ocicli.Tool{Runtime: "runsc", Command: func(ctx context.Context, id string, args ...string) ([]byte, error) {
+		return r.command(ctx, id, args...)
 	}}
 	return r, nil
 }
@@ -128,19 +128,21 @@ func (r *Runsc) selfChecked(ctx context.Context, verb, id string) error {
 	if err := ocicli.ValidID("runsc", id); err != nil {
 		return err
 	}
-	_, err := r.command(ctx, "", verb, id)
+	_, err := r.command(ctx, id, verb, id)
 	return err
 }
 
 // Name implements runtime.Runtime.
 func (r *Runsc) Name() string { return "runsc" }
 
-// Root returns the state root the driver passes to runsc.
+// Root returns the directory of the driver's state roots (see roots.go).
 func (r *Runsc) Root() string { return r.opts.Root }
 
-func (r *Runsc) globalArgs(id string) []string {
+// globalArgs returns the flags in front of every runsc command: root is the
+// container's state root, logID names its runsc log ("" for none).
+func (r *Runsc) globalArgs(root, logID string) []string {
 	a := []string{
-		"--root", r.opts.Root,
+		"--root", root,
 		"--platform", r.opts.Platform,
 		"--overlay2", r.opts.Overlay,
 		"--network", r.opts.Network,
@@ -149,21 +151,27 @@ func (r *Runsc) globalArgs(id string) []string {
 	if r.opts.FileAccess != "" {
 		a = append(a, "--file-access", r.opts.FileAccess)
 	}
-	if r.opts.LogDir != "" && id != "" {
-		a = append(a, "--log", filepath.Join(r.opts.LogDir, id+".log"))
+	if r.opts.LogDir != "" && logID != "" {
+		a = append(a, "--log", filepath.Join(r.opts.LogDir, logID+".log"))
 	}
 	return append(a, r.opts.ExtraFlags...)
 }
 
-// command runs runsc with the global flags and args, and returns stdout. On
-// failure the error carries runsc's stderr, classified by classify.
+// command runs runsc in the state root of container id (Root for "") with
+// the global flags and args, and returns stdout.
 func (r *Runsc) command(ctx context.Context, id string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, r.opts.Binary, append(r.globalArgs(id), args...)...)
+	return r.runIn(ctx, r.RootOf(id), "", args...)
+}
+
+// runIn runs runsc in state root root, with its log for logID when set.
+// On failure the error carries runsc's stderr, classified by errs.
+func (r *Runsc) runIn(ctx context.Context, root, logID string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, r.opts.Binary, append(r.globalArgs(root, logID), args...)...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Run(); err != nil {
-		return nil, r.wrap(ctx, args[0], id, err, stderr.String())
+		return nil, r.wrap(ctx, args[0], logID, err, stderr.String())
 	}
 	return stdout.Bytes(), nil
 }
