@@ -98,7 +98,7 @@ func shortLines(s string, n int) string {
 // is not an error. runsc removes the sandbox's cgroups and state entry and
 // reaps its sandbox and gofer processes. A tenant whose pod (pod.go) went
 // first fails runsc's delete ("no control socket found for sandbox"), but
-// its state goes with the failure: it is deleted, once runsc no longer
+// its state goes with the failure: that is deleted, once runsc no longer
 // knows it.
 func (r *Runsc) Delete(ctx context.Context, id string, force bool) error {
 	t0 := time.Now()
@@ -111,9 +111,13 @@ func (r *Runsc) Delete(ctx context.Context, id string, force bool) error {
 		}
 	}
 	if err != nil {
+		if !strings.Contains(err.Error(), "no control socket found") {
+			return err
+		}
 		if _, serr := r.State(ctx, id); !errdefs.IsNotFound(serr) {
 			return err
 		}
+		r.log.Warn("runsc delete failed, but runsc no longer knows the container", "sandbox", id, "err", err)
 	}
 	r.forgetRoot(id)
 	r.log.Debug("container deleted", "sandbox", id, "took", time.Since(t0))

@@ -11,6 +11,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
 	"github.com/forkbox/forkbox/internal/runtime/testsuite"
@@ -175,5 +176,29 @@ func TestFlatRootStillServed(t *testing.T) {
 	}
 	if left := rootEntries(t, f.rt); len(left) != 0 {
 		t.Errorf("root after delete holds %s", strings.Join(left, ", "))
+	}
+}
+
+// Every create first asks runsc whether its id exists. With per-sandbox
+// roots the answer for an id without a root of its own is known without a
+// runsc start, unless the flat root holds its state (a container of a
+// daemon before per-sandbox roots): then runsc is asked. The binary here
+// fails whenever it is started.
+func TestStateOfUnknownStartsNoRunsc(t *testing.T) {
+	requireRunsc(t)
+	rt, err := New(Options{Root: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.opts.Binary = "/bin/false"
+	ctx := context.Background()
+	if _, err := rt.State(ctx, "sb-unknown"); !errdefs.IsNotFound(err) {
+		t.Errorf("state of an unknown id: got %v, want NotFound without runsc", err)
+	}
+	if err := os.WriteFile(filepath.Join(rt.Root(), "pod-x_sandbox:sb-unknown.state"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.State(ctx, "sb-unknown"); err == nil || errdefs.IsNotFound(err) {
+		t.Errorf("state of an id in the flat root: got %v, want runsc's (failing) answer", err)
 	}
 }

@@ -143,6 +143,9 @@ func (r *Runsc) Root() string { return r.opts.Root }
 func (r *Runsc) globalArgs(root, logID string) []string {
 	a := []string{
 		"--root", root,
+		// State shared across sandboxes (the "null" gofer netns) stays
+		// in the root of roots.
+		"--shared-root", r.opts.Root,
 		"--platform", r.opts.Platform,
 		"--overlay2", r.opts.Overlay,
 		"--network", r.opts.Network,
