@@ -122,7 +122,12 @@ func (g *Gateway) checkpoint(ctx context.Context, ref string) (*fbv1.Checkpoint,
 		return nil, fmt.Errorf("checkpoint %q: %w", ref, errdefs.ErrNotFound)
 	}
 	var ck fbv1.Checkpoint
-	if err := g.c.Get(ctx, types.NamespacedName{Namespace: g.o.Namespace, Name: ref}, &ck); err != nil {
+	key := types.NamespacedName{Namespace: g.o.Namespace, Name: ref}
+	err := g.c.Get(ctx, key, &ck)
+	if apierrors.IsNotFound(err) {
+		err = g.api.Get(ctx, key, &ck) // one the cache has not seen yet
+	}
+	if err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, fmt.Errorf("checkpoint %q: %w", ref, errdefs.ErrNotFound)
 		}
