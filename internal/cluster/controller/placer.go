@@ -213,9 +213,9 @@ func (p *placer) request(ctx context.Context, sb *fbv1.Sandbox) (placement.Reque
 }
 
 // nodes lists the nodes (as r shows them) with their load and which of
-// req's checkpoints each holds, and says in req whether its checkpoint can be shipped: a
-// ready copy is on a Ready node that serves transfers (and, for a memory
-// checkpoint, which runtime version a receiver needs).
+// req's checkpoints each holds, and says in req whether its checkpoint can
+// be shipped: a ready copy is on a Ready node that serves transfers (and,
+// for a memory checkpoint, which runtime version a receiver needs).
 func (p *placer) nodes(ctx context.Context, r client.Reader, namespace string, req *placement.Request) ([]placement.Node, error) {
 	var nl fbv1.ForkboxNodeList
 	if err := r.List(ctx, &nl); err != nil {

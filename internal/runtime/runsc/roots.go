@@ -61,20 +61,20 @@ func (r *Runsc) makeRoot(id, bundle string) (string, error) {
 		return "", err
 	}
 	p := filepath.Join(r.opts.Root, id)
+	rootErr := func(err error) (string, error) {
+		return "", fmt.Errorf("runsc %s: state root: %v: %w", id, err, errdefs.ErrInternal)
+	}
 	pod := PodOf(s)
 	if pod == "" || pod == id {
-		if fi, err := os.Lstat(p); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
-			if err := os.Remove(p); err != nil {
-				return "", fmt.Errorf("runsc %s: state root: %v: %w", id, err, errdefs.ErrInternal)
-			}
-		}
-		if !holdsState(p) {
+		// A leftover symlink goes (RemoveAll takes the link, not its
+		// target), and so does a leftover directory without state.
+		if fi, err := os.Lstat(p); err == nil && (fi.Mode()&fs.ModeSymlink != 0 || !holdsState(p)) {
 			if err := os.RemoveAll(p); err != nil {
-				return "", fmt.Errorf("runsc %s: state root: %v: %w", id, err, errdefs.ErrInternal)
+				return rootErr(err)
 			}
 		}
 		if err := os.Mkdir(p, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-			return "", fmt.Errorf("runsc %s: state root: %v: %w", id, err, errdefs.ErrInternal)
+			return rootErr(err)
 		}
 		return p, nil
 	}
@@ -85,10 +85,10 @@ func (r *Runsc) makeRoot(id, bundle string) (string, error) {
 		return r.opts.Root, nil // a pod in the flat root
 	}
 	if err := os.RemoveAll(p); err != nil {
-		return "", fmt.Errorf("runsc %s: state root: %v: %w", id, err, errdefs.ErrInternal)
+		return rootErr(err)
 	}
 	if err := os.Symlink(pod, p); err != nil {
-		return "", fmt.Errorf("runsc %s: state root: %v: %w", id, err, errdefs.ErrInternal)
+		return rootErr(err)
 	}
 	return p, nil
 }
