@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -67,6 +69,9 @@ func TestHibernateWakeCycles(t *testing.T) {
 	for cycle := 1; cycle <= 20; cycle++ {
 		mustSh(t, sb, fmt.Sprintf("mkdir -p /root/cycles && echo content-%d > /root/cycles/%d", cycle, cycle))
 		_, before := readCounter(t, sb)
+		if m := rootfsMounts(sb.ID); len(m) != 1 {
+			t.Fatalf("cycle %d: running with rootfs mounts %v, want one", cycle, m)
+		}
 		if err := sb.Hibernate(ctx); err != nil {
 			t.Fatalf("cycle %d: hibernate: %v", cycle, err)
 		}
@@ -79,6 +84,10 @@ func TestHibernateWakeCycles(t *testing.T) {
 		// Nor a bridge port: its veth leaves the bridge, and joins it to wake.
 		if v := veths(sb.ID, true); len(v) != 0 {
 			t.Fatalf("cycle %d: a hibernated sandbox is still a bridge port: %v", cycle, v)
+		}
+		// Nor its rootfs mount: only its netns stays mounted (park.go).
+		if m := rootfsMounts(sb.ID); len(m) != 0 {
+			t.Fatalf("cycle %d: a hibernated sandbox's rootfs is mounted: %v", cycle, m)
 		}
 		// The next exec wakes it; every file of every cycle is there.
 		out := mustSh(t, sb, "cat /root/cycles/*")
@@ -184,4 +193,17 @@ func TestIdleHibernation(t *testing.T) {
 	if out := mustSh(t, sb, "cat /root/f"); out != "before-idle\n" {
 		t.Errorf("after waking from idle hibernation: %q", out)
 	}
+}
+
+// rootfsMounts lists the mountinfo lines of sandbox id's rootfs.
+func rootfsMounts(id string) []string {
+	var found []string
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	at := " " + filepath.Join(env.stateDir, "sandboxes", id, "rootfs") + " "
+	for _, l := range strings.Split(string(mi), "\n") {
+		if strings.Contains(l, at) {
+			found = append(found, l)
+		}
+	}
+	return found
 }

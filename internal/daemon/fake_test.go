@@ -168,6 +168,13 @@ func (w *world) MountAll(_ context.Context, m []mount.Mount, target string) erro
 	return nil
 }
 
+// mountsAt returns what is mounted at target (nil: nothing).
+func (w *world) mountsAt(target string) []mount.Mount {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.mounts[target]
+}
+
 func (w *world) Unmount(_ context.Context, target string) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -129,6 +129,7 @@ func (d *Daemon) hibernateLocked(ctx context.Context, sb *store.Sandbox) (err er
 		return fmt.Errorf("hibernate: release the stopped container: %w", err)
 	}
 	d.detach(ctx, sb)
+	d.parkRootfs(ctx, sb)
 	size := dirSize(dir)
 	if err := d.setStateNoting(ctx, sb, store.StateHibernated, "", store.EventHibernated, map[string]any{"image_bytes": size, "ms": msSince(start)}); err != nil {
 		return err
@@ -161,6 +162,9 @@ func (d *Daemon) wakeLocked(ctx context.Context, sb *store.Sandbox) error {
 	start := time.Now()
 	dir := d.hibernateDir(sb.ID)
 	ctx = context.WithoutCancel(ctx)
+	if err := d.unparkRootfs(ctx, sb.ID); err != nil {
+		return fmt.Errorf("wake: %w", err)
+	}
 	// Its bridge port first (given back when it hibernated): a full bridge
 	// fails the wake with ResourceExhausted, the sandbox still hibernated.
 	if err := d.net.Attach(ctx, sb.ID, netip.MustParseAddr(sb.IP), egressMode(sb.Config)); err != nil {

@@ -59,9 +59,10 @@ func (d *Daemon) RemoveImage(ctx context.Context, name string) error {
 	return d.images.Remove(ctx, name)
 }
 
-// layersInUse returns the image layer directories that mounted sandbox
-// root filesystems use as overlay lowers, read from the mount table so that
-// it holds whatever the store records say.
+// layersInUse returns the image layer directories that sandbox root
+// filesystems use as overlay lowers: the mounted ones read from the mount
+// table, so that it holds whatever the store records say, and the parked
+// ones (hibernated) from their records.
 func (d *Daemon) layersInUse() map[string]bool {
 	inUse := map[string]bool{}
 	infos, err := mount.List()
@@ -73,16 +74,25 @@ func (d *Daemon) layersInUse() map[string]bool {
 		if in.FSType != "overlay" || !strings.HasPrefix(in.Mountpoint, d.bundlesDir()+"/") {
 			continue
 		}
-		for _, opt := range strings.Split(in.SuperOptions, ",") {
-			if v, ok := strings.CutPrefix(opt, "lowerdir="); ok {
-				for _, l := range strings.Split(v, ":") {
-					inUse[l] = true
-				}
-			}
-			if v, ok := strings.CutPrefix(opt, "lowerdir+="); ok {
-				inUse[v] = true
-			}
+		for _, l := range overlayLowers(strings.Split(in.SuperOptions, ",")) {
+			inUse[l] = true
 		}
 	}
+	d.parkedLayers(inUse) // hibernated sandboxes' rootfs, unmounted (park.go)
 	return inUse
+}
+
+// overlayLowers returns the lower directories named by overlay options
+// ("lowerdir=a:b" or one "lowerdir+=a" each).
+func overlayLowers(opts []string) []string {
+	var lowers []string
+	for _, opt := range opts {
+		if v, ok := strings.CutPrefix(opt, "lowerdir="); ok {
+			lowers = append(lowers, strings.Split(v, ":")...)
+		}
+		if v, ok := strings.CutPrefix(opt, "lowerdir+="); ok {
+			lowers = append(lowers, v)
+		}
+	}
+	return lowers
 }
