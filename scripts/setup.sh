@@ -12,7 +12,9 @@ RUNSC_STAMP=/usr/local/lib/forkbox/runsc.version
 # runsc is built with scripts/gvisor/memory-limit.patch (an exact memory
 # limit inside gVisor: SECURITY.md, "Memory limits under gVisor"),
 # pages-parallel.patch (page I/O of memory checkpoints sized to the host's
-# CPUs), systrap-self-pid.patch and precompiled seccomp programs
+# CPUs), state-atomic.patch (runsc's state file written by rename, so a
+# runsc killed mid-save leaves a state that loads), systrap-self-pid.patch
+# and precompiled seccomp programs
 # (scripts/gvisor/precompile.go); FORKBOX_RUNSC_PATCHED=0 builds the stock
 # one. The stamp holds a hash of the patches and the build scripts, so
 # changing any of them rebuilds it.

@@ -61,3 +61,64 @@ func TestDeleteForgetsRunCutShort(t *testing.T) {
 		}
 	}
 }
+
+// runsc writes a container's state file beside it and renames it into
+// place (scripts/gvisor/state-atomic.patch): a save that cannot complete
+// leaves the state that was there, which later commands load. Stock runsc
+// truncates the file before it writes: one killed in between (its daemon
+// killed during a wake, in the chaos test) left a file that no command,
+// delete included, could load, and the sandbox failed. Here the save fails
+// for sure: a directory stands where the new state is written.
+func TestFailedStateSaveKeepsState(t *testing.T) {
+	f := newFixture(t, Options{}, spec.SpecOptions{Args: []string{"/bin/sleep", "1000"}})
+	ctx := context.Background()
+	root, err := f.rt.makeRoot(f.ID, f.Bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runsc := func(args ...string) (string, error) {
+		// Output to a file: the sandbox keeps the CLI's stdio open.
+		out, err := os.CreateTemp(t.TempDir(), "out")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer out.Close()
+		cmd := exec.Command(f.rt.opts.Binary, append(f.rt.globalArgs(root, ""), args...)...)
+		cmd.Stdout, cmd.Stderr = out, out
+		err = cmd.Run()
+		b, _ := os.ReadFile(out.Name())
+		return string(b), err
+	}
+	if out, err := runsc("create", "--bundle", f.Bundle, f.ID); err != nil {
+		t.Fatalf("runsc create: %v: %s", err, out)
+	}
+	t.Cleanup(func() { f.rt.Delete(context.Background(), f.ID, true) })
+	before, err := f.rt.State(ctx, f.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(root, f.ID+"_sandbox:"+f.ID+".state.tmp")
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runsc("start", f.ID)
+	if err == nil || !strings.Contains(out, "writing json file") {
+		t.Fatalf("runsc start with its new state unwritable: %v: %s; want a failed save (is runsc built with state-atomic.patch? make setup)", err, out)
+	}
+	after, err := f.rt.State(ctx, f.ID)
+	if err != nil {
+		t.Fatalf("the state after a failed save does not load: %v", err)
+	}
+	if after.Status != before.Status {
+		t.Errorf("state after a failed save: %s, want %s (the state before it)", after.Status, before.Status)
+	}
+	if err := os.Remove(tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.rt.Delete(ctx, f.ID, true); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	if left, _ := os.ReadDir(f.rt.Root()); len(left) != 0 {
+		t.Errorf("state root after delete holds %d entries", len(left))
+	}
+}
