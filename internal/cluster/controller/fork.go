@@ -183,10 +183,8 @@ func (f *forker) children(ctx context.Context, fk *fbv1.Fork, ck *fbv1.Checkpoin
 		made[c.Name] = !strings.HasPrefix(c.Message, createFailed)
 		gone[c.Name] = c.Phase == fbv1.PhaseTerminating && c.Message == childDeleted
 	}
-	inherited, err := f.inherited(ctx, fk, ck)
-	if err != nil {
-		return err
-	}
+	var inherited []fbv1.Credential // read once, when a child is to be made
+	var inheritedRead bool
 	var out []fbv1.ForkChild
 	ready, settled := int32(0), 0
 	for i := range int(fk.Spec.Count) {
@@ -208,6 +206,13 @@ func (f *forker) children(ctx context.Context, fk *fbv1.Fork, ck *fbv1.Checkpoin
 			continue
 		}
 		if sb == nil {
+			if !inheritedRead {
+				var err error
+				if inherited, err = f.inherited(ctx, fk, ck); err != nil {
+					return err
+				}
+				inheritedRead = true
+			}
 			sb = f.child(fk, ck, name, inherited)
 			if err := controllerutil.SetControllerReference(fk, sb, f.c.Scheme()); err != nil {
 				return err
@@ -240,7 +245,10 @@ func (f *forker) children(ctx context.Context, fk *fbv1.Fork, ck *fbv1.Checkpoin
 
 // inherited are the credentials children get from their source: the
 // checkpoint's sandbox's, but for per-fork ones (each child's must be in
-// the overrides), each overridden by the Fork's of the same name.
+// the overrides), each overridden by the Fork's of the same name. The
+// source is read from the API server: a credential set just before the
+// fork may not be in the cache yet, and a child made without it would
+// never get it. Only reconciles that make children read it.
 func (f *forker) inherited(ctx context.Context, fk *fbv1.Fork, ck *fbv1.Checkpoint) ([]fbv1.Credential, error) {
 	var out []fbv1.Credential
 	given := map[string]bool{}
@@ -249,7 +257,7 @@ func (f *forker) inherited(ctx context.Context, fk *fbv1.Fork, ck *fbv1.Checkpoi
 	}
 	if ck.Spec.Sandbox != "" {
 		var src fbv1.Sandbox
-		err := f.c.Get(ctx, types.NamespacedName{Namespace: fk.Namespace, Name: ck.Spec.Sandbox}, &src)
+		err := f.api.Get(ctx, types.NamespacedName{Namespace: fk.Namespace, Name: ck.Spec.Sandbox}, &src)
 		if err != nil && !errors.IsNotFound(err) {
 			return nil, err
 		}

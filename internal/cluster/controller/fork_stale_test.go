@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -55,5 +56,43 @@ func TestForkChildBehindCache(t *testing.T) {
 	}
 	if fk.Status.Ready != 2 {
 		t.Errorf("ready %d, want 2", fk.Status.Ready)
+	}
+}
+
+// Children inherit the credentials the API server holds for their source:
+// one set just before the fork may not be in the forker's cache yet.
+func TestForkCredentialsBehindCache(t *testing.T) {
+	ctx := context.Background()
+	scheme := kube.NewScheme()
+	fk := &fbv1.Fork{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "fk", UID: types.UID("fk-uid")},
+		Spec: fbv1.ForkSpec{Count: 2}}
+	src := func(creds ...fbv1.Credential) client.Object {
+		return &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "src"}, Spec: fbv1.SandboxSpec{Credentials: creds}}
+	}
+	cred := func(name string, perFork bool) fbv1.Credential {
+		return fbv1.Credential{Name: name, SecretRef: fbv1.SecretKeyRef{Name: "s-" + name, Key: "v"}, Env: "E_" + name, PerFork: perFork}
+	}
+	build := func(objs ...client.Object) client.Client {
+		return fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
+	}
+	api := build(src(cred("old", false), cred("new", false), cred("mine", true)))
+	f := &forker{c: clustertest.StaleCache{Client: api, Stale: build(src(cred("old", false)))}, api: api,
+		rec: events.NewFakeRecorder(10), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	ck := &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ck"}, Spec: fbv1.CheckpointSpec{Sandbox: "src"}}
+	if err := f.children(ctx, fk, ck); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		var child fbv1.Sandbox
+		if err := api.Get(ctx, types.NamespacedName{Namespace: "ns", Name: childName(fk, i)}, &child); err != nil {
+			t.Fatalf("child %d: %v", i, err)
+		}
+		var names []string
+		for _, c := range child.Spec.Credentials {
+			names = append(names, c.Name)
+		}
+		if got := strings.Join(names, ","); got != "old,new" {
+			t.Errorf("child %s inherits %q, want \"old,new\" (a per-fork one is not inherited)", child.Name, got)
+		}
 	}
 }

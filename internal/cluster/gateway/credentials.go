@@ -227,7 +227,10 @@ func (s *sandboxes) DeleteCredential(ctx context.Context, req *connect.Request[v
 	if err != nil {
 		return nil, err
 	}
-	i := slices.IndexFunc(sb.Spec.Credentials, func(x fbv1.Credential) bool { return x.Name == m.Name })
+	i, err := g.specCredential(ctx, sb, m.Name)
+	if err != nil {
+		return nil, err
+	}
 	if i >= 0 {
 		old := sb.Spec.Credentials[i]
 		if old.File != "" && sb.Status.Phase != fbv1.PhaseRunning {
@@ -255,6 +258,17 @@ func (s *sandboxes) DeleteCredential(ctx context.Context, req *connect.Request[v
 		return nil, err
 	}
 	return connect.NewResponse(&v1.DeleteCredentialResponse{}), nil
+}
+
+// specCredential returns the index of credential name in sb's spec (-1:
+// none), with sb read again from the API server: a credential set just
+// before may not be in the cache yet, and one left in the spec when the
+// node forgets it would come back.
+func (g *Gateway) specCredential(ctx context.Context, sb *fbv1.Sandbox, name string) (int, error) {
+	if err := g.api.Get(ctx, client.ObjectKeyFromObject(sb), sb); err != nil {
+		return -1, kerr(err, "read sandbox "+sb.Name)
+	}
+	return slices.IndexFunc(sb.Spec.Credentials, func(x fbv1.Credential) bool { return x.Name == name }), nil
 }
 
 // editCredentials changes sb's spec.credentials with edit, against the

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"connectrpc.com/connect"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/forkbox/forkbox/api/forkbox/v1"
@@ -247,13 +248,27 @@ func (s *sandboxes) SetEgress(ctx context.Context, req *connect.Request[v1.SetEg
 		return nil, err
 	}
 	got := resp.Msg.Sandbox
-	patch := client.MergeFrom(r.obj.DeepCopy())
-	r.obj.Spec.Egress = &fbv1.Egress{Mode: got.GetEgress(), Allow: got.GetEgressAllow(), Deny: got.GetEgressDeny()}
-	if err := s.g.c.Patch(ctx, r.obj, patch); err != nil {
+	eg := &fbv1.Egress{Mode: got.GetEgress(), Allow: got.GetEgressAllow(), Deny: got.GetEgressDeny()}
+	if err := s.g.recordEgress(ctx, r.obj, eg); err != nil {
 		return nil, kerr(err, "record the egress policy on sandbox "+r.obj.Name+" (the node applied it)")
 	}
 	resp.Msg.Sandbox = nodeView(got, r.obj)
 	return connect.NewResponse(resp.Msg), nil
+}
+
+// recordEgress writes eg to sb's spec.egress against the API server's
+// copy, locked on its version (retried on a conflict). A patch computed
+// from a cached copy a write behind would leave out what the cache already
+// "has": a policy set back to what the cache shows was not recorded.
+func (g *Gateway) recordEgress(ctx context.Context, sb *fbv1.Sandbox, eg *fbv1.Egress) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := g.api.Get(ctx, client.ObjectKeyFromObject(sb), sb); err != nil {
+			return err
+		}
+		before := sb.DeepCopy()
+		sb.Spec.Egress = eg
+		return g.c.Patch(ctx, sb, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+	})
 }
 
 // GetSandboxMetrics of one sandbox asks its node; of every sandbox, asks
