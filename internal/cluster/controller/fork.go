@@ -261,6 +261,12 @@ func (f *forker) inherited(ctx context.Context, fk *fbv1.Fork, ck *fbv1.Checkpoi
 		if err != nil && !errors.IsNotFound(err) {
 			return nil, err
 		}
+		if src.CreationTimestamp.After(ck.CreationTimestamp.Time) {
+			// A later sandbox of that name (names are free again once
+			// closed): not the one the checkpoint captured, and its
+			// credentials are not the children's to have.
+			src.Spec.Credentials = nil
+		}
 		for _, c := range src.Spec.Credentials {
 			if !c.PerFork && !given[c.Name] {
 				out = append(out, c)

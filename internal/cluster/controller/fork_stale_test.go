@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -94,5 +95,31 @@ func TestForkCredentialsBehindCache(t *testing.T) {
 		if got := strings.Join(names, ","); got != "old,new" {
 			t.Errorf("child %s inherits %q, want \"old,new\" (a per-fork one is not inherited)", child.Name, got)
 		}
+	}
+}
+
+// A sandbox of the checkpoint's source name made after the checkpoint is
+// another sandbox (names are free again once closed): its credentials are
+// not inherited.
+func TestForkCredentialsOfLaterNamesake(t *testing.T) {
+	ctx := context.Background()
+	scheme := kube.NewScheme()
+	taken := metav1.Now()
+	later := metav1.NewTime(taken.Add(time.Minute))
+	fk := &fbv1.Fork{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "fk", UID: types.UID("fk-uid")}, Spec: fbv1.ForkSpec{Count: 1}}
+	namesake := &fbv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "src", CreationTimestamp: later},
+		Spec: fbv1.SandboxSpec{Credentials: []fbv1.Credential{{Name: "theirs", SecretRef: fbv1.SecretKeyRef{Name: "s", Key: "v"}, Env: "THEIRS"}}}}
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(namesake).Build()
+	f := &forker{c: api, api: api, rec: events.NewFakeRecorder(10), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	ck := &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ck", CreationTimestamp: taken}, Spec: fbv1.CheckpointSpec{Sandbox: "src"}}
+	if err := f.children(ctx, fk, ck); err != nil {
+		t.Fatal(err)
+	}
+	var child fbv1.Sandbox
+	if err := api.Get(ctx, types.NamespacedName{Namespace: "ns", Name: childName(fk, 0)}, &child); err != nil {
+		t.Fatal(err)
+	}
+	if len(child.Spec.Credentials) != 0 {
+		t.Errorf("the child of a checkpoint inherits %+v from a later sandbox of its source's name", child.Spec.Credentials)
 	}
 }

@@ -265,10 +265,15 @@ func (s *sandboxes) DeleteCredential(ctx context.Context, req *connect.Request[v
 // before may not be in the cache yet, and one left in the spec when the
 // node forgets it would come back.
 func (g *Gateway) specCredential(ctx context.Context, sb *fbv1.Sandbox, name string) (int, error) {
-	if err := g.api.Get(ctx, client.ObjectKeyFromObject(sb), sb); err != nil {
-		return -1, kerr(err, "read sandbox "+sb.Name)
+	if err := g.reread(ctx, sb); err != nil {
+		return -1, err
 	}
 	return slices.IndexFunc(sb.Spec.Credentials, func(x fbv1.Credential) bool { return x.Name == name }), nil
+}
+
+// reread replaces sb with the API server's copy.
+func (g *Gateway) reread(ctx context.Context, sb *fbv1.Sandbox) error {
+	return kerr(g.api.Get(ctx, client.ObjectKeyFromObject(sb), sb), "read sandbox "+sb.Name)
 }
 
 // editCredentials changes sb's spec.credentials with edit, against the
@@ -393,7 +398,9 @@ func (g *Gateway) sourceSandbox(ctx context.Context, ck *fbv1.Checkpoint) (*fbv1
 		return nil, nil
 	}
 	var sb fbv1.Sandbox
-	err := g.c.Get(ctx, types.NamespacedName{Namespace: g.o.Namespace, Name: ck.Spec.Sandbox}, &sb)
+	// From the API server: the credentials a child gets must not be a
+	// cache's, a write behind a change.
+	err := g.api.Get(ctx, types.NamespacedName{Namespace: g.o.Namespace, Name: ck.Spec.Sandbox}, &sb)
 	if apierrors.IsNotFound(err) {
 		return nil, nil
 	}

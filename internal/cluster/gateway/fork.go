@@ -171,6 +171,12 @@ func (g *Gateway) startFork(ctx context.Context, m *v1.ForkRequest) (*forkCall, 
 		if err := g.roomFor(ctx, int(count), m.BestEffort); err != nil {
 			return nil, err
 		}
+		// Its credentials as the API server has them: one set just before
+		// the fork (a per-fork one that needs a value, say) may not be in
+		// the cache yet.
+		if err := g.reread(ctx, sb); err != nil {
+			return nil, err
+		}
 		if kept, withValue, err = inherit(sb, m.Credentials); err != nil {
 			return nil, err
 		}

@@ -73,3 +73,17 @@ func TestSpecCredentialBehindCache(t *testing.T) {
 		t.Errorf("no such credential: index %d, %v; want -1", i, err)
 	}
 }
+
+// A checkpoint's source is read from the API server: the credentials its
+// children get are not a cache's, a write behind.
+func TestSourceSandboxBehindCache(t *testing.T) {
+	ctx := context.Background()
+	k := fbv1.Credential{Name: "KEY", SecretRef: fbv1.SecretKeyRef{Name: "s", Key: "value"}, Env: "KEY"}
+	g, _ := staleGateway(egressBox(nil), egressBox(nil, k))
+	ck := &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "ck", CreationTimestamp: metav1.Now()},
+		Spec: fbv1.CheckpointSpec{Sandbox: "sb"}}
+	src, err := g.sourceSandbox(ctx, ck)
+	if err != nil || src == nil || len(src.Spec.Credentials) != 1 {
+		t.Errorf("source behind the cache: %+v, %v; want its credential KEY", src, err)
+	}
+}
