@@ -30,7 +30,8 @@ type Client struct {
 	sessions bool
 	smu      sync.Mutex
 	sess     *muxSession
-	noMux    bool // the agent speaks no sessions (an older build)
+	retired  []*muxSession // out of use, their calls still running (retire)
+	noMux    bool          // the agent speaks no sessions (an older build)
 	closed   bool
 	wg       sync.WaitGroup
 }
@@ -67,6 +68,10 @@ func (c *Client) Close() error {
 		c.sess.Close()
 		c.sess = nil
 	}
+	for _, m := range c.retired {
+		m.Close() // what still runs on it ends with the client
+	}
+	c.retired = nil
 	c.smu.Unlock()
 	c.wg.Wait()
 	return nil

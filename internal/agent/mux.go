@@ -74,6 +74,10 @@ type muxSession struct {
 	lastRecv time.Time
 	err      error
 	done     chan struct{}
+	// active counts the streams opened here and not yet closed here;
+	// retired: no new stream, and the session ends when active is 0.
+	active  int
+	retired bool
 }
 
 func newMuxSession(conn net.Conn, br *bufio.Reader, server bool, accept func(*muxStream)) *muxSession {
@@ -182,14 +186,49 @@ func (m *muxSession) open() (*muxStream, error) {
 		m.mu.Unlock()
 		return nil, m.err
 	}
+	if m.retired {
+		m.mu.Unlock()
+		return nil, fmt.Errorf("%w: retired", errMuxClosed)
+	}
 	m.nextID++
 	st := m.newStream(m.nextID)
+	m.active++
 	m.mu.Unlock()
 	if err := m.writeFrame(st.id, muxOpen, nil); err != nil {
 		m.remove(st.id)
+		m.closed()
 		return nil, err
 	}
 	return st, nil
+}
+
+// retire takes m out of use: no new stream opens on it, and it ends once
+// the streams opened on it are closed. A ping answered late may mean a
+// loaded host rather than a dead agent, and the calls running on the
+// session must not fail for it.
+func (m *muxSession) retire() {
+	m.mu.Lock()
+	m.retired = true
+	m.mu.Unlock()
+	m.closed0()
+}
+
+// closed counts a stream opened here as closed (client side).
+func (m *muxSession) closed() {
+	m.mu.Lock()
+	m.active--
+	m.mu.Unlock()
+	m.closed0()
+}
+
+// closed0 ends a retired session that has no open stream left.
+func (m *muxSession) closed0() {
+	m.mu.Lock()
+	end := m.retired && m.active <= 0
+	m.mu.Unlock()
+	if end {
+		m.Close()
+	}
 }
 
 // ping sends a ping and waits up to timeout for its pong.
@@ -217,8 +256,10 @@ func (m *muxSession) ping(timeout time.Duration) error {
 	case <-m.done:
 		return m.err
 	case <-t.C:
-		m.fail(fmt.Errorf("no pong within %s", timeout))
-		return m.err
+		m.mu.Lock()
+		delete(m.pings, seq)
+		m.mu.Unlock()
+		return fmt.Errorf("no pong within %s", timeout)
 	}
 }
 
@@ -443,6 +484,9 @@ func (s *muxStream) Close() error {
 	s.m.remove(s.id)
 	if tell {
 		s.m.writeFrame(s.id, muxClose, nil)
+	}
+	if !s.m.server {
+		s.m.closed()
 	}
 	return nil
 }

@@ -307,3 +307,79 @@ func TestSessionAbuse(t *testing.T) {
 		})
 	}
 }
+
+// A session taken out of use (its ping was answered late: a loaded host,
+// not a dead agent) lets the calls running on it finish, gives new calls a
+// new session, and ends when its last call does; closing the client ends
+// it at once.
+func TestRetiredSessionKeepsCalls(t *testing.T) {
+	for _, closeClient := range []bool{false, true} {
+		c := NewSessionClient(startServer(t, Config{}).addr, testToken)
+		ctx := testCtx(t)
+		if _, err := c.Ping(ctx); err != nil {
+			t.Fatal(err)
+		}
+		c.smu.Lock()
+		old := c.sess
+		c.smu.Unlock()
+		// A call that runs until told: it reads its stdin to the end.
+		pr, pw := io.Pipe()
+		done := make(chan error, 1)
+		var out bytes.Buffer
+		started := make(chan struct{})
+		go func() {
+			res, err := c.ExecStream(ctx, ExecRequest{Argv: []string{"sh", "-c", "cat; echo end"}},
+				ExecIO{Stdin: pr, Stdout: &out, Started: func(int) { close(started) }})
+			if err == nil && res.ExitCode != 0 {
+				err = fmt.Errorf("exit %d", res.ExitCode)
+			}
+			done <- err
+		}()
+		select {
+		case <-started:
+		case err := <-done:
+			t.Fatalf("the call ended before it started: %v", err)
+		}
+		if _, err := pw.Write([]byte("first\n")); err != nil {
+			t.Fatal(err)
+		}
+		c.smu.Lock()
+		old.retire()
+		c.retired = append(c.retired, old)
+		c.sess = nil
+		c.smu.Unlock()
+		if !old.alive() {
+			t.Fatal("a retired session with a call running ended")
+		}
+		if _, err := c.Ping(ctx); err != nil {
+			t.Fatalf("a new call after the retire: %v", err)
+		}
+		c.smu.Lock()
+		fresh := c.sess
+		c.smu.Unlock()
+		if fresh == nil || fresh == old {
+			t.Fatalf("new calls still take the retired session")
+		}
+		if closeClient {
+			c.Close()
+			if err := <-done; err == nil {
+				t.Error("a call on a retired session outlived its client")
+			}
+			if old.alive() {
+				t.Error("the client is closed, its retired session is not")
+			}
+			continue
+		}
+		pw.Write([]byte("second\n"))
+		pw.Close()
+		if err := <-done; err != nil || out.String() != "first\nsecond\nend\n" {
+			t.Errorf("the call on the retired session: %v, %q", err, out.String())
+		}
+		select {
+		case <-old.done:
+		case <-ctx.Done():
+			t.Error("the retired session did not end with its last call")
+		}
+		c.Close()
+	}
+}

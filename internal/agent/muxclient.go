@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -42,7 +43,12 @@ func (c *Client) streamLocked(ctx context.Context, op string, retry bool) (*muxS
 	m := c.sess
 	if m != nil && m.alive() && m.idle() > muxFreshFor {
 		if err := m.ping(muxPingTimeout); err != nil {
-			m.Close()
+			// Dead, or late on a loaded host: new calls take a new
+			// session, and those running on this one go on until they
+			// end (a dead one fails them when its connection does).
+			m.retire()
+			c.retired = append(slices.DeleteFunc(c.retired, func(r *muxSession) bool { return !r.alive() }), m)
+			m = nil
 		}
 	}
 	if m == nil || !m.alive() {
