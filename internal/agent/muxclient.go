@@ -20,6 +20,10 @@ const (
 	muxFreshFor = 500 * time.Millisecond
 	// muxPingTimeout bounds that ping.
 	muxPingTimeout = time.Second
+	// muxHandshakeTimeout bounds a new session's first answer, once the
+	// connection is up (DialTimeout bounds that): a working agent on a
+	// loaded host can take seconds, and the caller's context bounds it too.
+	muxHandshakeTimeout = 10 * time.Second
 )
 
 // stream opens a stream of c's session, dialling the session if needed.
@@ -91,7 +95,7 @@ func (c *Client) dialSession(ctx context.Context, op string) (*muxSession, error
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 	fw := &frameWriter{w: conn}
-	dl := time.Now().Add(c.DialTimeout)
+	dl := time.Now().Add(max(c.DialTimeout, muxHandshakeTimeout))
 	conn.SetDeadline(dl)
 	br := bufio.NewReaderSize(conn, 64<<10)
 	if err := fw.writeJSON(frameHeader, request{Token: *c.token.Load(), Op: opMux}); err != nil {
