@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -183,8 +184,8 @@ func (f *forker) children(ctx context.Context, fk *fbv1.Fork, ck *fbv1.Checkpoin
 		made[c.Name] = !strings.HasPrefix(c.Message, createFailed)
 		gone[c.Name] = c.Phase == fbv1.PhaseTerminating && c.Message == childDeleted
 	}
-	var inherited []fbv1.Credential // read once, when a child is to be made
-	var inheritedRead bool
+	// Read once, and only when a child is to be made.
+	inherited := sync.OnceValues(func() ([]fbv1.Credential, error) { return f.inherited(ctx, fk, ck) })
 	var out []fbv1.ForkChild
 	ready, settled := int32(0), 0
 	for i := range int(fk.Spec.Count) {
@@ -206,14 +207,11 @@ func (f *forker) children(ctx context.Context, fk *fbv1.Fork, ck *fbv1.Checkpoin
 			continue
 		}
 		if sb == nil {
-			if !inheritedRead {
-				var err error
-				if inherited, err = f.inherited(ctx, fk, ck); err != nil {
-					return err
-				}
-				inheritedRead = true
+			creds, err := inherited()
+			if err != nil {
+				return err
 			}
-			sb = f.child(fk, ck, name, inherited)
+			sb = f.child(fk, ck, name, creds)
 			if err := controllerutil.SetControllerReference(fk, sb, f.c.Scheme()); err != nil {
 				return err
 			}

@@ -271,26 +271,17 @@ func (g *Gateway) specCredential(ctx context.Context, sb *fbv1.Sandbox, name str
 	return slices.IndexFunc(sb.Spec.Credentials, func(x fbv1.Credential) bool { return x.Name == name }), nil
 }
 
-// reread replaces sb with the API server's copy.
-func (g *Gateway) reread(ctx context.Context, sb *fbv1.Sandbox) error {
-	return kerr(g.api.Get(ctx, client.ObjectKeyFromObject(sb), sb), "read sandbox "+sb.Name)
-}
-
 // editCredentials changes sb's spec.credentials with edit, against the
 // API server's copy (retried on a conflict: two calls must not undo each
 // other), and returns the generation that holds the change.
 func (g *Gateway) editCredentials(ctx context.Context, sb *fbv1.Sandbox, edit func([]fbv1.Credential) ([]fbv1.Credential, error)) (int64, error) {
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if err := g.api.Get(ctx, client.ObjectKeyFromObject(sb), sb); err != nil {
-			return err
-		}
-		before := sb.DeepCopy()
+	err := g.editSpec(ctx, sb, func(sb *fbv1.Sandbox) error {
 		cs, err := edit(slices.Clone(sb.Spec.Credentials))
 		if err != nil {
 			return err
 		}
 		sb.Spec.Credentials = cs
-		return g.c.Patch(ctx, sb, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+		return nil
 	})
 	if err != nil {
 		if errdefs.Class(err) != errdefs.ErrUnknown {

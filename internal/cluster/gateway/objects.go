@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -172,4 +173,26 @@ func (g *Gateway) getFresh(ctx context.Context, obj client.Object) (gone bool, e
 		}
 	}
 	return false, kerr(err, "get "+obj.GetName())
+}
+
+// reread replaces sb with the API server's copy (getFresh reads the cache
+// first).
+func (g *Gateway) reread(ctx context.Context, sb *fbv1.Sandbox) error {
+	return kerr(g.api.Get(ctx, client.ObjectKeyFromObject(sb), sb), "read sandbox "+sb.Name)
+}
+
+// editSpec changes sb with edit against the API server's copy, locked on
+// its version and retried on a conflict (two calls must not undo each
+// other); sb is left as written.
+func (g *Gateway) editSpec(ctx context.Context, sb *fbv1.Sandbox, edit func(*fbv1.Sandbox) error) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := g.api.Get(ctx, client.ObjectKeyFromObject(sb), sb); err != nil {
+			return err
+		}
+		before := sb.DeepCopy()
+		if err := edit(sb); err != nil {
+			return err
+		}
+		return g.c.Patch(ctx, sb, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+	})
 }

@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"connectrpc.com/connect"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/forkbox/forkbox/api/forkbox/v1"
@@ -257,17 +256,13 @@ func (s *sandboxes) SetEgress(ctx context.Context, req *connect.Request[v1.SetEg
 }
 
 // recordEgress writes eg to sb's spec.egress against the API server's
-// copy, locked on its version (retried on a conflict). A patch computed
-// from a cached copy a write behind would leave out what the cache already
-// "has": a policy set back to what the cache shows was not recorded.
+// copy (editSpec). A patch computed from a cached copy a write behind would
+// leave out what the cache already "has": a policy set back to what the
+// cache shows was not recorded.
 func (g *Gateway) recordEgress(ctx context.Context, sb *fbv1.Sandbox, eg *fbv1.Egress) error {
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if err := g.api.Get(ctx, client.ObjectKeyFromObject(sb), sb); err != nil {
-			return err
-		}
-		before := sb.DeepCopy()
+	return g.editSpec(ctx, sb, func(sb *fbv1.Sandbox) error {
 		sb.Spec.Egress = eg
-		return g.c.Patch(ctx, sb, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+		return nil
 	})
 }
 
