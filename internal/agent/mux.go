@@ -202,35 +202,6 @@ func (m *muxSession) open() (*muxStream, error) {
 	return st, nil
 }
 
-// retire takes m out of use: no new stream opens on it, and it ends once
-// the streams opened on it are closed. A ping answered late may mean a
-// loaded host rather than a dead agent, and the calls running on the
-// session must not fail for it.
-func (m *muxSession) retire() {
-	m.mu.Lock()
-	m.retired = true
-	m.mu.Unlock()
-	m.closed0()
-}
-
-// closed counts a stream opened here as closed (client side).
-func (m *muxSession) closed() {
-	m.mu.Lock()
-	m.active--
-	m.mu.Unlock()
-	m.closed0()
-}
-
-// closed0 ends a retired session that has no open stream left.
-func (m *muxSession) closed0() {
-	m.mu.Lock()
-	end := m.retired && m.active <= 0
-	m.mu.Unlock()
-	if end {
-		m.Close()
-	}
-}
-
 // ping sends a ping and waits up to timeout for its pong.
 func (m *muxSession) ping(timeout time.Duration) error {
 	m.mu.Lock()

@@ -86,6 +86,32 @@ func (c *Client) streamLocked(ctx context.Context, op string, retry bool) (*muxS
 	return st, nil
 }
 
+// retire takes m out of use: no new stream opens on it, and it ends once
+// the streams opened on it are closed. A ping answered late may mean a
+// loaded host rather than a dead agent, and the calls running on the
+// session must not fail for it.
+func (m *muxSession) retire() {
+	m.mu.Lock()
+	m.retired = true
+	end := m.active == 0
+	m.mu.Unlock()
+	if end {
+		m.Close()
+	}
+}
+
+// closed counts a stream opened here as closed (client side), and ends a
+// retired session with its last stream.
+func (m *muxSession) closed() {
+	m.mu.Lock()
+	m.active--
+	end := m.retired && m.active == 0
+	m.mu.Unlock()
+	if end {
+		m.Close()
+	}
+}
+
 // dialSession dials the agent and opens a session with the current token.
 func (c *Client) dialSession(ctx context.Context, op string) (*muxSession, error) {
 	conn, err := c.dial(ctx, op)
