@@ -52,6 +52,16 @@ func TestCheckpointLive(t *testing.T) {
 	if err != nil || st.Status != runtime.StatusPaused || st.Pid != before.Pid {
 		t.Fatalf("after a live checkpoint of a paused container: %+v, %v; want paused with pid %d", st, err, before.Pid)
 	}
+	// The child's filesystem is the source's as the checkpoint saw it,
+	// copied while the source is still paused (the daemon snapshots it
+	// there too): a later copy can lack a file the image still holds
+	// open, such as a counter.new renamed away after the resume, and
+	// restore then fails to walk it.
+	kidDir := filepath.Join(tmp, "kid")
+	if err := os.MkdirAll(kidDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	copyTree(t, filepath.Join(srcDir, "upper"), filepath.Join(kidDir, "upper"))
 	n := lastInt(filepath.Join(src.Bundle, "stdio.log"))
 	if err := rt.Resume(ctx, src.ID); err != nil {
 		t.Fatal(err)
@@ -71,11 +81,6 @@ func TestCheckpointLive(t *testing.T) {
 
 	// A child restored (with background page loading) from the first
 	// image continues from where the source was paused.
-	kidDir := filepath.Join(tmp, "kid")
-	if err := os.MkdirAll(kidDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	copyTree(t, filepath.Join(srcDir, "upper"), filepath.Join(kidDir, "upper"))
 	kid := mfBundle(t, rt, kidDir, mfOverlay(t, lower, kidDir), "fbx-live-kid", testsuite.Netns(t), args)
 	if err := rt.Restore(ctx, kid.ID, kid.Bundle, img); err != nil {
 		t.Fatalf("restore from a live checkpoint: %v", err)
