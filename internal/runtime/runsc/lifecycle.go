@@ -26,26 +26,37 @@ func (r *Runsc) Run(ctx context.Context, id, bundle string) error {
 	return r.detached(ctx, "run", id, bundle, errdefs.ErrInvalidArgument)
 }
 
-// detached runs `runsc VERB --detach [extra...] --bundle bundle id` with the
-// container's stdio on bundle/stdio.log, and deletes whatever runsc created
-// if it fails. A NotFound from runsc becomes missingClass.
+// detached runs `runsc VERB --detach [extra...] --bundle bundle id` (create:
+// without --detach) for a container runsc does not know yet, in a state root
+// of its own.
 func (r *Runsc) detached(ctx context.Context, verb, id, bundle string, missingClass error, extra ...string) error {
 	if err := ocicli.CheckNew(ctx, r.State, "runsc", verb, id, bundle); err != nil {
 		return err
 	}
+	root, err := r.makeRoot(id, bundle)
+	if err != nil {
+		return fmt.Errorf("runsc %s %s: %w", verb, id, err)
+	}
+	args := []string{verb}
+	if verb != "create" { // create has no --detach: it never waits
+		args = append(args, "--detach")
+	}
+	args = append(append(args, extra...), "--bundle", bundle, id)
+	return r.cli(ctx, verb, id, bundle, root, missingClass, args)
+}
+
+// cli runs one runsc command that leaves processes behind (run, create,
+// restore) with its stdio on bundle/stdio.log, and deletes container id if
+// it fails (unless runsc refused a restore for the container's state). A
+// NotFound from runsc becomes missingClass.
+func (r *Runsc) cli(ctx context.Context, verb, id, bundle, root string, missingClass error, verbArgs []string) error {
 	stdio, err := ocicli.OpenStdio(bundle)
 	if err != nil {
 		return fmt.Errorf("runsc %s %s: %w", verb, id, err)
 	}
 	defer stdio.Close()
-	root, err := r.makeRoot(id, bundle)
-	if err != nil {
-		return fmt.Errorf("runsc %s %s: %w", verb, id, err)
-	}
-
 	t0 := time.Now()
-	args := append(r.globalArgs(root, id), verb, "--detach")
-	args = append(append(args, extra...), "--bundle", bundle, id)
+	args := append(r.globalArgs(root, id), verbArgs...)
 	cmd := exec.CommandContext(ctx, r.opts.Binary, args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdio.Null, stdio.Log, stdio.Log
 	// Own process group: a terminal's ^C to the daemon must not reach the
@@ -66,6 +77,12 @@ func (r *Runsc) detached(ctx context.Context, verb, id, bundle string, missingCl
 	goruntime.UnlockOSThread()
 	if runErr != nil {
 		msg := shortLines(ocicli.ReadFrom(stdio.LogPath, stdio.Start), 400)
+		if strings.Contains(msg, "cannot restore container") && strings.Contains(msg, " in state ") {
+			// A restore into a container that is not created (started or
+			// restored already: RestoreCreated): refused before anything
+			// was done, and the container is not ours to delete.
+			return fmt.Errorf("runsc %s %s: %s: %w", verb, id, ocicli.LastLines(msg, 1), errdefs.ErrFailedPrecondition)
+		}
 		ocicli.CleanupFailed(ctx, r.log, r.Delete, verb, id)
 		if strings.Contains(msg, "does not match across checkpoint restore") {
 			// runsc's restore spec validation: Args, Cwd and the mount
@@ -74,11 +91,7 @@ func (r *Runsc) detached(ctx context.Context, verb, id, bundle string, missingCl
 		}
 		return ocicli.Reclass(r.wrap(ctx, verb, id, runErr, msg), errdefs.ErrNotFound, missingClass)
 	}
-	done := "container running"
-	if verb == "restore" {
-		done = "container restored"
-	}
-	r.log.Debug(done, "sandbox", id, "took", time.Since(t0))
+	r.log.Debug("container "+map[string]string{"run": "running", "create": "created", "restore": "restored"}[verb], "sandbox", id, "took", time.Since(t0))
 	return nil
 }
 
