@@ -271,3 +271,111 @@ func TestPrebootRestart(t *testing.T) {
 	mustSh(t, sb, "true")
 	assertPooled(t, sb)
 }
+
+// waitCreatedReady waits until the daemon says n created members (for
+// memory-fork children) are ready, and returns the spares runsc lists.
+func waitCreatedReady(t *testing.T, maddr string, n int) []string {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		if scrape(t, "http://"+maddr+"/metrics", "")["forkbox_preboot_created_ready"] >= float64(n) {
+			return spares(t)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fewer than %d created pre-booted sandboxes ready after 3 minutes (spares: %v)", n, spares(t))
+		}
+		time.Sleep(100 * time.Millisecond) // polling a condition, with a deadline
+	}
+}
+
+// memoryChild memory-forks sb into one child, closed at the end of the test.
+func memoryChild(t *testing.T, sb *client.Sandbox) *client.Sandbox {
+	t.Helper()
+	ctx := context.Background()
+	res, err := sb.Fork(ctx, client.ForkOptions{Count: 1, Memory: true})
+	if err != nil || res.Children[0].Err != nil {
+		t.Fatalf("memory fork: %v %+v", err, res)
+	}
+	child := res.Children[0].Sandbox
+	t.Cleanup(func() { child.Close(ctx) })
+	return child
+}
+
+// prebootKind returns the preboot_kind of sb's sandbox.created event ("":
+// it took no pre-booted sandbox).
+func prebootKind(t *testing.T, sb *client.Sandbox) string {
+	t.Helper()
+	evs, err := sb.Events(context.Background())
+	if err != nil || len(evs) == 0 || evs[0].Type != "sandbox.created" {
+		t.Fatalf("events of %s: %v %+v", sb.ID, err, evs)
+	}
+	k, _ := evs[0].Data["preboot_kind"].(string)
+	return k
+}
+
+// TestPrebootMemoryForkCreated: a memory fork child of a source that runs
+// in a pre-booted sandbox takes a placeholder created ahead (booted, no
+// code run), and the image's placeholder is restored into it. The child
+// continues the source's processes with its own name and address and
+// nothing of another child; the pool turns to that kind when asked for it;
+// after a SIGKILL of the daemon, created spares are destroyed, never
+// handed out.
+func TestPrebootMemoryForkCreated(t *testing.T) {
+	ctx := context.Background()
+	maddr := prebootDaemon(t, 1)
+	waitReady(t, maddr, 1)
+	sb := newSandbox(t, prebootOpts())
+	assertPooled(t, sb)
+	mustSh(t, sb, "echo kept > /root/k; (while :; do sleep 1; done &) ; echo ok")
+
+	// The pool holds a booted member: the first child finds no created
+	// one, restores the ordinary way, and the pool turns to created.
+	first := memoryChild(t, sb)
+	if k := prebootKind(t, first); k != "" {
+		t.Errorf("first memory child: preboot_kind %q, want none (the pool held none created)", k)
+	}
+	mustSh(t, first, "echo mine > /root/first-child")
+	before := scrape(t, "http://"+maddr+"/metrics", "")
+	spare := waitCreatedReady(t, maddr, 1)
+	if st := runscContainers(t)["pod-"+spare[0]]; !strings.HasSuffix(st, " created") {
+		t.Errorf("the spare's placeholder: runsc says %q, want created", st)
+	}
+
+	child := memoryChild(t, sb)
+	if k := prebootKind(t, child); k != "created" {
+		t.Fatalf("second memory child: preboot_kind %q, want created", k)
+	}
+	if child.ID != spare[0] {
+		t.Errorf("the child is %s, the created spare was %s", child.ID, spare[0])
+	}
+	assertPooled(t, child)
+	if after := scrape(t, "http://"+maddr+"/metrics", ""); after["forkbox_preboot_hits_total"] != before["forkbox_preboot_hits_total"]+1 {
+		t.Errorf("forkbox_preboot_hits_total %v -> %v, want one more", before["forkbox_preboot_hits_total"], after["forkbox_preboot_hits_total"])
+	}
+	got := mustSh(t, child, "cat /root/k; hostname; ls /root; ps -o args | grep -c '[s]leep 1'")
+	if want := "kept\n" + child.Info.Name + "\n"; !strings.HasPrefix(got, want) || strings.Contains(got, "first-child") || strings.HasSuffix(got, "\n0\n") {
+		t.Errorf("created-member child: %q, want %q first, the source's sleep loop, no other child's file", got, want)
+	}
+	if ip := mustSh(t, child, "ip -4 addr show eth0"); !strings.Contains(ip, child.Info.Ip+"/") || strings.Contains(ip, sb.Info.Ip+"/") {
+		t.Errorf("child's eth0 %q, want its own address %s, not the source's %s", ip, child.Info.Ip, sb.Info.Ip)
+	}
+	mustSh(t, sb, "true")
+	mustSh(t, first, "true")
+
+	// The next created spare is destroyed by a restart, never handed out.
+	spares := waitCreatedReady(t, maddr, 1)
+	restartDaemon(t, syscall.SIGKILL)
+	for _, id := range spares {
+		if _, err := env.c.Sandbox(ctx, id); err == nil {
+			t.Errorf("spare %s became a sandbox", id)
+		}
+		checkNoLeftovers(t, id)
+	}
+	for _, s := range []*client.Sandbox{child, first, sb} {
+		id := s.ID
+		if err := s.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		checkNoLeftovers(t, id)
+	}
+}

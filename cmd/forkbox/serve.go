@@ -116,9 +116,9 @@ func serveCmd() *cobra.Command {
 			}
 			defer d.Close()
 			m := metrics.New(metrics.Options{Sandboxes: d.Store(), CgroupParent: cfg.CgroupParent,
-				MaxSandboxSeries: df.metricsMax, Log: log, Preboot: func() (int, int64, int64) {
+				MaxSandboxSeries: df.metricsMax, Log: log, Preboot: func() metrics.PrebootCounts {
 					s := d.PrebootStats()
-					return s.Ready, s.Hits, s.Misses
+					return metrics.PrebootCounts{Ready: s.Ready, Created: s.ReadyCreated, Hits: s.Hits, Misses: s.Misses}
 				}})
 			// The E2B endpoint listens before the API does: once the API
 			// answers (what a caller, or a test, waits for), every listener

@@ -119,8 +119,13 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 	// A pre-booted sandbox, when one fits, is this sandbox: its ID,
 	// address, netns and cgroup.
 	var pm *prebooted
-	if d.pre != nil && l.memory == nil && l.runtime == RuntimeGVisor {
-		if pm = d.pre.take(keyOf(l.runtime, cfg)); pm != nil {
+	if d.pre != nil && l.runtime == RuntimeGVisor {
+		if l.memory == nil {
+			pm = d.pre.take(keyOf(l.runtime, cfg))
+		} else {
+			pm = d.takeCreated(l.memory, keyOf(l.runtime, cfg))
+		}
+		if pm != nil {
 			id = pm.id
 		}
 	}
@@ -157,7 +162,7 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 		ev[k] = v
 	}
 	if pm != nil {
-		ev["preboot"] = true
+		ev["preboot"], ev["preboot_kind"] = true, pm.key.kind()
 	}
 	defer func() {
 		if err != nil {
@@ -186,7 +191,7 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 		}
 	}
 	if l.memory != nil {
-		err = d.startFromMemory(ctx, sb, l.img, l.memory)
+		err = d.startFromMemory(ctx, sb, l.img, l.memory, pm)
 	} else {
 		err = d.start(ctx, sb, l.img, l.parentSnapshot, pm)
 	}

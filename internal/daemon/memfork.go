@@ -14,6 +14,7 @@ import (
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/agent"
 	"github.com/forkbox/forkbox/internal/image"
+	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/runtime/runsc"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
@@ -236,7 +237,10 @@ func (d *Daemon) restoreAsItself(ctx context.Context, sb *store.Sandbox, mc runt
 
 // startFromMemory starts sb by restoring a memory checkpoint over its own
 // writable snapshot, netns and identity, and tells its agent it was forked.
-func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img image.Image, ck *store.Checkpoint) error {
+// With pm (a created member, takeCreated) sb is that pre-booted sandbox: its
+// network is made and its placeholder created, and the image's placeholder
+// is restored into it, skipping the boot.
+func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img image.Image, ck *store.Checkpoint, pm *prebooted) error {
 	mc, _, err := d.memoryRuntime(sb)
 	if err != nil {
 		return err
@@ -261,7 +265,12 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 		return fmt.Errorf("the memory checkpoint's spec: %w", err)
 	}
 	t0 := time.Now()
-	nw, err := d.prepare(ctx, sb, img, ck.ID)
+	var nw *network.Network
+	if pm != nil {
+		nw, err = pm.nw, d.prepareRootfs(ctx, sb, img, ck.ID)
+	} else {
+		nw, err = d.prepare(ctx, sb, img, ck.ID)
+	}
 	if err != nil {
 		return err
 	}
@@ -293,8 +302,10 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 		// The source ran in a pre-booted sandbox: its placeholder is
 		// restored first, as this sandbox's, which holds the cgroup.
 		runsc.AsTenant(s, podID(sb.ID))
-		if err := d.writeRestoredPod(sb, pod, nw.NSPath); err != nil {
-			return err
+		if pm == nil {
+			if err := d.writeRestoredPod(sb, pod, nw.NSPath); err != nil {
+				return err
+			}
 		}
 	} else {
 		s.Linux.CgroupsPath = d.cgroupPath(sb.ID)
@@ -304,7 +315,16 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 		return err
 	}
 	t1 := time.Now()
-	if pod != nil {
+	switch {
+	case pm != nil:
+		c, ok := mc.(creator)
+		if !ok {
+			return fmt.Errorf("runtime %s cannot restore into a created container: %w", sb.Runtime, errdefs.ErrNotImplemented)
+		}
+		if err := c.RestoreCreated(ctx, podID(sb.ID), d.podBundleDir(sb.ID), filepath.Join(dir, memImageSub)); err != nil {
+			return fmt.Errorf("restore the memory image's placeholder into the created one: %w", err)
+		}
+	case pod != nil:
 		if err := mc.Restore(ctx, podID(sb.ID), d.podBundleDir(sb.ID), filepath.Join(dir, memImageSub)); err != nil {
 			return fmt.Errorf("restore the memory image's placeholder: %w", err)
 		}

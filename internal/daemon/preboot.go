@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/store"
 )
@@ -46,7 +47,7 @@ const podPrefix = "pod-"
 func podID(id string) string { return podPrefix + id }
 
 // prebootKey is what a pre-booted sandbox was booted for: what its sentry,
-// netns and cgroup fix at boot.
+// netns and cgroup fix at boot, and its kind.
 type prebootKey struct {
 	runtime     string
 	cpu         float64
@@ -54,6 +55,21 @@ type prebootKey struct {
 	pids        int64
 	egress      string
 	allow, deny string
+	// created: the placeholder is created (`runsc create`: booted, not
+	// started), for the child of a memory fork of a source that ran in a
+	// pre-booted sandbox: the image's placeholder is restored into it
+	// (runsc/created.go), and the tenant into that. Otherwise it runs
+	// (`runsc run`), for creates and filesystem fork children. A
+	// restore needs a created container; a start needs a running one.
+	created bool
+}
+
+// kind names a key's kind in events and logs.
+func (k prebootKey) kind() string {
+	if k.created {
+		return "created"
+	}
+	return "booted"
 }
 
 func keyOf(rt string, cfg store.SandboxConfig) prebootKey {
@@ -72,6 +88,7 @@ type prebooted struct {
 // PrebootStats counts what the pool did since the daemon started.
 type PrebootStats struct {
 	Size, Ready        int
+	ReadyCreated       int // of Ready, the created kind
 	Hits, Misses       int64
 	Booted, BootFailed int64
 	Discarded          int64
@@ -117,6 +134,20 @@ func (p *prebootPool) take(key prebootKey) *prebooted {
 	}
 	p.stats.Misses++
 	return nil
+}
+
+// takeCreated hands out a created member for the child of memory
+// checkpoint ck (key: the child's runtime and resources), or nil: when the
+// image is of a source that ran in a pre-booted sandbox and its placeholder
+// spec fits the one members are created with (createdFits). Other images
+// leave the pool alone.
+func (d *Daemon) takeCreated(ck *store.Checkpoint, key prebootKey) *prebooted {
+	pod, err := d.readPodSpec(d.memImageDir(ck.ID))
+	if err != nil || pod == nil || !d.createdFits(pod, key) {
+		return nil
+	}
+	key.created = true
+	return d.pre.take(key)
 }
 
 // putBack returns a member that was taken but not used (its claim was not
@@ -188,6 +219,11 @@ func (d *Daemon) PrebootStats() PrebootStats {
 	defer d.pre.mu.Unlock()
 	s := d.pre.stats
 	s.Ready = len(d.pre.ready)
+	for _, m := range d.pre.ready {
+		if m.key.created {
+			s.ReadyCreated++
+		}
+	}
 	return s
 }
 
@@ -299,11 +335,26 @@ func (d *Daemon) bootPreboot(ctx context.Context, key prebootKey) (_ *prebooted,
 	if err := d.writePodBundle(dir, m.id, m.nw.NSPath, key); err != nil {
 		return nil, err
 	}
-	if err := d.runtimes[key.runtime].Run(ctx, podID(m.id), dir); err != nil {
+	if key.created {
+		c, ok := d.runtimes[key.runtime].(creator)
+		if !ok {
+			return nil, fmt.Errorf("preboot: runtime %s cannot create a container ahead: %w", key.runtime, errdefs.ErrNotImplemented)
+		}
+		if err := c.Create(ctx, podID(m.id), dir); err != nil {
+			return nil, fmt.Errorf("preboot: create the sandbox: %w", err)
+		}
+	} else if err := d.runtimes[key.runtime].Run(ctx, podID(m.id), dir); err != nil {
 		return nil, fmt.Errorf("preboot: boot the sandbox: %w", err)
 	}
-	d.log.Debug("preboot: sandbox booted", slog.String("sandbox", m.id), slog.Duration("took", time.Since(t0)))
+	d.log.Debug("preboot: sandbox booted", slog.String("sandbox", m.id), slog.String("kind", key.kind()), slog.Duration("took", time.Since(t0)))
 	return m, nil
+}
+
+// creator is the runtime feature a created member needs: create a
+// container ahead, and restore a memory image into it (runsc/created.go).
+type creator interface {
+	Create(ctx context.Context, id, bundle string) error
+	RestoreCreated(ctx context.Context, id, bundle, imageDir string) error
 }
 
 // recordPreboot allocates a member's address and records it, atomically

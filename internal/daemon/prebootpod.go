@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -41,6 +42,15 @@ func (d *Daemon) writePodBundle(dir, id, nsPath string, key prebootKey) error {
 	if err := spec.PrepareRootfs(rootfs); err != nil {
 		return err
 	}
+	s, err := d.podSpec(rootfs, id, nsPath, key)
+	if err != nil {
+		return err
+	}
+	return spec.WriteBundle(dir, s)
+}
+
+// podSpec is the placeholder's spec for sandbox id, booted for key.
+func (d *Daemon) podSpec(rootfs, id, nsPath string, key prebootKey) (*specs.Spec, error) {
 	s, err := spec.NewSpec(spec.SpecOptions{
 		Rootfs:      rootfs,
 		Hostname:    id,
@@ -54,13 +64,58 @@ func (d *Daemon) writePodBundle(dir, id, nsPath string, key prebootKey) error {
 			Options: []string{"rbind", "ro", "nosuid", "nodev"}}},
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	caps := []string{"CAP_SYS_ADMIN"}
 	s.Process.Capabilities = &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps}
 	setAppMemoryLimit(s, key.memory) // the sandbox boots from this spec
 	runsc.AsPod(s, podID(id))
-	return spec.WriteBundle(dir, s)
+	return s, nil
+}
+
+// createdFits reports whether a placeholder created ahead for key (a
+// member of the created kind, preboot.go) can take a memory image whose
+// placeholder spec is pod. runsc checks the image's spec against the one
+// the container was created with, so the two must be the same but for
+// what is each sandbox's own (root, hostname, netns, cgroup, limits, the
+// sandbox id) and mount sources, which runsc does not check. An image of
+// an older daemon's placeholder does not fit and is restored the ordinary
+// way.
+func (d *Daemon) createdFits(pod *specs.Spec, key prebootKey) bool {
+	mine, err := d.podSpec("/placeholder", "sb-placeholder", "/run/netns/placeholder", key)
+	if err != nil {
+		return false
+	}
+	a, aerr := canonicalPod(pod)
+	b, berr := canonicalPod(mine)
+	return aerr == nil && berr == nil && bytes.Equal(a, b)
+}
+
+// canonicalPod is a placeholder spec without what is a sandbox's own.
+func canonicalPod(s *specs.Spec) ([]byte, error) {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return nil, err
+	}
+	var c specs.Spec
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, err
+	}
+	c.Hostname = ""
+	if c.Root != nil {
+		c.Root.Path = ""
+	}
+	delete(c.Annotations, runsc.AnnotationSandboxID)
+	for i := range c.Mounts {
+		c.Mounts[i].Source = "" // under the root, or the agent binary's path: not checked
+	}
+	if c.Linux != nil {
+		c.Linux.CgroupsPath, c.Linux.Resources = "", nil
+		for i := range c.Linux.Namespaces {
+			c.Linux.Namespaces[i].Path = ""
+		}
+	}
+	return json.Marshal(c)
 }
 
 // hostnamer is the runtime feature a pre-booted sandbox is named with.

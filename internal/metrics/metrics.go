@@ -46,10 +46,17 @@ type Options struct {
 	MaxSandboxSeries int
 	// Log receives scrape errors (default: discarded).
 	Log *slog.Logger
-	// Preboot reads the pre-booted sandbox pool at scrape time: members
-	// ready, and creates or fork children that took one (hits) or found
-	// none (misses). Nil: no pool series.
-	Preboot func() (ready int, hits, misses int64)
+	// Preboot reads the pre-booted sandbox pool at scrape time. Nil: no
+	// pool series.
+	Preboot func() PrebootCounts
+}
+
+// PrebootCounts is the pre-booted sandbox pool at a scrape: members ready
+// (of them, Created for memory-fork children), and creates or fork children
+// that took one (Hits) or found none (Misses).
+type PrebootCounts struct {
+	Ready, Created int
+	Hits, Misses   int64
 }
 
 // Metrics is the daemon's registry and the collectors the interceptor feeds.
@@ -140,13 +147,16 @@ func New(o Options) *Metrics {
 		m.reg.MustRegister(
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "forkbox_preboot_ready",
 				Help: "Pre-booted gVisor sandboxes ready to be handed out (serve --preboot)."},
-				func() float64 { r, _, _ := pre(); return float64(r) }),
+				func() float64 { return float64(pre().Ready) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "forkbox_preboot_created_ready",
+				Help: "Of forkbox_preboot_ready, those created for memory-fork children (booted, not started)."},
+				func() float64 { return float64(pre().Created) }),
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "forkbox_preboot_hits_total",
 				Help: "Creates and fork children that started in a pre-booted sandbox."},
-				func() float64 { _, h, _ := pre(); return float64(h) }),
+				func() float64 { return float64(pre().Hits) }),
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "forkbox_preboot_misses_total",
 				Help: "gVisor creates and fork children that found no pre-booted sandbox of their resources and egress."},
-				func() float64 { _, _, m := pre(); return float64(m) }))
+				func() float64 { return float64(pre().Misses) }))
 	}
 	return m
 }

@@ -1,0 +1,48 @@
+package daemon
+
+import (
+	"path/filepath"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/forkbox/forkbox/internal/runtime/spec"
+)
+
+// TestCreatedFits: a placeholder spec written for one pre-booted sandbox
+// (what a memory image keeps as pod.json) fits the members created ahead
+// for the same key, whatever their own id, netns and cgroup; not one whose
+// key or validated fields differ (runsc would refuse the restore).
+func TestCreatedFits(t *testing.T) {
+	d := &Daemon{cfg: Config{AgentPath: "/usr/libexec/forkbox/agent", CgroupParent: "forkbox"}}
+	key := keyOf(RuntimeGVisor, defaultConfig())
+	dir := filepath.Join(t.TempDir(), "pod")
+	if err := d.writePodBundle(dir, "sb-source", "/run/netns/fbx-sb-source", key); err != nil {
+		t.Fatal(err)
+	}
+	read := func() *specs.Spec {
+		s, err := spec.ReadBundle(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if !d.createdFits(read(), key) {
+		t.Fatal("the placeholder spec of a pre-booted sandbox does not fit members created for its key")
+	}
+	other := key
+	other.memory *= 2
+	if d.createdFits(read(), other) {
+		t.Error("a placeholder of another memory size fits")
+	}
+	s := read()
+	s.Process.Args = append(s.Process.Args, "extra")
+	if d.createdFits(s, key) {
+		t.Error("a placeholder with other args fits")
+	}
+	s = read()
+	s.Mounts = s.Mounts[:len(s.Mounts)-1]
+	if d.createdFits(s, key) {
+		t.Error("a placeholder with another mount list fits")
+	}
+}
