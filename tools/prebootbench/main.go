@@ -44,8 +44,15 @@ func main() {
 	fanout := flag.Int("fanout", 0, "instead: fan-outs of this many children, -old (unary Fork) against -new (ForkStream), interleaved")
 	oldHost := flag.String("old", "", "with -fanout: a daemon of the previous build")
 	newHost := flag.String("new", "", "with -fanout: a daemon of this build")
+	memory := flag.Bool("memory", false, "instead: memory fork → child's first exec of one source per daemon; the pool daemon's children take created placeholders")
 	flag.Parse()
 	ctx := context.Background()
+	if *memory {
+		if err := memoryForks(ctx, on, off, *n); err != nil {
+			fail(err)
+		}
+		return
+	}
 	if *fanout > 0 {
 		if err := fanouts(ctx, *oldHost, *newHost, *fanout, *n); err != nil {
 			fail(err)
@@ -65,7 +72,7 @@ func main() {
 		}
 		for _, s := range order {
 			if s == on {
-				if err := waitSpares(ctx, on, 2); err != nil {
+				if err := waitSpares(ctx, on, 2, false); err != nil {
 					fail(err)
 				}
 			}
@@ -163,8 +170,8 @@ func execTrue(ctx context.Context, sb *client.Sandbox) error {
 }
 
 // waitSpares waits until the pool daemon's runsc roots hold n placeholders
-// whose sandbox it does not list.
-func waitSpares(ctx context.Context, s *side, n int) error {
+// (created ones only, if created) whose sandbox it does not list.
+func waitSpares(ctx context.Context, s *side, n int, created bool) error {
 	rs, err := runsc.New(runsc.Options{Root: s.runscRoot})
 	if err != nil {
 		return err
@@ -182,7 +189,7 @@ func waitSpares(ctx context.Context, s *side, n int) error {
 		spare := 0
 		for _, st := range states {
 			sb, ok := strings.CutPrefix(st.ID, "pod-")
-			if ok && !slices.ContainsFunc(list, func(i *client.Info) bool { return i.Id == sb }) {
+			if ok && (!created || st.Status == "created") && !slices.ContainsFunc(list, func(i *client.Info) bool { return i.Id == sb }) {
 				spare++
 			}
 		}
@@ -287,4 +294,77 @@ func (s *side) fanout(ctx context.Context, count int, stream bool) (first, total
 	}
 	_ = s.c.DeleteCheckpoint(ctx, fs.Checkpoint.Id)
 	return first, total, nil
+}
+
+// memoryForks: one source per daemon (the pool daemon's runs in a
+// pre-booted sandbox), then n interleaved rounds of a memory fork of one
+// child and its first exec. The pool daemon waits for a created
+// placeholder before each round (its first memory fork turns the pool to
+// that kind); round 0 is not counted.
+func memoryForks(ctx context.Context, on, off *side, n int) error {
+	srcs := map[*side]*client.Sandbox{}
+	for _, s := range []*side{on, off} {
+		s.c = &client.Client{Socket: strings.TrimPrefix(s.host, "unix://")}
+		if err := s.importImage(ctx); err != nil {
+			return err
+		}
+		if s == on {
+			if err := waitSpares(ctx, on, 1, false); err != nil {
+				return err
+			}
+		}
+		src, err := s.c.CreateSandbox(ctx, client.CreateOptions{Image: s.image, Runtime: "gvisor", Resources: client.Resources{Memory: "256Mi"}})
+		if err != nil {
+			return fmt.Errorf("%s: create: %w", s.name, err)
+		}
+		defer src.Close(context.WithoutCancel(ctx))
+		if _, err := src.Start(ctx, client.ExecOptions{Shell: "while :; do sleep 1; done"}); err != nil {
+			return err
+		}
+		srcs[s] = src
+	}
+	for i := range n + 1 {
+		order := []*side{on, off}
+		if i%2 == 1 {
+			order = []*side{off, on}
+		}
+		for _, s := range order {
+			if s == on && i > 0 {
+				if err := waitSpares(ctx, on, 1, true); err != nil {
+					return err
+				}
+			}
+			t := time.Now()
+			res, err := srcs[s].Fork(ctx, client.ForkOptions{Count: 1, Memory: true})
+			if err != nil {
+				return fmt.Errorf("%s: memory fork: %w", s.name, err)
+			}
+			child := res.Children[0]
+			if child.Err != nil {
+				return fmt.Errorf("%s: memory fork child: %w", s.name, child.Err)
+			}
+			err = execTrue(ctx, child.Sandbox)
+			took := ms(time.Since(t))
+			evs, _ := child.Sandbox.Events(ctx)
+			child.Sandbox.Close(context.WithoutCancel(ctx))
+			_ = s.c.DeleteCheckpoint(ctx, res.Checkpoint.Id)
+			if err != nil {
+				return err
+			}
+			if i == 0 {
+				continue
+			}
+			s.fork = append(s.fork, took)
+			s.total++
+			if len(evs) > 0 && evs[0].Data["preboot_kind"] == "created" {
+				s.pooled++
+			}
+		}
+	}
+	fmt.Printf("gVisor memory fork of one child, 256Mi, n=%d rounds, interleaved\n", n)
+	fmt.Printf("%-9s %-30s %s\n", "", "memory fork→child exec p50/p95", "into a created placeholder")
+	for _, s := range []*side{on, off} {
+		fmt.Printf("%-9s %-30s %d/%d\n", s.name, summary(s.fork), s.pooled, s.total)
+	}
+	return nil
 }
