@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -362,6 +363,18 @@ func TestPrebootMemoryForkCreated(t *testing.T) {
 	mustSh(t, sb, "true")
 	mustSh(t, first, "true")
 
+	// A created spare whose sandbox died while it waited: the child
+	// that takes it is restored the ordinary way, in its netns.
+	dead := waitCreatedReady(t, maddr, 1)[0]
+	killSandboxProcess(t, "pod-"+dead)
+	third := memoryChild(t, sb)
+	if third.ID != dead || prebootKind(t, third) != "created" {
+		t.Errorf("third memory child %s (%s), want the dead spare %s, created", third.ID, prebootKind(t, third), dead)
+	}
+	if got := mustSh(t, third, "cat /root/k; hostname"); got != "kept\n"+third.Info.Name+"\n" {
+		t.Errorf("child of a dead created spare: %q", got)
+	}
+
 	// The next created spare is destroyed by a restart, never handed out.
 	spares := waitCreatedReady(t, maddr, 1)
 	restartDaemon(t, syscall.SIGKILL)
@@ -371,11 +384,34 @@ func TestPrebootMemoryForkCreated(t *testing.T) {
 		}
 		checkNoLeftovers(t, id)
 	}
-	for _, s := range []*client.Sandbox{child, first, sb} {
+	for _, s := range []*client.Sandbox{third, child, first, sb} {
 		id := s.ID
 		if err := s.Close(ctx); err != nil {
 			t.Fatal(err)
 		}
 		checkNoLeftovers(t, id)
+	}
+}
+
+// killSandboxProcess SIGKILLs the gVisor sandbox process of runsc container
+// id and waits until it is gone.
+func killSandboxProcess(t *testing.T, id string) {
+	t.Helper()
+	out, err := exec.Command("runsc", "--root", runscRoot(id), "state", id).Output()
+	if err != nil {
+		t.Fatalf("runsc state %s: %v", id, err)
+	}
+	var st struct{ Pid int }
+	if err := json.Unmarshal(out, &st); err != nil || st.Pid <= 0 {
+		t.Fatalf("runsc state %s: %v in %q", id, err, out)
+	}
+	if err := syscall.Kill(st.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); syscall.Kill(st.Pid, 0) == nil; {
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox process %d of %s still there 30 s after SIGKILL", st.Pid, id)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition, with a deadline
 	}
 }

@@ -235,6 +235,26 @@ func (d *Daemon) restoreAsItself(ctx context.Context, sb *store.Sandbox, mc runt
 	return agent.WaitReady(rctx, d.agent(sb))
 }
 
+// restoreIntoCreated restores a memory image's placeholder into sb's created
+// one (a pre-booted member of the created kind) and reports whether it did.
+// If it did not (the member's sandbox died while it waited, or runsc was
+// upgraded since it was created and refuses an image of the new build), the
+// member is deleted, the caller restores the ordinary way, and the fork goes
+// on.
+func (d *Daemon) restoreIntoCreated(ctx context.Context, sb *store.Sandbox, mc runtime.MemoryCheckpointer, image string) bool {
+	c, ok := mc.(creator)
+	if !ok {
+		return false
+	}
+	err := c.RestoreCreated(ctx, podID(sb.ID), d.podBundleDir(sb.ID), image)
+	if err == nil {
+		return true
+	}
+	d.log.Warn("memory child: the created placeholder did not take the image; restoring the ordinary way", "sandbox", sb.ID, "err", err)
+	d.bestEffort(ctx, "delete the created placeholder", d.runtimes[sb.Runtime].Delete(ctx, podID(sb.ID), true), slog.String("sandbox", sb.ID))
+	return false
+}
+
 // startFromMemory starts sb by restoring a memory checkpoint over its own
 // writable snapshot, netns and identity, and tells its agent it was forked.
 // With pm (a created member, takeCreated) sb is that pre-booted sandbox: its
@@ -315,15 +335,15 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 		return err
 	}
 	t1 := time.Now()
+	if pm != nil && !d.restoreIntoCreated(ctx, sb, mc, filepath.Join(dir, memImageSub)) {
+		// The ordinary way, in the member's netns and cgroup.
+		if err := d.writeRestoredPod(sb, pod, nw.NSPath); err != nil {
+			return err
+		}
+		pm = nil
+	}
 	switch {
 	case pm != nil:
-		c, ok := mc.(creator)
-		if !ok {
-			return fmt.Errorf("runtime %s cannot restore into a created container: %w", sb.Runtime, errdefs.ErrNotImplemented)
-		}
-		if err := c.RestoreCreated(ctx, podID(sb.ID), d.podBundleDir(sb.ID), filepath.Join(dir, memImageSub)); err != nil {
-			return fmt.Errorf("restore the memory image's placeholder into the created one: %w", err)
-		}
 	case pod != nil:
 		if err := mc.Restore(ctx, podID(sb.ID), d.podBundleDir(sb.ID), filepath.Join(dir, memImageSub)); err != nil {
 			return fmt.Errorf("restore the memory image's placeholder: %w", err)

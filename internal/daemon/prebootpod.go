@@ -105,7 +105,10 @@ func canonicalPod(s *specs.Spec) ([]byte, error) {
 	if c.Root != nil {
 		c.Root.Path = ""
 	}
+	// runsc checks no dev.gvisor.internal.* annotation; the member's
+	// memory is the child's anyway (the key).
 	delete(c.Annotations, runsc.AnnotationSandboxID)
+	delete(c.Annotations, runsc.AnnotationAppMemoryLimit)
 	for i := range c.Mounts {
 		c.Mounts[i].Source = "" // under the root, or the agent binary's path: not checked
 	}

@@ -32,10 +32,15 @@ func TestCreatedFits(t *testing.T) {
 	}
 	other := key
 	other.memory *= 2
-	if d.createdFits(read(), other) {
-		t.Error("a placeholder of another memory size fits")
+	if !d.createdFits(read(), other) {
+		t.Error("a placeholder of another memory size does not fit (runsc checks no limit; the member's key is the child's)")
 	}
 	s := read()
+	s.Process.Capabilities.Bounding = append(s.Process.Capabilities.Bounding, "CAP_NET_ADMIN")
+	if d.createdFits(s, key) {
+		t.Error("a placeholder with other capabilities fits")
+	}
+	s = read()
 	s.Process.Args = append(s.Process.Args, "extra")
 	if d.createdFits(s, key) {
 		t.Error("a placeholder with other args fits")

@@ -313,7 +313,8 @@ func memoryForks(ctx context.Context, on, off *side, n int) error {
 				return err
 			}
 		}
-		src, err := s.c.CreateSandbox(ctx, client.CreateOptions{Image: s.image, Runtime: "gvisor", Resources: client.Resources{Memory: "256Mi"}})
+		// The daemon's default resources: what the pool boots for first.
+		src, err := s.c.CreateSandbox(ctx, client.CreateOptions{Image: s.image, Runtime: "gvisor"})
 		if err != nil {
 			return fmt.Errorf("%s: create: %w", s.name, err)
 		}
@@ -361,7 +362,7 @@ func memoryForks(ctx context.Context, on, off *side, n int) error {
 			}
 		}
 	}
-	fmt.Printf("gVisor memory fork of one child, 256Mi, n=%d rounds, interleaved\n", n)
+	fmt.Printf("gVisor memory fork of one child, default resources, n=%d rounds, interleaved\n", n)
 	fmt.Printf("%-9s %-30s %s\n", "", "memory fork→child exec p50/p95", "into a created placeholder")
 	for _, s := range []*side{on, off} {
 		fmt.Printf("%-9s %-30s %d/%d\n", s.name, summary(s.fork), s.pooled, s.total)

@@ -77,13 +77,16 @@ func (r *Runsc) cli(ctx context.Context, verb, id, bundle, root string, missingC
 	goruntime.UnlockOSThread()
 	if runErr != nil {
 		msg := shortLines(ocicli.ReadFrom(stdio.LogPath, stdio.Start), 400)
-		if strings.Contains(msg, "cannot restore container") && strings.Contains(msg, " in state ") {
+		if verb == "restore" && strings.Contains(msg, fmt.Sprintf("cannot restore container %q in state ", id)) {
 			// A restore into a container that is not created (started or
 			// restored already: RestoreCreated): refused before anything
-			// was done, and the container is not ours to delete.
+			// was done, and the container is not this call's to delete.
 			return fmt.Errorf("runsc %s %s: %s: %w", verb, id, ocicli.LastLines(msg, 1), errdefs.ErrFailedPrecondition)
 		}
 		ocicli.CleanupFailed(ctx, r.log, r.Delete, verb, id)
+		if strings.Contains(msg, "runsc version does not match across checkpoint restore") {
+			return fmt.Errorf("runsc %s %s: the image was saved by another runsc build: %s: %w", verb, id, ocicli.LastLines(msg, 1), errdefs.ErrFailedPrecondition)
+		}
 		if strings.Contains(msg, "does not match across checkpoint restore") {
 			// runsc's restore spec validation: Args, Cwd and the mount
 			// list (destination, type, options) must equal the source's.
