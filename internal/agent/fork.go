@@ -69,10 +69,16 @@ func (s *Server) handleForked(fw *frameWriter, req *request, received time.Time)
 	log := s.log.With("reason", n.Reason, "parent", n.ParentID, "machine_id", n.MachineID)
 	if n.Hostname != "" && s.cfg.Init {
 		// Only as init: the agent then owns the sandbox's UTS namespace; a
-		// test agent would rename the host.
-		if err := unix.Sethostname([]byte(n.Hostname)); err != nil {
+		// test agent would rename the host. A tenant of a pre-booted
+		// sandbox may not (EPERM): its placeholder does it (holdname.go).
+		err := unix.Sethostname([]byte(n.Hostname))
+		if errors.Is(err, unix.EPERM) {
+			err = setHostnameViaHold(n.Hostname)
+		}
+		if err != nil {
 			log.Warn("forked: sethostname", "hostname", n.Hostname, "err", err)
 		}
+		reply.HostnameSet = err == nil
 	}
 	hook := s.findHook()
 	if hook != "" {

@@ -166,6 +166,9 @@ type ForkNotice struct {
 
 // ForkReply is the agent's answer to a ForkNotice.
 type ForkReply struct {
+	// HostnameSet says the notice's hostname was set (an agent of an
+	// older build never says so).
+	HostnameSet bool `json:"hostname_set,omitempty"`
 	// HookRan says an on-fork hook was found and started.
 	HookRan bool `json:"hook_ran"`
 	// HookExitCode is the hook's exit status, 128+signo if a signal killed it

@@ -24,6 +24,10 @@ func TestMain(m *testing.M) {
 		os.Stdout.WriteString(tok + "\n")
 		os.Stdout.Write(b)
 		os.Exit(0)
+	case "holdname":
+		// In a UTS namespace of its own (holdname_test.go).
+		holdnameChild()
+		os.Exit(0)
 	}
 	if len(os.Args) > 1 && os.Args[1] == HelperExecLimited {
 		err := ExecLimited(os.Args[2:])

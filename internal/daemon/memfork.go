@@ -353,13 +353,6 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 		return fmt.Errorf("restore the memory image: %w", err)
 	}
 	restoreMS := msSince(t1)
-	if pod != nil {
-		// gVisor keeps the image's hostname; the child's is set by the
-		// placeholder, as at a pre-booted start.
-		if err := d.setPodHostname(ctx, sb); err != nil {
-			return err
-		}
-	}
 	t2 := time.Now()
 	c := d.agentWithToken(sb, tok)
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
@@ -374,11 +367,22 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 	if err != nil {
 		return fmt.Errorf("tell the child it was forked: %w", err)
 	}
+	hostnameExec := pod != nil && !reply.HostnameSet
+	if hostnameExec {
+		// gVisor keeps the image's hostname, which the source's
+		// placeholder set, and the agent could not reach the restored
+		// placeholder's hostname service (an image of an older build): the
+		// placeholder is told with runsc exec, as at a pre-booted start
+		// (about 300 ms on a slow host, against a few ms for the service).
+		if err := d.setPodHostname(ctx, sb); err != nil {
+			return err
+		}
+	}
 	// Where a child's start goes (bench and issue 17): our own work before
 	// (snapshot, mounts, network, bundle), runsc restore, the agent's first
 	// answer, the fork notice.
 	d.log.Debug("memory child started", "sandbox", sb.ID, "checkpoint", ck.ID, "prepare_ms", prepareMS, "restore_ms", restoreMS,
-		"agent_ready_ms", readyMS, "fork_notice_ms", msSince(t3), "total_ms", msSince(t0))
+		"agent_ready_ms", readyMS, "fork_notice_ms", msSince(t3), "hostname_exec", hostnameExec, "total_ms", msSince(t0))
 	data := map[string]any{"hook_ran": reply.HookRan, "clock_skew_ms": reply.ClockSkew.Milliseconds()}
 	if reply.HookRan {
 		data["hook_exit_code"] = reply.HookExitCode
