@@ -36,7 +36,9 @@ import (
 //     and none while a create or fork is under way (the pool takes CPU only
 //     when the daemon is otherwise idle); the pool fills with members for
 //     the key asked for last (the daemon's defaults at first), and members
-//     of another key make room for them, oldest first;
+//     of another key make room for them, oldest first; once both kinds
+//     (booted, created) have been asked for, each keeps about half the
+//     pool, for its key asked for last (targets);
 //   - Close stops the refill and destroys the members not handed out.
 
 // podPrefix makes a pre-booted sandbox's placeholder container id from the
@@ -103,8 +105,13 @@ type prebootPool struct {
 	mu      sync.Mutex
 	ready   []*prebooted // oldest first
 	booting bool
-	want    prebootKey // the key last asked for
-	stats   PrebootStats
+	// want and wantCreated are the keys last asked for of each kind
+	// (wantCreated nil: none asked for yet); createdLast says which kind
+	// was asked for last.
+	want        prebootKey
+	wantCreated *prebootKey
+	createdLast bool
+	stats       PrebootStats
 }
 
 func newPrebootPool(size int, want prebootKey) *prebootPool {
@@ -124,7 +131,11 @@ func (p *prebootPool) take(key prebootKey) *prebooted {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	defer p.wake()
-	p.want = key
+	if key.created {
+		p.wantCreated, p.createdLast = &key, true
+	} else {
+		p.want, p.createdLast = key, false
+	}
 	for i, m := range p.ready {
 		if m.key == key {
 			p.ready = slices.Delete(p.ready, i, i+1)
@@ -167,25 +178,56 @@ func (p *prebootPool) next() (key prebootKey, evict *prebooted, boot bool) {
 	if p.booting {
 		return key, nil, false
 	}
-	wanted := 0
+	wanted := p.targets()
+	count := map[prebootKey]int{}
 	for _, m := range p.ready {
-		if m.key == p.want {
-			wanted++
+		count[m.key]++
+	}
+	for _, w := range wanted {
+		if count[w.key] >= w.n {
+			continue
 		}
+		if len(p.ready) >= p.size {
+			// Full: the oldest member no kind wants (another key, or one
+			// more of a wanted key than its share) makes room.
+			i := slices.IndexFunc(p.ready, func(m *prebooted) bool {
+				j := slices.IndexFunc(wanted, func(w target) bool { return w.key == m.key })
+				return j < 0 || count[m.key] > wanted[j].n
+			})
+			evict = p.ready[i]
+			p.ready = slices.Delete(p.ready, i, i+1)
+			p.stats.Discarded++
+		}
+		p.booting = true
+		return w.key, evict, true
 	}
-	if wanted >= p.size {
-		return key, nil, false
+	return key, nil, false
+}
+
+// target is how many members of key the pool keeps.
+type target struct {
+	key prebootKey
+	n   int
+}
+
+// targets shares the pool between the kinds: all of it for the key asked
+// for last while only one kind has been asked for (or the pool holds one);
+// then half each, the kind asked for last taking the odd one and coming
+// first. A host that alternates creates and memory forks keeps members of
+// both kinds instead of replacing one with the other at every switch. The
+// counts add up to the pool's size.
+func (p *prebootPool) targets() []target {
+	if p.wantCreated == nil || p.size == 1 {
+		if p.createdLast {
+			return []target{{*p.wantCreated, p.size}}
+		}
+		return []target{{p.want, p.size}}
 	}
-	if len(p.ready) >= p.size {
-		// Full, but not all of the key asked for last: the oldest of
-		// another key makes room.
-		i := slices.IndexFunc(p.ready, func(m *prebooted) bool { return m.key != p.want })
-		evict = p.ready[i]
-		p.ready = slices.Delete(p.ready, i, i+1)
-		p.stats.Discarded++
+	last, other := target{p.want, (p.size + 1) / 2}, target{*p.wantCreated, p.size / 2}
+	if p.createdLast {
+		last.key, other.key = other.key, last.key
 	}
-	p.booting = true
-	return p.want, evict, true
+	return []target{last, other}
 }
 
 // booted ends a boot.

@@ -47,3 +47,61 @@ func TestPrebootPoolBook(t *testing.T) {
 		t.Errorf("stats %+v: want 2 hits, 2 misses, 3 booted, 1 failed, 1 discarded", st)
 	}
 }
+
+// The pool shared between the kinds: once memory-fork children asked for a
+// created member, half the pool keeps that kind and half the booted one
+// (the kind asked for last takes the odd one), so alternating creates and
+// memory forks do not replace one kind with the other at every switch.
+func TestPrebootPoolKinds(t *testing.T) {
+	a := prebootKey{runtime: RuntimeGVisor, memory: 1}
+	c := a
+	c.created = true
+	p := newPrebootPool(3, a)
+	fill := func(ids ...string) {
+		t.Helper()
+		for _, id := range ids {
+			key, evict, ok := p.next()
+			if !ok {
+				t.Fatalf("next: no boot, want one for %s", id)
+			}
+			if evict != nil {
+				t.Logf("%s evicts %s", id, evict.id)
+			}
+			p.booted(&prebooted{id: id, key: key})
+		}
+		if _, _, ok := p.next(); ok {
+			t.Fatalf("a boot past the shares (pool %v)", ids)
+		}
+	}
+	book := func() (out string) {
+		for _, m := range p.ready {
+			out += m.id + " "
+		}
+		return out
+	}
+	fill("a1", "a2", "a3")
+	if m := p.take(c); m != nil {
+		t.Fatalf("take(created) = %s, want a miss", m.id)
+	}
+	// Created asked for last: 2 created, 1 booted; the oldest booted go.
+	fill("c1", "c2")
+	if got := book(); got != "a3 c1 c2 " {
+		t.Errorf("after a created miss: pool %q, want a3 c1 c2", got)
+	}
+	if m := p.take(a); m == nil || m.id != "a3" {
+		t.Fatalf("take(booted) = %v, want a3", m)
+	}
+	// Booted asked for last: 2 booted, 1 created; the extra created goes.
+	fill("a4", "a5")
+	if got := book(); got != "c2 a4 a5 " {
+		t.Errorf("after a booted hit: pool %q, want c2 a4 a5", got)
+	}
+	if m := p.take(c); m == nil || m.id != "c2" {
+		t.Fatalf("take(created) = %v, want c2", m)
+	}
+	for _, m := range p.ready {
+		if m.key.created {
+			t.Errorf("%s: a created member left after the last was taken", m.id)
+		}
+	}
+}
