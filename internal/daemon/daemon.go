@@ -110,6 +110,7 @@ type Daemon struct {
 	images   *image.Store
 	snaps    snapshot.Snapshotter
 	net      netManager
+	names    *hostNames // the host-wide names it holds (hostnames.go)
 	host     hostOps
 	runtimes map[string]runtime.Runtime
 
@@ -206,6 +207,14 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 			err = errors.Join(err, undo.run(context.WithoutCancel(ctx)))
 		}
 	}()
+	if p.net == nil {
+		// The real host: its host-wide names are this daemon's before
+		// anything is set up.
+		if d.names, err = lockHostNames(cfg); err != nil {
+			return nil, err
+		}
+		undo.push(func(context.Context) error { d.names.release(); return nil })
+	}
 	for _, dir := range []string{cfg.StateDir, cfg.RunDir, d.bundlesDir()} {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("state dir: %w", err)
@@ -294,7 +303,9 @@ func (d *Daemon) Close() error {
 	d.bg.Wait()
 	d.closePreboot(context.Background())
 	d.closeAgents()
-	return errors.Join(perr, d.closeDNS(), d.snaps.Close(), d.store.Close())
+	err := errors.Join(perr, d.closeDNS(), d.snaps.Close(), d.store.Close())
+	d.names.release()
+	return err
 }
 
 // closeDNS stops the DNS proxy, if it runs.

@@ -1,0 +1,90 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/network"
+)
+
+// Host-wide names a daemon owns. Its cgroup parent, bridge, nftables table
+// and veth prefix name state that is global to the host, and its reconcile
+// removes whatever it finds under them that is not its own (sweepOrphans):
+// two daemons sharing one would tear down each other's sandboxes (a second
+// daemon's start once deleted the first one's fresh veths and killed a
+// `runsc run` in its cgroup). So a daemon holds an flock per name while it
+// runs, and a second daemon that names one already held is refused.
+
+// hostNamesDir holds the lock files: on /run, so a reboot clears them; the
+// kernel drops a dead daemon's flocks, so a crash frees its names.
+var hostNamesDir = "/run/forkbox-names"
+
+// hostNames is the set of lock files a daemon holds.
+type hostNames struct{ files []*os.File }
+
+// lockHostNames takes cfg's host-wide names, or fails with
+// FailedPrecondition naming the flag that collides and the daemon holding
+// it.
+func lockHostNames(cfg Config) (_ *hostNames, err error) {
+	or := func(v, def string) string {
+		if v == "" {
+			return def
+		}
+		return v
+	}
+	names := []struct{ flag, value string }{
+		{"--cgroup-parent", cfg.CgroupParent},
+		{"--bridge", or(cfg.Bridge, network.DefaultBridge)},
+		{"--net-table", or(cfg.NetTable, network.DefaultTable)},
+		{"--veth-prefix", or(cfg.VethPrefix, network.DefaultVeth)},
+	}
+	if err := os.MkdirAll(hostNamesDir, 0o700); err != nil {
+		return nil, fmt.Errorf("host names: %v: %w", err, errdefs.ErrInternal)
+	}
+	h := &hostNames{}
+	defer func() {
+		if err != nil {
+			h.release()
+		}
+	}()
+	for _, n := range names {
+		path := filepath.Join(hostNamesDir, strings.TrimPrefix(n.flag, "--")+"="+url.PathEscape(n.value))
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("host names: %v: %w", err, errdefs.ErrInternal)
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			holder, _ := os.ReadFile(path)
+			f.Close()
+			if !errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, fmt.Errorf("host names: lock %s: %v: %w", path, err, errdefs.ErrInternal)
+			}
+			return nil, fmt.Errorf("another forkbox daemon (pid %s) uses %s %s on this host: give this one its own --cgroup-parent, --bridge, --net-table and --veth-prefix (they name host-wide state that each daemon's reconcile cleans up): %w",
+				strings.TrimSpace(string(holder)), n.flag, n.value, errdefs.ErrFailedPrecondition)
+		}
+		h.files = append(h.files, f)
+		if err := f.Truncate(0); err == nil {
+			f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+		}
+	}
+	return h, nil
+}
+
+// release gives the names back.
+func (h *hostNames) release() {
+	if h == nil {
+		return
+	}
+	for _, f := range h.files {
+		f.Close() // drops the flock
+	}
+	h.files = nil
+}
