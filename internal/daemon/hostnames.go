@@ -88,3 +88,13 @@ func (h *hostNames) release() {
 	}
 	h.files = nil
 }
+
+// remove deletes the lock files (uninstall), still held until release.
+func (h *hostNames) remove() {
+	if h == nil {
+		return
+	}
+	for _, f := range h.files {
+		os.Remove(f.Name())
+	}
+}

@@ -42,5 +42,9 @@ func TestHostNames(t *testing.T) {
 	if ha, err = lockHostNames(a); err != nil {
 		t.Fatalf("after a release: %v", err)
 	}
+	ha.remove()
 	ha.release()
+	if ents, _ := os.ReadDir(hostNamesDir); len(ents) != 4 {
+		t.Errorf("%d lock files after one daemon's uninstall, want the other's 4", len(ents))
+	}
 }
