@@ -16,7 +16,8 @@ import (
 )
 
 // Host-wide names a daemon owns. Its cgroup parent, bridge, nftables table
-// and veth prefix name state that is global to the host, and its reconcile
+// and veth prefix name state that is global to the host (the last three to
+// its network namespace), and its reconcile
 // removes whatever it finds under them that is not its own (sweepOrphans):
 // two daemons sharing one would tear down each other's sandboxes (a second
 // daemon's start once deleted the first one's fresh veths and killed a
@@ -40,11 +41,17 @@ func lockHostNames(cfg Config) (_ *hostNames, err error) {
 		}
 		return v
 	}
-	names := []struct{ flag, value string }{
-		{"--cgroup-parent", cfg.CgroupParent},
-		{"--bridge", or(cfg.Bridge, network.DefaultBridge)},
-		{"--net-table", or(cfg.NetTable, network.DefaultTable)},
-		{"--veth-prefix", or(cfg.VethPrefix, network.DefaultVeth)},
+	// Links and nftables tables belong to a network namespace (a cluster
+	// test runs its nodes in one each), cgroups to the host.
+	netns, err := os.Readlink("/proc/thread-self/ns/net")
+	if err != nil {
+		return nil, fmt.Errorf("host names: this daemon's network namespace: %v: %w", err, errdefs.ErrInternal)
+	}
+	names := []struct{ flag, value, scope string }{
+		{"--cgroup-parent", cfg.CgroupParent, ""},
+		{"--bridge", or(cfg.Bridge, network.DefaultBridge), netns},
+		{"--net-table", or(cfg.NetTable, network.DefaultTable), netns},
+		{"--veth-prefix", or(cfg.VethPrefix, network.DefaultVeth), netns},
 	}
 	if err := os.MkdirAll(hostNamesDir, 0o700); err != nil {
 		return nil, fmt.Errorf("host names: %v: %w", err, errdefs.ErrInternal)
@@ -57,6 +64,9 @@ func lockHostNames(cfg Config) (_ *hostNames, err error) {
 	}()
 	for _, n := range names {
 		path := filepath.Join(hostNamesDir, strings.TrimPrefix(n.flag, "--")+"="+url.PathEscape(n.value))
+		if n.scope != "" {
+			path += "@" + url.PathEscape(n.scope)
+		}
 		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 		if err != nil {
 			return nil, fmt.Errorf("host names: %v: %w", err, errdefs.ErrInternal)
@@ -67,7 +77,7 @@ func lockHostNames(cfg Config) (_ *hostNames, err error) {
 			if !errors.Is(err, unix.EWOULDBLOCK) {
 				return nil, fmt.Errorf("host names: lock %s: %v: %w", path, err, errdefs.ErrInternal)
 			}
-			return nil, fmt.Errorf("another forkbox daemon (pid %s) uses %s %s on this host: give this one its own --cgroup-parent, --bridge, --net-table and --veth-prefix (they name host-wide state that each daemon's reconcile cleans up): %w",
+			return nil, fmt.Errorf("another forkbox daemon (pid %s) uses %s %s on this host (in this network namespace, for the network's names): give this one its own --cgroup-parent, --bridge, --net-table and --veth-prefix (they name host-wide state that each daemon's reconcile cleans up): %w",
 				strings.TrimSpace(string(holder)), n.flag, n.value, errdefs.ErrFailedPrecondition)
 		}
 		h.files = append(h.files, f)

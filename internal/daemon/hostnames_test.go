@@ -2,9 +2,12 @@ package daemon
 
 import (
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/forkbox/forkbox/errdefs"
 )
@@ -32,6 +35,32 @@ func TestHostNames(t *testing.T) {
 			t.Errorf("same %s: got %v, want FailedPrecondition naming it and pid %d", flag, err, os.Getpid())
 		}
 	}
+	// In another network namespace (a cluster test's node), the network's
+	// names are free; the cgroup parent is not.
+	if os.Geteuid() == 0 {
+		type result struct {
+			same, other error
+		}
+		ch := make(chan result)
+		go func() {
+			runtime.LockOSThread() // not unlocked: the thread ends with the goroutine
+			if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+				ch <- result{same: err}
+				return
+			}
+			_, same := lockHostNames(a)
+			h, other := lockHostNames(Config{CgroupParent: "fbx-test/n", Bridge: a.Bridge, NetTable: a.NetTable, VethPrefix: a.VethPrefix})
+			h.release()
+			ch <- result{same, other}
+		}()
+		r := <-ch
+		if !errdefs.IsFailedPrecondition(r.same) || !strings.Contains(r.same.Error(), "--cgroup-parent ") {
+			t.Errorf("same names in another netns: got %v, want the cgroup parent refused", r.same)
+		}
+		if r.other != nil {
+			t.Errorf("the network's names in another netns: %v", r.other)
+		}
+	}
 	b := Config{CgroupParent: "fbx-test/b", Bridge: "fbxtb", NetTable: "fbxtb", VethPrefix: "ftb"}
 	hb, err := lockHostNames(b)
 	if err != nil {
@@ -42,9 +71,15 @@ func TestHostNames(t *testing.T) {
 	if ha, err = lockHostNames(a); err != nil {
 		t.Fatalf("after a release: %v", err)
 	}
+	var files []string
+	for _, f := range ha.files {
+		files = append(files, f.Name())
+	}
 	ha.remove()
 	ha.release()
-	if ents, _ := os.ReadDir(hostNamesDir); len(ents) != 4 {
-		t.Errorf("%d lock files after one daemon's uninstall, want the other's 4", len(ents))
+	for _, f := range files {
+		if _, err := os.Stat(f); !os.IsNotExist(err) {
+			t.Errorf("lock file %s after its daemon's uninstall: %v", f, err)
+		}
 	}
 }
