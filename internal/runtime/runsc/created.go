@@ -14,7 +14,6 @@ package runsc
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -34,14 +33,8 @@ func (r *Runsc) Create(ctx context.Context, id, bundle string) error {
 // restored already is FailedPrecondition (runsc restores a container once).
 // A failed restore deletes the container: what it booted is not used again.
 func (r *Runsc) RestoreCreated(ctx context.Context, id, bundle, imageDir string) error {
-	if err := validID(id); err != nil {
+	if err := checkRestore(id, bundle, imageDir); err != nil {
 		return err
-	}
-	if !filepath.IsAbs(bundle) || !filepath.IsAbs(imageDir) {
-		return fmt.Errorf("runsc restore %s: bundle %q and image dir %q must be absolute: %w", id, bundle, imageDir, errdefs.ErrInvalidArgument)
-	}
-	if _, err := os.Stat(filepath.Join(imageDir, CheckpointImageFile)); err != nil {
-		return fmt.Errorf("runsc restore %s: image %s: %v: %w", id, imageDir, err, errdefs.ErrNotFound)
 	}
 	// Without its state runsc would build a new container from the
 	// bundle (what Restore is for): this one must exist. A file check in
@@ -55,5 +48,5 @@ func (r *Runsc) RestoreCreated(ctx context.Context, id, bundle, imageDir string)
 		root = r.RootOf(id)
 	}
 	return r.cli(ctx, "restore", id, bundle, root, errdefs.ErrFailedPrecondition,
-		[]string{"restore", "--detach", "--image-path", imageDir, "--background", "--bundle", bundle, id})
+		append(append([]string{"restore", "--detach"}, restoreFlags(imageDir)...), "--bundle", bundle, id))
 }

@@ -19,22 +19,10 @@ import (
 // processes; it is restored once only; a created container whose restore
 // fails is deleted; an unknown one is NotFound.
 func TestRestoreIntoCreated(t *testing.T) {
-	requireRunsc(t)
-	tmp := t.TempDir()
-	rt, err := New(Options{Root: filepath.Join(tmp, "state"), LogDir: filepath.Join(tmp, "logs")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := newMFRig(t)
+	rt, tmp, lower, args := g.rt, g.tmp, g.lower, g.args
 	ctx := context.Background()
-	lower := filepath.Join(tmp, "lower")
-	testsuite.BusyboxRootfs(t, lower)
-	args := []string{"/bin/sh", "-c", mfScript}
-	srcDir := filepath.Join(tmp, "src")
-	src := mfBundle(t, rt, srcDir, mfOverlay(t, lower, srcDir), "fbx-src", testsuite.Netns(t), args)
-	if err := rt.Run(ctx, src.ID, src.Bundle); err != nil {
-		t.Fatalf("run: %v", err)
-	}
-	src.WaitLog(t, "tick=3 ", 60*time.Second)
+	srcDir, src := g.source(t, "fbx-src")
 	img := filepath.Join(tmp, "image")
 	if err := rt.Checkpoint(ctx, src.ID, img); err != nil {
 		t.Fatalf("checkpoint: %v", err)
@@ -42,11 +30,7 @@ func TestRestoreIntoCreated(t *testing.T) {
 
 	// Created ahead from a copy of the source's files: booted, nothing
 	// run (the script prints a tick first thing).
-	kidDir := filepath.Join(tmp, "kid")
-	if err := os.MkdirAll(kidDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	copyTree(t, filepath.Join(srcDir, "upper"), filepath.Join(kidDir, "upper"))
+	kidDir := g.childDir(t, srcDir, "kid")
 	kid := mfBundle(t, rt, kidDir, mfOverlay(t, lower, kidDir), "fbx-kid", testsuite.Netns(t), args)
 	if err := rt.Create(ctx, kid.ID, kid.Bundle); err != nil {
 		t.Fatalf("create: %v", err)
@@ -87,11 +71,7 @@ func TestRestoreIntoCreated(t *testing.T) {
 
 	// A container created with other args cannot take the image (runsc
 	// validates the spec): FailedPrecondition, and it is gone.
-	otherDir := filepath.Join(tmp, "other")
-	if err := os.MkdirAll(otherDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	copyTree(t, filepath.Join(srcDir, "upper"), filepath.Join(otherDir, "upper"))
+	otherDir := g.childDir(t, srcDir, "other")
 	other := mfBundle(t, rt, otherDir, mfOverlay(t, lower, otherDir), "fbx-other", testsuite.Netns(t), []string{"/bin/sleep", "1000"})
 	if err := rt.Create(ctx, other.ID, other.Bundle); err != nil {
 		t.Fatalf("create: %v", err)

@@ -19,22 +19,10 @@ import (
 )
 
 func TestCheckpointLive(t *testing.T) {
-	requireRunsc(t)
-	tmp := t.TempDir()
-	rt, err := New(Options{Root: filepath.Join(tmp, "state"), LogDir: filepath.Join(tmp, "logs")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := newMFRig(t)
+	rt, tmp, lower, args := g.rt, g.tmp, g.lower, g.args
 	ctx := context.Background()
-	lower := filepath.Join(tmp, "lower")
-	testsuite.BusyboxRootfs(t, lower)
-	args := []string{"/bin/sh", "-c", mfScript}
-	srcDir := filepath.Join(tmp, "src")
-	src := mfBundle(t, rt, srcDir, mfOverlay(t, lower, srcDir), "fbx-live", testsuite.Netns(t), args)
-	if err := rt.Run(ctx, src.ID, src.Bundle); err != nil {
-		t.Fatalf("run: %v", err)
-	}
-	src.WaitLog(t, "tick=3 ", 60*time.Second)
+	srcDir, src := g.source(t, "fbx-live")
 	before, err := rt.State(ctx, src.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -57,11 +45,7 @@ func TestCheckpointLive(t *testing.T) {
 	// there too): a later copy can lack a file the image still holds
 	// open, such as a counter.new renamed away after the resume, and
 	// restore then fails to walk it.
-	kidDir := filepath.Join(tmp, "kid")
-	if err := os.MkdirAll(kidDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	copyTree(t, filepath.Join(srcDir, "upper"), filepath.Join(kidDir, "upper"))
+	kidDir := g.childDir(t, srcDir, "kid")
 	n := lastInt(filepath.Join(src.Bundle, "stdio.log"))
 	if err := rt.Resume(ctx, src.ID); err != nil {
 		t.Fatal(err)

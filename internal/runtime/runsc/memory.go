@@ -122,14 +122,8 @@ func (r *Runsc) checkpoint(ctx context.Context, id, imageDir string, live bool) 
 // image. An id already known is AlreadyExists, a missing image NotFound; a
 // failed Restore leaves nothing behind.
 func (r *Runsc) Restore(ctx context.Context, id, bundle, imageDir string) error {
-	if err := validID(id); err != nil {
+	if err := checkRestore(id, bundle, imageDir); err != nil {
 		return err
-	}
-	if !filepath.IsAbs(bundle) || !filepath.IsAbs(imageDir) {
-		return fmt.Errorf("runsc restore %s: bundle %q and image dir %q must be absolute: %w", id, bundle, imageDir, errdefs.ErrInvalidArgument)
-	}
-	if _, err := os.Stat(filepath.Join(imageDir, CheckpointImageFile)); err != nil {
-		return fmt.Errorf("runsc restore %s: image %s: %v: %w", id, imageDir, err, errdefs.ErrNotFound)
 	}
 	// A path the spec or the image needs is missing: the caller's input
 	// (or a rootfs that does not match the image), not an unknown container.
@@ -139,7 +133,28 @@ func (r *Runsc) Restore(ctx context.Context, id, bundle, imageDir string) error 
 	// taken with runsc's default --compression=none), so a child runs
 	// before all of its memory is read; pages it touches first are loaded
 	// on demand.
-	return r.detached(ctx, "restore", id, bundle, errdefs.ErrFailedPrecondition, "--image-path", imageDir, "--background")
+	return r.detached(ctx, "restore", id, bundle, errdefs.ErrFailedPrecondition, restoreFlags(imageDir)...)
+}
+
+// checkRestore checks a restore's arguments: a valid id, absolute paths,
+// and a complete image.
+func checkRestore(id, bundle, imageDir string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	if !filepath.IsAbs(bundle) || !filepath.IsAbs(imageDir) {
+		return fmt.Errorf("runsc restore %s: bundle %q and image dir %q must be absolute: %w", id, bundle, imageDir, errdefs.ErrInvalidArgument)
+	}
+	if _, err := os.Stat(filepath.Join(imageDir, CheckpointImageFile)); err != nil {
+		return fmt.Errorf("runsc restore %s: image %s: %v: %w", id, imageDir, err, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+// restoreFlags are the flags of every restore from imageDir (see Restore on
+// --background).
+func restoreFlags(imageDir string) []string {
+	return []string{"--image-path", imageDir, "--background"}
 }
 
 // waitExited waits until host pid is gone or a zombie.

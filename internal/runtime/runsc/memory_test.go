@@ -39,16 +39,9 @@ while true; do
 done`
 
 func TestMemoryFork(t *testing.T) {
-	requireRunsc(t)
-	tmp := t.TempDir()
-	rt, err := New(Options{Root: filepath.Join(tmp, "state"), LogDir: filepath.Join(tmp, "logs")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := newMFRig(t)
+	rt, tmp, lower, args := g.rt, g.tmp, g.lower, g.args
 	ctx := context.Background()
-	lower := filepath.Join(tmp, "lower")
-	testsuite.BusyboxRootfs(t, lower)
-	args := []string{"/bin/sh", "-c", mfScript}
 
 	// Source: an overlay of the image over its own upper, in a netns
 	// whose eth0 is 10.231.20.2.
@@ -94,11 +87,7 @@ func TestMemoryFork(t *testing.T) {
 	}
 	var kids []kid
 	for i := 0; i < 2; i++ {
-		dir := filepath.Join(tmp, fmt.Sprintf("kid%d", i))
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		copyTree(t, srcUpper, filepath.Join(dir, "upper"))
+		dir := g.childDir(t, filepath.Dir(srcUpper), fmt.Sprintf("kid%d", i))
 		k := kid{upper: filepath.Join(dir, "upper"), ip: fmt.Sprintf("10.231.%d.2", 21+i)}
 		k.Fixture = mfBundle(t, rt, dir, mfOverlay(t, lower, dir), fmt.Sprintf("fbx-kid%d", i), testsuite.Netns(t), args)
 		k.peer = veth(t, k.NetNS, k.ip+"/24", fmt.Sprintf("10.231.%d.1/24", 21+i))
@@ -166,6 +155,52 @@ func TestMemoryFork(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(srcUpper, "root/role")); err == nil {
 		t.Errorf("a child's write reached the source's upper")
 	}
+}
+
+// mfRig is what the memory tests start from: a runtime with its state in
+// a temp dir, and a busybox lower layer.
+type mfRig struct {
+	rt         *Runsc
+	tmp, lower string
+	args       []string // mfScript's
+}
+
+func newMFRig(t *testing.T) *mfRig {
+	t.Helper()
+	requireRunsc(t)
+	tmp := t.TempDir()
+	rt, err := New(Options{Root: filepath.Join(tmp, "state"), LogDir: filepath.Join(tmp, "logs")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &mfRig{rt: rt, tmp: tmp, lower: filepath.Join(tmp, "lower"), args: []string{"/bin/sh", "-c", mfScript}}
+	testsuite.BusyboxRootfs(t, g.lower)
+	return g
+}
+
+// source runs mfScript over its own upper in tmp/src, in a netns of its
+// own, until it has ticked 3 times; it returns the dir and the container.
+func (g *mfRig) source(t *testing.T, hostname string) (string, *testsuite.Fixture) {
+	t.Helper()
+	dir := filepath.Join(g.tmp, "src")
+	src := mfBundle(t, g.rt, dir, mfOverlay(t, g.lower, dir), hostname, testsuite.Netns(t), g.args)
+	if err := g.rt.Run(context.Background(), src.ID, src.Bundle); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	src.WaitLog(t, "tick=3 ", 60*time.Second)
+	return dir, src
+}
+
+// childDir makes tmp/name holding a copy of srcDir's upper (a child's
+// writable layer, as the source's was when copied).
+func (g *mfRig) childDir(t *testing.T, srcDir, name string) string {
+	t.Helper()
+	dir := filepath.Join(g.tmp, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	copyTree(t, filepath.Join(srcDir, "upper"), filepath.Join(dir, "upper"))
+	return dir
 }
 
 // mfOverlay mounts lower + dir/upper (created empty if missing) at
