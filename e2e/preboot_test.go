@@ -85,13 +85,20 @@ func prebootDaemon(t *testing.T, n int) string {
 // and returns those runsc lists as spares.
 func waitReady(t *testing.T, maddr string, n int) []string {
 	t.Helper()
+	return waitGauge(t, maddr, "forkbox_preboot_ready", n, "pre-booted sandboxes")
+}
+
+// waitGauge waits until the daemon's gauge says n spares of what are ready,
+// and returns the spares runsc lists.
+func waitGauge(t *testing.T, maddr, gauge string, n int, what string) []string {
+	t.Helper()
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
-		if scrape(t, "http://"+maddr+"/metrics", "")["forkbox_preboot_ready"] >= float64(n) {
+		if scrape(t, "http://"+maddr+"/metrics", "")[gauge] >= float64(n) {
 			return spares(t)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("fewer than %d pre-booted sandboxes ready after 3 minutes (spares: %v)", n, spares(t))
+			t.Fatalf("fewer than %d %s ready after 3 minutes (spares: %v)", n, what, spares(t))
 		}
 		time.Sleep(100 * time.Millisecond) // polling a condition, with a deadline
 	}
@@ -277,16 +284,7 @@ func TestPrebootRestart(t *testing.T) {
 // memory-fork children) are ready, and returns the spares runsc lists.
 func waitCreatedReady(t *testing.T, maddr string, n int) []string {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
-		if scrape(t, "http://"+maddr+"/metrics", "")["forkbox_preboot_created_ready"] >= float64(n) {
-			return spares(t)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("fewer than %d created pre-booted sandboxes ready after 3 minutes (spares: %v)", n, spares(t))
-		}
-		time.Sleep(100 * time.Millisecond) // polling a condition, with a deadline
-	}
+	return waitGauge(t, maddr, "forkbox_preboot_created_ready", n, "created pre-booted sandboxes")
 }
 
 // memoryChild memory-forks sb into one child, closed at the end of the test.
