@@ -7,8 +7,6 @@ import (
 	"os/signal"
 	"syscall"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/forkbox/forkbox/internal/agent"
 )
 
@@ -47,8 +45,5 @@ func setHostname(args []string) error {
 	if len(args) != 1 {
 		return fmt.Errorf("sethostname: want one name")
 	}
-	if err := agent.ValidHostname(args[0]); err != nil {
-		return err
-	}
-	return unix.Sethostname([]byte(args[0]))
+	return agent.SetHostname(args[0])
 }

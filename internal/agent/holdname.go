@@ -46,6 +46,14 @@ func ValidHostname(name string) error {
 // holdConns bounds the requests the service answers at once.
 const holdConns = 4
 
+// SetHostname sets the hostname of this UTS namespace to a valid name.
+func SetHostname(name string) error {
+	if err := ValidHostname(name); err != nil {
+		return err
+	}
+	return unix.Sethostname([]byte(name))
+}
+
 // ServeHostnames answers hostname requests on l until it fails.
 func ServeHostnames(l net.Listener) error {
 	sem := make(chan struct{}, holdConns)
@@ -70,10 +78,7 @@ func answerHostname(c net.Conn) {
 		err = fmt.Errorf("request longer than %d bytes", MaxHostname+1)
 	}
 	if err == nil {
-		name := strings.TrimSuffix(line, "\n")
-		if err = ValidHostname(name); err == nil {
-			err = unix.Sethostname([]byte(name))
-		}
+		err = SetHostname(strings.TrimSuffix(line, "\n"))
 	}
 	if err != nil {
 		fmt.Fprintf(c, "error: %v\n", err)

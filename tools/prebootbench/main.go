@@ -60,8 +60,7 @@ func main() {
 		return
 	}
 	for _, s := range []*side{on, off} {
-		s.c = &client.Client{Socket: strings.TrimPrefix(s.host, "unix://")}
-		if err := s.importImage(ctx); err != nil {
+		if err := s.connect(ctx); err != nil {
 			fail(err)
 		}
 	}
@@ -99,7 +98,9 @@ func fail(err error) {
 	os.Exit(1)
 }
 
-func (s *side) importImage(ctx context.Context) error {
+// connect makes s's client and imports the bench's image into its daemon.
+func (s *side) connect(ctx context.Context) error {
+	s.c = &client.Client{Socket: strings.TrimPrefix(s.host, "unix://")}
 	img, err := testimage.Busybox()
 	if err != nil {
 		return err
@@ -222,8 +223,7 @@ func summary(v []float64) string {
 func fanouts(ctx context.Context, oldHost, newHost string, count, n int) error {
 	old, cur := &side{name: "old", host: oldHost}, &side{name: "new", host: newHost}
 	for _, s := range []*side{old, cur} {
-		s.c = &client.Client{Socket: strings.TrimPrefix(s.host, "unix://")}
-		if err := s.importImage(ctx); err != nil {
+		if err := s.connect(ctx); err != nil {
 			return err
 		}
 	}
@@ -304,8 +304,7 @@ func (s *side) fanout(ctx context.Context, count int, stream bool) (first, total
 func memoryForks(ctx context.Context, on, off *side, n int) error {
 	srcs := map[*side]*client.Sandbox{}
 	for _, s := range []*side{on, off} {
-		s.c = &client.Client{Socket: strings.TrimPrefix(s.host, "unix://")}
-		if err := s.importImage(ctx); err != nil {
+		if err := s.connect(ctx); err != nil {
 			return err
 		}
 		if s == on {
