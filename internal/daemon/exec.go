@@ -102,19 +102,21 @@ func (d *Daemon) Exec(ctx context.Context, idOrName string, o ExecOptions, stdou
 	}
 	defer done()
 	ph.mark("lookup")
+	// The request is complete before exec.started is written: every
+	// exec.started is followed by its exec.finished.
+	req, err := d.withCredentials(ctx, sb, o.ExecRequest)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	ph.mark("credentials")
 	execID := newID("ex-")
 	if _, err := d.store.AppendEvent(ctx, sb.ID, store.EventExecStarted, d.recordedExec(sb.ID, execID, &o, false)); err != nil {
 		return ExecResult{}, err
 	}
 	ph.mark("ledger_started")
-	req, err := d.withCredentials(ctx, sb, o.ExecRequest)
-	if err != nil {
-		return ExecResult{}, err
-	}
 	// Under crun the kernel's OOM killer does the killing: it is seen in
 	// the cgroup's oom_kill count (under gVisor the agent reports it).
 	oomBefore, oomErr := cgroups.OOMKills(d.cgroupPath(sb.ID))
-	ph.mark("credentials")
 	start := time.Now()
 	res, err := d.agent(sb).Exec(ctx, req, stdout, stderr)
 	ph.mark("agent")
