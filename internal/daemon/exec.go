@@ -102,15 +102,8 @@ func (d *Daemon) Exec(ctx context.Context, idOrName string, o ExecOptions, stdou
 	}
 	defer done()
 	ph.mark("lookup")
-	// The request is complete before exec.started is written: every
-	// exec.started is followed by its exec.finished.
-	req, err := d.withCredentials(ctx, sb, o.ExecRequest)
+	req, execID, err := d.beginExec(ctx, sb, &o, false, nil)
 	if err != nil {
-		return ExecResult{}, err
-	}
-	ph.mark("credentials")
-	execID := newID("ex-")
-	if _, err := d.store.AppendEvent(ctx, sb.ID, store.EventExecStarted, d.recordedExec(sb.ID, execID, &o, false)); err != nil {
 		return ExecResult{}, err
 	}
 	ph.mark("ledger_started")
@@ -156,16 +149,32 @@ func (d *Daemon) Start(ctx context.Context, idOrName string, o ExecOptions) (int
 		return 0, err
 	}
 	defer done()
-	execID := newID("ex-")
-	data := d.recordedExec(sb.ID, execID, &o, true)
-	req, err := d.withCredentials(ctx, sb, o.ExecRequest)
+	req, _, err := d.beginExec(ctx, sb, &o, true, nil)
 	if err != nil {
 		return 0, err
 	}
-	if _, err := d.store.AppendEvent(ctx, sb.ID, store.EventExecStarted, data); err != nil {
-		return 0, err
-	}
 	return d.agent(sb).Start(ctx, req)
+}
+
+// beginExec makes the request sent to the agent (withCredentials) and then
+// records exec.started (recordedExec, with extra's additions) under a new
+// exec id. In that order: once exec.started is written the exec reaches
+// the agent, whose answer (or error) the caller records as exec.finished,
+// so no exec.started is left without its end.
+func (d *Daemon) beginExec(ctx context.Context, sb *store.Sandbox, o *ExecOptions, background bool, extra func(map[string]any)) (agent.ExecRequest, string, error) {
+	req, err := d.withCredentials(ctx, sb, o.ExecRequest)
+	if err != nil {
+		return agent.ExecRequest{}, "", err
+	}
+	execID := newID("ex-")
+	data := d.recordedExec(sb.ID, execID, o, background)
+	if extra != nil {
+		extra(data)
+	}
+	if _, err := d.store.AppendEvent(ctx, sb.ID, store.EventExecStarted, data); err != nil {
+		return agent.ExecRequest{}, "", err
+	}
+	return req, execID, nil
 }
 
 // withCredentials adds the sandbox's env credentials to an exec (the

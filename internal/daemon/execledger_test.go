@@ -9,7 +9,7 @@ import (
 	"github.com/forkbox/forkbox/internal/store"
 )
 
-// An exec (plain or pty) whose request cannot be made whole (here: a
+// An exec (plain, streamed, pty or background) whose request cannot be made whole (here: a
 // credential that does not open) fails without recording exec.started: an
 // exec.started is always followed by its exec.finished. (CI once saw a pty
 // session whose caller went away leave exec.started alone: the credentials
@@ -27,6 +27,9 @@ func TestExecStartedHasFinished(t *testing.T) {
 	}
 	if _, err := h.d.Pty(ctx, id, PtyOptions{ExecRequest: req}); err == nil {
 		t.Fatal("pty with a credential that does not open: no error")
+	}
+	if _, err := h.d.ExecStream(ctx, id, ExecOptions{ExecRequest: req}, agent.ExecIO{}); err == nil {
+		t.Fatal("exec stream with a credential that does not open: no error")
 	}
 	if _, err := h.d.Start(ctx, id, ExecOptions{ExecRequest: req}); err == nil {
 		t.Fatal("start with a credential that does not open: no error")

@@ -102,11 +102,7 @@ func (d *Daemon) ExecStream(ctx context.Context, idOrName string, o ExecOptions,
 		return ExecResult{}, err
 	}
 	defer done()
-	execID := newID("ex-")
-	if _, err := d.store.AppendEvent(ctx, sb.ID, store.EventExecStarted, d.recordedExec(sb.ID, execID, &o, false)); err != nil {
-		return ExecResult{}, err
-	}
-	req, err := d.withCredentials(ctx, sb, o.ExecRequest)
+	req, execID, err := d.beginExec(ctx, sb, &o, false, nil)
 	if err != nil {
 		return ExecResult{}, err
 	}

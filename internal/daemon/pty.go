@@ -85,17 +85,11 @@ func (d *Daemon) Pty(ctx context.Context, idOrName string, o PtyOptions) (*PtySe
 		release()
 		sbDone()
 	}
-	// The request is complete before exec.started is written: every
-	// exec.started is followed by its exec.finished.
-	req, err := d.withCredentials(ctx, sb, o.ExecRequest)
+	req, execID, err := d.beginExec(ctx, sb, &eo, false, func(data map[string]any) {
+		data["pty"] = true
+		data["rows"], data["cols"] = size.Rows, size.Cols
+	})
 	if err != nil {
-		return nil, err
-	}
-	execID := newID("ex-")
-	data := d.recordedExec(sb.ID, execID, &eo, false)
-	data["pty"] = true
-	data["rows"], data["cols"] = size.Rows, size.Cols
-	if _, err := d.store.AppendEvent(ctx, sb.ID, store.EventExecStarted, data); err != nil {
 		return nil, err
 	}
 	s := &PtySession{ExecID: execID, StallTimeout: d.cfg.PtyStallTimeout, d: d, sb: sb, done: done}
