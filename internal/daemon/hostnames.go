@@ -67,18 +67,14 @@ func lockHostNames(cfg Config) (_ *hostNames, err error) {
 		if n.scope != "" {
 			path += "@" + url.PathEscape(n.scope)
 		}
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-		if err != nil {
-			return nil, fmt.Errorf("host names: %v: %w", err, errdefs.ErrInternal)
-		}
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f, err := lockName(path)
+		if errors.Is(err, unix.EWOULDBLOCK) {
 			holder, _ := os.ReadFile(path)
-			f.Close()
-			if !errors.Is(err, unix.EWOULDBLOCK) {
-				return nil, fmt.Errorf("host names: lock %s: %v: %w", path, err, errdefs.ErrInternal)
-			}
 			return nil, fmt.Errorf("another forkbox daemon (pid %s) uses %s %s on this host (in this network namespace, for the network's names): give this one its own --cgroup-parent, --bridge, --net-table and --veth-prefix (they name host-wide state that each daemon's reconcile cleans up): %w",
 				strings.TrimSpace(string(holder)), n.flag, n.value, errdefs.ErrFailedPrecondition)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("host names: lock %s: %v: %w", path, err, errdefs.ErrInternal)
 		}
 		h.files = append(h.files, f)
 		if err := f.Truncate(0); err == nil {
@@ -88,23 +84,44 @@ func lockHostNames(cfg Config) (_ *hostNames, err error) {
 	return h, nil
 }
 
-// release gives the names back.
+// lockName opens path (creating it) and takes its flock without waiting
+// (unix.EWOULDBLOCK when another holds it). Holders remove the file when
+// they let go, so a lock taken on a file that is no longer the one at path
+// (removed, maybe made again, between the open and the flock) holds
+// nothing: lockName then starts over.
+func lockName(path string) (*os.File, error) {
+	for range 100 {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			return nil, err
+		}
+		var held, named unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &held); err != nil {
+			f.Close()
+			return nil, err
+		}
+		if err := unix.Stat(path, &named); err == nil && named.Dev == held.Dev && named.Ino == held.Ino {
+			return f, nil
+		}
+		f.Close()
+	}
+	return nil, fmt.Errorf("%s is removed and made again faster than it can be locked", path)
+}
+
+// release gives the names back: each lock file is removed while still
+// locked (lockName's check makes that safe), then closed, which drops the
+// flock. A daemon that crashed leaves its files, unlocked, for the next.
 func (h *hostNames) release() {
 	if h == nil {
 		return
 	}
 	for _, f := range h.files {
-		f.Close() // drops the flock
+		os.Remove(f.Name())
+		f.Close()
 	}
 	h.files = nil
-}
-
-// remove deletes the lock files (uninstall), still held until release.
-func (h *hostNames) remove() {
-	if h == nil {
-		return
-	}
-	for _, f := range h.files {
-		os.Remove(f.Name())
-	}
 }

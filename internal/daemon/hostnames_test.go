@@ -1,10 +1,14 @@
 package daemon
 
 import (
+	"errors"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -75,11 +79,48 @@ func TestHostNames(t *testing.T) {
 	for _, f := range ha.files {
 		files = append(files, f.Name())
 	}
-	ha.remove()
 	ha.release()
 	for _, f := range files {
 		if _, err := os.Stat(f); !os.IsNotExist(err) {
-			t.Errorf("lock file %s after its daemon's uninstall: %v", f, err)
+			t.Errorf("lock file %s after its daemon let go: %v", f, err)
 		}
+	}
+}
+
+// TestHostNameLockRace: holders remove their lock file as they let go, and
+// lockName makes that safe: many takers of one name at once (each open
+// file description is its own flock owner, in one process as in many)
+// never hold it two at a time. Without lockName's check, a taker that
+// opened the file before its holder removed it locks the removed file
+// while the next locks a new one.
+func TestHostNameLockRace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bridge=x")
+	var holders, most atomic.Int32
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 2000 {
+				f, err := lockName(path)
+				if errors.Is(err, unix.EWOULDBLOCK) {
+					continue
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				n := holders.Add(1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				holders.Add(-1)
+				h := &hostNames{files: []*os.File{f}}
+				h.release()
+			}
+		}()
+	}
+	wg.Wait()
+	if m := most.Load(); m != 1 {
+		t.Errorf("at most %d holders at once, want 1", m)
 	}
 }

@@ -22,7 +22,6 @@ func (d *Daemon) Uninstall(ctx context.Context, purge bool) error {
 	for _, sb := range live {
 		errs = append(errs, d.Delete(ctx, sb.ID))
 	}
-	d.names.remove() // then Close gives them back
 	errs = append(errs, d.net.Destroy(ctx), d.Close())
 	if d.cfg.Snapshotter == "btrfs" {
 		errs = append(errs, btrfs.Detach(ctx, filepath.Join(d.cfg.StateDir, "snapshots")))
