@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,13 +32,22 @@ func TestForkedSwapsToken(t *testing.T) {
 		out string
 		err error
 	}
+	// It waits for a line of input that comes after the swap; the swap
+	// comes once it started.
 	inflight := make(chan execOut, 1)
+	started := make(chan struct{})
+	stdinR, stdinW := io.Pipe()
 	go func() {
 		var out bytes.Buffer
-		_, err := old.Exec(ctx, ExecRequest{Shell: "sleep 0.3; echo still-here"}, &out, nil)
+		_, err := old.ExecStream(ctx, ExecRequest{Shell: "read x; echo still-$x"}, ExecIO{Stdin: stdinR, Stdout: &out,
+			Started: func(int) { close(started) }})
 		inflight <- execOut{out.String(), err}
 	}()
-	time.Sleep(100 * time.Millisecond)
+	select {
+	case <-started:
+	case r := <-inflight:
+		t.Fatalf("in-flight exec ended before the swap: %q, %v", r.out, r.err)
+	}
 
 	daemonTime := time.Now().Add(time.Hour)
 	reply, err := c.Forked(ctx, ForkNotice{Token: "child-token", Reason: ForkReasonFork,
@@ -51,6 +61,10 @@ func TestForkedSwapsToken(t *testing.T) {
 	if d := reply.ClockSkew - time.Hour; d > time.Second || d < -time.Second {
 		t.Errorf("got clock skew %v, want about 1h", reply.ClockSkew)
 	}
+	if _, err := io.WriteString(stdinW, "here\n"); err != nil {
+		t.Fatalf("input to the in-flight exec: %v", err)
+	}
+	stdinW.Close()
 	if r := <-inflight; r.err != nil || r.out != "still-here\n" {
 		t.Errorf("in-flight exec: got %q, %v; want %q, nil", r.out, r.err, "still-here\n")
 	}
