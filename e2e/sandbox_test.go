@@ -227,7 +227,11 @@ func TestIsolation(t *testing.T) {
 		if _, err := b.Start(context.Background(), client.ExecOptions{Shell: "nc -l -p 9000"}); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(200 * time.Millisecond)
+		// Once it listens (port 9000 is 2328 in hex; 0A is LISTEN): the
+		// kernel's table has no event to wait on, so b polls it.
+		if _, _, res := sh(t, b, "for i in $(seq 300); do grep -q ':2328 00000000:0000 0A' /proc/net/tcp && exit 0; sleep 0.1; done; exit 1"); res.ExitCode != 0 {
+			t.Fatal("nc -l -p 9000 in sandbox b did not listen within 30 s")
+		}
 		if _, _, res := sh(t, a, fmt.Sprintf("nc -w 2 %s 9000 </dev/null", b.Info.Ip)); res.ExitCode == 0 {
 			t.Errorf("sandbox a reached sandbox b at %s:9000", b.Info.Ip)
 		}
