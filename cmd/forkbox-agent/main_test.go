@@ -101,11 +101,15 @@ func TestInitInPIDNamespace(t *testing.T) {
 	if len(f) != 5 || f[1] != "1" || f[2] != wantAdj || f[3] != "0" || f[4] != "0" {
 		t.Errorf("got %q, want: ppid 1, agent oom_score_adj -1000, user 0, no FORKBOX_ vars", out.String())
 	}
-	// The orphaned sleep is reparented to the agent, which must reap it.
-	time.Sleep(300 * time.Millisecond)
+	// The orphaned sleep is reparented to the agent, which must reap it:
+	// polled until the agent has no child left (its exit has no event
+	// here), a zombie still there at the deadline fails.
 	agentPid := childOf(cmd.Process.Pid)
-	if z := zombiesOf(agentPid); z > 0 {
-		t.Errorf("got %d zombie children of the agent (host pid %d), want 0", z, agentPid)
+	for deadline := time.Now().Add(30 * time.Second); childrenOf(agentPid) > 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Errorf("the agent (host pid %d) still has %d children, %d of them zombies, 30 s after its exec ended", agentPid, childrenOf(agentPid), zombiesOf(agentPid))
+			break
+		}
 	}
 	// The watchdog kills an over-allocating process, the agent survives.
 	res, err = c.Exec(ctx, agent.ExecRequest{Argv: []string{"dd", "if=/dev/zero", "of=/dev/null", "bs=300M", "count=1"}}, nil, nil)
@@ -120,7 +124,6 @@ func TestInitInPIDNamespace(t *testing.T) {
 	if err != nil || pid <= 0 {
 		t.Fatalf("start: %d, %v", pid, err)
 	}
-	time.Sleep(100 * time.Millisecond)
 	start := time.Now()
 	syscall.Kill(agentPid, syscall.SIGTERM)
 	done := make(chan error, 1)
@@ -130,8 +133,8 @@ func TestInitInPIDNamespace(t *testing.T) {
 		if err != nil {
 			t.Errorf("agent exit: %v", err)
 		}
-		if d := time.Since(start); d > 3*time.Second {
-			t.Errorf("agent took %v to exit, want well under its 5s grace", d)
+		if d := time.Since(start); d >= 5*time.Second {
+			t.Errorf("agent took %v to exit: it waited out its 5 s grace, though its exec ended on the forwarded SIGTERM", d)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("agent did not exit on SIGTERM")
@@ -146,6 +149,24 @@ func childOf(pid int) int {
 		return 0
 	}
 	n, _ := strconv.Atoi(f[0])
+	return n
+}
+
+// childrenOf counts the processes whose parent is pid.
+func childrenOf(pid int) int {
+	ents, _ := os.ReadDir("/proc")
+	n := 0
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) > 2 && f[1] == strconv.Itoa(pid) {
+			n++
+		}
+	}
 	return n
 }
 

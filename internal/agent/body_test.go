@@ -66,8 +66,8 @@ func TestReadNonRegular(t *testing.T) {
 	if _, err := c.ReadFile(ctx, fifo); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("ReadFile(fifo): got %v, want InvalidArgument", err)
 	}
-	if d := time.Since(start); d > 2*time.Second {
-		t.Errorf("ReadFile(fifo) took %v", d)
+	if d := time.Since(start); d > 20*time.Second {
+		t.Errorf("ReadFile(fifo) took %v: it blocked on the fifo until the context's end", d)
 	}
 	if _, err := c.ReadFile(ctx, os.DevNull); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("ReadFile(/dev/null): got %v, want InvalidArgument", err)

@@ -184,8 +184,8 @@ func TestForkedHookTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := time.Since(start); d > 3*time.Second {
-		t.Errorf("Forked took %v, want about the 200ms hook timeout", d)
+	if d := time.Since(start); d > 20*time.Second {
+		t.Errorf("Forked took %v: the 200 ms hook timeout waited for the hook's 30 s sleeps", d)
 	}
 	if !reply.HookRan || reply.HookExitCode != 137 ||
 		!strings.HasPrefix(reply.HookOutput, "started\n") || !strings.Contains(reply.HookOutput, "killed after 200ms") {
