@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -262,12 +263,19 @@ func TestExecTimeout(t *testing.T) {
 
 func TestExecCancel(t *testing.T) {
 	c := startServer(t, Config{})
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	dir := t.TempDir()
-	_, err := c.Exec(ctx, ExecRequest{Shell: "echo $$ > " + dir + "/pid; exec sleep 30"}, nil, nil)
-	if !errdefs.IsDeadlineExceeded(err) {
-		t.Fatalf("got %v, want DeadlineExceeded", err)
+	// The context ends once the command has written its pid.
+	execErr := make(chan error, 1)
+	go func() {
+		_, err := c.Exec(ctx, ExecRequest{Shell: "echo $$ > " + dir + "/pid.tmp; mv " + dir + "/pid.tmp " + dir + "/pid; exec sleep 30"}, nil, nil)
+		execErr <- err
+	}()
+	waitFor(t, func() bool { _, err := os.Stat(dir + "/pid"); return err == nil })
+	cancel()
+	if err := <-execErr; !errors.Is(err, errdefs.ErrCanceled) {
+		t.Fatalf("got %v, want Canceled", err)
 	}
 	b, err := os.ReadFile(dir + "/pid")
 	if err != nil {
