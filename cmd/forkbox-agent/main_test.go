@@ -105,9 +105,13 @@ func TestInitInPIDNamespace(t *testing.T) {
 	// polled until the agent has no child left (its exit has no event
 	// here), a zombie still there at the deadline fails.
 	agentPid := childOf(cmd.Process.Pid)
-	for deadline := time.Now().Add(30 * time.Second); childrenOf(agentPid) > 0; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		n, z := childrenOf(agentPid)
+		if n == 0 {
+			break
+		}
 		if time.Now().After(deadline) {
-			t.Errorf("the agent (host pid %d) still has %d children, %d of them zombies, 30 s after its exec ended", agentPid, childrenOf(agentPid), zombiesOf(agentPid))
+			t.Errorf("the agent (host pid %d) still has %d children, %d of them zombies, 30 s after its exec ended", agentPid, n, z)
 			break
 		}
 	}
@@ -152,10 +156,10 @@ func childOf(pid int) int {
 	return n
 }
 
-// childrenOf counts the processes whose parent is pid.
-func childrenOf(pid int) int {
+// childrenOf counts the processes whose parent is pid, and the zombies
+// among them.
+func childrenOf(pid int) (all, zombies int) {
 	ents, _ := os.ReadDir("/proc")
-	n := 0
 	for _, e := range ents {
 		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
 		if err != nil {
@@ -164,28 +168,13 @@ func childrenOf(pid int) int {
 		s := string(b)
 		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
 		if len(f) > 2 && f[1] == strconv.Itoa(pid) {
-			n++
+			all++
+			if f[0] == "Z" {
+				zombies++
+			}
 		}
 	}
-	return n
-}
-
-func zombiesOf(pid int) int {
-	ents, _ := os.ReadDir("/proc")
-	n := 0
-	for _, e := range ents {
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		f := strings.Fields(s[i+1:])
-		if len(f) > 2 && f[0] == "Z" && f[1] == strconv.Itoa(pid) {
-			n++
-		}
-	}
-	return n
+	return all, zombies
 }
 
 // hasCapSysResource reports whether this process has CAP_SYS_RESOURCE (24),
