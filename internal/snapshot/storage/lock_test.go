@@ -18,7 +18,8 @@ import (
 )
 
 // holdLock starts another process that holds path's flock and returns it
-// once the lock is taken (seen from here: a non-blocking flock fails).
+// once the lock is taken (seen from here: a non-blocking flock fails) and
+// flock(1) has started sleep, which shares it: both are its holders.
 func holdLock(t *testing.T, path string) *exec.Cmd {
 	t.Helper()
 	// flock(1) holds it for its child: the lock is the process group's.
@@ -29,16 +30,34 @@ func holdLock(t *testing.T, path string) *exec.Cmd {
 	}
 	t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait() })
 	f, err := os.Open(path)
-	for err == nil { // until the other process holds it
-		if err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); errors.Is(err, unix.EWOULDBLOCK) {
-			break
-		}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	held := func() bool {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 		if err == nil {
 			unix.Flock(int(f.Fd()), unix.LOCK_UN)
-			time.Sleep(10 * time.Millisecond) // polling another process's start, with the test's deadline
 		}
+		return errors.Is(err, unix.EWOULDBLOCK)
 	}
-	f.Close()
+	// flock(1) forks after taking the lock; its child is sleep once it
+	// has exec'd (with the lock's file inherited).
+	sleeping := func() bool {
+		kids, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", cmd.Process.Pid, cmd.Process.Pid))
+		for _, kid := range strings.Fields(string(kids)) {
+			if comm, _ := os.ReadFile("/proc/" + kid + "/comm"); strings.TrimSpace(string(comm)) == "sleep" {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(30 * time.Second); !held() || !sleeping(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("flock(1) (PID %d): after 30s, lock held %v, sleep started %v", cmd.Process.Pid, held(), sleeping())
+		}
+		time.Sleep(10 * time.Millisecond) // polling another process's start, with a bound against a hang
+	}
 	return cmd
 }
 
@@ -66,6 +85,9 @@ func TestLockRootWaitsThenNamesHolder(t *testing.T) {
 		t.Fatalf("locked root: %v; want Unavailable naming the root and its holders, flock (PID %d) and its sleep", err, cmd.Process.Pid)
 	}
 
+	// A wait that only bounds a hang: the holders are killed at once.
+	lockWait = 30 * time.Second
+	defer func() { lockWait = old }()
 	done := make(chan error, 1)
 	go func() { done <- lockRoot(context.Background(), f, "/root-x") }()
 	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); err != nil {
