@@ -58,6 +58,11 @@ func TestEgressLists(t *testing.T) {
 	check := func(nw *Network, addr string, want bool) {
 		t.Helper()
 		err := dial(nw.NSPath, addr)
+		// A dial that must connect is tried again (a loaded host can take
+		// longer than dial's 1.5 s), up to a bound against a hang.
+		for deadline := time.Now().Add(30 * time.Second); want && err != nil && time.Now().Before(deadline); {
+			err = dial(nw.NSPath, addr)
+		}
 		if want && err != nil {
 			t.Errorf("%s -> %s: %v, want connected", nw.ID, addr, err)
 		}
@@ -74,8 +79,9 @@ func TestEgressLists(t *testing.T) {
 	check(all, a3, true)
 	check(all, meta, false)
 
-	// The proxy resolved allowed.test to a3: it passes, until its timeout.
-	if _, err := m.AddResolved(ctx, sb.IP, "allowed.test", []netip.Addr{netip.MustParseAddr("203.0.113.1")}, 2*time.Second); err != nil {
+	// The proxy resolved allowed.test to a3: it passes (for an hour: the
+	// test does not race its timeout; that it ends is checked below).
+	if _, err := m.AddResolved(ctx, sb.IP, "allowed.test", []netip.Addr{netip.MustParseAddr("203.0.113.1")}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	check(sb, a3, true)
@@ -93,8 +99,9 @@ func TestEgressLists(t *testing.T) {
 	if el := m.setElements(t, m.resolvedSet(sb.IP)); el["10.251.2.1"] || el["127.0.0.1"] || el["100.64.0.1"] {
 		t.Errorf("private answers in the resolved set: %v", el)
 	}
-	// Resolved again with a longer TTL: the element takes the new timeout.
-	if _, err := m.AddResolved(ctx, sb.IP, "allowed.test", []netip.Addr{netip.MustParseAddr("203.0.113.9")}, 2*time.Second); err != nil {
+	// Resolved again with a longer TTL: the element takes the new timeout
+	// (the first, a minute, cannot run out in between).
+	if _, err := m.AddResolved(ctx, sb.IP, "allowed.test", []netip.Addr{netip.MustParseAddr("203.0.113.9")}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := m.AddResolved(ctx, sb.IP, "allowed.test", []netip.Addr{netip.MustParseAddr("203.0.113.9")}, time.Hour); err != nil {
@@ -103,10 +110,15 @@ func TestEgressLists(t *testing.T) {
 	if got := resolvedExpiry(t, m, sb.IP, netip.MustParseAddr("203.0.113.9")); got < 50*time.Minute {
 		t.Errorf("re-resolved with a 1h TTL: expires in %v, want about 1h", got)
 	}
+	// Resolved again with a short TTL: a3, which passed, stops passing
+	// once it runs out (polled, with a bound against a hang).
+	if _, err := m.AddResolved(ctx, sb.IP, "allowed.test", []netip.Addr{netip.MustParseAddr("203.0.113.1")}, time.Second); err != nil {
+		t.Fatal(err)
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for dial(sb.NSPath, a3) == nil {
 		if time.Now().After(deadline) {
-			t.Fatalf("the resolved address still passes 30s after its 2s timeout")
+			t.Fatalf("the resolved address still passes 30s after its 1s timeout")
 		}
 	}
 	// A name not on the list, or a sandbox without names, adds nothing.
