@@ -51,7 +51,7 @@ func TestMemoryFork(t *testing.T) {
 	if err := rt.Run(ctx, src.ID, src.Bundle); err != nil {
 		t.Fatalf("run: %v", err)
 	}
-	src.WaitLog(t, "tick=10 ", 20*time.Second)
+	src.WaitLog(t, "tick=10 ", 60*time.Second)
 	if got := mfDial(t, srcPeer, "10.231.20.2:8080"); got != "hello\n" {
 		t.Fatalf("source: read %q, want hello", got)
 	}
@@ -118,7 +118,7 @@ func TestMemoryFork(t *testing.T) {
 	want := n + 20
 	all := []*testsuite.Fixture{src, kids[0].Fixture, kids[1].Fixture}
 	for _, b := range all {
-		b.WaitLog(t, fmt.Sprintf("tick=%d ", want), 20*time.Second)
+		b.WaitLog(t, fmt.Sprintf("tick=%d ", want), 60*time.Second)
 	}
 	for i, b := range all {
 		log, _ := os.ReadFile(filepath.Join(b.Bundle, "stdio.log"))
@@ -282,11 +282,11 @@ func lastInt(path string) int {
 	return 0
 }
 
-// mfDial connects to addr from ns (retrying for 10 s) and returns what the
+// mfDial connects to addr from ns (retrying for 30 s) and returns what the
 // server sends.
 func mfDial(t *testing.T, ns netns.NsHandle, addr string) string {
 	t.Helper()
-	s, err := tryDial(ns, addr, 10*time.Second)
+	s, err := tryDial(ns, addr, 30*time.Second)
 	if err != nil {
 		t.Errorf("dial %s: %v", addr, err)
 	}

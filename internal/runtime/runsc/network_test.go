@@ -21,7 +21,7 @@ func TestNetworkSandbox(t *testing.T) {
 	if err := f.rt.Run(context.Background(), f.ID, f.Bundle); err != nil {
 		t.Fatalf("run: %v", err)
 	}
-	got, err := tryDial(peer, "10.231.7.2:8080", 10*time.Second)
+	got, err := tryDial(peer, "10.231.7.2:8080", 30*time.Second)
 	if err != nil {
 		t.Fatalf("dial 10.231.7.2:8080: %v", err)
 	}

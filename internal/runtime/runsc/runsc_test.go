@@ -65,7 +65,7 @@ func TestLifecycle(t *testing.T) {
 
 	// Writes of the sandbox reach the host rootfs (--overlay2=none), and
 	// stdout reaches the bundle's log.
-	log := f.WaitLog(t, "written", 10*time.Second)
+	log := f.WaitLog(t, "written", 30*time.Second)
 	if got := readTrim(t, filepath.Join(f.Rootfs, "tmp/x")); got != "hi" {
 		t.Errorf("host rootfs tmp/x = %q, want %q", got, "hi")
 	}
@@ -141,11 +141,12 @@ func TestLifecycle(t *testing.T) {
 func assertNoTrace(t *testing.T, f *fixture) {
 	t.Helper()
 	var procs []string
-	for i := 0; i < 100; i++ { // the sandbox may take a moment to be reaped
-		if procs = hostProcsWith(f.ID); len(procs) == 0 {
+	// The sandbox may take a moment to be reaped: polled, with a bound
+	// against a hang.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if procs = hostProcsWith(f.ID); len(procs) == 0 || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	if len(procs) > 0 {
 		t.Errorf("processes left: %q", procs)

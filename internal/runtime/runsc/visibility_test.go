@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,15 +24,22 @@ echo hi > /x; echo step2
 echo tmp > /tmp/t; echo step3
 dd if=/dev/zero of=/big bs=1M count=100 2>&1 | tail -n1; echo step4
 dd if=/big of=/dev/null bs=1M 2>&1 | tail -n1; [ -e /fromhost ]; cat /x >/dev/null; echo step5
-i=0; while [ ! -e /fromhost ] && [ $i -lt 20 ]; do sleep 0.1; i=$((i+1)); done
+i=0; while [ ! -e /fromhost ] && [ $i -lt TRIES ]; do sleep 0.1; i=$((i+1)); done
 echo "saw=$(cat /fromhost 2>/dev/null) x=$(cat /x)"; echo step6
 sleep 1000`
 
 func TestWriteVisibility(t *testing.T) {
 	for _, access := range []string{"exclusive", "shared"} {
 		t.Run(access, func(t *testing.T) {
+			// How long the sandbox looks for /fromhost, in 0.1 s tries:
+			// shared must see it (30 s only bounds a hang); exclusive may
+			// never, and is only logged.
+			tries := "20"
+			if access == "shared" {
+				tries = "300"
+			}
 			f := newFixture(t, Options{FileAccess: access}, spec.SpecOptions{
-				Args: []string{"/bin/sh", "-c", visibilityScript},
+				Args: []string{"/bin/sh", "-c", strings.Replace(visibilityScript, "TRIES", tries, 1)},
 			})
 			// A file the sandbox reads (so gVisor caches it) then overwrites.
 			if err := os.WriteFile(filepath.Join(f.Rootfs, "old"), []byte("old\n"), 0o644); err != nil {
@@ -46,7 +54,7 @@ func TestWriteVisibility(t *testing.T) {
 				{"step3", "tmp/t", "tmp"},
 			}
 			for _, c := range checks {
-				f.WaitLog(t, c.step, 10*time.Second)
+				f.WaitLog(t, c.step, 30*time.Second)
 				b, err := os.ReadFile(filepath.Join(f.Rootfs, c.file))
 				if got := string(b); err != nil || got != c.want+"\n" {
 					t.Errorf("after %s: host %s = %q, %v; want %q", c.step, c.file, got, err, c.want)
@@ -68,7 +76,7 @@ func TestWriteVisibility(t *testing.T) {
 			// looked both files up).
 			os.WriteFile(filepath.Join(f.Rootfs, "x"), []byte("host\n"), 0o644)
 			os.WriteFile(filepath.Join(f.Rootfs, "fromhost"), []byte("yes\n"), 0o644)
-			log := f.WaitLog(t, "step6", 10*time.Second)
+			log := f.WaitLog(t, "step6", 60*time.Second)
 			seen := regexp.MustCompile(`saw=.*`).FindString(log)
 			t.Logf("file-access=%s: host writes seen by the sandbox: %q (want saw=yes x=host)", access, seen)
 			if access == "shared" && seen != "saw=yes x=host" {
