@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -194,12 +195,13 @@ func TestForkFanOut(t *testing.T) {
 
 // A node whose Lease lapses is NotReady; its sandboxes are reported Lost
 // (not recreated), a closed one stays Closed, and it gets no new
-// placements.
+// placements. The Lease is for an hour, and lapses once its sandboxes are
+// set up, by moving its renewal back past that.
 func TestLeaseExpiry(t *testing.T) {
 	plane.Need(t)
 	startController(t)
 	ns := namespace(t)
-	n := node(t, "ls-dying", 10, 2*time.Second)
+	n := node(t, "ls-dying", 10, long)
 	sb := sandbox(ns, "on-dying", func(sb *fbv1.Sandbox) { sb.Spec.NodeName = "ls-dying" })
 	create(t, sb)
 	setPhase(t, sb, fbv1.PhaseRunning)
@@ -208,6 +210,9 @@ func TestLeaseExpiry(t *testing.T) {
 	updateStatus(t, done, func(sb *fbv1.Sandbox) {
 		now := metav1.Now()
 		sb.Status.Phase, sb.Status.ClosedAt = fbv1.PhaseClosed, &now
+	})
+	update(t, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: clustertest.Namespace, Name: "ls-dying"}}, func(l *coordinationv1.Lease) {
+		l.Spec.RenewTime = &metav1.MicroTime{Time: time.Now().Add(-long - time.Minute)}
 	})
 	clustertest.Eventually(t, 30*time.Second, "node NotReady", func() (bool, string) {
 		get(t, n)
