@@ -85,9 +85,13 @@ func TestHibernateWakeCycles(t *testing.T) {
 		if v := veths(sb.ID, true); len(v) != 0 {
 			t.Fatalf("cycle %d: a hibernated sandbox is still a bridge port: %v", cycle, v)
 		}
-		// Nor its rootfs mount: only its netns stays mounted (park.go).
+		// Nor a mount: not its rootfs (park.go), nor its netns (every
+		// mount on the host slows each gVisor start, restore and wake).
 		if m := rootfsMounts(sb.ID); len(m) != 0 {
 			t.Fatalf("cycle %d: a hibernated sandbox's rootfs is mounted: %v", cycle, m)
+		}
+		if m := mountsAt(filepath.Join(env.runDir, "netns", sb.ID)); len(m) != 0 {
+			t.Fatalf("cycle %d: a hibernated sandbox's netns is mounted: %v", cycle, m)
 		}
 		// The next exec wakes it; every file of every cycle is there.
 		out := mustSh(t, sb, "cat /root/cycles/*")
@@ -197,9 +201,14 @@ func TestIdleHibernation(t *testing.T) {
 
 // rootfsMounts lists the mountinfo lines of sandbox id's rootfs.
 func rootfsMounts(id string) []string {
+	return mountsAt(filepath.Join(env.stateDir, "sandboxes", id, "rootfs"))
+}
+
+// mountsAt returns the lines of our mountinfo that mount on path.
+func mountsAt(path string) []string {
 	var found []string
 	mi, _ := os.ReadFile("/proc/self/mountinfo")
-	at := " " + filepath.Join(env.stateDir, "sandboxes", id, "rootfs") + " "
+	at := " " + path + " "
 	for _, l := range strings.Split(string(mi), "\n") {
 		if strings.Contains(l, at) {
 			found = append(found, l)

@@ -18,11 +18,12 @@ import (
 // Hibernation saves a sandbox's memory and processes to disk and stops it:
 // it holds no memory and no process until the next exec (or an explicit
 // wake) restores it, state intact. Its files stay where they always are, in
-// its writable layer on the host, and its network namespace, address and
-// egress policy are kept, so it wakes as itself. Its bridge port is not: a
-// Linux bridge has 1,023, so hibernated sandboxes give theirs back and
-// take one when they wake, and a host keeps many more sessions than it
-// runs.
+// its writable layer on the host, and its address and egress policy are
+// kept, so it wakes as itself. Its bridge port, veth pair and network
+// namespace are not (a Linux bridge has 1,023 ports, and every mount on the
+// host is copied into each new mount namespace): hibernated sandboxes give
+// them back and get new ones when they wake, and a host keeps many more
+// sessions than it runs.
 
 // completeMarker is written into an image dir once the image is whole.
 const completeMarker = "complete"
@@ -188,10 +189,12 @@ func (d *Daemon) wakeLocked(ctx context.Context, sb *store.Sandbox) error {
 	return nil
 }
 
-// detach gives back the bridge port of sb, which holds no process (it is
-// hibernated): a bridge has network.MaxBridgePorts, and only sandboxes
-// that run need one. Its netns, address and egress policy stay; wake
-// attaches it again. A failure only keeps the port until then.
+// detach gives back the network of sb, which holds no process (it is
+// hibernated), all but its address and egress policy: its bridge port (a
+// bridge has network.MaxBridgePorts, and only sandboxes that run need
+// one), its veth pair and its netns's mount (every mount on the host
+// slows each gVisor start, restore and wake). Wake attaches it again. A
+// failure only keeps them until then.
 func (d *Daemon) detach(ctx context.Context, sb *store.Sandbox) {
 	d.bestEffort(ctx, "give back the bridge port of a hibernated sandbox", d.net.Detach(ctx, sb.ID, netip.MustParseAddr(sb.IP)),
 		slog.String("sandbox", sb.ID))

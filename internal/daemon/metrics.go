@@ -35,7 +35,7 @@ type Metrics struct {
 	// limit counts), DiskLimit the limit (0: none).
 	DiskBytes, DiskLimit int64
 	// NetRxBytes and NetTxBytes are received and sent, from the sandbox's
-	// side.
+	// side, since it started or last woke (its veth pair is new then).
 	NetRxBytes, NetTxBytes uint64
 	// Pids is the number of tasks in the cgroup, PidsLimit its limit.
 	Pids, PidsLimit int64

@@ -58,7 +58,7 @@ func (d *Daemon) park(ctx context.Context, sb *store.Sandbox) error {
 		return err
 	}
 	// A crash of the daemon keeps what it wrote; one of the host takes
-	// every mount with it, and the sandbox's netns too.
+	// every mount with it.
 	if err := os.WriteFile(d.parkedPath(sb.ID), b, 0o600); err != nil {
 		return err
 	}

@@ -103,7 +103,10 @@ func setup(tb testing.TB, m *Manager, name string, egress Egress) *Network {
 func setupWith(tb testing.TB, m *Manager, name string, pol Policy) *Network {
 	tb.Helper()
 	var used []netip.Addr
-	ids, _ := m.List(context.Background())
+	ids, err := m.List(context.Background())
+	if err != nil {
+		tb.Fatal(err)
+	}
 	for range ids {
 		a, _ := allocateAfter(m.cfg.Subnet, used, netip.Addr{})
 		used = append(used, a)

@@ -100,7 +100,16 @@ func createNetns(path string) error {
 		return fmt.Errorf("network: create %s: %v: %w", path, err, errdefs.ErrInternal)
 	}
 	f.Close()
+	if err := mountNetns(path); err != nil {
+		os.Remove(path)
+		return err
+	}
+	return nil
+}
 
+// mountNetns creates a new network namespace and bind-mounts it on path,
+// an existing file.
+func mountNetns(path string) error {
 	// unshare(CLONE_NEWNET) changes the calling thread only. Do it on a
 	// locked thread of a goroutine of our own; if the thread cannot be put
 	// back into the original namespace, it stays locked and the runtime
@@ -132,17 +141,32 @@ func createNetns(path string) error {
 		}
 		errc <- mErr
 	}()
-	if err := <-errc; err != nil {
-		os.Remove(path)
-		return err
+	return <-errc
+}
+
+// netnsMounted reports whether a network namespace is mounted on path (an
+// existing file).
+func netnsMounted(path string) (bool, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return false, fmt.Errorf("network: statfs %s: %v: %w", path, err, errdefs.ErrInternal)
+	}
+	return st.Type == unix.NSFS_MAGIC, nil
+}
+
+// unmountNetns unmounts the netns on path, keeping the file; with no
+// process in it, the namespace goes. Not mounted is fine.
+func unmountNetns(path string) error {
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("network: unmount %s: %v: %w", path, err, errdefs.ErrInternal)
 	}
 	return nil
 }
 
 // removeNetns unmounts and removes the netns file at path. Missing is fine.
 func removeNetns(path string) error {
-	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("network: unmount %s: %v: %w", path, err, errdefs.ErrInternal)
+	if err := unmountNetns(path); err != nil {
+		return err
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("network: remove %s: %v: %w", path, err, errdefs.ErrInternal)

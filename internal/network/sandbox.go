@@ -164,16 +164,21 @@ func (m *Manager) bringUp(ctx context.Context, host string, ip netip.Addr, mac n
 	return waitForwarding(ctx, host)
 }
 
-// Detach gives back the bridge port of sandbox id, at ip, while it holds
-// no process (it is hibernated): a Linux bridge has MaxBridgePorts ports,
-// so only sandboxes that run need one. Its veth pair leaves the bridge and
-// goes down; the pair itself stays, holding its name (no other sandbox's
-// veth can take it, nor the port's nftables elements, which stay too) and
-// eth0 (its MAC, and the byte counters). The address's pin on the bridge
-// goes and a blackhole route takes its place, so that traffic to it ends
-// on the host rather than in ARP requests to every port (and a sandbox
-// probing the subnet learns nothing: silence, as from a running one). Its netns and
-// egress policy stay. Attach plugs it in again. Idempotent.
+// Detach gives back what sandbox id holds on the host while it holds no
+// process (it is hibernated), all but its address: its bridge port (a
+// Linux bridge has MaxBridgePorts, and 10,000 hibernated sessions must
+// not hold one each), its veth pair, and its netns's bind mount. Every
+// mount on the host is copied into each new mount namespace, and gVisor
+// makes two at every start, restore and wake: with 10,000 hibernated
+// sessions holding a mount each, each of them took 100-300 ms longer.
+// The netns file stays, empty, holding the sandbox's place (List finds
+// it; Setup of the same id is AlreadyExists), and so do the port's
+// nftables elements and the egress policy, so that Teardown still finds
+// and releases the address. The address's pin goes and a blackhole route
+// takes its place, so that traffic to it ends on the host rather than in
+// ARP requests to every port (and a sandbox probing the subnet learns
+// nothing: silence, as from a running one). Attach makes the netns and
+// the pair again. Idempotent.
 func (m *Manager) Detach(ctx context.Context, id string, ip netip.Addr) error {
 	if err := validID(id); err != nil {
 		return err
@@ -185,40 +190,44 @@ func (m *Manager) Detach(ctx context.Context, id string, ip netip.Addr) error {
 		return err
 	}
 	host := m.hostVethName(id)
+	path := m.NSPath(id)
 	link, err := netlink.LinkByName(host)
-	if isNotFound(err) {
-		m.forgetNeighbour(ip) // a pin a failed Attach made
-		return nil            // torn down, or never set up
-	}
-	if err != nil {
+	switch {
+	case isNotFound(err):
+		link = nil
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			m.forgetNeighbour(ip) // a pin a failed Attach made
+			return nil            // torn down, or never set up
+		}
+	case err != nil:
 		return fmt.Errorf("network: veth %s: %v: %w", host, err, errdefs.ErrInternal)
-	}
-	if link.Attrs().Alias != aliasPrefix+id {
+	case link.Attrs().Alias != aliasPrefix+id:
 		return fmt.Errorf("network: veth %s is %q's, not sandbox %s's: %w", host, link.Attrs().Alias, id, errdefs.ErrInternal)
 	}
 	if err := blockAddr(ip); err != nil {
 		return err
 	}
 	m.forgetNeighbour(ip)
-	if err := netlink.LinkSetDown(link); err != nil {
-		return fmt.Errorf("network: bring down %s: %v: %w", host, err, errdefs.ErrInternal)
-	}
-	if link.Attrs().MasterIndex != 0 {
-		if err := netlink.LinkSetNoMaster(link); err != nil {
-			return fmt.Errorf("network: take %s off bridge %s: %v: %w", host, m.cfg.Bridge, err, errdefs.ErrInternal)
+	if link != nil {
+		if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
+			return fmt.Errorf("network: delete veth %s: %v: %w", host, err, errdefs.ErrInternal)
 		}
+	}
+	if err := unmountNetns(path); err != nil {
+		return err
 	}
 	m.log.Debug("sandbox network detached", slog.String("sandbox", id))
 	return nil
 }
 
-// Attach gives sandbox id, detached, its bridge port again: its veth
-// joins the bridge as an isolated port, eth0 gets its address and route
-// back (the sandbox restored into it takes the interface over, as a
-// memory fork's child does), the port's elements are there for egress
-// mode, and the address is pinned and unblocked. One attached already (a
-// crash between the two) is attached again; one without a veth gets a
-// new pair. A full bridge is ResourceExhausted, and leaves it detached.
+// Attach gives sandbox id, detached, its network again, as itself: a netns
+// on its netns file, a veth pair on an isolated bridge port, eth0 at its
+// address with its route (the sandbox restored into it takes the
+// interface over, as a memory fork's child does), the port's elements for
+// egress mode, and the address pinned and unblocked. One attached already
+// (a crash between the two) is attached again. A full bridge is
+// ResourceExhausted, and leaves it detached; a sandbox without a netns
+// file (torn down, or never set up) is NotFound.
 func (m *Manager) Attach(ctx context.Context, id string, ip netip.Addr, egress Egress) (err error) {
 	if err := validID(id); err != nil {
 		return err
@@ -237,17 +246,30 @@ func (m *Manager) Attach(ctx context.Context, id string, ip netip.Addr, egress E
 			return err
 		}
 	}
-	ns, err := netns.GetFromPath(m.NSPath(id))
-	if err != nil {
+	path := m.NSPath(id)
+	if _, err := os.Stat(path); err != nil {
 		return fmt.Errorf("network: netns of %s: %v: %w", id, err, errdefs.ErrNotFound)
 	}
-	defer ns.Close()
-	host := m.hostVethName(id)
 	defer func() {
-		if err != nil { // a pair made here stays, detached like any other
+		if err != nil { // what was made here goes: it stays detached
 			err = errors.Join(err, m.Detach(context.WithoutCancel(ctx), id, ip))
 		}
 	}()
+	mounted, err := netnsMounted(path)
+	if err != nil {
+		return err
+	}
+	if !mounted {
+		if err := mountNetns(path); err != nil {
+			return err
+		}
+	}
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("network: netns of %s: %v: %w", id, err, errdefs.ErrInternal)
+	}
+	defer ns.Close()
+	host := m.hostVethName(id)
 	var mac net.HardwareAddr
 	link, err := netlink.LinkByName(host)
 	switch {
