@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -88,17 +90,29 @@ func TestSetTimeoutExtends(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
 	// A first deadline 2 s away (not counted from the create, which may
-	// be slow on a loaded machine), extended right away.
-	id := h.create(CreateOptions{Name: "ext", Timeout: time.Hour})
-	sb, err := h.d.SetTimeout(ctx, id, 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	first := sb.Deadline
-	before := time.Now()
-	sb, err = h.d.SetTimeout(ctx, id, time.Hour)
-	if err != nil {
-		t.Fatal(err)
+	// be slow on a loaded machine), extended right away. A host that
+	// spends the first timeout between the two calls has the sandbox
+	// expire before its extension: that try proves nothing, and a new
+	// sandbox tries again with twice the first timeout.
+	var (
+		id            string
+		sb            *store.Sandbox
+		first, before time.Time
+	)
+	for short := 2 * time.Second; ; short *= 2 {
+		id = h.create(CreateOptions{Name: fmt.Sprintf("ext-%d", short/time.Second), Timeout: time.Hour})
+		set, err := h.d.SetTimeout(ctx, id, short)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, before = set.Deadline, time.Now()
+		sb, err = h.d.SetTimeout(ctx, id, time.Hour)
+		if err == nil {
+			break
+		}
+		if !errdefs.IsFailedPrecondition(err) || time.Now().Before(first) || short >= time.Minute {
+			t.Fatalf("extended %s after a %s timeout was set: %v", time.Since(before), short, err)
+		}
 	}
 	if at := h.d.ExpiresAt(sb); at.Before(before.Add(time.Hour)) || at.After(time.Now().Add(time.Hour)) {
 		t.Errorf("expires at %v, want now + 1h", at)
@@ -116,7 +130,7 @@ func TestSetTimeoutExtends(t *testing.T) {
 		t.Errorf("events %v: want timeout_set, no expired", h.events(id))
 	}
 	// 0 removes the sandbox's own timeout.
-	if sb, err = h.d.SetTimeout(ctx, id, 0); err != nil || !h.d.ExpiresAt(sb).IsZero() {
+	if sb, err := h.d.SetTimeout(ctx, id, 0); err != nil || !h.d.ExpiresAt(sb).IsZero() {
 		t.Errorf("SetTimeout 0: expires at %v, %v; want never", h.d.ExpiresAt(sb), err)
 	}
 	for _, bad := range []time.Duration{-time.Second, maxTimeout + time.Hour} {
@@ -218,7 +232,8 @@ func TestForkInheritsTimeout(t *testing.T) {
 
 // on_timeout hibernate: refused on crun, everywhere a sandbox starts;
 // on gvisor the expiry hibernates, the deadline is cleared while
-// hibernated, and an exec wakes it with its timeout re-armed.
+// hibernated, and a wake (Wake, or an exec) re-arms its timeout, which
+// expires it again.
 func TestExpiryHibernates(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
@@ -238,36 +253,51 @@ func TestExpiryHibernates(t *testing.T) {
 	if at := h.d.ExpiresAt(h.state(id)); !at.IsZero() {
 		t.Errorf("hibernated by expiry: expires at %v, want never until woken", at)
 	}
-	// The timeout the wake re-arms, long enough for the exec that wakes
-	// it to end first on a loaded host (an expiry cuts an exec in flight),
-	// written once the expiry has cleared the deadline (its last write).
-	waitUntil(t, "the expiry to clear the deadline", func() bool { return h.state(id).Deadline.IsZero() })
-	sb := h.state(id)
-	const rearmed = 2 * time.Second
-	if err := h.d.store.SetLifetime(ctx, id, rearmed.Milliseconds(), time.Time{}, sb.LifetimeFrom); err != nil {
+	count := func(typ string) int {
+		n := 0
+		for _, e := range h.events(id) {
+			if e == typ {
+				n++
+			}
+		}
+		return n
+	}
+	// rearm sets the timeout that the next wake re-arms, once the expiry
+	// has cleared the deadline (its last write).
+	rearm := func(timeout time.Duration) {
+		t.Helper()
+		waitUntil(t, "the expiry to clear the deadline", func() bool { return h.state(id).Deadline.IsZero() })
+		if err := h.d.store.SetLifetime(ctx, id, timeout.Milliseconds(), time.Time{}, h.state(id).LifetimeFrom); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Woken, its timeout is re-armed from the wake: it expires again.
+	// Woken by Wake, not by an exec, which the expiry would cut if it
+	// came first.
+	const short = 200 * time.Millisecond
+	rearm(short)
+	woken, err := h.d.Wake(ctx, id)
+	if err != nil {
 		t.Fatal(err)
 	}
+	if got := woken.Deadline.Sub(woken.LifetimeFrom); got != short {
+		t.Errorf("woken: deadline %v after its new start, want %s", got, short)
+	}
+	waitUntil(t, "the second expiry", func() bool { return count(store.EventSandboxExpired) == 2 })
+	h.waitState(id, store.StateHibernated)
+	// An exec wakes it, and re-arms its timeout too: an hour, so that no
+	// expiry cuts the exec however slow the host.
+	rearm(time.Hour)
 	res, err := h.d.Exec(ctx, id, ExecOptions{ExecRequest: agent.ExecRequest{Argv: []string{"true"}}}, nil, nil)
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("exec on the hibernated sandbox: %+v, %v", res, err)
 	}
-	if !slices.Contains(h.events(id), store.EventWoken) {
-		t.Errorf("events %v: want sandbox.woken", h.events(id))
+	if n := count(store.EventWoken); n != 2 {
+		t.Errorf("events %v: want sandbox.woken twice", h.events(id))
 	}
-	if woken := h.state(id); woken.State == store.StateRunning && woken.Deadline.Sub(woken.LifetimeFrom) != rearmed {
-		t.Errorf("woken: deadline %v after its new start, want %s", woken.Deadline.Sub(woken.LifetimeFrom), rearmed)
+	if woken := h.state(id); woken.State != store.StateRunning || woken.Deadline.Sub(woken.LifetimeFrom) != time.Hour {
+		t.Errorf("woken by an exec: %s, deadline %v after its new start; want running, 1h", woken.State, woken.Deadline.Sub(woken.LifetimeFrom))
 	}
-	// Woken, its timeout is re-armed: it expires again.
-	waitUntil(t, "the second expiry", func() bool {
-		n := 0
-		for _, e := range h.events(id) {
-			if e == store.EventSandboxExpired {
-				n++
-			}
-		}
-		return n == 2
-	})
-	h.waitState(id, store.StateHibernated)
 }
 
 // A sandbox with on_timeout hibernate that is hibernated has nothing due,
@@ -299,19 +329,39 @@ func TestHibernatedNothingDue(t *testing.T) {
 }
 
 // A deadline that passed while the daemon was down expires the sandbox
-// when it is up again.
+// when it is up again. Its deadline is an hour away while the daemon runs
+// (no expiry can come before the restart, however slow the host), and is
+// moved back by that hour while the daemon is down.
 func TestExpiryAcrossRestart(t *testing.T) {
 	h := newHarness(t)
-	id := h.create(CreateOptions{Name: "r", Timeout: time.Hour})
-	sb, err := h.d.SetTimeout(context.Background(), id, 2*time.Second)
+	ctx := context.Background()
+	id := h.create(CreateOptions{Name: "r"})
+	sb, err := h.d.SetTimeout(ctx, id, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := sb.Deadline
 	if err := h.d.Close(); err != nil {
 		t.Fatal(err)
 	}
 	h.d = nil
+	st, err := store.Open(ctx, filepath.Join(h.cfg.StateDir, "forkbox.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, err := st.GetSandbox(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !stored.Deadline.Equal(time.UnixMilli(sb.Deadline.UnixMilli())) {
+		t.Fatalf("stored deadline %v, want SetTimeout's %v", stored.Deadline, sb.Deadline)
+	}
+	deadline := stored.Deadline.Add(-time.Hour)
+	if err := st.SetLifetime(ctx, id, stored.Config.TimeoutMS, deadline, stored.LifetimeFrom); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
 	waitUntil(t, "the wall clock past the deadline", func() bool { return time.Now().After(deadline) })
 	h.reopen(h.runtimes(RuntimeGVisor, RuntimeCrun))
 	h.waitState(id, store.StateClosed)
@@ -323,23 +373,29 @@ func TestExpiryAcrossRestart(t *testing.T) {
 }
 
 // The idle timeout expires a sandbox with no activity, not one with an
-// exec in flight.
+// exec in flight. The timeout is an hour (the busy sandbox's exec starts
+// first however slow the host); the last activity of both sandboxes is
+// then moved back past it.
 func TestIdleTimeout(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	// Long enough for the busy sandbox's exec to start on a loaded machine.
-	h.cfg.IdleTimeout = 2 * time.Second
+	h.cfg.IdleTimeout = time.Hour
 	h.reopen(h.runtimes(RuntimeGVisor, RuntimeCrun))
 	busy := h.create(CreateOptions{Name: "busy"})
 	done := make(chan error, 1)
 	ectx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
-		_, err := h.d.Exec(ectx, busy, ExecOptions{ExecRequest: agent.ExecRequest{Shell: "sleep 20", Timeout: 20 * time.Second}}, nil, nil)
+		_, err := h.d.Exec(ectx, busy, ExecOptions{ExecRequest: agent.ExecRequest{Shell: "sleep 3600", Timeout: time.Hour}}, nil, nil)
 		done <- err
 	}()
 	waitUntil(t, "the exec in flight", func() bool { _, b := h.d.lastActivity(busy, time.Now()); return b })
 	id := h.create(CreateOptions{Name: "idle"})
+	a := h.d.act()
+	a.mu.Lock()
+	a.last[busy], a.last[id] = time.Now().Add(-2*time.Hour), time.Now().Add(-2*time.Hour)
+	a.mu.Unlock()
+	h.d.life.wake() // the scheduler looks again
 	h.waitState(id, store.StateClosed)
 	if data := h.expiredEvent(id, store.EventSandboxClosed); data["reason"] != reasonIdle {
 		t.Errorf("expired event %v: want reason idle", data)
