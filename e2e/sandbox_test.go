@@ -68,20 +68,27 @@ func TestCreateFromRegistryAndArchives(t *testing.T) {
 	}
 }
 
-// timedWriter records when each write arrived.
-type timedWriter struct {
+// firstWriter collects what it is given and closes first once it has been
+// given anything.
+type firstWriter struct {
 	mu    sync.Mutex
 	buf   strings.Builder
-	first time.Time
+	first chan struct{}
 }
 
-func (w *timedWriter) Write(p []byte) (int, error) {
+func (w *firstWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.first.IsZero() {
-		w.first = time.Now()
+	if w.buf.Len() == 0 && len(p) > 0 {
+		close(w.first)
 	}
 	return w.buf.Write(p)
+}
+
+func (w *firstWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
 }
 
 func TestExec(t *testing.T) {
@@ -109,32 +116,49 @@ func TestExec(t *testing.T) {
 			t.Errorf("stdout %q stderr %q; want them apart", out, errs)
 		}
 
-		// Streaming: the first line arrives before the command ends.
-		var w timedWriter
-		start := time.Now()
-		res, err := sb.Exec(ctx, client.ExecOptions{Shell: "echo first; sleep 1; echo second", Stdout: &w})
-		end := time.Now()
-		if err != nil || res.ExitCode != 0 {
-			t.Fatalf("streaming exec: %v %+v", err, res)
+		// Streaming: the first line reaches the caller while the command
+		// runs. The command waits (30 s at most) for a file that the test
+		// writes once the first line has reached it, and says whether it
+		// came.
+		w := &firstWriter{first: make(chan struct{})}
+		type result struct {
+			res *client.ExecResult
+			err error
 		}
-		if w.buf.String() != "first\nsecond\n" {
-			t.Errorf("streamed output %q", w.buf.String())
+		done := make(chan result, 1)
+		go func() {
+			res, err := sb.Exec(ctx, client.ExecOptions{Shell: "echo first; for i in $(seq 1500); do [ -e /tmp/gate ] && break; sleep 0.02; done; " +
+				"[ -e /tmp/gate ] && echo streamed || echo buffered", Stdout: w})
+			done <- result{res, err}
+		}()
+		var r result
+		select {
+		case <-w.first:
+			if err := sb.WriteFile(ctx, "/tmp/gate", nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			r = <-done
+		case r = <-done: // it ended before its first line reached the test
 		}
-		if w.first.Sub(start) > end.Sub(start)-500*time.Millisecond {
-			t.Errorf("first output came %s after start, the command ended at %s: not streamed", w.first.Sub(start), end.Sub(start))
+		if r.err != nil || r.res.ExitCode != 0 {
+			t.Fatalf("streaming exec: %v %+v", r.err, r.res)
+		}
+		if got := w.String(); got != "first\nstreamed\n" {
+			t.Errorf("streamed output %q, want %q: the first line reached the caller only once the command ended", got, "first\nstreamed\n")
 		}
 
 		// argv, env, cwd, stdin.
 		var o strings.Builder
-		res, err = sb.Exec(ctx, client.ExecOptions{Argv: []string{"sh", "-c", `echo "$GREETING $(pwd)"; cat`},
+		res, err := sb.Exec(ctx, client.ExecOptions{Argv: []string{"sh", "-c", `echo "$GREETING $(pwd)"; cat`},
 			Env: map[string]string{"GREETING": "hello"}, Cwd: "/tmp", Stdin: []byte("from-stdin"), Stdout: &o})
 		if err != nil || res.ExitCode != 0 || o.String() != "hello /tmp\nfrom-stdin" {
 			t.Errorf("argv/env/cwd/stdin: got %q, %v, %+v", o.String(), err, res)
 		}
 
-		// Timeout kills the command.
-		res, err = sb.Exec(ctx, client.ExecOptions{Shell: "sleep 30", Timeout: 300 * time.Millisecond})
-		if err != nil || !res.TimedOut || res.Duration > 10*time.Second {
+		// Timeout kills the command (the bound is the hang it guards
+		// against: the 120 s sleep).
+		res, err = sb.Exec(ctx, client.ExecOptions{Shell: "sleep 120", Timeout: 300 * time.Millisecond})
+		if err != nil || !res.TimedOut || res.Duration > 30*time.Second {
 			t.Errorf("timeout: got %+v, %v; want timed out", res, err)
 		}
 
