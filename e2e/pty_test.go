@@ -265,7 +265,9 @@ func TestPtyCLI(t *testing.T) {
 	if want2 == want {
 		t.Fatalf("tmux kept the pane at %s after resize-window", want)
 	}
-	tmux(t, sock, "send-keys", "-t", "pty", "stty size; echo two-$((1+2))", "Enter")
+	// The CLI sends the new size when its terminal tells it, apart from
+	// the keys: the shell waits (30 s at most) until it has it.
+	tmux(t, sock, "send-keys", "-t", "pty", `for i in $(seq 300); do [ "$(stty size)" = "`+want2+`" ] && break; sleep 0.1; done; stty size; echo two-$((1+2))`, "Enter")
 	waitPane(`(?m)^` + want2 + `\ntwo-3$`)
 
 	// Ctrl-C goes to the job inside, not to the CLI.
