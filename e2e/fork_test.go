@@ -375,14 +375,20 @@ func TestCheckpointRetention(t *testing.T) {
 		t.Fatal(err)
 	}
 	gone.Close(ctx)
-	for i := 0; i < 100; i++ {
-		if cks, _ := gone.ListCheckpoints(ctx); len(cks) == 0 {
+	// The retention looks every second; 60 s only guards against a hang.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		cks, err := gone.ListCheckpoints(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(cks) == 0 {
 			break
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if cks, _ := gone.ListCheckpoints(ctx); len(cks) != 0 {
-		t.Errorf("the expired checkpoint of a closed sandbox is still listed: %v", cks)
+		if time.Now().After(deadline) {
+			t.Fatalf("the expired checkpoint of a closed sandbox is still listed after 60 s: %v", cks)
+		}
+		time.Sleep(100 * time.Millisecond) // a poll interval
 	}
 	if _, err := env.c.RestoreSnapshot(ctx, old.Id, client.Overrides{}, nil); !errdefs.IsNotFound(err) {
 		t.Errorf("restore of an expired checkpoint: got %v, want NotFound", err)
