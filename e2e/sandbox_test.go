@@ -6,7 +6,6 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -68,29 +67,6 @@ func TestCreateFromRegistryAndArchives(t *testing.T) {
 	}
 }
 
-// firstWriter collects what it is given and closes first once it has been
-// given anything.
-type firstWriter struct {
-	mu    sync.Mutex
-	buf   strings.Builder
-	first chan struct{}
-}
-
-func (w *firstWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.buf.Len() == 0 && len(p) > 0 {
-		close(w.first)
-	}
-	return w.buf.Write(p)
-}
-
-func (w *firstWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
-}
-
 func TestExec(t *testing.T) {
 	forEachRuntime(t, func(t *testing.T) {
 		ctx := context.Background()
@@ -120,7 +96,7 @@ func TestExec(t *testing.T) {
 		// runs. The command waits (30 s at most) for a file that the test
 		// writes once the first line has reached it, and says whether it
 		// came.
-		w := &firstWriter{first: make(chan struct{})}
+		w := &signalWriter{want: "first\n", seen: make(chan struct{})}
 		type result struct {
 			res *client.ExecResult
 			err error
@@ -133,7 +109,7 @@ func TestExec(t *testing.T) {
 		}()
 		var r result
 		select {
-		case <-w.first:
+		case <-w.seen:
 			if err := sb.WriteFile(ctx, "/tmp/gate", nil, 0o600); err != nil {
 				t.Fatal(err)
 			}
