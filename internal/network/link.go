@@ -157,8 +157,10 @@ func (m *Manager) bridgeFull() error {
 		m.cfg.Bridge, MaxBridgePorts, errdefs.ErrResourceExhausted)
 }
 
-// joinBridge makes link (a detached sandbox's veth) an isolated port of
-// the bridge again. A full bridge is ResourceExhausted.
+// joinBridge makes link, a sandbox's veth that Attach finds (one still
+// attached, or one a daemon before Detach deleted pairs took off the
+// bridge and kept), an isolated port of the bridge again. A full bridge
+// is ResourceExhausted.
 func (m *Manager) joinBridge(link netlink.Link) error {
 	br, err := netlink.LinkByName(m.cfg.Bridge)
 	if err != nil {

@@ -224,8 +224,9 @@ func (m *Manager) Detach(ctx context.Context, id string, ip netip.Addr) error {
 // on its netns file, a veth pair on an isolated bridge port, eth0 at its
 // address with its route (the sandbox restored into it takes the
 // interface over, as a memory fork's child does), the port's elements for
-// egress mode, and the address pinned and unblocked. One attached already
-// (a crash between the two) is attached again. A full bridge is
+// egress mode, and the address pinned and unblocked. One that still has
+// its veth (attached already, a crash between the two; or detached by a
+// daemon that kept the pair) is attached with it. A full bridge is
 // ResourceExhausted, and leaves it detached; a sandbox without a netns
 // file (torn down, or never set up) is NotFound.
 func (m *Manager) Attach(ctx context.Context, id string, ip netip.Addr, egress Egress) (err error) {
