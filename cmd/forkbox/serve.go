@@ -118,7 +118,8 @@ func serveCmd() *cobra.Command {
 			m := metrics.New(metrics.Options{Sandboxes: d.Store(), CgroupParent: cfg.CgroupParent,
 				MaxSandboxSeries: df.metricsMax, Log: log, Preboot: func() metrics.PrebootCounts {
 					s := d.PrebootStats()
-					return metrics.PrebootCounts{Ready: s.Ready, Created: s.ReadyCreated, Hits: s.Hits, Misses: s.Misses}
+					return metrics.PrebootCounts{Ready: s.Ready, Created: s.ReadyCreated, Pending: s.Pending,
+						Hits: s.Hits, Misses: s.Misses}
 				}})
 			// The E2B endpoint listens before the API does: once the API
 			// answers (what a caller, or a test, waits for), every listener

@@ -89,8 +89,12 @@ type prebooted struct {
 
 // PrebootStats counts what the pool did since the daemon started.
 type PrebootStats struct {
-	Size, Ready        int
-	ReadyCreated       int // of Ready, the created kind
+	Size, Ready  int
+	ReadyCreated int // of Ready, the created kind
+	// Pending is how many members the pool still has to boot (the one
+	// booting included) to hold its share of the keys asked for last; 0
+	// when it has settled. A pool whose boots fail stays pending.
+	Pending            int
 	Hits, Misses       int64
 	Booted, BootFailed int64
 	Discarded          int64
@@ -260,13 +264,32 @@ func (d *Daemon) PrebootStats() PrebootStats {
 	d.pre.mu.Lock()
 	defer d.pre.mu.Unlock()
 	s := d.pre.stats
-	s.Ready = len(d.pre.ready)
+	s.Ready, s.Pending = len(d.pre.ready), d.pre.pending()
 	for _, m := range d.pre.ready {
 		if m.key.created {
 			s.ReadyCreated++
 		}
 	}
 	return s
+}
+
+// pending counts the members still to boot (the one booting included) for
+// the pool to hold its targets; p.mu is held.
+func (p *prebootPool) pending() int {
+	count := map[prebootKey]int{}
+	for _, m := range p.ready {
+		count[m.key]++
+	}
+	n := 0
+	for _, w := range p.targets() {
+		n += max(0, w.n-count[w.key])
+	}
+	if p.booting && n == 0 {
+		// A boot for a key no longer wanted (its member will make room
+		// next): not settled either.
+		n = 1
+	}
+	return n
 }
 
 // startPreboot starts the refill goroutine when the pool is on and gVisor

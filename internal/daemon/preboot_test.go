@@ -8,6 +8,13 @@ import "testing"
 func TestPrebootPoolBook(t *testing.T) {
 	a, b := prebootKey{runtime: RuntimeGVisor, memory: 1}, prebootKey{runtime: RuntimeGVisor, memory: 2}
 	p := newPrebootPool(2, a)
+	pending := func(want int) {
+		t.Helper()
+		if got := p.pending(); got != want {
+			t.Fatalf("pending %d, want %d", got, want)
+		}
+	}
+	pending(2)
 	boot := func(want prebootKey, id string) {
 		t.Helper()
 		key, evict, ok := p.next()
@@ -21,17 +28,21 @@ func TestPrebootPoolBook(t *testing.T) {
 	}
 	boot(a, "a1")
 	boot(a, "a2")
+	pending(0)
 	if _, _, ok := p.next(); ok {
 		t.Fatal("a boot with the pool full of the wanted key")
 	}
 	if m := p.take(b); m != nil {
 		t.Fatalf("take(b) = %s, want a miss", m.id)
 	}
+	pending(2) // two of b wanted; the a members do not count
 	key, evict, ok := p.next()
 	if !ok || key != b || evict == nil || evict.id != "a1" {
 		t.Fatalf("next after a miss for b: key %v evict %v ok %v; want a boot for b evicting a1", key, evict, ok)
 	}
+	pending(2) // the one booting is still pending
 	p.booted(&prebooted{id: "b1", key: b})
+	pending(1)
 	if m := p.take(b); m == nil || m.id != "b1" {
 		t.Fatalf("take(b) = %v, want b1", m)
 	}

@@ -56,7 +56,10 @@ type Options struct {
 // that took one (Hits) or found none (Misses).
 type PrebootCounts struct {
 	Ready, Created int
-	Hits, Misses   int64
+	// Pending: members still to boot before the pool is full for the
+	// keys asked for last (0: settled).
+	Pending      int
+	Hits, Misses int64
 }
 
 // Metrics is the daemon's registry and the collectors the interceptor feeds.
@@ -151,6 +154,9 @@ func New(o Options) *Metrics {
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "forkbox_preboot_created_ready",
 				Help: "Of forkbox_preboot_ready, those created for memory-fork children (booted, not started)."},
 				func() float64 { return float64(pre().Created) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "forkbox_preboot_pending",
+				Help: "Pre-booted sandboxes the pool still has to boot (the one booting included) to be full for the resources asked for last; 0 when it has settled."},
+				func() float64 { return float64(pre().Pending) }),
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "forkbox_preboot_hits_total",
 				Help: "Creates and fork children that started in a pre-booted sandbox."},
 				func() float64 { return float64(pre().Hits) }),

@@ -100,6 +100,8 @@ type daemon struct {
 	log                           *os.File
 	// e2bURL and e2bKey are its E2B endpoint's (with e2b set).
 	e2bURL, e2bKey string
+	// metricsURL is its /metrics (behind e2bKey when that is set).
+	metricsURL string
 }
 
 // binaries returns the forkbox and forkbox-agent binaries: bin/ of the
@@ -152,6 +154,12 @@ func startDaemon(ctx context.Context, dir, binDir, logLevel string, maxSandboxes
 		"--agent", agent, "--bridge", d.names.bridge, "--net-table", d.names.table, "--veth-prefix", d.names.veth,
 		"--subnet", d.names.subnet, "--cgroup-parent", d.names.cgroup, "--max-sandboxes", strconv.Itoa(maxSandboxes),
 		"--btrfs-size", benchBtrfsSize, "--log-level", logLevel}
+	maddr, err := freeport.Loopback()
+	if err != nil {
+		return nil, err
+	}
+	d.metricsURL = "http://" + maddr + "/metrics"
+	args = append(args, "--metrics", maddr)
 	if e2b {
 		addr, err := freeport.Loopback()
 		if err != nil {

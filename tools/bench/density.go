@@ -34,9 +34,17 @@ import (
 //	host_mem_per_idle_sandbox_mib  (host used at full - used before) / count_reached (noisy on a shared host)
 //	cgroup_mem_per_sandbox_mib     the sandboxes' parent cgroup's memory usage at full count / count_reached (0 with --host)
 //	idle_cpu_ms_per_s_per_sandbox  host CPU the idle sandboxes use (their parent cgroup's cpuacct), per sandbox, over idle_window_s (0 with --host)
-//	create_first10, create_last10  create call-to-ready of the first and the last 10 (sequential, one at a time)
+//	create_first10, create_last10  create call-to-ready, one at a time, each after the daemon's pre-boot
+//	                               pool has settled (forkbox_preboot_pending 0): 10 with 1 live (an
+//	                               unmeasured create first keys the pool to the section's resources),
+//	                               10 with count-20 live
 //	create_last10_over_first10     their p50 ratio
-//	exec_at_10, exec_at_full       `true` round trips with 10 live and at full count
+//	create_burst_first10, create_burst_last10
+//	                               10 creates right after those, back to back (the pool refills
+//	                               between them when it can): with 11 and count-10 live
+//	create_burst_last10_over_first10  their p50 ratio
+//	pool_hits                      of each 10 above, how many took a pre-booted sandbox (-1: unknown)
+//	exec_at_10, exec_at_full       `true` round trips with the first 21 live and at full count
 //	exec_full_over_10              their p50 ratio
 //	fork_to_ready_at_full          fork of one child, call to ready, at full count
 //	daemon_rss_start_mib           the daemon's RSS before the first create (0 with --host)
@@ -68,6 +76,15 @@ type DensityResult struct {
 	CreateFirst10    Summary `json:"create_first10"`
 	CreateLast10     Summary `json:"create_last10"`
 	CreateRatio      float64 `json:"create_last10_over_first10"`
+	BurstFirst10     Summary `json:"create_burst_first10"`
+	BurstLast10      Summary `json:"create_burst_last10"`
+	BurstRatio       float64 `json:"create_burst_last10_over_first10"`
+	PoolHits         struct {
+		First10      int `json:"first10"`
+		Last10       int `json:"last10"`
+		BurstFirst10 int `json:"burst_first10"`
+		BurstLast10  int `json:"burst_last10"`
+	} `json:"pool_hits"`
 	ExecAt10         Summary `json:"exec_at_10"`
 	ExecAtFull       Summary `json:"exec_at_full"`
 	ExecRatio        float64 `json:"exec_full_over_10"`
@@ -102,6 +119,12 @@ const (
 	densityForks    = 5
 	densityWakes    = 10
 	densityListPage = 100
+	// densityEnd is how many creates are measured at each end, paced and
+	// back to back.
+	densityEnd = 10
+	// densitySettle bounds the wait for the pre-boot pool before a paced
+	// create.
+	densitySettle = time.Minute
 	// densityDefault is the count tried when none is given (if it fits).
 	densityDefault = 1000
 	// densityGuessMiB is the host memory assumed per sandbox before ten
@@ -130,7 +153,6 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 	r.DaemonRSSStart = rssMiB(b.daemonPID)
 	baseUsed := usedGiB()
 	var all []*client.Sandbox
-	var first []*client.Sandbox
 	defer func() { b.close(context.WithoutCancel(ctx), all...) }()
 
 	// Stops growing before the host runs short: the budget is the least of
@@ -158,20 +180,59 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 		b.track(sb)
 		return sb, ms(time.Since(t)), nil
 	}
-	began := time.Now()
-	var firstMS []float64
-	for len(all) < min(10, target) {
-		if ok, why := fits(len(all)); !ok {
-			r.StopReason, target = why, len(all)
-			break
+	// end makes n sandboxes (up to the target) one at a time, after the
+	// pool has settled (paced) or back to back, and returns their times
+	// and pool hits. The last ends were kept room for in the budget, so
+	// only the host's free-memory floor stops them.
+	end := func(n int, paced, last bool) ([]float64, int, error) {
+		var out []float64
+		h0 := b.poolHits(ctx)
+		for range n {
+			if len(all) >= target {
+				break
+			}
+			if ok, why := fits(len(all)); !ok && (!last || why == "min free") {
+				if r.StopReason == "" {
+					r.StopReason = why
+				}
+				break
+			}
+			if paced {
+				b.settlePool(ctx, densitySettle)
+			}
+			sb, d, err := create()
+			if err != nil {
+				return out, 0, fmt.Errorf("density: create %d: %w", len(all)+1, err)
+			}
+			all, out = append(all, sb), append(out, d)
 		}
-		sb, d, err := create()
-		if err != nil {
-			return r, fmt.Errorf("density: create %d: %w", len(all)+1, err)
+		h1 := b.poolHits(ctx)
+		if h0 < 0 || h1 < 0 {
+			return out, -1, nil
 		}
-		all, first, firstMS = append(all, sb), append(first, sb), append(firstMS, d)
+		return out, int(h1 - h0), nil
 	}
-	r.CreateFirst10 = summarize(firstMS)
+	began := time.Now()
+	// One create unmeasured: a pool booted for the daemon's default
+	// resources is booted again for the section's.
+	sb, _, err := create()
+	if err != nil {
+		return r, fmt.Errorf("density: create 1: %w", err)
+	}
+	all = append(all, sb)
+	firstMS, hits, err := end(densityEnd, true, false)
+	if err != nil {
+		return r, err
+	}
+	r.CreateFirst10, r.PoolHits.First10 = summarize(firstMS), hits
+	burstMS, hits, err := end(densityEnd, false, false)
+	if err != nil {
+		return r, err
+	}
+	r.BurstFirst10, r.PoolHits.BurstFirst10 = summarize(burstMS), hits
+	if r.StopReason != "" {
+		target = len(all)
+	}
 	// From here the budget counts what the sandboxes take: their parent
 	// cgroup's memory when the bench knows it, else the host's used memory
 	// since the start (noisy on a shared host: MemAvailable's floor is the
@@ -184,21 +245,20 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 		return max(densityMinMiB, per)
 	}
 	perMiB = measured()
-	progress("density: %d created, about %.0f MiB each; exec at 10", len(all), perMiB)
-	var err error
+	progress("density: %d created, about %.0f MiB each; exec with them live", len(all), perMiB)
 	if r.ExecAt10, err = b.execSpread(ctx, all, densityExecs); err != nil {
 		return r, err
 	}
 
-	// The middle, a few at a time; the last 10 one at a time again.
+	// The middle, a few at a time; the last 20 one at a time again.
 	var mu sync.Mutex
 	var growErr error
-	for r.StopReason == "" && len(all) < target-10 {
-		batch := min(densityParallel, target-10-len(all))
+	for r.StopReason == "" && len(all) < target-2*densityEnd {
+		batch := min(densityParallel, target-2*densityEnd-len(all))
 		for i := range batch {
-			// Room is kept for the last 10, made one at a time below.
-			if ok, why := fits(len(all) + i + 10); !ok {
-				target, batch = len(all)+i+10, i
+			// Room is kept for the last 20, made one at a time below.
+			if ok, why := fits(len(all) + i + 2*densityEnd); !ok {
+				target, batch = len(all)+i+2*densityEnd, i
 				r.StopReason = why
 				break
 			}
@@ -229,26 +289,29 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 			perMiB = measured()
 		}
 	}
-	var lastMS []float64
-	for !strings.HasPrefix(r.StopReason, "create failed") && len(all) < target {
-		if ok, why := fits(len(all)); !ok && why == "min free" {
-			r.StopReason = why
-			break
+	if !strings.HasPrefix(r.StopReason, "create failed") {
+		stop := r.StopReason
+		r.StopReason = ""
+		lastMS, hits, err := end(densityEnd, true, true)
+		if err == nil {
+			r.CreateLast10, r.PoolHits.Last10 = summarize(lastMS), hits
+			lastMS, hits, err = end(densityEnd, false, true)
+			r.BurstLast10, r.PoolHits.BurstLast10 = summarize(lastMS), hits
 		}
-		sb, d, err := create()
-		if err != nil {
+		switch {
+		case err != nil:
 			r.StopReason = "create failed: " + err.Error()
-			break
+		case r.StopReason == "" && stop != "":
+			r.StopReason = stop
 		}
-		all, lastMS = append(all, sb), append(lastMS, d)
 	}
 	if r.StopReason == "" {
 		r.StopReason = "target"
 	}
 	r.GrowS = time.Since(began).Seconds()
 	r.Count = len(all)
-	r.CreateLast10 = summarize(lastMS)
 	r.CreateRatio = ratio(r.CreateLast10.Median, r.CreateFirst10.Median)
+	r.BurstRatio = ratio(r.BurstLast10.Median, r.BurstFirst10.Median)
 	r.PerSandboxMiB = (usedGiB() - baseUsed) * 1024 / float64(max(len(all), 1))
 	r.DaemonRSSFull = rssMiB(b.daemonPID)
 	if b.cgroupParent != "" && len(all) > 0 {

@@ -12,8 +12,11 @@ func (d *DensityResult) print(w io.Writer) {
 		d.PerSandboxMiB, d.MemAvailStartGiB, d.MemAvailMinGiB)
 	fmt.Fprintf(w, "  sandboxes' cgroup memory, each\t%.1f MiB\t\t\n", d.CgroupMiB)
 	fmt.Fprintf(w, "  idle CPU, each\t%.2f ms/s\t(over %.0f s)\t\n", d.IdleCPUms, d.IdleWindowS)
-	fmt.Fprintf(w, "  create, first 10 / last 10\t%s\t%s\t(%.2fx)\n", pp(d.CreateFirst10), pp(d.CreateLast10), d.CreateRatio)
-	fmt.Fprintf(w, "  exec true, at 10 / at %d\t%s\t%s\t(%.2fx)\n", d.Count, pp(d.ExecAt10), pp(d.ExecAtFull), d.ExecRatio)
+	fmt.Fprintf(w, "  create, first 10 / last 10, pool settled\t%s\t%s\t(%.2fx; pool hits %s / %s)\n", pp(d.CreateFirst10), pp(d.CreateLast10),
+		d.CreateRatio, hitsText(d.PoolHits.First10), hitsText(d.PoolHits.Last10))
+	fmt.Fprintf(w, "  create, first 10 / last 10, back to back\t%s\t%s\t(%.2fx; pool hits %s / %s)\n", pp(d.BurstFirst10), pp(d.BurstLast10),
+		d.BurstRatio, hitsText(d.PoolHits.BurstFirst10), hitsText(d.PoolHits.BurstLast10))
+	fmt.Fprintf(w, "  exec true, at 21 / at %d\t%s\t%s\t(%.2fx)\n", d.Count, pp(d.ExecAt10), pp(d.ExecAtFull), d.ExecRatio)
 	fmt.Fprintf(w, "  fork to ready at %d\t%s\t\t\n", d.Count, pp(d.ForkAtFull))
 	fmt.Fprintf(w, "  daemon RSS, start / full\t%.0f MiB\t%.0f MiB\t\n", d.DaemonRSSStart, d.DaemonRSSFull)
 	fmt.Fprintf(w, "  list all (%d pages of %d)\t%s ms\t\t\n", d.ListPages, d.ListPageSize, num(d.ListAllMS))
@@ -28,4 +31,12 @@ func (d *DensityResult) print(w io.Writer) {
 		fmt.Fprintf(w, "  wakes that failed\t%d\t%s\t\n", d.WakeFailed, d.WakeErr)
 	}
 	fmt.Fprintf(w, "  grow / close all\t%.0f s\t%.0f s\t\n\n", d.GrowS, d.CloseAllS)
+}
+
+// hitsText is a pool-hit count, or "?" when the bench could not see it.
+func hitsText(n int) string {
+	if n < 0 {
+		return "?"
+	}
+	return fmt.Sprint(n)
 }

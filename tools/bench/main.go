@@ -172,6 +172,7 @@ func (b *bench) connect(ctx context.Context, rep *Report, dir string) (rootfs st
 		if d.cmd != nil {
 			b.daemonPID = d.cmd.Process.Pid
 		}
+		b.metrics = &metricsClient{url: d.metricsURL, token: d.e2bKey, hc: &http.Client{Timeout: 30 * time.Second}}
 		b.cgroupParent = d.names.cgroup
 		rep.Daemon = "throwaway (" + d.socket + ")"
 	}

@@ -24,6 +24,8 @@ type bench struct {
 	e2b          *e2bClient
 	daemonPID    int    // the throwaway daemon's (0 with --host)
 	cgroupParent string // its --cgroup-parent ("" with --host)
+	// metrics scrapes the throwaway daemon's /metrics (nil with --host).
+	metrics *metricsClient
 
 	mu   sync.Mutex
 	live map[string]*client.Sandbox
