@@ -44,7 +44,11 @@ import (
 //	                               between them when it can): with 11 and count-10 live
 //	create_burst_last10_over_first10  their p50 ratio
 //	pool_hits                      of each 10 above, how many took a pre-booted sandbox (-1: unknown)
-//	exec_at_10, exec_at_full       `true` round trips with the first 21 live and at full count
+//	exec_at_10, exec_at_full       `true` round trips with the first 21 live and at full count, each
+//	                               on a sandbox idle for a second at least (the daemon pings an
+//	                               agent's session idle for over 500 ms before it uses it)
+//	exec_hot_at_10, exec_hot_at_full  the exec right after each of those, on the same sandbox
+//	exec_hot_full_over_10          their p50 ratio
 //	exec_full_over_10              their p50 ratio
 //	fork_to_ready_at_full          fork of one child, call to ready, at full count
 //	daemon_rss_start_mib           the daemon's RSS before the first create (0 with --host)
@@ -88,6 +92,9 @@ type DensityResult struct {
 	ExecAt10         Summary `json:"exec_at_10"`
 	ExecAtFull       Summary `json:"exec_at_full"`
 	ExecRatio        float64 `json:"exec_full_over_10"`
+	ExecHotAt10      Summary `json:"exec_hot_at_10"`
+	ExecHotAtFull    Summary `json:"exec_hot_at_full"`
+	ExecHotRatio     float64 `json:"exec_hot_full_over_10"`
 	ForkAtFull       Summary `json:"fork_to_ready_at_full"`
 	DaemonRSSStart   float64 `json:"daemon_rss_start_mib"`
 	DaemonRSSFull    float64 `json:"daemon_rss_full_mib"`
@@ -246,7 +253,7 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 	}
 	perMiB = measured()
 	progress("density: %d created, about %.0f MiB each; exec with them live", len(all), perMiB)
-	if r.ExecAt10, err = b.execSpread(ctx, all, densityExecs); err != nil {
+	if r.ExecAt10, r.ExecHotAt10, err = b.execSpread(ctx, all, densityExecs); err != nil {
 		return r, err
 	}
 
@@ -322,10 +329,11 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 	}
 	progress("density: exec, fork and list at %d live", len(all))
 
-	if r.ExecAtFull, err = b.execSpread(ctx, all, densityExecs); err != nil {
+	if r.ExecAtFull, r.ExecHotAtFull, err = b.execSpread(ctx, all, densityExecs); err != nil {
 		return r, err
 	}
 	r.ExecRatio = ratio(r.ExecAtFull.Median, r.ExecAt10.Median)
+	r.ExecHotRatio = ratio(r.ExecHotAtFull.Median, r.ExecHotAt10.Median)
 	var forks []float64
 	for i := range min(densityForks, len(all)) {
 		_, _, wall, err := b.forkOnce(ctx, all[rand.IntN(len(all))], fmt.Sprintf("density-%d", i))
@@ -386,20 +394,45 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 	return r, nil
 }
 
-// execSpread runs n `true` execs, each in a sandbox picked at random from sbs.
-func (b *bench) execSpread(ctx context.Context, sbs []*client.Sandbox, n int) (Summary, error) {
+// execIdle is how long a sandbox is left alone before execSpread times
+// an exec on it: longer than the daemon's muxFreshFor (500 ms), after
+// which it pings the agent's session before a call. With 21 sandboxes and
+// execs picked at random, many would otherwise find the session fresh,
+// and at 1,000 none: the two counts would time different calls.
+const execIdle = time.Second
+
+// execSpread runs n pairs of `true` execs, each pair in a sandbox picked at
+// random from sbs among those idle for execIdle (waiting when none is): the
+// first of a pair is the idle figure, the second, right after it, the hot one.
+func (b *bench) execSpread(ctx context.Context, sbs []*client.Sandbox, n int) (idle, hot Summary, err error) {
 	if len(sbs) == 0 {
-		return Summary{}, nil
+		return Summary{}, Summary{}, nil
 	}
-	var xs []float64
+	last := map[*client.Sandbox]time.Time{}
+	var xs, hs []float64
 	for range n {
-		d, err := execTrue(ctx, sbs[rand.IntN(len(sbs))])
-		if err != nil {
-			return Summary{}, err
+		sb := sbs[rand.IntN(len(sbs))]
+		if t, ok := last[sb]; ok && time.Since(t) < execIdle {
+			// Not idle long enough: the one left alone longest, once it is.
+			for _, c := range sbs {
+				if last[c].Before(last[sb]) {
+					sb = c
+				}
+			}
+			time.Sleep(time.Until(last[sb].Add(execIdle)))
 		}
-		xs = append(xs, d)
+		d, err := execTrue(ctx, sb)
+		if err != nil {
+			return Summary{}, Summary{}, err
+		}
+		h, err := execTrue(ctx, sb)
+		if err != nil {
+			return Summary{}, Summary{}, err
+		}
+		last[sb] = time.Now()
+		xs, hs = append(xs, d), append(hs, h)
 	}
-	return summarize(xs), nil
+	return summarize(xs), summarize(hs), nil
 }
 
 // listAll lists every live sandbox through pages of densityListPage.

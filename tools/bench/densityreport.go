@@ -16,7 +16,8 @@ func (d *DensityResult) print(w io.Writer) {
 		d.CreateRatio, hitsText(d.PoolHits.First10), hitsText(d.PoolHits.Last10))
 	fmt.Fprintf(w, "  create, first 10 / last 10, back to back\t%s\t%s\t(%.2fx; pool hits %s / %s)\n", pp(d.BurstFirst10), pp(d.BurstLast10),
 		d.BurstRatio, hitsText(d.PoolHits.BurstFirst10), hitsText(d.PoolHits.BurstLast10))
-	fmt.Fprintf(w, "  exec true, at 21 / at %d\t%s\t%s\t(%.2fx)\n", d.Count, pp(d.ExecAt10), pp(d.ExecAtFull), d.ExecRatio)
+	fmt.Fprintf(w, "  exec true after 1 s idle, at 21 / at %d\t%s\t%s\t(%.2fx)\n", d.Count, pp(d.ExecAt10), pp(d.ExecAtFull), d.ExecRatio)
+	fmt.Fprintf(w, "  exec true right after, at 21 / at %d\t%s\t%s\t(%.2fx)\n", d.Count, pp(d.ExecHotAt10), pp(d.ExecHotAtFull), d.ExecHotRatio)
 	fmt.Fprintf(w, "  fork to ready at %d\t%s\t\t\n", d.Count, pp(d.ForkAtFull))
 	fmt.Fprintf(w, "  daemon RSS, start / full\t%.0f MiB\t%.0f MiB\t\n", d.DaemonRSSStart, d.DaemonRSSFull)
 	fmt.Fprintf(w, "  list all (%d pages of %d)\t%s ms\t\t\n", d.ListPages, d.ListPageSize, num(d.ListAllMS))
