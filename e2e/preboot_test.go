@@ -169,6 +169,11 @@ func TestPrebootCreate(t *testing.T) {
 	if got := mustSh(t, child, "cat /root/a.txt; hostname"); got != "from the parent\n"+child.Info.Name+"\n" {
 		t.Errorf("child: got %q", got)
 	}
+	// Full again for the key asked for last: nothing left to boot.
+	waitReady(t, maddr, 2)
+	if p := scrape(t, "http://"+maddr+"/metrics", "")["forkbox_preboot_pending"]; p != 0 {
+		t.Errorf("forkbox_preboot_pending %v with the pool full, want 0", p)
+	}
 	if err := sb.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
