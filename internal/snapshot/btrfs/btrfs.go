@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/loopdev"
 	"github.com/forkbox/forkbox/internal/mount"
 	"github.com/forkbox/forkbox/internal/snapshot"
 	"github.com/forkbox/forkbox/internal/snapshot/storage"
@@ -151,7 +152,7 @@ func mountImage(ctx context.Context, root string, size int64, prealloc bool, log
 			}
 		}()
 	}
-	dev, devf, err := attachLoop(ctx, img)
+	dev, devf, err := loopdev.Attach(ctx, img)
 	if err != nil {
 		return err
 	}
@@ -213,12 +214,12 @@ func Detach(ctx context.Context, root string) error {
 		defer cancel()
 	}
 	for {
-		devs := loopsFor(img)
+		devs := loopdev.For(img)
 		if len(devs) == 0 {
 			return nil
 		}
 		for _, d := range devs {
-			_ = clearLoop(d)
+			_ = loopdev.Clear(d)
 		}
 		select {
 		case <-ctx.Done():
@@ -298,5 +299,5 @@ func (b *backend) Limit(ctx context.Context, dir string, bytes int64) error {
 // LoopDevices returns the loop devices attached to root's image file.
 func LoopDevices(root string) []string {
 	root, _ = filepath.Abs(root)
-	return loopsFor(imagePath(root))
+	return loopdev.For(imagePath(root))
 }

@@ -1,0 +1,98 @@
+// Package loopdev attaches image files to loop devices and finds and frees
+// them: the block devices behind forkbox's loop-backed filesystems (the
+// btrfs snapshot pool, the encrypted memory image vault).
+package loopdev
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+// Attach binds image to a free loop device with LO_FLAGS_AUTOCLEAR, so
+// the device frees itself when its last user (the mount) goes away. It
+// returns the device path and an open fd that keeps the device alive until
+// the caller has mounted it.
+func Attach(ctx context.Context, image string) (string, *os.File, error) {
+	img, err := os.OpenFile(image, os.O_RDWR, 0)
+	if err != nil {
+		return "", nil, fmt.Errorf("open image: %v: %w", err, errdefs.ErrInternal)
+	}
+	defer img.Close()
+	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
+	if err != nil {
+		return "", nil, fmt.Errorf("open /dev/loop-control: %v: %w", err, errdefs.ErrUnavailable)
+	}
+	defer ctl.Close()
+	for try := 0; try < 16; try++ {
+		if err := ctx.Err(); err != nil {
+			return "", nil, err
+		}
+		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return "", nil, fmt.Errorf("LOOP_CTL_GET_FREE: %v: %w", err, errdefs.ErrResourceExhausted)
+		}
+		dev := fmt.Sprintf("/dev/loop%d", n)
+		if _, err := os.Stat(dev); errors.Is(err, os.ErrNotExist) {
+			// Containers may lack device nodes for new loop devices.
+			if err := unix.Mknod(dev, unix.S_IFBLK|0o660, int(unix.Mkdev(7, uint32(n)))); err != nil && !errors.Is(err, unix.EEXIST) {
+				return "", nil, fmt.Errorf("mknod %s: %v: %w", dev, err, errdefs.ErrInternal)
+			}
+		}
+		f, err := os.OpenFile(dev, os.O_RDWR, 0)
+		if err != nil {
+			return "", nil, fmt.Errorf("open %s: %v: %w", dev, err, errdefs.ErrInternal)
+		}
+		cfg := unix.LoopConfig{Fd: uint32(img.Fd())}
+		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
+		copy(cfg.Info.File_name[:], image)
+		err = unix.IoctlLoopConfigure(int(f.Fd()), &cfg)
+		if err == nil {
+			return dev, f, nil
+		}
+		f.Close()
+		if !errors.Is(err, unix.EBUSY) {
+			return "", nil, fmt.Errorf("LOOP_CONFIGURE %s: %v: %w", dev, err, errdefs.ErrInternal)
+		}
+		// Someone else took it between GET_FREE and CONFIGURE; retry.
+	}
+	return "", nil, fmt.Errorf("no free loop device: %w", errdefs.ErrResourceExhausted)
+}
+
+// For returns the loop devices whose backing file is image.
+func For(image string) []string {
+	abs, _ := filepath.Abs(image)
+	matches, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	var out []string
+	for _, m := range matches {
+		b, err := os.ReadFile(m)
+		if err != nil {
+			continue
+		}
+		bf := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
+		if bf == abs {
+			out = append(out, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(m))))
+		}
+	}
+	return out
+}
+
+// Clear detaches a loop device (LOOP_CLR_FD).
+func Clear(dev string) error {
+	f, err := os.OpenFile(dev, os.O_RDONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.IoctlSetInt(int(f.Fd()), unix.LOOP_CLR_FD, 0); err != nil && !errors.Is(err, unix.ENXIO) {
+		return err
+	}
+	return nil
+}
