@@ -16,6 +16,7 @@ import (
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/daemon"
 	"github.com/forkbox/forkbox/internal/e2b"
+	"github.com/forkbox/forkbox/internal/memvault"
 	"github.com/forkbox/forkbox/internal/metrics"
 	"github.com/forkbox/forkbox/internal/server"
 )
@@ -32,6 +33,7 @@ type daemonFlags struct {
 	cfg                                  daemon.Config
 	socket, tcp, token, level, btr, disk string
 	copyMax                              string
+	memKey, memVault                     string
 	metrics, ui                          string
 	e2b, e2bTemplate                     string
 	metricsMax                           int
@@ -50,6 +52,20 @@ func (df *daemonFlags) config() (daemon.Config, error) {
 			return cfg, err
 		}
 		cfg.BtrfsSize = n
+	}
+	if df.memKey != "" {
+		k, err := memvault.ReadKey(df.memKey)
+		if err != nil {
+			return cfg, fmt.Errorf("--memory-image-key: %w", err)
+		}
+		cfg.MemoryImageKey = k
+	}
+	if df.memVault != "" {
+		n, err := daemon.ParseMemory(df.memVault)
+		if err != nil {
+			return cfg, fmt.Errorf("--memory-vault-size: %w", err)
+		}
+		cfg.MemoryVaultSize = n
 	}
 	n, err := daemon.ParseDisk(df.disk)
 	if err != nil {
@@ -200,6 +216,8 @@ func (df *daemonFlags) register(cmd *cobra.Command) {
 	f.StringVar(&df.cfg.CrunBinary, "crun", "", "crun binary (default: from PATH)")
 	f.StringVar(&df.cfg.DefaultRuntime, "runtime", "gvisor", "default runtime: gvisor (untrusted code) or crun (trusted code, fastest)")
 	f.StringVar(&df.cfg.Snapshotter, "snapshotter", "btrfs", "btrfs (O(1) forks) or copy (slow fallback)")
+	f.StringVar(&df.memKey, "memory-image-key", "", "keep memory images (memory checkpoints, hibernated sandboxes) encrypted at rest under this key file: 64 random bytes, mode 0600 (head -c 64 /dev/urandom); needs a kernel with fscrypt and mkfs.ext4")
+	f.StringVar(&df.memVault, "memory-vault-size", "", "size of the sparse file of the encrypted memory image vault (default 64Gi; with --memory-image-key)")
 	f.StringVar(&df.btr, "btrfs-size", "", "size of the sparse btrfs file made when the state dir is not on btrfs (default 16Gi)")
 	f.StringVar(&df.cfg.Subnet, "subnet", "", "sandbox subnet (default 10.88.0.0/16)")
 	f.StringVar(&df.cfg.Bridge, "bridge", "", "host bridge of the sandbox network (default forkbox0)")

@@ -22,6 +22,7 @@ import (
 	"github.com/forkbox/forkbox/internal/dnsproxy"
 	"github.com/forkbox/forkbox/internal/env"
 	"github.com/forkbox/forkbox/internal/image"
+	"github.com/forkbox/forkbox/internal/memvault"
 	"github.com/forkbox/forkbox/internal/ports"
 	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/snapshot"
@@ -49,6 +50,12 @@ type Config struct {
 	// BtrfsSize is the size of the sparse btrfs file made when StateDir is
 	// not on btrfs.
 	BtrfsSize int64
+	// MemoryImageKey, when set (64 bytes), keeps memory images (memory
+	// checkpoints, hibernated sandboxes) encrypted at rest under it, in a
+	// vault at <StateDir>/memvault (memvault); MemoryVaultSize is the
+	// vault's sparse image file size (0: memvault.DefaultSize).
+	MemoryImageKey  []byte
+	MemoryVaultSize int64
 	// BtrfsPreallocate allocates that file's whole size up front, so the
 	// pool can never grow into the filesystem that holds the ledger
 	// (btrfs.Options.Preallocate).
@@ -113,6 +120,11 @@ type Daemon struct {
 	names    *hostNames // the host-wide names it holds (hostnames.go)
 	host     hostOps
 	runtimes map[string]runtime.Runtime
+	// memRoot and hibRoot are where the memory images of checkpoints and
+	// of hibernated sandboxes go; vault is open when they are encrypted
+	// (memroot.go).
+	memRoot, hibRoot string
+	vault            *memvault.Vault
 
 	mu    sync.Mutex // guards locks
 	locks map[string]*sync.Mutex
@@ -230,6 +242,10 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 	if d.sealer, err = openSealer(cfg.StateDir); err != nil {
 		return nil, err
 	}
+	if err := d.openMemRoot(ctx); err != nil {
+		return nil, err
+	}
+	undo.push(func(context.Context) error { return d.closeMemRoot() })
 	if d.images, err = image.Open(ctx, filepath.Join(cfg.StateDir, "images"), d.log); err != nil {
 		return nil, err
 	}
@@ -303,7 +319,7 @@ func (d *Daemon) Close() error {
 	d.bg.Wait()
 	d.closePreboot(context.Background())
 	d.closeAgents()
-	err := errors.Join(perr, d.closeDNS(), d.snaps.Close(), d.store.Close())
+	err := errors.Join(perr, d.closeDNS(), d.snaps.Close(), d.store.Close(), d.closeMemRoot())
 	d.names.release()
 	return err
 }

@@ -29,7 +29,11 @@ import (
 const completeMarker = "complete"
 
 func (d *Daemon) hibernateDir(id string) string {
-	return filepath.Join(d.cfg.StateDir, "hibernate", id)
+	root := d.hibRoot
+	if root == "" { // a Daemon made without open (unit tests)
+		root = d.plainHibRoot()
+	}
+	return filepath.Join(root, id)
 }
 
 // memoryRuntime returns the sandbox's runtime if it can checkpoint memory.

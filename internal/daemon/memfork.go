@@ -46,7 +46,11 @@ const memImageSub = "mem"
 const imageTokenFile = "agent-token"
 
 func (d *Daemon) memImageDir(ckID string) string {
-	return filepath.Join(d.cfg.StateDir, "memimages", ckID)
+	root := d.memRoot
+	if root == "" { // a Daemon made without open (unit tests)
+		root = d.plainMemRoot()
+	}
+	return filepath.Join(root, ckID)
 }
 
 // prepareMemImage makes the image dir of memory checkpoint id (its removal

@@ -335,7 +335,7 @@ func (d *Daemon) sweepOrphans(ctx context.Context) error {
 			}
 		}
 	}
-	mems, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "memimages"))
+	mems, _ := os.ReadDir(d.memImageDir(""))
 	for _, e := range mems {
 		if _, err := d.store.GetCheckpoint(ctx, e.Name()); errdefs.IsNotFound(err) {
 			errs = append(errs, removeTree(d.memImageDir(e.Name())))

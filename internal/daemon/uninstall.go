@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/forkbox/forkbox/internal/memvault"
 	"github.com/forkbox/forkbox/internal/mount"
 	"github.com/forkbox/forkbox/internal/snapshot/btrfs"
 )
@@ -26,6 +27,7 @@ func (d *Daemon) Uninstall(ctx context.Context, purge bool) error {
 	if d.cfg.Snapshotter == "btrfs" {
 		errs = append(errs, btrfs.Detach(ctx, filepath.Join(d.cfg.StateDir, "snapshots")))
 	}
+	errs = append(errs, memvault.Detach(ctx, d.vaultRoot()))
 	if mps, err := mount.Under(d.cfg.RunDir); err == nil {
 		for _, mp := range mps {
 			errs = append(errs, mount.Unmount(ctx, mp))

@@ -1,0 +1,160 @@
+package memvault
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/loopdev"
+	"github.com/forkbox/forkbox/internal/mount"
+)
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("the vault needs root (loop devices, mounts, fscrypt keys); CI runs as root")
+	}
+	t.Skip("needs root")
+}
+
+func newKey(t *testing.T) []byte {
+	t.Helper()
+	k := make([]byte, KeySize)
+	rand.Read(k)
+	return k
+}
+
+// The vault's images are ciphertext in its image file, plaintext through
+// the open vault, locked once it is closed, open again with the same key,
+// and refused under another.
+func TestVaultEncryptsAtRest(t *testing.T) {
+	needRoot(t)
+	ctx := context.Background()
+	root := filepath.Join(t.TempDir(), "memvault")
+	t.Cleanup(func() { Detach(context.Background(), root) })
+	key := newKey(t)
+	v, err := Open(ctx, root, key, 64<<20, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := []byte("forkbox-vault-marker-" + hex.EncodeToString(newKey(t)[:8]) + "\n")
+	data := bytes.Repeat(secret, (1<<20)/len(secret))
+	if err := os.MkdirAll(filepath.Join(v.Dir, "ck-1"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	inside := filepath.Join(v.Dir, "ck-1", "pages.img")
+	if err := os.WriteFile(inside, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The control: the same bytes outside the encrypted directory are
+	// found in the image file, so the check below can see plaintext.
+	if err := os.WriteFile(filepath.Join(v.Root, "control"), []byte(strings.ToUpper(string(secret))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	syncfs(t, v.Root)
+	raw, err := os.ReadFile(imagePath(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(raw, []byte(strings.ToUpper(string(secret)))) {
+		t.Fatal("the control file's plaintext is not in the image file: the scan cannot see plaintext")
+	}
+	if bytes.Contains(raw, secret) {
+		t.Fatal("an image's plaintext is in the vault's image file")
+	}
+	if bytes.Contains(raw, []byte("pages.img")) || bytes.Contains(raw, []byte("ck-1")) {
+		t.Error("an image's file name is in the vault's image file")
+	}
+	if got, err := os.ReadFile(inside); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read through the open vault: %d bytes, %v", len(got), err)
+	}
+
+	if err := v.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Removing the key evicts the files it unlocked (none is open).
+	if _, err := os.ReadFile(inside); err == nil {
+		t.Error("an image is readable after the key was removed")
+	}
+
+	if _, err := Open(ctx, root, newKey(t), 0, slog.Default()); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("open with another key: %v, want FailedPrecondition", err)
+	}
+	v, err = Open(ctx, root, key, 0, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(inside); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read after opening again: %d bytes, %v", len(got), err)
+	}
+	v.Close()
+
+	if err := Detach(ctx, root); err != nil {
+		t.Fatal(err)
+	}
+	if mp, err := mount.IsMountPoint(root); err != nil || mp {
+		t.Errorf("after Detach: mounted %v (%v)", mp, err)
+	}
+	if devs := loopdev.For(imagePath(root)); len(devs) > 0 {
+		t.Errorf("after Detach: loop devices %v left", devs)
+	}
+}
+
+// A key file: 64 raw bytes or 128 hex digits, readable by its owner only.
+func TestReadKey(t *testing.T) {
+	dir := t.TempDir()
+	k := newKey(t)
+	write := func(name string, b []byte, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, mode); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(p, mode)
+		return p
+	}
+	if got, err := ReadKey(write("raw", k, 0o600)); err != nil || !bytes.Equal(got, k) {
+		t.Errorf("raw key: %v", err)
+	}
+	if got, err := ReadKey(write("hex", []byte(hex.EncodeToString(k)+"\n"), 0o400)); err != nil || !bytes.Equal(got, k) {
+		t.Errorf("hex key: %v", err)
+	}
+	for name, c := range map[string]struct {
+		b    []byte
+		mode os.FileMode
+	}{
+		"short":       {k[:32], 0o600},
+		"others-read": {k, 0o644},
+		"bad-hex":     {[]byte(strings.Repeat("zz", KeySize)), 0o600},
+	} {
+		if _, err := ReadKey(write(name, c.b, c.mode)); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("%s: %v, want InvalidArgument", name, err)
+		}
+	}
+	if _, err := ReadKey(filepath.Join(dir, "missing")); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("missing: %v, want InvalidArgument", err)
+	}
+}
+
+func syncfs(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Syncfs(int(f.Fd())); err != nil {
+		t.Fatal(err)
+	}
+}
