@@ -48,6 +48,9 @@ func (d *Daemon) openMemRoot(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The kernel holds it now; the daemon needs only its identifier (to
+	// remove it at Close).
+	clear(d.cfg.MemoryImageKey)
 	d.vault, d.memRoot, d.hibRoot = v, filepath.Join(v.Dir, "checkpoints"), filepath.Join(v.Dir, "hibernate")
 	for _, dir := range []string{d.memRoot, d.hibRoot} {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
