@@ -10,10 +10,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/mount"
 )
 
 // Attach binds image to a free loop device with LO_FLAGS_AUTOCLEAR, so
@@ -95,4 +97,79 @@ func Clear(dev string) error {
 		return err
 	}
 	return nil
+}
+
+// CreateImage makes image, a new file of size bytes (0600): sparse, or
+// with prealloc its blocks allocated first where the host filesystem can
+// (it stays sparse where it cannot; warn is told). It returns
+// created false, and nothing else, when image exists already. A failed
+// CreateImage leaves no file.
+func CreateImage(image string, size int64, prealloc bool, warn func(string)) (created bool, err error) {
+	if _, err := os.Stat(image); err == nil {
+		return false, nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return false, fmt.Errorf("stat %s: %v: %w", image, err, errdefs.ErrInternal)
+	}
+	f, err := os.OpenFile(image, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
+	if err != nil {
+		return false, fmt.Errorf("create %s: %v: %w", image, err, errdefs.ErrInternal)
+	}
+	if prealloc {
+		err = unix.Fallocate(int(f.Fd()), 0, 0, size)
+		if errors.Is(err, unix.EOPNOTSUPP) {
+			warn("the host filesystem cannot preallocate " + image + "; it stays sparse")
+			err = nil
+		}
+	}
+	if err == nil {
+		err = f.Truncate(size)
+	}
+	f.Close()
+	if err != nil {
+		os.Remove(image)
+		return false, fmt.Errorf("size %s to %d bytes (is the host filesystem big enough?): %v: %w", image, size, err, errdefs.ErrResourceExhausted)
+	}
+	return true, nil
+}
+
+// releaseWait bounds Release's wait for the loop device to be released
+// when its context has no deadline of its own.
+const releaseWait = 2 * time.Minute
+
+// Release unmounts everything at and below mountpoint and frees the loop
+// devices of image (the file stays). Idempotent; an image that does not
+// exist is nothing to release.
+//
+// The release is asynchronous: after the unmount (a lazy one when the
+// mount was busy) the kernel lets go of the device, and autoclear detaches
+// it, only once the last reference to the filesystem is gone, which on a
+// loaded host takes as long as it takes. Release waits for that condition,
+// asking for LOOP_CLR_FD at each look, until ctx ends (releaseWait when
+// ctx has no deadline).
+func Release(ctx context.Context, mountpoint, image string) error {
+	if _, err := os.Stat(image); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err := mount.UnmountAll(ctx, mountpoint); err != nil {
+		return err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, releaseWait)
+		defer cancel()
+	}
+	for {
+		devs := For(image)
+		if len(devs) == 0 {
+			return nil
+		}
+		for _, d := range devs {
+			_ = Clear(d)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("loop devices %v still attached to %s: %w", devs, image, errors.Join(ctx.Err(), errdefs.ErrFailedPrecondition))
+		case <-time.After(20 * time.Millisecond): // poll interval
+		}
+	}
 }

@@ -128,19 +128,11 @@ func mountImage(ctx context.Context, root string, size int64, log *slog.Logger) 
 		size = DefaultSize
 	}
 	img := imagePath(root)
-	created := false
-	if _, err := os.Stat(img); errors.Is(err, os.ErrNotExist) {
-		f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
-		if err != nil {
-			return fmt.Errorf("memory vault: create %s: %v: %w", img, err, errdefs.ErrInternal)
-		}
-		err = f.Truncate(size)
-		f.Close()
-		if err != nil {
-			os.Remove(img)
-			return fmt.Errorf("memory vault: size %s to %d bytes: %v: %w", img, size, err, errdefs.ErrResourceExhausted)
-		}
-		created = true
+	created, err := loopdev.CreateImage(img, size, false, nil)
+	if err != nil {
+		return fmt.Errorf("memory vault: %w", err)
+	}
+	if created {
 		defer func() {
 			if retErr != nil {
 				os.Remove(img)
@@ -152,7 +144,9 @@ func mountImage(ctx context.Context, root string, size int64, log *slog.Logger) 
 		return err
 	}
 	defer devf.Close() // the mount holds the device; AUTOCLEAR frees it at unmount
-	if created {
+	// Formatted unless it holds an ext4 already (a crash may have come
+	// between making the file and formatting it).
+	if !hasExt4(img) {
 		out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-O", "encrypt", "-E", "nodiscard", "-L", "forkbox-mem", dev).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("memory vault: mkfs.ext4 %s: %v: %s: %w", dev, err, bytes.TrimSpace(out), errdefs.ErrInternal)
@@ -167,6 +161,21 @@ func mountImage(ctx context.Context, root string, size int64, log *slog.Logger) 
 	log.InfoContext(ctx, "mounted the encrypted memory image vault", slog.String("root", root), slog.String("image", img),
 		slog.String("device", dev), slog.Bool("created", created))
 	return nil
+}
+
+// hasExt4 reports whether image holds an ext4 superblock (magic 0xEF53,
+// little-endian, at 1024 + 56).
+func hasExt4(image string) bool {
+	f, err := os.Open(image)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b := make([]byte, 2)
+	if _, err := f.ReadAt(b, 1024+56); err != nil {
+		return false
+	}
+	return b[0] == 0x53 && b[1] == 0xef
 }
 
 // addKey adds key to the filesystem at root and returns its identifier.
@@ -278,24 +287,15 @@ func (v *Vault) Close() error {
 	return nil
 }
 
-// Detach unmounts the vault at root and frees its loop device (the image
-// file stays). Idempotent; a root without an image file is left alone.
+// Detach unmounts the vault at root and frees its loop device
+// (loopdev.Release; the image file stays). Idempotent; a root without an
+// image file is left alone.
 func Detach(ctx context.Context, root string) error {
 	root, err := filepath.Abs(root)
 	if err != nil {
 		return fmt.Errorf("memory vault: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
-	img := imagePath(root)
-	if _, err := os.Stat(img); errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err := mount.UnmountAll(ctx, root); err != nil {
-		return err
-	}
-	for _, d := range loopdev.For(img) {
-		_ = loopdev.Clear(d)
-	}
-	return nil
+	return loopdev.Release(ctx, root, imagePath(root))
 }
 
 // Exists reports whether a vault image file exists for mount point root.

@@ -104,6 +104,9 @@ func TestVaultEncryptsAtRest(t *testing.T) {
 	if err := Detach(ctx, root); err != nil {
 		t.Fatal(err)
 	}
+	if !hasExt4(imagePath(root)) {
+		t.Error("the vault's file has no ext4 superblock")
+	}
 	if mp, err := mount.IsMountPoint(root); err != nil || mp {
 		t.Errorf("after Detach: mounted %v (%v)", mp, err)
 	}

@@ -13,7 +13,6 @@ package btrfs
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -21,7 +20,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -124,28 +122,11 @@ func mountImage(ctx context.Context, root string, size int64, prealloc bool, log
 		size = DefaultLoopSize
 	}
 	img := imagePath(root)
-	created := false
-	if _, err := os.Stat(img); errors.Is(err, os.ErrNotExist) {
-		f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
-		if err != nil {
-			return fmt.Errorf("create %s: %v: %w", img, err, errdefs.ErrInternal)
-		}
-		if prealloc {
-			err = unix.Fallocate(int(f.Fd()), 0, 0, size)
-			if errors.Is(err, unix.EOPNOTSUPP) {
-				log.WarnContext(ctx, "the host filesystem cannot preallocate the btrfs image; it stays sparse", slog.String("image", img))
-				err = nil
-			}
-		}
-		if err == nil {
-			err = f.Truncate(size)
-		}
-		f.Close()
-		if err != nil {
-			os.Remove(img)
-			return fmt.Errorf("size %s to %d bytes (is the host filesystem big enough?): %v: %w", img, size, err, errdefs.ErrResourceExhausted)
-		}
-		created = true
+	created, err := loopdev.CreateImage(img, size, prealloc, func(msg string) { log.WarnContext(ctx, msg) })
+	if err != nil {
+		return err
+	}
+	if created {
 		defer func() {
 			if retErr != nil {
 				os.Remove(img)
@@ -183,50 +164,15 @@ func mountImage(ctx context.Context, root string, size int64, prealloc bool, log
 	return nil
 }
 
-// detachWait bounds Detach's wait for the loop device to be released when
-// its context has no deadline of its own.
-const detachWait = 2 * time.Minute
-
-// Detach unmounts the loop-backed btrfs at root and frees its loop device.
-// It is idempotent and does nothing to a root that has no image file.
-//
-// The release is asynchronous: after the unmount (a lazy one when the
-// mount was busy) the kernel lets go of the device, and autoclear detaches
-// it, only once the last reference to the filesystem is gone, which on a
-// loaded host takes as long as it takes. Detach waits for that condition,
-// asking for LOOP_CLR_FD at each look, until ctx ends (detachWait when ctx
-// has no deadline).
+// Detach unmounts the loop-backed btrfs at root and frees its loop device
+// (loopdev.Release). It is idempotent and does nothing to a root that has
+// no image file.
 func Detach(ctx context.Context, root string) error {
 	root, err := filepath.Abs(root)
 	if err != nil {
 		return fmt.Errorf("snapshot root: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
-	img := imagePath(root)
-	if _, err := os.Stat(img); errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err := mount.UnmountAll(ctx, root); err != nil {
-		return err
-	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, detachWait)
-		defer cancel()
-	}
-	for {
-		devs := loopdev.For(img)
-		if len(devs) == 0 {
-			return nil
-		}
-		for _, d := range devs {
-			_ = loopdev.Clear(d)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("loop devices %v still attached to %s: %w", devs, img, errors.Join(ctx.Err(), errdefs.ErrFailedPrecondition))
-		case <-time.After(20 * time.Millisecond): // poll interval
-		}
-	}
+	return loopdev.Release(ctx, root, imagePath(root))
 }
 
 // Supported returns nil if this host can run the btrfs snapshotter, or an
