@@ -65,7 +65,10 @@ func (d *Daemon) closeMemRoot() error {
 	if d.vault == nil {
 		return nil
 	}
-	err := d.vault.Close()
+	busy, err := d.vault.CloseBusy()
+	if busy {
+		d.log.Warn("memory vault locked with images still open: those stay readable through their handles until closed")
+	}
 	d.vault = nil
 	return err
 }

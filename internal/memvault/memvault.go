@@ -25,6 +25,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -63,6 +65,9 @@ func ReadKey(path string) ([]byte, error) {
 	if st.Mode().Perm()&0o077 != 0 {
 		return nil, fmt.Errorf("memory image key %s: mode %v lets others read it (chmod 600): %w", path, st.Mode().Perm(), errdefs.ErrInvalidArgument)
 	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok && int(sys.Uid) != os.Geteuid() {
+		return nil, fmt.Errorf("memory image key %s: owned by uid %d, not by the daemon's (%d), who could read it: %w", path, sys.Uid, os.Geteuid(), errdefs.ErrInvalidArgument)
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("memory image key: %v: %w", err, errdefs.ErrInvalidArgument)
@@ -70,11 +75,13 @@ func ReadKey(path string) ([]byte, error) {
 	if len(b) == KeySize {
 		return b, nil
 	}
+	defer clear(b)
 	if h := bytes.TrimSpace(b); len(h) == 2*KeySize {
 		k := make([]byte, KeySize)
 		if _, err := hex.Decode(k, h); err == nil {
 			return k, nil
 		}
+		clear(k)
 	}
 	return nil, fmt.Errorf("memory image key %s: want %d bytes (head -c %d /dev/urandom), or %d hex digits; it has %d bytes: %w",
 		path, KeySize, KeySize, 2*KeySize, len(b), errdefs.ErrInvalidArgument)
@@ -116,7 +123,8 @@ func Open(ctx context.Context, root string, key []byte, size int64, log *slog.Lo
 		return nil, err
 	}
 	if err := v.ensurePolicy(); err != nil {
-		return nil, err
+		// Not left in the kernel for a vault that was not opened.
+		return nil, errors.Join(err, v.Close())
 	}
 	return v, nil
 }
@@ -144,9 +152,14 @@ func mountImage(ctx context.Context, root string, size int64, log *slog.Logger) 
 		return err
 	}
 	defer devf.Close() // the mount holds the device; AUTOCLEAR frees it at unmount
-	// Formatted unless it holds an ext4 already (a crash may have come
-	// between making the file and formatting it).
-	if !hasExt4(img) {
+	// Formatted when it holds nothing yet: just made, or made before a
+	// crash that came before its mkfs. One that cannot be read, or holds
+	// something else, is never formatted over.
+	blank, err := blankImage(img)
+	if err != nil {
+		return err
+	}
+	if blank {
 		out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-O", "encrypt", "-E", "nodiscard", "-L", "forkbox-mem", dev).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("memory vault: mkfs.ext4 %s: %v: %s: %w", dev, err, bytes.TrimSpace(out), errdefs.ErrInternal)
@@ -163,19 +176,20 @@ func mountImage(ctx context.Context, root string, size int64, log *slog.Logger) 
 	return nil
 }
 
-// hasExt4 reports whether image holds an ext4 superblock (magic 0xEF53,
-// little-endian, at 1024 + 56).
-func hasExt4(image string) bool {
+// blankImage reports whether image's first 64 KiB (ext4's superblock and
+// group descriptors, other filesystems' headers) are all zeros: a file
+// nothing was written to. A read that fails is an error, not blank.
+func blankImage(image string) (bool, error) {
 	f, err := os.Open(image)
 	if err != nil {
-		return false
+		return false, fmt.Errorf("memory vault: %v: %w", err, errdefs.ErrInternal)
 	}
 	defer f.Close()
-	b := make([]byte, 2)
-	if _, err := f.ReadAt(b, 1024+56); err != nil {
-		return false
+	b := make([]byte, 64<<10)
+	if _, err := f.ReadAt(b, 0); err != nil {
+		return false, fmt.Errorf("memory vault: read %s: %v: %w", image, err, errdefs.ErrInternal)
 	}
-	return b[0] == 0x53 && b[1] == 0xef
+	return !slices.ContainsFunc(b, func(c byte) bool { return c != 0 }), nil
 }
 
 // addKey adds key to the filesystem at root and returns its identifier.
@@ -219,7 +233,12 @@ func (v *Vault) ensurePolicy() error {
 		return err
 	}
 	if !ok {
-		return fmt.Errorf("memory vault: %s is not encrypted: %w", v.Dir, errdefs.ErrFailedPrecondition)
+		// A crash between its mkdir and its policy leaves it empty: it
+		// takes the policy now. One that holds files was not ours.
+		if ents, err := os.ReadDir(v.Dir); err != nil || len(ents) > 0 {
+			return fmt.Errorf("memory vault: %s is not encrypted and not empty (%d entries, %v): %w", v.Dir, len(ents), err, errdefs.ErrFailedPrecondition)
+		}
+		return setPolicy(v.Dir, v.keyID)
 	}
 	if id != v.keyID {
 		return fmt.Errorf("memory vault: the images in %s were written under another key (key %x, this one %x): %w",
@@ -270,21 +289,30 @@ func policyKey(dir string) (id [unix.FSCRYPT_KEY_IDENTIFIER_SIZE]byte, ok bool, 
 }
 
 // Close removes the key from the filesystem: images not open are locked
-// (their names and contents unreadable) until the next Open. The vault
-// stays mounted.
+// (their names and contents unreadable) until the next Open; busy is true
+// when some were open (they stay readable through those handles until
+// they are closed). The vault stays mounted.
 func (v *Vault) Close() error {
+	_, err := v.close()
+	return err
+}
+
+// CloseBusy is Close, and says whether files were open.
+func (v *Vault) CloseBusy() (busy bool, err error) { return v.close() }
+
+func (v *Vault) close() (bool, error) {
 	f, err := os.Open(v.Root)
 	if err != nil {
-		return fmt.Errorf("memory vault: %v: %w", err, errdefs.ErrInternal)
+		return false, fmt.Errorf("memory vault: %v: %w", err, errdefs.ErrInternal)
 	}
 	defer f.Close()
 	arg := unix.FscryptRemoveKeyArg{}
 	arg.Key_spec.Type = unix.FSCRYPT_KEY_SPEC_TYPE_IDENTIFIER
 	copy(arg.Key_spec.U[:], v.keyID[:])
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.FS_IOC_REMOVE_ENCRYPTION_KEY, uintptr(unsafe.Pointer(&arg))); errno != 0 && errno != unix.ENOKEY {
-		return fmt.Errorf("memory vault: remove the key: %v: %w", errno, errdefs.ErrInternal)
+		return false, fmt.Errorf("memory vault: remove the key: %v: %w", errno, errdefs.ErrInternal)
 	}
-	return nil
+	return arg.Removal_status_flags&unix.FSCRYPT_KEY_REMOVAL_STATUS_FLAG_FILES_BUSY != 0, nil
 }
 
 // Detach unmounts the vault at root and frees its loop device

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -145,6 +146,15 @@ func TestReadKey(t *testing.T) {
 			t.Errorf("%s: %v, want InvalidArgument", name, err)
 		}
 	}
+	if os.Geteuid() == 0 {
+		p := write("other-owner", k, 0o600)
+		if err := os.Chown(p, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ReadKey(p); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("a key owned by another user: %v, want InvalidArgument", err)
+		}
+	}
 	if _, err := ReadKey(filepath.Join(dir, "missing")); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("missing: %v, want InvalidArgument", err)
 	}
@@ -159,5 +169,111 @@ func syncfs(t *testing.T, path string) {
 	defer f.Close()
 	if err := unix.Syncfs(int(f.Fd())); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// hasExt4 reports whether image holds an ext4 superblock (magic 0xEF53,
+// little-endian, at 1024 + 56).
+func hasExt4(image string) bool {
+	f, err := os.Open(image)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b := make([]byte, 2)
+	if _, err := f.ReadAt(b, 1024+56); err != nil {
+		return false
+	}
+	return b[0] == 0x53 && b[1] == 0xef
+}
+
+// keyPresent reports whether the key with identifier id is in root's
+// filesystem.
+func keyPresent(t *testing.T, root string, id [unix.FSCRYPT_KEY_IDENTIFIER_SIZE]byte) bool {
+	t.Helper()
+	f, err := os.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	arg := unix.FscryptGetKeyStatusArg{}
+	arg.Key_spec.Type = unix.FSCRYPT_KEY_SPEC_TYPE_IDENTIFIER
+	copy(arg.Key_spec.U[:], id[:])
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.FS_IOC_GET_ENCRYPTION_KEY_STATUS, uintptr(unsafe.Pointer(&arg))); errno != 0 {
+		t.Fatalf("key status: %v", errno)
+	}
+	return arg.Status == unix.FSCRYPT_KEY_STATUS_PRESENT
+}
+
+// What a crash or a wrong start leaves: an images directory made without
+// its policy takes it at the next open; an open refused for another key
+// leaves that key out of the kernel; Close says whether files were open.
+func TestVaultRecovers(t *testing.T) {
+	needRoot(t)
+	ctx := context.Background()
+	root := filepath.Join(t.TempDir(), "memvault")
+	t.Cleanup(func() { Detach(context.Background(), root) })
+	key := newKey(t)
+	v, err := Open(ctx, root, key, 64<<20, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The crash between mkdir and the policy.
+	if err := os.Remove(v.Dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(v.Dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	v.Close()
+	if v, err = Open(ctx, root, key, 0, slog.Default()); err != nil {
+		t.Fatalf("open over an images directory without its policy: %v", err)
+	}
+	if id, ok, err := policyKey(v.Dir); err != nil || !ok || id != v.keyID {
+		t.Fatalf("the images directory after that open: policy %v, key %x (want %x), %v", ok, id[:4], v.keyID[:4], err)
+	}
+	f, err := os.Create(filepath.Join(v.Dir, "open"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if busy, err := v.CloseBusy(); err != nil || !busy {
+		t.Errorf("close with a file open: busy %v, %v; want busy", busy, err)
+	}
+	f.Close()
+
+	// Another key: refused, and not left in the kernel.
+	other := newKey(t)
+	otherID, err := addKey(root, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	(&Vault{Root: root, keyID: otherID}).Close()
+	if keyPresent(t, root, otherID) {
+		t.Fatal("the other key is present before the test's open")
+	}
+	if _, err := Open(ctx, root, other, 0, slog.Default()); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("open with another key: %v, want FailedPrecondition", err)
+	}
+	if keyPresent(t, root, otherID) {
+		t.Error("a refused open left its key in the kernel")
+	}
+
+	// A file that is not blank and holds no ext4 is never formatted over.
+	if err := Detach(ctx, root); err != nil {
+		t.Fatal(err)
+	}
+	junk := filepath.Join(t.TempDir(), "junk")
+	if err := os.MkdirAll(junk, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(imagePath(junk), bytes.Repeat([]byte("x"), 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(ctx, junk, key, 0, slog.Default()); err == nil {
+		Detach(ctx, junk)
+		t.Fatal("a vault file holding something else was opened")
+	}
+	if b, _ := os.ReadFile(imagePath(junk)); !bytes.Equal(b, bytes.Repeat([]byte("x"), 1<<20)) {
+		t.Error("a vault file holding something else was written to")
 	}
 }
