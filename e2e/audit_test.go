@@ -22,7 +22,8 @@ import (
 // a load run), what the daemon's store says and what is on the host must
 // agree. Every sandbox the store calls live is there and usable; every
 // trace on the host (mount, process, cgroup, netns, veth, nftables element,
-// btrfs subvolume, directory, loop device) belongs to a live sandbox.
+// btrfs subvolume, directory, hibernation image, loop device) belongs to a
+// live sandbox.
 
 var sandboxIDRE = regexp.MustCompile(`sb-[0-9a-f]{12}`)
 
@@ -38,6 +39,7 @@ func hostSandboxIDs(t *testing.T) (ids map[string][]string, stray []string) {
 		filepath.Join(env.stateDir, "snapshots", "active"),
 		filepath.Join(env.runDir, "runsc"),
 		filepath.Join(env.runDir, "crun"),
+		filepath.Join(env.stateDir, "hibernate"), // memory images: secrets at rest
 	} {
 		ents, _ := os.ReadDir(dir)
 		for _, e := range ents {

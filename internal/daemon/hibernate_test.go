@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -359,5 +360,38 @@ func TestReconcileCutHibernation(t *testing.T) {
 				t.Errorf("after reconcile: suspended %v, want %v", s, pause)
 			}
 		})
+	}
+}
+
+// A restart removes hibernation images no live sandbox owns (a crash cut
+// their removal: a tombstone, or the whole image of a closed sandbox) and
+// keeps the hibernated sandbox's.
+func TestReconcileSweepsHibernationImages(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	id := h.create(CreateOptions{})
+	if _, err := h.d.Hibernate(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	stale := []string{h.d.hibernateDir("sb-00000000dead"), h.d.hibernateDir(".rm-sb-00000000beef")}
+	for _, dir := range stale {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "checkpoint.img"), []byte("memory"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.reopen(h.runtimes(RuntimeGVisor, RuntimeCrun))
+	for _, dir := range stale {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("%s after a restart: %v, want it removed", dir, err)
+		}
+	}
+	if !h.d.hibernationComplete(id) {
+		t.Error("the hibernated sandbox's image was removed")
+	}
+	if ents, _ := os.ReadDir(h.d.hibernateDir("")); len(ents) != 1 {
+		t.Errorf("hibernation images after a restart: %d, want the live one", len(ents))
 	}
 }

@@ -341,6 +341,16 @@ func (d *Daemon) sweepOrphans(ctx context.Context) error {
 			errs = append(errs, removeTree(d.memImageDir(e.Name())))
 		}
 	}
+	// Hibernation images of sandboxes that are not live, and tombstones
+	// (".rm-<id>") of removals a crash cut short: they hold what those
+	// sandboxes held in memory.
+	hibs, _ := os.ReadDir(d.hibernateDir(""))
+	for _, e := range hibs {
+		if !live[e.Name()] {
+			d.log.Warn("reconcile: removing the hibernation image of a sandbox that is not live", "image", e.Name())
+			errs = append(errs, removeTree(d.hibernateDir(e.Name())))
+		}
+	}
 	entries, _ := os.ReadDir(d.bundlesDir())
 	for _, e := range entries {
 		if !live[e.Name()] {
