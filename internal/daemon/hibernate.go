@@ -29,11 +29,8 @@ import (
 const completeMarker = "complete"
 
 func (d *Daemon) hibernateDir(id string) string {
-	root := d.hibRoot
-	if root == "" { // a Daemon made without open (unit tests)
-		root = d.plainHibRoot()
-	}
-	return filepath.Join(root, id)
+	_, hib := d.imageRoots()
+	return filepath.Join(hib, id)
 }
 
 // memoryRuntime returns the sandbox's runtime if it can checkpoint memory.

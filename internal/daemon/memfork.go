@@ -46,11 +46,8 @@ const memImageSub = "mem"
 const imageTokenFile = "agent-token"
 
 func (d *Daemon) memImageDir(ckID string) string {
-	root := d.memRoot
-	if root == "" { // a Daemon made without open (unit tests)
-		root = d.plainMemRoot()
-	}
-	return filepath.Join(root, ckID)
+	mem, _ := d.imageRoots()
+	return filepath.Join(mem, ckID)
 }
 
 // prepareMemImage makes the image dir of memory checkpoint id (its removal

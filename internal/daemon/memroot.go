@@ -23,6 +23,15 @@ func (d *Daemon) plainMemRoot() string { return filepath.Join(d.cfg.StateDir, "m
 func (d *Daemon) plainHibRoot() string { return filepath.Join(d.cfg.StateDir, "hibernate") }
 func (d *Daemon) vaultRoot() string    { return filepath.Join(d.cfg.StateDir, "memvault") }
 
+// imageRoots returns memRoot and hibRoot; on a Daemon made without open
+// (unit tests), the plain ones.
+func (d *Daemon) imageRoots() (mem, hib string) {
+	if d.memRoot == "" {
+		return d.plainMemRoot(), d.plainHibRoot()
+	}
+	return d.memRoot, d.hibRoot
+}
+
 // openMemRoot sets memRoot, opening the vault when the daemon has a key.
 func (d *Daemon) openMemRoot(ctx context.Context) error {
 	hasVault := memvault.Exists(d.vaultRoot())
