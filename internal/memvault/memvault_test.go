@@ -37,19 +37,27 @@ func newKey(t *testing.T) []byte {
 	return k
 }
 
+// openTestVault opens a new 64 MiB vault under a fresh key (needs root)
+// and detaches it when the test ends.
+func openTestVault(t *testing.T) (root string, key []byte, v *Vault) {
+	t.Helper()
+	needRoot(t)
+	root = filepath.Join(t.TempDir(), "memvault")
+	t.Cleanup(func() { Detach(context.Background(), root) })
+	key = newKey(t)
+	v, err := Open(context.Background(), root, key, 64<<20, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root, key, v
+}
+
 // The vault's images are ciphertext in its image file, plaintext through
 // the open vault, locked once it is closed, open again with the same key,
 // and refused under another.
 func TestVaultEncryptsAtRest(t *testing.T) {
-	needRoot(t)
 	ctx := context.Background()
-	root := filepath.Join(t.TempDir(), "memvault")
-	t.Cleanup(func() { Detach(context.Background(), root) })
-	key := newKey(t)
-	v, err := Open(ctx, root, key, 64<<20, slog.Default())
-	if err != nil {
-		t.Fatal(err)
-	}
+	root, key, v := openTestVault(t)
 	secret := []byte("forkbox-vault-marker-" + hex.EncodeToString(newKey(t)[:8]) + "\n")
 	data := bytes.Repeat(secret, (1<<20)/len(secret))
 	if err := os.MkdirAll(filepath.Join(v.Dir, "ck-1"), 0o700); err != nil {
@@ -209,15 +217,8 @@ func keyPresent(t *testing.T, root string, id [unix.FSCRYPT_KEY_IDENTIFIER_SIZE]
 // its policy takes it at the next open; an open refused for another key
 // leaves that key out of the kernel; Close says whether files were open.
 func TestVaultRecovers(t *testing.T) {
-	needRoot(t)
 	ctx := context.Background()
-	root := filepath.Join(t.TempDir(), "memvault")
-	t.Cleanup(func() { Detach(context.Background(), root) })
-	key := newKey(t)
-	v, err := Open(ctx, root, key, 64<<20, slog.Default())
-	if err != nil {
-		t.Fatal(err)
-	}
+	root, key, v := openTestVault(t)
 	// The crash between mkdir and the policy.
 	if err := os.Remove(v.Dir); err != nil {
 		t.Fatal(err)
@@ -226,7 +227,8 @@ func TestVaultRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	v.Close()
-	if v, err = Open(ctx, root, key, 0, slog.Default()); err != nil {
+	v, err := Open(ctx, root, key, 0, slog.Default())
+	if err != nil {
 		t.Fatalf("open over an images directory without its policy: %v", err)
 	}
 	if id, ok, err := policyKey(v.Dir); err != nil || !ok || id != v.keyID {
