@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -47,9 +44,9 @@ import (
 //	exec_at_10, exec_at_full       `true` round trips with the first 21 live and at full count, each
 //	                               on a sandbox idle for a second at least (the daemon pings an
 //	                               agent's session idle for over 500 ms before it uses it)
+//	exec_full_over_10              their p50 ratio
 //	exec_hot_at_10, exec_hot_at_full  the exec right after each of those, on the same sandbox
 //	exec_hot_full_over_10          their p50 ratio
-//	exec_full_over_10              their p50 ratio
 //	fork_to_ready_at_full          fork of one child, call to ready, at full count
 //	daemon_rss_start_mib           the daemon's RSS before the first create (0 with --host)
 //	daemon_rss_full_mib            its RSS at full count
@@ -479,61 +476,4 @@ func (b *bench) hibernateAll(ctx context.Context, sbs []*client.Sandbox) ([]floa
 	}
 	wg.Wait()
 	return xs, time.Since(t).Seconds(), firstErr
-}
-
-// memAvailableGiB is the host's MemAvailable.
-func memAvailableGiB() float64 { return meminfo()["MemAvailable"] }
-
-// rssMiB is a process's resident memory (0 when unknown).
-func rssMiB(pid int) float64 {
-	if pid <= 0 {
-		return 0
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-			return kb / 1024
-		}
-	}
-	return 0
-}
-
-// cgroupMemMiB is the memory usage of a cgroup (v1) below every hierarchy's
-// root (0 when unknown).
-func cgroupMemMiB(name string) float64 {
-	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", name, "memory.usage_in_bytes"))
-	if err != nil {
-		return 0
-	}
-	n, _ := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
-	return n / (1 << 20)
-}
-
-// idleCPU is the CPU (ms per second) a cgroup (v1 cpuacct) used over a
-// window in which nothing is asked of its sandboxes (0 when unknown).
-func idleCPU(ctx context.Context, name string, window time.Duration) float64 {
-	read := func() (float64, bool) {
-		b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpuacct", name, "cpuacct.usage"))
-		if err != nil {
-			return 0, false
-		}
-		n, err := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
-		return n, err == nil
-	}
-	a, ok := read()
-	t := time.Now()
-	select {
-	case <-ctx.Done():
-		return 0
-	case <-time.After(window): // the measurement window itself
-	}
-	z, ok2 := read()
-	if !ok || !ok2 {
-		return 0
-	}
-	return (z - a) / 1e6 / time.Since(t).Seconds()
 }
