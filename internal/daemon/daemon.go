@@ -103,6 +103,11 @@ type Config struct {
 	// PtyStallTimeout ends a pty session whose client has taken none of
 	// its output for this long (0 = DefaultPtyStallTimeout); see pty.go.
 	PtyStallTimeout time.Duration
+	// CgroupFavorDynMods switches the host's cgroup favordynmods option on
+	// at start (see cgroups.FavorDynMods): runtime starts then stop waiting
+	// for RCU grace periods to move processes between cgroups. Host-wide,
+	// and one-way until reboot on Linux 6.18+; forkbox serve sets it.
+	CgroupFavorDynMods bool
 	// Preboot is how many gVisor sandboxes are kept booted ahead of demand
 	// (0 = none; see preboot.go).
 	Preboot int
@@ -204,6 +209,9 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 		return nil, err
 	}
 	warnHostLimits(cfg.Log, cfg.MaxSandboxes)
+	if cfg.CgroupFavorDynMods {
+		favorDynMods(cfg.Log)
+	}
 	d := &Daemon{cfg: cfg, log: cfg.Log, locks: map[string]*sync.Mutex{}, runtimes: p.runtimes, snaps: p.snaps, net: p.net, host: p.host,
 		cgroupRoot: cgroups.Root,
 		life:       newSchedule()}

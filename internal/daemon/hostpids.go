@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/forkbox/forkbox/internal/cgroups"
 	"github.com/forkbox/forkbox/internal/network"
 )
 
@@ -47,6 +48,20 @@ func warnHostLimits(log *slog.Logger, maxSandboxes int) {
 	if maxSandboxes > network.MaxBridgePorts {
 		log.Warn("--max-sandboxes is more than one bridge holds", "why",
 			fmt.Sprintf("a Linux bridge has at most %d ports, one per running sandbox (hibernated ones hold none); past that, creates and wakes are ResourceExhausted", network.MaxBridgePorts))
+	}
+}
+
+// favorDynMods switches the host's cgroup favordynmods option on, and says
+// what it did; a host where it cannot be done only gets a warning.
+func favorDynMods(log *slog.Logger) {
+	mp, changed, err := cgroups.FavorDynMods()
+	switch {
+	case err != nil:
+		log.Warn("cgroup favordynmods is off: every sandbox start waits for RCU grace periods to move processes between cgroups (boot the host with cgroup_favordynmods=true)", "err", err)
+	case changed:
+		log.Info("switched cgroup favordynmods on: moving processes between cgroups (at every runsc start on cgroup v1, and crun's) no longer waits for an RCU grace period; host-wide, it stays on until reboot (--cgroup-favordynmods=false leaves the host as it is)", "mount", mp)
+	default:
+		log.Debug("cgroup favordynmods already on", "mount", mp)
 	}
 }
 
