@@ -68,19 +68,18 @@ func TestFavorDynMods(t *testing.T) {
 		t.Fatal(err)
 	}
 	before, _ := cgroup2Mount()
-	if slices.Contains(superOptions(before), FavorDynModsOption) {
-		t.Fatalf("favordynmods still on after a reconfigure without it: %q", before.SuperOptions)
-	}
 
-	mp, changed, err := FavorDynMods()
-	if err != nil || !changed || mp != orig.Mountpoint {
-		t.Fatalf("FavorDynMods: %q, changed %v, %v; want %s, changed", mp, changed, err, orig.Mountpoint)
+	// A daemon started by another package's tests may switch it on at
+	// the same time (with the same result), so changed is not checked.
+	mp, _, err := FavorDynMods()
+	if err != nil || mp != orig.Mountpoint {
+		t.Fatalf("FavorDynMods: %q, %v; want %s", mp, err, orig.Mountpoint)
 	}
 	after, _ := cgroup2Mount()
 	if after.Options != before.Options {
 		t.Errorf("per-mount options: %q, were %q", after.Options, before.Options)
 	}
-	want := append(superOptions(before), FavorDynModsOption)
+	want := append(slices.DeleteFunc(superOptions(before), func(o string) bool { return o == FavorDynModsOption }), FavorDynModsOption)
 	slices.Sort(want)
 	got := superOptions(after)
 	slices.Sort(got)
