@@ -46,14 +46,14 @@ func (s *Store) AddCheckpoint(ctx context.Context, ck *Checkpoint) error {
 	if err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.db.BeginTx(writeCtx(ctx), nil)
 	if err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
 	defer tx.Rollback()
 	ck.CreatedAt = time.Now()
 	data, _ := json.Marshal(map[string]any{"tag": ck.Tag, "snapshot": ck.ID, "kind": ck.Kind, "capture_ms": ck.CaptureMS, "flush_ms": ck.FlushMS})
-	res, err := tx.ExecContext(ctx, `INSERT INTO events (sandbox_id, type, time, data) VALUES (?,?,?,?)`,
+	res, err := tx.ExecContext(writeCtx(ctx), `INSERT INTO events (sandbox_id, type, time, data) VALUES (?,?,?,?)`,
 		ck.SandboxID, EventCheckpointCreated, ck.CreatedAt.UnixMilli(), string(data))
 	if err != nil {
 		return fmt.Errorf("store: checkpoint event: %w", err)
@@ -61,7 +61,7 @@ func (s *Store) AddCheckpoint(ctx context.Context, ck *Checkpoint) error {
 	if ck.LedgerSeq == 0 {
 		ck.LedgerSeq, _ = res.LastInsertId()
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO checkpoints (`+checkpointCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	if _, err := tx.ExecContext(writeCtx(ctx), `INSERT INTO checkpoints (`+checkpointCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		ck.ID, ck.SandboxID, ck.Tag, ck.Kind, ck.Image, ck.ImageDigest, ck.Runtime, string(cfg), ck.Size, ck.CaptureMS,
 		ck.LedgerSeq, ck.CreatedAt.UnixMilli(), ck.FlushMS); err != nil {
 		return fmt.Errorf("store: add checkpoint: %w", err)
@@ -107,7 +107,7 @@ func (s *Store) checkpoints(ctx context.Context, q string, args ...any) ([]*Chec
 
 // DeleteCheckpoint removes a checkpoint's record.
 func (s *Store) DeleteCheckpoint(ctx context.Context, id string) error {
-	res, err := s.db.ExecContext(ctx, `DELETE FROM checkpoints WHERE id = ?`, id)
+	res, err := s.db.ExecContext(writeCtx(ctx), `DELETE FROM checkpoints WHERE id = ?`, id)
 	if err != nil {
 		return fmt.Errorf("store: delete checkpoint: %w", err)
 	}
@@ -143,7 +143,7 @@ func (s *Store) AddReceivedCheckpoint(ctx context.Context, ck *Checkpoint) error
 	if ck.CreatedAt.IsZero() {
 		ck.CreatedAt = time.Now()
 	}
-	if _, err := s.db.ExecContext(ctx, `INSERT INTO checkpoints (`+checkpointCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	if _, err := s.db.ExecContext(writeCtx(ctx), `INSERT INTO checkpoints (`+checkpointCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		ck.ID, ck.SandboxID, ck.Tag, ck.Kind, ck.Image, ck.ImageDigest, ck.Runtime, string(cfg), ck.Size, ck.CaptureMS,
 		ck.LedgerSeq, ck.CreatedAt.UnixMilli(), ck.FlushMS); err != nil {
 		if strings.Contains(err.Error(), "UNIQUE") {

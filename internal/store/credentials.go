@@ -24,17 +24,17 @@ type Credential struct {
 // PutCredential adds or replaces a credential, and records credentials.set
 // (the name only) in the ledger, in one transaction.
 func (s *Store) PutCredential(ctx context.Context, c *Credential) error {
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.db.BeginTx(writeCtx(ctx), nil)
 	if err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
 	defer tx.Rollback()
 	c.UpdatedAt = time.Now()
-	if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO credentials (sandbox_id, name, env, file, per_fork, sealed, updated_at)
+	if _, err := tx.ExecContext(writeCtx(ctx), `INSERT OR REPLACE INTO credentials (sandbox_id, name, env, file, per_fork, sealed, updated_at)
 		VALUES (?,?,?,?,?,?,?)`, c.SandboxID, c.Name, c.Env, c.File, c.PerFork, c.Sealed, c.UpdatedAt.UnixMilli()); err != nil {
 		return fmt.Errorf("store: put credential: %w", err)
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO events (sandbox_id, type, time, data) VALUES (?,?,?,?)`,
+	if _, err := tx.ExecContext(writeCtx(ctx), `INSERT INTO events (sandbox_id, type, time, data) VALUES (?,?,?,?)`,
 		c.SandboxID, EventCredentialSet, c.UpdatedAt.UnixMilli(),
 		credentialEventData(c)); err != nil {
 		return fmt.Errorf("store: credential event: %w", err)
@@ -65,7 +65,7 @@ func (s *Store) Credentials(ctx context.Context, sandboxID string) ([]*Credentia
 
 // DeleteCredential removes a credential and records credentials.deleted.
 func (s *Store) DeleteCredential(ctx context.Context, sandboxID, name string) error {
-	res, err := s.db.ExecContext(ctx, `DELETE FROM credentials WHERE sandbox_id = ? AND name = ?`, sandboxID, name)
+	res, err := s.db.ExecContext(writeCtx(ctx), `DELETE FROM credentials WHERE sandbox_id = ? AND name = ?`, sandboxID, name)
 	if err != nil {
 		return fmt.Errorf("store: delete credential: %w", err)
 	}

@@ -42,7 +42,7 @@ func (s *Store) PutE2BObject(ctx context.Context, o *E2BObject) error {
 	if o.CreatedAt.IsZero() {
 		o.CreatedAt = time.Now()
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT OR REPLACE INTO e2b_objects (`+e2bCols+`) VALUES (?,?,?,?,?,?,?)`,
+	_, err = s.db.ExecContext(writeCtx(ctx), `INSERT OR REPLACE INTO e2b_objects (`+e2bCols+`) VALUES (?,?,?,?,?,?,?)`,
 		o.ID, o.Kind, o.Template, o.Name, o.Source, string(md), o.CreatedAt.UnixMilli())
 	if err != nil {
 		return fmt.Errorf("store: put e2b object: %w", err)
@@ -79,7 +79,7 @@ func (s *Store) ListE2BObjects(ctx context.Context, kind string) ([]*E2BObject, 
 
 // DeleteE2BObject forgets id; a missing id is no error.
 func (s *Store) DeleteE2BObject(ctx context.Context, id string) error {
-	if _, err := s.db.ExecContext(ctx, `DELETE FROM e2b_objects WHERE id = ?`, id); err != nil {
+	if _, err := s.db.ExecContext(writeCtx(ctx), `DELETE FROM e2b_objects WHERE id = ?`, id); err != nil {
 		return fmt.Errorf("store: delete e2b object: %w", err)
 	}
 	return nil

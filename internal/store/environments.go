@@ -36,7 +36,7 @@ const envCols = `name, definition, hash, checkpoint, built_at, build_ms, state, 
 
 // PutEnvironment inserts or replaces an environment's record.
 func (s *Store) PutEnvironment(ctx context.Context, e *Environment) error {
-	_, err := s.db.ExecContext(ctx, `INSERT OR REPLACE INTO environments (`+envCols+`, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)`,
+	_, err := s.db.ExecContext(writeCtx(ctx), `INSERT OR REPLACE INTO environments (`+envCols+`, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)`,
 		e.Name, e.Definition, e.Hash, e.Checkpoint, e.BuiltAt.UnixMilli(), e.BuildMS, e.State, e.Error, e.CachedSteps, time.Now().UnixMilli())
 	if err != nil {
 		return fmt.Errorf("store: put environment: %w", err)
@@ -74,19 +74,19 @@ func (s *Store) ListEnvironments(ctx context.Context) ([]*Environment, error) {
 // DeleteEnvironment removes an environment's record and returns the
 // checkpoints of its built snapshots, for the caller to delete.
 func (s *Store) DeleteEnvironment(ctx context.Context, name string) ([]string, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.db.BeginTx(writeCtx(ctx), nil)
 	if err != nil {
 		return nil, err
 	}
 	defer tx.Rollback()
-	res, err := tx.ExecContext(ctx, `DELETE FROM environments WHERE name = ?`, name)
+	res, err := tx.ExecContext(writeCtx(ctx), `DELETE FROM environments WHERE name = ?`, name)
 	if err != nil {
 		return nil, fmt.Errorf("store: delete environment: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return nil, fmt.Errorf("environment %q: %w", name, errdefs.ErrNotFound)
 	}
-	rows, err := tx.QueryContext(ctx, `DELETE FROM env_snapshots WHERE env = ? RETURNING checkpoint`, name)
+	rows, err := tx.QueryContext(writeCtx(ctx), `DELETE FROM env_snapshots WHERE env = ? RETURNING checkpoint`, name)
 	if err != nil {
 		return nil, fmt.Errorf("store: delete environment snapshots: %w", err)
 	}
@@ -106,7 +106,7 @@ func (s *Store) DeleteEnvironment(ctx context.Context, name string) ([]string, e
 // PutEnvSnapshot records the snapshot built for a definition hash (the
 // whole definition, or a prefix of its steps).
 func (s *Store) PutEnvSnapshot(ctx context.Context, hash, env, checkpoint string, steps int) error {
-	_, err := s.db.ExecContext(ctx, `INSERT OR REPLACE INTO env_snapshots (hash, env, checkpoint, steps, created_at) VALUES (?,?,?,?,?)`,
+	_, err := s.db.ExecContext(writeCtx(ctx), `INSERT OR REPLACE INTO env_snapshots (hash, env, checkpoint, steps, created_at) VALUES (?,?,?,?,?)`,
 		hash, env, checkpoint, steps, time.Now().UnixMilli())
 	if err != nil {
 		return fmt.Errorf("store: put env snapshot: %w", err)

@@ -71,7 +71,7 @@ func (s *Store) AppendEvent(ctx context.Context, sandboxID, typ string, data map
 		return nil, fmt.Errorf("store: event data: %w", err)
 	}
 	now := time.Now()
-	res, err := s.db.ExecContext(ctx, `INSERT INTO events (sandbox_id, type, time, data) VALUES (?,?,?,?)`,
+	res, err := s.db.ExecContext(writeCtx(ctx), `INSERT INTO events (sandbox_id, type, time, data) VALUES (?,?,?,?)`,
 		sandboxID, typ, now.UnixMilli(), string(b))
 	if err != nil {
 		return nil, fmt.Errorf("store: append event: %w", err)

@@ -12,7 +12,7 @@ import (
 // its checkpoints' children inherit it), its deadline (zero: none) and the
 // start of its lifetime; an unknown id is NotFound.
 func (s *Store) SetLifetime(ctx context.Context, id string, timeoutMS int64, deadline, from time.Time) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET config = json_set(config, '$.timeout_ms', ?), deadline = ?, lifetime_from = ?,
+	res, err := s.db.ExecContext(writeCtx(ctx), `UPDATE sandboxes SET config = json_set(config, '$.timeout_ms', ?), deadline = ?, lifetime_from = ?,
 		updated_at = ? WHERE id = ?`, timeoutMS, unixMilli(deadline), unixMilli(from), time.Now().UnixMilli(), id)
 	if err != nil {
 		return fmt.Errorf("store: set lifetime: %w", err)

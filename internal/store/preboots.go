@@ -22,7 +22,7 @@ type Preboot struct {
 // AddPreboot records a pre-booted sandbox before anything of it is made.
 func (s *Store) AddPreboot(ctx context.Context, p *Preboot) error {
 	p.CreatedAt = time.Now()
-	if _, err := s.db.ExecContext(ctx, `INSERT INTO preboots (id, ip, runtime, created_at) VALUES (?,?,?,?)`,
+	if _, err := s.db.ExecContext(writeCtx(ctx), `INSERT INTO preboots (id, ip, runtime, created_at) VALUES (?,?,?,?)`,
 		p.ID, p.IP, p.Runtime, p.CreatedAt.UnixMilli()); err != nil {
 		return fmt.Errorf("store: add preboot: %w", err)
 	}
@@ -31,7 +31,7 @@ func (s *Store) AddPreboot(ctx context.Context, p *Preboot) error {
 
 // DeletePreboot forgets a pre-booted sandbox (unknown: nil).
 func (s *Store) DeletePreboot(ctx context.Context, id string) error {
-	if _, err := s.db.ExecContext(ctx, `DELETE FROM preboots WHERE id = ?`, id); err != nil {
+	if _, err := s.db.ExecContext(writeCtx(ctx), `DELETE FROM preboots WHERE id = ?`, id); err != nil {
 		return fmt.Errorf("store: delete preboot: %w", err)
 	}
 	return nil
@@ -63,12 +63,12 @@ func (s *Store) ListPreboots(ctx context.Context) ([]*Preboot, error) {
 // cleaned) is a NotFound error and nothing is recorded, so one pre-booted
 // sandbox is never handed out twice, even across a crash.
 func (s *Store) ClaimPreboot(ctx context.Context, sb *Sandbox) error {
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.db.BeginTx(writeCtx(ctx), nil)
 	if err != nil {
 		return fmt.Errorf("store: claim preboot: %w", err)
 	}
 	defer tx.Rollback()
-	res, err := tx.ExecContext(ctx, `DELETE FROM preboots WHERE id = ? AND ip = ?`, sb.ID, sb.IP)
+	res, err := tx.ExecContext(writeCtx(ctx), `DELETE FROM preboots WHERE id = ? AND ip = ?`, sb.ID, sb.IP)
 	if err != nil {
 		return fmt.Errorf("store: claim preboot: %w", err)
 	}

@@ -112,7 +112,7 @@ func createSandbox(ctx context.Context, db execer, sb *Sandbox) error {
 	}
 	now := time.Now()
 	sb.CreatedAt, sb.UpdatedAt = now, now
-	_, err = db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err = db.ExecContext(writeCtx(ctx), `INSERT INTO sandboxes (`+sandboxCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.Name, sb.State, sb.Image, sb.ImageDigest, sb.Runtime, string(cfg), sb.IP, sb.AgentToken, sb.Error,
 		now.UnixMilli(), now.UnixMilli(), sb.ParentID, sb.FromCheckpoint, sb.Pool, unixMilli(sb.Deadline), unixMilli(sb.LifetimeFrom))
 	if err != nil {
@@ -172,13 +172,13 @@ func (s *Store) SwapSandboxState(ctx context.Context, id string, from, to State,
 // (with data) to the sandbox's ledger, in the same transaction: no reader
 // sees the new state without the event that says why ("" appends none).
 func (s *Store) SwapSandboxStateNoting(ctx context.Context, id string, from, to State, errText, typ string, data map[string]any) error {
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.db.BeginTx(writeCtx(ctx), nil)
 	if err != nil {
 		return fmt.Errorf("store: set state: %w", err)
 	}
 	defer tx.Rollback()
 	now := time.Now()
-	res, err := tx.ExecContext(ctx, `UPDATE sandboxes SET state = ?, error = ?, updated_at = ? WHERE id = ? AND state = ?`,
+	res, err := tx.ExecContext(writeCtx(ctx), `UPDATE sandboxes SET state = ?, error = ?, updated_at = ? WHERE id = ? AND state = ?`,
 		to, errText, now.UnixMilli(), id, from)
 	if err != nil {
 		return fmt.Errorf("store: set state: %w", err)
@@ -202,7 +202,7 @@ func (s *Store) SwapSandboxStateNoting(ctx context.Context, id string, from, to 
 		if err != nil {
 			return fmt.Errorf("store: event data: %w", err)
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO events (sandbox_id, type, time, data) VALUES (?,?,?,?)`,
+		if _, err := tx.ExecContext(writeCtx(ctx), `INSERT INTO events (sandbox_id, type, time, data) VALUES (?,?,?,?)`,
 			id, typ, now.UnixMilli(), string(b)); err != nil {
 			return fmt.Errorf("store: append event: %w", err)
 		}
@@ -216,7 +216,7 @@ func (s *Store) SwapSandboxStateNoting(ctx context.Context, id string, from, to 
 // SetAgentToken records a sandbox's new agent token (after the daemon
 // rotated it); an unknown id is NotFound.
 func (s *Store) SetAgentToken(ctx context.Context, id, token string) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET agent_token = ?, updated_at = ? WHERE id = ?`, token, time.Now().UnixMilli(), id)
+	res, err := s.db.ExecContext(writeCtx(ctx), `UPDATE sandboxes SET agent_token = ?, updated_at = ? WHERE id = ?`, token, time.Now().UnixMilli(), id)
 	if err != nil {
 		return fmt.Errorf("store: set agent token: %w", err)
 	}
@@ -233,7 +233,7 @@ func (s *Store) SetSandboxConfig(ctx context.Context, id string, cfg SandboxConf
 	if err != nil {
 		return fmt.Errorf("store: sandbox config: %w", err)
 	}
-	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET config = ?, updated_at = ? WHERE id = ?`, string(b), time.Now().UnixMilli(), id)
+	res, err := s.db.ExecContext(writeCtx(ctx), `UPDATE sandboxes SET config = ?, updated_at = ? WHERE id = ?`, string(b), time.Now().UnixMilli(), id)
 	if err != nil {
 		return fmt.Errorf("store: set sandbox config: %w", err)
 	}
@@ -278,7 +278,7 @@ func scanSandbox(r scanner) (*Sandbox, error) {
 // TakeFromPool hands over one running sandbox of env's pool that started
 // from checkpoint: it leaves the pool. It returns nil when none is ready.
 func (s *Store) TakeFromPool(ctx context.Context, env, checkpoint string) (*Sandbox, error) {
-	row := s.db.QueryRowContext(ctx, `UPDATE sandboxes SET pool = '', updated_at = ? WHERE id = (
+	row := s.db.QueryRowContext(writeCtx(ctx), `UPDATE sandboxes SET pool = '', updated_at = ? WHERE id = (
 		SELECT id FROM sandboxes WHERE pool = ? AND from_checkpoint = ? AND state = 'running' ORDER BY created_at LIMIT 1)
 		RETURNING `+sandboxCols, time.Now().UnixMilli(), env, checkpoint)
 	sb, err := scanSandbox(row)
@@ -338,7 +338,7 @@ func (s *Store) CountLive(ctx context.Context) (int, error) {
 // ClaimFromPool takes sandbox id out of env's pool; it reports false when
 // the sandbox is no longer in that pool (a hand-over took it).
 func (s *Store) ClaimFromPool(ctx context.Context, id, env string) (bool, error) {
-	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET pool = '', updated_at = ? WHERE id = ? AND pool = ?`,
+	res, err := s.db.ExecContext(writeCtx(ctx), `UPDATE sandboxes SET pool = '', updated_at = ? WHERE id = ? AND pool = ?`,
 		time.Now().UnixMilli(), id, env)
 	if err != nil {
 		return false, fmt.Errorf("store: claim from pool: %w", err)

@@ -155,13 +155,13 @@ func Open(ctx context.Context, path string) (*Store, error) {
 func (s *Store) Close() error { return s.db.Close() }
 
 func (s *Store) migrate(ctx context.Context) error {
-	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)`); err != nil {
+	if _, err := s.db.ExecContext(writeCtx(ctx), `CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)`); err != nil {
 		return fmt.Errorf("store: migrate: %w", err)
 	}
 	var v int
 	err := s.db.QueryRowContext(ctx, `SELECT version FROM schema_version`).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {
-		if _, err := s.db.ExecContext(ctx, `INSERT INTO schema_version VALUES (0)`); err != nil {
+		if _, err := s.db.ExecContext(writeCtx(ctx), `INSERT INTO schema_version VALUES (0)`); err != nil {
 			return fmt.Errorf("store: migrate: %w", err)
 		}
 	} else if err != nil {
@@ -171,15 +171,15 @@ func (s *Store) migrate(ctx context.Context) error {
 		return fmt.Errorf("store: database schema %d is newer than this forkbox (%d): %w", v, len(migrations), errdefs.ErrFailedPrecondition)
 	}
 	for i := v; i < len(migrations); i++ {
-		tx, err := s.db.BeginTx(ctx, nil)
+		tx, err := s.db.BeginTx(writeCtx(ctx), nil)
 		if err != nil {
 			return fmt.Errorf("store: migrate: %w", err)
 		}
-		if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {
+		if _, err := tx.ExecContext(writeCtx(ctx), migrations[i]); err != nil {
 			tx.Rollback()
 			return fmt.Errorf("store: migration %d: %w", i+1, err)
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE schema_version SET version = ?`, i+1); err != nil {
+		if _, err := tx.ExecContext(writeCtx(ctx), `UPDATE schema_version SET version = ?`, i+1); err != nil {
 			tx.Rollback()
 			return fmt.Errorf("store: migration %d: %w", i+1, err)
 		}
@@ -189,3 +189,13 @@ func (s *Store) migrate(ctx context.Context) error {
 	}
 	return nil
 }
+
+// writeCtx is the context of a write: the caller's, without its
+// cancellation. modernc's driver reports a statement during which the
+// context ended as failed with the context's error even when the statement
+// completed (an INSERT committed), so a caller that went away mid-write
+// saw a ledger write fail that had been made: an exec.started whose exec
+// then never ran and was never recorded finished. A write is short (one
+// connection, a 5 s busy timeout), so it runs to its end and reports what
+// happened.
+func writeCtx(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
