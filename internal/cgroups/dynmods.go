@@ -57,11 +57,10 @@ func FavorDynMods() (mountpoint string, changed bool, err error) {
 	if err != nil {
 		return "", false, err
 	}
-	opts := superOptions(m)
-	if slices.Contains(opts, FavorDynModsOption) {
+	if slices.Contains(superOptions(m), FavorDynModsOption) {
 		return m.Mountpoint, false, nil
 	}
-	if err := reconfigure(m.Mountpoint, append(opts, FavorDynModsOption)); err != nil {
+	if err := reconfigure(m.Mountpoint, withFavorDynMods(m)); err != nil {
 		return m.Mountpoint, false, err
 	}
 	if after, err := cgroup2Mount(); err != nil {
@@ -98,6 +97,14 @@ func superOptions(m mount.Info) []string {
 		}
 	}
 	return out
+}
+
+// withFavorDynMods is the option set that switches favordynmods on and
+// keeps the rest of m's: a daemon that reads the options while another
+// switches it on writes the same set back, so concurrent daemons agree.
+func withFavorDynMods(m mount.Info) []string {
+	opts := slices.DeleteFunc(superOptions(m), func(o string) bool { return o == FavorDynModsOption })
+	return append(opts, FavorDynModsOption)
 }
 
 // reconfigure sets opts (flags, or key=value) on the superblock mounted at

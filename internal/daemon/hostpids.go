@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/cgroups"
 	"github.com/forkbox/forkbox/internal/network"
 )
@@ -55,9 +56,14 @@ func warnHostLimits(log *slog.Logger, maxSandboxes int) {
 // what it did; a host where it cannot be done only gets a warning.
 func favorDynMods(log *slog.Logger) {
 	mp, changed, err := cgroups.FavorDynMods()
+	const off = "cgroup favordynmods is off: sandbox starts wait for RCU grace periods to move processes between cgroups"
 	switch {
+	case errdefs.IsNotImplemented(err):
+		log.Info(off+" (this kernel has no such option)", "err", err)
+	case errdefs.IsNotFound(err):
+		log.Warn(off+" (no cgroup2 mount to set it on: mount one, or boot with cgroup_favordynmods=true where the kernel has that parameter)", "err", err)
 	case err != nil:
-		log.Warn("cgroup favordynmods is off: every sandbox start waits for RCU grace periods to move processes between cgroups (boot the host with cgroup_favordynmods=true)", "err", err)
+		log.Warn(off, "err", err)
 	case changed:
 		log.Info("switched cgroup favordynmods on: moving processes between cgroups (at every runsc start on cgroup v1, and crun's) no longer waits for an RCU grace period; host-wide, it stays on until reboot (--cgroup-favordynmods=false leaves the host as it is)", "mount", mp)
 	default:
