@@ -79,7 +79,9 @@ func (m *Manager) sandbox(ctx context.Context, def *Definition, name string, o O
 			res.Sandbox, res.FromPool, res.HandoverMS = sb, true, msSince(t)
 			m.event(ctx, name, "env.handover", map[string]any{"sandbox": sb.ID, "pool": true, "handover_ms": res.HandoverMS})
 			m.refillPool(name)
-			if res.Env, err = m.status(ctx, rec); err != nil {
+			// The sandbox is out of the pool: a caller gone by now must not
+			// turn the hand-over into an error that leaves it to nobody.
+			if res.Env, err = m.status(context.WithoutCancel(ctx), rec); err != nil {
 				return nil, err
 			}
 			return res, nil

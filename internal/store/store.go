@@ -195,7 +195,8 @@ func (s *Store) migrate(ctx context.Context) error {
 // context ended as failed with the context's error even when the statement
 // completed (an INSERT committed), so a caller that went away mid-write
 // saw a ledger write fail that had been made: an exec.started whose exec
-// then never ran and was never recorded finished. A write is short (one
-// connection, a 5 s busy timeout), so it runs to its end and reports what
-// happened.
+// then never ran and was never recorded finished. So a write runs to its
+// end and reports what happened. Its wait for the store's one connection is
+// no longer cut short by its caller either; reads (which lose nothing when
+// cut) keep the caller's context.
 func writeCtx(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
