@@ -196,6 +196,12 @@ func (b *bench) connect(ctx context.Context, rep *Report, dir string) (rootfs st
 			return "", undo, err
 		}
 	}
+	if b.opts.sections["profile"] {
+		progress("building the profile section's spawn floor")
+		if b.spawnFloor, err = buildSpawnFloor(ctx, dir); err != nil {
+			return "", undo, err
+		}
+	}
 	rootfs = filepath.Join(dir, "rootfs")
 	if err := unpackRootfs(img, rootfs); err != nil {
 		return "", undo, fmt.Errorf("unpack rootfs for the floor: %w", err)

@@ -37,6 +37,11 @@ type ProfileResult struct {
 	// exec `true`, both straight to the agent: what one execve of a Go
 	// program (like the old exec-limited helper) costs in this runtime.
 	GoBinary Summary `json:"go_binary_execve"`
+	// SpawnTrue and SpawnMinimal are the spawn floor (spawnfloor.go):
+	// fork, exec and wait of /bin/true, and of a minimal static program,
+	// timed by a program inside the sandbox, no agent involved.
+	SpawnTrue    Summary `json:"in_sandbox_spawn_true"`
+	SpawnMinimal Summary `json:"in_sandbox_spawn_minimal"`
 	// Daemon are the daemon's own phases of the API execs (from its debug
 	// log; empty when the daemon does not log them).
 	Daemon map[string]Summary `json:"daemon_phases,omitempty"`
@@ -112,5 +117,12 @@ func (b *bench) measureProfile(ctx context.Context, rt string) (ProfileResult, e
 	r.API, r.Dial, r.Ping, r.PingConn, r.AgentExec, r.InSandbox, r.GoBinary =
 		summarize(api), summarize(dial), summarize(ping), summarize(ping1), summarize(ex), summarize(in), summarize(gobin)
 	r.Daemon = b.daemonPhases(logFrom, sb.ID)
+	if b.spawnFloor != nil {
+		tr, mi, err := measureSpawnFloor(ctx, ac, b.spawnFloor)
+		if err != nil {
+			return r, err
+		}
+		r.SpawnTrue, r.SpawnMinimal = summarize(tr), summarize(mi)
+	}
 	return r, nil
 }

@@ -42,5 +42,7 @@ func printProfiles(w io.Writer, ps []ProfileResult) {
 	row("  agent ping, new connection", func(p ProfileResult) Summary { return p.PingConn })
 	row("  TCP connect to the agent", func(p ProfileResult) Summary { return p.Dial })
 	row("execve of a Go binary (extra)", func(p ProfileResult) Summary { return p.GoBinary })
+	row("in the sandbox: fork+exec+wait of true", func(p ProfileResult) Summary { return p.SpawnTrue })
+	row("  of a minimal static program", func(p ProfileResult) Summary { return p.SpawnMinimal })
 	fmt.Fprintln(w)
 }

@@ -16,9 +16,10 @@ type bench struct {
 	c     *client.Client
 	image string
 	opts  options
-	// memhog is the allocator binary of the memory section; daemonLog and
+	// memhog is the allocator binary of the memory section, spawnFloor the
+	// profile section's in-sandbox program (spawnfloor.go); daemonLog and
 	// stateDir are the throwaway daemon's (empty with --host).
-	memhog              []byte
+	memhog, spawnFloor  []byte
 	daemonLog, stateDir string
 	// e2b reaches the daemon's E2B endpoint (nil: none).
 	e2b          *e2bClient
