@@ -57,22 +57,29 @@ func main() {
 
 // buildMemhog compiles the allocator into dir and returns its bytes.
 func buildMemhog(ctx context.Context, dir string) ([]byte, error) {
-	src := filepath.Join(dir, "memhog-src")
+	return buildStatic(ctx, dir, "memhog", memhogSource)
+}
+
+// buildStatic compiles the one-file Go program source, module name, into a
+// static Linux binary in dir and returns its bytes: the programs the
+// bench copies into sandboxes.
+func buildStatic(ctx context.Context, dir, name, source string) ([]byte, error) {
+	src := filepath.Join(dir, name+"-src")
 	if err := os.MkdirAll(src, 0o755); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(src, "go.mod"), []byte("module memhog\n\ngo 1.21\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(src, "go.mod"), []byte("module "+name+"\n\ngo 1.21\n"), 0o644); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(src, "main.go"), []byte(memhogSource), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(src, "main.go"), []byte(source), 0o644); err != nil {
 		return nil, err
 	}
-	out := filepath.Join(dir, "memhog")
+	out := filepath.Join(dir, name)
 	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, ".")
 	cmd.Dir = src
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOFLAGS=", "GOWORK=off")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("build the allocator: %v\n%s", err, b)
+		return nil, fmt.Errorf("build %s: %v\n%s", name, err, b)
 	}
 	return os.ReadFile(out)
 }
