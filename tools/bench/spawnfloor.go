@@ -26,6 +26,8 @@ const spawnFloorSource = `package main
 import (
 	"encoding/binary"
 	"encoding/json"
+	"os"
+	"runtime"
 	"syscall"
 	"time"
 )
