@@ -197,7 +197,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&df.e2b, "e2b", "", "also serve an E2B-compatible endpoint (REST and envd) on this address (needs --api-token, the E2B API key): E2B_API_URL=E2B_SANDBOX_URL=http://ADDR")
 	f.StringVar(&df.e2bTemplate, "e2b-default-template", "", "what E2B's default templateID \"base\" creates from: an environment, image or snapshot")
 	f.IntVar(&df.metricsMax, "metrics-max-sandboxes", metrics.DefaultMaxSandboxSeries, "at most this many sandboxes get CPU and memory series (the oldest first)")
-	f.BoolVar(&df.cfg.CgroupFavorDynMods, "cgroup-favordynmods", true, "switch the host's cgroup favordynmods option on at start, so sandbox starts do not wait for RCU grace periods to move processes between cgroups (host-wide; stays on until reboot on Linux 6.18+)")
+	f.BoolVar(&df.cfg.CgroupFavorDynMods, "cgroup-favordynmods", false, "switch the host's cgroup favordynmods option on at start: moving processes between cgroups stops waiting for RCU grace periods, forks and exits cost more (host-wide; its locking stays until reboot on Linux 6.18+; see README)")
 	f.IntVar(&df.cfg.Preboot, "preboot", 2, "keep this many gVisor sandboxes booted ahead of demand (about 40 MB each), for creates and fork children that match their resources and egress (0 = none)")
 	return cmd
 }

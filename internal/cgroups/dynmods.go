@@ -12,7 +12,8 @@ import (
 	"github.com/forkbox/forkbox/internal/mount"
 )
 
-// The kernel's "favordynmods" cgroup option, and why the daemon turns it on.
+// The kernel's "favordynmods" cgroup option, and what it does for sandbox
+// starts (the daemon turns it on with serve --cgroup-favordynmods).
 //
 // Moving a process into a cgroup (a write to cgroup.procs) write-locks
 // cgroup_threadgroup_rwsem, a per-CPU rwsem whose readers are every fork
@@ -33,6 +34,10 @@ import (
 // helps hybrid hosts (v1 controllers, a v2 mount) as well. From 6.18 it is
 // one-way: a remount without it clears the flag but the per-thread-group
 // locking stays until reboot.
+//
+// What it saves in joins it gives back in forks and exits here: gVisor
+// create + first exec p50 was 128 and 142 ms before the switch and 119-144
+// with it on (five runs), so it is opt-in.
 
 // FavorDynModsOption is the cgroup2 mount option.
 const FavorDynModsOption = "favordynmods"

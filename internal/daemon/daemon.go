@@ -105,8 +105,9 @@ type Config struct {
 	PtyStallTimeout time.Duration
 	// CgroupFavorDynMods switches the host's cgroup favordynmods option on
 	// at start (see cgroups.FavorDynMods): runtime starts then stop waiting
-	// for RCU grace periods to move processes between cgroups. Host-wide,
-	// and one-way until reboot on Linux 6.18+; forkbox serve sets it.
+	// for RCU grace periods to move processes between cgroups, while forks
+	// and exits cost more. Host-wide, and one-way until reboot on Linux
+	// 6.18+; off unless forkbox serve --cgroup-favordynmods.
 	CgroupFavorDynMods bool
 	// Preboot is how many gVisor sandboxes are kept booted ahead of demand
 	// (0 = none; see preboot.go).

@@ -65,7 +65,7 @@ func favorDynMods(log *slog.Logger) {
 	case err != nil:
 		log.Warn(off, "err", err)
 	case changed:
-		log.Info("switched cgroup favordynmods on: moving processes between cgroups (at every runsc start on cgroup v1, and crun's) no longer waits for an RCU grace period; host-wide, it stays on until reboot (--cgroup-favordynmods=false leaves the host as it is)", "mount", mp)
+		log.Info("switched cgroup favordynmods on: moving processes between cgroups (at every runsc start on cgroup v1, and crun's) no longer waits for an RCU grace period; host-wide, and its locking stays until reboot on Linux 6.18+", "mount", mp)
 	default:
 		log.Debug("cgroup favordynmods already on", "mount", mp)
 	}
