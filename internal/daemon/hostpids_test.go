@@ -1,8 +1,13 @@
 package daemon
 
 import (
+	"bytes"
+	"log/slog"
+	"os"
 	"strings"
 	"testing"
+
+	"github.com/forkbox/forkbox/internal/mount"
 )
 
 func TestHostPidsWarning(t *testing.T) {
@@ -19,5 +24,31 @@ func TestHostPidsWarning(t *testing.T) {
 	}
 	if w := hostPidsWarning(0, 0, 1000); w != "" { // unreadable: no claim
 		t.Errorf("unknown limits: %q", w)
+	}
+}
+
+// TestFavorDynModsAtStart: what serve --cgroup-favordynmods does at start
+// switches the option on (or finds it on) and says so.
+func TestFavorDynModsAtStart(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("needs root")
+		}
+		t.Skip("needs root")
+	}
+	var buf bytes.Buffer
+	favorDynMods(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	out := buf.String()
+	if !strings.Contains(out, "switched cgroup favordynmods on") && !strings.Contains(out, "cgroup favordynmods already on") {
+		t.Fatalf("log: %s", out)
+	}
+	ms, err := mount.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.FSType == "cgroup2" && m.Root == "/" && !strings.Contains(","+m.SuperOptions+",", ",favordynmods,") {
+			t.Errorf("%s: %q, want favordynmods", m.Mountpoint, m.SuperOptions)
+		}
 	}
 }
