@@ -218,10 +218,12 @@ func (d *Daemon) expire(ctx context.Context, id string, idle bool) {
 	}
 	log.Info("sandbox expired", slog.String("reason", reason), slog.String("action", action))
 	if action == OnTimeoutClose {
+		// Unscheduled first: once the store says closed, nothing is due
+		// for it (a close that fails is not retried by expiry either way).
+		d.life.remove(sb.ID)
 		if err := d.deleteLocked(ctx, sb); err != nil {
 			log.Error("expiry: close", slog.Any("err", err))
 		}
-		d.life.remove(sb.ID)
 		return
 	}
 	if sb.State != store.StateHibernated {
