@@ -19,23 +19,15 @@ import (
 func requireDynMods(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		skipOrFailTB(t, "favordynmods needs root")
+		skipOrFail(t, "favordynmods needs root")
 	}
 	b, _ := os.ReadFile("/sys/kernel/cgroup/features")
 	if !slices.Contains(strings.Fields(string(b)), FavorDynModsOption) {
-		skipOrFailTB(t, "the kernel has no favordynmods")
+		skipOrFail(t, "the kernel has no favordynmods")
 	}
 	if _, err := cgroup2Mount(); err != nil {
-		skipOrFailTB(t, err.Error())
+		skipOrFail(t, err.Error())
 	}
-}
-
-func skipOrFailTB(t testing.TB, why string) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatal(why)
-	}
-	t.Skip(why)
 }
 
 // TestFavorDynModsOptions: the option set a reconfigure gets is the

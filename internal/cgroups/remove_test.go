@@ -186,7 +186,7 @@ func TestRemoveRealCgroup(t *testing.T) {
 	}
 }
 
-func skipOrFail(t *testing.T, why string) {
+func skipOrFail(t testing.TB, why string) {
 	t.Helper()
 	if os.Getenv("CI") == "true" {
 		t.Fatal(why)

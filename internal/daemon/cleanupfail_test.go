@@ -79,12 +79,7 @@ func TestReconcileCleanupFailureStillStarts(t *testing.T) {
 // is wholly unmounted by teardown's unmountRootfs, so that the writable
 // layer can be removed.
 func TestUnmountRootfsStacked(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("mounting needs root")
-		}
-		t.Skip("mounting needs root")
-	}
+	requireRoot(t, "mounting needs root")
 	ctx := context.Background()
 	dir := t.TempDir()
 	snaps, err := naive.Open(ctx, filepath.Join(dir, "snapshots"), slog.New(slog.NewTextHandler(io.Discard, nil)))
