@@ -43,6 +43,6 @@ func (d *Daemon) bestEffort(ctx context.Context, what string, err error, attrs .
 // note appends a ledger event that does not decide the operation's outcome
 // (ready, found, fork notified...); a failure to record it is logged.
 func (d *Daemon) note(ctx context.Context, sandboxID, typ string, data map[string]any) {
-	_, err := d.store.AppendEvent(context.WithoutCancel(ctx), sandboxID, typ, data)
+	_, err := d.store.AppendEvent(ctx, sandboxID, typ, data)
 	d.bestEffort(ctx, "ledger "+typ, err, slog.String("sandbox", sandboxID))
 }

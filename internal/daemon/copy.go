@@ -40,7 +40,7 @@ func (d *Daemon) CopyTo(ctx context.Context, idOrName, dir string, r io.Reader) 
 	if err != nil {
 		data["error"] = err.Error()
 	}
-	if _, lerr := d.store.AppendEvent(context.WithoutCancel(ctx), sb.ID, store.EventFilesCopied, data); err == nil {
+	if _, lerr := d.store.AppendEvent(ctx, sb.ID, store.EventFilesCopied, data); err == nil {
 		err = lerr
 	}
 	return res, err

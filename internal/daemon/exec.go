@@ -118,7 +118,7 @@ func (d *Daemon) Exec(ctx context.Context, idOrName string, o ExecOptions, stdou
 			res.OOMKilled = true
 		}
 	}
-	d.note(context.WithoutCancel(ctx), sb.ID, store.EventExecFinished, execFinished(execID, start, res, err))
+	d.note(ctx, sb.ID, store.EventExecFinished, execFinished(execID, start, res, err))
 	ph.mark("ledger_finished")
 	ph.log(ctx, d.log, sb.ID)
 	return res, err

@@ -114,7 +114,7 @@ func (d *Daemon) ExecStream(ctx context.Context, idOrName string, o ExecOptions,
 			res.OOMKilled = true
 		}
 	}
-	d.note(context.WithoutCancel(ctx), sb.ID, store.EventExecFinished, execFinished(execID, start, res, err))
+	d.note(ctx, sb.ID, store.EventExecFinished, execFinished(execID, start, res, err))
 	return res, err
 }
 

@@ -135,7 +135,7 @@ func (s *PtySession) finish(ctx context.Context, res ExecResult, err error) {
 }
 
 func (s *PtySession) record(ctx context.Context, res ExecResult, err error) {
-	s.d.note(context.WithoutCancel(ctx), s.sb.ID, store.EventExecFinished, execFinished(s.ExecID, s.start, res, err))
+	s.d.note(ctx, s.sb.ID, store.EventExecFinished, execFinished(s.ExecID, s.start, res, err))
 }
 
 // ptySlot takes one of sandbox id's MaxPtySessions; call the returned func

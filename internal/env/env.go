@@ -335,7 +335,7 @@ func (m *Manager) define(ctx context.Context, def *Definition) (*store.Environme
 
 // event records an environment event in the ledger, under "env:<name>".
 func (m *Manager) event(ctx context.Context, name, typ string, data map[string]any) {
-	m.store.AppendEvent(context.WithoutCancel(ctx), "env:"+name, typ, data)
+	m.store.AppendEvent(ctx, "env:"+name, typ, data)
 }
 
 // checkpointExists reports whether a checkpoint is still there (it may
