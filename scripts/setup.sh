@@ -11,6 +11,8 @@ RUNSC_BIN=/usr/local/bin/runsc
 RUNSC_STAMP=/usr/local/lib/forkbox/runsc.version
 # runsc is built with scripts/gvisor/memory-limit.patch (an exact memory
 # limit inside gVisor: SECURITY.md, "Memory limits under gVisor"),
+# checkpoint-hold.patch (a memory checkpoint that pauses, saves and holds
+# the sandbox in one runsc call: internal/runtime/runsc/hold.go),
 # pages-parallel.patch (page I/O of memory checkpoints sized to the host's
 # CPUs), state-atomic.patch (runsc's state file written by rename, so a
 # runsc killed mid-save leaves a state that loads), systrap-self-pid.patch

@@ -40,8 +40,14 @@ func (d *Daemon) checkpointMemoryLive(ctx context.Context, sb *store.Sandbox, lc
 	}
 	// Nothing here may stop half-way because a caller went away.
 	ctx = context.WithoutCancel(ctx)
-	start := time.Now()
 	running := sb.State == store.StateRunning
+	if hc, ok := lc.(runtime.HeldCheckpointer); ok && running {
+		ck, downtimeMS, tried, err := d.checkpointMemoryHeld(ctx, sb, hc, id, dir, tag, flushMS, &undo)
+		if tried {
+			return ck, downtimeMS, err
+		}
+	}
+	start := time.Now()
 	if running {
 		if err := d.suspend(ctx, sb); err != nil {
 			return nil, 0, fmt.Errorf("pause the source for its memory checkpoint: %w", err)
@@ -87,6 +93,18 @@ func (d *Daemon) captureLive(ctx context.Context, sb *store.Sandbox, lc runtime.
 	if err := lc.CheckpointLive(ctx, sb.ID, filepath.Join(dir, memImageSub)); err != nil {
 		return nil, fmt.Errorf("memory checkpoint: %w", err)
 	}
+	ck, err := d.recordMemCapture(ctx, sb, id, tag, seq, flushMS, start, undo)
+	if err != nil {
+		return nil, err
+	}
+	undo.release() // the checkpoint owns its snapshot and image now
+	return ck, nil
+}
+
+// recordMemCapture snapshots sb's writable layer as checkpoint id, whose
+// memory image is saved, and records the checkpoint (seq: the ledger's last
+// event, read while nothing ran). Its undo goes on undo.
+func (d *Daemon) recordMemCapture(ctx context.Context, sb *store.Sandbox, id, tag string, seq int64, flushMS float64, start time.Time, undo *undoStack) (*store.Checkpoint, error) {
 	if err := d.snaps.Commit(ctx, id, sb.ID); err != nil {
 		return nil, fmt.Errorf("memory checkpoint: snapshot: %w", err)
 	}
@@ -96,7 +114,7 @@ func (d *Daemon) captureLive(ctx context.Context, sb *store.Sandbox, lc runtime.
 	if err := d.store.AddCheckpoint(ctx, ck); err != nil {
 		return nil, err
 	}
-	undo.release() // the checkpoint owns its snapshot and image now
+	undo.push(func(ctx context.Context) error { return d.store.DeleteCheckpoint(ctx, id) })
 	return ck, nil
 }
 

@@ -12,6 +12,7 @@ package runtime
 import (
 	"context"
 	"syscall"
+	"time"
 )
 
 // Container statuses, as the OCI runtime-spec names them.
@@ -84,4 +85,27 @@ type MemoryCheckpointer interface {
 // when it needs the filesystem captured at the same instant).
 type LiveCheckpointer interface {
 	CheckpointLive(ctx context.Context, id, imageDir string) error
+}
+
+// HeldCheckpointer is the optional feature of live checkpointers that hold
+// a running container stopped from just before the save of its memory
+// until the caller has done what must match the image (a snapshot of its
+// filesystem), in one runtime call instead of a pause, a save and a resume.
+// CheckpointHeld calls held (with the time the container was stopped)
+// while it stands still after a successful save and returns held's error with its own; the container is
+// started again whatever held returns. ErrNotImplemented: this build of the
+// runtime cannot, and nothing was done.
+type HeldCheckpointer interface {
+	CheckpointHeld(ctx context.Context, id, imageDir string, held func(paused time.Time) error) (Hold, error)
+}
+
+// Hold is what a held checkpoint did: whether the image was saved, how
+// long the save took and the container stood still (from its stop to its
+// start again, as seen by the caller), and whether it runs again (false
+// after a failure that left it stopped, or stopped it for good).
+type Hold struct {
+	Saved   bool
+	Save    time.Duration
+	Stood   time.Duration
+	Resumed bool
 }

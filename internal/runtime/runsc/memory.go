@@ -55,14 +55,8 @@ func (r *Runsc) CheckpointLive(ctx context.Context, id, imageDir string) error {
 }
 
 func (r *Runsc) checkpoint(ctx context.Context, id, imageDir string, live bool) error {
-	if err := validID(id); err != nil {
+	if err := checkCheckpoint(id, imageDir); err != nil {
 		return err
-	}
-	if !filepath.IsAbs(imageDir) {
-		return fmt.Errorf("runsc checkpoint %s: image dir %q must be absolute: %w", id, imageDir, errdefs.ErrInvalidArgument)
-	}
-	if ents, err := os.ReadDir(imageDir); err == nil && len(ents) > 0 {
-		return fmt.Errorf("runsc checkpoint %s: image dir %s is not empty: %w", id, imageDir, errdefs.ErrAlreadyExists)
 	}
 	// A live checkpoint runs while the source stands still: runsc itself
 	// refuses a container that is stopped ("cannot checkpoint …":

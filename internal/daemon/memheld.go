@@ -1,0 +1,63 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/runtime"
+	"github.com/forkbox/forkbox/internal/store"
+)
+
+// A held memory checkpoint (runtime.HeldCheckpointer: forkbox's runsc
+// build) is a live one whose pause, save and resume are one runtime call:
+// the source keeps running while that call starts, stands still from its
+// pause, and the snapshot of its writable layer and the checkpoint's
+// record are made while it is held after the save. It saves the two runtime
+// starts of a separate pause and resume, and the checkpoint command's own,
+// from the time the source stands still. A runsc without the feature says
+// so before doing anything, and the checkpoint is taken the other way.
+
+// checkpointMemoryHeld is checkpointMemoryLive for a running source whose
+// runtime holds it. tried is false, with nothing done, when the runtime
+// cannot (the caller takes the checkpoint the other way).
+func (d *Daemon) checkpointMemoryHeld(ctx context.Context, sb *store.Sandbox, hc runtime.HeldCheckpointer, id, dir, tag string, flushMS float64, undo *undoStack) (_ *store.Checkpoint, downtimeMS float64, tried bool, _ error) {
+	var (
+		ck                 *store.Checkpoint
+		heldAt, recordedAt time.Time
+	)
+	h, err := hc.CheckpointHeld(ctx, sb.ID, filepath.Join(dir, memImageSub), func(paused time.Time) error {
+		heldAt = time.Now()
+		// What the ledger holds now is what the image holds: nothing runs.
+		seq, err := d.store.LastSeq(ctx, sb.ID)
+		if err != nil {
+			return err
+		}
+		ck, err = d.recordMemCapture(ctx, sb, id, tag, seq, flushMS, paused, undo)
+		recordedAt = time.Now()
+		return err
+	})
+	downtimeMS = float64(h.Stood.Microseconds()) / 1000
+	if err != nil {
+		if errdefs.IsNotImplemented(err) && h == (runtime.Hold{}) {
+			d.log.Debug("memory checkpoint: the runtime cannot hold the source; pausing it around the save", "sandbox", sb.ID, "err", err)
+			return nil, 0, false, nil
+		}
+		if h.Stood > 0 && !h.Resumed {
+			// It died, or it is stopped with no runtime call left to start
+			// it (its state says running): either way it cannot go on.
+			d.recordState(ctx, sb, store.StateFailed, fmt.Sprintf("a memory checkpoint stopped it and could not start it again: %v", err))
+		}
+		return nil, downtimeMS, true, fmt.Errorf("memory checkpoint: %w", err)
+	}
+	undo.release() // the checkpoint owns its snapshot and image now
+	// Children of this image wake up knowing the source's token: it gets a
+	// new one.
+	d.bestEffort(ctx, "rotate the source's agent token after a memory checkpoint", d.rotateAgentToken(ctx, sb), slog.String("sandbox", sb.ID))
+	d.log.Info("memory checkpoint", "sandbox", sb.ID, "checkpoint", id, "capture_ms", ck.CaptureMS, "source_downtime_ms", downtimeMS, "live", true,
+		"held", true, "save_ms", float64(h.Save.Microseconds())/1000, "snapshot_ms", msSinceAt(heldAt, recordedAt))
+	return ck, downtimeMS, true, nil
+}
