@@ -13,6 +13,8 @@ RUNSC_STAMP=/usr/local/lib/forkbox/runsc.version
 # limit inside gVisor: SECURITY.md, "Memory limits under gVisor"),
 # checkpoint-hold.patch (a memory checkpoint that pauses, saves and holds
 # the sandbox in one runsc call: internal/runtime/runsc/hold.go),
+# save-holes.patch (a memory checkpoint's save skips the never-touched
+# pages of sandbox memory instead of reading them),
 # pages-parallel.patch (page I/O of memory checkpoints sized to the host's
 # CPUs), state-atomic.patch (runsc's state file written by rename, so a
 # runsc killed mid-save leaves a state that loads), systrap-self-pid.patch

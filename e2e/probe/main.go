@@ -8,6 +8,7 @@
 //	probe lookup NAME...                      DNS lookups through /etc/resolv.conf
 //	probe dnsflood SERVER COUNT NAME          COUNT A queries at once over UDP, then a 600-byte one (over the proxy's 512)
 //	probe alloc MB                            maps and touches MB MiB in one mapping, as fast as it can
+//	probe pattern MB OUT                      holds MB MiB of known pages and checks them on SIGUSR1 (pattern.go)
 package main
 
 import (
@@ -47,6 +48,9 @@ func main() {
 	case "alloc":
 		mb, _ := strconv.Atoi(arg(2))
 		alloc(mb)
+	case "pattern":
+		mb, _ := strconv.Atoi(arg(2))
+		pattern(mb, arg(3))
 	case "hold":
 		mb, _ := strconv.Atoi(arg(2))
 		alloc(mb)
