@@ -36,24 +36,40 @@ func readCounter(t *testing.T, sb *client.Sandbox) (string, int) {
 // fixed time.
 func waitCounter(t *testing.T, sb *client.Sandbox, what string, cond func(n int) bool) (string, int) {
 	t.Helper()
+	var tok string
+	var n int
+	waitFile(t, sb, "/tmp/counter", what, func(s string) bool {
+		f := strings.Fields(s)
+		if len(f) != 2 {
+			return false
+		}
+		v, err := strconv.Atoi(f[1])
+		tok, n = f[0], v
+		return err == nil && cond(v)
+	})
+	return tok, n
+}
+
+// waitFile polls the file path in sb until accept takes what it reads
+// (trimmed), and returns that, bounded by a generous deadline.
+func waitFile(t *testing.T, sb *client.Sandbox, path, what string, accept func(string) bool) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var last string
 	for {
 		var out strings.Builder
-		res, err := sb.Exec(ctx, client.ExecOptions{Shell: "cat /tmp/counter 2>/dev/null", Stdout: &out})
+		res, err := sb.Exec(ctx, client.ExecOptions{Shell: "cat " + path + " 2>/dev/null", Stdout: &out})
 		if err != nil {
-			t.Fatalf("%s: read the counter: %v", what, err)
+			t.Fatalf("%s: read %s: %v", what, path, err)
 		}
-		last = out.String()
-		if f := strings.Fields(last); res.ExitCode == 0 && len(f) == 2 {
-			if n, err := strconv.Atoi(f[1]); err == nil && cond(n) {
-				return f[0], n
-			}
+		last = strings.TrimSpace(out.String())
+		if res.ExitCode == 0 && accept(last) {
+			return last
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("%s: not reached in 3 minutes; the counter file reads %q", what, last)
+			t.Fatalf("%s: not reached in 3 minutes; %s reads %q", what, path, last)
 		case <-time.After(20 * time.Millisecond): // poll interval, not a wait for an outcome
 		}
 	}

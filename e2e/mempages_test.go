@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/forkbox/forkbox/client"
 )
@@ -54,26 +53,8 @@ func TestMemoryForkKeepsEveryPage(t *testing.T) {
 }
 
 // waitLine polls the one-line file path in sb until it starts with prefix
-// and returns the line, bounded by a generous deadline.
+// and returns the line.
 func waitLine(t *testing.T, sb *client.Sandbox, path, prefix string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	var last string
-	for {
-		var out strings.Builder
-		res, err := sb.Exec(ctx, client.ExecOptions{Shell: "cat " + path + " 2>/dev/null", Stdout: &out})
-		if err != nil {
-			t.Fatalf("read %s: %v", path, err)
-		}
-		last = strings.TrimSpace(out.String())
-		if res.ExitCode == 0 && strings.HasPrefix(last, prefix) {
-			return last
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s does not start with %q in 3 minutes: it reads %q", path, prefix, last)
-		case <-time.After(20 * time.Millisecond): // poll interval, not a wait for an outcome
-		}
-	}
+	return waitFile(t, sb, path, fmt.Sprintf("%s starting with %q", path, prefix), func(s string) bool { return strings.HasPrefix(s, prefix) })
 }
