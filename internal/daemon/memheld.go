@@ -26,18 +26,20 @@ import (
 // cannot (the caller takes the checkpoint the other way).
 func (d *Daemon) checkpointMemoryHeld(ctx context.Context, sb *store.Sandbox, hc runtime.HeldCheckpointer, id, dir, tag string, flushMS float64, undo *undoStack) (_ *store.Checkpoint, downtimeMS float64, tried bool, _ error) {
 	var (
-		ck                 *store.Checkpoint
-		heldAt, recordedAt time.Time
+		seq                int64
+		heldAt, capturedAt time.Time
+		captureMS          float64
 	)
 	h, err := hc.CheckpointHeld(ctx, sb.ID, filepath.Join(dir, memImageSub), func(paused time.Time) error {
 		heldAt = time.Now()
 		// What the ledger holds now is what the image holds: nothing runs.
-		seq, err := d.store.LastSeq(ctx, sb.ID)
-		if err != nil {
+		var err error
+		if seq, err = d.store.LastSeq(ctx, sb.ID); err != nil {
 			return err
 		}
-		ck, err = d.recordMemCapture(ctx, sb, id, tag, seq, flushMS, paused, undo)
-		recordedAt = time.Now()
+		err = d.snapshotMemCapture(ctx, sb, id, undo)
+		capturedAt = time.Now()
+		captureMS = msSinceAt(paused, capturedAt)
 		return err
 	})
 	downtimeMS = float64(h.Stood.Microseconds()) / 1000
@@ -46,11 +48,18 @@ func (d *Daemon) checkpointMemoryHeld(ctx context.Context, sb *store.Sandbox, hc
 			d.log.Debug("memory checkpoint: the runtime cannot hold the source; pausing it around the save", "sandbox", sb.ID, "err", err)
 			return nil, 0, false, nil
 		}
-		if h.Stood > 0 && !h.Resumed {
+		if h.Paused && !h.Resumed {
 			// It died, or it is stopped with no runtime call left to start
 			// it (its state says running): either way it cannot go on.
 			d.recordState(ctx, sb, store.StateFailed, fmt.Sprintf("a memory checkpoint stopped it and could not start it again: %v", err))
 		}
+		return nil, downtimeMS, true, fmt.Errorf("memory checkpoint: %w", err)
+	}
+	// Recorded once the source runs again: a crash before this leaves a
+	// snapshot and an image that no checkpoint names, which the next start
+	// removes.
+	ck := d.memCheckpoint(sb, id, tag, seq, flushMS, captureMS)
+	if err := d.store.AddCheckpoint(ctx, ck); err != nil {
 		return nil, downtimeMS, true, fmt.Errorf("memory checkpoint: %w", err)
 	}
 	undo.release() // the checkpoint owns its snapshot and image now
@@ -58,6 +67,6 @@ func (d *Daemon) checkpointMemoryHeld(ctx context.Context, sb *store.Sandbox, hc
 	// new one.
 	d.bestEffort(ctx, "rotate the source's agent token after a memory checkpoint", d.rotateAgentToken(ctx, sb), slog.String("sandbox", sb.ID))
 	d.log.Info("memory checkpoint", "sandbox", sb.ID, "checkpoint", id, "capture_ms", ck.CaptureMS, "source_downtime_ms", downtimeMS, "live", true,
-		"held", true, "save_ms", float64(h.Save.Microseconds())/1000, "snapshot_ms", msSinceAt(heldAt, recordedAt))
+		"held", true, "save_ms", float64(h.Save.Microseconds())/1000, "snapshot_ms", msSinceAt(heldAt, capturedAt))
 	return ck, downtimeMS, true, nil
 }

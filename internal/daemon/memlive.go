@@ -105,17 +105,31 @@ func (d *Daemon) captureLive(ctx context.Context, sb *store.Sandbox, lc runtime.
 // memory image is saved, and records the checkpoint (seq: the ledger's last
 // event, read while nothing ran). Its undo goes on undo.
 func (d *Daemon) recordMemCapture(ctx context.Context, sb *store.Sandbox, id, tag string, seq int64, flushMS float64, start time.Time, undo *undoStack) (*store.Checkpoint, error) {
-	if err := d.snaps.Commit(ctx, id, sb.ID); err != nil {
-		return nil, fmt.Errorf("memory checkpoint: snapshot: %w", err)
+	if err := d.snapshotMemCapture(ctx, sb, id, undo); err != nil {
+		return nil, err
 	}
-	undo.push(func(ctx context.Context) error { return d.snaps.Remove(ctx, id) })
-	ck := &store.Checkpoint{ID: id, SandboxID: sb.ID, Tag: tag, Kind: KindMemory, LedgerSeq: seq, Image: sb.Image, ImageDigest: sb.ImageDigest,
-		Runtime: sb.Runtime, Config: sb.Config, CaptureMS: msSince(start), FlushMS: flushMS, Size: -1}
+	ck := d.memCheckpoint(sb, id, tag, seq, flushMS, msSince(start))
 	if err := d.store.AddCheckpoint(ctx, ck); err != nil {
 		return nil, err
 	}
-	undo.push(func(ctx context.Context) error { return d.store.DeleteCheckpoint(ctx, id) })
 	return ck, nil
+}
+
+// snapshotMemCapture snapshots sb's writable layer as checkpoint id's (its
+// removal pushed on undo). A crash before the checkpoint's record leaves a
+// snapshot that the next start removes (sweepOrphans).
+func (d *Daemon) snapshotMemCapture(ctx context.Context, sb *store.Sandbox, id string, undo *undoStack) error {
+	if err := d.snaps.Commit(ctx, id, sb.ID); err != nil {
+		return fmt.Errorf("memory checkpoint: snapshot: %w", err)
+	}
+	undo.push(func(ctx context.Context) error { return d.snaps.Remove(ctx, id) })
+	return nil
+}
+
+// memCheckpoint is the record of memory checkpoint id of sb.
+func (d *Daemon) memCheckpoint(sb *store.Sandbox, id, tag string, seq int64, flushMS, captureMS float64) *store.Checkpoint {
+	return &store.Checkpoint{ID: id, SandboxID: sb.ID, Tag: tag, Kind: KindMemory, LedgerSeq: seq, Image: sb.Image, ImageDigest: sb.ImageDigest,
+		Runtime: sb.Runtime, Config: sb.Config, CaptureMS: captureMS, FlushMS: flushMS, Size: -1}
 }
 
 // rotateTokenOf rotates sb's agent token; a sandbox that is not running is

@@ -92,18 +92,23 @@ type LiveCheckpointer interface {
 // until the caller has done what must match the image (a snapshot of its
 // filesystem), in one runtime call instead of a pause, a save and a resume.
 // CheckpointHeld calls held (with the time the container was stopped)
-// while it stands still after a successful save and returns held's error with its own; the container is
-// started again whatever held returns. ErrNotImplemented: this build of the
-// runtime cannot, and nothing was done.
+// while it stands still after a successful save, and returns held's error
+// with its own; the container is started again whatever held returns, or
+// before held returns if held takes longer than the runtime's hold bound
+// (an error then: what held captured may not match the image).
+// ErrNotImplemented: this build of the runtime cannot, and nothing was
+// done.
 type HeldCheckpointer interface {
 	CheckpointHeld(ctx context.Context, id, imageDir string, held func(paused time.Time) error) (Hold, error)
 }
 
-// Hold is what a held checkpoint did: whether the image was saved, how
-// long the save took and the container stood still (from its stop to its
-// start again, as seen by the caller), and whether it runs again (false
-// after a failure that left it stopped, or stopped it for good).
+// Hold is what a held checkpoint did: whether the container may have been
+// stopped, whether the image was saved, how long the save took and the
+// container stood still (from its stop to its start again, as seen by the
+// caller), and whether it runs again (after Paused, false means it stands
+// still or died: a failure left it so).
 type Hold struct {
+	Paused  bool
 	Saved   bool
 	Save    time.Duration
 	Stood   time.Duration

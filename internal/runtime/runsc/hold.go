@@ -11,11 +11,14 @@ package runsc
 // to its resume call.
 //
 // The command and forkbox talk over a socket pair at the command's fd 3:
-// it writes 'p' once paused and 's' once saved, waits for a byte (or the
-// end of the stream: a daemon that died lets it go), resumes the sandbox
-// and writes 'r', or 'T' when its --hold-timeout let it go first. Its
-// state file says running throughout: the container is paused only while
-// the command runs.
+// it writes 'a' when it is about to pause the sandbox, 'p' once paused and
+// 's' once saved, waits for a byte (or the end of the stream: a daemon that
+// died lets it go), resumes the sandbox and writes 'r', or 'T' when its
+// --hold-timeout let it go first. Its state file says running throughout:
+// the container is paused only while the command runs. A command that ends
+// or is stuck after 'a' without 'r' may leave the sandbox paused with no
+// runsc call to resume it: the caller learns so (Hold.Paused without
+// Hold.Resumed).
 
 import (
 	"bytes"
@@ -41,7 +44,7 @@ var _ runtime.HeldCheckpointer = (*Runsc)(nil)
 // holdTimeout bounds how long the command holds a sandbox paused after its
 // save when forkbox does not say (a daemon that hangs). What forkbox does
 // in that time (a snapshot and a ledger row) takes milliseconds.
-const holdTimeout = time.Minute
+const holdTimeout = 10 * time.Minute
 
 // holdSupport caches whether a runsc binary has --hold-fd.
 var holdSupport sync.Map // binary path -> bool
@@ -55,7 +58,12 @@ func (r *Runsc) canHold(ctx context.Context) bool {
 	var out bytes.Buffer
 	cmd := exec.CommandContext(ctx, r.opts.Binary, "help", "checkpoint")
 	cmd.Stdout, cmd.Stderr = &out, &out
-	_ = cmd.Run() // help's exit status varies between builds; its text says
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		return false // not run at all: asked again next time
+	}
+	// help's exit status varies between builds; its text says.
 	ok := strings.Contains(out.String(), "-hold-fd")
 	holdSupport.Store(r.opts.Binary, ok)
 	return ok
@@ -83,10 +91,19 @@ func (r *Runsc) CheckpointHeld(ctx context.Context, id, imageDir string, held fu
 	return h, err
 }
 
+// holdStep bounds each step of the command that is not the save itself:
+// its start until it is about to pause the sandbox, the pause, and the
+// resume (the daemon gave `runsc pause` and `runsc resume` as long). A
+// variable: tests shorten it.
+var holdStep = 30 * time.Second
+
 // hold runs the held checkpoint command and follows it.
 func (r *Runsc) hold(ctx context.Context, id, imageDir string, held func(paused time.Time) error) (runtime.Hold, error) {
 	var h runtime.Hold
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err == nil {
+		err = unix.SetNonblock(fds[0], true) // ours: read with deadlines
+	}
 	if err != nil {
 		return h, fmt.Errorf("runsc checkpoint %s: socket pair: %v: %w", id, err, errdefs.ErrInternal)
 	}
@@ -96,69 +113,95 @@ func (r *Runsc) hold(ctx context.Context, id, imageDir string, held func(paused 
 		"--hold-fd", "3", "--hold-timeout", holdTimeout.String(), id)
 	// Not tied to ctx: killed while it holds the sandbox, the command would
 	// leave it paused with a state file that says running (runsc resume
-	// then refuses it). Its --hold-timeout bounds the hold.
+	// then refuses it). Its steps are bounded below and its hold by
+	// --hold-timeout.
 	cmd := exec.Command(r.opts.Binary, args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	cmd.ExtraFiles = []*os.File{theirs}
+	cmd.WaitDelay = 5 * time.Second
 	err = cmd.Start()
 	theirs.Close()
 	if err != nil {
 		return h, fmt.Errorf("runsc checkpoint %s: %v: %w", id, err, errdefs.ErrInternal)
 	}
-	wait := func(step string) error {
-		werr := cmd.Wait()
-		if werr == nil {
-			return fmt.Errorf("runsc checkpoint %s: exited without saying it %s: %w", id, step, errdefs.ErrInternal)
+	// next reads the command's next byte, within d (0: no bound).
+	next := func(d time.Duration) (byte, error) {
+		var deadline time.Time
+		if d > 0 {
+			deadline = time.Now().Add(d)
 		}
-		return r.wrap(ctx, "checkpoint", id, werr, stderr.String())
-	}
-	next := func() byte {
+		if err := ours.SetReadDeadline(deadline); err != nil {
+			return 0, err
+		}
 		var b [1]byte
-		if _, err := io.ReadFull(ours, b[:]); err != nil {
-			return 0
-		}
-		return b[0]
+		_, err := io.ReadFull(ours, b[:])
+		return b[0], err
 	}
-	if next() != 'p' {
-		return h, wait("paused the sandbox") // nothing was paused
+	// failed is the command's error once it has exited (or been killed,
+	// when it did not get through step in time) without saying it did.
+	failed := func(step string, err error) error {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			return fmt.Errorf("runsc checkpoint %s: did not %s within %s: %w", id, step, holdStep, errdefs.ErrDeadlineExceeded)
+		}
+		if werr := cmd.Wait(); werr != nil {
+			return r.wrap(ctx, "checkpoint", id, werr, stderr.String())
+		}
+		return fmt.Errorf("runsc checkpoint %s: exited without saying it did %s: %w", id, step, errdefs.ErrInternal)
+	}
+	if b, err := next(holdStep); b != 'a' {
+		err = failed("start", err)
+		if strings.Contains(stderr.String(), "flag provided but not defined") {
+			// The binary was replaced by one without --hold-fd.
+			holdSupport.Delete(r.opts.Binary)
+			err = fmt.Errorf("%w: %w", err, errdefs.ErrNotImplemented)
+		}
+		return h, err // nothing was paused
+	}
+	h.Paused = true // from here on it may stand still
+	if b, err := next(holdStep); b != 'p' {
+		return h, failed("pause the sandbox", err)
 	}
 	paused := time.Now()
-	switch next() {
+	b, err := next(0) // the save: as long as it takes, as before
+	switch b {
 	case 's':
 	case 'r': // the save failed; the sandbox runs again
 		h.Stood, h.Resumed = time.Since(paused), true
-		return h, wait("saved it")
+		return h, failed("save it", err)
 	default:
 		h.Stood = time.Since(paused)
-		return h, wait("saved it")
+		return h, failed("save it", err)
 	}
 	h.Saved, h.Save = true, time.Since(paused)
-	herr := error(nil)
+	var herr error
 	if _, err := os.Stat(filepath.Join(imageDir, CheckpointImageFile)); err != nil {
 		herr = fmt.Errorf("runsc checkpoint %s: no %s in the image: %v: %w", id, CheckpointImageFile, err, errdefs.ErrInternal)
 	} else {
 		herr = held(paused)
 	}
 	_, _ = ours.Write([]byte{'g'})
-	last := next()
+	last, err := next(holdStep)
 	h.Stood = time.Since(paused)
-	werr := cmd.Wait()
-	switch {
-	case last == 'r' || last == 'T':
+	switch last {
+	case 'r':
 		h.Resumed = true
-		werr = nil // it exits 0 once it has resumed, after a saved image
-	case werr != nil:
-		werr = r.wrap(ctx, "checkpoint", id, werr, stderr.String())
-	default:
-		werr = fmt.Errorf("runsc checkpoint %s: exited without resuming the sandbox: %w", id, errdefs.ErrInternal)
-	}
-	if last == 'T' {
+		err = cmd.Wait() // it exits 0 once it has resumed, after a saved image
+		if err != nil {
+			err = r.wrap(ctx, "checkpoint", id, err, stderr.String())
+		}
+	case 'T':
+		h.Resumed = true
+		_ = cmd.Wait()
 		// The sandbox ran before held was done: what held captured may not
 		// match the image.
-		werr = fmt.Errorf("runsc checkpoint %s: resumed after its hold timeout (%s), before forkbox was done: %w", id, holdTimeout, errdefs.ErrInternal)
+		err = fmt.Errorf("runsc checkpoint %s: resumed after its hold timeout (%s), before forkbox was done: %w", id, holdTimeout, errdefs.ErrInternal)
+	default:
+		err = failed("resume the sandbox", err)
 	}
-	return h, errors.Join(herr, werr)
+	return h, errors.Join(herr, err)
 }
 
 // checkCheckpoint checks a checkpoint's arguments: a valid id, an absolute

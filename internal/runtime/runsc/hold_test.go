@@ -121,3 +121,86 @@ func TestCheckpointHeldUnsupported(t *testing.T) {
 		t.Errorf("the image dir was made: %v", err)
 	}
 }
+
+// fakeHoldRunsc is a runsc whose help lists --hold-fd and whose checkpoint
+// plays the command's side of the hold protocol as $FAKE_HOLD says.
+const fakeHoldRunsc = `#!/bin/sh
+if [ "$1" = help ]; then echo '  -hold-fd int'; exit 0; fi
+img=
+prev=
+for a in "$@"; do [ "$prev" = --image-path ] && img=$a; prev=$a; done
+case "$FAKE_HOLD" in
+noflag) echo 'flag provided but not defined: -hold-fd' >&2; exit 2 ;;
+fail) echo 'loading container: container "x" does not exist' >&2; exit 1 ;;
+a-exit) printf a >&3; exit 1 ;;
+a-stuck) printf a >&3; exec sleep 60 ;;
+save-fail) printf ap >&3; printf r >&3; echo 'checkpoint failed: boom' >&2; exit 1 ;;
+no-image) printf aps >&3; head -c1 <&3 >/dev/null; printf r >&3 ;;
+ok) printf ap >&3; touch "$img/checkpoint.img"; printf s >&3; head -c1 <&3 >/dev/null; printf r >&3 ;;
+timeout) printf ap >&3; touch "$img/checkpoint.img"; printf s >&3; printf T >&3 ;;
+resume-fail) printf ap >&3; touch "$img/checkpoint.img"; printf s >&3; head -c1 <&3 >/dev/null; echo 'resuming container: boom' >&2; exit 1 ;;
+esac
+`
+
+// TestCheckpointHeldProtocol: every way the command can end, against a
+// fake runsc playing its side of the protocol: what CheckpointHeld reports
+// (whether the sandbox may stand still, was saved, runs again), whether it
+// called held, and the error's class.
+func TestCheckpointHeldProtocol(t *testing.T) {
+	step := holdStep
+	holdStep = 300 * time.Millisecond // a-stuck never says 'p'
+	t.Cleanup(func() { holdStep = step })
+	for _, tc := range []struct {
+		play       string
+		hold       runtime.Hold // Paused, Saved, Resumed (durations not compared)
+		held       bool
+		class      func(error) bool
+		imageAfter bool
+	}{
+		{"ok", runtime.Hold{Paused: true, Saved: true, Resumed: true}, true, nil, true},
+		{"noflag", runtime.Hold{}, false, errdefs.IsNotImplemented, false},
+		{"fail", runtime.Hold{}, false, errdefs.IsNotFound, false},
+		{"a-exit", runtime.Hold{Paused: true}, false, isInternal, false},
+		{"a-stuck", runtime.Hold{Paused: true}, false, errdefs.IsDeadlineExceeded, false},
+		{"save-fail", runtime.Hold{Paused: true, Resumed: true}, false, isInternal, false},
+		{"no-image", runtime.Hold{Paused: true, Saved: true, Resumed: true}, false, isInternal, true},
+		{"timeout", runtime.Hold{Paused: true, Saved: true, Resumed: true}, true, isInternal, true},
+		{"resume-fail", runtime.Hold{Paused: true, Saved: true}, true, isInternal, true},
+	} {
+		t.Run(tc.play, func(t *testing.T) {
+			tmp := t.TempDir()
+			bin := filepath.Join(tmp, "runsc")
+			if err := os.WriteFile(bin, []byte(fakeHoldRunsc), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			t.Setenv("FAKE_HOLD", tc.play)
+			rt, err := New(Options{Binary: bin, Root: filepath.Join(tmp, "state")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			img := filepath.Join(tmp, "image")
+			called := false
+			h, err := rt.CheckpointHeld(context.Background(), "fbx-fake", img, func(time.Time) error { called = true; return nil })
+			got := runtime.Hold{Paused: h.Paused, Saved: h.Saved, Resumed: h.Resumed}
+			if got != tc.hold || called != tc.held {
+				t.Errorf("hold %+v, held called %v; want %+v, %v (err %v)", got, called, tc.hold, tc.held, err)
+			}
+			switch {
+			case tc.class == nil && err != nil:
+				t.Errorf("err %v, want none", err)
+			case tc.class != nil && !tc.class(err):
+				t.Errorf("err %v: wrong class", err)
+			}
+			if _, serr := os.Stat(img); (serr == nil) != tc.imageAfter {
+				t.Errorf("image dir there: %v, want %v", serr == nil, tc.imageAfter)
+			}
+			if tc.play == "noflag" {
+				if _, ok := holdSupport.Load(bin); ok {
+					t.Errorf("a runsc that refused --hold-fd is still taken to have it")
+				}
+			}
+		})
+	}
+}
+
+func isInternal(err error) bool { return errors.Is(err, errdefs.ErrInternal) }
