@@ -49,9 +49,14 @@ func (d *Daemon) checkpointMemoryHeld(ctx context.Context, sb *store.Sandbox, hc
 			return nil, 0, false, nil
 		}
 		if h.Paused && !h.Resumed {
-			// It died, or it is stopped with no runtime call left to start
-			// it (its state says running): either way it cannot go on.
-			d.recordState(ctx, sb, store.StateFailed, fmt.Sprintf("a memory checkpoint stopped it and could not start it again: %v", err))
+			// It may still be paused (runsc says so) or gone: recorded as it
+			// is, so that the caller can unpause it or resume it from a
+			// checkpoint.
+			rt, rerr := d.runtimeOf(sb)
+			if rerr == nil {
+				rerr = d.afterFailedCheckpoint(ctx, sb, rt, store.StatePaused)
+			}
+			d.bestEffort(ctx, "record the source after a failed memory checkpoint", rerr, slog.String("sandbox", sb.ID))
 		}
 		return nil, downtimeMS, true, fmt.Errorf("memory checkpoint: %w", err)
 	}

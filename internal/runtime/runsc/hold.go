@@ -14,11 +14,12 @@ package runsc
 // it writes 'a' when it is about to pause the sandbox, 'p' once paused and
 // 's' once saved, waits for a byte (or the end of the stream: a daemon that
 // died lets it go), resumes the sandbox and writes 'r', or 'T' when its
-// --hold-timeout let it go first. Its state file says running throughout:
-// the container is paused only while the command runs. A command that ends
-// or is stuck after 'a' without 'r' may leave the sandbox paused with no
-// runsc call to resume it: the caller learns so (Hold.Paused without
-// Hold.Resumed).
+// --hold-timeout let it go first. Its pause and resume are runsc pause's
+// and resume's, state file included: a command killed while it holds the
+// sandbox leaves one that runsc says is paused, which runsc resume (and
+// the daemon's reconcile) take. A command that ends or is stuck after 'a'
+// without 'r' may leave the sandbox paused: the caller learns so
+// (Hold.Paused without Hold.Resumed).
 
 import (
 	"bytes"
@@ -111,10 +112,8 @@ func (r *Runsc) hold(ctx context.Context, id, imageDir string, held func(paused 
 	defer ours.Close()
 	args := append(r.globalArgs(r.RootOf(id), id), "checkpoint", "--image-path", imageDir, "--leave-running",
 		"--hold-fd", "3", "--hold-timeout", holdTimeout.String(), id)
-	// Not tied to ctx: killed while it holds the sandbox, the command would
-	// leave it paused with a state file that says running (runsc resume
-	// then refuses it). Its steps are bounded below and its hold by
-	// --hold-timeout.
+	// Not tied to ctx: a caller that goes away must not stop the sandbox
+	// for good. Its steps are bounded below and its hold by --hold-timeout.
 	cmd := exec.Command(r.opts.Binary, args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

@@ -36,6 +36,11 @@ func TestCheckpointHeld(t *testing.T) {
 	var atSave int
 	var kidDir string
 	h, err := rt.CheckpointHeld(ctx, src.ID, img, func(time.Time) error {
+		// runsc says paused while held: a command killed now leaves a
+		// container that runsc resume takes.
+		if st, err := rt.State(ctx, src.ID); err != nil || st.Status != runtime.StatusPaused {
+			return fmt.Errorf("runsc state while held: %+v, %v; want paused", st, err)
+		}
 		atSave = lastInt(counter)
 		// An observation window, not a wait for an outcome: running, the
 		// source would rewrite its counter about 6 times in it.
