@@ -6,6 +6,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -82,6 +86,24 @@ func TestCheckpointHeld(t *testing.T) {
 		t.Fatalf("a held that fails: %+v, %v; want boom, resumed", h, err)
 	}
 	n := lastInt(counter)
+	src.WaitLog(t, fmt.Sprintf("tick=%d ", n+3), 60*time.Second)
+
+	// The command killed while it holds the source (as a daemon stopped
+	// with its whole cgroup would have it): runsc says paused, and runsc
+	// resume takes it.
+	h, err = rt.CheckpointHeld(ctx, src.ID, filepath.Join(tmp, "image4"), func(time.Time) error {
+		return killHoldCommand(src.ID)
+	})
+	if err == nil || !h.Paused || !h.Saved || h.Resumed {
+		t.Fatalf("a hold whose command was killed: %+v, %v; want an error, paused, saved, not resumed", h, err)
+	}
+	if st, err := rt.State(ctx, src.ID); err != nil || st.Status != runtime.StatusPaused {
+		t.Fatalf("after the hold's command was killed: %+v, %v; want paused", st, err)
+	}
+	if err := rt.Resume(ctx, src.ID); err != nil {
+		t.Fatalf("runsc resume after the hold's command was killed: %v", err)
+	}
+	n = lastInt(counter)
 	src.WaitLog(t, fmt.Sprintf("tick=%d ", n+3), 60*time.Second)
 
 	// A paused container is refused, and stays paused.
@@ -209,3 +231,27 @@ func TestCheckpointHeldProtocol(t *testing.T) {
 }
 
 func isInternal(err error) bool { return errors.Is(err, errdefs.ErrInternal) }
+
+// killHoldCommand SIGKILLs the runsc checkpoint --hold-fd command of
+// container id.
+func killHoldCommand(id string) error {
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return err
+	}
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if slices.Contains(args, "--hold-fd") && args[len(args)-1] == id {
+			return syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	return fmt.Errorf("no hold command of %s", id)
+}
