@@ -34,22 +34,35 @@ func TestMemoryForkKeepsEveryPage(t *testing.T) {
 			t.Errorf("%s: %q, want %q", who, got, want+"ok")
 		}
 	}
-	verify(src, "the source", 1)
-	for round := 1; round <= 2; round++ {
-		res, err := src.Fork(ctx, client.ForkOptions{Tag: fmt.Sprintf("pages-%d", round), Count: 2, Memory: true})
+	fork := func(sb *client.Sandbox, tag string, n int) []*client.Sandbox {
+		t.Helper()
+		res, err := sb.Fork(ctx, client.ForkOptions{Tag: tag, Count: n, Memory: true})
 		if err != nil {
 			t.Fatal(err)
 		}
 		kids := res.Sandboxes()
 		closeAll(t, kids)
-		if len(kids) != 2 || res.Captured != "filesystem+memory" {
-			t.Fatalf("round %d: memory fork: captured %q, children %+v", round, res.Captured, res.Children)
+		if len(kids) != n || res.Captured != "filesystem+memory" {
+			t.Fatalf("%s: memory fork: captured %q, children %+v", tag, res.Captured, res.Children)
 		}
+		return kids
+	}
+	verify(src, "the source", 1)
+	var first []*client.Sandbox
+	for round := 1; round <= 2; round++ {
+		kids := fork(src, fmt.Sprintf("pages-%d", round), 2)
 		for i, k := range kids {
 			verify(k, fmt.Sprintf("round %d, child %d", round, i), round+1)
 		}
 		verify(src, fmt.Sprintf("the source after round %d", round), round+1)
+		if round == 1 {
+			first = kids
+		}
 	}
+	// A child of a restored child: its save comes after a restore whose
+	// pages were loaded in the background.
+	grand := fork(first[0], "pages-grandchild", 1)
+	verify(grand[0], "a grandchild", 3)
 }
 
 // waitLine polls the one-line file path in sb until it starts with prefix
