@@ -127,18 +127,8 @@ func TestCheckpointHeld(t *testing.T) {
 // is NotImplemented before anything is done, so the caller can take the
 // checkpoint the other way.
 func TestCheckpointHeldUnsupported(t *testing.T) {
-	tmp := t.TempDir()
-	bin := filepath.Join(tmp, "runsc")
 	// A runsc whose help lists the stock checkpoint flags only.
-	script := "#!/bin/sh\necho '  -image-path string'\necho '  -leave-running'\n"
-	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	rt, err := New(Options{Binary: bin, Root: filepath.Join(tmp, "state")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	img := filepath.Join(tmp, "image")
+	rt, _, img := fakeRunsc(t, "#!/bin/sh\necho '  -image-path string'\necho '  -leave-running'\n")
 	called := false
 	h, err := rt.CheckpointHeld(context.Background(), "fbx-stock", img, func(time.Time) error { called = true; return nil })
 	if !errdefs.IsNotImplemented(err) || h != (runtime.Hold{}) || called {
@@ -195,17 +185,8 @@ func TestCheckpointHeldProtocol(t *testing.T) {
 		{"resume-fail", runtime.Hold{Paused: true, Saved: true}, true, isInternal, true},
 	} {
 		t.Run(tc.play, func(t *testing.T) {
-			tmp := t.TempDir()
-			bin := filepath.Join(tmp, "runsc")
-			if err := os.WriteFile(bin, []byte(fakeHoldRunsc), 0o755); err != nil {
-				t.Fatal(err)
-			}
 			t.Setenv("FAKE_HOLD", tc.play)
-			rt, err := New(Options{Binary: bin, Root: filepath.Join(tmp, "state")})
-			if err != nil {
-				t.Fatal(err)
-			}
-			img := filepath.Join(tmp, "image")
+			rt, bin, img := fakeRunsc(t, fakeHoldRunsc)
 			called := false
 			h, err := rt.CheckpointHeld(context.Background(), "fbx-fake", img, func(time.Time) error { called = true; return nil })
 			got := runtime.Hold{Paused: h.Paused, Saved: h.Saved, Resumed: h.Resumed}
@@ -254,4 +235,20 @@ func killHoldCommand(id string) error {
 		}
 	}
 	return fmt.Errorf("no hold command of %s", id)
+}
+
+// fakeRunsc is a driver for the runsc script in a temp dir: it returns the
+// driver, the script's path and an image dir path (not made).
+func fakeRunsc(t *testing.T, script string) (*Runsc, string, string) {
+	t.Helper()
+	tmp := t.TempDir()
+	bin := filepath.Join(tmp, "runsc")
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rt, err := New(Options{Binary: bin, Root: filepath.Join(tmp, "state")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rt, bin, filepath.Join(tmp, "image")
 }
