@@ -15,11 +15,12 @@ import (
 // A held memory checkpoint (runtime.HeldCheckpointer: forkbox's runsc
 // build) is a live one whose pause, save and resume are one runtime call:
 // the source keeps running while that call starts, stands still from its
-// pause, and the snapshot of its writable layer and the checkpoint's
-// record are made while it is held after the save. It saves the two runtime
-// starts of a separate pause and resume, and the checkpoint command's own,
-// from the time the source stands still. A runsc without the feature says
-// so before doing anything, and the checkpoint is taken the other way.
+// pause, and the snapshot of its writable layer is taken while it is held
+// after the save; the checkpoint is recorded once it runs again. It saves
+// the two runtime starts of a separate pause and resume, and the checkpoint
+// command's own, from the time the source stands still. A runsc without the
+// feature says so before doing anything, and the checkpoint is taken the
+// other way.
 
 // checkpointMemoryHeld is checkpointMemoryLive for a running source whose
 // runtime holds it. tried is false, with nothing done, when the runtime
