@@ -2,6 +2,7 @@ package cgroups
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/forkbox/forkbox/internal/mount"
+	"github.com/forkbox/forkbox/internal/runtime/testsuite"
 )
 
 // requireDynMods skips (fails in CI) where FavorDynMods cannot work: not
@@ -18,16 +20,11 @@ import (
 // all three (a hybrid host with /sys/fs/cgroup/unified).
 func requireDynMods(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		skipOrFail(t, "favordynmods needs root")
-	}
+	testsuite.Need(t, os.Geteuid() == 0, "favordynmods needs root")
 	b, _ := os.ReadFile("/sys/kernel/cgroup/features")
-	if !slices.Contains(strings.Fields(string(b)), FavorDynModsOption) {
-		skipOrFail(t, "the kernel has no favordynmods")
-	}
-	if _, err := cgroup2Mount(); err != nil {
-		skipOrFail(t, err.Error())
-	}
+	testsuite.Need(t, slices.Contains(strings.Fields(string(b)), FavorDynModsOption), "the kernel has no favordynmods")
+	_, err := cgroup2Mount()
+	testsuite.Need(t, err == nil, fmt.Sprint(err))
 }
 
 // TestFavorDynModsOptions: the option set a reconfigure gets is the

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/forkbox/forkbox/internal/cgroups"
+	"github.com/forkbox/forkbox/internal/runtime/testsuite"
 )
 
 func TestHostPidsWarning(t *testing.T) {
@@ -30,7 +31,7 @@ func TestHostPidsWarning(t *testing.T) {
 // TestFavorDynModsAtStart: what serve --cgroup-favordynmods does at start
 // switches the option on (or finds it on) and says so.
 func TestFavorDynModsAtStart(t *testing.T) {
-	requireRoot(t, "favordynmods needs root")
+	testsuite.Need(t, os.Geteuid() == 0, "favordynmods needs root")
 	var buf bytes.Buffer
 	favorDynMods(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	out := buf.String()
@@ -40,17 +41,4 @@ func TestFavorDynModsAtStart(t *testing.T) {
 	if mp, changed, err := cgroups.FavorDynMods(); err != nil || changed {
 		t.Errorf("%s after favorDynMods: changed %v, %v; want favordynmods on already", mp, changed, err)
 	}
-}
-
-// requireRoot skips a test that needs root outside CI, and fails it in CI
-// (which runs as root).
-func requireRoot(t *testing.T, why string) {
-	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal(why)
-	}
-	t.Skip(why)
 }
