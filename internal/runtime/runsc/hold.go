@@ -29,7 +29,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -44,7 +43,7 @@ var _ runtime.HeldCheckpointer = (*Runsc)(nil)
 
 // holdTimeout bounds how long the command holds a sandbox paused after its
 // save when forkbox does not say (a daemon that hangs). What forkbox does
-// in that time (a snapshot and a ledger row) takes milliseconds.
+// in that time (a ledger read and a snapshot) takes milliseconds.
 const holdTimeout = 10 * time.Minute
 
 // holdSupport caches whether a runsc binary has --hold-fd.
@@ -82,8 +81,8 @@ func (r *Runsc) CheckpointHeld(ctx context.Context, id, imageDir string, held fu
 	if !r.canHold(ctx) {
 		return runtime.Hold{}, fmt.Errorf("runsc checkpoint %s: %s has no --hold-fd (not built by scripts/gvisor/build-runsc.sh): %w", id, r.opts.Binary, errdefs.ErrNotImplemented)
 	}
-	if err := os.MkdirAll(imageDir, 0o700); err != nil {
-		return runtime.Hold{}, fmt.Errorf("runsc checkpoint %s: %v: %w", id, err, errdefs.ErrInternal)
+	if err := makeImageDir(id, imageDir); err != nil {
+		return runtime.Hold{}, err
 	}
 	h, err := r.hold(ctx, id, imageDir, held)
 	if err != nil && !h.Saved {
@@ -175,10 +174,8 @@ func (r *Runsc) hold(ctx context.Context, id, imageDir string, held func(paused 
 		return h, failed("save it", err)
 	}
 	h.Saved, h.Save = true, time.Since(paused)
-	var herr error
-	if _, err := os.Stat(filepath.Join(imageDir, CheckpointImageFile)); err != nil {
-		herr = fmt.Errorf("runsc checkpoint %s: no %s in the image: %v: %w", id, CheckpointImageFile, err, errdefs.ErrInternal)
-	} else {
+	herr := imageSaved(id, imageDir)
+	if herr == nil {
 		herr = held(paused)
 	}
 	_, _ = ours.Write([]byte{'g'})
@@ -201,19 +198,4 @@ func (r *Runsc) hold(ctx context.Context, id, imageDir string, held func(paused 
 		err = failed("resume the sandbox", err)
 	}
 	return h, errors.Join(herr, err)
-}
-
-// checkCheckpoint checks a checkpoint's arguments: a valid id, an absolute
-// image dir, empty or absent.
-func checkCheckpoint(id, imageDir string) error {
-	if err := validID(id); err != nil {
-		return err
-	}
-	if !filepath.IsAbs(imageDir) {
-		return fmt.Errorf("runsc checkpoint %s: image dir %q must be absolute: %w", id, imageDir, errdefs.ErrInvalidArgument)
-	}
-	if ents, err := os.ReadDir(imageDir); err == nil && len(ents) > 0 {
-		return fmt.Errorf("runsc checkpoint %s: image dir %s is not empty: %w", id, imageDir, errdefs.ErrAlreadyExists)
-	}
-	return nil
 }

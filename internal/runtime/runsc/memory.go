@@ -74,8 +74,8 @@ func (r *Runsc) checkpoint(ctx context.Context, id, imageDir string, live bool) 
 			return fmt.Errorf("runsc checkpoint %s: container is %s, not running: %w", id, st.Status, errdefs.ErrFailedPrecondition)
 		}
 	}
-	if err := os.MkdirAll(imageDir, 0o700); err != nil {
-		return fmt.Errorf("runsc checkpoint %s: %v: %w", id, err, errdefs.ErrInternal)
+	if err := makeImageDir(id, imageDir); err != nil {
+		return err
 	}
 	t0 := time.Now()
 	args := []string{"checkpoint", "--image-path", imageDir}
@@ -86,9 +86,9 @@ func (r *Runsc) checkpoint(ctx context.Context, id, imageDir string, live bool) 
 		os.RemoveAll(imageDir)
 		return err
 	}
-	if _, err := os.Stat(filepath.Join(imageDir, CheckpointImageFile)); err != nil {
+	if err := imageSaved(id, imageDir); err != nil {
 		os.RemoveAll(imageDir)
-		return fmt.Errorf("runsc checkpoint %s: no %s in the image: %v: %w", id, CheckpointImageFile, err, errdefs.ErrInternal)
+		return err
 	}
 	if live {
 		r.log.Debug("container checkpointed, left as it was", "sandbox", id, "image", imageDir, "took", time.Since(t0))
@@ -102,6 +102,37 @@ func (r *Runsc) checkpoint(ctx context.Context, id, imageDir string, live bool) 
 		return fmt.Errorf("runsc checkpoint %s: sandbox pid %d: %w", id, st.Pid, err)
 	}
 	r.log.Debug("container checkpointed", "sandbox", id, "image", imageDir, "took", time.Since(t0))
+	return nil
+}
+
+// checkCheckpoint checks a checkpoint's arguments: a valid id, an absolute
+// image dir, empty or absent.
+func checkCheckpoint(id, imageDir string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	if !filepath.IsAbs(imageDir) {
+		return fmt.Errorf("runsc checkpoint %s: image dir %q must be absolute: %w", id, imageDir, errdefs.ErrInvalidArgument)
+	}
+	if ents, err := os.ReadDir(imageDir); err == nil && len(ents) > 0 {
+		return fmt.Errorf("runsc checkpoint %s: image dir %s is not empty: %w", id, imageDir, errdefs.ErrAlreadyExists)
+	}
+	return nil
+}
+
+// makeImageDir makes a checkpoint's image dir.
+func makeImageDir(id, imageDir string) error {
+	if err := os.MkdirAll(imageDir, 0o700); err != nil {
+		return fmt.Errorf("runsc checkpoint %s: %v: %w", id, err, errdefs.ErrInternal)
+	}
+	return nil
+}
+
+// imageSaved checks that a checkpoint wrote its image (CheckpointImageFile).
+func imageSaved(id, imageDir string) error {
+	if _, err := os.Stat(filepath.Join(imageDir, CheckpointImageFile)); err != nil {
+		return fmt.Errorf("runsc checkpoint %s: no %s in the image: %v: %w", id, CheckpointImageFile, err, errdefs.ErrInternal)
+	}
 	return nil
 }
 
