@@ -42,18 +42,19 @@ const checkpointCols = `id, sandbox_id, tag, kind, image, image_digest, runtime,
 // AddCheckpoint records a checkpoint and appends sandbox.checkpoint_created
 // to the source's ledger, in one transaction.
 func (s *Store) AddCheckpoint(ctx context.Context, ck *Checkpoint) error {
+	wctx := writeCtx(ctx) // its writes: see writeCtx
 	cfg, err := json.Marshal(ck.Config)
 	if err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
-	tx, err := s.db.BeginTx(writeCtx(ctx), nil)
+	tx, err := s.db.BeginTx(wctx, nil)
 	if err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
 	defer tx.Rollback()
 	ck.CreatedAt = time.Now()
 	data, _ := json.Marshal(map[string]any{"tag": ck.Tag, "snapshot": ck.ID, "kind": ck.Kind, "capture_ms": ck.CaptureMS, "flush_ms": ck.FlushMS})
-	res, err := tx.ExecContext(writeCtx(ctx), `INSERT INTO events (sandbox_id, type, time, data) VALUES (?,?,?,?)`,
+	res, err := tx.ExecContext(wctx, `INSERT INTO events (sandbox_id, type, time, data) VALUES (?,?,?,?)`,
 		ck.SandboxID, EventCheckpointCreated, ck.CreatedAt.UnixMilli(), string(data))
 	if err != nil {
 		return fmt.Errorf("store: checkpoint event: %w", err)
@@ -61,7 +62,7 @@ func (s *Store) AddCheckpoint(ctx context.Context, ck *Checkpoint) error {
 	if ck.LedgerSeq == 0 {
 		ck.LedgerSeq, _ = res.LastInsertId()
 	}
-	if _, err := tx.ExecContext(writeCtx(ctx), `INSERT INTO checkpoints (`+checkpointCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	if _, err := tx.ExecContext(wctx, `INSERT INTO checkpoints (`+checkpointCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		ck.ID, ck.SandboxID, ck.Tag, ck.Kind, ck.Image, ck.ImageDigest, ck.Runtime, string(cfg), ck.Size, ck.CaptureMS,
 		ck.LedgerSeq, ck.CreatedAt.UnixMilli(), ck.FlushMS); err != nil {
 		return fmt.Errorf("store: add checkpoint: %w", err)

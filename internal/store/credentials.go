@@ -24,17 +24,18 @@ type Credential struct {
 // PutCredential adds or replaces a credential, and records credentials.set
 // (the name only) in the ledger, in one transaction.
 func (s *Store) PutCredential(ctx context.Context, c *Credential) error {
-	tx, err := s.db.BeginTx(writeCtx(ctx), nil)
+	wctx := writeCtx(ctx) // its writes: see writeCtx
+	tx, err := s.db.BeginTx(wctx, nil)
 	if err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
 	defer tx.Rollback()
 	c.UpdatedAt = time.Now()
-	if _, err := tx.ExecContext(writeCtx(ctx), `INSERT OR REPLACE INTO credentials (sandbox_id, name, env, file, per_fork, sealed, updated_at)
+	if _, err := tx.ExecContext(wctx, `INSERT OR REPLACE INTO credentials (sandbox_id, name, env, file, per_fork, sealed, updated_at)
 		VALUES (?,?,?,?,?,?,?)`, c.SandboxID, c.Name, c.Env, c.File, c.PerFork, c.Sealed, c.UpdatedAt.UnixMilli()); err != nil {
 		return fmt.Errorf("store: put credential: %w", err)
 	}
-	if _, err := tx.ExecContext(writeCtx(ctx), `INSERT INTO events (sandbox_id, type, time, data) VALUES (?,?,?,?)`,
+	if _, err := tx.ExecContext(wctx, `INSERT INTO events (sandbox_id, type, time, data) VALUES (?,?,?,?)`,
 		c.SandboxID, EventCredentialSet, c.UpdatedAt.UnixMilli(),
 		credentialEventData(c)); err != nil {
 		return fmt.Errorf("store: credential event: %w", err)

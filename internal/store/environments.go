@@ -74,19 +74,20 @@ func (s *Store) ListEnvironments(ctx context.Context) ([]*Environment, error) {
 // DeleteEnvironment removes an environment's record and returns the
 // checkpoints of its built snapshots, for the caller to delete.
 func (s *Store) DeleteEnvironment(ctx context.Context, name string) ([]string, error) {
-	tx, err := s.db.BeginTx(writeCtx(ctx), nil)
+	wctx := writeCtx(ctx) // its writes: see writeCtx
+	tx, err := s.db.BeginTx(wctx, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer tx.Rollback()
-	res, err := tx.ExecContext(writeCtx(ctx), `DELETE FROM environments WHERE name = ?`, name)
+	res, err := tx.ExecContext(wctx, `DELETE FROM environments WHERE name = ?`, name)
 	if err != nil {
 		return nil, fmt.Errorf("store: delete environment: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return nil, fmt.Errorf("environment %q: %w", name, errdefs.ErrNotFound)
 	}
-	rows, err := tx.QueryContext(writeCtx(ctx), `DELETE FROM env_snapshots WHERE env = ? RETURNING checkpoint`, name)
+	rows, err := tx.QueryContext(wctx, `DELETE FROM env_snapshots WHERE env = ? RETURNING checkpoint`, name)
 	if err != nil {
 		return nil, fmt.Errorf("store: delete environment snapshots: %w", err)
 	}

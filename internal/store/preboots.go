@@ -63,12 +63,13 @@ func (s *Store) ListPreboots(ctx context.Context) ([]*Preboot, error) {
 // cleaned) is a NotFound error and nothing is recorded, so one pre-booted
 // sandbox is never handed out twice, even across a crash.
 func (s *Store) ClaimPreboot(ctx context.Context, sb *Sandbox) error {
-	tx, err := s.db.BeginTx(writeCtx(ctx), nil)
+	wctx := writeCtx(ctx) // its writes: see writeCtx
+	tx, err := s.db.BeginTx(wctx, nil)
 	if err != nil {
 		return fmt.Errorf("store: claim preboot: %w", err)
 	}
 	defer tx.Rollback()
-	res, err := tx.ExecContext(writeCtx(ctx), `DELETE FROM preboots WHERE id = ? AND ip = ?`, sb.ID, sb.IP)
+	res, err := tx.ExecContext(wctx, `DELETE FROM preboots WHERE id = ? AND ip = ?`, sb.ID, sb.IP)
 	if err != nil {
 		return fmt.Errorf("store: claim preboot: %w", err)
 	}

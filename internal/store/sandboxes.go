@@ -172,13 +172,14 @@ func (s *Store) SwapSandboxState(ctx context.Context, id string, from, to State,
 // (with data) to the sandbox's ledger, in the same transaction: no reader
 // sees the new state without the event that says why ("" appends none).
 func (s *Store) SwapSandboxStateNoting(ctx context.Context, id string, from, to State, errText, typ string, data map[string]any) error {
-	tx, err := s.db.BeginTx(writeCtx(ctx), nil)
+	wctx := writeCtx(ctx) // its writes: see writeCtx
+	tx, err := s.db.BeginTx(wctx, nil)
 	if err != nil {
 		return fmt.Errorf("store: set state: %w", err)
 	}
 	defer tx.Rollback()
 	now := time.Now()
-	res, err := tx.ExecContext(writeCtx(ctx), `UPDATE sandboxes SET state = ?, error = ?, updated_at = ? WHERE id = ? AND state = ?`,
+	res, err := tx.ExecContext(wctx, `UPDATE sandboxes SET state = ?, error = ?, updated_at = ? WHERE id = ? AND state = ?`,
 		to, errText, now.UnixMilli(), id, from)
 	if err != nil {
 		return fmt.Errorf("store: set state: %w", err)
@@ -202,7 +203,7 @@ func (s *Store) SwapSandboxStateNoting(ctx context.Context, id string, from, to 
 		if err != nil {
 			return fmt.Errorf("store: event data: %w", err)
 		}
-		if _, err := tx.ExecContext(writeCtx(ctx), `INSERT INTO events (sandbox_id, type, time, data) VALUES (?,?,?,?)`,
+		if _, err := tx.ExecContext(wctx, `INSERT INTO events (sandbox_id, type, time, data) VALUES (?,?,?,?)`,
 			id, typ, now.UnixMilli(), string(b)); err != nil {
 			return fmt.Errorf("store: append event: %w", err)
 		}

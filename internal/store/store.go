@@ -155,13 +155,14 @@ func Open(ctx context.Context, path string) (*Store, error) {
 func (s *Store) Close() error { return s.db.Close() }
 
 func (s *Store) migrate(ctx context.Context) error {
-	if _, err := s.db.ExecContext(writeCtx(ctx), `CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)`); err != nil {
+	wctx := writeCtx(ctx) // its writes: see writeCtx
+	if _, err := s.db.ExecContext(wctx, `CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)`); err != nil {
 		return fmt.Errorf("store: migrate: %w", err)
 	}
 	var v int
 	err := s.db.QueryRowContext(ctx, `SELECT version FROM schema_version`).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {
-		if _, err := s.db.ExecContext(writeCtx(ctx), `INSERT INTO schema_version VALUES (0)`); err != nil {
+		if _, err := s.db.ExecContext(wctx, `INSERT INTO schema_version VALUES (0)`); err != nil {
 			return fmt.Errorf("store: migrate: %w", err)
 		}
 	} else if err != nil {
@@ -171,15 +172,15 @@ func (s *Store) migrate(ctx context.Context) error {
 		return fmt.Errorf("store: database schema %d is newer than this forkbox (%d): %w", v, len(migrations), errdefs.ErrFailedPrecondition)
 	}
 	for i := v; i < len(migrations); i++ {
-		tx, err := s.db.BeginTx(writeCtx(ctx), nil)
+		tx, err := s.db.BeginTx(wctx, nil)
 		if err != nil {
 			return fmt.Errorf("store: migrate: %w", err)
 		}
-		if _, err := tx.ExecContext(writeCtx(ctx), migrations[i]); err != nil {
+		if _, err := tx.ExecContext(wctx, migrations[i]); err != nil {
 			tx.Rollback()
 			return fmt.Errorf("store: migration %d: %w", i+1, err)
 		}
-		if _, err := tx.ExecContext(writeCtx(ctx), `UPDATE schema_version SET version = ?`, i+1); err != nil {
+		if _, err := tx.ExecContext(wctx, `UPDATE schema_version SET version = ?`, i+1); err != nil {
 			tx.Rollback()
 			return fmt.Errorf("store: migration %d: %w", i+1, err)
 		}
