@@ -16,7 +16,9 @@ RUNSC_STAMP=/usr/local/lib/forkbox/runsc.version
 # save-holes.patch (a memory checkpoint's save skips the never-touched
 # pages of sandbox memory instead of reading them),
 # pages-parallel.patch (page I/O of memory checkpoints sized to the host's
-# CPUs), state-atomic.patch (runsc's state file written by rename, so a
+# CPUs), restore-pwrite.patch (a restore writes the image's pages into the
+# sandbox's memory file instead of faulting them in through its mapping),
+# state-atomic.patch (runsc's state file written by rename, so a
 # runsc killed mid-save leaves a state that loads), systrap-self-pid.patch
 # and precompiled seccomp programs
 # (scripts/gvisor/precompile.go); FORKBOX_RUNSC_PATCHED=0 builds the stock
