@@ -32,6 +32,9 @@ cd "$tmp/gvisor"
 for patch in "$here"/*.patch; do
 	git apply "$patch"
 done
+# The patches' own tests (those named Forkbox): the page reads of
+# restore-pwrite.patch.
+GOFLAGS=-mod=mod go test -count=1 -run Forkbox ./pkg/sentry/state/stateio
 # Compiling every variant gVisor lists takes about 1.5 minutes of 2 cores;
 # verify runs in a new process and compares the embedded programs with a
 # fresh compile.
