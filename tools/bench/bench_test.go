@@ -3,6 +3,9 @@ package main
 import (
 	"net/netip"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestStats(t *testing.T) {
@@ -135,5 +138,30 @@ func TestFreeSubnet(t *testing.T) {
 	}
 	if got := h.forAddresses(1_000_000).subnet; got != "10.216.0.0/16" {
 		t.Fatalf("a million addresses: got %s, want a /16 at most", got)
+	}
+}
+
+// TestHostCPUBusy: the host's busy time grows by at least what this process
+// burns (/proc/stat counts every CPU's user and system time).
+func TestHostCPUBusy(t *testing.T) {
+	own := func() time.Duration {
+		var ru unix.Rusage
+		if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	before, ownBefore := hostCPUBusy(), own()
+	if before <= 0 {
+		t.Fatalf("hostCPUBusy() = %v since boot", before)
+	}
+	x := 0
+	for own()-ownBefore < 200*time.Millisecond {
+		for i := range 100000 {
+			x += i
+		}
+	}
+	if grew := hostCPUBusy() - before; grew < 0.1 {
+		t.Fatalf("host busy time grew %.3f s while this process burnt 0.2 s of CPU (%d)", grew, x)
 	}
 }

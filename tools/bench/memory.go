@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -68,6 +69,13 @@ type MemFanout struct {
 	// Restore is each child's `runsc restore` (daemon debug log only).
 	Restore Summary `json:"runsc_restore"`
 	CloseMS float64 `json:"close_ms"`
+	// HostCPUS is the host's busy CPU time (/proc/stat, every CPU, idle
+	// and iowait left out) during the fork call, in seconds: with HostCPUs
+	// it bounds the call's wall time from below (HostCPUS / HostCPUs) when
+	// the fan-out is CPU-bound, as on a 2-CPU host. Other work on the host
+	// adds to it.
+	HostCPUS float64 `json:"host_cpu_s"`
+	HostCPUs int     `json:"host_cpus"`
 	// HostMBPerChild is the host memory in use (MemTotal - MemAvailable)
 	// after the fan-out minus before it, per started child: what one more
 	// child of the image costs the host (other work on the host adds noise).
@@ -231,9 +239,11 @@ func (b *bench) memFanout(ctx context.Context, r *MemoryResult, src *client.Sand
 	f := &MemFanout{Count: n}
 	r.Fanout = f
 	usedBefore := usedGiB()
+	busyBefore := hostCPUBusy()
 	t := time.Now()
 	res, err := src.Fork(ctx, client.ForkOptions{Tag: "bench-memfanout", Count: n, Memory: true})
 	f.WallMS = ms(time.Since(t))
+	f.HostCPUS, f.HostCPUs = hostCPUBusy()-busyBefore, runtime.NumCPU()
 	if err != nil {
 		r.fail("memory fan-out", err)
 		return

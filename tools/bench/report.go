@@ -323,6 +323,31 @@ func meminfo() map[string]float64 {
 	return out
 }
 
+// hostCPUBusy is the time every CPU of the host has spent busy since boot
+// (/proc/stat: user, nice, system, irq and softirq; not idle, iowait, the
+// hypervisor's steal, or guest time, which user holds already), in seconds;
+// 0 when unreadable.
+func hostCPUBusy() float64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	fs := strings.Fields(line)
+	if len(fs) < 8 || fs[0] != "cpu" {
+		return 0
+	}
+	var busy float64
+	for i, v := range fs[1:] {
+		if i == 3 || i == 4 || i >= 7 {
+			continue
+		}
+		n, _ := strconv.ParseFloat(v, 64)
+		busy += n
+	}
+	return busy / 100 // USER_HZ
+}
+
 func usedGiB() float64 {
 	m := meminfo()
 	return m["MemTotal"] - m["MemAvailable"]
