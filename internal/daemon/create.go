@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -350,11 +351,11 @@ func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, 
 }
 
 // prepare makes a sandbox's writable layer (from parentSnapshot, if set),
-// mounts its rootfs and sets up its network.
+// mounts its rootfs and sets up its network. The rootfs and the network
+// share nothing, so they are made side by side, and prepare returns once
+// both are done. When either fails, what the other made is left, like any
+// step of start, to the teardown that finds it by the sandbox's ID.
 func (d *Daemon) prepare(ctx context.Context, sb *store.Sandbox, img image.Image, parentSnapshot string) (*network.Network, error) {
-	if err := d.prepareRootfs(ctx, sb, img, parentSnapshot); err != nil {
-		return nil, err
-	}
 	pol, err := policyOf(sb.Config)
 	if err != nil {
 		return nil, err
@@ -362,9 +363,17 @@ func (d *Daemon) prepare(ctx context.Context, sb *store.Sandbox, img image.Image
 	if err := d.requireDNS(pol); err != nil {
 		return nil, err
 	}
+	rootfs := make(chan error, 1)
+	go func() { rootfs <- d.prepareRootfs(ctx, sb, img, parentSnapshot) }()
 	nw, err := d.net.Setup(ctx, sb.ID, netip.MustParseAddr(sb.IP), pol)
 	if err != nil {
-		return nil, fmt.Errorf("network: %w", err)
+		err = fmt.Errorf("network: %w", err)
+	}
+	if rerr := <-rootfs; rerr != nil {
+		return nil, errors.Join(rerr, err)
+	}
+	if err != nil {
+		return nil, err
 	}
 	return nw, nil
 }
