@@ -38,19 +38,11 @@ func TestReconcileCleanupFailureStillStarts(t *testing.T) {
 	kept := h.create(CreateOptions{Name: "kept"})
 	h.w.crash(gone)
 
-	if err := h.d.Close(); err != nil {
-		t.Fatal(err)
-	}
-	h.d = nil
-	snaps, err := naive.Open(ctx, filepath.Join(h.cfg.StateDir, "snapshots"), h.cfg.Log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := open(ctx, h.cfg, parts{snaps: stuckSnaps{snaps}, net: fakeNet{h.w}, runtimes: h.runtimes(RuntimeGVisor, RuntimeCrun), host: h.w})
+	stuck := func(s snapshot.Snapshotter) snapshot.Snapshotter { return stuckSnaps{s} }
+	snaps, err := h.openWith(h.runtimes(RuntimeGVisor, RuntimeCrun), stuck, nil)
 	if err != nil {
 		t.Fatalf("open with a sandbox that cannot be cleaned: got %v, want the daemon started", err)
 	}
-	h.d = d
 
 	sb := h.state(gone)
 	if sb.State != store.StateFailed || !strings.Contains(sb.Error, "still mounted") {

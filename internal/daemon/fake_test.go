@@ -28,6 +28,7 @@ import (
 	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
+	"github.com/forkbox/forkbox/internal/snapshot"
 	"github.com/forkbox/forkbox/internal/snapshot/naive"
 	"github.com/forkbox/forkbox/internal/testimage"
 )
@@ -531,21 +532,37 @@ func (h *harness) runtimes(names ...string) map[string]runtime.Runtime {
 // and fake host, as a daemon restart does: reconcile runs.
 func (h *harness) reopen(rts map[string]runtime.Runtime) {
 	h.t.Helper()
+	if _, err := h.openWith(rts, nil, nil); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// openWith closes the daemon (if open) and opens it again on the same
+// state and fake host with runtimes rts, the snapshotter wrapped by wrap
+// (nil: as it is) and the network nw (nil: the fake one). It returns the
+// unwrapped snapshotter and open's error (h.d is nil then).
+func (h *harness) openWith(rts map[string]runtime.Runtime, wrap func(snapshot.Snapshotter) snapshot.Snapshotter, nw netManager) (snapshot.Snapshotter, error) {
+	h.t.Helper()
 	if h.d != nil {
 		if err := h.d.Close(); err != nil {
 			h.t.Fatal(err)
 		}
+		h.d = nil
 	}
 	ctx := context.Background()
 	snaps, err := naive.Open(ctx, filepath.Join(h.cfg.StateDir, "snapshots"), h.cfg.Log)
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	d, err := open(ctx, h.cfg, parts{snaps: snaps, net: fakeNet{h.w}, runtimes: rts, host: h.w})
-	if err != nil {
-		h.t.Fatal(err)
+	var ps snapshot.Snapshotter = snaps
+	if wrap != nil {
+		ps = wrap(snaps)
 	}
-	h.d = d
+	if nw == nil {
+		nw = fakeNet{h.w}
+	}
+	h.d, err = open(ctx, h.cfg, parts{snaps: ps, net: nw, runtimes: rts, host: h.w})
+	return snaps, err
 }
 
 // importImage imports a one-layer image owned by the test's user (so that

@@ -4,14 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/snapshot"
-	"github.com/forkbox/forkbox/internal/snapshot/naive"
 )
 
 // failingNet is the fake network whose Setup fails after it made the
@@ -42,25 +40,16 @@ func TestPrepareFailureLeavesNothing(t *testing.T) {
 		net    func(*world) netManager
 		reason string
 	}{
-		{"network fails", func(s snapshot.Snapshotter) snapshot.Snapshotter { return s }, func(w *world) netManager { return failingNet{fakeNet{w}} }, "bridge full"},
+		{"network fails", nil, func(w *world) netManager { return failingNet{fakeNet{w}} }, "bridge full"},
 		{"rootfs fails", func(s snapshot.Snapshotter) snapshot.Snapshotter { return failingSnaps{s} }, func(w *world) netManager { return fakeNet{w} }, "no space left"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
 			ctx := context.Background()
-			if err := h.d.Close(); err != nil {
-				t.Fatal(err)
-			}
-			h.d = nil
-			snaps, err := naive.Open(ctx, filepath.Join(h.cfg.StateDir, "snapshots"), h.cfg.Log)
+			snaps, err := h.openWith(h.runtimes(RuntimeGVisor, RuntimeCrun), tc.snaps, tc.net(h.w))
 			if err != nil {
 				t.Fatal(err)
 			}
-			d, err := open(ctx, h.cfg, parts{snaps: tc.snaps(snaps), net: tc.net(h.w), runtimes: h.runtimes(RuntimeGVisor, RuntimeCrun), host: h.w})
-			if err != nil {
-				t.Fatal(err)
-			}
-			h.d = d
 			for _, rt := range []string{RuntimeGVisor, RuntimeCrun} {
 				_, err := h.d.Create(ctx, CreateOptions{Image: "unit:1", Runtime: rt})
 				if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), tc.reason) {
