@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -354,7 +353,8 @@ func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, 
 // mounts its rootfs and sets up its network. The rootfs and the network
 // share nothing, so they are made side by side, and prepare returns once
 // both are done. When either fails, what the other made is left, like any
-// step of start, to the teardown that finds it by the sandbox's ID.
+// step of start, to the teardown that finds it by the sandbox's ID. When
+// both fail, the error is the rootfs's, with the network's as text.
 func (d *Daemon) prepare(ctx context.Context, sb *store.Sandbox, img image.Image, parentSnapshot string) (*network.Network, error) {
 	pol, err := policyOf(sb.Config)
 	if err != nil {
@@ -370,7 +370,12 @@ func (d *Daemon) prepare(ctx context.Context, sb *store.Sandbox, img image.Image
 		err = fmt.Errorf("network: %w", err)
 	}
 	if rerr := <-rootfs; rerr != nil {
-		return nil, errors.Join(rerr, err)
+		if err != nil {
+			// One class: the rootfs's, which failed first in the order
+			// of a start (a caller's retry decision follows it).
+			return nil, fmt.Errorf("%w (the network failed too: %v)", rerr, err)
+		}
+		return nil, rerr
 	}
 	if err != nil {
 		return nil, err

@@ -23,6 +23,14 @@ func (n failingNet) Setup(ctx context.Context, id string, ip netip.Addr, pol net
 	return nil, fmt.Errorf("bridge full: %w", errdefs.ErrResourceExhausted)
 }
 
+// existingNet is the fake network whose Setup finds the sandbox's netns
+// already there.
+type existingNet struct{ fakeNet }
+
+func (existingNet) Setup(context.Context, string, netip.Addr, network.Policy) (*network.Network, error) {
+	return nil, fmt.Errorf("netns exists: %w", errdefs.ErrAlreadyExists)
+}
+
 // failingSnaps is a snapshotter whose Prepare fails.
 type failingSnaps struct{ snapshot.Snapshotter }
 
@@ -32,7 +40,8 @@ func (failingSnaps) Prepare(context.Context, string, string, ...snapshot.Opt) er
 
 // A create whose rootfs or network fails, while the other is made beside
 // it, leaves neither: no netns, no rootfs mount, no writable layer, no
-// container, and the error's class is the failed part's.
+// container, and the error's class is the failed part's (the rootfs's when
+// both fail).
 func TestPrepareFailureLeavesNothing(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -42,6 +51,9 @@ func TestPrepareFailureLeavesNothing(t *testing.T) {
 	}{
 		{"network fails", nil, func(w *world) netManager { return failingNet{fakeNet{w}} }, "bridge full"},
 		{"rootfs fails", func(s snapshot.Snapshotter) snapshot.Snapshotter { return failingSnaps{s} }, func(w *world) netManager { return fakeNet{w} }, "no space left"},
+		// Both: the rootfs's class (a retry follows it), the network's
+		// reason as text.
+		{"both fail", func(s snapshot.Snapshotter) snapshot.Snapshotter { return failingSnaps{s} }, func(w *world) netManager { return existingNet{fakeNet{w}} }, "netns exists"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
@@ -52,7 +64,7 @@ func TestPrepareFailureLeavesNothing(t *testing.T) {
 			}
 			for _, rt := range []string{RuntimeGVisor, RuntimeCrun} {
 				_, err := h.d.Create(ctx, CreateOptions{Image: "unit:1", Runtime: rt})
-				if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), tc.reason) {
+				if !errdefs.IsResourceExhausted(err) || errdefs.IsAlreadyExists(err) || !strings.Contains(err.Error(), tc.reason) {
 					t.Fatalf("%s create: %v, want ResourceExhausted with %q", rt, err, tc.reason)
 				}
 			}
