@@ -317,6 +317,43 @@ func TestLeaseWaitersShareTheClientsBuild(t *testing.T) {
 	}
 }
 
+// A caller that looked at the record while a lease's build was finishing,
+// and asks for a lease once that build's flight is over, gets none: the
+// hash is built (a CI run saw it start a second builder).
+func TestNoLeaseForABuiltHash(t *testing.T) {
+	f, m := newFake(t)
+	d := def("lease", "client-side")
+	_, _, id, err := m.BeginBuild(bg, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.CompleteBuild(bg, id, true, ""); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := m.store.GetEnvironment(bg, d.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What BeginBuild's flight runs, for a caller whose look at the record
+	// came before the build ended.
+	mine := make(chan *lease, 1)
+	done := make(chan error, 1)
+	go func() { done <- m.holdLease(bg, d, rec.Hash, mine) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("holdLease of a built hash: %v, want nil (look again)", err)
+		}
+	case l := <-mine:
+		t.Errorf("holdLease of a built hash handed out a lease")
+		l.result <- nil // let it end
+		<-done
+	}
+	if len(f.builders) != 1 {
+		t.Errorf("got %d builders, want 1", len(f.builders))
+	}
+}
+
 func TestFailedLeaseLetsTheNextCallerBuild(t *testing.T) {
 	f, m := newFake(t)
 	d := def("lease-fail", "client-side")

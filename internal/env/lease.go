@@ -78,6 +78,11 @@ func (m *Manager) holdLease(ctx context.Context, def Definition, hash string, mi
 		return errClosed
 	}
 	defer m.wg.Done()
+	if m.built(m.ctx, def.Name, hash) {
+		// A build or lease that ended a moment ago made it (its flight
+		// was over when this one began): no lease, the caller looks again.
+		return nil
+	}
 	m.setBuilding(hash, true)
 	defer m.setBuilding(hash, false)
 	l := &lease{def: def, hash: hash, start: time.Now(), result: make(chan error, 1)}
