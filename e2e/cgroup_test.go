@@ -11,7 +11,9 @@ import (
 )
 
 // checkCgroupLimits checks the host cgroup of a sandbox carries its CPU
-// quota (per 100 ms period) and pids limit, on cgroup v1 or v2.
+// quota per 100 ms period (a gVisor sandbox starts over a longer period,
+// spec.CPUStartPeriod, and is given this one once up) and pids limit, on
+// cgroup v1 or v2.
 func checkCgroupLimits(t *testing.T, id string, quota int64, pids int64) {
 	t.Helper()
 	read := func(p string) string {
@@ -26,6 +28,9 @@ func checkCgroupLimits(t *testing.T, id string, quota int64, pids int64) {
 		if got := read(filepath.Join("/sys/fs/cgroup/cpu", rel, "cpu.cfs_quota_us")); got != strconv.FormatInt(quota, 10) {
 			t.Errorf("cpu.cfs_quota_us = %s, want %d", got, quota)
 		}
+		if got := read(filepath.Join("/sys/fs/cgroup/cpu", rel, "cpu.cfs_period_us")); got != "100000" {
+			t.Errorf("cpu.cfs_period_us = %s, want 100000", got)
+		}
 		// Under gVisor the host limit leaves room for the runtime's tasks.
 		if got := read(filepath.Join("/sys/fs/cgroup/pids", rel, "pids.max")); got != strconv.FormatInt(pids, 10) && got != strconv.FormatInt(runsc.HostPidsLimit(pids), 10) {
 			t.Errorf("pids.max = %s, want %d", got, pids)
@@ -36,8 +41,8 @@ func checkCgroupLimits(t *testing.T, id string, quota int64, pids int64) {
 		return
 	}
 	dir := filepath.Join("/sys/fs/cgroup", rel) // v2
-	if got := read(filepath.Join(dir, "cpu.max")); !strings.HasPrefix(got, strconv.FormatInt(quota, 10)+" ") {
-		t.Errorf("cpu.max = %s, want quota %d", got, quota)
+	if got := read(filepath.Join(dir, "cpu.max")); got != strconv.FormatInt(quota, 10)+" 100000" {
+		t.Errorf("cpu.max = %s, want %d 100000", got, quota)
 	}
 	if got := read(filepath.Join(dir, "pids.max")); got != strconv.FormatInt(pids, 10) {
 		t.Errorf("pids.max = %s, want %d", got, pids)

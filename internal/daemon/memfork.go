@@ -13,6 +13,7 @@ import (
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/agent"
+	"github.com/forkbox/forkbox/internal/cgroups"
 	"github.com/forkbox/forkbox/internal/image"
 	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/runtime"
@@ -185,6 +186,9 @@ func (d *Daemon) checkpointMemoryStop(ctx context.Context, sb *store.Sandbox, mc
 	if rerr == nil {
 		rerr = d.restoreAsItself(ctx, sb, mc, filepath.Join(dir, memImageSub))
 	}
+	if rerr == nil {
+		d.settleCPU(ctx, sb)
+	}
 	if rerr != nil {
 		d.recordState(ctx, sb, store.StateFailed, rerr.Error())
 		return nil, errors.Join(captureErr, fmt.Errorf("memory checkpoint: the source could not be restored (resume it from its last checkpoint): %w", rerr))
@@ -330,6 +334,7 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 		}
 	} else {
 		s.Linux.CgroupsPath = d.cgroupPath(sb.ID)
+		spec.SetCPU(s, sb.Config.CPU, cpuStartPeriod(sb.Runtime))
 		setMemoryLimit(s, hostMemoryLimit(sb.Runtime, sb.Config.MemoryBytes))
 	}
 	if err := spec.WriteBundle(bundle, s); err != nil {
@@ -382,8 +387,15 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 	// Where a child's start goes (bench and issue 17): our own work before
 	// (snapshot, mounts, network, bundle), runsc restore, the agent's first
 	// answer, the fork notice.
+	// and how long the CPU limit held it back (cpu_throttled_ms; -1: not
+	// read).
+	throttled := -1.0
+	if t, err := cgroups.CPUThrottled(cgroups.Root, d.cgroupPath(sb.ID)); err == nil {
+		throttled = float64(t.Microseconds()) / 1000
+	}
 	d.log.Debug("memory child started", "sandbox", sb.ID, "checkpoint", ck.ID, "prepare_ms", prepareMS, "restore_ms", restoreMS,
-		"agent_ready_ms", readyMS, "fork_notice_ms", msSince(t3), "hostname_exec", hostnameExec, "total_ms", msSince(t0))
+		"agent_ready_ms", readyMS, "fork_notice_ms", msSince(t3), "hostname_exec", hostnameExec, "total_ms", msSince(t0),
+		"cpu_throttled_ms", throttled)
 	data := map[string]any{"hook_ran": reply.HookRan, "clock_skew_ms": reply.ClockSkew.Milliseconds()}
 	if reply.HookRan {
 		data["hook_exit_code"] = reply.HookExitCode

@@ -44,6 +44,9 @@ type MemoryResult struct {
 	// ChildRestore the child's `runsc restore` (daemon debug log only).
 	ForkDowntime Summary `json:"mem_fork_source_downtime"`
 	ChildRestore Summary `json:"mem_child_runsc_restore"`
+	// ChildThrottled is how long each child's CPU limit held it back
+	// during its start (its cgroup's throttled time; daemon debug log only).
+	ChildThrottled Summary `json:"mem_child_cpu_throttled"`
 	// Filesystem forks of one child of the same source.
 	FSCapture    Summary    `json:"fs_fork_capture"`
 	FSChildStart Summary    `json:"fs_child_start"`
@@ -68,7 +71,10 @@ type MemFanout struct {
 	ChildStart Summary `json:"child_start"`
 	// Restore is each child's `runsc restore` (daemon debug log only).
 	Restore Summary `json:"runsc_restore"`
-	CloseMS float64 `json:"close_ms"`
+	// Throttled is each child's time held back by its CPU limit during
+	// its start (daemon debug log only).
+	Throttled Summary `json:"cpu_throttled"`
+	CloseMS   float64 `json:"close_ms"`
 	// HostCPUS is the host's busy CPU time (/proc/stat, every CPU, idle
 	// and iowait left out) during the fork call, in seconds: with HostCPUs
 	// it bounds the call's wall time from below (HostCPUS / HostCPUs) when
@@ -171,7 +177,7 @@ func (b *bench) measureMemory(ctx context.Context, label string, size int64) (Me
 	r.Checkpoint, r.CheckpointCall, r.Downtime = summarize(caps), summarize(calls), summarize(downs)
 
 	progress("  %s: %d memory forks of one child", label, o.memReps)
-	var fcaps, starts, walls, fdowns, restores []float64
+	var fcaps, starts, walls, fdowns, restores, throttled []float64
 	for i := range o.memReps {
 		t := time.Now()
 		res, err := src.Fork(ctx, client.ForkOptions{Tag: fmt.Sprintf("bench-memfork-%d", i), Count: 1, Memory: true})
@@ -189,6 +195,9 @@ func (b *bench) measureMemory(ctx context.Context, label string, size int64) (Me
 			if d, ok := b.loggedRestore(c.Sandbox.ID); ok {
 				restores = append(restores, d)
 			}
+			if d, ok := b.loggedThrottled(c.Sandbox.ID); ok {
+				throttled = append(throttled, d)
+			}
 			r.check(ctx, c.Sandbox, "memory-forked child")
 		}
 		if res.Checkpoint != nil {
@@ -200,7 +209,7 @@ func (b *bench) measureMemory(ctx context.Context, label string, size int64) (Me
 		b.deleteCheckpoint(ctx, res.Checkpoint)
 	}
 	r.ForkCapture, r.ChildStart, r.ForkWall = summarize(fcaps), summarize(starts), summarize(walls)
-	r.ForkDowntime, r.ChildRestore = summarize(fdowns), summarize(restores)
+	r.ForkDowntime, r.ChildRestore, r.ChildThrottled = summarize(fdowns), summarize(restores), summarize(throttled)
 	r.check(ctx, src, "source after the memory forks")
 
 	b.memFanout(ctx, &r, src)
@@ -251,7 +260,7 @@ func (b *bench) memFanout(ctx context.Context, r *MemoryResult, src *client.Sand
 	kids := res.Sandboxes()
 	b.track(kids...)
 	f.CaptureMS, f.TotalMS = res.CaptureMS, res.TotalMS
-	var starts, restores []float64
+	var starts, restores, throttled []float64
 	for _, c := range res.Children {
 		if c.Err != nil {
 			r.fail("memory fan-out child", c.Err)
@@ -262,11 +271,14 @@ func (b *bench) memFanout(ctx context.Context, r *MemoryResult, src *client.Sand
 		if d, ok := b.loggedRestore(c.Sandbox.ID); ok {
 			restores = append(restores, d)
 		}
+		if d, ok := b.loggedThrottled(c.Sandbox.ID); ok {
+			throttled = append(throttled, d)
+		}
 		if r.check(ctx, c.Sandbox, "fan-out child") {
 			f.Alive++
 		}
 	}
-	f.ChildStart, f.Restore = summarize(starts), summarize(restores)
+	f.ChildStart, f.Restore, f.Throttled = summarize(starts), summarize(restores), summarize(throttled)
 	if f.Started > 0 {
 		f.HostMBPerChild = (usedGiB() - usedBefore) * 1024 / float64(f.Started)
 	}
@@ -279,7 +291,20 @@ func (b *bench) memFanout(ctx context.Context, r *MemoryResult, src *client.Sand
 var (
 	downtimeRE = regexp.MustCompile(`msg="memory checkpoint" .*checkpoint=(\S+) .*source_downtime_ms=([0-9.]+)`)
 	restoreRE  = regexp.MustCompile(`msg="container restored" .*sandbox=(\S+) .*took=(\S+)`)
+	// cpu_throttled_ms is -1 where the daemon could not read it.
+	throttledRE = regexp.MustCompile(`msg="memory child started" sandbox=(\S+) .*cpu_throttled_ms=([0-9.]+)`)
 )
+
+// loggedThrottled finds how long the CPU limit held memory-fork child id
+// back during its start, in the throwaway daemon's debug log.
+func (b *bench) loggedThrottled(id string) (float64, bool) {
+	m := b.findLog(throttledRE, id)
+	if m == nil {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(m[2], 64)
+	return v, err == nil
+}
 
 // loggedDowntime finds the source downtime the throwaway daemon logged for
 // memory checkpoint id.

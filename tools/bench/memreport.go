@@ -19,28 +19,29 @@ func printMemory(w io.Writer, ms []MemoryResult) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "   one child: memory fork (children continue the allocator) vs filesystem fork of the same source")
-	fmt.Fprintln(w, "   (source downtime from the daemon's log; runsc restore = the child's `runsc restore` from its debug log, within child start)")
-	fmt.Fprintln(w, "resident\tmem capture\tsource downtime\tmem child start\trunsc restore\tmem call→ready\tfs capture\tfs child start\tfs call→ready\t")
+	fmt.Fprintln(w, "   (source downtime from the daemon's log; runsc restore = the child's `runsc restore` from its debug log, within child start;")
+	fmt.Fprintln(w, "   throttled = the time the child's CPU limit held it back during its start, from the same log)")
+	fmt.Fprintln(w, "resident\tmem capture\tsource downtime\tmem child start\trunsc restore\tthrottled\tmem call→ready\tfs capture\tfs child start\tfs call→ready\t")
 	for _, m := range ms {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", m.Size, pp(m.ForkCapture), pp(m.ForkDowntime), pp(m.ChildStart),
-			pp(m.ChildRestore), pp(m.ForkWall), pp(m.FSCapture), pp(m.FSChildStart), pp(m.FSForkWall))
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", m.Size, pp(m.ForkCapture), pp(m.ForkDowntime), pp(m.ChildStart),
+			pp(m.ChildRestore), pp(m.ChildThrottled), pp(m.ForkWall), pp(m.FSCapture), pp(m.FSChildStart), pp(m.FSForkWall))
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "   fan-out: one memory fork call")
 	fmt.Fprintln(w, "   (host CPU: busy CPU-seconds of the whole host during the call, and that over the host's CPUs: the least wall time they allow)")
-	fmt.Fprintln(w, "resident\tchildren\tstarted\talive\tcapture\ttotal\tchild start\trunsc restore\tclose all\thost MB/child\thost CPU\t")
+	fmt.Fprintln(w, "resident\tchildren\tstarted\talive\tcapture\ttotal\tchild start\trunsc restore\tthrottled\tclose all\thost MB/child\thost CPU\t")
 	for _, m := range ms {
 		f := m.Fanout
 		if f == nil {
-			fmt.Fprintf(w, "%s\tskipped: %s\t\t\t\t\t\t\t\t\t\n", m.Size, m.FanoutSkip)
+			fmt.Fprintf(w, "%s\tskipped: %s\t\t\t\t\t\t\t\t\t\t\n", m.Size, m.FanoutSkip)
 			continue
 		}
 		cpu := "-"
 		if f.HostCPUs > 0 && f.HostCPUS > 0 {
 			cpu = fmt.Sprintf("%.2f s (%.2f s on %d)", f.HostCPUS, f.HostCPUS/float64(f.HostCPUs), f.HostCPUs)
 		}
-		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", m.Size, f.Count, f.Started, f.Alive, num(f.CaptureMS),
-			num(f.TotalMS), pp(f.ChildStart), pp(f.Restore), num(f.CloseMS), num(f.HostMBPerChild), cpu)
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", m.Size, f.Count, f.Started, f.Alive, num(f.CaptureMS),
+			num(f.TotalMS), pp(f.ChildStart), pp(f.Restore), pp(f.Throttled), num(f.CloseMS), num(f.HostMBPerChild), cpu)
 	}
 	fmt.Fprintln(w)
 	printMemTargets(w, ms)

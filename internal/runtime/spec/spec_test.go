@@ -35,6 +35,9 @@ func TestNewSpecValidation(t *testing.T) {
 		{"Inf cpu", func(o *SpecOptions) { o.CPU = math.Inf(1) }, false},
 		{"tiny cpu", func(o *SpecOptions) { o.CPU = 0.001 }, false},
 		{"huge cpu", func(o *SpecOptions) { o.CPU = 5000 }, false},
+		{"start period", func(o *SpecOptions) { o.CPU, o.CPUPeriod = 0.5, CPUStartPeriod }, true},
+		{"period too long", func(o *SpecOptions) { o.CPU, o.CPUPeriod = 0.5, CPUStartPeriod+1 }, false},
+		{"period too short", func(o *SpecOptions) { o.CPU, o.CPUPeriod = 0.5, 999 }, false},
 		{"negative memory", func(o *SpecOptions) { o.MemoryBytes = -1 }, false},
 		{"tiny memory", func(o *SpecOptions) { o.MemoryBytes = 1024 }, false},
 		{"negative pids", func(o *SpecOptions) { o.Pids = -5 }, false},
@@ -57,6 +60,32 @@ func TestNewSpecValidation(t *testing.T) {
 				t.Fatalf("got %v, want InvalidArgument", err)
 			}
 		})
+	}
+}
+
+// TestCPUPeriod: a limit accounted over the start period is the same share
+// of the CPU; SetCPU replaces or clears a spec's limit.
+func TestCPUPeriod(t *testing.T) {
+	o := good()
+	o.CPU, o.CPUPeriod = 1.5, CPUStartPeriod
+	s, err := NewSpec(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := s.Linux.Resources.CPU
+	if *c.Quota != 1500000 || *c.Period != CPUStartPeriod {
+		t.Errorf("quota %d period %d, want 1500000 over %d", *c.Quota, *c.Period, CPUStartPeriod)
+	}
+	SetCPU(s, 0.25, 0)
+	if c := s.Linux.Resources.CPU; *c.Quota != 25000 || *c.Period != CPUPeriod {
+		t.Errorf("after SetCPU(0.25, 0): quota %d period %d, want 25000 over %d", *c.Quota, *c.Period, CPUPeriod)
+	}
+	SetCPU(s, 0, CPUStartPeriod)
+	if s.Linux.Resources.CPU != nil {
+		t.Errorf("after SetCPU(0): %+v, want no CPU limit", s.Linux.Resources.CPU)
+	}
+	if s.Linux.Resources.Devices == nil {
+		t.Error("SetCPU dropped the device rules")
 	}
 }
 
