@@ -18,7 +18,10 @@ RUNSC_STAMP=/usr/local/lib/forkbox/runsc.version
 # pages-parallel.patch (page I/O of memory checkpoints sized to the host's
 # CPUs), restore-pwrite.patch (a restore writes the image's pages into the
 # sandbox's memory file instead of faulting them in through its mapping),
-# state-atomic.patch (runsc's state file written by rename, so a
+# seccheck-init.patch (the Sentry's trace points registered without
+# checking one shared field list a thousand times at every boot),
+# start-signals.patch (the Sentry's signal forwarding registered beside the
+# sandbox's start instead of before it), state-atomic.patch (runsc's state file written by rename, so a
 # runsc killed mid-save leaves a state that loads), systrap-self-pid.patch
 # and precompiled seccomp programs
 # (scripts/gvisor/precompile.go); FORKBOX_RUNSC_PATCHED=0 builds the stock

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds gVisor's runsc at VERSION with the patches next to this script
 # applied (checkpoint-hold.patch, memory-limit.patch, pages-parallel.patch,
-# restore-pwrite.patch, save-holes.patch, state-atomic.patch,
-# systrap-self-pid.patch)
+# restore-pwrite.patch, save-holes.patch, seccheck-init.patch,
+# start-signals.patch, state-atomic.patch, systrap-self-pid.patch)
 # and its seccomp programs precompiled (precompile.go, as gVisor's Bazel
 # build does), into OUT: a copy of the module's source from the Go module
 # cache (downloaded through the module proxy if missing), patched, built
@@ -33,8 +33,9 @@ for patch in "$here"/*.patch; do
 	git apply "$patch"
 done
 # The patches' own tests (those named Forkbox): the page reads of
-# restore-pwrite.patch.
-GOFLAGS=-mod=mod go test -count=1 -run Forkbox ./pkg/sentry/state/stateio
+# restore-pwrite.patch, the trace points' registration of
+# seccheck-init.patch.
+GOFLAGS=-mod=mod go test -count=1 -run Forkbox ./pkg/sentry/state/stateio ./pkg/sentry/seccheck
 # Compiling every variant gVisor lists takes about 1.5 minutes of 2 cores;
 # verify runs in a new process and compares the embedded programs with a
 # fresh compile.
