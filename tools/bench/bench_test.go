@@ -2,6 +2,8 @@ package main
 
 import (
 	"net/netip"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -163,5 +165,38 @@ func TestHostCPUBusy(t *testing.T) {
 	}
 	if grew := hostCPUBusy() - before; grew < 0.1 {
 		t.Fatalf("host busy time grew %.3f s while this process burnt 0.2 s of CPU (%d)", grew, x)
+	}
+}
+
+// TestLoggedFigures reads the daemon's debug lines the memory section
+// takes its figures from: the last matching line of the key wins, a -1
+// (not read) throttled time is no figure, and another key's line is not
+// taken.
+func TestLoggedFigures(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "daemon.log")
+	lines := `time=1 level=DEBUG msg="memory child started" sandbox=sb-1 checkpoint=ck-1 restore_ms=120 total_ms=150 cpu_throttled_ms=11.383
+time=2 level=DEBUG msg="memory child started" sandbox=sb-2 checkpoint=ck-1 restore_ms=120 total_ms=150 cpu_throttled_ms=-1
+time=3 level=DEBUG msg="container restored" runtime=runsc sandbox=sb-1 took=136.230459ms
+time=4 level=INFO msg="memory checkpoint" sandbox=sb-0 checkpoint=ck-1 capture_ms=30 source_downtime_ms=40.5
+time=5 level=INFO msg="memory checkpoint" sandbox=sb-0 checkpoint=ck-1 capture_ms=30 source_downtime_ms=42
+`
+	if err := os.WriteFile(log, []byte(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b := &bench{daemonLog: log}
+	if v, ok := b.loggedThrottled("sb-1"); !ok || v != 11.383 {
+		t.Errorf("throttled sb-1: %v %v, want 11.383", v, ok)
+	}
+	if v, ok := b.loggedThrottled("sb-2"); ok {
+		t.Errorf("throttled sb-2 (not read): %v, want no figure", v)
+	}
+	if v, ok := b.loggedThrottled("sb-3"); ok {
+		t.Errorf("throttled sb-3 (no line): %v, want no figure", v)
+	}
+	if v, ok := b.loggedRestore("sb-1"); !ok || v < 136.2 || v > 136.3 {
+		t.Errorf("restore sb-1: %v %v, want 136.23", v, ok)
+	}
+	if v, ok := b.loggedDowntime("ck-1"); !ok || v != 42 {
+		t.Errorf("downtime ck-1: %v %v, want the last line's 42", v, ok)
 	}
 }

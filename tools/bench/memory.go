@@ -291,25 +291,22 @@ func (b *bench) memFanout(ctx context.Context, r *MemoryResult, src *client.Sand
 var (
 	downtimeRE = regexp.MustCompile(`msg="memory checkpoint" .*checkpoint=(\S+) .*source_downtime_ms=([0-9.]+)`)
 	restoreRE  = regexp.MustCompile(`msg="container restored" .*sandbox=(\S+) .*took=(\S+)`)
-	// cpu_throttled_ms is -1 where the daemon could not read it.
+	// cpu_throttled_ms is -1 where the daemon could not read it: no match.
 	throttledRE = regexp.MustCompile(`msg="memory child started" sandbox=(\S+) .*cpu_throttled_ms=([0-9.]+)`)
 )
 
 // loggedThrottled finds how long the CPU limit held memory-fork child id
 // back during its start, in the throwaway daemon's debug log.
-func (b *bench) loggedThrottled(id string) (float64, bool) {
-	m := b.findLog(throttledRE, id)
-	if m == nil {
-		return 0, false
-	}
-	v, err := strconv.ParseFloat(m[2], 64)
-	return v, err == nil
-}
+func (b *bench) loggedThrottled(id string) (float64, bool) { return b.loggedMS(throttledRE, id) }
 
 // loggedDowntime finds the source downtime the throwaway daemon logged for
 // memory checkpoint id.
-func (b *bench) loggedDowntime(id string) (float64, bool) {
-	m := b.findLog(downtimeRE, id)
+func (b *bench) loggedDowntime(id string) (float64, bool) { return b.loggedMS(downtimeRE, id) }
+
+// loggedMS is the milliseconds of re's second group in the last line of
+// the throwaway daemon's log that re matches with key as its first.
+func (b *bench) loggedMS(re *regexp.Regexp, key string) (float64, bool) {
+	m := b.findLog(re, key)
 	if m == nil {
 		return 0, false
 	}
