@@ -130,6 +130,9 @@ func TestHibernateWakeCycles(t *testing.T) {
 		if v := veths(sb.ID, true); len(v) != 1 {
 			t.Fatalf("cycle %d: woken as bridge ports %v, want one", cycle, v)
 		}
+		if cycle == 1 {
+			checkCgroupLimits(t, sb.ID, 100000, 1024) // its CPU limit over 100 ms again after the wake's restore
+		}
 		last = n
 	}
 	// The loop runs on after the last wake: its counter moves past the
