@@ -14,15 +14,16 @@ import (
 // all a restore (pages loaded, kernel state decoded and garbage collected
 // on several threads at once), used more than a 100 ms period's quota of
 // one CPU within one period and were throttled in the middle of the start:
-// up to 11 ms of a 10 MB memory-fork child's restore here and 17–48 ms of
-// a 256 MB one. crun, whose start runs one process in the cgroup, keeps
-// CPUPeriod.
+// 9 of 20 memory-fork children here, for up to 49 ms. crun, whose start
+// runs one process in the cgroup, keeps CPUPeriod.
 //
 // The period is set back by every start that ends with a running gVisor
 // sandbox (create, fork children, memory-fork children, a wake, a memory
 // checkpoint's source restored in place) and at reconcile. One left with
-// the start period (that write failed, or a crash came between) is still
-// held to its share, over a longer window.
+// the start period (that write failed) is still held to its share, over a
+// longer window. On cgroup v1 a limited parent refuses a child above its
+// share at any write: runsc writes a longer period before the quota
+// (scripts/gvisor/cpu-period.patch), SetCPULimit a shorter one after it.
 
 // cpuStartPeriod is the period a sandbox of runtime rt starts with (0: the
 // default, spec.CPUPeriod).

@@ -386,16 +386,17 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 	}
 	// Where a child's start goes (bench and issue 17): our own work before
 	// (snapshot, mounts, network, bundle), runsc restore, the agent's first
-	// answer, the fork notice.
-	// and how long the CPU limit held it back (cpu_throttled_ms; -1: not
-	// read).
-	throttled := -1.0
-	if t, err := cgroups.CPUThrottled(cgroups.Root, d.cgroupPath(sb.ID)); err == nil {
-		throttled = float64(t.Microseconds()) / 1000
+	// answer, the fork notice; and how long its CPU limit held it back
+	// (cpu_throttled_ms; -1: not read).
+	if d.log.Enabled(ctx, slog.LevelDebug) {
+		throttled := -1.0
+		if t, err := cgroups.CPUThrottled(cgroups.Root, d.cgroupPath(sb.ID)); err == nil {
+			throttled = float64(t.Microseconds()) / 1000
+		}
+		d.log.Debug("memory child started", "sandbox", sb.ID, "checkpoint", ck.ID, "prepare_ms", prepareMS, "restore_ms", restoreMS,
+			"agent_ready_ms", readyMS, "fork_notice_ms", msSince(t3), "hostname_exec", hostnameExec, "total_ms", msSince(t0),
+			"cpu_throttled_ms", throttled)
 	}
-	d.log.Debug("memory child started", "sandbox", sb.ID, "checkpoint", ck.ID, "prepare_ms", prepareMS, "restore_ms", restoreMS,
-		"agent_ready_ms", readyMS, "fork_notice_ms", msSince(t3), "hostname_exec", hostnameExec, "total_ms", msSince(t0),
-		"cpu_throttled_ms", throttled)
 	data := map[string]any{"hook_ran": reply.HookRan, "clock_skew_ms": reply.ClockSkew.Milliseconds()}
 	if reply.HookRan {
 		data["hook_exit_code"] = reply.HookExitCode
