@@ -11,9 +11,7 @@ import (
 )
 
 // checkCgroupLimits checks the host cgroup of a sandbox carries its CPU
-// quota per 100 ms period (a gVisor sandbox starts over a longer period,
-// spec.CPUStartPeriod, and is given this one once up) and pids limit, on
-// cgroup v1 or v2.
+// quota per 100 ms period and pids limit, on cgroup v1 or v2.
 func checkCgroupLimits(t *testing.T, id string, quota int64, pids int64) {
 	t.Helper()
 	read := func(p string) string {

@@ -131,7 +131,7 @@ func TestHibernateWakeCycles(t *testing.T) {
 			t.Fatalf("cycle %d: woken as bridge ports %v, want one", cycle, v)
 		}
 		if cycle == 1 {
-			checkCgroupLimits(t, sb.ID, 100000, 1024) // its CPU limit over 100 ms again after the wake's restore
+			checkCgroupLimits(t, sb.ID, 100000, 1024) // its limits again after the wake's restore
 		}
 		last = n
 	}

@@ -56,7 +56,7 @@ func TestMemoryFork(t *testing.T) {
 		if host := strings.TrimSpace(mustSh(t, k, "hostname")); host != k.Info.Name {
 			t.Errorf("child %d: hostname %q, want %q", i, host, k.Info.Name)
 		}
-		checkCgroupLimits(t, k.ID, 100000, 1024) // its CPU limit over 100 ms again after the restore
+		checkCgroupLimits(t, k.ID, 100000, 1024) // its own limits, as the source's
 		// The listening socket listens in each child, at the child's address.
 		resp, err := http.Get(fmt.Sprintf("http://%s:8080/index.html", k.Info.Ip))
 		if err != nil {

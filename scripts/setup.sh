@@ -13,8 +13,6 @@ RUNSC_STAMP=/usr/local/lib/forkbox/runsc.version
 # limit inside gVisor: SECURITY.md, "Memory limits under gVisor"),
 # checkpoint-hold.patch (a memory checkpoint that pauses, saves and holds
 # the sandbox in one runsc call: internal/runtime/runsc/hold.go),
-# cpu-period.patch (a CPU limit over a longer period written so that a
-# limited parent cgroup accepts it, and shown to the sandbox over 100 ms),
 # save-holes.patch (a memory checkpoint's save skips the never-touched
 # pages of sandbox memory instead of reading them),
 # pages-parallel.patch (page I/O of memory checkpoints sized to the host's

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
 )
@@ -32,6 +33,22 @@ func CPUNanos(root, path string) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("cgroup %s: no cpuacct.usage or cpu.stat: %w", path, errdefs.ErrNotFound)
+}
+
+// CPUThrottled is how long the cgroup's CPU limit has held its tasks back
+// in all: v1 cpu.stat throttled_time (ns), else v2 throttled_usec.
+func CPUThrottled(root, path string) (time.Duration, error) {
+	for _, ctl := range []string{"cpu", "cpu,cpuacct"} {
+		if n, ok := statField(filepath.Join(root, ctl, path, "cpu.stat"), "throttled_time"); ok {
+			return time.Duration(n), nil
+		}
+	}
+	for _, dir := range v2Dirs(root, path) {
+		if n, ok := statField(filepath.Join(dir, "cpu.stat"), "throttled_usec"); ok {
+			return time.Duration(n) * time.Microsecond, nil
+		}
+	}
+	return 0, fmt.Errorf("cgroup %s: no throttling counter in cpu.stat: %w", path, errdefs.ErrNotFound)
 }
 
 // Memory is the memory charged to the cgroup and its limit (0: none): v1

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
 )
@@ -83,5 +84,29 @@ func TestCounters(t *testing.T) {
 	}
 	if _, _, err := Pids(root, cg); !errdefs.IsNotFound(err) {
 		t.Errorf("no cgroup: Pids got %v, want NotFound", err)
+	}
+}
+
+// TestCPUThrottled reads the throttled time of a v1, a v2 and a hybrid
+// tree; a cgroup without one is NotFound.
+func TestCPUThrottled(t *testing.T) {
+	const cg = "/forkbox/sb-1"
+	for _, c := range []struct {
+		name  string
+		files map[string]string
+		want  time.Duration
+	}{
+		{"v1", map[string]string{"cpu,cpuacct" + cg + "/cpu.stat": "nr_periods 3\nnr_throttled 1\nthrottled_time 11383318\n"}, 11383318},
+		{"v2", map[string]string{cg + "/cpu.stat": "usage_usec 10\nthrottled_usec 250\n"}, 250 * time.Microsecond},
+		{"hybrid", map[string]string{"unified" + cg + "/cpu.stat": "throttled_usec 0\n"}, 0},
+	} {
+		root := t.TempDir()
+		writeFiles(t, root, c.files)
+		if got, err := CPUThrottled(root, cg); err != nil || got != c.want {
+			t.Errorf("%s: %v, %v; want %v", c.name, got, err, c.want)
+		}
+	}
+	if _, err := CPUThrottled(t.TempDir(), cg); !errdefs.IsNotFound(err) {
+		t.Errorf("no cgroup: got %v, want NotFound", err)
 	}
 }

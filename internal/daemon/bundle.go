@@ -107,7 +107,6 @@ func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Net
 		NetNSPath:   nw.NSPath,
 		CgroupsPath: d.cgroupPath(sb.ID),
 		CPU:         sb.Config.CPU,
-		CPUPeriod:   cpuStartPeriod(sb.Runtime),
 		MemoryBytes: hostMemoryLimit(sb.Runtime, sb.Config.MemoryBytes),
 		Pids:        hostPidsLimit(sb.Runtime, sb.Config.Pids),
 		Mounts:      mounts,

@@ -201,7 +201,6 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 	if err := d.injectCredentialFiles(ctx, sb); err != nil {
 		return nil, err
 	}
-	d.settleCPU(ctx, sb)
 	readyMS := msSince(start)
 	if err := d.setStateNoting(ctx, sb, store.StateRunning, "", store.EventSandboxReady, map[string]any{"ready_ms": readyMS}); err != nil {
 		return nil, err

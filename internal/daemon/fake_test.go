@@ -46,9 +46,6 @@ type world struct {
 	// mounts and frozen are keyed by target dir and cgroup path.
 	mounts map[string][]mount.Mount
 	frozen map[string]bool
-	// cpu is each cgroup's CPU limit: set from the spec when a container
-	// of the cgroup starts (as the OCI runtime does), and by the daemon.
-	cpu    map[string]cpuLimit
 	netns  map[string]netip.Addr
 	egress map[string]network.Policy // by sandbox id, as set up or set
 	// detached are the sandboxes whose bridge port is given back.
@@ -79,7 +76,7 @@ type container struct {
 }
 
 func newWorld(t testing.TB) *world {
-	w := &world{t: t, ctr: map[string]*container{}, mounts: map[string][]mount.Mount{}, frozen: map[string]bool{}, cpu: map[string]cpuLimit{}, netns: map[string]netip.Addr{}, egress: map[string]network.Policy{}, detached: map[string]bool{},
+	w := &world{t: t, ctr: map[string]*container{}, mounts: map[string][]mount.Mount{}, frozen: map[string]bool{}, netns: map[string]netip.Addr{}, egress: map[string]network.Policy{}, detached: map[string]bool{},
 		dying: map[string]bool{}}
 	t.Cleanup(w.close)
 	return w
@@ -193,50 +190,6 @@ func (w *world) setFrozen(cg string, v bool) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.frozen[cg] = v
-	return nil
-}
-
-// cpuLimit is a cgroup's CPU quota and period (µs).
-type cpuLimit struct {
-	quota  int64
-	period uint64
-}
-
-func (w *world) SetCPULimit(cg string, quota int64, period uint64) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if _, ok := w.cpu[cg]; !ok {
-		return fmt.Errorf("cgroup %s: %w", cg, errdefs.ErrNotFound)
-	}
-	w.cpu[cg] = cpuLimit{quota, period}
-	return nil
-}
-
-// cpuOf returns a cgroup's CPU limit (false: no such cgroup).
-func (w *world) cpuOf(cg string) (cpuLimit, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	l, ok := w.cpu[cg]
-	return l, ok
-}
-
-// cgroupFrom records the CPU limit of the cgroup bundle's spec names, as
-// the OCI runtime sets it when it makes the cgroup.
-func (w *world) cgroupFrom(bundle string) error {
-	s, err := spec.ReadBundle(bundle)
-	if err != nil {
-		return err
-	}
-	if s.Linux == nil || s.Linux.CgroupsPath == "" {
-		return nil
-	}
-	var l cpuLimit
-	if r := s.Linux.Resources; r != nil && r.CPU != nil {
-		l = cpuLimit{*r.CPU.Quota, *r.CPU.Period}
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.cpu[s.Linux.CgroupsPath] = l
 	return nil
 }
 
@@ -389,9 +342,6 @@ func (r fakeRuntime) Run(_ context.Context, id, bundle string) error {
 			token = v
 		}
 	}
-	if err := r.w.cgroupFrom(bundle); err != nil {
-		return err
-	}
 	return r.start(id, token)
 }
 
@@ -519,13 +469,10 @@ func (r memRuntime) Checkpoint(_ context.Context, id, imageDir string) error {
 
 // Restore starts the container's agent with the token of the image: the
 // processes continue as they were.
-func (r memRuntime) Restore(_ context.Context, id, bundle string, imageDir string) error {
+func (r memRuntime) Restore(_ context.Context, id, _ string, imageDir string) error {
 	tok, err := os.ReadFile(filepath.Join(imageDir, fakeTokenFile))
 	if err != nil {
 		return fmt.Errorf("fake restore: %w", err)
-	}
-	if err := r.w.cgroupFrom(bundle); err != nil {
-		return err
 	}
 	if err := r.w.restoreErr; err != nil {
 		if r.w.restoreStarts {

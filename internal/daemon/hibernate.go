@@ -182,7 +182,6 @@ func (d *Daemon) wakeLocked(ctx context.Context, sb *store.Sandbox) error {
 		d.detach(ctx, sb)
 		return fmt.Errorf("wake: %w", err)
 	}
-	d.settleCPU(ctx, sb)
 	if err := d.setStateNoting(ctx, sb, store.StateRunning, "", store.EventWoken, map[string]any{"ms": msSince(start)}); err != nil {
 		return err
 	}

@@ -186,9 +186,6 @@ func (d *Daemon) checkpointMemoryStop(ctx context.Context, sb *store.Sandbox, mc
 	if rerr == nil {
 		rerr = d.restoreAsItself(ctx, sb, mc, filepath.Join(dir, memImageSub))
 	}
-	if rerr == nil {
-		d.settleCPU(ctx, sb)
-	}
 	if rerr != nil {
 		d.recordState(ctx, sb, store.StateFailed, rerr.Error())
 		return nil, errors.Join(captureErr, fmt.Errorf("memory checkpoint: the source could not be restored (resume it from its last checkpoint): %w", rerr))
@@ -334,7 +331,7 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 		}
 	} else {
 		s.Linux.CgroupsPath = d.cgroupPath(sb.ID)
-		spec.SetCPU(s, sb.Config.CPU, cpuStartPeriod(sb.Runtime))
+		spec.SetCPU(s, sb.Config.CPU)
 		setMemoryLimit(s, hostMemoryLimit(sb.Runtime, sb.Config.MemoryBytes))
 	}
 	if err := spec.WriteBundle(bundle, s); err != nil {

@@ -58,7 +58,6 @@ func (d *Daemon) podSpec(rootfs, id, nsPath string, key prebootKey) (*specs.Spec
 		NetNSPath:   nsPath,
 		CgroupsPath: d.cgroupPath(id),
 		CPU:         key.cpu,
-		CPUPeriod:   cpuStartPeriod(key.runtime),
 		MemoryBytes: hostMemoryLimit(key.runtime, key.memory),
 		Pids:        hostPidsLimit(key.runtime, key.pids),
 		Mounts: []specs.Mount{{Destination: "/.forkbox/agent", Type: "bind", Source: d.cfg.AgentPath,
@@ -196,7 +195,7 @@ func (d *Daemon) writeRestoredPod(sb *store.Sandbox, s *specs.Spec, nsPath strin
 		}
 	}
 	s.Linux.CgroupsPath = d.cgroupPath(sb.ID)
-	spec.SetCPU(s, sb.Config.CPU, cpuStartPeriod(sb.Runtime))
+	spec.SetCPU(s, sb.Config.CPU)
 	setMemoryLimit(s, hostMemoryLimit(sb.Runtime, sb.Config.MemoryBytes))
 	setAppMemoryLimit(s, sb.Config.MemoryBytes)
 	runsc.AsPod(s, podID(sb.ID))

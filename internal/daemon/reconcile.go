@@ -105,7 +105,6 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *store.Sandbox) error {
 		switch {
 		case h.ok:
 			d.keepEgress(ctx, sb)
-			d.settleCPU(ctx, sb) // idempotent: for a start whose write failed
 			if sb.State != h.state {
 				if err := d.setState(ctx, sb, h.state, ""); err != nil {
 					return err

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds gVisor's runsc at VERSION with the patches next to this script
-# applied (checkpoint-hold.patch, cpu-period.patch, memory-limit.patch,
-# pages-parallel.patch, restore-pwrite.patch, save-holes.patch,
+# applied (checkpoint-hold.patch, memory-limit.patch, pages-parallel.patch,
+# restore-pwrite.patch, save-holes.patch,
 # seccheck-init.patch, start-signals.patch, state-atomic.patch,
 # systrap-self-pid.patch)
 # and its seccomp programs precompiled (precompile.go, as gVisor's Bazel

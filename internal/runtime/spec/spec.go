@@ -19,17 +19,6 @@ import (
 // CPUPeriod is the CFS period (µs) that CPU limits are expressed against.
 const CPUPeriod = 100000
 
-// CPUStartPeriod is a longer CFS period (µs, the kernel's maximum) for a
-// sandbox's start: the same share of the CPU, accounted over a second
-// instead of a tenth. A gVisor start or restore runs its Sentry's work on
-// several threads at once (a restore loads pages, decodes the kernel's
-// state and collects garbage side by side) and, held to a 1-CPU quota per
-// 100 ms, was throttled for up to 48 ms in the middle of it. The daemon
-// sets CPUPeriod again once the sandbox is up (cgroups.SetCPULimit); a
-// sandbox left with this period is still held to its share, only over a
-// longer window.
-const CPUStartPeriod = 1000000
-
 // Limits accepted by NewSpec.
 const (
 	MinMemoryBytes = 4 << 20 // below this the sandbox cannot start
@@ -54,7 +43,6 @@ type SpecOptions struct {
 	NetNSPath   string        // network namespace to join; empty = a new, empty one
 	CgroupsPath string        // "/forkbox/<id>" (cgroupfs, v1 and v2) or "slice:prefix:name" (systemd)
 	CPU         float64       // cores; 0 = no limit; becomes cfs quota over CPUPeriod
-	CPUPeriod   uint64        // µs the CPU limit is accounted over; 0 = CPUPeriod
 	MemoryBytes int64         // 0 = no limit
 	Pids        int64         // 0 = no limit
 	Mounts      []specs.Mount // extra mounts, appended after the standard ones
@@ -171,8 +159,6 @@ func validate(o *SpecOptions) error {
 		return bad("cpu %v exceeds %v cores", o.CPU, MaxCPU)
 	case o.CPU > 0 && cpuQuota(o.CPU) < minCPUQuota:
 		return bad("cpu %v is below the minimum of %v cores", o.CPU, float64(minCPUQuota)/CPUPeriod)
-	case o.CPUPeriod != 0 && (o.CPUPeriod < 1000 || o.CPUPeriod > CPUStartPeriod):
-		return bad("cpu period %d µs must be between 1000 and %d", o.CPUPeriod, CPUStartPeriod)
 	}
 	if o.MemoryBytes < 0 || (o.MemoryBytes > 0 && o.MemoryBytes < MinMemoryBytes) {
 		return bad("memory %d bytes must be 0 (no limit) or ≥ %d", o.MemoryBytes, MinMemoryBytes)
@@ -205,32 +191,25 @@ func validCgroupsPath(p string) error {
 	return fmt.Errorf("cgroups path %q must be absolute (cgroupfs) or slice:prefix:name (systemd)", p)
 }
 
-func cpuQuota(cores float64) int64 { return CPUQuota(cores, CPUPeriod) }
+func cpuQuota(cores float64) int64 { return int64(math.Round(cores * CPUPeriod)) }
 
-// CPUQuota is the CFS quota (µs) of cores over period µs.
-func CPUQuota(cores float64, period uint64) int64 { return int64(math.Round(cores * float64(period))) }
-
-// SetCPU gives s a CPU limit of cores (0: none) accounted over period µs
-// (0: CPUPeriod), replacing the one it had.
-func SetCPU(s *specs.Spec, cores float64, period uint64) {
+// SetCPU gives s a CPU limit of cores (0: none), replacing the one it had.
+func SetCPU(s *specs.Spec, cores float64) {
 	if s.Linux == nil {
 		s.Linux = &specs.Linux{}
 	}
 	if s.Linux.Resources == nil {
 		s.Linux.Resources = &specs.LinuxResources{}
 	}
-	s.Linux.Resources.CPU = cpuLimit(cores, period)
+	s.Linux.Resources.CPU = cpuLimit(cores)
 }
 
-func cpuLimit(cores float64, period uint64) *specs.LinuxCPU {
+func cpuLimit(cores float64) *specs.LinuxCPU {
 	if cores <= 0 {
 		return nil
 	}
-	if period == 0 {
-		period = CPUPeriod
-	}
-	q := CPUQuota(cores, period)
-	return &specs.LinuxCPU{Quota: &q, Period: &period}
+	q, p := cpuQuota(cores), uint64(CPUPeriod)
+	return &specs.LinuxCPU{Quota: &q, Period: &p}
 }
 
 func withPath(env []string) []string {
@@ -244,7 +223,7 @@ func withPath(env []string) []string {
 }
 
 func resources(o SpecOptions) *specs.LinuxResources {
-	r := &specs.LinuxResources{Devices: defaultDevices(), CPU: cpuLimit(o.CPU, o.CPUPeriod)}
+	r := &specs.LinuxResources{Devices: defaultDevices(), CPU: cpuLimit(o.CPU)}
 	if o.MemoryBytes > 0 {
 		m := o.MemoryBytes
 		r.Memory = &specs.LinuxMemory{Limit: &m}

@@ -35,9 +35,6 @@ func TestNewSpecValidation(t *testing.T) {
 		{"Inf cpu", func(o *SpecOptions) { o.CPU = math.Inf(1) }, false},
 		{"tiny cpu", func(o *SpecOptions) { o.CPU = 0.001 }, false},
 		{"huge cpu", func(o *SpecOptions) { o.CPU = 5000 }, false},
-		{"start period", func(o *SpecOptions) { o.CPU, o.CPUPeriod = 0.5, CPUStartPeriod }, true},
-		{"period too long", func(o *SpecOptions) { o.CPU, o.CPUPeriod = 0.5, CPUStartPeriod+1 }, false},
-		{"period too short", func(o *SpecOptions) { o.CPU, o.CPUPeriod = 0.5, 999 }, false},
 		{"negative memory", func(o *SpecOptions) { o.MemoryBytes = -1 }, false},
 		{"tiny memory", func(o *SpecOptions) { o.MemoryBytes = 1024 }, false},
 		{"negative pids", func(o *SpecOptions) { o.Pids = -5 }, false},
@@ -63,24 +60,19 @@ func TestNewSpecValidation(t *testing.T) {
 	}
 }
 
-// TestCPUPeriod: a limit accounted over the start period is the same share
-// of the CPU; SetCPU replaces or clears a spec's limit.
-func TestCPUPeriod(t *testing.T) {
+// TestSetCPU: SetCPU replaces or clears a spec's CPU limit.
+func TestSetCPU(t *testing.T) {
 	o := good()
-	o.CPU, o.CPUPeriod = 1.5, CPUStartPeriod
+	o.CPU = 1.5
 	s, err := NewSpec(o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := s.Linux.Resources.CPU
-	if *c.Quota != 1500000 || *c.Period != CPUStartPeriod {
-		t.Errorf("quota %d period %d, want 1500000 over %d", *c.Quota, *c.Period, CPUStartPeriod)
-	}
-	SetCPU(s, 0.25, 0)
+	SetCPU(s, 0.25)
 	if c := s.Linux.Resources.CPU; *c.Quota != 25000 || *c.Period != CPUPeriod {
-		t.Errorf("after SetCPU(0.25, 0): quota %d period %d, want 25000 over %d", *c.Quota, *c.Period, CPUPeriod)
+		t.Errorf("after SetCPU(0.25): quota %d period %d, want 25000 over %d", *c.Quota, *c.Period, CPUPeriod)
 	}
-	SetCPU(s, 0, CPUStartPeriod)
+	SetCPU(s, 0)
 	if s.Linux.Resources.CPU != nil {
 		t.Errorf("after SetCPU(0): %+v, want no CPU limit", s.Linux.Resources.CPU)
 	}
