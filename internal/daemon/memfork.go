@@ -330,9 +330,7 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 			}
 		}
 	} else {
-		s.Linux.CgroupsPath = d.cgroupPath(sb.ID)
-		spec.SetCPU(s, sb.Config.CPU)
-		setMemoryLimit(s, hostMemoryLimit(sb.Runtime, sb.Config.MemoryBytes))
+		d.ownCgroup(s, sb)
 	}
 	if err := spec.WriteBundle(bundle, s); err != nil {
 		return err

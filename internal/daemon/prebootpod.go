@@ -194,12 +194,18 @@ func (d *Daemon) writeRestoredPod(sb *store.Sandbox, s *specs.Spec, nsPath strin
 			s.Linux.Namespaces[i].Path = nsPath
 		}
 	}
-	s.Linux.CgroupsPath = d.cgroupPath(sb.ID)
-	spec.SetCPU(s, sb.Config.CPU)
-	setMemoryLimit(s, hostMemoryLimit(sb.Runtime, sb.Config.MemoryBytes))
+	d.ownCgroup(s, sb)
 	setAppMemoryLimit(s, sb.Config.MemoryBytes)
 	runsc.AsPod(s, podID(sb.ID))
 	return spec.WriteBundle(dir, s)
+}
+
+// ownCgroup gives a spec taken from a memory image (the source's) sb's
+// own cgroup and its CPU and memory limits.
+func (d *Daemon) ownCgroup(s *specs.Spec, sb *store.Sandbox) {
+	s.Linux.CgroupsPath = d.cgroupPath(sb.ID)
+	spec.SetCPU(s, sb.Config.CPU)
+	setMemoryLimit(s, hostMemoryLimit(sb.Runtime, sb.Config.MemoryBytes))
 }
 
 // setMemoryLimit replaces a spec's memory limit, when it has one.

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Builds gVisor's runsc at VERSION with the patches next to this script
 # applied (checkpoint-hold.patch, memory-limit.patch, pages-parallel.patch,
-# restore-pwrite.patch, save-holes.patch,
-# seccheck-init.patch, start-signals.patch, state-atomic.patch,
-# systrap-self-pid.patch)
+# restore-pwrite.patch, save-holes.patch, seccheck-init.patch,
+# start-signals.patch, state-atomic.patch, systrap-self-pid.patch)
 # and its seccomp programs precompiled (precompile.go, as gVisor's Bazel
 # build does), into OUT: a copy of the module's source from the Go module
 # cache (downloaded through the module proxy if missing), patched, built
