@@ -1,0 +1,115 @@
+package cgroups
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+// A cgroup's CPU limit (CFS bandwidth): quota µs of CPU time per period µs.
+// The OCI runtime sets it when it makes the cgroup; the daemon raises the
+// quota of a gVisor sandbox for its start and sets it back once the sandbox
+// is up (internal/daemon/cpulimit.go). The period is never changed: the
+// kernel does not re-arm a group's period timer when its period shrinks.
+
+// cpuV1Dirs are the v1 cpu controller's hierarchies, alone or co-mounted.
+var cpuV1Dirs = []string{"cpu", "cpu,cpuacct"}
+
+// SetCPUQuota sets the cgroup's CPU quota to quota µs per period µs: v1
+// cpu.cfs_quota_us (the cgroup's period must be period already: it is not
+// written), else v2 cpu.max. Any write of the quota gives the cgroup a
+// fresh period's worth at once, so lowering it never stalls the cgroup
+// until a period ends.
+func SetCPUQuota(root, path string, quota int64, period uint64) error {
+	if quota <= 0 || period == 0 {
+		return fmt.Errorf("cgroup %s: cpu limit %d/%d µs: %w", path, quota, period, errdefs.ErrInvalidArgument)
+	}
+	for _, ctl := range cpuV1Dirs {
+		dir := filepath.Join(root, ctl, path)
+		cur, ok := readInt(filepath.Join(dir, "cpu.cfs_period_us"))
+		if !ok {
+			continue
+		}
+		if cur != int64(period) {
+			return fmt.Errorf("cgroup %s: cpu period %d µs, not %d: %w", path, cur, period, errdefs.ErrFailedPrecondition)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "cpu.cfs_quota_us"), []byte(strconv.FormatInt(quota, 10)), 0); err != nil {
+			return fmt.Errorf("cgroup %s: %w", path, err)
+		}
+		return nil
+	}
+	for _, dir := range v2Dirs(root, path) {
+		f := filepath.Join(dir, "cpu.max")
+		if _, err := os.Stat(f); err != nil {
+			continue
+		}
+		if err := os.WriteFile(f, []byte(fmt.Sprintf("%d %d", quota, period)), 0); err != nil {
+			return fmt.Errorf("cgroup %s: %w", path, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("cgroup %s: no cpu controller (v1 cpu.cfs_quota_us or v2 cpu.max): %w", path, errdefs.ErrNotFound)
+}
+
+// CPULimit is the cgroup's CPU limit: quota µs per period µs (quota 0:
+// none).
+func CPULimit(root, path string) (quota int64, period uint64, err error) {
+	for _, ctl := range cpuV1Dirs {
+		dir := filepath.Join(root, ctl, path)
+		p, ok := readInt(filepath.Join(dir, "cpu.cfs_period_us"))
+		if !ok {
+			continue
+		}
+		q, _ := readInt(filepath.Join(dir, "cpu.cfs_quota_us"))
+		return max(q, 0), uint64(p), nil
+	}
+	for _, dir := range v2Dirs(root, path) {
+		b, err := os.ReadFile(filepath.Join(dir, "cpu.max"))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b))
+		if len(f) != 2 {
+			return 0, 0, fmt.Errorf("cgroup %s: cpu.max %q", path, b)
+		}
+		p, err := strconv.ParseUint(f[1], 10, 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("cgroup %s: cpu.max %q", path, b)
+		}
+		q, _ := strconv.ParseInt(f[0], 10, 64) // "max": none
+		return q, p, nil
+	}
+	return 0, 0, fmt.Errorf("cgroup %s: no cpu controller: %w", path, errdefs.ErrNotFound)
+}
+
+// CPUCeiling is the largest CPU share (cores) a new cgroup at path may be
+// given: on v1 the kernel refuses a quota above any limited ancestor's
+// share (EINVAL), so it is the lowest share among path's ancestors that
+// exist; on v2 a larger quota is accepted (the ancestors' limits apply
+// anyway), so it is +Inf, as it is when no ancestor is limited.
+func CPUCeiling(root, path string) float64 {
+	ceiling := math.Inf(1)
+	for _, ctl := range cpuV1Dirs {
+		if _, err := os.Stat(filepath.Join(root, ctl, "cpu.cfs_quota_us")); err != nil {
+			continue
+		}
+		for p := filepath.Dir(filepath.Clean("/" + path)); ; p = filepath.Dir(p) {
+			dir := filepath.Join(root, ctl, p)
+			q, qok := readInt(filepath.Join(dir, "cpu.cfs_quota_us"))
+			per, pok := readInt(filepath.Join(dir, "cpu.cfs_period_us"))
+			if qok && pok && q > 0 && per > 0 {
+				ceiling = min(ceiling, float64(q)/float64(per))
+			}
+			if p == "/" {
+				break
+			}
+		}
+		break
+	}
+	return ceiling
+}
