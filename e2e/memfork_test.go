@@ -57,6 +57,11 @@ func TestMemoryFork(t *testing.T) {
 			t.Errorf("child %d: hostname %q, want %q", i, host, k.Info.Name)
 		}
 		checkCgroupLimits(t, k.ID, 100000, 1024) // its own limits, as the source's
+		// Its restore ran with a raised quota; inside, the sandbox's own
+		// cgroupfs shows what its image holds, the limit.
+		if q := strings.TrimSpace(mustSh(t, k, "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us")); q != "100000" {
+			t.Errorf("child %d: its cgroupfs shows a CPU quota of %s, want the limit 100000", i, q)
+		}
 		// The listening socket listens in each child, at the child's address.
 		resp, err := http.Get(fmt.Sprintf("http://%s:8080/index.html", k.Info.Ip))
 		if err != nil {

@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -46,8 +48,13 @@ type world struct {
 	// mounts and frozen are keyed by target dir and cgroup path.
 	mounts map[string][]mount.Mount
 	frozen map[string]bool
-	netns  map[string]netip.Addr
-	egress map[string]network.Policy // by sandbox id, as set up or set
+	// cpu is every CPU quota (µs per spec.CPUPeriod) each cgroup was
+	// given, in order: from the spec when a container makes it (as the OCI
+	// runtime does), and by the daemon. ceiling is what CPUCeiling says.
+	cpu     map[string][]int64
+	ceiling float64
+	netns   map[string]netip.Addr
+	egress  map[string]network.Policy // by sandbox id, as set up or set
 	// detached are the sandboxes whose bridge port is given back.
 	detached map[string]bool
 	// dying containers are reported running once more, then stopped (a
@@ -76,7 +83,7 @@ type container struct {
 }
 
 func newWorld(t testing.TB) *world {
-	w := &world{t: t, ctr: map[string]*container{}, mounts: map[string][]mount.Mount{}, frozen: map[string]bool{}, netns: map[string]netip.Addr{}, egress: map[string]network.Policy{}, detached: map[string]bool{},
+	w := &world{t: t, ctr: map[string]*container{}, mounts: map[string][]mount.Mount{}, frozen: map[string]bool{}, cpu: map[string][]int64{}, ceiling: math.Inf(1), netns: map[string]netip.Addr{}, egress: map[string]network.Policy{}, detached: map[string]bool{},
 		dying: map[string]bool{}}
 	t.Cleanup(w.close)
 	return w
@@ -190,6 +197,52 @@ func (w *world) setFrozen(cg string, v bool) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.frozen[cg] = v
+	return nil
+}
+
+func (w *world) SetCPUQuota(cg string, quota int64, period uint64) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.cpu[cg]; !ok {
+		return fmt.Errorf("cgroup %s: %w", cg, errdefs.ErrNotFound)
+	}
+	if period != spec.CPUPeriod {
+		return fmt.Errorf("cgroup %s: period %d: %w", cg, period, errdefs.ErrFailedPrecondition)
+	}
+	w.cpu[cg] = append(w.cpu[cg], quota)
+	return nil
+}
+
+func (w *world) CPUCeiling(string) float64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.ceiling
+}
+
+// cpuOf returns the CPU quotas a cgroup was given, in order (0: none).
+func (w *world) cpuOf(cg string) []int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.cpu[cg])
+}
+
+// cgroupFrom records the CPU quota of the cgroup bundle's spec names, as
+// the OCI runtime sets it when it makes the cgroup.
+func (w *world) cgroupFrom(bundle string) error {
+	s, err := spec.ReadBundle(bundle)
+	if err != nil {
+		return err
+	}
+	if s.Linux == nil || s.Linux.CgroupsPath == "" {
+		return nil
+	}
+	var q int64
+	if r := s.Linux.Resources; r != nil && r.CPU != nil && r.CPU.Quota != nil {
+		q = *r.CPU.Quota
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.cpu[s.Linux.CgroupsPath] = append(w.cpu[s.Linux.CgroupsPath], q)
 	return nil
 }
 
@@ -342,6 +395,9 @@ func (r fakeRuntime) Run(_ context.Context, id, bundle string) error {
 			token = v
 		}
 	}
+	if err := r.w.cgroupFrom(bundle); err != nil {
+		return err
+	}
 	return r.start(id, token)
 }
 
@@ -469,10 +525,13 @@ func (r memRuntime) Checkpoint(_ context.Context, id, imageDir string) error {
 
 // Restore starts the container's agent with the token of the image: the
 // processes continue as they were.
-func (r memRuntime) Restore(_ context.Context, id, _ string, imageDir string) error {
+func (r memRuntime) Restore(_ context.Context, id, bundle string, imageDir string) error {
 	tok, err := os.ReadFile(filepath.Join(imageDir, fakeTokenFile))
 	if err != nil {
 		return fmt.Errorf("fake restore: %w", err)
+	}
+	if err := r.w.cgroupFrom(bundle); err != nil {
+		return err
 	}
 	if err := r.w.restoreErr; err != nil {
 		if r.w.restoreStarts {

@@ -36,14 +36,20 @@ type netManager interface {
 }
 
 // hostOps are the host operations besides storage, network and runtime:
-// mounting a sandbox's rootfs, its cgroup freezer, and where its agent
-// listens. realHost performs them.
+// mounting a sandbox's rootfs, its cgroup freezer and CPU quota, and
+// where its agent listens. realHost performs them.
 type hostOps interface {
 	MountAll(ctx context.Context, mounts []mount.Mount, target string) error
 	Unmount(ctx context.Context, target string) error
 	Freeze(ctx context.Context, cgroup string) error
 	Thaw(ctx context.Context, cgroup string) error
 	Frozen(cgroup string) (bool, error)
+	// SetCPUQuota sets the cgroup's CPU quota: quota µs per period µs (the
+	// cgroup's period already).
+	SetCPUQuota(cgroup string, quota int64, period uint64) error
+	// CPUCeiling is the largest share (cores) a cgroup at this path may
+	// be given (+Inf: no limit).
+	CPUCeiling(cgroup string) float64
 	// AgentAddr is the address of the agent of the sandbox with this ID
 	// and address.
 	AgentAddr(id string, ip netip.Addr) string
@@ -60,6 +66,10 @@ func (realHost) Unmount(ctx context.Context, target string) error { return mount
 func (realHost) Freeze(ctx context.Context, cg string) error      { return cgroups.Freeze(ctx, cg) }
 func (realHost) Thaw(ctx context.Context, cg string) error        { return cgroups.Thaw(ctx, cg) }
 func (realHost) Frozen(cg string) (bool, error)                   { return cgroups.Frozen(cg) }
+func (realHost) SetCPUQuota(cg string, quota int64, period uint64) error {
+	return cgroups.SetCPUQuota(cgroups.Root, cg, quota, period)
+}
+func (realHost) CPUCeiling(cg string) float64 { return cgroups.CPUCeiling(cgroups.Root, cg) }
 func (realHost) AgentAddr(_ string, ip netip.Addr) string {
 	return netip.AddrPortFrom(ip, agentPort).String()
 }

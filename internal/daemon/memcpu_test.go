@@ -2,18 +2,37 @@ package daemon
 
 import (
 	"context"
+	"math"
+	goruntime "runtime"
+	"slices"
 	"testing"
 
 	"github.com/forkbox/forkbox/internal/runtime/spec"
 )
 
-// TestMemoryChildTakesItsOwnCPU: a memory-fork child whose CPU is
-// overridden restores with that limit in its spec, not the source's (the
-// spec comes from the source's image).
-func TestMemoryChildTakesItsOwnCPU(t *testing.T) {
+// TestRestoreCPU: a gVisor restore runs with one CPU more than the
+// sandbox's limit (within the host's CPUs and a limited parent's share),
+// and the sandbox has its own limit once it is up: a memory-fork child
+// (whose limit is its own, not the source's image's), the source restored
+// in place, a woken sandbox. A fresh boot and crun keep their limit from
+// the start. Reconcile sets the limit of a sandbox the daemon died with
+// before it could.
+func TestRestoreCPU(t *testing.T) {
 	h := newHarness(t)
+	ctx := context.Background()
+	raised := func(cores float64) int64 {
+		return spec.CPUQuota(min(cores+1, float64(goruntime.NumCPU())))
+	}
+	check := func(what, id string, want ...int64) {
+		t.Helper()
+		if got := h.w.cpuOf(h.d.cgroupPath(id)); !slices.Equal(got, want) {
+			t.Errorf("%s: cgroup's CPU quotas %v, want %v", what, got, want)
+		}
+	}
 	src := h.create(CreateOptions{Name: "src", CPU: "1"})
-	res, err := h.d.Fork(context.Background(), ForkOptions{Source: src, Count: 1, Memory: true, Overrides: Overrides{CPU: "0.25"}})
+	check("fresh boot", src, 100000)
+
+	res, err := h.d.Fork(ctx, ForkOptions{Source: src, Count: 1, Memory: true, Overrides: Overrides{CPU: "0.25"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -21,15 +40,56 @@ func TestMemoryChildTakesItsOwnCPU(t *testing.T) {
 	if c.Err != nil {
 		t.Fatal(c.Err)
 	}
-	dir := h.d.bundleDir(c.Sandbox.ID)
-	if h.d.pooled(c.Sandbox.ID) {
-		dir = h.d.podBundleDir(c.Sandbox.ID)
+	if c.Sandbox.Config.CPU != 0.25 {
+		t.Errorf("child's CPU %v, want the override 0.25", c.Sandbox.Config.CPU)
 	}
-	s, err := spec.ReadBundle(dir)
-	if err != nil {
+	check("memory-fork child", c.Sandbox.ID, raised(0.25), 25000)
+	check("source restored in place", src, 100000, raised(1), 100000)
+
+	w := h.create(CreateOptions{Name: "w", CPU: "0.5"})
+	if _, err := h.d.Hibernate(ctx, w); err != nil {
 		t.Fatal(err)
 	}
-	if cpu := s.Linux.Resources.CPU; c.Sandbox.Config.CPU != 0.25 || cpu == nil || *cpu.Quota != 25000 || *cpu.Period != spec.CPUPeriod {
-		t.Errorf("child's config CPU %v, spec's limit %+v; want 0.25 and 25000 per %d µs", c.Sandbox.Config.CPU, cpu, spec.CPUPeriod)
+	if _, err := h.d.Wake(ctx, w); err != nil {
+		t.Fatal(err)
+	}
+	check("woken", w, 50000, raised(0.5), 50000)
+
+	cr := h.create(CreateOptions{Name: "c", CPU: "0.5", Runtime: RuntimeCrun})
+	check("crun", cr, 50000)
+
+	// Under a parent limited to 0.5 CPU, a child of 0.25 restores with 0.5;
+	// one of 0.5 is not raised at all.
+	h.w.mu.Lock()
+	h.w.ceiling = 0.5
+	h.w.mu.Unlock()
+	for _, cores := range []string{"0.25", "0.5"} {
+		s := h.create(CreateOptions{Name: "src-" + cores, CPU: "0.5"})
+		res, err := h.d.Fork(ctx, ForkOptions{Source: s, Count: 1, Memory: true, Overrides: Overrides{CPU: cores}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := res.Children[0]
+		if c.Err != nil {
+			t.Fatal(c.Err)
+		}
+		if cores == "0.25" {
+			check("child under a limited parent", c.Sandbox.ID, 50000, 25000)
+		} else {
+			check("child at its parent's share", c.Sandbox.ID, 50000)
+		}
+	}
+	h.w.mu.Lock()
+	h.w.ceiling = math.Inf(1)
+	h.w.mu.Unlock()
+
+	// A daemon that died after a restore and before the limit: the cgroup
+	// still has the raised quota; reconcile sets the limit.
+	if err := h.w.SetCPUQuota(h.d.cgroupPath(src), raised(1), spec.CPUPeriod); err != nil {
+		t.Fatal(err)
+	}
+	h.reopen(h.runtimes(RuntimeGVisor, RuntimeCrun))
+	if got := h.w.cpuOf(h.d.cgroupPath(src)); got[len(got)-1] != 100000 {
+		t.Errorf("after reconcile the source's quotas are %v, want the limit 100000 last", got)
 	}
 }

@@ -224,7 +224,15 @@ func (d *Daemon) rotateAgentToken(ctx context.Context, sb *store.Sandbox) error 
 // a memory checkpoint's source reconfigures it). Used by wake and by a
 // memory checkpoint's source.
 func (d *Daemon) restoreAsItself(ctx context.Context, sb *store.Sandbox, mc runtime.MemoryCheckpointer, image string) error {
-	if d.pooled(sb.ID) {
+	pooled := d.pooled(sb.ID)
+	cgBundle := d.bundleDir(sb.ID) // the restore that makes the cgroup
+	if pooled {
+		cgBundle = d.podBundleDir(sb.ID)
+	}
+	if err := d.restoreCPUIn(cgBundle, sb); err != nil {
+		return err
+	}
+	if pooled {
 		if err := mc.Restore(ctx, podID(sb.ID), d.podBundleDir(sb.ID), image); err != nil {
 			return fmt.Errorf("restore the placeholder: %w", err)
 		}
@@ -234,7 +242,11 @@ func (d *Daemon) restoreAsItself(ctx context.Context, sb *store.Sandbox, mc runt
 	}
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
-	return agent.WaitReady(rctx, d.agent(sb))
+	if err := agent.WaitReady(rctx, d.agent(sb)); err != nil {
+		return err
+	}
+	d.settleCPU(ctx, sb)
+	return nil
 }
 
 // restoreIntoCreated restores a memory image's placeholder into sb's created
@@ -336,6 +348,9 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 		return err
 	}
 	t1 := time.Now()
+	if pm != nil {
+		d.raiseCPU(ctx, sb) // its cgroup is the created placeholder's
+	}
 	if pm != nil && !d.restoreIntoCreated(ctx, sb, mc, filepath.Join(dir, memImageSub)) {
 		// The ordinary way, in the member's netns and cgroup.
 		if err := d.writeRestoredPod(sb, pod, nw.NSPath); err != nil {
@@ -379,6 +394,7 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 			return err
 		}
 	}
+	d.settleCPU(ctx, sb)
 	// Where a child's start goes (bench and issue 17): our own work before
 	// (snapshot, mounts, network, bundle), runsc restore, the agent's first
 	// answer, the fork notice; and how long its CPU limit held it back

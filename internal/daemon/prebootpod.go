@@ -201,10 +201,11 @@ func (d *Daemon) writeRestoredPod(sb *store.Sandbox, s *specs.Spec, nsPath strin
 }
 
 // ownCgroup gives a spec taken from a memory image (the source's) sb's
-// own cgroup and its CPU and memory limits.
+// own cgroup and memory limit, and the CPU limit its restore runs with
+// (restoreCPU).
 func (d *Daemon) ownCgroup(s *specs.Spec, sb *store.Sandbox) {
 	s.Linux.CgroupsPath = d.cgroupPath(sb.ID)
-	spec.SetCPU(s, sb.Config.CPU)
+	d.restoreCPU(s, sb)
 	setMemoryLimit(s, hostMemoryLimit(sb.Runtime, sb.Config.MemoryBytes))
 }
 

@@ -157,7 +157,7 @@ func validate(o *SpecOptions) error {
 		return bad("cpu %v must be a finite number ≥ 0", o.CPU)
 	case o.CPU > MaxCPU:
 		return bad("cpu %v exceeds %v cores", o.CPU, MaxCPU)
-	case o.CPU > 0 && cpuQuota(o.CPU) < minCPUQuota:
+	case o.CPU > 0 && CPUQuota(o.CPU) < minCPUQuota:
 		return bad("cpu %v is below the minimum of %v cores", o.CPU, float64(minCPUQuota)/CPUPeriod)
 	}
 	if o.MemoryBytes < 0 || (o.MemoryBytes > 0 && o.MemoryBytes < MinMemoryBytes) {
@@ -191,7 +191,8 @@ func validCgroupsPath(p string) error {
 	return fmt.Errorf("cgroups path %q must be absolute (cgroupfs) or slice:prefix:name (systemd)", p)
 }
 
-func cpuQuota(cores float64) int64 { return int64(math.Round(cores * CPUPeriod)) }
+// CPUQuota is the CFS quota (µs per CPUPeriod) of a limit of cores.
+func CPUQuota(cores float64) int64 { return int64(math.Round(cores * CPUPeriod)) }
 
 // SetCPU gives s a CPU limit of cores (0: none), replacing the one it had.
 func SetCPU(s *specs.Spec, cores float64) {
@@ -208,7 +209,7 @@ func cpuLimit(cores float64) *specs.LinuxCPU {
 	if cores <= 0 {
 		return nil
 	}
-	q, p := cpuQuota(cores), uint64(CPUPeriod)
+	q, p := CPUQuota(cores), uint64(CPUPeriod)
 	return &specs.LinuxCPU{Quota: &q, Period: &p}
 }
 
