@@ -137,6 +137,7 @@ func TestPrebootCreate(t *testing.T) {
 	o.Name, o.Env = "preboot-one", map[string]string{"GREETING": "hi"}
 	sb := newSandbox(t, o)
 	assertPooled(t, sb)
+	checkCPUQuota(t, sb.ID, 100000) // the default limit, after a start that ran with more
 	if after := scrape(t, "http://"+maddr+"/metrics", ""); after["forkbox_preboot_hits_total"] != before["forkbox_preboot_hits_total"]+1 {
 		t.Errorf("forkbox_preboot_hits_total %v -> %v, want one more", before["forkbox_preboot_hits_total"], after["forkbox_preboot_hits_total"])
 	}
@@ -353,6 +354,7 @@ func TestPrebootMemoryForkCreated(t *testing.T) {
 		t.Errorf("the child is %s, the created spare was %s", child.ID, spare[0])
 	}
 	assertPooled(t, child)
+	checkCPUQuota(t, child.ID, 100000) // the default limit, after a restore that ran with more
 	if after := scrape(t, "http://"+maddr+"/metrics", ""); after["forkbox_preboot_hits_total"] != before["forkbox_preboot_hits_total"]+1 {
 		t.Errorf("forkbox_preboot_hits_total %v -> %v, want one more", before["forkbox_preboot_hits_total"], after["forkbox_preboot_hits_total"])
 	}

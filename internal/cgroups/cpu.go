@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -45,8 +46,12 @@ func SetCPUQuota(root, path string, quota int64, period uint64) error {
 	}
 	for _, dir := range v2Dirs(root, path) {
 		f := filepath.Join(dir, "cpu.max")
-		if _, err := os.Stat(f); err != nil {
+		b, err := os.ReadFile(f)
+		if err != nil {
 			continue
+		}
+		if cur := strings.Fields(string(b)); len(cur) != 2 || cur[1] != strconv.FormatUint(period, 10) {
+			return fmt.Errorf("cgroup %s: cpu.max %q, not a period of %d: %w", path, strings.TrimSpace(string(b)), period, errdefs.ErrFailedPrecondition)
 		}
 		if err := os.WriteFile(f, []byte(fmt.Sprintf("%d %d", quota, period)), 0); err != nil {
 			return fmt.Errorf("cgroup %s: %w", path, err)
@@ -91,9 +96,13 @@ func CPULimit(root, path string) (quota int64, period uint64, err error) {
 // given: on v1 the kernel refuses a quota above any limited ancestor's
 // share (EINVAL), so it is the lowest share among path's ancestors that
 // exist; on v2 a larger quota is accepted (the ancestors' limits apply
-// anyway), so it is +Inf, as it is when no ancestor is limited.
+// anyway), so it is +Inf, as it is when no ancestor is limited. It is 0
+// when root has no cpu controller where SetCPUQuota looks.
 func CPUCeiling(root, path string) float64 {
 	ceiling := math.Inf(1)
+	if !hasCPUController(root) {
+		return 0
+	}
 	for _, ctl := range cpuV1Dirs {
 		if _, err := os.Stat(filepath.Join(root, ctl, "cpu.cfs_quota_us")); err != nil {
 			continue
@@ -112,4 +121,21 @@ func CPUCeiling(root, path string) float64 {
 		break
 	}
 	return ceiling
+}
+
+// hasCPUController reports whether root has the cpu controller: a v1
+// hierarchy, or a v2 (or hybrid unified) root that offers it.
+func hasCPUController(root string) bool {
+	for _, ctl := range cpuV1Dirs {
+		if _, err := os.Stat(filepath.Join(root, ctl, "cpu.cfs_quota_us")); err == nil {
+			return true
+		}
+	}
+	for _, dir := range v2Dirs(root, "/") {
+		b, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
+		if err == nil && slices.Contains(strings.Fields(string(b)), "cpu") {
+			return true
+		}
+	}
+	return false
 }

@@ -32,10 +32,12 @@ func TestCPUQuotaFiles(t *testing.T) {
 			"cpu,cpuacct" + cg + "/cpu.cfs_period_us": "100000\n",
 		}, "cpu,cpuacct" + cg + "/cpu.cfs_quota_us", "50000", 1.5},
 		{"v2", map[string]string{
-			cg + "/cpu.max": "200000 100000\n",
+			"cgroup.controllers": "cpuset cpu io memory pids\n",
+			cg + "/cpu.max":      "200000 100000\n",
 		}, cg + "/cpu.max", "50000 100000", math.Inf(1)},
 		{"hybrid", map[string]string{
-			"unified" + cg + "/cpu.max": "max 100000\n",
+			"unified/cgroup.controllers": "cpu\n",
+			"unified" + cg + "/cpu.max":  "max 100000\n",
 		}, "unified" + cg + "/cpu.max", "50000 100000", math.Inf(1)},
 	}
 	for _, c := range cases {
@@ -65,9 +67,17 @@ func TestCPUQuotaFiles(t *testing.T) {
 	if err := SetCPUQuota(root, cg, 0, 100000); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("quota 0: got %v, want InvalidArgument", err)
 	}
+	if got := CPUCeiling(root, cg); got != 0 {
+		t.Errorf("CPUCeiling without a cpu controller = %v, want 0", got)
+	}
 	writeFiles(t, root, map[string]string{"cpu" + cg + "/cpu.cfs_period_us": "1000000\n"})
 	if err := SetCPUQuota(root, cg, 50000, 100000); !errdefs.IsFailedPrecondition(err) {
-		t.Errorf("another period: got %v, want FailedPrecondition", err)
+		t.Errorf("v1, another period: got %v, want FailedPrecondition", err)
+	}
+	v2 := t.TempDir()
+	writeFiles(t, v2, map[string]string{cg + "/cpu.max": "max 1000000\n"})
+	if err := SetCPUQuota(v2, cg, 50000, 100000); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("v2, another period: got %v, want FailedPrecondition", err)
 	}
 }
 
@@ -125,9 +135,4 @@ func TestCPUQuotaRealCgroup(t *testing.T) {
 			t.Error("v1 took a child quota above its parent's share: CPUCeiling's reason is gone")
 		}
 	}
-}
-
-func hasCPUController(dir string) bool {
-	b, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
-	return err == nil && strings.Contains(" "+string(b)+" ", " cpu ")
 }

@@ -25,14 +25,21 @@ import (
 //
 // Which starts: restores (a memory-fork child, its restored placeholder, a
 // created placeholder that takes an image, a wake, a memory checkpoint's
-// source restored in place). A fresh boot keeps its limit from the start:
+// source restored in place) and a container started in a pre-booted
+// sandbox (whose booted Sentry already shows the limit). A fresh boot
+// keeps its limit from the start:
 // its Sentry shows the tenant the quota it boots with in the sandbox's own
 // cgroupfs, where a restored one shows what its image holds.
 //
 // The raised quota is within the host's CPUs and, on cgroup v1, within any
-// limited parent's share (the kernel refuses more). It lasts until the
-// agent has answered (and the fork notice, for a child); a daemon that dies
-// in between leaves it, and reconcile sets the limit again.
+// limited parent's share (the kernel refuses more); none where the host's
+// cpu controller is not found. It lasts until the agent has answered
+// (before a child's on-fork hook, which is the tenant's code); a daemon
+// that dies in between leaves it, and reconcile sets the limit again.
+// runsc sizes a Sentry's Go runtime (GOMAXPROCS, at least 2) from the
+// quota it starts with, so a restored Sentry of a limit of 2 CPUs or more
+// keeps one more thread of its own than a booted one; the tenant's CPU
+// count comes from its image either way.
 
 // startCPU is the CPU limit (cores, 0: none) sb's restore runs with.
 func (d *Daemon) startCPU(sb *store.Sandbox) float64 {
@@ -58,9 +65,10 @@ func (d *Daemon) restoreCPU(s *specs.Spec, sb *store.Sandbox) {
 
 // restoreCPUIn gives the spec in bundle dir, a restore's that makes sb's
 // cgroup, the limit the restore runs with (the spec a sandbox was first
-// started with holds its own limit).
+// started with holds its own limit; one a host with fewer CPUs restores
+// again may hold more than it may have now).
 func (d *Daemon) restoreCPUIn(dir string, sb *store.Sandbox) error {
-	if !d.raisedCPU(sb) {
+	if sb.Runtime != RuntimeGVisor {
 		return nil
 	}
 	s, err := spec.ReadBundle(dir)
@@ -81,10 +89,11 @@ func (d *Daemon) raiseCPU(ctx context.Context, sb *store.Sandbox) {
 	d.bestEffort(ctx, "raise the CPU quota for a restore", err, slog.String("sandbox", sb.ID))
 }
 
-// settleCPU gives a started gVisor sandbox its own CPU limit. A failure is
-// logged (reconcile sets it again); the sandbox keeps the raised quota.
+// settleCPU gives a started gVisor sandbox its own CPU limit, whatever
+// its restore ran with. A failure is logged (reconcile sets it again); the
+// sandbox keeps the raised quota.
 func (d *Daemon) settleCPU(ctx context.Context, sb *store.Sandbox) {
-	if !d.raisedCPU(sb) {
+	if sb.Runtime != RuntimeGVisor || sb.Config.CPU <= 0 {
 		return
 	}
 	err := d.host.SetCPUQuota(d.cgroupPath(sb.ID), spec.CPUQuota(sb.Config.CPU), spec.CPUPeriod)

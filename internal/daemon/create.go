@@ -327,6 +327,10 @@ func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, 
 	}
 	named := make(chan error, 1)
 	if pm != nil {
+		// The container starts in the placeholder's booted sandbox, whose
+		// cgroup it shares: raised for the start (cpulimit.go).
+		d.raiseCPU(ctx, sb)
+		defer d.settleCPU(ctx, sb)
 		go func() { named <- d.setPodHostname(ctx, sb) }()
 	} else {
 		named <- nil

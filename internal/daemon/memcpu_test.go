@@ -59,7 +59,7 @@ func TestRestoreCPU(t *testing.T) {
 	check("crun", cr, 50000)
 
 	// Under a parent limited to 0.5 CPU, a child of 0.25 restores with 0.5;
-	// one of 0.5 is not raised at all.
+	// one of 0.5 is not raised at all (and is given its limit again).
 	h.w.mu.Lock()
 	h.w.ceiling = 0.5
 	h.w.mu.Unlock()
@@ -76,9 +76,18 @@ func TestRestoreCPU(t *testing.T) {
 		if cores == "0.25" {
 			check("child under a limited parent", c.Sandbox.ID, 50000, 25000)
 		} else {
-			check("child at its parent's share", c.Sandbox.ID, 50000)
+			check("child at its parent's share", c.Sandbox.ID, 50000, 50000)
 		}
 	}
+	// w's bundle holds the raised quota of its last wake, which the
+	// parent's share no longer allows: the next wake restores at the limit.
+	if _, err := h.d.Hibernate(ctx, w); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.d.Wake(ctx, w); err != nil {
+		t.Fatal(err)
+	}
+	check("woken under a limited parent", w, 50000, raised(0.5), 50000, 50000, 50000)
 	h.w.mu.Lock()
 	h.w.ceiling = math.Inf(1)
 	h.w.mu.Unlock()

@@ -240,13 +240,10 @@ func (d *Daemon) restoreAsItself(ctx context.Context, sb *store.Sandbox, mc runt
 	if err := mc.Restore(ctx, sb.ID, d.bundleDir(sb.ID), image); err != nil {
 		return err
 	}
+	defer d.settleCPU(ctx, sb) // also when its agent does not answer
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
-	if err := agent.WaitReady(rctx, d.agent(sb)); err != nil {
-		return err
-	}
-	d.settleCPU(ctx, sb)
-	return nil
+	return agent.WaitReady(rctx, d.agent(sb))
 }
 
 // restoreIntoCreated restores a memory image's placeholder into sb's created
@@ -377,6 +374,7 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 		return fmt.Errorf("restored agent did not answer (%v); its output: %q: %w", err, d.initOutput(sb.ID), errdefs.ErrUnavailable)
 	}
 	readyMS := msSince(t2)
+	d.settleCPU(ctx, sb) // before the on-fork hook: that is the tenant's
 	t3 := time.Now()
 	reply, err := c.Forked(ctx, agent.ForkNotice{Token: sb.AgentToken, Hostname: sb.Config.Hostname, MachineID: sb.Config.MachineID,
 		ParentID: ck.SandboxID, Reason: agent.ForkReasonFork, Time: time.Now()})
@@ -394,7 +392,6 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 			return err
 		}
 	}
-	d.settleCPU(ctx, sb)
 	// Where a child's start goes (bench and issue 17): our own work before
 	// (snapshot, mounts, network, bundle), runsc restore, the agent's first
 	// answer, the fork notice; and how long its CPU limit held it back
