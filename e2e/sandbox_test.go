@@ -271,6 +271,13 @@ func TestResourceLimitsReachTheCgroup(t *testing.T) {
 		o.Resources = client.Resources{CPU: "0.5", Memory: "128Mi", Pids: 100}
 		sb := newSandbox(t, o)
 		checkCgroupLimits(t, sb.ID, 50000, 100)
+		if curRuntime == "gvisor" {
+			// Its boot ran with a raised quota; the tenant sees the limit
+			// in the sandbox's own cgroupfs (scripts/gvisor/cpu-limit.patch).
+			if q := strings.TrimSpace(mustSh(t, sb, "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us")); q != "50000" {
+				t.Errorf("the sandbox's cgroupfs shows a CPU quota of %s, want the limit 50000", q)
+			}
+		}
 	})
 }
 

@@ -23,8 +23,9 @@ RUNSC_STAMP=/usr/local/lib/forkbox/runsc.version
 # start-signals.patch (the Sentry's signal forwarding registered beside the
 # sandbox's start instead of before it), state-atomic.patch (runsc's state
 # file written by rename, so a runsc killed mid-save leaves a state that
-# loads), systrap-self-pid.patch
-# and precompiled seccomp programs
+# loads), cpu-limit.patch (the Sentry shows the tenant the CPU limit an
+# annotation names, not the raised quota a sandbox starts with),
+# systrap-self-pid.patch and precompiled seccomp programs
 # (scripts/gvisor/precompile.go); FORKBOX_RUNSC_PATCHED=0 builds the stock
 # one. The stamp holds a hash of the patches and the build scripts, so
 # changing any of them rebuilds it.

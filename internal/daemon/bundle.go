@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -64,7 +65,7 @@ func agentPidsLimit(runtimeName string, pids int64) int64 {
 // writeBundle writes the OCI bundle (config.json and the small /etc files)
 // of a sandbox. With pod, its container starts in that running pre-booted
 // sandbox, whose cgroup and limits it shares (set when it booted).
-func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Network, pod string) error {
+func (d *Daemon) writeBundle(ctx context.Context, sb *store.Sandbox, img image.Image, nw *network.Network, pod string) error {
 	dir := d.bundleDir(sb.ID)
 	env := append([]string{}, img.Config.Env...)
 	keys := make([]string, 0, len(sb.Config.Env))
@@ -123,6 +124,8 @@ func (d *Daemon) writeBundle(sb *store.Sandbox, img image.Image, nw *network.Net
 	if pod != "" {
 		runsc.AsTenant(s, pod)
 		s.Linux.CgroupsPath = ""
+	} else {
+		d.startSpec(ctx, s, sb.Runtime, sb.Config.CPU, d.cgroupPath(sb.ID), true) // its boot: cpulimit.go
 	}
 	if err := spec.PrepareRootfs(filepath.Join(dir, "rootfs")); err != nil {
 		return err

@@ -5,9 +5,11 @@ import (
 	"log/slog"
 	"math"
 	goruntime "runtime"
+	"strconv"
 
 	"github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/forkbox/forkbox/internal/runtime/runsc"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
 	"github.com/forkbox/forkbox/internal/store"
 )
@@ -25,11 +27,14 @@ import (
 //
 // Which starts: restores (a memory-fork child, its restored placeholder, a
 // created placeholder that takes an image, a wake, a memory checkpoint's
-// source restored in place) and a container started in a pre-booted
-// sandbox (whose booted Sentry already shows the limit). A fresh boot
-// keeps its limit from the start:
-// its Sentry shows the tenant the quota it boots with in the sandbox's own
-// cgroupfs, where a restored one shows what its image holds.
+// source restored in place), a container started in a pre-booted sandbox
+// (whose booted Sentry already shows the limit), and fresh boots (a
+// create or fork child that finds no pre-booted sandbox, a pre-booted
+// placeholder's boot). A restored Sentry shows the tenant, in the
+// sandbox's own cgroupfs, the quota its image holds; a booted one shows
+// the quota runsc finds in the cgroup as it boots, unless the spec names
+// the limit in runsc.AnnotationCPULimit (scripts/gvisor/cpu-limit.patch):
+// a fresh boot is raised only with a runsc that takes it.
 //
 // The raised quota is within the host's CPUs and, on cgroup v1, within any
 // limited parent's share (the kernel refuses more); none where the host's
@@ -43,15 +48,57 @@ import (
 
 // startCPU is the CPU limit (cores, 0: none) sb's restore runs with.
 func (d *Daemon) startCPU(sb *store.Sandbox) float64 {
-	cores := sb.Config.CPU
-	if sb.Runtime != RuntimeGVisor || cores <= 0 {
+	return d.startCores(sb.Runtime, sb.Config.CPU, d.cgroupPath(sb.ID))
+}
+
+// startCores is the CPU limit (cores) a start of a sandbox of runtime rt
+// and limit cores in cgroup cg runs with.
+func (d *Daemon) startCores(rt string, cores float64, cg string) float64 {
+	if rt != RuntimeGVisor || cores <= 0 {
 		return cores
 	}
 	hi := spec.CPUQuota(min(cores+1, float64(goruntime.NumCPU())))
-	if c := d.host.CPUCeiling(d.cgroupPath(sb.ID)); !math.IsInf(c, 1) {
+	if c := d.host.CPUCeiling(cg); !math.IsInf(c, 1) {
 		hi = min(hi, int64(math.Floor(c*spec.CPUPeriod)))
 	}
 	return float64(max(spec.CPUQuota(cores), hi)) / spec.CPUPeriod
+}
+
+// startSpec gives s, the spec of a gVisor start that makes cgroup cg for a
+// sandbox of runtime rt and limit cores, the quota the start runs with. A
+// fresh boot (boot) is raised only with a runsc that shows the tenant the
+// limit named in runsc.AnnotationCPULimit (cpu-limit.patch); a restore
+// names it too (the Sentry sizes its own runtime from it). Otherwise the
+// annotation goes: a spec taken from a memory image may hold the source's.
+func (d *Daemon) startSpec(ctx context.Context, s *specs.Spec, rt string, cores float64, cg string, boot bool) {
+	delete(s.Annotations, runsc.AnnotationCPULimit)
+	start := d.startCores(rt, cores, cg)
+	shows := false
+	if l, ok := d.runtimes[rt].(interface{ ShowsCPULimit(context.Context) bool }); ok {
+		shows = l.ShowsCPULimit(ctx)
+	}
+	if start <= cores || (boot && !shows) {
+		spec.SetCPU(s, cores)
+		return
+	}
+	spec.SetCPU(s, start)
+	if shows {
+		if s.Annotations == nil {
+			s.Annotations = map[string]string{}
+		}
+		s.Annotations[runsc.AnnotationCPULimit] = strconv.FormatInt(spec.CPUQuota(cores), 10)
+	}
+}
+
+// settleCgroup gives cgroup cg of a started gVisor sandbox its CPU limit
+// cores, whatever its start ran with. A failure is logged (reconcile sets
+// it again); the sandbox keeps the raised quota.
+func (d *Daemon) settleCgroup(ctx context.Context, rt string, cores float64, cg string) {
+	if rt != RuntimeGVisor || cores <= 0 {
+		return
+	}
+	err := d.host.SetCPUQuota(cg, spec.CPUQuota(cores), spec.CPUPeriod)
+	d.bestEffort(ctx, "set the CPU limit after a start", err, slog.String("cgroup", cg))
 }
 
 // raisedCPU reports whether sb's restores run above its limit.
@@ -59,15 +106,15 @@ func (d *Daemon) raisedCPU(sb *store.Sandbox) bool { return d.startCPU(sb) > sb.
 
 // restoreCPU gives s, the spec of a restore that makes sb's cgroup, the
 // limit the restore runs with.
-func (d *Daemon) restoreCPU(s *specs.Spec, sb *store.Sandbox) {
-	spec.SetCPU(s, d.startCPU(sb))
+func (d *Daemon) restoreCPU(ctx context.Context, s *specs.Spec, sb *store.Sandbox) {
+	d.startSpec(ctx, s, sb.Runtime, sb.Config.CPU, d.cgroupPath(sb.ID), false)
 }
 
 // restoreCPUIn gives the spec in bundle dir, a restore's that makes sb's
 // cgroup, the limit the restore runs with (the spec a sandbox was first
 // started with holds its own limit; one a host with fewer CPUs restores
 // again may hold more than it may have now).
-func (d *Daemon) restoreCPUIn(dir string, sb *store.Sandbox) error {
+func (d *Daemon) restoreCPUIn(ctx context.Context, dir string, sb *store.Sandbox) error {
 	if sb.Runtime != RuntimeGVisor {
 		return nil
 	}
@@ -75,7 +122,7 @@ func (d *Daemon) restoreCPUIn(dir string, sb *store.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	d.restoreCPU(s, sb)
+	d.restoreCPU(ctx, s, sb)
 	return spec.WriteBundle(dir, s)
 }
 
@@ -90,12 +137,7 @@ func (d *Daemon) raiseCPU(ctx context.Context, sb *store.Sandbox) {
 }
 
 // settleCPU gives a started gVisor sandbox its own CPU limit, whatever
-// its restore ran with. A failure is logged (reconcile sets it again); the
-// sandbox keeps the raised quota.
+// its start ran with (settleCgroup).
 func (d *Daemon) settleCPU(ctx context.Context, sb *store.Sandbox) {
-	if sb.Runtime != RuntimeGVisor || sb.Config.CPU <= 0 {
-		return
-	}
-	err := d.host.SetCPUQuota(d.cgroupPath(sb.ID), spec.CPUQuota(sb.Config.CPU), spec.CPUPeriod)
-	d.bestEffort(ctx, "set the CPU limit after a restore", err, slog.String("sandbox", sb.ID))
+	d.settleCgroup(ctx, sb.Runtime, sb.Config.CPU, d.cgroupPath(sb.ID))
 }

@@ -322,15 +322,14 @@ func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, 
 	if err != nil {
 		return err
 	}
-	if err := d.writeBundle(sb, img, nw, pod); err != nil {
+	if err := d.writeBundle(ctx, sb, img, nw, pod); err != nil {
 		return err
 	}
 	named := make(chan error, 1)
 	if pm != nil {
-		// The container starts in the placeholder's booted sandbox, whose
-		// cgroup it shares: raised for the start (cpulimit.go).
+		// The container shares the pre-booted sandbox's cgroup: raised for
+		// its start here (a fresh boot is, by its spec: cpulimit.go).
 		d.raiseCPU(ctx, sb)
-		defer d.settleCPU(ctx, sb)
 		go func() { named <- d.setPodHostname(ctx, sb) }()
 	} else {
 		named <- nil
@@ -343,6 +342,7 @@ func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, 
 	if err != nil {
 		return fmt.Errorf("start %s: %w", rt.Name(), err)
 	}
+	defer d.settleCPU(ctx, sb)
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	t0 := time.Now()

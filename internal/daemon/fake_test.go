@@ -523,6 +523,9 @@ func (r memRuntime) Checkpoint(_ context.Context, id, imageDir string) error {
 	return nil
 }
 
+// ShowsCPULimit: the fake runsc takes the CPU limit annotation.
+func (r memRuntime) ShowsCPULimit(context.Context) bool { return true }
+
 // Restore starts the container's agent with the token of the image: the
 // processes continue as they were.
 func (r memRuntime) Restore(_ context.Context, id, bundle string, imageDir string) error {

@@ -5,17 +5,19 @@ import (
 	"math"
 	goruntime "runtime"
 	"slices"
+	"strconv"
 	"testing"
 
+	"github.com/forkbox/forkbox/internal/runtime/runsc"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
 )
 
-// TestRestoreCPU: a gVisor restore runs with one CPU more than the
+// TestRestoreCPU: a gVisor start runs with one CPU more than the
 // sandbox's limit (within the host's CPUs and a limited parent's share),
-// and the sandbox has its own limit once it is up: a memory-fork child
-// (whose limit is its own, not the source's image's), the source restored
-// in place, a woken sandbox. A fresh boot and crun keep their limit from
-// the start. Reconcile sets the limit of a sandbox the daemon died with
+// and the sandbox has its own limit once it is up: a fresh boot (whose
+// spec names the limit for runsc), a memory-fork child (whose limit is
+// its own, not the source's image's), the source restored in place, a
+// woken sandbox. crun keeps its limit from the start. Reconcile sets the limit of a sandbox the daemon died with
 // before it could.
 func TestRestoreCPU(t *testing.T) {
 	h := newHarness(t)
@@ -29,8 +31,28 @@ func TestRestoreCPU(t *testing.T) {
 			t.Errorf("%s: cgroup's CPU quotas %v, want %v", what, got, want)
 		}
 	}
+	// named is the annotation of a start of limit cores: its quota when
+	// it is raised (on a host of one CPU, a limit of 1 is not).
+	named := func(cores float64) string {
+		if raised(cores) > spec.CPUQuota(cores) {
+			return strconv.FormatInt(spec.CPUQuota(cores), 10)
+		}
+		return ""
+	}
+	// checkAnnotation: the limit a raised start names for runsc ("" none).
+	checkAnnotation := func(what, id, want string) {
+		t.Helper()
+		s, err := spec.ReadBundle(h.d.bundleDir(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Annotations[runsc.AnnotationCPULimit]; got != want {
+			t.Errorf("%s: spec's %s = %q, want %q", what, runsc.AnnotationCPULimit, got, want)
+		}
+	}
 	src := h.create(CreateOptions{Name: "src", CPU: "1"})
-	check("fresh boot", src, 100000)
+	check("fresh boot", src, raised(1), 100000)
+	checkAnnotation("fresh boot", src, named(1))
 
 	res, err := h.d.Fork(ctx, ForkOptions{Source: src, Count: 1, Memory: true, Overrides: Overrides{CPU: "0.25"}})
 	if err != nil {
@@ -44,7 +66,8 @@ func TestRestoreCPU(t *testing.T) {
 		t.Errorf("child's CPU %v, want the override 0.25", c.Sandbox.Config.CPU)
 	}
 	check("memory-fork child", c.Sandbox.ID, raised(0.25), 25000)
-	check("source restored in place", src, 100000, raised(1), 100000)
+	checkAnnotation("memory-fork child", c.Sandbox.ID, named(0.25))
+	check("source restored in place", src, raised(1), 100000, raised(1), 100000)
 
 	w := h.create(CreateOptions{Name: "w", CPU: "0.5"})
 	if _, err := h.d.Hibernate(ctx, w); err != nil {
@@ -53,7 +76,7 @@ func TestRestoreCPU(t *testing.T) {
 	if _, err := h.d.Wake(ctx, w); err != nil {
 		t.Fatal(err)
 	}
-	check("woken", w, 50000, raised(0.5), 50000)
+	check("woken", w, raised(0.5), 50000, raised(0.5), 50000)
 
 	cr := h.create(CreateOptions{Name: "c", CPU: "0.5", Runtime: RuntimeCrun})
 	check("crun", cr, 50000)
@@ -77,6 +100,7 @@ func TestRestoreCPU(t *testing.T) {
 			check("child under a limited parent", c.Sandbox.ID, 50000, 25000)
 		} else {
 			check("child at its parent's share", c.Sandbox.ID, 50000, 50000)
+			checkAnnotation("child at its parent's share", c.Sandbox.ID, "")
 		}
 	}
 	// w's bundle holds the raised quota of its last wake, which the
@@ -87,7 +111,8 @@ func TestRestoreCPU(t *testing.T) {
 	if _, err := h.d.Wake(ctx, w); err != nil {
 		t.Fatal(err)
 	}
-	check("woken under a limited parent", w, 50000, raised(0.5), 50000, 50000, 50000)
+	check("woken under a limited parent", w, raised(0.5), 50000, raised(0.5), 50000, 50000, 50000)
+	checkAnnotation("woken under a limited parent", w, "")
 	h.w.mu.Lock()
 	h.w.ceiling = math.Inf(1)
 	h.w.mu.Unlock()

@@ -229,7 +229,7 @@ func (d *Daemon) restoreAsItself(ctx context.Context, sb *store.Sandbox, mc runt
 	if pooled {
 		cgBundle = d.podBundleDir(sb.ID)
 	}
-	if err := d.restoreCPUIn(cgBundle, sb); err != nil {
+	if err := d.restoreCPUIn(ctx, cgBundle, sb); err != nil {
 		return err
 	}
 	if pooled {
@@ -334,12 +334,12 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 		// restored first, as this sandbox's, which holds the cgroup.
 		runsc.AsTenant(s, podID(sb.ID))
 		if pm == nil {
-			if err := d.writeRestoredPod(sb, pod, nw.NSPath); err != nil {
+			if err := d.writeRestoredPod(ctx, sb, pod, nw.NSPath); err != nil {
 				return err
 			}
 		}
 	} else {
-		d.ownCgroup(s, sb)
+		d.ownCgroup(ctx, s, sb)
 	}
 	if err := spec.WriteBundle(bundle, s); err != nil {
 		return err
@@ -350,7 +350,7 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 	}
 	if pm != nil && !d.restoreIntoCreated(ctx, sb, mc, filepath.Join(dir, memImageSub)) {
 		// The ordinary way, in the member's netns and cgroup.
-		if err := d.writeRestoredPod(sb, pod, nw.NSPath); err != nil {
+		if err := d.writeRestoredPod(ctx, sb, pod, nw.NSPath); err != nil {
 			return err
 		}
 		pm = nil

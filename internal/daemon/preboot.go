@@ -397,7 +397,7 @@ func (d *Daemon) bootPreboot(ctx context.Context, key prebootKey) (_ *prebooted,
 		return nil, fmt.Errorf("preboot network: %w", err)
 	}
 	dir := d.podBundleDir(m.id)
-	if err := d.writePodBundle(dir, m.id, m.nw.NSPath, key); err != nil {
+	if err := d.writePodBundle(ctx, dir, m.id, m.nw.NSPath, key); err != nil {
 		return nil, err
 	}
 	if key.created {
@@ -411,6 +411,7 @@ func (d *Daemon) bootPreboot(ctx context.Context, key prebootKey) (_ *prebooted,
 	} else if err := d.runtimes[key.runtime].Run(ctx, podID(m.id), dir); err != nil {
 		return nil, fmt.Errorf("preboot: boot the sandbox: %w", err)
 	}
+	d.settleCgroup(ctx, key.runtime, key.cpu, d.cgroupPath(m.id)) // booted (or created): its limit
 	d.log.Debug("preboot: sandbox booted", slog.String("sandbox", m.id), slog.String("kind", key.kind()), slog.Duration("took", time.Since(t0)))
 	return m, nil
 }

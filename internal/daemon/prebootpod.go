@@ -34,7 +34,7 @@ func (d *Daemon) pooled(id string) bool {
 // writePodBundle writes the placeholder's bundle: an empty root with the
 // agent binary, which holds; CAP_SYS_ADMIN for sethostname only. The
 // sandbox's cgroup and limits are set here, for all its containers.
-func (d *Daemon) writePodBundle(dir, id, nsPath string, key prebootKey) error {
+func (d *Daemon) writePodBundle(ctx context.Context, dir, id, nsPath string, key prebootKey) error {
 	rootfs := filepath.Join(dir, "rootfs")
 	if err := os.MkdirAll(rootfs, 0o700); err != nil {
 		return fmt.Errorf("pod bundle: %w", err)
@@ -46,6 +46,7 @@ func (d *Daemon) writePodBundle(dir, id, nsPath string, key prebootKey) error {
 	if err != nil {
 		return err
 	}
+	d.startSpec(ctx, s, key.runtime, key.cpu, d.cgroupPath(id), true) // its boot: cpulimit.go
 	return spec.WriteBundle(dir, s)
 }
 
@@ -105,10 +106,14 @@ func canonicalPod(s *specs.Spec) ([]byte, error) {
 	if c.Root != nil {
 		c.Root.Path = ""
 	}
-	// runsc checks no dev.gvisor.internal.* annotation; the member's
-	// memory is the child's anyway (the key).
+	// runsc checks no dev.gvisor.internal.* annotation, nor ours; the
+	// member's memory and CPU are the child's anyway (the key).
 	delete(c.Annotations, runsc.AnnotationSandboxID)
 	delete(c.Annotations, runsc.AnnotationAppMemoryLimit)
+	delete(c.Annotations, runsc.AnnotationCPULimit)
+	if len(c.Annotations) == 0 {
+		c.Annotations = nil
+	}
 	for i := range c.Mounts {
 		c.Mounts[i].Source = "" // under the root, or the agent binary's path: not checked
 	}
@@ -179,7 +184,7 @@ func (d *Daemon) readPodSpec(imageDir string) (*specs.Spec, error) {
 // writeRestoredPod writes sb's placeholder bundle from the source's spec:
 // the same args and mounts (runsc checks them), sb's root, netns, cgroup
 // and limit.
-func (d *Daemon) writeRestoredPod(sb *store.Sandbox, s *specs.Spec, nsPath string) error {
+func (d *Daemon) writeRestoredPod(ctx context.Context, sb *store.Sandbox, s *specs.Spec, nsPath string) error {
 	dir := d.podBundleDir(sb.ID)
 	rootfs := filepath.Join(dir, "rootfs")
 	if err := os.MkdirAll(rootfs, 0o700); err != nil {
@@ -194,7 +199,7 @@ func (d *Daemon) writeRestoredPod(sb *store.Sandbox, s *specs.Spec, nsPath strin
 			s.Linux.Namespaces[i].Path = nsPath
 		}
 	}
-	d.ownCgroup(s, sb)
+	d.ownCgroup(ctx, s, sb)
 	setAppMemoryLimit(s, sb.Config.MemoryBytes)
 	runsc.AsPod(s, podID(sb.ID))
 	return spec.WriteBundle(dir, s)
@@ -203,9 +208,9 @@ func (d *Daemon) writeRestoredPod(sb *store.Sandbox, s *specs.Spec, nsPath strin
 // ownCgroup gives a spec taken from a memory image (the source's) sb's
 // own cgroup and memory limit, and the CPU limit its restore runs with
 // (restoreCPU).
-func (d *Daemon) ownCgroup(s *specs.Spec, sb *store.Sandbox) {
+func (d *Daemon) ownCgroup(ctx context.Context, s *specs.Spec, sb *store.Sandbox) {
 	s.Linux.CgroupsPath = d.cgroupPath(sb.ID)
-	d.restoreCPU(s, sb)
+	d.restoreCPU(ctx, s, sb)
 	setMemoryLimit(s, hostMemoryLimit(sb.Runtime, sb.Config.MemoryBytes))
 }
 

@@ -1,11 +1,15 @@
 package daemon
 
 import (
+	"context"
 	"path/filepath"
+	goruntime "runtime"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/forkbox/forkbox/internal/runtime"
+	"github.com/forkbox/forkbox/internal/runtime/runsc"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
 )
 
@@ -14,10 +18,13 @@ import (
 // for the same key, whatever their own id, netns and cgroup; not one whose
 // key or validated fields differ (runsc would refuse the restore).
 func TestCreatedFits(t *testing.T) {
-	d := &Daemon{cfg: Config{AgentPath: "/usr/libexec/forkbox/agent", CgroupParent: "forkbox"}}
+	// Its runsc shows the limit: the placeholder boots raised, and its
+	// spec names the limit, which no created member's does.
+	d := &Daemon{cfg: Config{AgentPath: "/usr/libexec/forkbox/agent", CgroupParent: "forkbox"}, host: realHost{},
+		runtimes: map[string]runtime.Runtime{RuntimeGVisor: showsLimit{}}}
 	key := keyOf(RuntimeGVisor, defaultConfig())
 	dir := filepath.Join(t.TempDir(), "pod")
-	if err := d.writePodBundle(dir, "sb-source", "/run/netns/fbx-sb-source", key); err != nil {
+	if err := d.writePodBundle(context.Background(), dir, "sb-source", "/run/netns/fbx-sb-source", key); err != nil {
 		t.Fatal(err)
 	}
 	read := func() *specs.Spec {
@@ -26,6 +33,9 @@ func TestCreatedFits(t *testing.T) {
 			t.Fatal(err)
 		}
 		return s
+	}
+	if goruntime.NumCPU() > 1 && read().Annotations[runsc.AnnotationCPULimit] == "" {
+		t.Errorf("the placeholder did not boot raised: %s is not in its spec", runsc.AnnotationCPULimit)
 	}
 	if !d.createdFits(read(), key) {
 		t.Fatal("the placeholder spec of a pre-booted sandbox does not fit members created for its key")
@@ -51,3 +61,8 @@ func TestCreatedFits(t *testing.T) {
 		t.Error("a placeholder with another mount list fits")
 	}
 }
+
+// showsLimit is a runtime whose runsc takes the CPU limit annotation.
+type showsLimit struct{ runtime.Runtime }
+
+func (showsLimit) ShowsCPULimit(context.Context) bool { return true }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds gVisor's runsc at VERSION with the patches next to this script
-# applied (checkpoint-hold.patch, memory-limit.patch, pages-parallel.patch,
-# restore-pwrite.patch, save-holes.patch, seccheck-init.patch,
+# applied (checkpoint-hold.patch, cpu-limit.patch, memory-limit.patch,
+# pages-parallel.patch, restore-pwrite.patch, save-holes.patch, seccheck-init.patch,
 # start-signals.patch, state-atomic.patch, systrap-self-pid.patch)
 # and its seccomp programs precompiled (precompile.go, as gVisor's Bazel
 # build does), into OUT: a copy of the module's source from the Go module
@@ -34,8 +34,8 @@ for patch in "$here"/*.patch; do
 done
 # The patches' own tests (those named Forkbox): the page reads of
 # restore-pwrite.patch, the trace points' registration of
-# seccheck-init.patch.
-GOFLAGS=-mod=mod go test -count=1 -run Forkbox ./pkg/sentry/state/stateio ./pkg/sentry/seccheck
+# seccheck-init.patch, the CPU limit annotation of cpu-limit.patch.
+GOFLAGS=-mod=mod go test -count=1 -run Forkbox ./pkg/sentry/state/stateio ./pkg/sentry/seccheck ./runsc/sandbox
 # Compiling every variant gVisor lists takes about 1.5 minutes of 2 cores;
 # verify runs in a new process and compares the embedded programs with a
 # fresh compile.
