@@ -14,8 +14,8 @@ import (
 	"github.com/forkbox/forkbox/internal/store"
 )
 
-// A gVisor restore gets one CPU more than the sandbox's limit, and the
-// limit once the sandbox is up. A restore loads pages, decodes the kernel's
+// A gVisor start gets one CPU more than the sandbox's limit, and the limit
+// once the sandbox is up. A restore loads pages, decodes the kernel's
 // state and collects garbage on several threads at once: held to a 1-CPU
 // quota per 100 ms period, memory-fork children here were throttled for
 // 68–199 ms in the middle of their restore (cpu.stat; the bench's
@@ -41,12 +41,12 @@ import (
 // cpu controller is not found. It lasts until the agent has answered
 // (before a child's on-fork hook, which is the tenant's code); a daemon
 // that dies in between leaves it, and reconcile sets the limit again.
-// runsc sizes a Sentry's Go runtime (GOMAXPROCS, at least 2) from the
-// quota it starts with, so a restored Sentry of a limit of 2 CPUs or more
-// keeps one more thread of its own than a booted one; the tenant's CPU
-// count comes from its image either way.
+// runsc sizes a Sentry's own Go runtime (GOMAXPROCS, at least 2) from the
+// same quota as the tenant's view: a restore names the limit too, so that
+// a runsc without the patch is the only one whose restored Sentry of a
+// limit of 2 CPUs or more keeps a thread more than a booted one.
 
-// startCPU is the CPU limit (cores, 0: none) sb's restore runs with.
+// startCPU is the CPU limit (cores, 0: none) sb's start runs with.
 func (d *Daemon) startCPU(sb *store.Sandbox) float64 {
 	return d.startCores(sb.Runtime, sb.Config.CPU, d.cgroupPath(sb.ID))
 }
