@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"math"
 	goruntime "runtime"
@@ -39,8 +40,9 @@ import (
 // The raised quota is within the host's CPUs and, on cgroup v1, within any
 // limited parent's share (the kernel refuses more); none where the host's
 // cpu controller is not found. It lasts until the agent has answered
-// (before a child's on-fork hook, which is the tenant's code); a daemon
-// that dies in between leaves it, and reconcile sets the limit again.
+// (before a child's on-fork hook, which is the tenant's code); a start
+// whose limit cannot be set back fails, and a daemon that dies in between
+// leaves the raise, which reconcile takes back.
 // runsc sizes a Sentry's own Go runtime (GOMAXPROCS, at least 2) from the
 // same quota as the tenant's view: a restore names the limit too, so that
 // a runsc without the patch is the only one whose restored Sentry of a
@@ -91,14 +93,16 @@ func (d *Daemon) startSpec(ctx context.Context, s *specs.Spec, rt string, cores 
 }
 
 // settleCgroup gives cgroup cg of a started gVisor sandbox its CPU limit
-// cores, whatever its start ran with. A failure is logged (reconcile sets
-// it again); the sandbox keeps the raised quota.
-func (d *Daemon) settleCgroup(ctx context.Context, rt string, cores float64, cg string) {
+// cores, whatever its start ran with. Its error fails the start: a sandbox
+// is not left above its limit.
+func (d *Daemon) settleCgroup(rt string, cores float64, cg string) error {
 	if rt != RuntimeGVisor || cores <= 0 {
-		return
+		return nil
 	}
-	err := d.host.SetCPUQuota(cg, spec.CPUQuota(cores), spec.CPUPeriod)
-	d.bestEffort(ctx, "set the CPU limit after a start", err, slog.String("cgroup", cg))
+	if err := d.host.SetCPUQuota(cg, spec.CPUQuota(cores), spec.CPUPeriod); err != nil {
+		return fmt.Errorf("set the CPU limit after the start: %w", err)
+	}
+	return nil
 }
 
 // raisedCPU reports whether sb's restores run above its limit.
@@ -138,6 +142,6 @@ func (d *Daemon) raiseCPU(ctx context.Context, sb *store.Sandbox) {
 
 // settleCPU gives a started gVisor sandbox its own CPU limit, whatever
 // its start ran with (settleCgroup).
-func (d *Daemon) settleCPU(ctx context.Context, sb *store.Sandbox) {
-	d.settleCgroup(ctx, sb.Runtime, sb.Config.CPU, d.cgroupPath(sb.ID))
+func (d *Daemon) settleCPU(sb *store.Sandbox) error {
+	return d.settleCgroup(sb.Runtime, sb.Config.CPU, d.cgroupPath(sb.ID))
 }

@@ -342,7 +342,6 @@ func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, 
 	if err != nil {
 		return fmt.Errorf("start %s: %w", rt.Name(), err)
 	}
-	defer d.settleCPU(ctx, sb)
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	t0 := time.Now()
@@ -350,7 +349,7 @@ func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, 
 		return fmt.Errorf("sandbox agent did not answer within %s (%v); its output: %q: %w", readyTimeout, err, d.initOutput(sb.ID), errdefs.ErrUnavailable)
 	}
 	d.log.Debug("agent ready", "sandbox", sb.ID, "took", time.Since(t0))
-	return nil
+	return d.settleCPU(sb)
 }
 
 // prepare makes a sandbox's writable layer (from parentSnapshot, if set),

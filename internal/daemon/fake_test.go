@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -29,6 +30,7 @@ import (
 	"github.com/forkbox/forkbox/internal/mount"
 	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/runtime"
+	"github.com/forkbox/forkbox/internal/runtime/runsc"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
 	"github.com/forkbox/forkbox/internal/snapshot"
 	"github.com/forkbox/forkbox/internal/snapshot/naive"
@@ -53,8 +55,12 @@ type world struct {
 	// runtime does), and by the daemon. ceiling is what CPUCeiling says.
 	cpu     map[string][]int64
 	ceiling float64
-	netns   map[string]netip.Addr
-	egress  map[string]network.Policy // by sandbox id, as set up or set
+	// noCPULimitPatch: the fake runsc does not take the CPU limit
+	// annotation; quotaErr fails SetCPUQuota.
+	noCPULimitPatch bool
+	quotaErr        error
+	netns           map[string]netip.Addr
+	egress          map[string]network.Policy // by sandbox id, as set up or set
 	// detached are the sandboxes whose bridge port is given back.
 	detached map[string]bool
 	// dying containers are reported running once more, then stopped (a
@@ -206,6 +212,9 @@ func (w *world) SetCPUQuota(cg string, quota int64, period uint64) error {
 	if _, ok := w.cpu[cg]; !ok {
 		return fmt.Errorf("cgroup %s: %w", cg, errdefs.ErrNotFound)
 	}
+	if w.quotaErr != nil {
+		return w.quotaErr
+	}
 	if period != spec.CPUPeriod {
 		return fmt.Errorf("cgroup %s: period %d: %w", cg, period, errdefs.ErrFailedPrecondition)
 	}
@@ -239,6 +248,14 @@ func (w *world) cgroupFrom(bundle string) error {
 	var q int64
 	if r := s.Linux.Resources; r != nil && r.CPU != nil && r.CPU.Quota != nil {
 		q = *r.CPU.Quota
+	}
+	// As cpu-limit.patch: a named limit is a positive quota no larger than
+	// the spec's (and the daemon names one only above it).
+	if v, ok := s.Annotations[runsc.AnnotationCPULimit]; ok {
+		l, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || l <= 0 || l >= q {
+			return fmt.Errorf("fake runsc: %s=%q with a quota of %d", runsc.AnnotationCPULimit, v, q)
+		}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -523,8 +540,13 @@ func (r memRuntime) Checkpoint(_ context.Context, id, imageDir string) error {
 	return nil
 }
 
-// ShowsCPULimit: the fake runsc takes the CPU limit annotation.
-func (r memRuntime) ShowsCPULimit(context.Context) bool { return true }
+// ShowsCPULimit: the fake runsc takes the CPU limit annotation unless
+// the world says not.
+func (r memRuntime) ShowsCPULimit(context.Context) bool {
+	r.w.mu.Lock()
+	defer r.w.mu.Unlock()
+	return !r.w.noCPULimitPatch
+}
 
 // Restore starts the container's agent with the token of the image: the
 // processes continue as they were.

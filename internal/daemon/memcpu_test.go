@@ -2,12 +2,15 @@ package daemon
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math"
 	goruntime "runtime"
 	"slices"
 	"strconv"
 	"testing"
 
+	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/runtime/runsc"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
 )
@@ -125,5 +128,52 @@ func TestRestoreCPU(t *testing.T) {
 	h.reopen(h.runtimes(RuntimeGVisor, RuntimeCrun))
 	if got := h.w.cpuOf(h.d.cgroupPath(src)); got[len(got)-1] != 100000 {
 		t.Errorf("after reconcile the source's quotas are %v, want the limit 100000 last", got)
+	}
+}
+
+// TestCPUWithoutThePatch: with a runsc that does not take the CPU limit
+// annotation, a fresh boot runs at its limit (its tenant would see a
+// raised quota for good) and a restore is still raised, without the
+// annotation. A limit that cannot be set back fails the start, which
+// leaves nothing running.
+func TestCPUWithoutThePatch(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	h.w.mu.Lock()
+	h.w.noCPULimitPatch = true
+	h.w.mu.Unlock()
+	src := h.create(CreateOptions{Name: "src", CPU: "0.5"})
+	if got := h.w.cpuOf(h.d.cgroupPath(src)); !slices.Equal(got, []int64{50000, 50000}) {
+		t.Errorf("fresh boot without the patch: quotas %v, want [50000 50000]", got)
+	}
+	res, err := h.d.Fork(ctx, ForkOptions{Source: src, Count: 1, Memory: true, Overrides: Overrides{CPU: "0.25"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := res.Children[0]
+	if c.Err != nil {
+		t.Fatal(c.Err)
+	}
+	want := []int64{spec.CPUQuota(min(1.25, float64(goruntime.NumCPU()))), 25000}
+	if got := h.w.cpuOf(h.d.cgroupPath(c.Sandbox.ID)); !slices.Equal(got, want) {
+		t.Errorf("restore without the patch: quotas %v, want %v", got, want)
+	}
+	s, err := spec.ReadBundle(h.d.bundleDir(c.Sandbox.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := s.Annotations[runsc.AnnotationCPULimit]; ok {
+		t.Errorf("restore without the patch: spec names the limit %q", v)
+	}
+
+	live := h.liveCount()
+	h.w.mu.Lock()
+	h.w.quotaErr = fmt.Errorf("write cpu.cfs_quota_us: %w", errdefs.ErrInternal)
+	h.w.mu.Unlock()
+	if _, err := h.d.Create(ctx, CreateOptions{Name: "stuck", Image: "unit:1", CPU: "0.5"}); !errors.Is(err, errdefs.ErrInternal) {
+		t.Errorf("create whose limit cannot be set: %v, want the write's Internal error", err)
+	}
+	if n := h.liveCount(); n != live {
+		t.Errorf("after the failed create %d sandboxes live, want %d", n, live)
 	}
 }

@@ -240,10 +240,10 @@ func (d *Daemon) restoreAsItself(ctx context.Context, sb *store.Sandbox, mc runt
 	if err := mc.Restore(ctx, sb.ID, d.bundleDir(sb.ID), image); err != nil {
 		return err
 	}
-	defer d.settleCPU(ctx, sb) // also when its agent does not answer
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
-	return agent.WaitReady(rctx, d.agent(sb))
+	err := agent.WaitReady(rctx, d.agent(sb))
+	return errors.Join(err, d.settleCPU(sb)) // also when its agent does not answer
 }
 
 // restoreIntoCreated restores a memory image's placeholder into sb's created
@@ -374,7 +374,9 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 		return fmt.Errorf("restored agent did not answer (%v); its output: %q: %w", err, d.initOutput(sb.ID), errdefs.ErrUnavailable)
 	}
 	readyMS := msSince(t2)
-	d.settleCPU(ctx, sb) // before the on-fork hook: that is the tenant's
+	if err := d.settleCPU(sb); err != nil { // before the on-fork hook: that is the tenant's
+		return err
+	}
 	t3 := time.Now()
 	reply, err := c.Forked(ctx, agent.ForkNotice{Token: sb.AgentToken, Hostname: sb.Config.Hostname, MachineID: sb.Config.MachineID,
 		ParentID: ck.SandboxID, Reason: agent.ForkReasonFork, Time: time.Now()})

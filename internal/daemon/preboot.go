@@ -411,7 +411,9 @@ func (d *Daemon) bootPreboot(ctx context.Context, key prebootKey) (_ *prebooted,
 	} else if err := d.runtimes[key.runtime].Run(ctx, podID(m.id), dir); err != nil {
 		return nil, fmt.Errorf("preboot: boot the sandbox: %w", err)
 	}
-	d.settleCgroup(ctx, key.runtime, key.cpu, d.cgroupPath(m.id)) // booted (or created): its limit
+	if err = d.settleCgroup(key.runtime, key.cpu, d.cgroupPath(m.id)); err != nil { // booted (or created): its limit
+		return nil, fmt.Errorf("preboot: %w", err)
+	}
 	d.log.Debug("preboot: sandbox booted", slog.String("sandbox", m.id), slog.String("kind", key.kind()), slog.Duration("took", time.Since(t0)))
 	return m, nil
 }

@@ -105,7 +105,7 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *store.Sandbox) error {
 		switch {
 		case h.ok:
 			d.keepEgress(ctx, sb)
-			d.settleCPU(ctx, sb) // for a restore the daemon died in
+			d.bestEffort(ctx, "reconcile: the CPU limit", d.settleCPU(sb)) // for a start the daemon died in
 			if sb.State != h.state {
 				if err := d.setState(ctx, sb, h.state, ""); err != nil {
 					return err
