@@ -61,37 +61,6 @@ func SetCPUQuota(root, path string, quota int64, period uint64) error {
 	return fmt.Errorf("cgroup %s: no cpu controller (v1 cpu.cfs_quota_us or v2 cpu.max): %w", path, errdefs.ErrNotFound)
 }
 
-// CPULimit is the cgroup's CPU limit: quota µs per period µs (quota 0:
-// none).
-func CPULimit(root, path string) (quota int64, period uint64, err error) {
-	for _, ctl := range cpuV1Dirs {
-		dir := filepath.Join(root, ctl, path)
-		p, ok := readInt(filepath.Join(dir, "cpu.cfs_period_us"))
-		if !ok {
-			continue
-		}
-		q, _ := readInt(filepath.Join(dir, "cpu.cfs_quota_us"))
-		return max(q, 0), uint64(p), nil
-	}
-	for _, dir := range v2Dirs(root, path) {
-		b, err := os.ReadFile(filepath.Join(dir, "cpu.max"))
-		if err != nil {
-			continue
-		}
-		f := strings.Fields(string(b))
-		if len(f) != 2 {
-			return 0, 0, fmt.Errorf("cgroup %s: cpu.max %q", path, b)
-		}
-		p, err := strconv.ParseUint(f[1], 10, 64)
-		if err != nil {
-			return 0, 0, fmt.Errorf("cgroup %s: cpu.max %q", path, b)
-		}
-		q, _ := strconv.ParseInt(f[0], 10, 64) // "max": none
-		return q, p, nil
-	}
-	return 0, 0, fmt.Errorf("cgroup %s: no cpu controller: %w", path, errdefs.ErrNotFound)
-}
-
 // CPUCeiling is the largest CPU share (cores) a new cgroup at path may be
 // given: on v1 the kernel refuses a quota above any limited ancestor's
 // share (EINVAL), so it is the lowest share among path's ancestors that
@@ -99,14 +68,11 @@ func CPULimit(root, path string) (quota int64, period uint64, err error) {
 // anyway), so it is +Inf, as it is when no ancestor is limited. It is 0
 // when root has no cpu controller where SetCPUQuota looks.
 func CPUCeiling(root, path string) float64 {
-	ceiling := math.Inf(1)
-	if !hasCPUController(root) {
-		return 0
-	}
 	for _, ctl := range cpuV1Dirs {
 		if _, err := os.Stat(filepath.Join(root, ctl, "cpu.cfs_quota_us")); err != nil {
 			continue
 		}
+		ceiling := math.Inf(1)
 		for p := filepath.Dir(filepath.Clean("/" + path)); ; p = filepath.Dir(p) {
 			dir := filepath.Join(root, ctl, p)
 			q, qok := readInt(filepath.Join(dir, "cpu.cfs_quota_us"))
@@ -115,22 +81,19 @@ func CPUCeiling(root, path string) float64 {
 				ceiling = min(ceiling, float64(q)/float64(per))
 			}
 			if p == "/" {
-				break
+				return ceiling
 			}
 		}
-		break
 	}
-	return ceiling
+	if v2CPU(root) {
+		return math.Inf(1)
+	}
+	return 0
 }
 
-// hasCPUController reports whether root has the cpu controller: a v1
-// hierarchy, or a v2 (or hybrid unified) root that offers it.
-func hasCPUController(root string) bool {
-	for _, ctl := range cpuV1Dirs {
-		if _, err := os.Stat(filepath.Join(root, ctl, "cpu.cfs_quota_us")); err == nil {
-			return true
-		}
-	}
+// v2CPU reports whether root (v2) or its unified mount (hybrid) offers
+// the cpu controller.
+func v2CPU(root string) bool {
 	for _, dir := range v2Dirs(root, "/") {
 		b, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
 		if err == nil && slices.Contains(strings.Fields(string(b)), "cpu") {

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -51,9 +52,9 @@ func TestCPUQuotaFiles(t *testing.T) {
 			if got := strings.TrimSpace(string(b)); got != c.want {
 				t.Errorf("%s = %q, want %q", c.limitFile, got, c.want)
 			}
-			q, p, err := CPULimit(root, cg)
+			q, p, err := cpuLimit(root, cg)
 			if err != nil || q != 50000 || p != 100000 {
-				t.Errorf("CPULimit = %d, %d, %v; want 50000, 100000", q, p, err)
+				t.Errorf("cpuLimit = %d, %d, %v; want 50000, 100000", q, p, err)
 			}
 			if got := CPUCeiling(root, cg); got != c.ceiling {
 				t.Errorf("CPUCeiling = %v, want %v", got, c.ceiling)
@@ -98,7 +99,7 @@ func TestCPUQuotaRealCgroup(t *testing.T) {
 	base, v2 := filepath.Join(Root, "cpu"), false
 	if _, err := os.Stat(filepath.Join(base, "cpu.cfs_period_us")); err != nil {
 		base, v2 = Root, true
-		testsuite.Need(t, hasCPUController(Root), "no cgroup hierarchy with the cpu controller under "+Root)
+		testsuite.Need(t, v2CPU(Root), "no cgroup hierarchy with the cpu controller under "+Root)
 	}
 	mk := func(p string) {
 		dir := filepath.Join(base, p)
@@ -126,7 +127,7 @@ func TestCPUQuotaRealCgroup(t *testing.T) {
 		if err := SetCPUQuota(Root, child, quota, 100000); err != nil {
 			t.Fatalf("set %d: %v", quota, err)
 		}
-		if q, p, err := CPULimit(Root, child); err != nil || q != quota || p != 100000 {
+		if q, p, err := cpuLimit(Root, child); err != nil || q != quota || p != 100000 {
 			t.Fatalf("after setting %d: got %d/%d, %v", quota, q, p, err)
 		}
 	}
@@ -135,4 +136,35 @@ func TestCPUQuotaRealCgroup(t *testing.T) {
 			t.Error("v1 took a child quota above its parent's share: CPUCeiling's reason is gone")
 		}
 	}
+}
+
+// cpuLimit is the cgroup's CPU limit, as the tests read it back: quota
+// µs per period µs (quota 0: none).
+func cpuLimit(root, path string) (quota int64, period uint64, err error) {
+	for _, ctl := range cpuV1Dirs {
+		dir := filepath.Join(root, ctl, path)
+		p, ok := readInt(filepath.Join(dir, "cpu.cfs_period_us"))
+		if !ok {
+			continue
+		}
+		q, _ := readInt(filepath.Join(dir, "cpu.cfs_quota_us"))
+		return max(q, 0), uint64(p), nil
+	}
+	for _, dir := range v2Dirs(root, path) {
+		b, err := os.ReadFile(filepath.Join(dir, "cpu.max"))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b))
+		if len(f) != 2 {
+			return 0, 0, fmt.Errorf("cgroup %s: cpu.max %q", path, b)
+		}
+		p, err := strconv.ParseUint(f[1], 10, 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("cgroup %s: cpu.max %q", path, b)
+		}
+		q, _ := strconv.ParseInt(f[0], 10, 64) // "max": none
+		return q, p, nil
+	}
+	return 0, 0, fmt.Errorf("cgroup %s: no cpu controller: %w", path, errdefs.ErrNotFound)
 }

@@ -48,11 +48,6 @@ import (
 // a runsc without the patch is the only one whose restored Sentry of a
 // limit of 2 CPUs or more keeps a thread more than a booted one.
 
-// startCPU is the CPU limit (cores, 0: none) sb's start runs with.
-func (d *Daemon) startCPU(sb *store.Sandbox) float64 {
-	return d.startCores(sb.Runtime, sb.Config.CPU, d.cgroupPath(sb.ID))
-}
-
 // startCores is the CPU limit (cores) a start of a sandbox of runtime rt
 // and limit cores in cgroup cg runs with.
 func (d *Daemon) startCores(rt string, cores float64, cg string) float64 {
@@ -105,9 +100,6 @@ func (d *Daemon) settleCgroup(rt string, cores float64, cg string) error {
 	return nil
 }
 
-// raisedCPU reports whether sb's restores run above its limit.
-func (d *Daemon) raisedCPU(sb *store.Sandbox) bool { return d.startCPU(sb) > sb.Config.CPU }
-
 // restoreCPU gives s, the spec of a restore that makes sb's cgroup, the
 // limit the restore runs with.
 func (d *Daemon) restoreCPU(ctx context.Context, s *specs.Spec, sb *store.Sandbox) {
@@ -133,10 +125,12 @@ func (d *Daemon) restoreCPUIn(ctx context.Context, dir string, sb *store.Sandbox
 // raiseCPU raises the quota of sb's cgroup, which exists already, for a
 // restore into it. A failure is logged: the restore runs at the limit.
 func (d *Daemon) raiseCPU(ctx context.Context, sb *store.Sandbox) {
-	if !d.raisedCPU(sb) {
+	cg := d.cgroupPath(sb.ID)
+	start := d.startCores(sb.Runtime, sb.Config.CPU, cg)
+	if start <= sb.Config.CPU {
 		return
 	}
-	err := d.host.SetCPUQuota(d.cgroupPath(sb.ID), spec.CPUQuota(d.startCPU(sb)), spec.CPUPeriod)
+	err := d.host.SetCPUQuota(cg, spec.CPUQuota(start), spec.CPUPeriod)
 	d.bestEffort(ctx, "raise the CPU quota for a restore", err, slog.String("sandbox", sb.ID))
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/runtime/runsc"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
+	"github.com/forkbox/forkbox/internal/store"
 )
 
 // TestRestoreCPU: a gVisor start runs with one CPU more than the
@@ -20,8 +21,8 @@ import (
 // and the sandbox has its own limit once it is up: a fresh boot (whose
 // spec names the limit for runsc), a memory-fork child (whose limit is
 // its own, not the source's image's), the source restored in place, a
-// woken sandbox. crun keeps its limit from the start. Reconcile sets the limit of a sandbox the daemon died with
-// before it could.
+// woken sandbox. crun keeps its limit from the start. Reconcile sets the
+// limit of a sandbox the daemon died with before it could.
 func TestRestoreCPU(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
@@ -57,19 +58,12 @@ func TestRestoreCPU(t *testing.T) {
 	check("fresh boot", src, raised(1), 100000)
 	checkAnnotation("fresh boot", src, named(1))
 
-	res, err := h.d.Fork(ctx, ForkOptions{Source: src, Count: 1, Memory: true, Overrides: Overrides{CPU: "0.25"}})
-	if err != nil {
-		t.Fatal(err)
+	c := memoryChild(t, h, src, "0.25")
+	if c.Config.CPU != 0.25 {
+		t.Errorf("child's CPU %v, want the override 0.25", c.Config.CPU)
 	}
-	c := res.Children[0]
-	if c.Err != nil {
-		t.Fatal(c.Err)
-	}
-	if c.Sandbox.Config.CPU != 0.25 {
-		t.Errorf("child's CPU %v, want the override 0.25", c.Sandbox.Config.CPU)
-	}
-	check("memory-fork child", c.Sandbox.ID, raised(0.25), 25000)
-	checkAnnotation("memory-fork child", c.Sandbox.ID, named(0.25))
+	check("memory-fork child", c.ID, raised(0.25), 25000)
+	checkAnnotation("memory-fork child", c.ID, named(0.25))
 	check("source restored in place", src, raised(1), 100000, raised(1), 100000)
 
 	w := h.create(CreateOptions{Name: "w", CPU: "0.5"})
@@ -91,19 +85,12 @@ func TestRestoreCPU(t *testing.T) {
 	h.w.mu.Unlock()
 	for _, cores := range []string{"0.25", "0.5"} {
 		s := h.create(CreateOptions{Name: "src-" + cores, CPU: "0.5"})
-		res, err := h.d.Fork(ctx, ForkOptions{Source: s, Count: 1, Memory: true, Overrides: Overrides{CPU: cores}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := res.Children[0]
-		if c.Err != nil {
-			t.Fatal(c.Err)
-		}
+		c := memoryChild(t, h, s, cores)
 		if cores == "0.25" {
-			check("child under a limited parent", c.Sandbox.ID, 50000, 25000)
+			check("child under a limited parent", c.ID, 50000, 25000)
 		} else {
-			check("child at its parent's share", c.Sandbox.ID, 50000, 50000)
-			checkAnnotation("child at its parent's share", c.Sandbox.ID, "")
+			check("child at its parent's share", c.ID, 50000, 50000)
+			checkAnnotation("child at its parent's share", c.ID, "")
 		}
 	}
 	// w's bundle holds the raised quota of its last wake, which the
@@ -146,19 +133,12 @@ func TestCPUWithoutThePatch(t *testing.T) {
 	if got := h.w.cpuOf(h.d.cgroupPath(src)); !slices.Equal(got, []int64{50000, 50000}) {
 		t.Errorf("fresh boot without the patch: quotas %v, want [50000 50000]", got)
 	}
-	res, err := h.d.Fork(ctx, ForkOptions{Source: src, Count: 1, Memory: true, Overrides: Overrides{CPU: "0.25"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := res.Children[0]
-	if c.Err != nil {
-		t.Fatal(c.Err)
-	}
+	c := memoryChild(t, h, src, "0.25")
 	want := []int64{spec.CPUQuota(min(1.25, float64(goruntime.NumCPU()))), 25000}
-	if got := h.w.cpuOf(h.d.cgroupPath(c.Sandbox.ID)); !slices.Equal(got, want) {
+	if got := h.w.cpuOf(h.d.cgroupPath(c.ID)); !slices.Equal(got, want) {
 		t.Errorf("restore without the patch: quotas %v, want %v", got, want)
 	}
-	s, err := spec.ReadBundle(h.d.bundleDir(c.Sandbox.ID))
+	s, err := spec.ReadBundle(h.d.bundleDir(c.ID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,4 +156,18 @@ func TestCPUWithoutThePatch(t *testing.T) {
 	if n := h.liveCount(); n != live {
 		t.Errorf("after the failed create %d sandboxes live, want %d", n, live)
 	}
+}
+
+// memoryChild memory-forks one child of src with a CPU limit of cpu.
+func memoryChild(t *testing.T, h *harness, src, cpu string) *store.Sandbox {
+	t.Helper()
+	res, err := h.d.Fork(context.Background(), ForkOptions{Source: src, Count: 1, Memory: true, Overrides: Overrides{CPU: cpu}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := res.Children[0]
+	if c.Err != nil {
+		t.Fatal(c.Err)
+	}
+	return c.Sandbox
 }
