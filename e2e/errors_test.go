@@ -39,6 +39,7 @@ func TestBadInput(t *testing.T) {
 		{"bad egress", client.CreateOptions{Image: env.image, Egress: "some"}, errdefs.IsInvalidArgument},
 		{"bad name", client.CreateOptions{Image: env.image, Name: "../etc"}, errdefs.IsInvalidArgument},
 		{"bad env", client.CreateOptions{Image: env.image, Env: map[string]string{"A=B": "c"}}, errdefs.IsInvalidArgument},
+		{"reserved env", client.CreateOptions{Image: env.image, Env: map[string]string{"FORKBOX_PIDS_LIMIT": "0"}}, errdefs.IsInvalidArgument},
 		{"relative cwd", client.CreateOptions{Image: env.image, Cwd: "tmp"}, errdefs.IsInvalidArgument},
 		{"unknown runtime", client.CreateOptions{Image: env.image, Runtime: "qemu"}, errdefs.IsInvalidArgument},
 		{"duplicate name", named, errdefs.IsAlreadyExists},

@@ -39,8 +39,8 @@ var sentryEnforcesMemory = sync.OnceValue(func() bool {
 // pid), the exec reports oom_killed, the host cgroup never holds more than
 // the limit above what the sandbox held before, and the sandbox lives on.
 // After a memory fork the child's limit counts the memory it was restored
-// with. Not the agent's watchdog: it sums the tenant's RSS, which the
-// sentry keeps under the limit.
+// with. Not the agent's watchdog: the daemon turns it off under a runsc
+// that enforces the limit (its agent logs memory_enforcer=sentry).
 func TestGVisorSentryMemoryLimit(t *testing.T) {
 	if !sentryEnforcesMemory() {
 		if os.Getenv("CI") == "true" {
@@ -54,6 +54,10 @@ func TestGVisorSentryMemoryLimit(t *testing.T) {
 	o.Runtime = "gvisor"
 	o.Resources.Memory = "64Mi"
 	sb := newSandbox(t, o)
+	// The agent's watchdog is off: every kill below is the sentry's.
+	if b, _ := os.ReadFile(filepath.Join(env.stateDir, "sandboxes", sb.ID, "stdio.log")); !bytes.Contains(b, []byte("memory_enforcer=sentry")) {
+		t.Errorf("the agent does not say the sentry enforces the limit:\n%s", b)
+	}
 	installProbe(t, sb)
 	dir := filepath.Join("/sys/fs/cgroup/memory", cgroupParent, sb.ID)
 	for _, shape := range []struct{ name, cmd string }{

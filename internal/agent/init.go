@@ -20,6 +20,11 @@ const (
 	EnvToken       = "FORKBOX_AGENT_TOKEN"
 	EnvMemoryLimit = "FORKBOX_MEMORY_LIMIT"
 	EnvPidsLimit   = "FORKBOX_PIDS_LIMIT"
+	// EnvMemoryEnforcer says who enforces FORKBOX_MEMORY_LIMIT: "agent"
+	// (the default: the watchdog) or "sentry" (a runsc built with
+	// scripts/gvisor/memory-limit.patch; the watchdog is off and the
+	// agent only reads the sentry's OOM kills from the kernel log).
+	EnvMemoryEnforcer = "FORKBOX_MEMORY_ENFORCER"
 )
 
 // ConfigFromEnv reads the agent's configuration from the FORKBOX_*
@@ -39,6 +44,13 @@ func ConfigFromEnv() (Config, error) {
 			}
 			*l.v = n
 		}
+	}
+	switch v := os.Getenv(EnvMemoryEnforcer); v {
+	case "", "agent":
+	case "sentry":
+		cfg.SentryEnforcesMemory = true
+	default:
+		return cfg, fmt.Errorf("%s=%q (want agent or sentry): %w", EnvMemoryEnforcer, v, errdefs.ErrInvalidArgument)
 	}
 	for _, kv := range os.Environ() {
 		if len(kv) > 8 && kv[:8] == "FORKBOX_" {

@@ -37,3 +37,15 @@ func sentryKilled(log []byte, pid int) bool {
 	needle := []byte("out of memory: Killed process " + strconv.Itoa(pid) + " (")
 	return bytes.Contains(log, needle)
 }
+
+// memoryEnforcer names who enforces the memory limit, for the agent's log:
+// "none", "sentry" or "agent" (the watchdog).
+func (s *Server) memoryEnforcer() string {
+	switch {
+	case s.cfg.MemoryLimit <= 0:
+		return "none"
+	case s.cfg.SentryEnforcesMemory:
+		return "sentry"
+	}
+	return "agent"
+}

@@ -29,6 +29,12 @@ type Config struct {
 	// MemoryLimit is the sandbox's memory limit in bytes; 0 turns the
 	// watchdog off.
 	MemoryLimit int64
+	// SentryEnforcesMemory: gVisor's sentry enforces MemoryLimit where
+	// memory is allocated (scripts/gvisor/memory-limit.patch), so the
+	// watchdog, which polls /proc every 10 ms while any process lives
+	// (most of an idle gVisor sandbox's CPU), is off; an exec killed by
+	// the sentry's OOM killer is still reported (markSentryOOM).
+	SentryEnforcesMemory bool
 	// Init is true when the agent is the sandbox's PID 1: it then reaps every
 	// child and the watchdog counts every process. When false (tests, or an
 	// agent that is not init) it reaps and watches its own descendants only.
@@ -128,7 +134,11 @@ func NewServer(cfg Config) (*Server, error) {
 	s.token.Store(&tok)
 	s.cfg.Token = "" // s.token is the only copy that counts
 	s.reaper = newReaper(cfg.Init, cfg.Logger)
-	s.watch = newWatchdog(s, cfg.MemoryLimit)
+	watchLimit := cfg.MemoryLimit
+	if cfg.SentryEnforcesMemory {
+		watchLimit = 0
+	}
+	s.watch = newWatchdog(s, watchLimit)
 	return s, nil
 }
 
@@ -172,7 +182,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		ln.Close()
 	}()
 	s.log.Info("agent serving", "addr", ln.Addr().String(), "init", s.cfg.Init,
-		"memory_limit", s.cfg.MemoryLimit, "version", Version)
+		"memory_limit", s.cfg.MemoryLimit, "memory_enforcer", s.memoryEnforcer(), "version", Version)
 	for {
 		conn, err := ln.Accept()
 		if err != nil {

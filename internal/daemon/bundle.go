@@ -7,9 +7,11 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/forkbox/forkbox/internal/agent"
 	"github.com/forkbox/forkbox/internal/image"
 	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/runtime/crun"
@@ -35,12 +37,50 @@ func hostMemoryLimit(runtimeName string, limit int64) int64 {
 	return limit
 }
 
-// watchdogLimit is the limit the agent enforces itself (0 = off).
+// watchdogLimit is the limit the agent enforces itself, or under a
+// patched runsc only reports the sentry's kills of (0 = off).
 func watchdogLimit(runtimeName string, limit int64) int64 {
 	if runtimeName == RuntimeGVisor {
 		return limit
 	}
 	return 0
+}
+
+// reservedEnvPrefix names the agent's configuration variables; a sandbox's
+// own environment may not hold one (ConfigFromOptions refuses them, and an
+// image's are dropped).
+const reservedEnvPrefix = "FORKBOX_"
+
+// agentEnv is the agent's configuration (cmd/forkbox-agent), the first
+// entries of the sandbox's environment. The agent takes the first of a
+// duplicated name (Go's os.Getenv), and writeBundle lets no FORKBOX_ name of
+// the image or the caller follow: an image that set FORKBOX_PIDS_LIMIT=0
+// would otherwise lift its tenant's limit.
+//
+// Under a runsc that enforces the memory limit in its sentry
+// (memory-limit.patch), the agent's watchdog is off: it polled /proc every
+// 10 ms while any process lived, the largest part of a gVisor sandbox's CPU
+// when it runs a server or an interpreter and nothing else.
+func (d *Daemon) agentEnv(ctx context.Context, sb *store.Sandbox) []string {
+	env := []string{
+		agent.EnvAddr + "=:" + strconv.Itoa(agentPort),
+		agent.EnvToken + "=" + sb.AgentToken,
+		agent.EnvMemoryLimit + "=" + strconv.FormatInt(watchdogLimit(sb.Runtime, sb.Config.MemoryBytes), 10),
+		agent.EnvPidsLimit + "=" + strconv.FormatInt(agentPidsLimit(sb.Runtime, sb.Config.Pids), 10),
+	}
+	if sb.Runtime == RuntimeGVisor && d.sentryEnforcesMemory(ctx) {
+		env = append(env, agent.EnvMemoryEnforcer+"=sentry")
+	}
+	return env
+}
+
+// sentryEnforcesMemory reports whether the gVisor runtime enforces the
+// memory limit annotation itself (runsc.Runsc.EnforcesMemoryLimit).
+func (d *Daemon) sentryEnforcesMemory(ctx context.Context) bool {
+	l, ok := d.runtimes[RuntimeGVisor].(interface {
+		EnforcesMemoryLimit(context.Context) bool
+	})
+	return ok && l.EnforcesMemoryLimit(ctx)
 }
 
 // Under gVisor the host pids cgroup also counts the sentry's, gofer's and
@@ -67,21 +107,22 @@ func agentPidsLimit(runtimeName string, pids int64) int64 {
 // sandbox, whose cgroup and limits it shares (set when it booted).
 func (d *Daemon) writeBundle(ctx context.Context, sb *store.Sandbox, img image.Image, nw *network.Network, pod string) error {
 	dir := d.bundleDir(sb.ID)
-	env := append([]string{}, img.Config.Env...)
+	env := d.agentEnv(ctx, sb)
+	for _, kv := range img.Config.Env {
+		if !strings.HasPrefix(kv, reservedEnvPrefix) {
+			env = append(env, kv)
+		}
+	}
 	keys := make([]string, 0, len(sb.Config.Env))
 	for k := range sb.Config.Env {
-		keys = append(keys, k)
+		if !strings.HasPrefix(k, reservedEnvPrefix) {
+			keys = append(keys, k)
+		}
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
 		env = append(env, k+"="+sb.Config.Env[k])
 	}
-	env = append(env,
-		"FORKBOX_AGENT_ADDR=:"+strconv.Itoa(agentPort),
-		"FORKBOX_AGENT_TOKEN="+sb.AgentToken,
-		"FORKBOX_MEMORY_LIMIT="+strconv.FormatInt(watchdogLimit(sb.Runtime, sb.Config.MemoryBytes), 10),
-		"FORKBOX_PIDS_LIMIT="+strconv.FormatInt(agentPidsLimit(sb.Runtime, sb.Config.Pids), 10),
-	)
 	cwd := sb.Config.Cwd
 	if cwd == "" {
 		cwd = img.Config.WorkingDir

@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"testing"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
@@ -58,6 +59,9 @@ type world struct {
 	// noCPULimitPatch: the fake runsc does not take the CPU limit
 	// annotation; quotaErr fails SetCPUQuota.
 	noCPULimitPatch bool
+	// noMemoryLimitPatch: the fake runsc does not enforce the memory
+	// limit annotation (a stock runsc).
+	noMemoryLimitPatch bool
 	quotaErr        error
 	netns           map[string]netip.Addr
 	egress          map[string]network.Policy // by sandbox id, as set up or set
@@ -410,6 +414,7 @@ func (r fakeRuntime) Run(_ context.Context, id, bundle string) error {
 	for _, kv := range s.Process.Env {
 		if v, ok := strings.CutPrefix(kv, agent.EnvToken+"="); ok {
 			token = v
+			break // the agent takes the first (Go's os.Getenv)
 		}
 	}
 	if err := r.w.cgroupFrom(bundle); err != nil {
@@ -540,6 +545,14 @@ func (r memRuntime) Checkpoint(_ context.Context, id, imageDir string) error {
 	return nil
 }
 
+// EnforcesMemoryLimit: the fake runsc is built with memory-limit.patch
+// unless the world says not.
+func (r memRuntime) EnforcesMemoryLimit(context.Context) bool {
+	r.w.mu.Lock()
+	defer r.w.mu.Unlock()
+	return !r.w.noMemoryLimitPatch
+}
+
 // ShowsCPULimit: the fake runsc takes the CPU limit annotation unless
 // the world says not.
 func (r memRuntime) ShowsCPULimit(context.Context) bool {
@@ -653,6 +666,13 @@ func (h *harness) openWith(rts map[string]runtime.Runtime, wrap func(snapshot.Sn
 // unpacking needs no root).
 func (h *harness) importImage(ref string) image.Image {
 	h.t.Helper()
+	return h.importImageEnv(ref, nil)
+}
+
+// importImageEnv is importImage with env as the image's configured
+// environment.
+func (h *harness) importImageEnv(ref string, env []string) image.Image {
+	h.t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	uid, gid := os.Getuid(), os.Getgid()
@@ -677,6 +697,11 @@ func (h *harness) importImage(ref string) image.Image {
 	img, err := mutate.AppendLayers(empty.Image, layer)
 	if err != nil {
 		h.t.Fatal(err)
+	}
+	if env != nil {
+		if img, err = mutate.Config(img, v1.Config{Env: env}); err != nil {
+			h.t.Fatal(err)
+		}
 	}
 	path := filepath.Join(h.t.TempDir(), "img.tar")
 	if err := testimage.WriteOCIArchive(img, ref, path); err != nil {

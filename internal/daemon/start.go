@@ -108,6 +108,9 @@ func withOverrides(base store.SandboxConfig, o Overrides) (store.SandboxConfig, 
 			if !envKeyRE.MatchString(k) {
 				return cfg, fmt.Errorf("env name %q is not a valid variable name: %w", k, errdefs.ErrInvalidArgument)
 			}
+			if strings.HasPrefix(k, reservedEnvPrefix) {
+				return cfg, fmt.Errorf("env name %q: %s names configure the sandbox's agent and are reserved: %w", k, reservedEnvPrefix, errdefs.ErrInvalidArgument)
+			}
 			if strings.ContainsRune(v, 0) {
 				return cfg, fmt.Errorf("env %s: the value holds a NUL byte: %w", k, errdefs.ErrInvalidArgument)
 			}

@@ -1,6 +1,12 @@
 package runsc
 
-import "context"
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"sync"
+)
 
 // AnnotationAppMemoryLimit is the OCI annotation that gives a sandbox's
 // memory limit (bytes) to a runsc built with scripts/gvisor/memory-limit.patch:
@@ -24,3 +30,49 @@ const AnnotationCPULimit = "dev.forkbox.cpu-limit"
 // build from before cpu-limit.patch has that too, and setup.sh rebuilds
 // it when the patches change).
 func (r *Runsc) ShowsCPULimit(ctx context.Context) bool { return r.canHold(ctx) }
+
+// memoryLimitSupport caches EnforcesMemoryLimit per binary path.
+var memoryLimitSupport sync.Map // binary path -> bool
+
+// EnforcesMemoryLimit reports whether this runsc is built with
+// scripts/gvisor/memory-limit.patch, so that its sentry enforces
+// AnnotationAppMemoryLimit: the annotation's name is in the binary (a stock
+// runsc has no such string). The binary is read once per path.
+func (r *Runsc) EnforcesMemoryLimit(ctx context.Context) bool {
+	if v, ok := memoryLimitSupport.Load(r.opts.Binary); ok {
+		return v.(bool)
+	}
+	ok, err := fileContains(r.opts.Binary, []byte(AnnotationAppMemoryLimit))
+	if err != nil {
+		r.log.Warn("runsc: reading the binary for the memory limit patch", "binary", r.opts.Binary, "err", err)
+		return false // unread: asked again next time
+	}
+	memoryLimitSupport.Store(r.opts.Binary, ok)
+	return ok
+}
+
+// fileContains reports whether the file at path holds needle, read in
+// chunks that overlap by len(needle)-1 bytes.
+func fileContains(path string, needle []byte) (bool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20+len(needle))
+	keep := 0
+	for {
+		n, err := io.ReadFull(f, buf[keep:])
+		if bytes.Contains(buf[:keep+n], needle) {
+			return true, nil
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		keep = min(len(needle)-1, keep+n)
+		copy(buf, buf[len(buf)-keep:])
+	}
+}
