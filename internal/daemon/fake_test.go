@@ -62,9 +62,9 @@ type world struct {
 	// noMemoryLimitPatch: the fake runsc does not enforce the memory
 	// limit annotation (a stock runsc).
 	noMemoryLimitPatch bool
-	quotaErr        error
-	netns           map[string]netip.Addr
-	egress          map[string]network.Policy // by sandbox id, as set up or set
+	quotaErr           error
+	netns              map[string]netip.Addr
+	egress             map[string]network.Policy // by sandbox id, as set up or set
 	// detached are the sandboxes whose bridge port is given back.
 	detached map[string]bool
 	// dying containers are reported running once more, then stopped (a
