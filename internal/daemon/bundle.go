@@ -74,6 +74,20 @@ func (d *Daemon) agentEnv(ctx context.Context, sb *store.Sandbox) []string {
 	return env
 }
 
+// noteMemoryEnforcer logs who enforces gVisor sandboxes' memory limits, at
+// start (which also reads the runsc binary once, before the first create
+// needs to know).
+func (d *Daemon) noteMemoryEnforcer(ctx context.Context) {
+	if _, ok := d.runtimes[RuntimeGVisor]; !ok {
+		return
+	}
+	if d.sentryEnforcesMemory(ctx) {
+		d.log.Info("gvisor: the sentry enforces memory limits (memory-limit.patch); the agent's watchdog is off")
+		return
+	}
+	d.log.Warn("gvisor: this runsc does not enforce memory limits (a stock build): the agent's watchdog polls every 10 ms while a process runs, and a fast allocation can pass the limit; scripts/setup.sh builds the patched runsc (SECURITY.md)")
+}
+
 // sentryEnforcesMemory reports whether the gVisor runtime enforces the
 // memory limit annotation itself (runsc.Runsc.EnforcesMemoryLimit).
 func (d *Daemon) sentryEnforcesMemory(ctx context.Context) bool {

@@ -280,6 +280,7 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 		}
 	}
 	d.warnDiskDefault()
+	d.noteMemoryEnforcer(ctx)
 	if err := d.reconcile(ctx); err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}

@@ -86,7 +86,16 @@ type MemFanout struct {
 	// after the fan-out minus before it, per started child: what one more
 	// child of the image costs the host (other work on the host adds noise).
 	HostMBPerChild float64 `json:"host_mb_per_child"`
+	// RunningCPUms is the host CPU (ms per second) each sandbox of the
+	// daemon's cgroup used over memRunningWindow once every child was up
+	// and checked: the children and the source, each running the source's
+	// process (a heartbeat ten times a second), divided among them (v1
+	// cpuacct; 0 when unknown). What a child costs while it runs.
+	RunningCPUms float64 `json:"running_cpu_ms_per_s"`
 }
+
+// memRunningWindow is the window of MemFanout.RunningCPUms.
+const memRunningWindow = 2 * time.Second
 
 // memLimit is the sandbox memory limit for a source holding size bytes.
 func memLimit(size int64) string {
@@ -281,6 +290,9 @@ func (b *bench) memFanout(ctx context.Context, r *MemoryResult, src *client.Sand
 	f.ChildStart, f.Restore, f.Throttled = summarize(starts), summarize(restores), summarize(throttled)
 	if f.Started > 0 {
 		f.HostMBPerChild = (usedGiB() - usedBefore) * 1024 / float64(f.Started)
+		if b.cgroupParent != "" {
+			f.RunningCPUms = idleCPU(ctx, b.cgroupParent, memRunningWindow) / float64(f.Started+1)
+		}
 	}
 	t = time.Now()
 	b.close(ctx, kids...)

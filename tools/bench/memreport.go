@@ -28,20 +28,21 @@ func printMemory(w io.Writer, ms []MemoryResult) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "   fan-out: one memory fork call")
-	fmt.Fprintln(w, "   (host CPU: busy CPU-seconds of the whole host during the call, and that over the host's CPUs: the least wall time they allow)")
-	fmt.Fprintln(w, "resident\tchildren\tstarted\talive\tcapture\ttotal\tchild start\trunsc restore\tthrottled\tclose all\thost MB/child\thost CPU\t")
+	fmt.Fprintln(w, "   (host CPU: busy CPU-seconds of the whole host during the call, and that over the host's CPUs: the least wall time they allow;")
+	fmt.Fprintln(w, "    running: host CPU ms per second of each child and the source afterwards, their processes running)")
+	fmt.Fprintln(w, "resident\tchildren\tstarted\talive\tcapture\ttotal\tchild start\trunsc restore\tthrottled\tclose all\thost MB/child\thost CPU\trunning\t")
 	for _, m := range ms {
 		f := m.Fanout
 		if f == nil {
-			fmt.Fprintf(w, "%s\tskipped: %s\t\t\t\t\t\t\t\t\t\t\n", m.Size, m.FanoutSkip)
+			fmt.Fprintf(w, "%s\tskipped: %s\t\t\t\t\t\t\t\t\t\t\t\n", m.Size, m.FanoutSkip)
 			continue
 		}
 		cpu := "-"
 		if f.HostCPUs > 0 && f.HostCPUS > 0 {
 			cpu = fmt.Sprintf("%.2f s (%.2f s on %d)", f.HostCPUS, f.HostCPUS/float64(f.HostCPUs), f.HostCPUs)
 		}
-		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", m.Size, f.Count, f.Started, f.Alive, num(f.CaptureMS),
-			num(f.TotalMS), pp(f.ChildStart), pp(f.Restore), pp(f.Throttled), num(f.CloseMS), num(f.HostMBPerChild), cpu)
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", m.Size, f.Count, f.Started, f.Alive, num(f.CaptureMS),
+			num(f.TotalMS), pp(f.ChildStart), pp(f.Restore), pp(f.Throttled), num(f.CloseMS), num(f.HostMBPerChild), cpu, num(f.RunningCPUms))
 	}
 	fmt.Fprintln(w)
 	printMemTargets(w, ms)
