@@ -39,8 +39,9 @@ var sentryEnforcesMemory = sync.OnceValue(func() bool {
 // pid), the exec reports oom_killed, the host cgroup never holds more than
 // the limit above what the sandbox held before, and the sandbox lives on.
 // After a memory fork the child's limit counts the memory it was restored
-// with. Not the agent's watchdog: the daemon turns it off under a runsc
-// that enforces the limit (its agent logs memory_enforcer=sentry).
+// with. Not the agent's watchdog (its agent logs memory_enforcer=sentry):
+// that is left, polling every 250 ms, for shared memory, which the
+// sentry charges but does not refuse, and which it kills too.
 func TestGVisorSentryMemoryLimit(t *testing.T) {
 	if !sentryEnforcesMemory() {
 		if os.Getenv("CI") == "true" {
@@ -54,7 +55,8 @@ func TestGVisorSentryMemoryLimit(t *testing.T) {
 	o.Runtime = "gvisor"
 	o.Resources.Memory = "64Mi"
 	sb := newSandbox(t, o)
-	// The agent's watchdog is off: every kill below is the sentry's.
+	// The sentry enforces the limit: the kills of private memory below are
+	// its own (its kernel log names them), the watchdog only a backstop.
 	if b, _ := os.ReadFile(filepath.Join(env.stateDir, "sandboxes", sb.ID, "stdio.log")); !bytes.Contains(b, []byte("memory_enforcer=sentry")) {
 		t.Errorf("the agent does not say the sentry enforces the limit:\n%s", b)
 	}
@@ -70,6 +72,18 @@ func TestGVisorSentryMemoryLimit(t *testing.T) {
 		if peak := readInt(filepath.Join(dir, "memory.max_usage_in_bytes")); peak-base > limit {
 			t.Errorf("%s: the host cgroup went from %d to %d bytes, more than the %d limit", shape.name, base, peak, limit)
 		}
+	}
+
+	// Shared memory (a MAP_SHARED anonymous mapping, a tmpfs file to
+	// gVisor) is charged but not refused by the sentry: the agent's
+	// watchdog, polling more slowly beside the sentry, kills it long before
+	// the host backstop (64 MiB × 1.5 + 512 MiB), where the whole sandbox
+	// would go.
+	if out, _, res := sh(t, sb, "exec /root/probe shared 1000"); !res.OOMKilled || res.Signal != "SIGKILL" {
+		t.Errorf("1000 MiB of shared memory under 64Mi: %+v, output %q; want killed with oom_killed", res, out)
+	}
+	if got := mustSh(t, sb, "echo alive"); got != "alive\n" {
+		t.Errorf("after the shared memory: the sandbox answered %q", got)
 	}
 
 	// A memory fork: the child is restored holding the source's memory,

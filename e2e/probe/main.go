@@ -48,6 +48,9 @@ func main() {
 	case "alloc":
 		mb, _ := strconv.Atoi(arg(2))
 		alloc(mb)
+	case "shared":
+		mb, _ := strconv.Atoi(arg(2))
+		allocShared(mb)
 	case "pattern":
 		mb, _ := strconv.Atoi(arg(2))
 		pattern(mb, arg(3))
@@ -69,6 +72,22 @@ func main() {
 func alloc(mb int) {
 	n := mb << 20
 	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		fmt.Println("alloc denied", err)
+		os.Exit(3)
+	}
+	for i := 0; i < n; i += os.Getpagesize() {
+		b[i] = 1
+	}
+	fmt.Println("allocated", mb)
+}
+
+// allocShared is alloc with a shared anonymous mapping (gVisor backs it
+// with a tmpfs file): memory gVisor charges to the sandbox but lets a
+// fault allocate past its limit.
+func allocShared(mb int) {
+	n := mb << 20
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANONYMOUS)
 	if err != nil {
 		fmt.Println("alloc denied", err)
 		os.Exit(3)

@@ -21,9 +21,10 @@ const (
 	EnvMemoryLimit = "FORKBOX_MEMORY_LIMIT"
 	EnvPidsLimit   = "FORKBOX_PIDS_LIMIT"
 	// EnvMemoryEnforcer says who enforces FORKBOX_MEMORY_LIMIT: "agent"
-	// (the default: the watchdog) or "sentry" (a runsc built with
-	// scripts/gvisor/memory-limit.patch; the watchdog is off and the
-	// agent only reads the sentry's OOM kills from the kernel log).
+	// (the default: the watchdog, every 10 ms) or "sentry" (a runsc built
+	// with scripts/gvisor/memory-limit.patch: the agent reads the sentry's
+	// OOM kills from the kernel log, and its watchdog polls every 250 ms
+	// for the shared memory the sentry does not refuse).
 	EnvMemoryEnforcer = "FORKBOX_MEMORY_ENFORCER"
 )
 

@@ -30,10 +30,12 @@ type Config struct {
 	// watchdog off.
 	MemoryLimit int64
 	// SentryEnforcesMemory: gVisor's sentry enforces MemoryLimit where
-	// memory is allocated (scripts/gvisor/memory-limit.patch), so the
-	// watchdog, which polls /proc every 10 ms while any process lives
-	// (most of an idle gVisor sandbox's CPU), is off; an exec killed by
-	// the sentry's OOM killer is still reported (markSentryOOM).
+	// private memory is allocated (scripts/gvisor/memory-limit.patch), so
+	// the watchdog is only the backstop for shared memory, which the sentry
+	// does not refuse, and polls every sentryWatchInterval instead of every
+	// watchInterval (its 10 ms poll of /proc was most of a gVisor
+	// sandbox's CPU whenever a process ran). An exec killed by the sentry's
+	// OOM killer is reported as the watchdog's kills are (markSentryOOM).
 	SentryEnforcesMemory bool
 	// Init is true when the agent is the sandbox's PID 1: it then reaps every
 	// child and the watchdog counts every process. When false (tests, or an
@@ -134,11 +136,11 @@ func NewServer(cfg Config) (*Server, error) {
 	s.token.Store(&tok)
 	s.cfg.Token = "" // s.token is the only copy that counts
 	s.reaper = newReaper(cfg.Init, cfg.Logger)
-	watchLimit := cfg.MemoryLimit
+	interval := watchInterval
 	if cfg.SentryEnforcesMemory {
-		watchLimit = 0
+		interval = sentryWatchInterval
 	}
-	s.watch = newWatchdog(s, watchLimit)
+	s.watch = newWatchdog(s, cfg.MemoryLimit, interval)
 	return s, nil
 }
 

@@ -19,11 +19,22 @@ import (
 // second each under gVisor, for nothing).
 const watchInterval = 10 * time.Millisecond
 
+// sentryWatchInterval is the poll interval where gVisor's sentry enforces
+// the limit itself (Config.SentryEnforcesMemory). The sentry refuses a
+// private allocation over the limit as it is made; the watchdog is left
+// for what it does not refuse, pages of shared memory (MAP_SHARED
+// anonymous mappings, mapped tmpfs and /dev/shm files), which it charges
+// but lets a fault allocate. Such a mapping fills at about 100 MB/s under
+// gVisor here, so 250 ms lets it pass the limit by tens of MB, within the
+// host backstop's headroom of at least 512 MiB (daemon's hostMemoryLimit),
+// at a fortieth of the 10 ms poll's CPU.
+const sentryWatchInterval = 250 * time.Millisecond
+
 // watchdog enforces the sandbox's memory limit: gVisor has no OOM killer
 // inside the sandbox, and the host cgroup's kills the whole sentry. Whenever
 // a limit is set it sums the resident memory of every process but the agent
 // and, above the limit, SIGKILLs the largest and marks the exec it belongs
-// to as OOM-killed. It polls every watchInterval while there is any such
+// to as OOM-killed. It polls every interval while there is any such
 // process, so background execs and processes that outlive their exec are
 // watched too, and not at all otherwise; starting a process wakes it at
 // once.
@@ -40,6 +51,8 @@ type watchdog struct {
 	killed map[int]bool // pids killed and not yet gone; not counted again
 	page   int64
 	idle   atomic.Bool // no timer armed: waiting for a process to start
+	// interval is the poll interval while a process lives.
+	interval time.Duration
 
 	// groups are the process groups of the processes the agent started
 	// (non-init mode only), each with the scan generation current when it
@@ -50,8 +63,8 @@ type watchdog struct {
 	gen    uint64
 }
 
-func newWatchdog(s *Server, limit int64) *watchdog {
-	return &watchdog{s: s, limit: limit, wake: make(chan struct{}, 1),
+func newWatchdog(s *Server, limit int64, interval time.Duration) *watchdog {
+	return &watchdog{s: s, limit: limit, interval: interval, wake: make(chan struct{}, 1),
 		killed: map[int]bool{}, page: int64(os.Getpagesize()), groups: map[int]uint64{}}
 }
 
@@ -100,7 +113,7 @@ func (w *watchdog) run(ctx context.Context) {
 		}
 		w.idle.Store(false)
 		if w.check() || w.active.Load() > 0 || w.groupsLeft() {
-			t.Reset(watchInterval)
+			t.Reset(w.interval)
 		} else {
 			t.Stop() // idle: until the next process starts
 			w.idle.Store(true)

@@ -58,9 +58,10 @@ const reservedEnvPrefix = "FORKBOX_"
 // would otherwise lift its tenant's limit.
 //
 // Under a runsc that enforces the memory limit in its sentry
-// (memory-limit.patch), the agent's watchdog is off: it polled /proc every
-// 10 ms while any process lived, the largest part of a gVisor sandbox's CPU
-// when it runs a server or an interpreter and nothing else.
+// (memory-limit.patch), the agent's watchdog is only a backstop for the
+// shared memory the sentry does not refuse, and polls every 250 ms: every
+// 10 ms it read /proc for most of a gVisor sandbox's CPU whenever a server
+// or an interpreter ran in it.
 func (d *Daemon) agentEnv(ctx context.Context, sb *store.Sandbox) []string {
 	env := []string{
 		agent.EnvAddr + "=:" + strconv.Itoa(agentPort),
@@ -82,7 +83,7 @@ func (d *Daemon) noteMemoryEnforcer(ctx context.Context) {
 		return
 	}
 	if d.sentryEnforcesMemory(ctx) {
-		d.log.Info("gvisor: the sentry enforces memory limits (memory-limit.patch); the agent's watchdog is off")
+		d.log.Info("gvisor: the sentry enforces memory limits (memory-limit.patch); the agent's watchdog is its backstop for shared memory, every 250 ms")
 		return
 	}
 	d.log.Warn("gvisor: this runsc does not enforce memory limits (a stock build): the agent's watchdog polls every 10 ms while a process runs, and a fast allocation can pass the limit; scripts/setup.sh builds the patched runsc (SECURITY.md)")
