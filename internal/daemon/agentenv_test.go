@@ -15,7 +15,8 @@ import (
 
 // TestAgentEnv: the agent's configuration opens every sandbox's
 // environment and nothing of the image's or the caller's can stand in for
-// it (the agent takes the first of a duplicated name): a hostile image's
+// it (crun's agent takes the first of a duplicated name, runsc keeps one of
+// them): a hostile image's
 // FORKBOX_ variables are dropped (its token would leave the daemon locked
 // out of its own sandbox, its pids limit of 0 would lift the tenant's), a
 // caller's are refused. Under a runsc that enforces the memory limit the

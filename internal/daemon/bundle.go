@@ -52,10 +52,11 @@ func watchdogLimit(runtimeName string, limit int64) int64 {
 const reservedEnvPrefix = "FORKBOX_"
 
 // agentEnv is the agent's configuration (cmd/forkbox-agent), the first
-// entries of the sandbox's environment. The agent takes the first of a
-// duplicated name (Go's os.Getenv), and writeBundle lets no FORKBOX_ name of
-// the image or the caller follow: an image that set FORKBOX_PIDS_LIMIT=0
-// would otherwise lift its tenant's limit.
+// entries of the sandbox's environment, and writeBundle lets no other
+// FORKBOX_ name of the image or the caller into it: of a duplicated name
+// crun's agent takes the first (Go's os.Getenv) and runsc keeps one of them
+// (its own de-duplication), so an image's FORKBOX_PIDS_LIMIT=0 could
+// otherwise stand in for the daemon's.
 //
 // Under a runsc that enforces the memory limit in its sentry
 // (memory-limit.patch), the agent's watchdog is only a backstop for the

@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // AnnotationAppMemoryLimit is the OCI annotation that gives a sandbox's
@@ -31,15 +33,31 @@ const AnnotationCPULimit = "dev.forkbox.cpu-limit"
 // it when the patches change).
 func (r *Runsc) ShowsCPULimit(ctx context.Context) bool { return r.canHold(ctx) }
 
-// memoryLimitSupport caches EnforcesMemoryLimit per binary path.
-var memoryLimitSupport sync.Map // binary path -> bool
+// memoryLimitSupport caches EnforcesMemoryLimit per binary: its path and
+// the file's identity, so that a runsc replaced while the daemon runs (a
+// rebuild, a stock build installed over the patched one) is read again.
+var memoryLimitSupport sync.Map // binaryID -> bool
+
+type binaryID struct {
+	path       string
+	dev, ino   uint64
+	size       int64
+	mtimeNanos int64
+}
 
 // EnforcesMemoryLimit reports whether this runsc is built with
 // scripts/gvisor/memory-limit.patch, so that its sentry enforces
 // AnnotationAppMemoryLimit: the annotation's name is in the binary (a stock
-// runsc has no such string). The binary is read once per path.
+// runsc has no such string). The binary is read once per version of its
+// file.
 func (r *Runsc) EnforcesMemoryLimit(ctx context.Context) bool {
-	if v, ok := memoryLimitSupport.Load(r.opts.Binary); ok {
+	var st unix.Stat_t
+	if err := unix.Stat(r.opts.Binary, &st); err != nil {
+		r.log.Warn("runsc: reading the binary for the memory limit patch", "binary", r.opts.Binary, "err", err)
+		return false
+	}
+	id := binaryID{path: r.opts.Binary, dev: st.Dev, ino: st.Ino, size: st.Size, mtimeNanos: st.Mtim.Nano()}
+	if v, ok := memoryLimitSupport.Load(id); ok {
 		return v.(bool)
 	}
 	ok, err := fileContains(r.opts.Binary, []byte(AnnotationAppMemoryLimit))
@@ -47,7 +65,7 @@ func (r *Runsc) EnforcesMemoryLimit(ctx context.Context) bool {
 		r.log.Warn("runsc: reading the binary for the memory limit patch", "binary", r.opts.Binary, "err", err)
 		return false // unread: asked again next time
 	}
-	memoryLimitSupport.Store(r.opts.Binary, ok)
+	memoryLimitSupport.Store(id, ok)
 	return ok
 }
 

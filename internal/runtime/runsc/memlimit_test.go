@@ -2,6 +2,9 @@ package runsc
 
 import (
 	"bytes"
+	"context"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -44,5 +47,25 @@ func TestFileContains(t *testing.T) {
 	}
 	if _, err := fileContains(filepath.Join(dir, "missing"), needle); err == nil {
 		t.Error("a missing file: no error")
+	}
+}
+
+// TestEnforcesMemoryLimitFollowsTheBinary: a binary replaced at the same
+// path (a stock runsc installed over the patched one) is read again.
+func TestEnforcesMemoryLimitFollowsTheBinary(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "runsc")
+	r := &Runsc{opts: Options{Binary: bin}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for i, body := range []string{"patched " + AnnotationAppMemoryLimit, "stock", "patched again " + AnnotationAppMemoryLimit} {
+		tmp := filepath.Join(dir, "new")
+		if err := os.WriteFile(tmp, []byte(body), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, bin); err != nil { // as install(1) does: a new inode
+			t.Fatal(err)
+		}
+		if got, want := r.EnforcesMemoryLimit(context.Background()), i != 1; got != want {
+			t.Errorf("binary %d (%q): %v, want %v", i, body, got, want)
+		}
 	}
 }
