@@ -47,16 +47,16 @@ func main() {
 		dnsFlood(arg(2), n, arg(4))
 	case "alloc":
 		mb, _ := strconv.Atoi(arg(2))
-		alloc(mb)
+		alloc(mb, unix.MAP_PRIVATE)
 	case "shared":
 		mb, _ := strconv.Atoi(arg(2))
-		allocShared(mb)
+		alloc(mb, unix.MAP_SHARED)
 	case "pattern":
 		mb, _ := strconv.Atoi(arg(2))
 		pattern(mb, arg(3))
 	case "hold":
 		mb, _ := strconv.Atoi(arg(2))
-		alloc(mb)
+		alloc(mb, unix.MAP_PRIVATE)
 		for { // holds it until killed
 			unix.Pause()
 		}
@@ -68,26 +68,12 @@ func main() {
 // alloc maps mb MiB of private anonymous memory and writes one byte per
 // page, with no pause and no allocator in between: the fastest way for a
 // tenant to take memory. It prints "allocated MB" when it got all of it.
-// "hold MB" does the same and then keeps it until it is killed.
-func alloc(mb int) {
+// "hold MB" does the same and then keeps it until it is killed. "shared
+// MB" maps it shared (gVisor backs that with a tmpfs file): memory gVisor
+// charges to the sandbox but lets a fault allocate past its limit.
+func alloc(mb, share int) {
 	n := mb << 20
-	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		fmt.Println("alloc denied", err)
-		os.Exit(3)
-	}
-	for i := 0; i < n; i += os.Getpagesize() {
-		b[i] = 1
-	}
-	fmt.Println("allocated", mb)
-}
-
-// allocShared is alloc with a shared anonymous mapping (gVisor backs it
-// with a tmpfs file): memory gVisor charges to the sandbox but lets a
-// fault allocate past its limit.
-func allocShared(mb int) {
-	n := mb << 20
-	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANONYMOUS)
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, share|unix.MAP_ANONYMOUS)
 	if err != nil {
 		fmt.Println("alloc denied", err)
 		os.Exit(3)
