@@ -15,12 +15,12 @@ import (
 
 // TestAgentEnv: the agent's configuration opens every sandbox's
 // environment and nothing of the image's or the caller's can stand in for
-// it (crun's agent takes the first of a duplicated name, runsc keeps one of
-// them): a hostile image's
-// FORKBOX_ variables are dropped (its token would leave the daemon locked
-// out of its own sandbox, its pids limit of 0 would lift the tenant's), a
-// caller's are refused. Under a runsc that enforces the memory limit the
-// agent's watchdog is off; under a stock runsc and crun it is as before.
+// it (crun's agent takes the first of a duplicated name, runsc keeps one
+// of them): a hostile image's FORKBOX_ variables are dropped (its token
+// would leave the daemon locked out of its own sandbox, its pids limit of
+// 0 would lift the tenant's), a caller's are refused. Under a runsc that
+// enforces the memory limit the agent is told so (its watchdog becomes a
+// slower backstop); under a stock runsc and crun nothing changes.
 func TestAgentEnv(t *testing.T) {
 	h := newHarness(t)
 	h.importImageEnv("hostile:1", []string{"FORKBOX_AGENT_TOKEN=known", "FORKBOX_PIDS_LIMIT=0",

@@ -37,8 +37,8 @@ func hostMemoryLimit(runtimeName string, limit int64) int64 {
 	return limit
 }
 
-// watchdogLimit is the limit the agent enforces itself, or under a
-// patched runsc only reports the sentry's kills of (0 = off).
+// watchdogLimit is the limit the agent's watchdog enforces (beside the
+// sentry under a patched runsc, whose kills the agent reports too); 0 = off.
 func watchdogLimit(runtimeName string, limit int64) int64 {
 	if runtimeName == RuntimeGVisor {
 		return limit
@@ -47,7 +47,7 @@ func watchdogLimit(runtimeName string, limit int64) int64 {
 }
 
 // reservedEnvPrefix names the agent's configuration variables; a sandbox's
-// own environment may not hold one (ConfigFromOptions refuses them, and an
+// own environment may not hold one (withOverrides refuses them, and an
 // image's are dropped).
 const reservedEnvPrefix = "FORKBOX_"
 
