@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -16,6 +17,10 @@ import (
 // Environment variables the daemon sets for the agent. They are removed from
 // the agent's environment (and so from every user process's) at start.
 const (
+	// EnvPrefix begins every one of them. The agent removes every variable
+	// with it from its environment and its processes'; the daemon reserves
+	// such names for the agent.
+	EnvPrefix      = "FORKBOX_"
 	EnvAddr        = "FORKBOX_AGENT_ADDR"
 	EnvToken       = "FORKBOX_AGENT_TOKEN"
 	EnvMemoryLimit = "FORKBOX_MEMORY_LIMIT"
@@ -54,7 +59,7 @@ func ConfigFromEnv() (Config, error) {
 		return cfg, fmt.Errorf("%s=%q (want agent or sentry): %w", EnvMemoryEnforcer, v, errdefs.ErrInvalidArgument)
 	}
 	for _, kv := range os.Environ() {
-		if len(kv) > 8 && kv[:8] == "FORKBOX_" {
+		if strings.HasPrefix(kv, EnvPrefix) {
 			k, _, _ := cut(kv, '=')
 			os.Unsetenv(k)
 		}

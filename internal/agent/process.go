@@ -25,7 +25,7 @@ func baseEnv(environ []string) map[string]string {
 	env := map[string]string{}
 	for _, kv := range environ {
 		k, v, ok := strings.Cut(kv, "=")
-		if !ok || strings.HasPrefix(k, "FORKBOX_") {
+		if !ok || strings.HasPrefix(k, EnvPrefix) {
 			continue
 		}
 		env[k] = v

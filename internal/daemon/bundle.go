@@ -46,17 +46,12 @@ func watchdogLimit(runtimeName string, limit int64) int64 {
 	return 0
 }
 
-// reservedEnvPrefix names the agent's configuration variables; a sandbox's
-// own environment may not hold one (withOverrides refuses them, and an
-// image's are dropped).
-const reservedEnvPrefix = "FORKBOX_"
-
 // agentEnv is the agent's configuration (cmd/forkbox-agent), the first
 // entries of the sandbox's environment, and writeBundle lets no other
-// FORKBOX_ name of the image or the caller into it: of a duplicated name
-// crun's agent takes the first (Go's os.Getenv) and runsc keeps one of them
-// (its own de-duplication), so an image's FORKBOX_PIDS_LIMIT=0 could
-// otherwise stand in for the daemon's.
+// agent.EnvPrefix name of the image or the caller into it (withOverrides
+// refuses a caller's): of a duplicated name crun's agent takes the first
+// (Go's os.Getenv) and runsc keeps one of them (its own de-duplication), so
+// an image's FORKBOX_PIDS_LIMIT=0 could otherwise stand in for the daemon's.
 //
 // Under a runsc that enforces the memory limit in its sentry
 // (memory-limit.patch), the agent's watchdog is only a backstop for the
@@ -125,13 +120,13 @@ func (d *Daemon) writeBundle(ctx context.Context, sb *store.Sandbox, img image.I
 	dir := d.bundleDir(sb.ID)
 	env := d.agentEnv(ctx, sb)
 	for _, kv := range img.Config.Env {
-		if !strings.HasPrefix(kv, reservedEnvPrefix) {
+		if !strings.HasPrefix(kv, agent.EnvPrefix) {
 			env = append(env, kv)
 		}
 	}
 	keys := make([]string, 0, len(sb.Config.Env))
 	for k := range sb.Config.Env {
-		if !strings.HasPrefix(k, reservedEnvPrefix) {
+		if !strings.HasPrefix(k, agent.EnvPrefix) {
 			keys = append(keys, k)
 		}
 	}

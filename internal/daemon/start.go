@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/agent"
 	"github.com/forkbox/forkbox/internal/image"
 	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/store"
@@ -108,8 +109,8 @@ func withOverrides(base store.SandboxConfig, o Overrides) (store.SandboxConfig, 
 			if !envKeyRE.MatchString(k) {
 				return cfg, fmt.Errorf("env name %q is not a valid variable name: %w", k, errdefs.ErrInvalidArgument)
 			}
-			if strings.HasPrefix(k, reservedEnvPrefix) {
-				return cfg, fmt.Errorf("env name %q: %s names configure the sandbox's agent and are reserved: %w", k, reservedEnvPrefix, errdefs.ErrInvalidArgument)
+			if strings.HasPrefix(k, agent.EnvPrefix) {
+				return cfg, fmt.Errorf("env name %q: %s names configure the sandbox's agent and are reserved: %w", k, agent.EnvPrefix, errdefs.ErrInvalidArgument)
 			}
 			if strings.ContainsRune(v, 0) {
 				return cfg, fmt.Errorf("env %s: the value holds a NUL byte: %w", k, errdefs.ErrInvalidArgument)
