@@ -26,12 +26,15 @@ RUNSC_STAMP=/usr/local/lib/forkbox/runsc.version
 # loads), cpu-limit.patch (the Sentry shows the tenant the CPU limit an
 # annotation names, not the raised quota a sandbox starts with),
 # systrap-self-pid.patch and precompiled seccomp programs
-# (scripts/gvisor/precompile.go); FORKBOX_RUNSC_PATCHED=0 builds the stock
-# one. The stamp holds a hash of the patches and the build scripts, so
+# (scripts/gvisor/precompile.go), bounding-held.patch with gVisor's two
+# sidecars beside it in /usr/local/bin/gvisor-bin (gvisor_sentry and
+# gvisor-sentry-prewarmer, which trims the Sentry's capability bounding
+# set before its exec: build-runsc.sh); FORKBOX_RUNSC_PATCHED=0 builds the
+# stock one, without sidecars. The stamp holds a hash of the patches and the build scripts, so
 # changing any of them rebuilds it.
 RUNSC_WANT=$RUNSC_VERSION
 if [ "${FORKBOX_RUNSC_PATCHED:-1}" = 1 ]; then
-	RUNSC_WANT="$RUNSC_VERSION+patched-$(cat scripts/gvisor/*.patch scripts/gvisor/precompile.go scripts/gvisor/build-runsc.sh | sha256sum | cut -c1-12)"
+	RUNSC_WANT="$RUNSC_VERSION+patched-$(cat scripts/gvisor/*.patch scripts/gvisor/*.go scripts/gvisor/prewarmer.c scripts/gvisor/build-runsc.sh | sha256sum | cut -c1-12)"
 fi
 PACKAGES=(btrfs-progs busybox-static crun iproute2 nftables util-linux procps kmod coreutils python3-pytest chromium)
 
@@ -59,6 +62,12 @@ if [ "$(cat "$RUNSC_STAMP" 2>/dev/null)" != "$RUNSC_WANT" ] || [ ! -x "$RUNSC_BI
 		scripts/gvisor/build-runsc.sh "$RUNSC_VERSION" "$tmp/runsc"
 	else
 		CGO_ENABLED=0 GOBIN="$tmp" go install "gvisor.dev/gvisor/runsc@$RUNSC_VERSION"
+	fi
+	# runsc runs the sidecars it finds beside it: never leave one of
+	# another build there.
+	rm -rf "$(dirname "$RUNSC_BIN")/gvisor-bin"
+	if [ -d "$tmp/gvisor-bin" ]; then
+		cp -r "$tmp/gvisor-bin" "$(dirname "$RUNSC_BIN")/gvisor-bin"
 	fi
 	install -m 0755 "$tmp/runsc" "$RUNSC_BIN"
 	mkdir -p "$(dirname "$RUNSC_STAMP")"
