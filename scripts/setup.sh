@@ -64,12 +64,17 @@ if [ "$(cat "$RUNSC_STAMP" 2>/dev/null)" != "$RUNSC_WANT" ] || [ ! -x "$RUNSC_BI
 		CGO_ENABLED=0 GOBIN="$tmp" go install "gvisor.dev/gvisor/runsc@$RUNSC_VERSION"
 	fi
 	# runsc runs the sidecars it finds beside it: never leave one of
-	# another build there.
-	rm -rf "$(dirname "$RUNSC_BIN")/gvisor-bin"
+	# another build there (the new ones are copied beside, then renamed).
+	sidecars="$(dirname "$RUNSC_BIN")/gvisor-bin"
+	rm -rf "$sidecars.new"
 	if [ -d "$tmp/gvisor-bin" ]; then
-		cp -r "$tmp/gvisor-bin" "$(dirname "$RUNSC_BIN")/gvisor-bin"
+		cp -r "$tmp/gvisor-bin" "$sidecars.new"
 	fi
+	rm -rf "$sidecars"
 	install -m 0755 "$tmp/runsc" "$RUNSC_BIN"
+	if [ -d "$sidecars.new" ]; then
+		mv "$sidecars.new" "$sidecars"
+	fi
 	mkdir -p "$(dirname "$RUNSC_STAMP")"
 	echo "$RUNSC_WANT" >"$RUNSC_STAMP"
 	rm -rf "$tmp"

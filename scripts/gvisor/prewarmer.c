@@ -159,10 +159,9 @@ static void prewarm_fdtable(void) {
   ((1UL << CAP_NET_ADMIN) | (1UL << CAP_NET_BIND_SERVICE) |            \
    (1UL << CAP_NET_RAW))
 
-// forkbox: whether the target's flags (runsc passes every flag as
-// --name=value) ask for host networking.
-static int hostnet(char** argv) {
-  static const char flag[] = "--network=host";
+// forkbox: whether one of the target's arguments is exactly flag (runsc
+// passes every flag as --name=value).
+static int has_arg(char** argv, const char* flag) {
   for (; *argv != 0; argv++) {
     const char* a = *argv;
     long i = 0;
@@ -199,13 +198,20 @@ static int hostnet(char** argv) {
 // sets its inheritable set with capset on every thread when it applies
 // them: empty). If that cannot be done, nothing is dropped: the exec then
 // gets what it got without this program, and the Sentry trims as before.
+// Only for a Sentry run as root with --apply-caps=true, the one that
+// applies its capabilities on every thread.
 static void trim_bounding(char** argv) {
-  unsigned long keep = FORKBOX_SENTRY_BOUNDING;
-  if (hostnet(argv)) {
-    keep |= FORKBOX_SENTRY_BOUNDING_HOSTNET;
-  }
   if (sys3(__NR_geteuid, 0, 0, 0) != 0) {
     return;  // Not root: the exec does not get inheritable | bounding.
+  }
+  if (!has_arg(argv, "--apply-caps=true")) {
+    // Only a Sentry that applies its capabilities itself sets its
+    // inheritable set (empty) and drops what is left of the bounding set.
+    return;
+  }
+  unsigned long keep = FORKBOX_SENTRY_BOUNDING;
+  if (has_arg(argv, "--network=host")) {
+    keep |= FORKBOX_SENTRY_BOUNDING_HOSTNET;
   }
   struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
   struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];

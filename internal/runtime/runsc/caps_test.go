@@ -2,6 +2,8 @@ package runsc
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -104,7 +106,7 @@ func checkSentryCaps(t *testing.T, rt *Runsc, id string, want uint64, sidecars b
 func capsOf(t *testing.T, path string) map[string]uint64 {
 	t.Helper()
 	b, err := os.ReadFile(path)
-	if os.IsNotExist(err) || err == unix.ESRCH {
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) {
 		return nil
 	}
 	if err != nil {
