@@ -52,18 +52,7 @@ func TestSentryCapabilities(t *testing.T) {
 	src.WaitLog(t, "tick=2\n", 60*time.Second)
 	checkSentryCaps(t, g.rt, src.ID, want, sidecars)
 
-	img := filepath.Join(g.tmp, "image")
-	if err := g.rt.Pause(ctx, src.ID); err != nil {
-		t.Fatal(err)
-	}
-	if err := g.rt.CheckpointLive(ctx, src.ID, img); err != nil {
-		t.Fatalf("checkpoint: %v", err)
-	}
-	kidDir := g.childDir(t, srcDir, "kid")
-	kid := mfBundle(t, g.rt, kidDir, mfOverlay(t, g.lower, kidDir), "fbx-caps-kid", testsuite.Netns(t), args)
-	if err := g.rt.Restore(ctx, kid.ID, kid.Bundle, img); err != nil {
-		t.Fatalf("restore: %v", err)
-	}
+	kid := g.memoryChild(t, src, srcDir, "fbx-caps-kid", args)
 	kid.WaitLog(t, "tick=", 60*time.Second)
 	checkSentryCaps(t, g.rt, kid.ID, want, sidecars)
 }

@@ -205,6 +205,27 @@ func (g *mfRig) childDir(t *testing.T, srcDir, name string) string {
 
 // mfOverlay mounts lower + dir/upper (created empty if missing) at
 // dir/rootfs and unmounts it in Cleanup.
+// memoryChild pauses and checkpoints src (run from srcDir) and restores the
+// image as a new sandbox with its own copy of src's writable layer,
+// hostname and netns.
+func (g *mfRig) memoryChild(t *testing.T, src *testsuite.Fixture, srcDir, hostname string, args []string) *testsuite.Fixture {
+	t.Helper()
+	ctx := context.Background()
+	img := filepath.Join(g.tmp, "image-"+hostname)
+	if err := g.rt.Pause(ctx, src.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.rt.CheckpointLive(ctx, src.ID, img); err != nil {
+		t.Fatalf("checkpoint: %v", err)
+	}
+	kidDir := g.childDir(t, srcDir, hostname)
+	kid := mfBundle(t, g.rt, kidDir, mfOverlay(t, g.lower, kidDir), hostname, testsuite.Netns(t), args)
+	if err := g.rt.Restore(ctx, kid.ID, kid.Bundle, img); err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	return kid
+}
+
 func mfOverlay(t *testing.T, lower, dir string) string {
 	t.Helper()
 	upper, work, target := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "rootfs")

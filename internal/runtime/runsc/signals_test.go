@@ -36,18 +36,7 @@ func TestSignalForwarded(t *testing.T) {
 	src.WaitLog(t, "tick=2\n", 60*time.Second)
 	signalUntilSeen(t, g.rt, src)
 
-	img := filepath.Join(g.tmp, "image")
-	if err := g.rt.Pause(ctx, src.ID); err != nil {
-		t.Fatal(err)
-	}
-	if err := g.rt.CheckpointLive(ctx, src.ID, img); err != nil {
-		t.Fatalf("checkpoint: %v", err)
-	}
-	kidDir := g.childDir(t, srcDir, "kid")
-	kid := mfBundle(t, g.rt, kidDir, mfOverlay(t, g.lower, kidDir), "fbx-sig-kid", testsuite.Netns(t), args)
-	if err := g.rt.Restore(ctx, kid.ID, kid.Bundle, img); err != nil {
-		t.Fatalf("restore: %v", err)
-	}
+	kid := g.memoryChild(t, src, srcDir, "fbx-sig-kid", args)
 	kid.WaitLog(t, "tick=", 60*time.Second)
 	signalUntilSeen(t, g.rt, kid)
 }
