@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/forkbox/forkbox/internal/runtime/testsuite"
 )
 
 // sentryBounding is the capability bounding set runsc gives the Sentry in
@@ -35,7 +33,6 @@ const sentryBounding = 1<<unix.CAP_CHOWN | 1<<unix.CAP_DAC_OVERRIDE | 1<<unix.CA
 // still held shows here.
 func TestSentryCapabilities(t *testing.T) {
 	g := newMFRig(t)
-	ctx := context.Background()
 	host := capsOf(t, "/proc/self/status")
 	want := sentryBounding & host["CapBnd"]
 	prewarmer := filepath.Join(filepath.Dir(g.rt.opts.Binary), "gvisor-bin", "gvisor-sentry-prewarmer")
@@ -43,16 +40,10 @@ func TestSentryCapabilities(t *testing.T) {
 	sidecars := err == nil
 	t.Logf("host bounding %#x, sentry's expected %#x, sidecars beside runsc: %v", host["CapBnd"], want, sidecars)
 
-	args := []string{"/bin/sh", "-c", "i=0; while :; do i=$((i+1)); echo tick=$i; sleep 0.1; done"}
-	srcDir := filepath.Join(g.tmp, "src")
-	src := mfBundle(t, g.rt, srcDir, mfOverlay(t, g.lower, srcDir), "fbx-caps", testsuite.Netns(t), args)
-	if err := g.rt.Run(ctx, src.ID, src.Bundle); err != nil {
-		t.Fatalf("run: %v", err)
-	}
-	src.WaitLog(t, "tick=2\n", 60*time.Second)
+	srcDir, src := g.source(t, "fbx-caps")
 	checkSentryCaps(t, g.rt, src.ID, want, sidecars)
 
-	kid := g.memoryChild(t, src, srcDir, "fbx-caps-kid", args)
+	kid := g.memoryChild(t, src, srcDir, "fbx-caps-kid", g.args)
 	kid.WaitLog(t, "tick=", 60*time.Second)
 	checkSentryCaps(t, g.rt, kid.ID, want, sidecars)
 }

@@ -203,8 +203,6 @@ func (g *mfRig) childDir(t *testing.T, srcDir, name string) string {
 	return dir
 }
 
-// mfOverlay mounts lower + dir/upper (created empty if missing) at
-// dir/rootfs and unmounts it in Cleanup.
 // memoryChild pauses and checkpoints src (run from srcDir) and restores the
 // image as a new sandbox with its own copy of src's writable layer,
 // hostname and netns.
@@ -226,6 +224,8 @@ func (g *mfRig) memoryChild(t *testing.T, src *testsuite.Fixture, srcDir, hostna
 	return kid
 }
 
+// mfOverlay mounts lower + dir/upper (created empty if missing) at
+// dir/rootfs and unmounts it in Cleanup.
 func mfOverlay(t *testing.T, lower, dir string) string {
 	t.Helper()
 	upper, work, target := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "rootfs")
