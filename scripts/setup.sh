@@ -30,8 +30,8 @@ RUNSC_STAMP=/usr/local/lib/forkbox/runsc.version
 # sidecars beside it in /usr/local/bin/gvisor-bin (gvisor_sentry and
 # gvisor-sentry-prewarmer, which trims the Sentry's capability bounding
 # set before its exec: build-runsc.sh); FORKBOX_RUNSC_PATCHED=0 builds the
-# stock one, without sidecars. The stamp holds a hash of the patches and the build scripts, so
-# changing any of them rebuilds it.
+# stock one, without sidecars. The stamp holds a hash of the patches and
+# the build scripts, so changing any of them rebuilds it.
 RUNSC_WANT=$RUNSC_VERSION
 if [ "${FORKBOX_RUNSC_PATCHED:-1}" = 1 ]; then
 	RUNSC_WANT="$RUNSC_VERSION+patched-$(cat scripts/gvisor/*.patch scripts/gvisor/*.go scripts/gvisor/prewarmer.c scripts/gvisor/build-runsc.sh | sha256sum | cut -c1-12)"
