@@ -2,7 +2,7 @@
 # Builds gVisor's runsc at VERSION with the patches next to this script
 # applied (bounding-held.patch, checkpoint-hold.patch, cpu-limit.patch, memory-limit.patch,
 # pages-parallel.patch, restore-pwrite.patch, save-holes.patch, seccheck-init.patch,
-# start-signals.patch, state-atomic.patch, systrap-self-pid.patch)
+# standby.patch, start-signals.patch, state-atomic.patch, systrap-self-pid.patch)
 # and its seccomp programs precompiled (precompile.go, as gVisor's Bazel
 # build does), into OUT: a copy of the module's source from the Go module
 # cache (downloaded through the module proxy if missing), patched, built
@@ -42,8 +42,9 @@ for patch in "$here"/*.patch; do
 done
 # The patches' own tests (those named Forkbox): the page reads of
 # restore-pwrite.patch, the trace points' registration of
-# seccheck-init.patch, the CPU limit annotation of cpu-limit.patch.
-GOFLAGS=-mod=mod go test -count=1 -run Forkbox ./pkg/sentry/state/stateio ./pkg/sentry/seccheck ./runsc/sandbox
+# seccheck-init.patch, the CPU limit annotation of cpu-limit.patch, the
+# standby runsc of standby.patch.
+GOFLAGS=-mod=mod go test -count=1 -run Forkbox ./pkg/sentry/state/stateio ./pkg/sentry/seccheck ./runsc/sandbox ./runsc/forkboxstandby
 # bounding-held.patch's: the threads' bounding sets read as their union
 # (without cgo, as runsc is built: AllThreadsSyscall6 needs it), and the
 # prewarmer's kept set equal to what boot may ask for.
