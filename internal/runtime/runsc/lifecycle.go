@@ -46,9 +46,10 @@ func (r *Runsc) detached(ctx context.Context, verb, id, bundle string, missingCl
 }
 
 // cli runs one runsc command that leaves processes behind (run, create,
-// restore) with its stdio on bundle/stdio.log, and deletes container id if
-// it fails (unless runsc refused a restore for the container's state). A
-// NotFound from runsc becomes missingClass.
+// restore) with its stdio on bundle/stdio.log, in a standby runsc when one
+// is ready (standby.go), and deletes container id if it fails (unless runsc
+// refused a restore for the container's state). A NotFound from runsc
+// becomes missingClass.
 func (r *Runsc) cli(ctx context.Context, verb, id, bundle, root string, missingClass error, verbArgs []string) error {
 	stdio, err := ocicli.OpenStdio(bundle)
 	if err != nil {
@@ -57,24 +58,10 @@ func (r *Runsc) cli(ctx context.Context, verb, id, bundle, root string, missingC
 	defer stdio.Close()
 	t0 := time.Now()
 	args := append(r.globalArgs(root, id), verbArgs...)
-	cmd := exec.CommandContext(ctx, r.opts.Binary, args...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdio.Null, stdio.Log, stdio.Log
-	// Own process group: a terminal's ^C to the daemon must not reach the
-	// sandbox processes runsc leaves behind.
-	// Pdeathsig: a daemon killed mid-call takes the CLI with it, so no
-	// `runsc restore` or `run` goes on creating the container behind the
-	// restarted daemon's reconcile (which deletes what it left).
-	// The kernel sends Pdeathsig when the *thread* that forked the CLI
-	// exits, not the process: a Go thread that another goroutine later
-	// locks and ends (the crun driver ends the threads it unshares) would
-	// SIGKILL a `runsc run` half-way ("signal: killed", the load test's
-	// failed creates). This goroutine keeps its thread until the CLI is
-	// done, so only the daemon's death sends the signal.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	cmd.WaitDelay = 5 * time.Second
-	goruntime.LockOSThread()
-	runErr := cmd.Run()
-	goruntime.UnlockOSThread()
+	standby, runErr := r.standby.run(ctx, args, stdio.Null, stdio.Log, stdio.Log)
+	if !standby {
+		runErr = r.startCLI(ctx, args, stdio)
+	}
 	if runErr != nil {
 		msg := shortLines(ocicli.ReadFrom(stdio.LogPath, stdio.Start), 400)
 		if verb == "restore" && strings.Contains(msg, fmt.Sprintf("cannot restore container %q in state ", id)) {
@@ -94,8 +81,30 @@ func (r *Runsc) cli(ctx context.Context, verb, id, bundle, root string, missingC
 		}
 		return ocicli.Reclass(r.wrap(ctx, verb, id, runErr, msg), errdefs.ErrNotFound, missingClass)
 	}
-	r.log.Debug("container "+map[string]string{"run": "running", "create": "created", "restore": "restored"}[verb], "sandbox", id, "took", time.Since(t0))
+	r.log.Debug("container "+map[string]string{"run": "running", "create": "created", "restore": "restored"}[verb], "sandbox", id, "took", time.Since(t0), "standby", standby)
 	return nil
+}
+
+// startCLI runs runsc with args and stdio, and waits for it.
+func (r *Runsc) startCLI(ctx context.Context, args []string, stdio *ocicli.Stdio) error {
+	cmd := exec.CommandContext(ctx, r.opts.Binary, args...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdio.Null, stdio.Log, stdio.Log
+	// Own process group: a terminal's ^C to the daemon must not reach the
+	// sandbox processes runsc leaves behind.
+	// Pdeathsig: a daemon killed mid-call takes the CLI with it, so no
+	// `runsc restore` or `run` goes on creating the container behind the
+	// restarted daemon's reconcile (which deletes what it left).
+	// The kernel sends Pdeathsig when the *thread* that forked the CLI
+	// exits, not the process: a Go thread that another goroutine later
+	// locks and ends (the crun driver ends the threads it unshares) would
+	// SIGKILL a `runsc run` half-way ("signal: killed", the load test's
+	// failed creates). This goroutine keeps its thread until the CLI is
+	// done, so only the daemon's death sends the signal.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.WaitDelay = 5 * time.Second
+	goruntime.LockOSThread()
+	defer goruntime.UnlockOSThread()
+	return cmd.Run()
 }
 
 // shortLines cuts every line of s to at most n bytes (runsc's spec

@@ -50,15 +50,19 @@ type Options struct {
 	// bind mount at Root/null-netns that outlives every container.
 	GoferNetNS string
 	ExtraFlags []string // more global flags, placed before the subcommand
-	Log        *slog.Logger
+	// Standby is how many runsc processes are kept started ahead for run,
+	// create and restore (standby.go); 0: none. Close lets them go.
+	Standby int
+	Log     *slog.Logger
 }
 
 // Runsc is the runsc driver. The zero value is not usable; call New.
 type Runsc struct {
 	// Tool implements State, List, Kill and the runsc command of Delete.
 	ocicli.Tool
-	opts Options
-	log  *slog.Logger
+	opts    Options
+	log     *slog.Logger
+	standby *standbyPool // nil without Options.Standby
 }
 
 var _ runtime.Runtime = (*Runsc)(nil)
@@ -101,6 +105,9 @@ func New(o Options) (*Runsc, error) {
 		}
 	}
 	r := &Runsc{opts: o, log: o.Log.With("runtime", "runsc")}
+	if o.Standby > 0 {
+		r.standby = newStandbyPool(o.Binary, o.Standby, r.log)
+	}
 	// The shared calls write no runsc --log: only run, restore and
 	// checkpoint write a per-container one.
 	r.Tool = ocicli.Tool{Runtime: "runsc", Command: func(ctx context.Context, id string, args ...string) ([]byte, error) {
@@ -131,6 +138,16 @@ func (r *Runsc) selfChecked(ctx context.Context, verb, id string) error {
 	_, err := r.command(ctx, id, verb, id)
 	return err
 }
+
+// Close lets the standby runsc processes go and waits for them (and for
+// commands running in them). The driver starts runsc itself after it.
+func (r *Runsc) Close() error {
+	r.standby.close()
+	return nil
+}
+
+// StandbyStats reports the standby runsc processes (zero without them).
+func (r *Runsc) StandbyStats() StandbyStats { return r.standby.stats() }
 
 // Name implements runtime.Runtime.
 func (r *Runsc) Name() string { return "runsc" }
