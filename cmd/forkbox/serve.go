@@ -198,6 +198,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&df.e2bTemplate, "e2b-default-template", "", "what E2B's default templateID \"base\" creates from: an environment, image or snapshot")
 	f.IntVar(&df.metricsMax, "metrics-max-sandboxes", metrics.DefaultMaxSandboxSeries, "at most this many sandboxes get CPU and memory series (the oldest first)")
 	f.BoolVar(&df.cfg.CgroupFavorDynMods, "cgroup-favordynmods", false, "switch the host's cgroup favordynmods option on at start: moving processes between cgroups stops waiting for RCU grace periods, forks and exits cost more (host-wide; its locking stays until reboot on Linux 6.18+; see README)")
+	f.IntVar(&df.cfg.RunscStandby, "runsc-standby", 2, "keep this many runsc processes started ahead (about 5 MB each), so that gVisor's creates, restores and wakes skip runsc's own start (0 = none; needs forkbox's runsc build)")
 	f.IntVar(&df.cfg.Preboot, "preboot", 2, "keep this many gVisor sandboxes booted ahead of demand (about 40 MB each), for creates and fork children that match their resources and egress (0 = none)")
 	return cmd
 }

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -112,7 +113,10 @@ type Config struct {
 	// Preboot is how many gVisor sandboxes are kept booted ahead of demand
 	// (0 = none; see preboot.go).
 	Preboot int
-	Log     *slog.Logger
+	// RunscStandby is how many runsc processes are kept started ahead for
+	// gVisor's run, create and restore (0 = none; see runsc.Options.Standby).
+	RunscStandby int
+	Log          *slog.Logger
 }
 
 // Daemon is the sandbox manager.
@@ -275,6 +279,7 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 		undo.push(func(context.Context) error { return d.closeDNS() })
 	}
 	if p.runtimes == nil {
+		undo.push(func(context.Context) error { d.closeRuntimes(); return nil })
 		if err := d.openRuntimes(cfg); err != nil {
 			return nil, err
 		}
@@ -329,9 +334,20 @@ func (d *Daemon) Close() error {
 	d.bg.Wait()
 	d.closePreboot(context.Background())
 	d.closeAgents()
+	d.closeRuntimes()
 	err := errors.Join(perr, d.closeDNS(), d.snaps.Close(), d.store.Close(), d.closeMemRoot())
 	d.names.release()
 	return err
+}
+
+// closeRuntimes releases what the runtimes hold between calls (gVisor's
+// standby runsc processes).
+func (d *Daemon) closeRuntimes() {
+	for _, rt := range d.runtimes {
+		if c, ok := rt.(io.Closer); ok {
+			c.Close()
+		}
+	}
 }
 
 // closeDNS stops the DNS proxy, if it runs.

@@ -72,7 +72,7 @@ const (
 // ask for it get a clear error.
 func (d *Daemon) openRuntimes(cfg Config) error {
 	logs := filepath.Join(cfg.StateDir, "logs")
-	rs, err := runsc.New(runsc.Options{Binary: cfg.RuntimeBinary, Root: filepath.Join(cfg.RunDir, "runsc"), LogDir: logs, Log: d.log})
+	rs, err := runsc.New(runsc.Options{Binary: cfg.RuntimeBinary, Root: filepath.Join(cfg.RunDir, "runsc"), LogDir: logs, Standby: cfg.RunscStandby, Log: d.log})
 	if err == nil {
 		d.runtimes[RuntimeGVisor] = rs
 	} else {
