@@ -12,6 +12,7 @@ import (
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/network"
+	"github.com/forkbox/forkbox/internal/runtime/runsc"
 	"github.com/forkbox/forkbox/internal/store"
 )
 
@@ -405,10 +406,10 @@ func (d *Daemon) bootPreboot(ctx context.Context, key prebootKey) (_ *prebooted,
 		if !ok {
 			return nil, fmt.Errorf("preboot: runtime %s cannot create a container ahead: %w", key.runtime, errdefs.ErrNotImplemented)
 		}
-		if err := c.Create(ctx, podID(m.id), dir); err != nil {
+		if err := c.Create(runsc.Background(ctx), podID(m.id), dir); err != nil {
 			return nil, fmt.Errorf("preboot: create the sandbox: %w", err)
 		}
-	} else if err := d.runtimes[key.runtime].Run(ctx, podID(m.id), dir); err != nil {
+	} else if err := d.runtimes[key.runtime].Run(runsc.Background(ctx), podID(m.id), dir); err != nil {
 		return nil, fmt.Errorf("preboot: boot the sandbox: %w", err)
 	}
 	if err = d.settleCgroup(key.runtime, key.cpu, d.cgroupPath(m.id)); err != nil { // booted (or created): its limit

@@ -62,6 +62,15 @@ type StandbyStats struct {
 	Unsupported bool
 }
 
+type backgroundKey struct{}
+
+// Background marks the calls made with ctx as work no one waits for (the
+// pre-boot pool's refills): they start runsc themselves, and the standbys
+// stay for the calls someone does wait for.
+func Background(ctx context.Context) context.Context {
+	return context.WithValue(ctx, backgroundKey{}, true)
+}
+
 // standbyPool keeps n standbys of one binary.
 type standbyPool struct {
 	binary string
@@ -365,6 +374,9 @@ func readByteWithin(conn *net.UnixConn, want byte, d time.Duration) error {
 func (p *standbyPool) run(ctx context.Context, args []string, stdin, stdout, stderr *os.File) (ran bool, err error) {
 	if p == nil || ctx.Err() != nil {
 		return false, nil // runsc's start reports a caller gone already
+	}
+	if ctx.Value(backgroundKey{}) != nil {
+		return false, nil
 	}
 	var s *standby
 	select {

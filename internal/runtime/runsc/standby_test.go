@@ -259,3 +259,23 @@ func threadNices(t *testing.T, pid int) map[int]bool {
 	}
 	return nices
 }
+
+// Work no one waits for (Background) starts runsc itself and leaves the
+// standby to the next call.
+func TestStandbyLeftToForeground(t *testing.T) {
+	f := newFixture(t, Options{Binary: standbyBinary(t), Standby: 1}, spec.SpecOptions{
+		Args: []string{"/bin/sh", "-c", "echo up; sleep 1000"},
+	})
+	t.Cleanup(func() { f.rt.Close() })
+	pid := awaitStandby(t, f.rt)
+	if err := f.rt.Run(Background(context.Background()), f.ID, f.Bundle); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	f.WaitLog(t, "up", 30*time.Second)
+	if s := f.rt.StandbyStats(); s.Hits != 0 || s.Misses != 0 || s.Ready != 1 {
+		t.Errorf("stats %+v, want the standby untouched", s)
+	}
+	if !alive(pid) || awaitStandby(t, f.rt) != pid {
+		t.Errorf("standby %d not left ready", pid)
+	}
+}
