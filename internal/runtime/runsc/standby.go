@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/exec"
 	goruntime "runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -82,7 +83,6 @@ type standbyPool struct {
 	stop   chan struct{}
 	wg     sync.WaitGroup
 
-	everReady   atomic.Bool
 	unsupported atomic.Bool
 	hits        atomic.Int64
 	misses      atomic.Int64
@@ -204,9 +204,10 @@ func (p *standbyPool) serveOne() (ok, ran, tainted bool) {
 	if err != nil {
 		cmd.Process.Kill()
 		cmd.Wait()
-		if errors.Is(err, io.EOF) && !p.everReady.Load() {
-			// It exited without a word: a runsc without standby.patch
-			// (it printed its usage to /dev/null).
+		if errors.Is(err, io.EOF) && cmd.ProcessState.Exited() {
+			// It exited by itself without a word: a runsc without
+			// standby.patch (it printed its usage to /dev/null). One
+			// killed (out of memory, say) is tried again.
 			if p.unsupported.CompareAndSwap(false, true) {
 				p.log.Info("runsc has no standby mode (not built by scripts/gvisor/build-runsc.sh): every run, create and restore starts runsc", "binary", p.binary)
 			}
@@ -215,7 +216,6 @@ func (p *standbyPool) serveOne() (ok, ran, tainted bool) {
 		p.log.Warn("runsc standby: not ready", "err", err)
 		return false, false, tainted
 	}
-	p.everReady.Store(true)
 	s := &standby{binary: id, proc: cmd.Process, calls: make(chan standbyCall, 1)}
 	p.mu.Lock()
 	if p.closed {
@@ -232,9 +232,16 @@ func (p *standbyPool) serveOne() (ok, ran, tainted bool) {
 		cmd.Wait()
 		return true, false, tainted
 	}
-	if err := hand(conn, c); err != nil {
+	if sent, err := hand(conn, c); err != nil {
 		cmd.Process.Kill()
-		cmd.Wait()
+		waitErr := cmd.Wait()
+		if sent && tookCommand(conn) {
+			// Its Go came after our deadline: the command ran, and was
+			// killed. It must not run again.
+			c.ran <- true
+			c.exited <- waitErr
+			return true, true, tainted
+		}
 		p.log.Warn("runsc standby: command not taken; starting runsc instead", "err", err)
 		c.ran <- false
 		return true, false, tainted
@@ -270,7 +277,7 @@ func (p *standbyPool) start(own int) (conn *net.UnixConn, cmd *exec.Cmd, tainted
 	}
 	conn = fc.(*net.UnixConn)
 	cmd = exec.Command(p.binary)
-	cmd.Env = append(os.Environ(), standbyEnv+"=3")
+	cmd.Env = append(environ(), standbyEnv+"=3")
 	cmd.ExtraFiles = []*os.File{theirs}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	tid := unix.Gettid()
@@ -284,6 +291,13 @@ func (p *standbyPool) start(own int) (conn *net.UnixConn, cmd *exec.Cmd, tainted
 		return nil, nil, tainted, err
 	}
 	return conn, cmd, tainted, nil
+}
+
+// environ is the daemon's environment for runsc, without the standby
+// variable (a daemon that inherited one would send every runsc it starts
+// looking for a socket it does not have).
+func environ() []string {
+	return slices.DeleteFunc(os.Environ(), func(e string) bool { return strings.HasPrefix(e, standbyEnv+"=") })
 }
 
 // threadNice is the calling thread's nice value.
@@ -326,28 +340,34 @@ func renice(pid, n int) error {
 }
 
 // hand sends c's command line and stdio and waits for the standby to take
-// them.
-func hand(conn *net.UnixConn, c standbyCall) error {
+// them. sent reports that the message went (the standby may have run it).
+func hand(conn *net.UnixConn, c standbyCall) (sent bool, err error) {
 	var msg strings.Builder
 	for _, a := range c.args {
 		if strings.IndexByte(a, 0) >= 0 {
-			return fmt.Errorf("argument %q holds a NUL byte", a)
+			return false, fmt.Errorf("argument %q holds a NUL byte", a)
 		}
 		msg.WriteString(a)
 		msg.WriteByte(0)
 	}
 	if msg.Len() > standbyMax {
-		return fmt.Errorf("command line of %d bytes, more than a standby takes (%d)", msg.Len(), standbyMax)
+		return false, fmt.Errorf("command line of %d bytes, more than a standby takes (%d)", msg.Len(), standbyMax)
 	}
 	rights := unix.UnixRights(int(c.stdio[0].Fd()), int(c.stdio[1].Fd()), int(c.stdio[2].Fd()))
 	conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	if _, _, err := conn.WriteMsgUnix([]byte(msg.String()), rights, nil); err != nil {
-		return fmt.Errorf("send: %w", err)
+		return false, fmt.Errorf("send: %w", err)
 	}
-	// Sent: from here it may run the command. Without its Go byte it has
-	// not (it writes Go before it returns to runsc's main), and killed it
-	// never will.
-	return readByteWithin(conn, standbyGo, standbyReadyWithin)
+	// Sent: from here it may run the command. It writes Go before it
+	// returns to runsc's main; without Go it has not run it.
+	return true, readByteWithin(conn, standbyGo, standbyReadyWithin)
+}
+
+// tookCommand reports whether a standby, dead now, wrote its Go byte
+// before it died (after hand gave up waiting for it): the byte is then in
+// the socket, and the read ends at once either way (the peer is gone).
+func tookCommand(conn *net.UnixConn) bool {
+	return readByteWithin(conn, standbyGo, time.Second) == nil
 }
 
 // readByteWithin reads one byte, which must be want, within d.
@@ -403,7 +423,7 @@ func (p *standbyPool) run(ctx context.Context, args []string, stdin, stdout, std
 	case err := <-c.exited:
 		return true, err
 	case <-ctx.Done():
-		s.proc.Kill() // not reaped before exited is sent: still this process
+		s.proc.Kill() // a pidfd: safe even if just reaped
 		return true, <-c.exited
 	}
 }
@@ -444,6 +464,12 @@ func (p *standbyPool) stats() StandbyStats {
 func (p *standbyPool) awaitReady(ctx context.Context) (int, error) {
 	select {
 	case s := <-p.ready:
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.closed {
+			s.calls <- standbyCall{} // close drained without it
+			return 0, errors.New("standby pool closed")
+		}
 		p.ready <- s // never blocks: it was the only one taken
 		return s.proc.Pid, nil
 	case <-ctx.Done():
