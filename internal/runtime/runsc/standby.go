@@ -55,7 +55,8 @@ type StandbyStats struct {
 	Ready int   // standbys waiting now
 	Hits  int64 // commands a standby ran
 	// Misses are commands that started runsc because no standby was ready
-	// (or none was ever made: Options.Standby 0 or a runsc without the patch).
+	// or could take them (a runsc without the patch makes none). Background
+	// calls count in neither.
 	Misses int64
 	Stale  int64 // standbys let go because the binary was replaced since their start
 	Lost   int64 // standbys that did not take their command (it started runsc)
