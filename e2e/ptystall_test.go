@@ -81,6 +81,9 @@ func TestPtyStalledClient(t *testing.T) {
 			t.Fatal(err)
 		}
 		warm.Close()
+		// The standby runsc processes refill after the sandbox's create,
+		// each with its socket and pidfd in the daemon: counted settled.
+		standbySettled(t, maddr)
 		goroutines := scrape(t, "http://"+maddr+"/metrics", "")["go_goroutines"]
 		fds := daemonFDs(t)
 
@@ -111,11 +114,12 @@ func TestPtyStalledClient(t *testing.T) {
 		deadline := time.Now().Add(60 * time.Second)
 		for {
 			closeIdle()
-			g, f := scrape(t, "http://"+maddr+"/metrics", "")["go_goroutines"], daemonFDs(t)
+			m := scrape(t, "http://"+maddr+"/metrics", "")
+			g, f := m["go_goroutines"], daemonFDs(t)
 			// Slack of 2 goroutines for the daemon's own comings and goings;
 			// a held session keeps at least its handler, its reader and
 			// the agent connection's fd.
-			if g <= goroutines+2 && f <= fds {
+			if g <= goroutines+2 && f <= fds && m["forkbox_runsc_standby_pending"] == 0 {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -219,5 +223,24 @@ func TestPtySessionBounds(t *testing.T) {
 			t.Fatalf("execs started and never finished: %v", running)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// standbySettled waits (bounded) until every standby runsc slot of the
+// daemon serving metrics at maddr has a standby ready.
+func standbySettled(t *testing.T, maddr string) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		m := scrape(t, "http://"+maddr+"/metrics", "")
+		p, ok := m["forkbox_runsc_standby_pending"]
+		if !ok {
+			t.Fatal("no forkbox_runsc_standby_pending in the daemon's metrics")
+		}
+		if p == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("forkbox_runsc_standby_pending %v after a minute, want 0", p)
+		}
 	}
 }

@@ -136,6 +136,9 @@ func serveCmd() *cobra.Command {
 					s := d.PrebootStats()
 					return metrics.PrebootCounts{Ready: s.Ready, Created: s.ReadyCreated, Pending: s.Pending,
 						Hits: s.Hits, Misses: s.Misses}
+				}, RunscStandby: func() metrics.StandbyCounts {
+					s := d.RunscStandbyStats()
+					return metrics.StandbyCounts{Ready: s.Ready, Pending: s.Pending, Hits: s.Hits, Misses: s.Misses}
 				}})
 			// The E2B endpoint listens before the API does: once the API
 			// answers (what a caller, or a test, waits for), every listener

@@ -90,6 +90,15 @@ func (d *Daemon) openRuntimes(cfg Config) error {
 	return nil
 }
 
+// RunscStandbyStats reports gVisor's standby runsc processes (zero
+// without gVisor or without them).
+func (d *Daemon) RunscStandbyStats() runsc.StandbyStats {
+	if rs, ok := d.runtimes[RuntimeGVisor].(*runsc.Runsc); ok {
+		return rs.StandbyStats()
+	}
+	return runsc.StandbyStats{}
+}
+
 // initOutput returns the end of what a sandbox's init (the agent) and the
 // runtime printed, for error messages.
 func (d *Daemon) initOutput(id string) string {

@@ -49,6 +49,17 @@ type Options struct {
 	// Preboot reads the pre-booted sandbox pool at scrape time. Nil: no
 	// pool series.
 	Preboot func() PrebootCounts
+	// RunscStandby reads gVisor's standby runsc processes at scrape time.
+	// Nil: no standby series.
+	RunscStandby func() StandbyCounts
+}
+
+// StandbyCounts are the standby runsc processes at a scrape: waiting, still
+// to start (0: settled), and runsc commands that ran in one (Hits) or
+// started runsc (Misses).
+type StandbyCounts struct {
+	Ready, Pending int
+	Hits, Misses   int64
 }
 
 // PrebootCounts is the pre-booted sandbox pool at a scrape: members ready
@@ -163,6 +174,21 @@ func New(o Options) *Metrics {
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "forkbox_preboot_misses_total",
 				Help: "gVisor creates and fork children that found no pre-booted sandbox of their resources and egress."},
 				func() float64 { return float64(pre().Misses) }))
+	}
+	if sb := o.RunscStandby; sb != nil {
+		m.reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "forkbox_runsc_standby_ready",
+				Help: "runsc processes started ahead and waiting for a command (serve --runsc-standby)."},
+				func() float64 { return float64(sb().Ready) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "forkbox_runsc_standby_pending",
+				Help: "Standby runsc processes still to start before every slot has one; 0 when settled."},
+				func() float64 { return float64(sb().Pending) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "forkbox_runsc_standby_hits_total",
+				Help: "gVisor runs, creates and restores that ran in a standby runsc."},
+				func() float64 { return float64(sb().Hits) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "forkbox_runsc_standby_misses_total",
+				Help: "gVisor runs, creates and restores that started runsc: no standby was ready or could take them."},
+				func() float64 { return float64(sb().Misses) }))
 	}
 	return m
 }

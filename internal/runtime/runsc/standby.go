@@ -52,8 +52,12 @@ const standbyReadyWithin = 30 * time.Second
 // StandbyStats counts what became of the driver's run, create and restore
 // calls.
 type StandbyStats struct {
-	Ready int   // standbys waiting now
-	Hits  int64 // commands a standby ran
+	Ready int // standbys waiting now
+	// Pending are the standbys still to start before every slot has one
+	// ready (those refilling after a command included); 0 once settled,
+	// closed, or without the mode.
+	Pending int
+	Hits    int64 // commands a standby ran
 	// Misses are commands that started runsc because no standby was ready
 	// or could take them (a runsc without the patch makes none). Background
 	// calls count in neither.
@@ -456,8 +460,15 @@ func (p *standbyPool) stats() StandbyStats {
 	if p == nil {
 		return StandbyStats{}
 	}
-	return StandbyStats{Ready: len(p.ready), Hits: p.hits.Load(), Misses: p.misses.Load(),
+	st := StandbyStats{Ready: len(p.ready), Hits: p.hits.Load(), Misses: p.misses.Load(),
 		Stale: p.stale.Load(), Lost: p.lost.Load(), Unsupported: p.unsupported.Load()}
+	p.mu.Lock()
+	closed := p.closed
+	p.mu.Unlock()
+	if !closed && !st.Unsupported {
+		st.Pending = max(cap(p.ready)-st.Ready, 0)
+	}
+	return st
 }
 
 // awaitReady waits until a standby is ready and returns its pid, leaving it
