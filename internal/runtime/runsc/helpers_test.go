@@ -37,12 +37,21 @@ type fixture struct {
 	rt *Runsc
 }
 
-// newFixture starts a runsc driver from o (state root and log dir in a
-// temp dir unless set) and prepares a rootfs, netns and bundle for one
-// container with testsuite.NewFixture, which registers the cleanup.
+// newFixture starts a runsc driver from o with newRuntime and prepares a
+// rootfs, netns and bundle for one container with testsuite.NewFixture,
+// which registers the cleanup.
 func newFixture(t *testing.T, o Options, so spec.SpecOptions) *fixture {
 	t.Helper()
 	requireRunsc(t)
+	rt := newRuntime(t, o)
+	return &fixture{Fixture: testsuite.NewFixture(t, rt, so), rt: rt}
+}
+
+// newRuntime is a driver from o with its state root and log dir in a temp
+// dir unless set, closed in Cleanup (after its containers' cleanups, which
+// are registered later).
+func newRuntime(t *testing.T, o Options) *Runsc {
+	t.Helper()
 	tmp := t.TempDir()
 	if o.Root == "" {
 		o.Root = filepath.Join(tmp, "state")
@@ -54,7 +63,8 @@ func newFixture(t *testing.T, o Options, so spec.SpecOptions) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fixture{Fixture: testsuite.NewFixture(t, rt, so), rt: rt}
+	t.Cleanup(func() { rt.Close() })
+	return rt
 }
 
 // hostProcsWith returns the host pids whose cmdline mentions s.

@@ -31,20 +31,6 @@ func standbyBinary(t *testing.T) string {
 	return "runsc"
 }
 
-// newStandbyRuntime is a driver from o with its state root and logs in a
-// temp dir, closed in Cleanup.
-func newStandbyRuntime(t *testing.T, o Options) *Runsc {
-	t.Helper()
-	tmp := t.TempDir()
-	o.Root, o.LogDir = filepath.Join(tmp, "state"), filepath.Join(tmp, "logs")
-	rt, err := New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rt.Close() })
-	return rt
-}
-
 // awaitStandby waits (bounded) until rt has a standby ready and returns its
 // pid.
 func awaitStandby(t *testing.T, rt *Runsc) int {
@@ -155,14 +141,12 @@ func TestStandbyFallsBack(t *testing.T) {
 		if s := f.rt.StandbyStats(); !s.Unsupported || s.Hits != 0 || s.Misses != 1 {
 			t.Errorf("stats %+v, want unsupported, 1 miss", s)
 		}
-		f.rt.Close()
 	})
 
 	t.Run("binary replaced", func(t *testing.T) {
 		wrapper := filepath.Join(t.TempDir(), "runsc")
 		wrapperRunsc(t, wrapper, bin, false)
 		f := newFixture(t, Options{Binary: wrapper, Standby: 1}, so)
-		t.Cleanup(func() { f.rt.Close() })
 		old := awaitStandby(t, f.rt)
 		wrapperRunsc(t, wrapper, bin, false)
 		if err := f.rt.Run(ctx, f.ID, f.Bundle); err != nil {
@@ -187,7 +171,6 @@ func TestStandbyFallsBack(t *testing.T) {
 
 	t.Run("standby died", func(t *testing.T) {
 		f := newFixture(t, Options{Binary: bin, Standby: 1}, so)
-		t.Cleanup(func() { f.rt.Close() })
 		pid := awaitStandby(t, f.rt)
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
@@ -206,7 +189,7 @@ func TestStandbyFallsBack(t *testing.T) {
 // exec.CommandContext does, and the half-made container is deleted. The
 // command is held in a createRuntime hook until the test cancels.
 func TestStandbyCanceled(t *testing.T) {
-	rt := newStandbyRuntime(t, Options{Binary: standbyBinary(t), Standby: 1})
+	rt := newRuntime(t, Options{Binary: standbyBinary(t), Standby: 1})
 	// The hook's sleep, named by its unique duration, is left by the
 	// killed CLI (as by a killed runsc run): the test ends it.
 	marker := fmt.Sprintf("1000.%d", time.Now().UnixNano()%1e9)
@@ -266,7 +249,6 @@ func TestStandbyLeftToForeground(t *testing.T) {
 	f := newFixture(t, Options{Binary: standbyBinary(t), Standby: 1}, spec.SpecOptions{
 		Args: []string{"/bin/sh", "-c", "echo up; sleep 1000"},
 	})
-	t.Cleanup(func() { f.rt.Close() })
 	pid := awaitStandby(t, f.rt)
 	if err := f.rt.Run(Background(context.Background()), f.ID, f.Bundle); err != nil {
 		t.Fatalf("run: %v", err)
