@@ -104,6 +104,10 @@ func New(o Options) (*Runsc, error) {
 			return nil, fmt.Errorf("runsc: %v: %w", err, errdefs.ErrInternal)
 		}
 	}
+	// A runsc that finds the standby variable waits for its command on
+	// fd 3 (standby.go): none that this process starts, for any call, may
+	// inherit one.
+	os.Unsetenv(standbyEnv)
 	r := &Runsc{opts: o, log: o.Log.With("runtime", "runsc")}
 	if o.Standby > 0 {
 		r.standby = newStandbyPool(o.Binary, o.Standby, r.log)

@@ -26,7 +26,7 @@ import (
 	"os"
 	"os/exec"
 	goruntime "runtime"
-	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -282,7 +282,7 @@ func (p *standbyPool) start(own int) (conn *net.UnixConn, cmd *exec.Cmd, tainted
 	}
 	conn = fc.(*net.UnixConn)
 	cmd = exec.Command(p.binary)
-	cmd.Env = append(environ(), standbyEnv+"=3")
+	cmd.Env = append(os.Environ(), standbyEnv+"=3")
 	cmd.ExtraFiles = []*os.File{theirs}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	tid := unix.Gettid()
@@ -296,13 +296,6 @@ func (p *standbyPool) start(own int) (conn *net.UnixConn, cmd *exec.Cmd, tainted
 		return nil, nil, tainted, err
 	}
 	return conn, cmd, tainted, nil
-}
-
-// environ is the daemon's environment for runsc, without the standby
-// variable (a daemon that inherited one would send every runsc it starts
-// looking for a socket it does not have).
-func environ() []string {
-	return slices.DeleteFunc(os.Environ(), func(e string) bool { return strings.HasPrefix(e, standbyEnv+"=") })
 }
 
 // threadNice is the calling thread's nice value.
@@ -330,8 +323,8 @@ func renice(pid, n int) error {
 				continue
 			}
 			seen[t.Name()], fresh = true, true
-			var tid int
-			if _, err := fmt.Sscan(t.Name(), &tid); err != nil {
+			tid, err := strconv.Atoi(t.Name())
+			if err != nil {
 				continue
 			}
 			if err := unix.Setpriority(unix.PRIO_PROCESS, tid, n); err != nil && err != unix.ESRCH {
