@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -174,7 +175,7 @@ func TestHostCPUBusy(t *testing.T) {
 // taken.
 func TestLoggedFigures(t *testing.T) {
 	log := filepath.Join(t.TempDir(), "daemon.log")
-	lines := `time=1 level=DEBUG msg="memory child started" sandbox=sb-1 checkpoint=ck-1 restore_ms=120 total_ms=150 cpu_throttled_ms=11.383
+	lines := `time=1 level=DEBUG msg="memory child started" sandbox=sb-1 checkpoint=ck-1 prepare_ms=7.5 restore_ms=120 agent_ready_ms=31.25 fork_notice_ms=6 hostname_exec=false total_ms=150 cpu_throttled_ms=11.383
 time=2 level=DEBUG msg="memory child started" sandbox=sb-2 checkpoint=ck-1 restore_ms=120 total_ms=150 cpu_throttled_ms=-1
 time=3 level=DEBUG msg="container restored" runtime=runsc sandbox=sb-1 took=136.230459ms
 time=4 level=INFO msg="memory checkpoint" sandbox=sb-0 checkpoint=ck-1 capture_ms=30 source_downtime_ms=40.5
@@ -192,6 +193,27 @@ time=5 level=INFO msg="memory checkpoint" sandbox=sb-0 checkpoint=ck-1 capture_m
 	}
 	if v, ok := b.loggedThrottled("sb-3"); ok {
 		t.Errorf("throttled sb-3 (no line): %v, want no figure", v)
+	}
+	var p childPhases
+	p.add(b, "sb-1")
+	p.add(b, "sb-2")
+	p.add(b, "sb-3")
+	for _, c := range []struct {
+		name string
+		got  []float64
+		want []float64
+	}{
+		{"prepare", p.prepare, []float64{7.5}},
+		{"agent ready", p.ready, []float64{31.25}},
+		{"fork notice", p.notice, []float64{6}},
+		{"throttled", p.throttled, []float64{11.383}},
+	} {
+		if !slices.Equal(c.got, c.want) {
+			t.Errorf("%s of sb-1, sb-2 (no split logged) and sb-3 (no line): %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	if len(p.restore) != 1 || p.restore[0] < 136.2 || p.restore[0] > 136.3 {
+		t.Errorf("runsc restore of sb-1, sb-2 and sb-3: %v, want sb-1's 136.23 alone", p.restore)
 	}
 	if v, ok := b.loggedRestore("sb-1"); !ok || v < 136.2 || v > 136.3 {
 		t.Errorf("restore sb-1: %v %v, want 136.23", v, ok)

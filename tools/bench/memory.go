@@ -47,6 +47,14 @@ type MemoryResult struct {
 	// ChildThrottled is how long each child's CPU limit held it back
 	// during its start (its cgroup's throttled time; daemon debug log only).
 	ChildThrottled Summary `json:"mem_child_cpu_throttled"`
+	// ChildPrepare, ChildAgentReady and ChildForkNotice split each child's
+	// start as the daemon logs it (debug log only): its own work before
+	// runsc (snapshot, mounts, network, bundle), the restored agent's first
+	// answer once runsc returned, and the fork notice (the agent's new
+	// token and hostname, and the on-fork hook).
+	ChildPrepare    Summary `json:"mem_child_prepare"`
+	ChildAgentReady Summary `json:"mem_child_agent_ready"`
+	ChildForkNotice Summary `json:"mem_child_fork_notice"`
 	// Filesystem forks of one child of the same source.
 	FSCapture    Summary    `json:"fs_fork_capture"`
 	FSChildStart Summary    `json:"fs_child_start"`
@@ -74,7 +82,12 @@ type MemFanout struct {
 	// Throttled is each child's time held back by its CPU limit during
 	// its start (daemon debug log only).
 	Throttled Summary `json:"cpu_throttled"`
-	CloseMS   float64 `json:"close_ms"`
+	// Prepare, AgentReady and ForkNotice split each child's start as
+	// MemoryResult's do.
+	Prepare    Summary `json:"prepare"`
+	AgentReady Summary `json:"agent_ready"`
+	ForkNotice Summary `json:"fork_notice"`
+	CloseMS    float64 `json:"close_ms"`
 	// HostCPUS is the host's busy CPU time (/proc/stat, every CPU, idle
 	// and iowait left out) during the fork call, in seconds: with HostCPUs
 	// it bounds the call's wall time from below (HostCPUS / HostCPUs) when
@@ -186,7 +199,8 @@ func (b *bench) measureMemory(ctx context.Context, label string, size int64) (Me
 	r.Checkpoint, r.CheckpointCall, r.Downtime = summarize(caps), summarize(calls), summarize(downs)
 
 	progress("  %s: %d memory forks of one child", label, o.memReps)
-	var fcaps, starts, walls, fdowns, restores, throttled []float64
+	var fcaps, starts, walls, fdowns []float64
+	var phases childPhases
 	for i := range o.memReps {
 		t := time.Now()
 		res, err := src.Fork(ctx, client.ForkOptions{Tag: fmt.Sprintf("bench-memfork-%d", i), Count: 1, Memory: true})
@@ -201,12 +215,7 @@ func (b *bench) measureMemory(ctx context.Context, label string, size int64) (Me
 			r.fail("memory fork child", c.Err)
 		} else {
 			fcaps, starts, walls = append(fcaps, res.CaptureMS), append(starts, c.StartMS), append(walls, wall)
-			if d, ok := b.loggedRestore(c.Sandbox.ID); ok {
-				restores = append(restores, d)
-			}
-			if d, ok := b.loggedThrottled(c.Sandbox.ID); ok {
-				throttled = append(throttled, d)
-			}
+			phases.add(b, c.Sandbox.ID)
 			r.check(ctx, c.Sandbox, "memory-forked child")
 		}
 		if res.Checkpoint != nil {
@@ -218,7 +227,9 @@ func (b *bench) measureMemory(ctx context.Context, label string, size int64) (Me
 		b.deleteCheckpoint(ctx, res.Checkpoint)
 	}
 	r.ForkCapture, r.ChildStart, r.ForkWall = summarize(fcaps), summarize(starts), summarize(walls)
-	r.ForkDowntime, r.ChildRestore, r.ChildThrottled = summarize(fdowns), summarize(restores), summarize(throttled)
+	r.ForkDowntime = summarize(fdowns)
+	r.ChildRestore, r.ChildThrottled = summarize(phases.restore), summarize(phases.throttled)
+	r.ChildPrepare, r.ChildAgentReady, r.ChildForkNotice = summarize(phases.prepare), summarize(phases.ready), summarize(phases.notice)
 	r.check(ctx, src, "source after the memory forks")
 
 	b.memFanout(ctx, &r, src)
@@ -269,7 +280,8 @@ func (b *bench) memFanout(ctx context.Context, r *MemoryResult, src *client.Sand
 	kids := res.Sandboxes()
 	b.track(kids...)
 	f.CaptureMS, f.TotalMS = res.CaptureMS, res.TotalMS
-	var starts, restores, throttled []float64
+	var starts []float64
+	var phases childPhases
 	for _, c := range res.Children {
 		if c.Err != nil {
 			r.fail("memory fan-out child", c.Err)
@@ -277,17 +289,13 @@ func (b *bench) memFanout(ctx context.Context, r *MemoryResult, src *client.Sand
 		}
 		f.Started++
 		starts = append(starts, c.StartMS)
-		if d, ok := b.loggedRestore(c.Sandbox.ID); ok {
-			restores = append(restores, d)
-		}
-		if d, ok := b.loggedThrottled(c.Sandbox.ID); ok {
-			throttled = append(throttled, d)
-		}
+		phases.add(b, c.Sandbox.ID)
 		if r.check(ctx, c.Sandbox, "fan-out child") {
 			f.Alive++
 		}
 	}
-	f.ChildStart, f.Restore, f.Throttled = summarize(starts), summarize(restores), summarize(throttled)
+	f.ChildStart, f.Restore, f.Throttled = summarize(starts), summarize(phases.restore), summarize(phases.throttled)
+	f.Prepare, f.AgentReady, f.ForkNotice = summarize(phases.prepare), summarize(phases.ready), summarize(phases.notice)
 	if f.Started > 0 {
 		f.HostMBPerChild = (usedGiB() - usedBefore) * 1024 / float64(f.Started)
 		if b.cgroupParent != "" {
@@ -305,7 +313,31 @@ var (
 	restoreRE  = regexp.MustCompile(`msg="container restored" .*sandbox=(\S+) .*took=(\S+)`)
 	// cpu_throttled_ms is -1 where the daemon could not read it: no match.
 	throttledRE = regexp.MustCompile(`msg="memory child started" sandbox=(\S+) .*cpu_throttled_ms=([0-9.]+)`)
+	prepareRE   = regexp.MustCompile(`msg="memory child started" sandbox=(\S+) .*prepare_ms=([0-9.]+)`)
+	readyRE     = regexp.MustCompile(`msg="memory child started" sandbox=(\S+) .*agent_ready_ms=([0-9.]+)`)
+	noticeRE    = regexp.MustCompile(`msg="memory child started" sandbox=(\S+) .*fork_notice_ms=([0-9.]+)`)
 )
+
+// childPhases gathers what the throwaway daemon's debug log says of
+// memory-fork children's starts, each figure for the children that have it.
+type childPhases struct {
+	restore, throttled, prepare, ready, notice []float64
+}
+
+// add reads child id's figures.
+func (p *childPhases) add(b *bench, id string) {
+	if d, ok := b.loggedRestore(id); ok {
+		p.restore = append(p.restore, d)
+	}
+	for _, f := range []struct {
+		re  *regexp.Regexp
+		out *[]float64
+	}{{throttledRE, &p.throttled}, {prepareRE, &p.prepare}, {readyRE, &p.ready}, {noticeRE, &p.notice}} {
+		if d, ok := b.loggedMS(f.re, id); ok {
+			*f.out = append(*f.out, d)
+		}
+	}
+}
 
 // loggedThrottled finds how long the CPU limit held memory-fork child id
 // back during its start, in the throwaway daemon's debug log.

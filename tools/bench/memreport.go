@@ -45,6 +45,16 @@ func printMemory(w io.Writer, ms []MemoryResult) {
 			num(f.TotalMS), pp(f.ChildStart), pp(f.Restore), pp(f.Throttled), num(f.CloseMS), num(f.HostMBPerChild), cpu, num(f.RunningCPUms))
 	}
 	fmt.Fprintln(w)
+	fmt.Fprintln(w, "   where a memory child's start goes (the daemon's debug log): its own work before runsc (snapshot, mounts, network, bundle),")
+	fmt.Fprintln(w, "   the container's runsc restore, the restored agent's first answer, the fork notice (new token, hostname, on-fork hook)")
+	fmt.Fprintln(w, "resident\tforks\tprepare\trunsc restore\tagent's first answer\tfork notice\t")
+	for _, m := range ms {
+		fmt.Fprintf(w, "%s\tone child\t%s\t%s\t%s\t%s\t\n", m.Size, pp(m.ChildPrepare), pp(m.ChildRestore), pp(m.ChildAgentReady), pp(m.ChildForkNotice))
+		if f := m.Fanout; f != nil {
+			fmt.Fprintf(w, "%s\tfan-out of %d\t%s\t%s\t%s\t%s\t\n", m.Size, f.Count, pp(f.Prepare), pp(f.Restore), pp(f.AgentReady), pp(f.ForkNotice))
+		}
+	}
+	fmt.Fprintln(w)
 	printMemTargets(w, ms)
 	fmt.Fprintln(w, "   allocator still running and beating (source after each checkpoint/fork, every memory-forked child)")
 	fmt.Fprintln(w, "resident\tchecks\tfailures\tfirst failure\t")
