@@ -339,10 +339,6 @@ func (p *childPhases) add(b *bench, id string) {
 	}
 }
 
-// loggedThrottled finds how long the CPU limit held memory-fork child id
-// back during its start, in the throwaway daemon's debug log.
-func (b *bench) loggedThrottled(id string) (float64, bool) { return b.loggedMS(throttledRE, id) }
-
 // loggedDowntime finds the source downtime the throwaway daemon logged for
 // memory checkpoint id.
 func (b *bench) loggedDowntime(id string) (float64, bool) { return b.loggedMS(downtimeRE, id) }
