@@ -202,6 +202,7 @@ func serveCmd() *cobra.Command {
 	f.IntVar(&df.metricsMax, "metrics-max-sandboxes", metrics.DefaultMaxSandboxSeries, "at most this many sandboxes get CPU and memory series (the oldest first)")
 	f.BoolVar(&df.cfg.CgroupFavorDynMods, "cgroup-favordynmods", false, "switch the host's cgroup favordynmods option on at start: moving processes between cgroups stops waiting for RCU grace periods, forks and exits cost more (host-wide; its locking stays until reboot on Linux 6.18+; see README)")
 	f.IntVar(&df.cfg.RunscStandby, "runsc-standby", 2, "keep this many runsc processes started ahead (about 5 MB each), so that gVisor's creates, restores and wakes skip runsc's own start (0 = none; needs forkbox's runsc build)")
+	f.BoolVar(&df.cfg.RunscHugePages, "runsc-huge-pages", true, "run runsc and its Sentry from a copy on a tmpfs of huge pages in the run directory (about 150 MB of memory), which starts each gVisor sandbox's processes faster where page faults are costly; false runs the installed binary")
 	f.IntVar(&df.cfg.Preboot, "preboot", 2, "keep this many gVisor sandboxes booted ahead of demand (about 40 MB each), for creates and fork children that match their resources and egress (0 = none)")
 	return cmd
 }

@@ -116,7 +116,10 @@ type Config struct {
 	// RunscStandby is how many runsc processes are kept started ahead for
 	// gVisor's run, create and restore (0 = none; see runsc.Options.Standby).
 	RunscStandby int
-	Log          *slog.Logger
+	// RunscHugePages runs runsc and its Sentry from a copy on a tmpfs of
+	// huge pages at <RunDir>/runsc-bin (see runsc.Options.StageDir).
+	RunscHugePages bool
+	Log            *slog.Logger
 }
 
 // Daemon is the sandbox manager.

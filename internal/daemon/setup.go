@@ -72,7 +72,11 @@ const (
 // ask for it get a clear error.
 func (d *Daemon) openRuntimes(cfg Config) error {
 	logs := filepath.Join(cfg.StateDir, "logs")
-	rs, err := runsc.New(runsc.Options{Binary: cfg.RuntimeBinary, Root: filepath.Join(cfg.RunDir, "runsc"), LogDir: logs, Standby: cfg.RunscStandby, Log: d.log})
+	ro := runsc.Options{Binary: cfg.RuntimeBinary, Root: filepath.Join(cfg.RunDir, "runsc"), LogDir: logs, Standby: cfg.RunscStandby, Log: d.log}
+	if cfg.RunscHugePages {
+		ro.StageDir = filepath.Join(cfg.RunDir, "runsc-bin")
+	}
+	rs, err := runsc.New(ro)
 	if err == nil {
 		d.runtimes[RuntimeGVisor] = rs
 	} else {

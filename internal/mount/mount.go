@@ -135,6 +135,21 @@ func Bind(ctx context.Context, src, target string, readonly bool) error {
 	return All(ctx, []Mount{{Type: "bind", Source: src, Options: opts}}, target)
 }
 
+// Remount changes the flags of the mount on target to options (mount(8)
+// -o flags such as "ro", "nosuid", "nodev"; filesystem data is passed on as
+// the remount's data). It is how a file system filled by its owner is
+// sealed read-only.
+func Remount(ctx context.Context, target string, options []string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	flags, data := parseOptions(options)
+	if err := unix.Mount("", target, "", unix.MS_REMOUNT|flags, strings.Join(data, ",")); err != nil {
+		return fmt.Errorf("remount %s (%s): %w", target, strings.Join(options, ","), classify(err))
+	}
+	return nil
+}
+
 // Unmount unmounts the topmost mount on target. If target is busy it is
 // detached lazily. Unmounting something that is not mounted (or does not
 // exist) returns nil.

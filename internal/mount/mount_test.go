@@ -127,6 +127,29 @@ func TestBindReadOnly(t *testing.T) {
 	}
 }
 
+func TestRemountReadOnly(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	target := t.TempDir()
+	if err := All(ctx, []Mount{{Type: "tmpfs", Source: "forkbox-test", Options: []string{"nosuid", "nodev", "size=1m"}}}, target); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = UnmountAll(ctx, target) })
+	mkfile(t, filepath.Join(target, "f"), "f")
+	if err := Remount(ctx, target, []string{"ro", "nosuid", "nodev"}); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(target, "f")); string(b) != "f" {
+		t.Errorf("f after remount: got %q, want %q", b, "f")
+	}
+	if err := os.WriteFile(filepath.Join(target, "g"), nil, 0o644); err == nil {
+		t.Errorf("write to a read-only remount: got nil error")
+	}
+	if err := Remount(ctx, filepath.Join(target, "missing"), []string{"ro"}); !errdefs.IsNotFound(err) {
+		t.Errorf("remount of a missing path: got %v, want NotFound", err)
+	}
+}
+
 func TestMountErrors(t *testing.T) {
 	requireRoot(t)
 	ctx := context.Background()

@@ -52,11 +52,11 @@ var holdSupport sync.Map // binary path -> bool
 // canHold reports whether this runsc has --hold-fd (asked once per binary:
 // `runsc help checkpoint` lists its flags).
 func (r *Runsc) canHold(ctx context.Context) bool {
-	if v, ok := holdSupport.Load(r.opts.Binary); ok {
+	if v, ok := holdSupport.Load(r.binary()); ok {
 		return v.(bool)
 	}
 	var out bytes.Buffer
-	cmd := exec.CommandContext(ctx, r.opts.Binary, "help", "checkpoint")
+	cmd := exec.CommandContext(ctx, r.binary(), "help", "checkpoint")
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
 	var exit *exec.ExitError
@@ -65,7 +65,7 @@ func (r *Runsc) canHold(ctx context.Context) bool {
 	}
 	// help's exit status varies between builds; its text says.
 	ok := strings.Contains(out.String(), "-hold-fd")
-	holdSupport.Store(r.opts.Binary, ok)
+	holdSupport.Store(r.binary(), ok)
 	return ok
 }
 
@@ -79,7 +79,7 @@ func (r *Runsc) CheckpointHeld(ctx context.Context, id, imageDir string, held fu
 		return runtime.Hold{}, err
 	}
 	if !r.canHold(ctx) {
-		return runtime.Hold{}, fmt.Errorf("runsc checkpoint %s: %s has no --hold-fd (not built by scripts/gvisor/build-runsc.sh): %w", id, r.opts.Binary, errdefs.ErrNotImplemented)
+		return runtime.Hold{}, fmt.Errorf("runsc checkpoint %s: %s has no --hold-fd (not built by scripts/gvisor/build-runsc.sh): %w", id, r.binary(), errdefs.ErrNotImplemented)
 	}
 	if err := makeImageDir(id, imageDir); err != nil {
 		return runtime.Hold{}, err
@@ -113,7 +113,7 @@ func (r *Runsc) hold(ctx context.Context, id, imageDir string, held func(paused 
 		"--hold-fd", "3", "--hold-timeout", holdTimeout.String(), id)
 	// Not tied to ctx: a caller that goes away must not stop the sandbox
 	// for good. Its steps are bounded below and its hold by --hold-timeout.
-	cmd := exec.Command(r.opts.Binary, args...)
+	cmd := exec.Command(r.binary(), args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	cmd.ExtraFiles = []*os.File{theirs}
@@ -153,7 +153,7 @@ func (r *Runsc) hold(ctx context.Context, id, imageDir string, held func(paused 
 		err = failed("start", err)
 		if strings.Contains(stderr.String(), "flag provided but not defined") {
 			// The binary was replaced by one without --hold-fd.
-			holdSupport.Delete(r.opts.Binary)
+			holdSupport.Delete(r.binary())
 			err = fmt.Errorf("%w: %w", err, errdefs.ErrNotImplemented)
 		}
 		return h, err // nothing was paused

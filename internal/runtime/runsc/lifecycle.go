@@ -87,7 +87,7 @@ func (r *Runsc) cli(ctx context.Context, verb, id, bundle, root string, missingC
 
 // startCLI runs runsc with args and stdio, and waits for it.
 func (r *Runsc) startCLI(ctx context.Context, args []string, stdio *ocicli.Stdio) error {
-	cmd := exec.CommandContext(ctx, r.opts.Binary, args...)
+	cmd := exec.CommandContext(ctx, r.binary(), args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdio.Null, stdio.Log, stdio.Log
 	// Own process group: a terminal's ^C to the daemon must not reach the
 	// sandbox processes runsc leaves behind.

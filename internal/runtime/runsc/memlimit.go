@@ -52,17 +52,17 @@ type binaryID struct {
 // file.
 func (r *Runsc) EnforcesMemoryLimit(ctx context.Context) bool {
 	var st unix.Stat_t
-	if err := unix.Stat(r.opts.Binary, &st); err != nil {
-		r.log.Warn("runsc: reading the binary for the memory limit patch", "binary", r.opts.Binary, "err", err)
+	if err := unix.Stat(r.binary(), &st); err != nil {
+		r.log.Warn("runsc: reading the binary for the memory limit patch", "binary", r.binary(), "err", err)
 		return false
 	}
-	id := binaryID{path: r.opts.Binary, dev: st.Dev, ino: st.Ino, size: st.Size, mtimeNanos: st.Mtim.Nano()}
+	id := binaryID{path: r.binary(), dev: st.Dev, ino: st.Ino, size: st.Size, mtimeNanos: st.Mtim.Nano()}
 	if v, ok := memoryLimitSupport.Load(id); ok {
 		return v.(bool)
 	}
-	ok, err := fileContains(r.opts.Binary, []byte(AnnotationAppMemoryLimit))
+	ok, err := fileContains(r.binary(), []byte(AnnotationAppMemoryLimit))
 	if err != nil {
-		r.log.Warn("runsc: reading the binary for the memory limit patch", "binary", r.opts.Binary, "err", err)
+		r.log.Warn("runsc: reading the binary for the memory limit patch", "binary", r.binary(), "err", err)
 		return false // unread: asked again next time
 	}
 	memoryLimitSupport.Store(id, ok)

@@ -29,6 +29,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -53,7 +54,12 @@ type Options struct {
 	// Standby is how many runsc processes are kept started ahead for run,
 	// create and restore (standby.go); 0: none. Close lets them go.
 	Standby int
-	Log     *slog.Logger
+	// StageDir, when set, is where New mounts a tmpfs of huge pages and
+	// copies runsc and its sidecars onto it, to run them from there
+	// (stage.go); Close detaches it. When that cannot be done the driver
+	// logs why and runs the binary where it is installed.
+	StageDir string
+	Log      *slog.Logger
 }
 
 // Runsc is the runsc driver. The zero value is not usable; call New.
@@ -63,6 +69,10 @@ type Runsc struct {
 	opts    Options
 	log     *slog.Logger
 	standby *standbyPool // nil without Options.Standby
+	stage   *staged      // nil without Options.StageDir, or when staging failed
+	// bin is the runsc that commands run: the stage's copy until Close,
+	// opts.Binary without one or after it.
+	bin atomic.Pointer[string]
 }
 
 var _ runtime.Runtime = (*Runsc)(nil)
@@ -109,8 +119,19 @@ func New(o Options) (*Runsc, error) {
 	// inherit one.
 	os.Unsetenv(standbyEnv)
 	r := &Runsc{opts: o, log: o.Log.With("runtime", "runsc")}
+	r.bin.Store(&o.Binary)
+	if o.StageDir != "" {
+		s, err := stageBinaries(context.Background(), o.Binary, o.StageDir)
+		if err != nil {
+			r.log.Warn("runsc: running the installed binary, not a copy on huge pages", "binary", o.Binary, "err", err)
+		} else {
+			r.stage = s
+			r.bin.Store(&s.binary)
+			r.log.Debug("runsc: running a copy on huge pages", "binary", s.binary, "from", o.Binary)
+		}
+	}
 	if o.Standby > 0 {
-		r.standby = newStandbyPool(o.Binary, o.Standby, r.log)
+		r.standby = newStandbyPool(r.binary(), o.Standby, r.log)
 	}
 	// The shared calls write no runsc --log: only run, restore and
 	// checkpoint write a per-container one.
@@ -144,11 +165,20 @@ func (r *Runsc) selfChecked(ctx context.Context, verb, id string) error {
 }
 
 // Close lets the standby runsc processes go and waits for them (and for
-// commands running in them). The driver starts runsc itself after it.
+// commands running in them), and detaches the stage of binaries (running
+// sandboxes keep theirs). The driver starts the installed runsc itself
+// after it.
 func (r *Runsc) Close() error {
 	r.standby.close()
-	return nil
+	if r.stage == nil {
+		return nil
+	}
+	r.bin.Store(&r.opts.Binary)
+	return r.stage.unstage(context.Background())
 }
+
+// binary is the runsc that commands run (see Runsc.bin).
+func (r *Runsc) binary() string { return *r.bin.Load() }
 
 // StandbyStats reports the standby runsc processes (zero without them).
 func (r *Runsc) StandbyStats() StandbyStats { return r.standby.stats() }
@@ -190,7 +220,7 @@ func (r *Runsc) command(ctx context.Context, id string, args ...string) ([]byte,
 // runIn runs runsc in state root root, with its log for logID when set.
 // On failure the error carries runsc's stderr, classified by errs.
 func (r *Runsc) runIn(ctx context.Context, root, logID string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, r.opts.Binary, append(r.globalArgs(root, logID), args...)...)
+	cmd := exec.CommandContext(ctx, r.binary(), append(r.globalArgs(root, logID), args...)...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.WaitDelay = 5 * time.Second
