@@ -346,9 +346,11 @@ func (d *Daemon) Close() error {
 // closeRuntimes releases what the runtimes hold between calls (gVisor's
 // standby runsc processes).
 func (d *Daemon) closeRuntimes() {
-	for _, rt := range d.runtimes {
+	for name, rt := range d.runtimes {
 		if c, ok := rt.(io.Closer); ok {
-			c.Close()
+			if err := c.Close(); err != nil {
+				d.log.Warn("closing the runtime", "runtime", name, "err", err)
+			}
 		}
 	}
 }

@@ -127,7 +127,7 @@ func New(o Options) (*Runsc, error) {
 		} else {
 			r.stage = s
 			r.bin.Store(&s.binary)
-			r.log.Debug("runsc: running a copy on huge pages", "binary", s.binary, "from", o.Binary)
+			r.log.Info("runsc: running a copy on huge pages", "binary", s.binary, "from", o.Binary)
 		}
 	}
 	if o.Standby > 0 {
@@ -166,8 +166,9 @@ func (r *Runsc) selfChecked(ctx context.Context, verb, id string) error {
 
 // Close lets the standby runsc processes go and waits for them (and for
 // commands running in them), and detaches the stage of binaries (running
-// sandboxes keep theirs). The driver starts the installed runsc itself
-// after it.
+// sandboxes keep theirs). Commands started after it run the installed
+// runsc; one that chose the stage's binary just before Close and starts it
+// after fails (NotFound): Close comes after the driver's last use.
 func (r *Runsc) Close() error {
 	r.standby.close()
 	if r.stage == nil {

@@ -75,10 +75,11 @@ func TestStagedBinariesRunSandbox(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "runsc-bin")
 	f := newFixture(t, Options{StageDir: dir}, spec.SpecOptions{Args: []string{"/bin/sh", "-c", "echo up; sleep 1000"}})
 	rt, ctx := f.rt, context.Background()
+	dir, _ = filepath.EvalSymlinks(dir) // as the mount table names it
 	if rt.stage == nil || !strings.HasPrefix(rt.binary(), dir+"/") {
 		t.Fatalf("binary %s, want one in the stage %s", rt.binary(), dir)
 	}
-	files, _, err := stageFiles(installedRunsc(t))
+	files, _, _, err := stageFiles(installedRunsc(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,47 +145,72 @@ func TestStagedBinariesRunSandbox(t *testing.T) {
 	assertNoTrace(t, f)
 }
 
-// A crashed daemon's stage is detached by the next one, and the stale
-// stage's unstage leaves the new one alone; a mount there that is not a
-// stage is not touched, and the driver runs the installed runsc.
+// A crashed daemon's stage is taken over by the next one when it holds
+// the same files, and replaced when it does not (a stale stage's unstage
+// then leaves the new one alone); a stage directory reached through a
+// symlink is found in the mount table; a mount there that is not a stage
+// is not touched, and the driver runs the installed runsc.
 func TestStageAfterCrash(t *testing.T) {
 	requireRunsc(t)
 	ctx := context.Background()
 	bin := installedRunsc(t)
-	dir := filepath.Join(t.TempDir(), "runsc-bin")
-	t.Cleanup(func() { _ = mount.UnmountAll(ctx, dir) })
+	tmp := t.TempDir()
+	if err := os.Mkdir(filepath.Join(tmp, "real"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("real", filepath.Join(tmp, "link")); err != nil {
+		t.Fatal(err)
+	}
+	dir, realDir := filepath.Join(tmp, "link", "runsc-bin"), filepath.Join(tmp, "real", "runsc-bin")
+	t.Cleanup(func() { _ = mount.UnmountAll(ctx, realDir) })
 
-	old, err := stageBinaries(ctx, bin, dir)
+	crashed, err := stageBinaries(ctx, bin, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cur, err := stageBinaries(ctx, bin, dir)
+	if on := stageMounts(t, realDir); len(on) != 1 {
+		t.Fatalf("mounts on %s: %d, want 1", realDir, len(on))
+	}
+	same, err := stageBinaries(ctx, bin, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if on := stageMounts(t, dir); len(on) != 1 {
-		t.Fatalf("mounts on the stage after a second one: %d, want 1", len(on))
+	if same.token != crashed.token || len(stageMounts(t, realDir)) != 1 {
+		t.Errorf("a stage of the same files was not taken over: token %q after %q, %d mounts", same.token, crashed.token, len(stageMounts(t, realDir)))
 	}
-	if err := old.unstage(ctx); err != nil {
+
+	// Other files (another binary): a new stage replaces the old.
+	other := filepath.Join(t.TempDir(), "runsc")
+	if b, err := os.ReadFile("/bin/true"); err != nil || os.WriteFile(other, b, 0o755) != nil {
+		t.Fatal("copying /bin/true:", err)
+	}
+	cur, err := stageBinaries(ctx, other, dir)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(cur.binary, "--version").CombinedOutput(); err != nil {
+	if cur.token == crashed.token || len(stageMounts(t, realDir)) != 1 {
+		t.Fatalf("a stage of other files: token %q (old %q), %d mounts; want a new one alone", cur.token, crashed.token, len(stageMounts(t, realDir)))
+	}
+	if err := crashed.unstage(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(cur.binary).CombinedOutput(); err != nil {
 		t.Fatalf("the stage after a stale unstage: %v: %s", err, out)
 	}
 	if err := cur.unstage(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if on := stageMounts(t, dir); len(on) != 0 {
+	if on := stageMounts(t, realDir); len(on) != 0 {
 		t.Fatalf("mounts on the stage after unstage: %+v", on)
 	}
 
-	if err := mount.Bind(ctx, t.TempDir(), dir, true); err != nil {
+	if err := mount.Bind(ctx, t.TempDir(), realDir, true); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := stageBinaries(ctx, bin, dir); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("stage over a bind mount: got %v, want FailedPrecondition", err)
 	}
-	if on := stageMounts(t, dir); len(on) != 1 || on[0].FSType == "tmpfs" {
+	if on := stageMounts(t, realDir); len(on) != 1 || on[0].Source == stageFS {
 		t.Errorf("mounts on the stage directory: %+v, want the bind mount alone", on)
 	}
 	rt := newRuntime(t, Options{StageDir: dir})
