@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -68,7 +69,7 @@ func hostSandboxIDs(t *testing.T) (ids map[string][]string, stray []string) {
 	}
 	if out, _ := exec.Command("pgrep", "-af", env.dir).Output(); len(out) > 0 {
 		for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-			if strings.Contains(l, "pgrep") || strings.Contains(l, " serve ") {
+			if strings.Contains(l, "pgrep") || strings.Contains(l, " serve ") || daemonStandby(l) {
 				continue
 			}
 			if id := sandboxIDRE.FindString(l); id != "" {
@@ -291,4 +292,24 @@ func listSettled(ctx context.Context) ([]*client.Info, error) {
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// daemonStandby reports whether a `pgrep -af` line is one of the daemon's
+// standby runsc processes, waiting for a command (README "Standby runsc
+// processes"): the daemon's child, whose command line is the bare path of
+// the runsc it runs, here the daemon's copy in its run directory (README
+// "runsc on huge pages"). They are the daemon's, as long as it lives.
+func daemonStandby(line string) bool {
+	pid, cmd, _ := strings.Cut(line, " ")
+	if env.daemon == nil || cmd != filepath.Join(env.runDir, "runsc-bin", "runsc") {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return false
+	}
+	// Fields after the command's closing parenthesis: state, ppid, ...
+	_, rest, ok := strings.Cut(string(b), ") ")
+	f := strings.Fields(rest)
+	return ok && len(f) > 1 && f[1] == strconv.Itoa(env.daemon.Process.Pid)
 }

@@ -179,7 +179,12 @@ func (r *Runsc) Close() error {
 }
 
 // binary is the runsc that commands run (see Runsc.bin).
-func (r *Runsc) binary() string { return *r.bin.Load() }
+func (r *Runsc) binary() string {
+	if p := r.bin.Load(); p != nil {
+		return *p
+	}
+	return r.opts.Binary // a driver made without New (tests)
+}
 
 // StandbyStats reports the standby runsc processes (zero without them).
 func (r *Runsc) StandbyStats() StandbyStats { return r.standby.stats() }
