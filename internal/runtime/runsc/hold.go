@@ -52,11 +52,12 @@ var holdSupport sync.Map // binary path -> bool
 // canHold reports whether this runsc has --hold-fd (asked once per binary:
 // `runsc help checkpoint` lists its flags).
 func (r *Runsc) canHold(ctx context.Context) bool {
-	if v, ok := holdSupport.Load(r.binary()); ok {
+	bin := r.binary()
+	if v, ok := holdSupport.Load(bin); ok {
 		return v.(bool)
 	}
 	var out bytes.Buffer
-	cmd := exec.CommandContext(ctx, r.binary(), "help", "checkpoint")
+	cmd := exec.CommandContext(ctx, bin, "help", "checkpoint")
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
 	var exit *exec.ExitError
@@ -65,7 +66,7 @@ func (r *Runsc) canHold(ctx context.Context) bool {
 	}
 	// help's exit status varies between builds; its text says.
 	ok := strings.Contains(out.String(), "-hold-fd")
-	holdSupport.Store(r.binary(), ok)
+	holdSupport.Store(bin, ok)
 	return ok
 }
 
@@ -113,7 +114,8 @@ func (r *Runsc) hold(ctx context.Context, id, imageDir string, held func(paused 
 		"--hold-fd", "3", "--hold-timeout", holdTimeout.String(), id)
 	// Not tied to ctx: a caller that goes away must not stop the sandbox
 	// for good. Its steps are bounded below and its hold by --hold-timeout.
-	cmd := exec.Command(r.binary(), args...)
+	bin := r.binary()
+	cmd := exec.Command(bin, args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	cmd.ExtraFiles = []*os.File{theirs}
@@ -153,7 +155,7 @@ func (r *Runsc) hold(ctx context.Context, id, imageDir string, held func(paused 
 		err = failed("start", err)
 		if strings.Contains(stderr.String(), "flag provided but not defined") {
 			// The binary was replaced by one without --hold-fd.
-			holdSupport.Delete(r.binary())
+			holdSupport.Delete(bin)
 			err = fmt.Errorf("%w: %w", err, errdefs.ErrNotImplemented)
 		}
 		return h, err // nothing was paused

@@ -51,18 +51,19 @@ type binaryID struct {
 // runsc has no such string). The binary is read once per version of its
 // file.
 func (r *Runsc) EnforcesMemoryLimit(ctx context.Context) bool {
+	bin := r.binary()
 	var st unix.Stat_t
-	if err := unix.Stat(r.binary(), &st); err != nil {
-		r.log.Warn("runsc: reading the binary for the memory limit patch", "binary", r.binary(), "err", err)
+	if err := unix.Stat(bin, &st); err != nil {
+		r.log.Warn("runsc: reading the binary for the memory limit patch", "binary", bin, "err", err)
 		return false
 	}
-	id := binaryID{path: r.binary(), dev: st.Dev, ino: st.Ino, size: st.Size, mtimeNanos: st.Mtim.Nano()}
+	id := binaryID{path: bin, dev: st.Dev, ino: st.Ino, size: st.Size, mtimeNanos: st.Mtim.Nano()}
 	if v, ok := memoryLimitSupport.Load(id); ok {
 		return v.(bool)
 	}
-	ok, err := fileContains(r.binary(), []byte(AnnotationAppMemoryLimit))
+	ok, err := fileContains(bin, []byte(AnnotationAppMemoryLimit))
 	if err != nil {
-		r.log.Warn("runsc: reading the binary for the memory limit patch", "binary", r.binary(), "err", err)
+		r.log.Warn("runsc: reading the binary for the memory limit patch", "binary", bin, "err", err)
 		return false // unread: asked again next time
 	}
 	memoryLimitSupport.Store(id, ok)

@@ -191,7 +191,6 @@ func TestStateOfUnknownStartsNoRunsc(t *testing.T) {
 		t.Fatal(err)
 	}
 	rt.opts.Binary = "/bin/false"
-	rt.bin.Store(&rt.opts.Binary)
 	ctx := context.Background()
 	if _, err := rt.State(ctx, "sb-unknown"); !errdefs.IsNotFound(err) {
 		t.Errorf("state of an unknown id: got %v, want NotFound without runsc", err)

@@ -70,9 +70,7 @@ type Runsc struct {
 	log     *slog.Logger
 	standby *standbyPool // nil without Options.Standby
 	stage   *staged      // nil without Options.StageDir, or when staging failed
-	// bin is the runsc that commands run: the stage's copy until Close,
-	// opts.Binary without one or after it.
-	bin atomic.Pointer[string]
+	closed  atomic.Bool  // set by Close: commands run opts.Binary again
 }
 
 var _ runtime.Runtime = (*Runsc)(nil)
@@ -119,14 +117,12 @@ func New(o Options) (*Runsc, error) {
 	// inherit one.
 	os.Unsetenv(standbyEnv)
 	r := &Runsc{opts: o, log: o.Log.With("runtime", "runsc")}
-	r.bin.Store(&o.Binary)
 	if o.StageDir != "" {
 		s, err := stageBinaries(context.Background(), o.Binary, o.StageDir)
 		if err != nil {
 			r.log.Warn("runsc: running the installed binary, not a copy on huge pages", "binary", o.Binary, "err", err)
 		} else {
 			r.stage = s
-			r.bin.Store(&s.binary)
 			r.log.Info("runsc: running a copy on huge pages", "binary", s.binary, "from", o.Binary)
 		}
 	}
@@ -174,16 +170,17 @@ func (r *Runsc) Close() error {
 	if r.stage == nil {
 		return nil
 	}
-	r.bin.Store(&r.opts.Binary)
+	r.closed.Store(true)
 	return r.stage.unstage(context.Background())
 }
 
-// binary is the runsc that commands run (see Runsc.bin).
+// binary is the runsc that commands run: the stage's copy until Close,
+// opts.Binary without one or after it.
 func (r *Runsc) binary() string {
-	if p := r.bin.Load(); p != nil {
-		return *p
+	if r.stage != nil && !r.closed.Load() {
+		return r.stage.binary
 	}
-	return r.opts.Binary // a driver made without New (tests)
+	return r.opts.Binary
 }
 
 // StandbyStats reports the standby runsc processes (zero without them).
