@@ -312,11 +312,17 @@ var (
 	downtimeRE = regexp.MustCompile(`msg="memory checkpoint" .*checkpoint=(\S+) .*source_downtime_ms=([0-9.]+)`)
 	restoreRE  = regexp.MustCompile(`msg="container restored" .*sandbox=(\S+) .*took=(\S+)`)
 	// cpu_throttled_ms is -1 where the daemon could not read it: no match.
-	throttledRE = regexp.MustCompile(`msg="memory child started" sandbox=(\S+) .*cpu_throttled_ms=([0-9.]+)`)
-	prepareRE   = regexp.MustCompile(`msg="memory child started" sandbox=(\S+) .*prepare_ms=([0-9.]+)`)
-	readyRE     = regexp.MustCompile(`msg="memory child started" sandbox=(\S+) .*agent_ready_ms=([0-9.]+)`)
-	noticeRE    = regexp.MustCompile(`msg="memory child started" sandbox=(\S+) .*fork_notice_ms=([0-9.]+)`)
+	throttledRE = childStartedRE("cpu_throttled_ms")
+	prepareRE   = childStartedRE("prepare_ms")
+	readyRE     = childStartedRE("agent_ready_ms")
+	noticeRE    = childStartedRE("fork_notice_ms")
 )
+
+// childStartedRE matches the daemon's "memory child started" line with its
+// sandbox and the milliseconds of field as groups.
+func childStartedRE(field string) *regexp.Regexp {
+	return regexp.MustCompile(`msg="memory child started" sandbox=(\S+) .*` + field + `=([0-9.]+)`)
+}
 
 // childPhases gathers what the throwaway daemon's debug log says of
 // memory-fork children's starts, each figure for the children that have it.
@@ -324,17 +330,15 @@ type childPhases struct {
 	restore, throttled, prepare, ready, notice []float64
 }
 
-// add reads child id's figures.
+// add reads child id's figures, in one pass over the log.
 func (p *childPhases) add(b *bench, id string) {
-	if d, ok := b.loggedRestore(id); ok {
+	m := b.findLogs(id, restoreRE, throttledRE, prepareRE, readyRE, noticeRE)
+	if d, ok := restoreMS(m[0]); ok {
 		p.restore = append(p.restore, d)
 	}
-	for _, f := range []struct {
-		re  *regexp.Regexp
-		out *[]float64
-	}{{throttledRE, &p.throttled}, {prepareRE, &p.prepare}, {readyRE, &p.ready}, {noticeRE, &p.notice}} {
-		if d, ok := b.loggedMS(f.re, id); ok {
-			*f.out = append(*f.out, d)
+	for i, out := range []*[]float64{&p.throttled, &p.prepare, &p.ready, &p.notice} {
+		if d, ok := groupMS(m[i+1]); ok {
+			*out = append(*out, d)
 		}
 	}
 }
@@ -346,7 +350,11 @@ func (b *bench) loggedDowntime(id string) (float64, bool) { return b.loggedMS(do
 // loggedMS is the milliseconds of re's second group in the last line of
 // the throwaway daemon's log that re matches with key as its first.
 func (b *bench) loggedMS(re *regexp.Regexp, key string) (float64, bool) {
-	m := b.findLog(re, key)
+	return groupMS(b.findLogs(key, re)[0])
+}
+
+// groupMS is the milliseconds in a log match's second group.
+func groupMS(m []string) (float64, bool) {
 	if m == nil {
 		return 0, false
 	}
@@ -357,7 +365,11 @@ func (b *bench) loggedMS(re *regexp.Regexp, key string) (float64, bool) {
 // loggedRestore finds the `runsc restore` time of sandbox id in the
 // throwaway daemon's debug log.
 func (b *bench) loggedRestore(id string) (float64, bool) {
-	m := b.findLog(restoreRE, id)
+	return restoreMS(b.findLogs(id, restoreRE)[0])
+}
+
+// restoreMS is the duration in a restoreRE match, in milliseconds.
+func restoreMS(m []string) (float64, bool) {
 	if m == nil {
 		return 0, false
 	}
@@ -365,18 +377,19 @@ func (b *bench) loggedRestore(id string) (float64, bool) {
 	return ms(d), err == nil
 }
 
-// findLog returns the submatches of the last line of the throwaway
-// daemon's log that re matches with key as its first group.
-func (b *bench) findLog(re *regexp.Regexp, key string) []string {
+// findLogs returns, for each of res, the submatches of the last line of
+// the throwaway daemon's log that it matches with key as its first group
+// (nil where none does), in one pass over the log.
+func (b *bench) findLogs(key string, res ...*regexp.Regexp) [][]string {
+	found := make([][]string, len(res))
 	if b.daemonLog == "" {
-		return nil
+		return found
 	}
 	f, err := os.Open(b.daemonLog)
 	if err != nil {
-		return nil
+		return found
 	}
 	defer f.Close()
-	var found []string
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -384,8 +397,10 @@ func (b *bench) findLog(re *regexp.Regexp, key string) []string {
 		if !strings.Contains(line, key) {
 			continue
 		}
-		if m := re.FindStringSubmatch(line); m != nil && m[1] == key {
-			found = m
+		for i, re := range res {
+			if m := re.FindStringSubmatch(line); m != nil && m[1] == key {
+				found[i] = m
+			}
 		}
 	}
 	return found
