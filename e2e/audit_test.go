@@ -304,12 +304,20 @@ func daemonStandby(line string) bool {
 	if env.daemon == nil || cmd != filepath.Join(env.runDir, "runsc-bin", "runsc") {
 		return false
 	}
+	f := procStat(pid)
+	return len(f) > 1 && f[1] == strconv.Itoa(env.daemon.Process.Pid)
+}
+
+// procStat returns the fields of /proc/<pid>/stat after the command's
+// closing parenthesis (state, ppid, ...; proc(5)), nil when pid is gone.
+func procStat(pid string) []string {
 	b, err := os.ReadFile("/proc/" + pid + "/stat")
 	if err != nil {
-		return false
+		return nil
 	}
-	// Fields after the command's closing parenthesis: state, ppid, ...
 	_, rest, ok := strings.Cut(string(b), ") ")
-	f := strings.Fields(rest)
-	return ok && len(f) > 1 && f[1] == strconv.Itoa(env.daemon.Process.Pid)
+	if !ok {
+		return nil
+	}
+	return strings.Fields(rest)
 }

@@ -6,6 +6,7 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -195,8 +196,7 @@ func waitDaemonAlive(limit time.Duration) error {
 		if _, err := c.ListSandboxes(context.Background(), false); err == nil {
 			return nil
 		}
-		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if f := strings.Fields(string(st)); err != nil || len(f) < 3 || f[2] == "Z" {
+		if f := procStat(strconv.Itoa(pid)); len(f) < 1 || f[0] == "Z" {
 			return fmt.Errorf("the daemon (pid %d) exited", pid)
 		}
 		time.Sleep(200 * time.Millisecond) // a poll of the socket, not a synchronisation
