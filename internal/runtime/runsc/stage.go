@@ -256,8 +256,8 @@ func detachStage(ctx context.Context, dir string) error {
 		if top.FSType != "tmpfs" || top.Source != stageFS {
 			return fmt.Errorf("runsc: stage directory %s has a %s mount of %s on it, not a stage: %w", dir, top.FSType, top.Source, errdefs.ErrFailedPrecondition)
 		}
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			return fmt.Errorf("runsc: detaching the stage on %s: %v: %w", dir, err, errdefs.ErrInternal)
+		if err := mount.Unmount(ctx, dir); err != nil { // detached if busy
+			return fmt.Errorf("runsc: removing the stage: %w", err)
 		}
 	}
 	return fmt.Errorf("runsc: stage directory %s: mounts keep coming: %w", dir, errdefs.ErrInternal)
