@@ -203,25 +203,18 @@ type frameSink interface {
 	write(typ, stream byte, payload []byte) error
 }
 
-// pump copies r into data frames on stream until EOF or its read deadline.
+// pump copies r into data frames on stream until EOF or its read deadline
+// (readUntil: what r holds at the deadline is still sent).
 func (s *Server) pump(wg *sync.WaitGroup, fw frameSink, stream byte, r *os.File) {
 	defer wg.Done()
-	buf := make([]byte, chunkSize)
-	for {
-		n, err := r.Read(buf)
-		if n > 0 {
-			if fw.write(frameData, stream, buf[:n]) != nil {
-				// The client is gone; keep draining so the process never blocks.
-				continue
-			}
-		}
-		if err != nil {
-			// EIO: a terminal's master once no process holds the slave.
-			if !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, syscall.EIO) {
-				s.log.Debug("read exec output", "err", err)
-			}
-			return
-		}
+	err := readUntil(r, make([]byte, chunkSize), func(p []byte) {
+		// A write error means the client is gone; reading on keeps the
+		// process from blocking on a full pipe.
+		_ = fw.write(frameData, stream, p)
+	})
+	// EIO: a terminal's master once no process holds the slave.
+	if !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, syscall.EIO) {
+		s.log.Debug("read exec output", "err", err)
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"sync"
 	"time"
@@ -179,7 +178,8 @@ func (s *Server) runHook(path string, n *ForkNotice) (int, string, error) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_, _ = io.Copy(tail, outR) // ends at EOF or the read deadline
+		// Ends at EOF or the read deadline, after what outR holds then.
+		_ = readUntil(outR, make([]byte, chunkSize), func(p []byte) { tail.Write(p) })
 	}()
 	ws := <-done
 	s.markSentryOOM(st, ws)
