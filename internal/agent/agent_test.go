@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -123,6 +124,39 @@ func TestWaitReadyUnavailable(t *testing.T) {
 	defer cancel()
 	if err := WaitReady(ctx, NewClient(addr, testToken)); !errdefs.IsUnavailable(err) {
 		t.Errorf("got %v, want Unavailable", err)
+	}
+}
+
+// An agent that answers every ping, but each only after 600 ms (a loaded
+// host), is found ready: each attempt that WaitReady's bound cut doubles
+// the next one's (it was a fixed 250 ms, and no attempt could succeed).
+func TestWaitReadySlowAgent(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				br := bufio.NewReader(conn)
+				if _, err := readFrame(br); err != nil {
+					return
+				}
+				time.Sleep(600 * time.Millisecond) // the slow agent under test, not a wait for an outcome
+				(&frameWriter{w: conn}).writeJSON(frameResult, PingInfo{})
+			}()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := WaitReady(ctx, NewClient(ln.Addr().String(), testToken)); err != nil {
+		t.Fatalf("an agent answering in 600 ms: %v", err)
 	}
 }
 

@@ -407,24 +407,34 @@ func (c *Client) ListFiles(ctx context.Context, path string) ([]FileInfo, error)
 	return ents, nil
 }
 
-// Retry interval and per-attempt bound of WaitReady.
+// Retry interval and per-attempt bounds of WaitReady: an attempt starts
+// at readyAttempt (a SYN lost to a sandbox still starting its network is
+// retried soon) and doubles after each attempt its bound cut, up to
+// readyAttemptMax, so an agent that answers, only slowly (a loaded host:
+// a session's handshake has taken over 2 s in CI), is waited for.
 const (
-	readyInterval = 3 * time.Millisecond
-	readyAttempt  = 250 * time.Millisecond
+	readyInterval   = 3 * time.Millisecond
+	readyAttempt    = 250 * time.Millisecond
+	readyAttemptMax = 4 * time.Second
 )
 
 // WaitReady pings the agent until it answers or ctx ends. A wrong token
 // fails at once.
 func WaitReady(ctx context.Context, c *Client) error {
+	bound := readyAttempt
 	for {
-		actx, cancel := context.WithTimeout(ctx, readyAttempt)
+		actx, cancel := context.WithTimeout(ctx, bound)
 		_, err := c.Ping(actx)
+		cut := errors.Is(actx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
 		cancel()
 		if err == nil {
 			return nil
 		}
 		if errdefs.IsUnauthenticated(err) {
 			return err
+		}
+		if cut {
+			bound = min(2*bound, readyAttemptMax)
 		}
 		select {
 		case <-ctx.Done():

@@ -206,8 +206,11 @@ func (d *Daemon) cleanLost(ctx context.Context, sb *store.Sandbox) error {
 	return d.setStateNoting(ctx, sb, store.StateClosed, msg, store.EventSandboxClosed, map[string]any{"reason": msg})
 }
 
-// reconcileAgentTimeout bounds how long reconcile waits for an agent.
-const reconcileAgentTimeout = 3 * time.Second
+// reconcileAgentTimeout bounds how long reconcile waits for an agent: long
+// enough for one that answers slowly on a loaded host (WaitReady's attempts
+// grow to 4 s), rather than keep a healthy sandbox degraded until the next
+// recheck; a wedged one costs it once, 8 at a time.
+const reconcileAgentTimeout = 10 * time.Second
 
 // health is what reconcile learnt of a recorded-live sandbox: ok with the
 // state it is in (running or paused); or, not ok, a reason to keep it
