@@ -122,6 +122,10 @@ func (c *Client) Untar(ctx context.Context, dir string, r io.Reader, max int64) 
 		return res, err
 	}
 	defer cl.close()
+	// The header goes now: the agent drops a connection whose header takes
+	// more than headerTimeout, and a slow stream (a pipe, a slow client)
+	// may not fill the buffer for longer.
+	_ = cl.bw.Flush() // a write error shows up in the answer
 	type answer struct{ err error }
 	answered := make(chan answer, 1)
 	// The reader stops at the agent's last frame, or when the connection

@@ -2,11 +2,16 @@ package agent
 
 import (
 	"archive/tar"
+	"bufio"
 	"bytes"
+	"errors"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
 )
@@ -66,5 +71,56 @@ func TestUntarTar(t *testing.T) {
 		if _, err := c.Untar(ctx, p, strings.NewReader(""), 1<<20); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("untar into %q: got %v, want InvalidArgument", p, err)
 		}
+	}
+}
+
+// gatedReader returns EOF once open is closed, or an error after a bound.
+type gatedReader struct{ open <-chan struct{} }
+
+func (g gatedReader) Read([]byte) (int, error) {
+	select {
+	case <-g.open:
+		return 0, io.EOF
+	case <-time.After(30 * time.Second):
+		return 0, errors.New("the agent never saw the request's header")
+	}
+}
+
+// Untar sends its header before it reads the stream: the agent drops a
+// connection whose header takes over headerTimeout, and a slow stream (a
+// pipe) may give nothing for longer. The stream here gives nothing until
+// the agent has the header.
+func TestUntarHeaderBeforeStream(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	gotHeader := make(chan struct{})
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		br := bufio.NewReader(conn)
+		if _, err := readFrame(br); err != nil {
+			return
+		}
+		close(gotHeader)
+		for {
+			f, err := readFrame(br)
+			if err != nil {
+				return
+			}
+			if f.typ == frameEOF {
+				(&frameWriter{w: conn}).writeJSON(frameResult, CopyResult{})
+				return
+			}
+		}
+	}()
+	c := NewClient(ln.Addr().String(), testToken)
+	if _, err := c.Untar(testCtx(t), "/dst", gatedReader{gotHeader}, 1<<20); err != nil {
+		t.Fatal(err)
 	}
 }
