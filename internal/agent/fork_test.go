@@ -179,7 +179,7 @@ func TestForkedHookFails(t *testing.T) {
 func TestForkedHookTimeout(t *testing.T) {
 	dir := t.TempDir()
 	hook := writeHook(t, dir, "on-fork", "echo started; sleep 30 & sleep 30")
-	c := startServer(t, Config{ForkHooks: []string{hook}, ForkHookTimeout: 200 * time.Millisecond})
+	c := startServer(t, Config{ForkHooks: []string{hook}, ForkHookTimeout: 3 * time.Second})
 	ctx := testCtx(t)
 	start := time.Now()
 	reply, err := c.Forked(ctx, ForkNotice{Token: "t2", Reason: ForkReasonFork})
@@ -187,10 +187,10 @@ func TestForkedHookTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	if d := time.Since(start); d > 20*time.Second {
-		t.Errorf("Forked took %v: the 200 ms hook timeout waited for the hook's 30 s sleeps", d)
+		t.Errorf("Forked took %v: the 3 s hook timeout waited for the hook's 30 s sleeps", d)
 	}
 	if !reply.HookRan || reply.HookExitCode != 137 ||
-		!strings.HasPrefix(reply.HookOutput, "started\n") || !strings.Contains(reply.HookOutput, "killed after 200ms") {
+		!strings.HasPrefix(reply.HookOutput, "started\n") || !strings.Contains(reply.HookOutput, "killed after 3s") {
 		t.Errorf("got %+v, want exit 137 and output saying the hook was killed", reply)
 	}
 }
