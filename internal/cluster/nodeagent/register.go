@@ -43,6 +43,10 @@ type agent struct {
 	// credsApplied holds, per Sandbox UID, the Secret resourceVersion each
 	// credential was last applied at (credentials.go).
 	credsApplied sync.Map
+
+	// node is the ForkboxNode the last beat registered (heartbeat's own:
+	// no other goroutine reads it).
+	node *fbv1.ForkboxNode
 }
 
 // heartbeat registers the node, then renews its Lease every third of the
@@ -64,16 +68,26 @@ func (a *agent) heartbeat(ctx context.Context) error {
 	}
 }
 
-// beat registers or refreshes the ForkboxNode and renews its Lease.
+// beat renews the node's Lease and registers or refreshes its
+// ForkboxNode and status, within two thirds of the lease. Once the node is
+// known, the renewal (the write a lapse depends on) goes first: an API
+// server slow to answer the rest on a loaded host does not leave the lease
+// unrenewed, nor the node's sandboxes Lost. A renewal that fails on the
+// node of the last beat (the ForkboxNode was replaced) is tried again on
+// the one registered now.
 func (a *agent) beat(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, a.o.LeaseDuration/3)
+	ctx, cancel := context.WithTimeout(ctx, a.o.LeaseDuration*2/3)
 	defer cancel()
+	renewed := a.node != nil && a.renew(ctx, a.node) == nil
 	n, err := a.register(ctx)
 	if err != nil {
 		return err
 	}
-	if err := a.renew(ctx, n); err != nil {
-		return err
+	a.node = n
+	if !renewed {
+		if err := a.renew(ctx, n); err != nil {
+			return err
+		}
 	}
 	if err := a.writeNodeStatus(ctx, n); err != nil {
 		return err
