@@ -213,3 +213,17 @@ time=5 level=INFO msg="memory checkpoint" sandbox=sb-0 checkpoint=ck-1 capture_m
 		t.Errorf("downtime ck-1: %v %v, want the last line's 42", v, ok)
 	}
 }
+
+func TestSelectedMode(t *testing.T) {
+	for in, want := range map[string]string{
+		"always [madvise] never\n": "madvise",
+		"[always] madvise never":   "always",
+		"always madvise never":     "",
+		"always [madvise never":    "",
+		"":                         "",
+	} {
+		if got := selectedMode(in); got != want {
+			t.Errorf("selectedMode(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

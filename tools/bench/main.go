@@ -218,5 +218,28 @@ const (
 
 func hostInfo() string {
 	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
-	return fmt.Sprintf("%d CPUs, kernel %s, %s", runtime.NumCPU(), strings.TrimSpace(string(kernel)), memTotal())
+	info := fmt.Sprintf("%d CPUs, kernel %s, %s", runtime.NumCPU(), strings.TrimSpace(string(kernel)), memTotal())
+	// Whether anonymous memory gets huge pages moves gVisor's start and
+	// restore (README, Notes for this kind of host): runs are comparable
+	// only with the same mode.
+	if thp, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled"); err == nil {
+		if mode := selectedMode(string(thp)); mode != "" {
+			info += ", transparent huge pages " + mode
+		}
+	}
+	return info
+}
+
+// selectedMode returns the bracketed choice of a sysfs mode list such as
+// "always [madvise] never", or "" if none is.
+func selectedMode(list string) string {
+	_, rest, ok := strings.Cut(list, "[")
+	if !ok {
+		return ""
+	}
+	mode, _, ok := strings.Cut(rest, "]")
+	if !ok {
+		return ""
+	}
+	return mode
 }
