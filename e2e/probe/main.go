@@ -371,7 +371,10 @@ func dial(addrs []string) {
 		wg.Add(1)
 		go func(a string) {
 			defer wg.Done()
-			c, err := net.DialTimeout("tcp", a, 2*time.Second)
+			// 5 s: an allowed dial whose first SYN is lost on a loaded
+			// host is retried at 1 s and 3 s; a denied one (dropped)
+			// costs the whole wait, once per run (the dials are parallel).
+			c, err := net.DialTimeout("tcp", a, 5*time.Second)
 			line := ""
 			if err != nil {
 				var ne net.Error
