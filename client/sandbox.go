@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"time"
 
@@ -140,6 +141,8 @@ type ExecOptions struct {
 	// woken by an exec.)
 	AutoResume bool
 	// Stdout and Stderr receive the output as it is produced (nil: dropped).
+	// A write that fails or is short fails Exec with its error (Internal)
+	// and stops the command in the sandbox.
 	Stdout, Stderr io.Writer
 }
 
@@ -179,12 +182,12 @@ func (s *Sandbox) exec(ctx context.Context, o ExecOptions) (*ExecResult, error) 
 	for stream.Receive() {
 		switch ev := stream.Msg().Event.(type) {
 		case *v1.ExecResponse_Stdout:
-			if o.Stdout != nil {
-				o.Stdout.Write(ev.Stdout)
+			if err := writeOutput(o.Stdout, ev.Stdout); err != nil {
+				return nil, fmt.Errorf("exec in %s: write its stdout: %w (the exec was stopped): %w", s.ID, err, errdefs.ErrInternal)
 			}
 		case *v1.ExecResponse_Stderr:
-			if o.Stderr != nil {
-				o.Stderr.Write(ev.Stderr)
+			if err := writeOutput(o.Stderr, ev.Stderr); err != nil {
+				return nil, fmt.Errorf("exec in %s: write its stderr: %w (the exec was stopped): %w", s.ID, err, errdefs.ErrInternal)
 			}
 		case *v1.ExecResponse_Exit:
 			x := ev.Exit
@@ -199,6 +202,20 @@ func (s *Sandbox) exec(ctx context.Context, o ExecOptions) (*ExecResult, error) 
 		return nil, errconnect.FromConnect(connect.NewError(connect.CodeUnavailable, io.ErrUnexpectedEOF))
 	}
 	return res, nil
+}
+
+// writeOutput writes p to w (nil: nowhere). A failed or short write is an
+// error: the caller's output would be incomplete, so exec returns it, and
+// closing the call stops the exec in the sandbox.
+func writeOutput(w io.Writer, p []byte) error {
+	if w == nil {
+		return nil
+	}
+	n, err := w.Write(p)
+	if err == nil && n < len(p) {
+		err = io.ErrShortWrite
+	}
+	return err
 }
 
 // Start runs a command in the background and returns its pid.
