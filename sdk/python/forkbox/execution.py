@@ -115,6 +115,25 @@ class _Writer:
         if flush is not None:
             flush()
 
+    def finish(self) -> None:
+        """Writes what the decoder still holds at the end of the output (a
+        character cut off by the end: U+FFFD)."""
+        if self.decoder is not None:
+            text = self.decoder.decode(b"", final=True)
+            if text:
+                self.w.write(text)
+                flush = getattr(self.w, "flush", None)
+                if flush is not None:
+                    flush()
+
+
+def _finish(sink: Tuple[_Writer, Optional[_Writer]]) -> None:
+    """Ends both writers of one pipe() call."""
+    out, err = sink
+    out.finish()
+    if err is not None:
+        err.finish()
+
 
 class Execution:
     """A running (or finished) command. ``wait()`` for the result,
@@ -213,6 +232,12 @@ class Execution:
             self._error = e
         finally:
             with self._lock:
+                for sink in self._sinks:
+                    try:
+                        _finish(sink)
+                    except BaseException as e:  # a writer given to pipe() failed
+                        if self._error is None:
+                            self._error = e
                 queues = list(self._queues)
                 callbacks = list(self._callbacks)
                 self._done.set()
@@ -259,6 +284,8 @@ class Execution:
                     w.write(c.data)
             if not self._done.is_set():
                 self._sinks.append((out, err))
+            else:
+                _finish((out, err))
         return self
 
     def stream(self) -> Generator[ExecChunk, None, None]:

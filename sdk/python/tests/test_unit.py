@@ -358,6 +358,22 @@ def test_pipe_decodes_utf8_split_between_chunks(fake: FakeServer) -> None:
     assert (text.getvalue(), raw.getvalue(), r.stdout) == ("café\n", "café\n".encode(), "café\n")
 
 
+def test_pipe_ends_a_character_cut_by_the_end(fake: FakeServer) -> None:
+    """Output that ends inside a UTF-8 character reaches a text writer as
+    U+FFFD, as in the result, whether pipe() came before or after the end."""
+    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+    body = envelope(0, {"stdout": b64(b"ab\xe2\x82")}) + envelope(0, {"exit": {}}) + envelope(2, {})
+    fake.routes[S + "Exec"] = (200, "application/connect+json", body)
+    c = forkbox.Client(socket=fake.path)
+    sb = forkbox.Sandbox(c, SandboxInfo(id="sb-1", name="x", state="running"), False)
+    before = io.StringIO()
+    ex = sb.exec("printf 'ab\\342\\202'").pipe(before)
+    r = ex.wait()
+    after = io.StringIO()
+    ex.pipe(after)
+    assert (before.getvalue(), after.getvalue(), r.stdout) == ("ab\ufffd",) * 3
+
+
 def test_unreachable_socket_is_unavailable(tmp_path: Path) -> None:
     with pytest.raises(forkbox.UnavailableError):
         forkbox.Client(socket=str(tmp_path / "nope.sock")).list_sandboxes()
