@@ -149,7 +149,9 @@ export class ExecPromise implements Promise<ExecResult> {
 
   private async deliver(stream: "stdout" | "stderr", data: Uint8Array): Promise<void> {
     this.out![stream].push(this.seq++, data);
-    for (const s of this.sinks) {
+    // The sinks of now: one that pipe() adds while a write below waits for
+    // "drain" was given this chunk already (replayed from the tail).
+    for (const s of [...this.sinks]) {
       const w = s[stream];
       if (w && !w.write(data) && w !== process.stdout && w !== process.stderr) {
         await once(w, "drain");

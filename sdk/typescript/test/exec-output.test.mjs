@@ -169,3 +169,43 @@ describe("exec output bound", { skip: skipReason() }, () => {
     }
   });
 });
+
+describe("ExecPromise.pipe", () => {
+  // A writable attached while another waits for "drain" gets the chunk
+  // once: from the replay of what came before, not again from the loop
+  // that was delivering it.
+  it("does not give a chunk twice to a sink added during backpressure", async () => {
+    const { ExecPromise } = await import("../dist/exec.js");
+    const X = new TextEncoder().encode("X");
+    const svc = {
+      async *exec() {
+        yield { event: { case: "stdout", value: X } };
+        yield { event: { case: "exit", value: { exitCode: 0, signal: "", durationMs: 0, timedOut: false, oomKilled: false } } };
+      },
+    };
+    let release;
+    let entered;
+    const inWrite = new Promise((r) => (entered = r));
+    const a = new Writable({
+      highWaterMark: 1,
+      write(_chunk, _enc, cb) {
+        release = cb;
+        entered();
+      },
+    });
+    const got = [];
+    const b = new Writable({
+      write(chunk, _enc, cb) {
+        got.push(Buffer.from(chunk).toString());
+        cb();
+      },
+    });
+    const p = new ExecPromise(svc, "sb-1", "echo X").pipe(a);
+    await inWrite;
+    p.pipe(b);
+    release();
+    const res = await p;
+    assert.equal(res.stdout, "X");
+    assert.deepEqual(got, ["X"]);
+  });
+});
