@@ -11,18 +11,25 @@ import (
 // failed (its sandbox was hibernated and woken, say): it answers with a
 // started frame, then the exec's output from now on and its result go to
 // this connection, as they would have to the first. A kill frame kills
-// the exec. Output the exec wrote while no client was attached may be lost.
+// the exec. Output the exec wrote while no client was attached may be lost;
+// its result is not: one that ended meanwhile is answered with its started
+// frame and its result (keepResult).
 func (s *Server) handleAttach(body *reqBody, fw *frameWriter, hdr *request) error {
 	s.mu.Lock()
 	st := s.execs[hdr.Pid]
 	s.mu.Unlock()
-	if st == nil || !st.detach.Load() {
+	if st == nil {
+		return s.sendUnclaimed(fw, hdr.Pid)
+	}
+	if !st.detach.Load() {
 		return fmt.Errorf("attach: no running detached exec with pid %d: %w", hdr.Pid, errdefs.ErrNotFound)
 	}
 	st.mu.Lock()
 	if st.resulted {
 		st.mu.Unlock()
-		return fmt.Errorf("attach: exec %d has ended: %w", hdr.Pid, errdefs.ErrNotFound)
+		// Its result is going out: to a client, or kept for this one.
+		<-st.finished
+		return s.sendUnclaimed(fw, hdr.Pid)
 	}
 	if err := fw.writeJSON(frameStarted, startResult{Pid: st.pid}); err != nil {
 		st.mu.Unlock()
@@ -54,4 +61,52 @@ func (s *Server) handleAttach(body *reqBody, fw *frameWriter, hdr *request) erro
 	case <-gone: // this client left too: the exec waits for the next
 	}
 	return nil
+}
+
+// maxUnclaimed bounds the results of detached execs kept for an attach;
+// the oldest goes first.
+const maxUnclaimed = 64
+
+// unclaimedResult is a detached exec's result that no client took.
+type unclaimedResult struct {
+	res ExecResult
+	at  time.Time
+}
+
+// keepResult keeps the result of the detached exec pid, which ended while
+// no client was attached (or the attached one was gone), for the next
+// attach to it.
+func (s *Server) keepResult(pid int, res ExecResult) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.unclaimed == nil {
+		s.unclaimed = map[int]unclaimedResult{}
+	}
+	if len(s.unclaimed) >= maxUnclaimed {
+		oldest := 0
+		for p, u := range s.unclaimed {
+			if oldest == 0 || u.at.Before(s.unclaimed[oldest].at) {
+				oldest = p
+			}
+		}
+		delete(s.unclaimed, oldest)
+	}
+	s.unclaimed[pid] = unclaimedResult{res: res, at: time.Now()}
+}
+
+// sendUnclaimed answers an attach to pid, which no longer runs, with its
+// kept result (once), or NotFound.
+func (s *Server) sendUnclaimed(fw *frameWriter, pid int) error {
+	s.mu.Lock()
+	u, ok := s.unclaimed[pid]
+	delete(s.unclaimed, pid)
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("attach: no running detached exec with pid %d: %w", pid, errdefs.ErrNotFound)
+	}
+	if err := fw.writeJSON(frameStarted, startResult{Pid: pid}); err != nil {
+		s.keepResult(pid, u.res) // for the next one
+		return err
+	}
+	return fw.writeJSON(frameResult, u.res)
 }

@@ -64,3 +64,37 @@ func TestAttachToDetachedExec(t *testing.T) {
 	}
 	waitFor(t, func() bool { return syscall.Kill(pid, 0) == syscall.ESRCH })
 }
+
+// A detached exec that ends while no client is attached (its session was
+// cut, as across a hibernation) keeps its result for the next attach,
+// which gets it once: the exit code is not lost with the connection.
+func TestAttachAfterDetachedExecEnded(t *testing.T) {
+	s, c0 := startServerWith(t, Config{})
+	c := NewSessionClient(c0.addr, testToken) // a session: the cut is seen by the agent's next write
+	defer c.Close()
+	ctx := testCtx(t)
+	cl, err := c.open(ctx, request{Op: opExec, Exec: &ExecRequest{Argv: []string{"sh", "-c", "read x; exit 3"}}, Notify: true, Detach: true, HasStdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl.bw.Flush()
+	var started startResult
+	if err := cl.result(ctx, opExec, nil, &started, frameStarted); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	st := s.execs[started.Pid]
+	s.mu.Unlock()
+	if st == nil {
+		t.Fatalf("exec %d not running", started.Pid)
+	}
+	cl.close() // stdin ends with the connection: read returns, sh exits 3
+	<-st.finished
+	res, err := c.Attach(ctx, started.Pid, ExecIO{})
+	if err != nil || res.ExitCode != 3 {
+		t.Fatalf("attach after the end: %+v, %v; want exit 3", res, err)
+	}
+	if _, err := c.Attach(ctx, started.Pid, ExecIO{}); !errdefs.IsNotFound(err) {
+		t.Fatalf("second attach: %v, want NotFound (the result was taken)", err)
+	}
+}

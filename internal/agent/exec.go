@@ -76,6 +76,7 @@ func (e *execState) markExited() {
 func (s *Server) addExec(e *execState) {
 	s.mu.Lock()
 	s.execs[e.pid] = e
+	delete(s.unclaimed, e.pid) // an attach to this pid means the new exec
 	s.mu.Unlock()
 }
 
@@ -171,6 +172,11 @@ func (s *Server) handleExec(body *reqBody, fw *frameWriter, hdr *request) error 
 	st.resulted = true
 	st.mu.Unlock()
 	err = out.writeJSON(frameResult, res)
+	if err != nil && st.detach.Load() {
+		// The client is gone (its session cut by a hibernation, say) and
+		// none attached since: the next attach gets the result.
+		s.keepResult(pid, res)
+	}
 	close(st.finished)
 	if hdr.HasStdin {
 		// Stdin the process did not read is still coming: wait for its end,

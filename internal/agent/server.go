@@ -86,6 +86,9 @@ type Server struct {
 
 	mu    sync.Mutex
 	execs map[int]*execState
+	// unclaimed holds the results of detached execs that ended while no
+	// client took them (see keepResult), for the next attach.
+	unclaimed map[int]unclaimedResult
 
 	// muxes are the open sessions (see mux.go).
 	muxMu     sync.Mutex
