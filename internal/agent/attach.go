@@ -12,8 +12,8 @@ import (
 // started frame, then the exec's output from now on and its result go to
 // this connection, as they would have to the first. A kill frame kills
 // the exec. Output the exec wrote while no client was attached may be lost;
-// its result is not: one that ended meanwhile is answered with its started
-// frame and its result (keepResult).
+// its result is not: an attach to one that ended is answered with its
+// started frame and its result (keepResult), once.
 func (s *Server) handleAttach(body *reqBody, fw *frameWriter, hdr *request) error {
 	s.mu.Lock()
 	st := s.execs[hdr.Pid]
@@ -27,9 +27,7 @@ func (s *Server) handleAttach(body *reqBody, fw *frameWriter, hdr *request) erro
 	st.mu.Lock()
 	if st.resulted {
 		st.mu.Unlock()
-		// Its result is going out: to a client, or kept for this one.
-		<-st.finished
-		return s.sendUnclaimed(fw, hdr.Pid)
+		return s.sendUnclaimed(fw, hdr.Pid) // kept before resulted was set
 	}
 	if err := fw.writeJSON(frameStarted, startResult{Pid: st.pid}); err != nil {
 		st.mu.Unlock()
@@ -67,15 +65,15 @@ func (s *Server) handleAttach(body *reqBody, fw *frameWriter, hdr *request) erro
 // the oldest goes first.
 const maxUnclaimed = 64
 
-// unclaimedResult is a detached exec's result that no client took.
+// unclaimedResult is an ended detached exec's result, kept for an attach.
 type unclaimedResult struct {
 	res ExecResult
 	at  time.Time
 }
 
-// keepResult keeps the result of the detached exec pid, which ended while
-// no client was attached (or the attached one was gone), for the next
-// attach to it.
+// keepResult keeps the result of the detached exec pid, which ended, for
+// the next attach to it: the client it was written to may have been gone
+// (its connection cut by a hibernation) without the write failing.
 func (s *Server) keepResult(pid int, res ExecResult) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -104,9 +102,12 @@ func (s *Server) sendUnclaimed(fw *frameWriter, pid int) error {
 	if !ok {
 		return fmt.Errorf("attach: no running detached exec with pid %d: %w", pid, errdefs.ErrNotFound)
 	}
-	if err := fw.writeJSON(frameStarted, startResult{Pid: pid}); err != nil {
-		s.keepResult(pid, u.res) // for the next one
-		return err
+	err := fw.writeJSON(frameStarted, startResult{Pid: pid})
+	if err == nil {
+		err = fw.writeJSON(frameResult, u.res)
 	}
-	return fw.writeJSON(frameResult, u.res)
+	if err != nil {
+		s.keepResult(pid, u.res) // for the next attach
+	}
+	return err
 }

@@ -167,16 +167,18 @@ func (s *Server) handleExec(body *reqBody, fw *frameWriter, hdr *request) error 
 	res := ExecResult{Pid: pid, Duration: dur, TimedOut: st.timedOut.Load(), OOMKilled: st.oomKilled.Load()}
 	res.ExitCode, res.Signal = exitStatus(ws)
 	log.Debug("exec finished", "exit_code", res.ExitCode, "signal", res.Signal, "duration", dur)
+	if st.detach.Load() {
+		// Kept before it is written: a write that succeeds does not show
+		// that a client read it (a connection cut while the sandbox was
+		// hibernated can look alive to the agent), and an attach that
+		// finds the exec ended gets it from here (attach.go).
+		s.keepResult(pid, res)
+	}
 	st.mu.Lock()
 	out := st.sink.Load()
 	st.resulted = true
 	st.mu.Unlock()
 	err = out.writeJSON(frameResult, res)
-	if err != nil && st.detach.Load() {
-		// The client is gone (its session cut by a hibernation, say) and
-		// none attached since: the next attach gets the result.
-		s.keepResult(pid, res)
-	}
 	close(st.finished)
 	if hdr.HasStdin {
 		// Stdin the process did not read is still coming: wait for its end,

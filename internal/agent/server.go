@@ -86,8 +86,8 @@ type Server struct {
 
 	mu    sync.Mutex
 	execs map[int]*execState
-	// unclaimed holds the results of detached execs that ended while no
-	// client took them (see keepResult), for the next attach.
+	// unclaimed holds the results of ended detached execs, each for one
+	// attach (see keepResult).
 	unclaimed map[int]unclaimedResult
 
 	// muxes are the open sessions (see mux.go).
