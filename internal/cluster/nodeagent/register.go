@@ -74,11 +74,13 @@ func (a *agent) heartbeat(ctx context.Context) error {
 // server slow to answer the rest on a loaded host does not leave the lease
 // unrenewed, nor the node's sandboxes Lost. A renewal that fails on the
 // node of the last beat (the ForkboxNode was replaced) is tried again on
-// the one registered now.
+// the one registered now; a lease that is gone (its ForkboxNode was
+// deleted, and the lease with it) is made only after the registration, so
+// that it names the node that exists.
 func (a *agent) beat(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, a.o.LeaseDuration*2/3)
 	defer cancel()
-	renewed := a.node != nil && a.renew(ctx, a.node) == nil
+	renewed := a.node != nil && a.renewExisting(ctx) == nil
 	n, err := a.register(ctx)
 	if err != nil {
 		return err
@@ -124,25 +126,36 @@ func (a *agent) writeNodeStatus(ctx context.Context, n *fbv1.ForkboxNode) error 
 	return nil
 }
 
+// renew renews the node's Lease, making it, owned by n, if there is none.
 func (a *agent) renew(ctx context.Context, n *fbv1.ForkboxNode) error {
+	err := a.renewExisting(ctx)
+	if !errors.IsNotFound(err) {
+		return err
+	}
 	now := metav1.NewMicroTime(time.Now())
 	secs := int32(a.o.LeaseDuration / time.Second)
-	var l coordinationv1.Lease
-	err := a.api.Get(ctx, types.NamespacedName{Namespace: a.o.Namespace, Name: a.o.NodeName}, &l)
-	if errors.IsNotFound(err) {
-		l = coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Namespace: a.o.Namespace, Name: a.o.NodeName,
-				OwnerReferences: []metav1.OwnerReference{{APIVersion: fbv1.GroupVersion.String(), Kind: "ForkboxNode", Name: n.Name, UID: n.UID}}},
-			Spec: coordinationv1.LeaseSpec{HolderIdentity: &a.o.NodeName, LeaseDurationSeconds: &secs, RenewTime: &now, AcquireTime: &now},
-		}
-		if err := a.c.Create(ctx, &l); err != nil {
-			return fmt.Errorf("create lease %s/%s: %w", a.o.Namespace, a.o.NodeName, err)
-		}
-		return nil
+	l := coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Namespace: a.o.Namespace, Name: a.o.NodeName,
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: fbv1.GroupVersion.String(), Kind: "ForkboxNode", Name: n.Name, UID: n.UID}}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: &a.o.NodeName, LeaseDurationSeconds: &secs, RenewTime: &now, AcquireTime: &now},
 	}
-	if err != nil {
+	if err := a.c.Create(ctx, &l); err != nil {
+		return fmt.Errorf("create lease %s/%s: %w", a.o.Namespace, a.o.NodeName, err)
+	}
+	return nil
+}
+
+// renewExisting renews the node's Lease if it exists (NotFound if not).
+func (a *agent) renewExisting(ctx context.Context) error {
+	var l coordinationv1.Lease
+	if err := a.api.Get(ctx, types.NamespacedName{Namespace: a.o.Namespace, Name: a.o.NodeName}, &l); err != nil {
+		if errors.IsNotFound(err) {
+			return err
+		}
 		return fmt.Errorf("get lease: %w", err)
 	}
+	now := metav1.NewMicroTime(time.Now())
+	secs := int32(a.o.LeaseDuration / time.Second)
 	patch := client.MergeFrom(l.DeepCopy())
 	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = &a.o.NodeName, &secs, &now
 	if err := a.c.Patch(ctx, &l, patch); err != nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -22,7 +23,7 @@ import (
 // the node's registration within the beat (a loaded control plane): the
 // renewal goes first, so the lease does not lapse for a slow write that
 // does not keep the node alive. Here reading the ForkboxNode never
-// answers until the beat's bound.
+// answers until the beat's bound (2 s: the renewal has all of it).
 func TestBeatRenewsBeforeRegistering(t *testing.T) {
 	const ns, name = "forkbox", "n1"
 	old := metav1.NewMicroTime(time.Now().Add(-time.Hour).Truncate(time.Second))
@@ -41,7 +42,7 @@ func TestBeatRenewsBeforeRegistering(t *testing.T) {
 				return c.Get(ctx, key, obj, opts...)
 			},
 		}).Build()
-	a := &agent{o: Options{NodeName: name, Namespace: ns, LeaseDuration: 300 * time.Millisecond}, log: slog.New(slog.DiscardHandler), c: c, api: c, node: node}
+	a := &agent{o: Options{NodeName: name, Namespace: ns, LeaseDuration: 3 * time.Second}, log: slog.New(slog.DiscardHandler), c: c, api: c, node: node}
 
 	if err := a.beat(context.Background()); err == nil {
 		t.Fatal("beat: no error, though the node's registration could not be read")
@@ -52,5 +53,34 @@ func TestBeatRenewsBeforeRegistering(t *testing.T) {
 	}
 	if got.Spec.RenewTime == nil || !got.Spec.RenewTime.After(old.Time) {
 		t.Errorf("lease renewed at %v, want after %v: the slow registration kept the renewal from being sent", got.Spec.RenewTime, old)
+	}
+}
+
+// The renewal a beat makes before it registers the node never creates the
+// Lease: one that is gone went with its ForkboxNode (its owner), and a
+// lease made then would name the deleted node and be collected again. It
+// is made after the registration, owned by the node that exists.
+func TestRenewBeforeRegisteringMakesNoLease(t *testing.T) {
+	const ns, name = "forkbox", "n1"
+	c := fake.NewClientBuilder().WithScheme(kube.NewScheme()).Build()
+	a := &agent{o: Options{NodeName: name, Namespace: ns, LeaseDuration: 6 * time.Second}, log: slog.New(slog.DiscardHandler), c: c, api: c}
+	ctx := context.Background()
+	key := types.NamespacedName{Namespace: ns, Name: name}
+	if err := a.renewExisting(ctx); !apierrors.IsNotFound(err) {
+		t.Fatalf("renewExisting without a lease: %v, want NotFound", err)
+	}
+	var l coordinationv1.Lease
+	if err := c.Get(ctx, key, &l); !apierrors.IsNotFound(err) {
+		t.Fatalf("a lease was made before the registration: %v %+v", err, l.OwnerReferences)
+	}
+	node := &fbv1.ForkboxNode{ObjectMeta: metav1.ObjectMeta{Name: name, UID: "u-new"}}
+	if err := a.renew(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Get(ctx, key, &l); err != nil {
+		t.Fatal(err)
+	}
+	if len(l.OwnerReferences) != 1 || l.OwnerReferences[0].UID != "u-new" {
+		t.Errorf("lease owners %+v, want the registered node u-new", l.OwnerReferences)
 	}
 }
