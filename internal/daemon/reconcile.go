@@ -208,9 +208,11 @@ func (d *Daemon) cleanLost(ctx context.Context, sb *store.Sandbox) error {
 
 // reconcileAgentTimeout bounds how long reconcile waits for an agent: long
 // enough for one that answers slowly on a loaded host (WaitReady's attempts
-// grow to 4 s), rather than keep a healthy sandbox degraded until the next
-// recheck; a wedged one costs it once, 8 at a time.
-const reconcileAgentTimeout = 10 * time.Second
+// of 0.25, 0.5, 1 and 2 s), rather than keep a healthy sandbox degraded
+// until the next recheck; short, because a wedged or hostile agent costs it
+// at every daemon start (8 sandboxes at a time) and every recheck (one at
+// a time, under its lock).
+const reconcileAgentTimeout = 5 * time.Second
 
 // health is what reconcile learnt of a recorded-live sandbox: ok with the
 // state it is in (running or paused); or, not ok, a reason to keep it
