@@ -127,12 +127,17 @@ class _Writer:
                     flush()
 
 
-def _finish(sink: Tuple[_Writer, Optional[_Writer]]) -> None:
-    """Ends both writers of one pipe() call."""
-    out, err = sink
-    out.finish()
-    if err is not None:
-        err.finish()
+def _finish(sink: Tuple[_Writer, Optional[_Writer]]) -> Optional[BaseException]:
+    """Ends both writers of one pipe() call; returns the first error."""
+    first: Optional[BaseException] = None
+    for w in sink:
+        if w is None:
+            continue
+        try:
+            w.finish()
+        except BaseException as e:  # a writer given to pipe() failed
+            first = first or e
+    return first
 
 
 class Execution:
@@ -186,6 +191,7 @@ class Execution:
         self._queues: List[queue.Queue[Any]] = []
         self._callbacks: List[Callable[["Execution"], None]] = []
         self._done = threading.Event()
+        self._ending = False  # set (under the lock) once no more output comes
         self._result: Optional[ExecResult] = None
         self._error: Optional[BaseException] = None
         self._stream: Optional[ServerStream] = None
@@ -231,13 +237,16 @@ class Execution:
         except BaseException as e:  # a writer given to pipe() failed, ...
             self._error = e
         finally:
+            # The writers are ended outside the lock, as _deliver writes
+            # (one may call cancel()); a pipe() from now on ends its own.
             with self._lock:
-                for sink in self._sinks:
-                    try:
-                        _finish(sink)
-                    except BaseException as e:  # a writer given to pipe() failed
-                        if self._error is None:
-                            self._error = e
+                self._ending = True
+                sinks = list(self._sinks)
+            for sink in sinks:
+                err = _finish(sink)
+                if err is not None and self._error is None:
+                    self._error = err
+            with self._lock:
                 queues = list(self._queues)
                 callbacks = list(self._callbacks)
                 self._done.set()
@@ -282,10 +291,13 @@ class Execution:
                 w = out if c.stream == "stdout" else err
                 if w is not None:
                     w.write(c.data)
-            if not self._done.is_set():
+            ended = self._ending
+            if not ended:
                 self._sinks.append((out, err))
-            else:
-                _finish((out, err))
+        if ended:
+            failed = _finish((out, err))
+            if failed is not None:
+                raise failed
         return self
 
     def stream(self) -> Generator[ExecChunk, None, None]:

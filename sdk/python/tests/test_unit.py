@@ -374,6 +374,39 @@ def test_pipe_ends_a_character_cut_by_the_end(fake: FakeServer) -> None:
     assert (before.getvalue(), after.getvalue(), r.stdout) == ("ab\ufffd",) * 3
 
 
+def test_pipe_writer_may_cancel_at_the_end(fake: FakeServer) -> None:
+    """A writer given to pipe() runs without the execution's lock held, also
+    when the end of the output is written to it: one that calls cancel()
+    there does not deadlock."""
+    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+    body = envelope(0, {"stdout": b64(b"ab\xe2\x82")}) + envelope(0, {"exit": {}}) + envelope(2, {})
+    fake.routes[S + "Exec"] = (200, "application/connect+json", body)
+    c = forkbox.Client(socket=fake.path)
+    sb = forkbox.Sandbox(c, SandboxInfo(id="sb-1", name="x", state="running"), False)
+    holder: list = []
+
+    class Canceling(io.StringIO):
+        def write(self, s: str) -> int:
+            if "\ufffd" in s:
+                holder[0].cancel()
+            return super().write(s)
+
+    done = threading.Event()
+
+    def run() -> None:
+        ex = sb.exec("x")
+        holder.append(ex)
+        ex.pipe(Canceling())
+        try:
+            ex.wait()
+        except forkbox.ForkboxError:
+            pass
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert done.wait(30), "deadlocked: the writer's cancel() waited for the lock held around it"
+
+
 def test_unreachable_socket_is_unavailable(tmp_path: Path) -> None:
     with pytest.raises(forkbox.UnavailableError):
         forkbox.Client(socket=str(tmp_path / "nope.sock")).list_sandboxes()
