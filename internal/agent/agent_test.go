@@ -131,31 +131,13 @@ func TestWaitReadyUnavailable(t *testing.T) {
 // host), is found ready: each attempt that WaitReady's bound cut doubles
 // the next one's (it was a fixed 250 ms, and no attempt could succeed).
 func TestWaitReadySlowAgent(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer conn.Close()
-				br := bufio.NewReader(conn)
-				if _, err := readFrame(br); err != nil {
-					return
-				}
-				time.Sleep(600 * time.Millisecond) // the slow agent under test, not a wait for an outcome
-				(&frameWriter{w: conn}).writeJSON(frameResult, PingInfo{})
-			}()
-		}
-	}()
+	addr := fakeAgent(t, func(conn net.Conn, _ *bufio.Reader) {
+		time.Sleep(600 * time.Millisecond) // the slow agent under test, not a wait for an outcome
+		(&frameWriter{w: conn}).writeJSON(frameResult, PingInfo{})
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := WaitReady(ctx, NewClient(ln.Addr().String(), testToken)); err != nil {
+	if err := WaitReady(ctx, NewClient(addr, testToken)); err != nil {
 		t.Fatalf("an agent answering in 600 ms: %v", err)
 	}
 }

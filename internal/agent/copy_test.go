@@ -91,22 +91,8 @@ func (g gatedReader) Read([]byte) (int, error) {
 // pipe) may give nothing for longer. The stream here gives nothing until
 // the agent has the header.
 func TestUntarHeaderBeforeStream(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	gotHeader := make(chan struct{})
-	go func() {
-		conn, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		br := bufio.NewReader(conn)
-		if _, err := readFrame(br); err != nil {
-			return
-		}
+	addr := fakeAgent(t, func(conn net.Conn, br *bufio.Reader) {
 		close(gotHeader)
 		for {
 			f, err := readFrame(br)
@@ -118,8 +104,8 @@ func TestUntarHeaderBeforeStream(t *testing.T) {
 				return
 			}
 		}
-	}()
-	c := NewClient(ln.Addr().String(), testToken)
+	})
+	c := NewClient(addr, testToken)
 	if _, err := c.Untar(testCtx(t), "/dst", gatedReader{gotHeader}, 1<<20); err != nil {
 		t.Fatal(err)
 	}

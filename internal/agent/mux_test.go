@@ -388,26 +388,12 @@ func TestRetiredSessionKeepsCalls(t *testing.T) {
 // longer than the connection's dial timeout: here 2.5 s, where the
 // handshake was once bounded by the 2 s dial timeout and failed.
 func TestSessionSlowHandshake(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		conn, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		br := bufio.NewReader(conn)
-		if _, err := readFrame(br); err != nil {
-			return
-		}
+	addr := fakeAgent(t, func(conn net.Conn, br *bufio.Reader) {
 		time.Sleep(2500 * time.Millisecond) // the slow agent under test, not a wait for an outcome
 		(&frameWriter{w: conn}).writeJSON(frameResult, struct{}{})
 		io.Copy(io.Discard, br)
-	}()
-	c := NewSessionClient(ln.Addr().String(), testToken)
+	})
+	c := NewSessionClient(addr, testToken)
 	defer c.Close()
 	m, err := c.dialSession(testCtx(t), "test")
 	if err != nil {
