@@ -362,12 +362,6 @@ func groupMS(m []string) (float64, bool) {
 	return v, err == nil
 }
 
-// loggedRestore finds the `runsc restore` time of sandbox id in the
-// throwaway daemon's debug log.
-func (b *bench) loggedRestore(id string) (float64, bool) {
-	return restoreMS(b.findLogs(id, restoreRE)[0])
-}
-
 // restoreMS is the duration in a restoreRE match, in milliseconds.
 func restoreMS(m []string) (float64, bool) {
 	if m == nil {
