@@ -44,9 +44,9 @@ type agent struct {
 	// credential was last applied at (credentials.go).
 	credsApplied sync.Map
 
-	// node is the ForkboxNode the last beat registered (heartbeat's own:
-	// no other goroutine reads it).
-	node *fbv1.ForkboxNode
+	// registered says a beat registered the node (heartbeat's own: no
+	// other goroutine reads it).
+	registered bool
 }
 
 // heartbeat registers the node, then renews its Lease every third of the
@@ -72,20 +72,19 @@ func (a *agent) heartbeat(ctx context.Context) error {
 // ForkboxNode and status, within two thirds of the lease. Once the node is
 // known, the renewal (the write a lapse depends on) goes first: an API
 // server slow to answer the rest on a loaded host does not leave the lease
-// unrenewed, nor the node's sandboxes Lost. A renewal that fails on the
-// node of the last beat (the ForkboxNode was replaced) is tried again on
-// the one registered now; a lease that is gone (its ForkboxNode was
-// deleted, and the lease with it) is made only after the registration, so
-// that it names the node that exists.
+// unrenewed, nor the node's sandboxes Lost. That renewal only renews a
+// lease that exists; one that failed is tried again after the
+// registration, and a lease that is gone (its ForkboxNode was deleted, and
+// the lease with it) is made then, so that it names the node that exists.
 func (a *agent) beat(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, a.o.LeaseDuration*2/3)
 	defer cancel()
-	renewed := a.node != nil && a.renewExisting(ctx) == nil
+	renewed := a.registered && a.renewExisting(ctx) == nil
 	n, err := a.register(ctx)
 	if err != nil {
 		return err
 	}
-	a.node = n
+	a.registered = true
 	if !renewed {
 		if err := a.renew(ctx, n); err != nil {
 			return err

@@ -42,7 +42,7 @@ func TestBeatRenewsBeforeRegistering(t *testing.T) {
 				return c.Get(ctx, key, obj, opts...)
 			},
 		}).Build()
-	a := &agent{o: Options{NodeName: name, Namespace: ns, LeaseDuration: 3 * time.Second}, log: slog.New(slog.DiscardHandler), c: c, api: c, node: node}
+	a := &agent{o: Options{NodeName: name, Namespace: ns, LeaseDuration: 3 * time.Second}, log: slog.New(slog.DiscardHandler), c: c, api: c, registered: true}
 
 	if err := a.beat(context.Background()); err == nil {
 		t.Fatal("beat: no error, though the node's registration could not be read")
