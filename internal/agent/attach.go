@@ -77,9 +77,6 @@ type unclaimedResult struct {
 func (s *Server) keepResult(pid int, res ExecResult) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.unclaimed == nil {
-		s.unclaimed = map[int]unclaimedResult{}
-	}
 	if len(s.unclaimed) >= maxUnclaimed {
 		oldest := 0
 		for p, u := range s.unclaimed {

@@ -133,7 +133,7 @@ func NewServer(cfg Config) (*Server, error) {
 		}
 		cfg.Helper = exe
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, baseEnv: baseEnv(cfg.Env), execs: map[int]*execState{}, limiter: helper,
+	s := &Server{cfg: cfg, log: cfg.Logger, baseEnv: baseEnv(cfg.Env), execs: map[int]*execState{}, unclaimed: map[int]unclaimedResult{}, limiter: helper,
 		muxes: map[*muxSession]bool{}}
 	tok := cfg.Token
 	s.token.Store(&tok)
