@@ -16,7 +16,11 @@ import (
 )
 
 // Prepare implements snapshot.Snapshotter.
-func (s *Store) Prepare(ctx context.Context, key, parent string, opts ...snapshot.Opt) (retErr error) {
+func (s *Store) Prepare(ctx context.Context, key, parent string, opts ...snapshot.Opt) error {
+	return s.retryFull(ctx, func() error { return s.prepare(ctx, key, parent, opts...) })
+}
+
+func (s *Store) prepare(ctx context.Context, key, parent string, opts ...snapshot.Opt) (retErr error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.checkFree(key); err != nil {
@@ -69,7 +73,11 @@ func (s *Store) undoOnError(ctx context.Context, err *error, dir string) {
 }
 
 // Commit implements snapshot.Snapshotter.
-func (s *Store) Commit(ctx context.Context, name, key string, opts ...snapshot.Opt) (retErr error) {
+func (s *Store) Commit(ctx context.Context, name, key string, opts ...snapshot.Opt) error {
+	return s.retryFull(ctx, func() error { return s.commit(ctx, name, key, opts...) })
+}
+
+func (s *Store) commit(ctx context.Context, name, key string, opts ...snapshot.Opt) (retErr error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.checkFree(name); err != nil {

@@ -70,6 +70,14 @@ type Charger interface {
 	Charged(ctx context.Context, dir string) (n int64, ok bool, err error)
 }
 
+// Reclaimer is a Backend whose filesystem returns removed snapshots' space
+// in the background. Reclaim returns what has been removed so far, waiting
+// a bounded time; Store calls it (without its lock) when a Prepare or
+// Commit fails ResourceExhausted, then tries once more.
+type Reclaimer interface {
+	Reclaim(ctx context.Context) error
+}
+
 const (
 	dirMeta      = "meta"
 	dirActive    = "active"
@@ -371,4 +379,22 @@ func (s *Store) List(ctx context.Context) ([]snapshot.Info, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.readAllMeta(ctx)
+}
+
+// retryFull runs op; if it fails ResourceExhausted on a backend that
+// reclaims space in the background, it reclaims and runs op once more, so
+// that a create right after a removal freed the pool does not fail for
+// space the filesystem has not yet given back. A pool that is really full
+// fails the second time too, with that error.
+func (s *Store) retryFull(ctx context.Context, op func() error) error {
+	err := op()
+	r, ok := s.backend.(Reclaimer)
+	if !ok || !errdefs.IsResourceExhausted(err) {
+		return err
+	}
+	if rerr := r.Reclaim(ctx); rerr != nil {
+		s.log.WarnContext(ctx, "reclaim removed snapshots' space", slog.Any("err", rerr))
+		return err
+	}
+	return op()
 }
