@@ -320,7 +320,9 @@ func lookup(names []string) {
 
 // dnsFlood sends count queries for name to server (ip:port) as fast as it
 // can, then one too big for a DNS server's 512-byte buffer, and prints
-// "dnsflood sent N noerror X refused Y other Z silent S".
+// "dnsflood sent N noerror X refused Y other Z silent S span_ms T", T the
+// time from the first query to the last answer (a rate limiter's bound
+// depends on it).
 func dnsFlood(server string, count int, name string) {
 	c, err := net.Dial("udp", server)
 	if err != nil {
@@ -328,6 +330,7 @@ func dnsFlood(server string, count int, name string) {
 		return
 	}
 	defer c.Close()
+	start := time.Now()
 	for i := range count {
 		m := new(dns.Msg)
 		m.SetQuestion(dns.Fqdn(name), dns.TypeA)
@@ -344,6 +347,7 @@ func dnsFlood(server string, count int, name string) {
 	c.Write(b)
 	counts := map[int]int{}
 	got := 0
+	last := start
 	buf := make([]byte, 4096)
 	for got < count+1 {
 		c.SetReadDeadline(time.Now().Add(3 * time.Second))
@@ -357,9 +361,10 @@ func dnsFlood(server string, count int, name string) {
 		}
 		got++
 		counts[r.Rcode]++
+		last = time.Now()
 	}
-	fmt.Printf("dnsflood sent %d noerror %d refused %d other %d silent %d\n", count+1, counts[dns.RcodeSuccess],
-		counts[dns.RcodeRefused], got-counts[dns.RcodeSuccess]-counts[dns.RcodeRefused], count+1-got)
+	fmt.Printf("dnsflood sent %d noerror %d refused %d other %d silent %d span_ms %d\n", count+1, counts[dns.RcodeSuccess],
+		counts[dns.RcodeRefused], got-counts[dns.RcodeSuccess]-counts[dns.RcodeRefused], count+1-got, last.Sub(start).Milliseconds())
 }
 
 func dial(addrs []string) {
