@@ -1,0 +1,85 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+// fullBackend makes directories, except that its first full Creates and
+// Clones fail ResourceExhausted, as a filesystem that has not yet given
+// back what was removed from it.
+type fullBackend struct {
+	full     int // calls left that fail
+	calls    int
+	reclaims int
+}
+
+func (b *fullBackend) make(dst string) error {
+	b.calls++
+	if b.full > 0 {
+		b.full--
+		return fmt.Errorf("no space left on device: %w", errdefs.ErrResourceExhausted)
+	}
+	return os.Mkdir(dst, 0o700)
+}
+
+func (b *fullBackend) Create(_ context.Context, dst string) error { return b.make(dst) }
+func (b *fullBackend) Clone(_ context.Context, _, dst string, _ bool) error {
+	return b.make(dst)
+}
+func (b *fullBackend) Unseal(context.Context, string) error       { return nil }
+func (b *fullBackend) Delete(_ context.Context, dir string) error { return os.RemoveAll(dir) }
+func (b *fullBackend) Limit(context.Context, string, int64) error { return nil }
+
+// reclaiming is fullBackend with Reclaim.
+type reclaiming struct{ *fullBackend }
+
+func (b reclaiming) Reclaim(context.Context) error { b.reclaims++; return nil }
+
+func TestRetryAfterReclaim(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name         string
+		full         int
+		reclaimer    bool
+		wantErr      bool
+		wantCalls    int
+		wantReclaims int
+	}{
+		{"reclaimed", 1, true, false, 2, 1},
+		{"still full", 5, true, true, 2, 1},
+		{"no reclaimer", 1, false, true, 1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fb := &fullBackend{full: tc.full}
+			var b Backend = fb
+			if tc.reclaimer {
+				b = reclaiming{fb}
+			}
+			s, err := Open(ctx, filepath.Join(t.TempDir(), "snaps"), b, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			err = s.Prepare(ctx, "k", "")
+			if tc.wantErr != (err != nil) || (err != nil && !errdefs.IsResourceExhausted(err)) {
+				t.Errorf("Prepare: %v, want error %v (ResourceExhausted)", err, tc.wantErr)
+			}
+			if fb.calls != tc.wantCalls || fb.reclaims != tc.wantReclaims {
+				t.Errorf("Prepare: %d creates and %d reclaims, want %d and %d", fb.calls, fb.reclaims, tc.wantCalls, tc.wantReclaims)
+			}
+			if !tc.wantErr {
+				// Commit goes the same way.
+				fb.full, fb.calls, fb.reclaims = 1, 0, 0
+				if err := s.Commit(ctx, "c", "k"); err != nil || fb.calls != 2 || fb.reclaims != 1 {
+					t.Errorf("Commit: %v after %d clones and %d reclaims, want nil after 2 and 1", err, fb.calls, fb.reclaims)
+				}
+			}
+		})
+	}
+}
