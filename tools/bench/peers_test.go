@@ -56,7 +56,12 @@ func TestIssueTargets(t *testing.T) {
 		{Runtime: "gvisor", CreateFirstExec: Summary{N: 1, Median: 79}, ExecTrue: Summary{N: 9, Median: 2, P95: 7}},
 		{Runtime: "crun", CreateFirstExec: Summary{N: 1, Median: 40}, ExecTrue: Summary{N: 9, Median: 1.5, P95: 2}},
 	}, Forks: []ForkResult{{Runtime: "gvisor", Size: "1GB", Capture: Summary{N: 1, Median: 5}, ForkWall: Summary{N: 1, Median: 81}}},
-		Fanouts: []FanoutResult{{Runtime: "gvisor", Count: 100, TotalMS: 9_999}}}
+		Fanouts: []FanoutResult{{Runtime: "gvisor", Count: 100, TotalMS: 9_999}},
+		Memory: []MemoryResult{
+			{Size: "10MB", ChildStart: Summary{N: 5, Median: 121}},
+			{Size: "256MB", ChildStart: Summary{N: 5, Median: 140}, ForkDowntime: Summary{N: 5, Median: 75},
+				Fanout: &MemFanout{Count: 10, TotalMS: 3_800}},
+		}}
 	met := map[string]bool{}
 	for _, tg := range rep.targets() {
 		met[tg.What] = tg.Met
@@ -69,6 +74,14 @@ func TestIssueTargets(t *testing.T) {
 		"crun exec true p95 within 3x p50":                   true,
 		"gVisor fork-to-child-ready p50 1GB (call to ready)": false,
 		"100 gVisor children (TotalMS)":                      true,
+		// issue 17's, the same as the memory table's
+		"gVisor memory-fork child start p50 (10MB resident)":           false,
+		"gVisor memory-fork child start p50 (256MB resident)":          true,
+		"gVisor fan-out of 10 children, total (256MB resident)":        false,
+		"gVisor source downtime of a memory fork p50 (256MB resident)": true,
+	}
+	if len(met) != 12 {
+		t.Errorf("%d targets, want 12: %v", len(met), met)
 	}
 	for k, v := range want {
 		if got, ok := met[k]; !ok || got != v {
