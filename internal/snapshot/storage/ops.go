@@ -72,12 +72,11 @@ func (s *Store) undoOnError(ctx context.Context, err *error, dir string) {
 	}
 }
 
-// Commit implements snapshot.Snapshotter.
-func (s *Store) Commit(ctx context.Context, name, key string, opts ...snapshot.Opt) error {
-	return s.retryFull(ctx, func() error { return s.commit(ctx, name, key, opts...) })
-}
-
-func (s *Store) commit(ctx context.Context, name, key string, opts ...snapshot.Opt) (retErr error) {
+// Commit implements snapshot.Snapshotter. Unlike Prepare it does not wait
+// for a full pool's space to come back (retryFull): its callers hold the
+// sandbox frozen or stopped around it, and a full pool must not keep a
+// tenant frozen for the cleaner.
+func (s *Store) Commit(ctx context.Context, name, key string, opts ...snapshot.Opt) (retErr error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.checkFree(name); err != nil {

@@ -72,8 +72,8 @@ type Charger interface {
 
 // Reclaimer is a Backend whose filesystem returns removed snapshots' space
 // in the background. Reclaim returns what has been removed so far, waiting
-// a bounded time; Store calls it (without its lock) when a Prepare or
-// Commit fails ResourceExhausted, then tries once more.
+// a bounded time; Store calls it (without its lock) when a Prepare fails
+// ResourceExhausted, then tries once more.
 type Reclaimer interface {
 	Reclaim(ctx context.Context) error
 }
