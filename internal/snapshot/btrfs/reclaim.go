@@ -32,7 +32,10 @@ type subvolWait struct {
 	count    uint32
 }
 
-var _ [16 - unsafe.Sizeof(subvolWait{})]byte
+var (
+	_ [16 - unsafe.Sizeof(subvolWait{})]byte
+	_ [unsafe.Sizeof(subvolWait{}) - 16]byte
+)
 
 // reclaimWait bounds how long Reclaim waits for the cleaner. Dropping a
 // large subvolume's tree can take longer; the caller's retry then fails
@@ -60,6 +63,7 @@ func (b *backend) Reclaim(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, reclaimWait)
 	defer cancel()
 	wait := 5 * time.Millisecond
+wait:
 	for pending > 0 {
 		// The kernel's own wait (BTRFS_SUBVOL_SYNC_WAIT_FOR_QUEUED)
 		// sleeps in steps of a second and cannot be cancelled; the count
@@ -69,7 +73,7 @@ func (b *backend) Reclaim(ctx context.Context) error {
 		case <-ctx.Done():
 			t.Stop()
 			b.log.DebugContext(ctx, "btrfs cleaner still busy", "root", b.root, "pending", pending)
-			return nil
+			break wait // what it did drop comes back with the commit below
 		case <-t.C:
 		}
 		wait = min(2*wait, 200*time.Millisecond)

@@ -14,7 +14,8 @@ import (
 // Clones fail ResourceExhausted, as a filesystem that has not yet given
 // back what was removed from it.
 type fullBackend struct {
-	full     int // calls left that fail
+	full     int   // calls left that fail
+	then     error // what the calls after those return (nil: they work)
 	calls    int
 	reclaims int
 }
@@ -24,6 +25,9 @@ func (b *fullBackend) make(dst string) error {
 	if b.full > 0 {
 		b.full--
 		return fmt.Errorf("no space left on device: %w", errdefs.ErrResourceExhausted)
+	}
+	if b.then != nil {
+		return b.then
 	}
 	return os.Mkdir(dst, 0o700)
 }
@@ -46,17 +50,21 @@ func TestRetryAfterReclaim(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		full         int
+		then         error
 		reclaimer    bool
 		wantErr      bool
 		wantCalls    int
 		wantReclaims int
 	}{
-		{"reclaimed", 1, true, false, 2, 1},
-		{"still full", 5, true, true, 2, 1},
-		{"no reclaimer", 1, false, true, 1, 0},
+		{"reclaimed", 1, nil, true, false, 2, 1},
+		{"still full", 5, nil, true, true, 2, 1},
+		// The retry's other error (what a failed undo left, say) does
+		// not hide that the pool was full.
+		{"retry fails otherwise", 1, fmt.Errorf("exists: %w", errdefs.ErrAlreadyExists), true, true, 2, 1},
+		{"no reclaimer", 1, nil, false, true, 1, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fb := &fullBackend{full: tc.full}
+			fb := &fullBackend{full: tc.full, then: tc.then}
 			var b Backend = fb
 			if tc.reclaimer {
 				b = reclaiming{fb}

@@ -396,5 +396,15 @@ func (s *Store) retryFull(ctx context.Context, op func() error) error {
 		s.log.WarnContext(ctx, "reclaim removed snapshots' space", slog.Any("err", rerr))
 		return err
 	}
-	return op()
+	switch again := op(); {
+	case again == nil:
+		return nil
+	case errdefs.IsResourceExhausted(again):
+		return fmt.Errorf("%w (again after waiting for removed snapshots' space)", again)
+	default:
+		// Something the first attempt left (its undo failed on the full
+		// pool) or a concurrent call: the pool's state is the answer.
+		s.log.WarnContext(ctx, "retry after reclaiming space", slog.Any("err", again))
+		return err
+	}
 }
