@@ -16,6 +16,7 @@ import (
 type fullBackend struct {
 	full     int   // calls left that fail
 	then     error // what the calls after those return (nil: they work)
+	freeing  int   // reclaims that find something to give back
 	calls    int
 	reclaims int
 }
@@ -43,7 +44,10 @@ func (b *fullBackend) Limit(context.Context, string, int64) error { return nil }
 // reclaiming is fullBackend with Reclaim.
 type reclaiming struct{ *fullBackend }
 
-func (b reclaiming) Reclaim(context.Context) error { b.reclaims++; return nil }
+func (b reclaiming) Reclaim(context.Context) (bool, error) {
+	b.reclaims++
+	return b.reclaims <= b.freeing, nil
+}
 
 func TestRetryAfterReclaim(t *testing.T) {
 	ctx := context.Background()
@@ -51,20 +55,24 @@ func TestRetryAfterReclaim(t *testing.T) {
 		name         string
 		full         int
 		then         error
+		freeing      int
 		reclaimer    bool
 		wantErr      bool
 		wantCalls    int
 		wantReclaims int
 	}{
-		{"reclaimed", 1, nil, true, false, 2, 1},
-		{"still full", 5, nil, true, true, 2, 1},
+		{"reclaimed", 1, nil, 1, true, false, 2, 1},
+		{"reclaimed in the second round", 2, nil, 1, true, false, 3, 2},
+		{"nothing to give back", 5, nil, 0, true, true, 2, 1},
+		{"freed twice, still full", 5, nil, 2, true, true, 4, 3},
+		{"bounded rounds", 50, nil, 50, true, true, 6, 5},
 		// The retry's other error (what a failed undo left, say) does
 		// not hide that the pool was full.
-		{"retry fails otherwise", 1, fmt.Errorf("exists: %w", errdefs.ErrAlreadyExists), true, true, 2, 1},
-		{"no reclaimer", 1, nil, false, true, 1, 0},
+		{"retry fails otherwise", 1, fmt.Errorf("exists: %w", errdefs.ErrAlreadyExists), 1, true, true, 2, 1},
+		{"no reclaimer", 1, nil, 1, false, true, 1, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fb := &fullBackend{full: tc.full, then: tc.then}
+			fb := &fullBackend{full: tc.full, then: tc.then, freeing: tc.freeing}
 			var b Backend = fb
 			if tc.reclaimer {
 				b = reclaiming{fb}

@@ -72,11 +72,19 @@ type Charger interface {
 
 // Reclaimer is a Backend whose filesystem returns removed snapshots' space
 // in the background. Reclaim returns what has been removed so far, waiting
-// a bounded time; Store calls it (without its lock) when a Prepare fails
-// ResourceExhausted, then tries once more.
+// until ctx ends at most; freed is whether it found anything to give back.
+// Store calls it (without its lock) when a Prepare fails
+// ResourceExhausted, then tries again (retryFull).
 type Reclaimer interface {
-	Reclaim(ctx context.Context) error
+	Reclaim(ctx context.Context) (freed bool, err error)
 }
+
+// reclaimBudget bounds the time a Prepare spends waiting for a full pool's
+// space to come back, and reclaimRounds its tries.
+const (
+	reclaimBudget = 10 * time.Second
+	reclaimRounds = 5
+)
 
 const (
 	dirMeta      = "meta"
@@ -382,29 +390,37 @@ func (s *Store) List(ctx context.Context) ([]snapshot.Info, error) {
 }
 
 // retryFull runs op; if it fails ResourceExhausted on a backend that
-// reclaims space in the background, it reclaims and runs op once more, so
-// that a create right after a removal freed the pool does not fail for
-// space the filesystem has not yet given back. A pool that is really full
-// fails the second time too, with that error.
+// reclaims space in the background, it reclaims and runs op again, so that
+// a create right after a removal freed the pool does not fail for space the
+// filesystem has not yet given back. It goes on while a round found
+// something to give back (btrfs sometimes needs another commit before the
+// space is usable), for reclaimBudget and reclaimRounds at most. A pool
+// that is really full fails after one round, with op's error.
 func (s *Store) retryFull(ctx context.Context, op func() error) error {
 	err := op()
 	r, ok := s.backend.(Reclaimer)
 	if !ok || !errdefs.IsResourceExhausted(err) {
 		return err
 	}
-	if rerr := r.Reclaim(ctx); rerr != nil {
-		s.log.WarnContext(ctx, "reclaim removed snapshots' space", slog.Any("err", rerr))
-		return err
-	}
-	switch again := op(); {
-	case again == nil:
-		return nil
-	case errdefs.IsResourceExhausted(again):
-		return fmt.Errorf("%w (again after waiting for removed snapshots' space)", again)
-	default:
-		// Something the first attempt left (its undo failed on the full
-		// pool) or a concurrent call: the pool's state is the answer.
-		s.log.WarnContext(ctx, "retry after reclaiming space", slog.Any("err", again))
-		return err
+	rctx, cancel := context.WithTimeout(ctx, reclaimBudget)
+	defer cancel()
+	for round := 1; ; round++ {
+		freed, rerr := r.Reclaim(rctx)
+		if rerr != nil {
+			s.log.WarnContext(ctx, "reclaim removed snapshots' space", slog.Any("err", rerr))
+			return err
+		}
+		switch again := op(); {
+		case again == nil:
+			return nil
+		case !errdefs.IsResourceExhausted(again):
+			// Something the first attempt left (its undo failed on the
+			// full pool) or a concurrent call: the pool's state is the
+			// answer.
+			s.log.WarnContext(ctx, "retry after reclaiming space", slog.Any("err", again))
+			return err
+		case !freed || round == reclaimRounds || rctx.Err() != nil:
+			return fmt.Errorf("%w (again after waiting for removed snapshots' space)", again)
+		}
 	}
 }
