@@ -2,6 +2,7 @@ package btrfs
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"time"
 	"unsafe"
@@ -25,10 +26,13 @@ const (
 	rootTreeID     = 1                  // BTRFS_ROOT_TREE_OBJECTID
 	orphanObjectID = 0xfffffffffffffffb // BTRFS_ORPHAN_OBJECTID (-5)
 	orphanItemKey  = 48                 // BTRFS_ORPHAN_ITEM_KEY
+	rootItemKey    = 132                // BTRFS_ROOT_ITEM_KEY
 	spaceGlobalRsv = 1 << 49            // BTRFS_SPACE_INFO_GLOBAL_RSV: a reservation, not space in use
 	spaceSlots     = 16                 // more than the kinds of block groups a filesystem has
 
-	reclaimProgress = 1 << 20 // bytes a round must give back to be worth another
+	reclaimProgress  = 1 << 20         // bytes a round must give back to be worth another
+	reclaimStall     = 2 * time.Second // how long a wait goes on without the cleaner moving
+	searchHeaderSize = 32              // struct btrfs_ioctl_search_header: transid, objectid, offset, type, len
 )
 
 // searchArgs is struct btrfs_ioctl_search_args: struct
@@ -56,25 +60,30 @@ var (
 )
 
 // Reclaim returns to the pool the space of what was removed from it: it
-// commits the filesystem's transaction, waits (until ctx ends) until the
-// cleaner has dropped every deleted subvolume, committing meanwhile (a
-// commit wakes the cleaner), and commits again. It implements
+// commits the filesystem's transaction, waits until the cleaner has
+// dropped every deleted subvolume, and commits again. It implements
 // storage.Reclaimer: freed is whether the round gave back reclaimProgress
 // or more, so that another round may be worth it (the undo of a failed
 // create, an empty subvolume, gives back less).
 //
 // A deleted subvolume is pending from its deletion until the cleaner has
-// dropped all of it: the root tree holds an orphan item for it meanwhile
-// (what `btrfs subvolume sync` waits on). The kernel's own count of the
-// cleaner's queue (BTRFS_IOC_SUBVOL_SYNC_WAIT, Linux 6.8+) misses a
-// subvolume whose last inodes are still being written back: it joins the
-// queue only when they are evicted.
+// dropped all of it: the root tree holds an orphan item for it meanwhile,
+// and its root item until the end (what `btrfs subvolume sync` waits on).
+// The kernel's own count of the cleaner's queue (BTRFS_IOC_SUBVOL_SYNC_WAIT,
+// Linux 6.8+) misses a subvolume whose last inodes are still being written
+// back: it joins the queue only when they are evicted. The wait commits
+// once a second (a commit wakes the cleaner), and ends with ctx, or when
+// neither the pending subvolumes nor the space in use have moved for
+// reclaimStall (a subvolume kept from the cleaner, by an open file say).
 func (b *backend) Reclaim(ctx context.Context) (freed bool, err error) {
 	fd, err := openDir(b.root)
 	if err != nil {
 		return false, wrap("open", b.root, err)
 	}
 	defer unix.Close(fd)
+	// Read before the commit that wakes the cleaner, so that what it drops
+	// from then on counts (others' dirty data that the commit writes can
+	// hide a drop: then the caller tries once, as without a wait).
 	before, err := spaceUsed(fd)
 	if err != nil {
 		return false, err
@@ -86,26 +95,40 @@ func (b *backend) Reclaim(ctx context.Context) (freed bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	wait := 5 * time.Millisecond
-wait:
+	used := before
+	poll := 5 * time.Millisecond
+	synced, moved := time.Now(), time.Now()
 	for pending > 0 {
-		// The kernel's own wait (BTRFS_SUBVOL_SYNC_WAIT_FOR_QUEUED)
-		// sleeps in steps of a second and cannot be cancelled; the count
-		// is cheap to read.
-		t := time.NewTimer(wait)
+		t := time.NewTimer(poll)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			b.log.DebugContext(ctx, "btrfs cleaner still busy", "root", b.root, "pending", pending)
-			break wait // what it did drop comes back with the commit below
 		case <-t.C:
 		}
-		wait = min(2*wait, 200*time.Millisecond)
-		if err := ioctl(fd, iocSync, nil); err != nil {
-			return false, wrap("sync", b.root, err)
+		if ctx.Err() != nil {
+			b.log.DebugContext(ctx, "btrfs cleaner still busy", "root", b.root, "pending", pending)
+			break // what it did drop comes back with the commit below
 		}
-		if pending, err = pendingDeletions(fd); err != nil {
+		poll = min(2*poll, 100*time.Millisecond)
+		if time.Since(synced) >= time.Second {
+			if err := ioctl(fd, iocSync, nil); err != nil {
+				return false, wrap("sync", b.root, err)
+			}
+			synced = time.Now()
+		}
+		p, err := pendingDeletions(fd)
+		if err != nil {
 			return false, err
+		}
+		u, err := spaceUsed(fd)
+		if err != nil {
+			return false, err
+		}
+		if p != pending || u != used {
+			pending, used, moved = p, u, time.Now()
+		} else if time.Since(moved) >= reclaimStall {
+			b.log.DebugContext(ctx, "btrfs cleaner makes no progress", "root", b.root, "pending", pending)
+			break
 		}
 	}
 	if err := ioctl(fd, iocSync, nil); err != nil {
@@ -119,15 +142,40 @@ wait:
 }
 
 // pendingDeletions is how many deleted subvolumes of the filesystem open
-// at fd are not dropped yet (their orphan items in the root tree; at most
-// what one search returns, which is enough to tell none from some).
-func pendingDeletions(fd int) (uint32, error) {
+// at fd are not dropped yet: orphan items of the root tree whose subvolume
+// still has its root item (an orphan item without one is a stale leftover,
+// of an old free-space cache say, that no cleaner will remove). It counts
+// what one search returns, which is enough to tell none from some.
+func pendingDeletions(fd int) (int, error) {
 	a := searchArgs{treeID: rootTreeID, minObjectID: orphanObjectID, maxObjectID: orphanObjectID,
 		maxOffset: ^uint64(0), maxTransID: ^uint64(0), minType: orphanItemKey, maxType: orphanItemKey, nrItems: 4096}
 	if err := ioctl(fd, iocTreeSearch, unsafe.Pointer(&a)); err != nil {
 		return 0, fmt.Errorf("btrfs search deleted subvolumes: %v: %w", err, errdefs.ErrInternal)
 	}
-	return a.nrItems, nil
+	n := 0
+	for i, off := uint32(0), 0; i < a.nrItems && off+searchHeaderSize <= len(a.buf); i++ {
+		h := a.buf[off : off+searchHeaderSize]
+		id := binary.NativeEndian.Uint64(h[16:24]) // the header's offset: the subvolume's id
+		off += searchHeaderSize + int(binary.NativeEndian.Uint32(h[28:32]))
+		exists, err := hasRootItem(fd, id)
+		if err != nil {
+			return 0, err
+		}
+		if exists {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// hasRootItem reports whether the root tree holds subvolume id's root item.
+func hasRootItem(fd int, id uint64) (bool, error) {
+	a := searchArgs{treeID: rootTreeID, minObjectID: id, maxObjectID: id,
+		maxOffset: ^uint64(0), maxTransID: ^uint64(0), minType: rootItemKey, maxType: rootItemKey, nrItems: 1}
+	if err := ioctl(fd, iocTreeSearch, unsafe.Pointer(&a)); err != nil {
+		return false, fmt.Errorf("btrfs search subvolume %d: %v: %w", id, err, errdefs.ErrInternal)
+	}
+	return a.nrItems > 0, nil
 }
 
 // spaceUsed is the bytes in use in the block groups of the filesystem open
