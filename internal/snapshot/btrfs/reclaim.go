@@ -36,8 +36,8 @@ const (
 )
 
 // searchArgs is struct btrfs_ioctl_search_args: struct
-// btrfs_ioctl_search_key, then the buffer the items come back in (only
-// their count is read).
+// btrfs_ioctl_search_key, then the buffer the items come back in, each a
+// struct btrfs_ioctl_search_header and its data.
 type searchArgs struct {
 	treeID, minObjectID, maxObjectID, minOffset, maxOffset, minTransID, maxTransID uint64
 	minType, maxType, nrItems, unused                                              uint32

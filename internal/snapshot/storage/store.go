@@ -72,9 +72,9 @@ type Charger interface {
 
 // Reclaimer is a Backend whose filesystem returns removed snapshots' space
 // in the background. Reclaim returns what has been removed so far, waiting
-// until ctx ends at most; freed is whether it found anything to give back.
-// Store calls it (without its lock) when a Prepare fails
-// ResourceExhausted, then tries again (retryFull).
+// until ctx ends at most; freed is whether it gave back enough that
+// another round may be worth it. Store calls it (without its lock) when a
+// Prepare fails ResourceExhausted, then tries again (retryFull).
 type Reclaimer interface {
 	Reclaim(ctx context.Context) (freed bool, err error)
 }
@@ -392,10 +392,10 @@ func (s *Store) List(ctx context.Context) ([]snapshot.Info, error) {
 // retryFull runs op; if it fails ResourceExhausted on a backend that
 // reclaims space in the background, it reclaims and runs op again, so that
 // a create right after a removal freed the pool does not fail for space the
-// filesystem has not yet given back. It goes on while a round found
-// something to give back (btrfs sometimes needs another commit before the
-// space is usable), for reclaimBudget and reclaimRounds at most. A pool
-// that is really full fails after one round, with op's error.
+// filesystem has not yet given back. It goes on while a round gave space
+// back (btrfs sometimes needs another commit before the space is usable),
+// for reclaimBudget and reclaimRounds at most. A pool that is really full
+// fails after one round, with op's error.
 func (s *Store) retryFull(ctx context.Context, op func() error) error {
 	err := op()
 	r, ok := s.backend.(Reclaimer)
