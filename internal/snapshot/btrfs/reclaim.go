@@ -88,8 +88,8 @@ func (b *backend) Reclaim(ctx context.Context) (freed bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	if err := ioctl(fd, iocSync, nil); err != nil {
-		return false, wrap("sync", b.root, err)
+	if err := b.commit(fd); err != nil {
+		return false, err
 	}
 	pending, err := pendingDeletions(fd)
 	if err != nil {
@@ -111,8 +111,8 @@ func (b *backend) Reclaim(ctx context.Context) (freed bool, err error) {
 		}
 		poll = min(2*poll, 100*time.Millisecond)
 		if time.Since(synced) >= time.Second {
-			if err := ioctl(fd, iocSync, nil); err != nil {
-				return false, wrap("sync", b.root, err)
+			if err := b.commit(fd); err != nil {
+				return false, err
 			}
 			synced = time.Now()
 		}
@@ -131,8 +131,8 @@ func (b *backend) Reclaim(ctx context.Context) (freed bool, err error) {
 			break
 		}
 	}
-	if err := ioctl(fd, iocSync, nil); err != nil {
-		return false, wrap("sync", b.root, err)
+	if err := b.commit(fd); err != nil {
+		return false, err
 	}
 	after, err := spaceUsed(fd)
 	if err != nil {
@@ -141,15 +141,23 @@ func (b *backend) Reclaim(ctx context.Context) (freed bool, err error) {
 	return after+reclaimProgress <= before, nil
 }
 
+// commit commits the transaction of the filesystem open at fd, writing
+// back its dirty data first (BTRFS_IOC_SYNC); it wakes the cleaner.
+func (b *backend) commit(fd int) error {
+	if err := ioctl(fd, iocSync, nil); err != nil {
+		return wrap("sync", b.root, err)
+	}
+	return nil
+}
+
 // pendingDeletions is how many deleted subvolumes of the filesystem open
 // at fd are not dropped yet: orphan items of the root tree whose subvolume
 // still has its root item (an orphan item without one is a stale leftover,
 // of an old free-space cache say, that no cleaner will remove). It counts
 // what one search returns, which is enough to tell none from some.
 func pendingDeletions(fd int) (int, error) {
-	a := searchArgs{treeID: rootTreeID, minObjectID: orphanObjectID, maxObjectID: orphanObjectID,
-		maxOffset: ^uint64(0), maxTransID: ^uint64(0), minType: orphanItemKey, maxType: orphanItemKey, nrItems: 4096}
-	if err := ioctl(fd, iocTreeSearch, unsafe.Pointer(&a)); err != nil {
+	var a searchArgs
+	if err := searchRootTree(fd, orphanObjectID, orphanItemKey, 4096, &a); err != nil {
 		return 0, fmt.Errorf("btrfs search deleted subvolumes: %v: %w", err, errdefs.ErrInternal)
 	}
 	n := 0
@@ -170,12 +178,20 @@ func pendingDeletions(fd int) (int, error) {
 
 // hasRootItem reports whether the root tree holds subvolume id's root item.
 func hasRootItem(fd int, id uint64) (bool, error) {
-	a := searchArgs{treeID: rootTreeID, minObjectID: id, maxObjectID: id,
-		maxOffset: ^uint64(0), maxTransID: ^uint64(0), minType: rootItemKey, maxType: rootItemKey, nrItems: 1}
-	if err := ioctl(fd, iocTreeSearch, unsafe.Pointer(&a)); err != nil {
+	var a searchArgs
+	if err := searchRootTree(fd, id, rootItemKey, 1, &a); err != nil {
 		return false, fmt.Errorf("btrfs search subvolume %d: %v: %w", id, err, errdefs.ErrInternal)
 	}
 	return a.nrItems > 0, nil
+}
+
+// searchRootTree fills a with at most n of the root tree's items of object
+// objectID and key type keyType (BTRFS_IOC_TREE_SEARCH); a.nrItems is how
+// many came back.
+func searchRootTree(fd int, objectID uint64, keyType, n uint32, a *searchArgs) error {
+	*a = searchArgs{treeID: rootTreeID, minObjectID: objectID, maxObjectID: objectID,
+		maxOffset: ^uint64(0), maxTransID: ^uint64(0), minType: keyType, maxType: keyType, nrItems: n}
+	return ioctl(fd, iocTreeSearch, unsafe.Pointer(a))
 }
 
 // spaceUsed is the bytes in use in the block groups of the filesystem open
