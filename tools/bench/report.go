@@ -105,8 +105,11 @@ func (r *Report) targets() []Target {
 	}
 	for _, t := range memTargets { // issue 17's, as the memory table prints them
 		for _, m := range r.Memory {
-			if v, ok := t.got(m); ok && m.Size == t.size {
-				ts = append(ts, Target{What: fmt.Sprintf("gVisor %s (%s resident)", t.what, m.Size), Goal: t.limit, Got: v, Met: v <= t.limit})
+			if m.Size != t.size {
+				continue
+			}
+			if v, ok := t.got(m); ok {
+				ts = append(ts, Target{What: fmt.Sprintf("gVisor %s (%s resident)", t.what, m.Size), Goal: t.limit, Got: v, Met: t.met(v)})
 			}
 		}
 	}
