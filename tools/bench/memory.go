@@ -105,6 +105,11 @@ type MemFanout struct {
 	// process (a heartbeat ten times a second), divided among them (v1
 	// cpuacct; 0 when unknown). What a child costs while it runs.
 	RunningCPUms float64 `json:"running_cpu_ms_per_s"`
+	// PageFloor is what writing every child's pages into new memory costs
+	// the host with nothing else to do (see pagefloor.go), measured once
+	// the children are up, when the host's memory holds as much again.
+	PageFloor     *PageFloor `json:"page_floor,omitempty"`
+	PageFloorSkip string     `json:"page_floor_skipped,omitempty"`
 }
 
 // memRunningWindow is the window of MemFanout.RunningCPUms.
@@ -301,11 +306,29 @@ func (b *bench) memFanout(ctx context.Context, r *MemoryResult, src *client.Sand
 		if b.cgroupParent != "" {
 			f.RunningCPUms = idleCPU(ctx, b.cgroupParent, memRunningWindow) / float64(f.Started+1)
 		}
+		b.pageFloor(f, r)
 	}
 	t = time.Now()
 	b.close(ctx, kids...)
 	f.CloseMS = ms(time.Since(t))
 	b.deleteCheckpoint(ctx, res.Checkpoint)
+}
+
+// pageFloor measures f's page floor while its children are up, so that
+// the floor's pages are new to the host as theirs were.
+func (b *bench) pageFloor(f *MemFanout, r *MemoryResult) {
+	need := float64(f.Started)*float64(r.Bytes)/(1<<30) + 2
+	if avail := meminfo()["MemAvailable"]; avail < need {
+		f.PageFloorSkip = fmt.Sprintf("needs about %.1f GiB beside the children, %.1f GiB available", need, avail)
+		return
+	}
+	progress("  %s: page floor: %d x %s into new memory", r.Size, f.Started, r.Size)
+	pf, err := measurePageFloor(f.Started, r.Bytes)
+	if err != nil {
+		f.PageFloorSkip = err.Error()
+		return
+	}
+	f.PageFloor = &pf
 }
 
 var (

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"maps"
 	"strings"
 	"testing"
 )
@@ -60,11 +61,19 @@ func TestIssueTargets(t *testing.T) {
 		Memory: []MemoryResult{
 			{Size: "10MB", ChildStart: Summary{N: 5, Median: 121}},
 			{Size: "256MB", ChildStart: Summary{N: 5, Median: 140}, ForkDowntime: Summary{N: 5, Median: 75},
-				Fanout: &MemFanout{Count: 10, TotalMS: 3_800}},
+				Fanout: &MemFanout{Count: 10, TotalMS: 3_800, PageFloor: &PageFloor{FloorMS: 5_600}}},
 		}}
 	met := map[string]bool{}
+	floors := map[string]float64{}
 	for _, tg := range rep.targets() {
 		met[tg.What] = tg.Met
+		if tg.HostFloorMS != 0 {
+			floors[tg.What] = tg.HostFloorMS
+		}
+	}
+	// Only the fan-out has a floor, its page floor.
+	if want := map[string]float64{"gVisor fan-out of 10 children, total (256MB resident)": 5_600}; !maps.Equal(floors, want) {
+		t.Errorf("host floors %v, want %v", floors, want)
 	}
 	want := map[string]bool{
 		"gVisor create + first exec p50":                     true,

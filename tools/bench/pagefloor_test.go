@@ -1,0 +1,62 @@
+package main
+
+import (
+	"os"
+	"strconv"
+	"testing"
+)
+
+func TestPageFloor(t *testing.T) {
+	open := func() int {
+		es, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(es)
+	}
+	before := open()
+	// Not a whole number of chunks: the last write is short.
+	const bytes = 2*pageFloorChunk + 4097
+	f, err := measurePageFloor(5, bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Bytes != 5*bytes || f.Writers < 1 {
+		t.Errorf("bytes %d writers %d, want %d and at least 1", f.Bytes, f.Writers, 5*bytes)
+	}
+	if f.WallMS <= 0 || f.CPUS <= 0 {
+		t.Errorf("wall %v ms, CPU %v s: both must be measured", f.WallMS, f.CPUS)
+	}
+	if want := f.CPUS * 1000 / float64(f.Writers); f.FloorMS != want {
+		t.Errorf("floor %v ms, want CPU over writers %v", f.FloorMS, want)
+	}
+	if after := open(); after != before {
+		t.Errorf("%d descriptors open after the floor, %d before: the memfds must be closed", after, before)
+	}
+}
+
+// TestWriteMemfdsSize checks that a memfd gets exactly bytes, the short
+// last write included.
+func TestWriteMemfdsSize(t *testing.T) {
+	jobs := make(chan int, 1)
+	jobs <- 0
+	close(jobs)
+	const bytes = pageFloorChunk + 100
+	var got int64
+	err := writeMemfdsThen(jobs, bytes, func(fds []int) {
+		if len(fds) != 1 {
+			t.Fatalf("%d memfds, want 1", len(fds))
+		}
+		st, err := os.Stat("/proc/self/fd/" + strconv.Itoa(fds[0]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = st.Size()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != bytes {
+		t.Errorf("memfd of %d bytes, want %d", got, bytes)
+	}
+}
