@@ -46,8 +46,11 @@ type PageFloor struct {
 }
 
 // measurePageFloor writes count memfds of bytes each with one writer per
-// CPU, and frees them. The memfds are never mapped: a pwrite allocates
-// their pages (no fault per page, no zeroing of what is overwritten).
+// CPU, keeps them all until the last is written (as the children keep
+// theirs: pages freed meanwhile would be written again at a fraction of
+// the cost), and frees them. The memfds are never mapped: a pwrite
+// allocates their pages (no fault per page, no zeroing of what is
+// overwritten).
 func measurePageFloor(count int, bytes int64) (PageFloor, error) {
 	writers := runtime.NumCPU()
 	f := PageFloor{Bytes: int64(count) * bytes, Writers: writers}
@@ -60,8 +63,14 @@ func measurePageFloor(count int, bytes int64) (PageFloor, error) {
 		wg    sync.WaitGroup
 		mu    sync.Mutex
 		cpu   time.Duration
+		fds   []int
 		first error
 	)
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
 	t := time.Now()
 	for range writers {
 		wg.Add(1)
@@ -72,11 +81,12 @@ func measurePageFloor(count int, bytes int64) (PageFloor, error) {
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
 			before := threadCPU()
-			err := writeMemfds(jobs, bytes)
+			mine, err := writeMemfds(jobs, bytes)
 			used := threadCPU() - before
 			mu.Lock()
 			defer mu.Unlock()
 			cpu += used
+			fds = append(fds, mine...)
 			if err != nil && first == nil {
 				first = err
 			}
@@ -89,40 +99,28 @@ func measurePageFloor(count int, bytes int64) (PageFloor, error) {
 	return f, first
 }
 
-// writeMemfds fills one new memfd of bytes per job and keeps them all
-// until the jobs run out (as the children keep theirs), then closes them.
-func writeMemfds(jobs <-chan int, bytes int64) error { return writeMemfdsThen(jobs, bytes, nil) }
-
-// writeMemfdsThen is writeMemfds that hands the filled memfds to done, when
-// set, before it closes them.
-func writeMemfdsThen(jobs <-chan int, bytes int64, done func(fds []int)) error {
+// writeMemfds fills one new memfd of bytes per job, until the jobs run
+// out, and returns them open (those it made before an error too).
+func writeMemfds(jobs <-chan int, bytes int64) ([]int, error) {
 	buf := make([]byte, pageFloorChunk)
 	for i := range buf {
 		buf[i] = byte(i*7 + 1) // not zero: a page of zeroes may be a hole
 	}
 	var fds []int
-	defer func() {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-	}()
 	for range jobs {
 		fd, err := unix.MemfdCreate("forkbox-bench-pagefloor", unix.MFD_CLOEXEC)
 		if err != nil {
-			return fmt.Errorf("page floor: memfd_create: %w", err)
+			return fds, fmt.Errorf("page floor: memfd_create: %w", err)
 		}
 		fds = append(fds, fd)
 		for off := int64(0); off < bytes; off += pageFloorChunk {
 			n := min(int64(pageFloorChunk), bytes-off)
 			if _, err := unix.Pwrite(fd, buf[:n], off); err != nil {
-				return fmt.Errorf("page floor: pwrite at %d: %w", off, err)
+				return fds, fmt.Errorf("page floor: pwrite at %d: %w", off, err)
 			}
 		}
 	}
-	if done != nil {
-		done(fds)
-	}
-	return nil
+	return fds, nil
 }
 
 // threadCPU is the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID:

@@ -2,8 +2,9 @@ package main
 
 import (
 	"os"
-	"strconv"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestPageFloor(t *testing.T) {
@@ -36,27 +37,30 @@ func TestPageFloor(t *testing.T) {
 }
 
 // TestWriteMemfdsSize checks that a memfd gets exactly bytes, the short
-// last write included.
+// last write included, and that it comes back open.
 func TestWriteMemfdsSize(t *testing.T) {
-	jobs := make(chan int, 1)
+	jobs := make(chan int, 2)
 	jobs <- 0
+	jobs <- 1
 	close(jobs)
 	const bytes = pageFloorChunk + 100
-	var got int64
-	err := writeMemfdsThen(jobs, bytes, func(fds []int) {
-		if len(fds) != 1 {
-			t.Fatalf("%d memfds, want 1", len(fds))
-		}
-		st, err := os.Stat("/proc/self/fd/" + strconv.Itoa(fds[0]))
-		if err != nil {
-			t.Fatal(err)
-		}
-		got = st.Size()
-	})
+	fds, err := writeMemfds(jobs, bytes)
+	for _, fd := range fds {
+		defer unix.Close(fd)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got != bytes {
-		t.Errorf("memfd of %d bytes, want %d", got, bytes)
+	if len(fds) != 2 {
+		t.Fatalf("%d memfds, want 2", len(fds))
+	}
+	for _, fd := range fds {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Size != bytes {
+			t.Errorf("memfd of %d bytes, want %d", st.Size, bytes)
+		}
 	}
 }
