@@ -201,10 +201,20 @@ func (d *Daemon) checkpointMemoryStop(ctx context.Context, sb *store.Sandbox, mc
 	return ck, nil
 }
 
+// rotateTimeout bounds a token rotation: its callers hold the sandbox's
+// lock, often with a context that cannot end, and an agent that takes the
+// request and never answers must not keep that lock (and the loops that
+// wait for it: idle hibernation, expiry, the pre-boot refill) forever.
+var rotateTimeout = 10 * time.Second
+
 // rotateAgentToken gives sb's agent a new token: the agent accepts old and
 // new until the first call with the new one, which follows the record, so a
-// crash in between leaves the recorded token working.
+// crash in between leaves the recorded token working. It gives up after
+// rotateTimeout (DeadlineExceeded); the recorded token is then the old or
+// the new one, and the client holds it.
 func (d *Daemon) rotateAgentToken(ctx context.Context, sb *store.Sandbox) error {
+	ctx, cancel := context.WithTimeout(ctx, rotateTimeout)
+	defer cancel()
 	tok := randomHex(16)
 	c := d.agent(sb)
 	if err := c.RotateToken(ctx, tok); err != nil {

@@ -1,0 +1,147 @@
+package daemon
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/forkbox/forkbox/errdefs"
+)
+
+// A hostile agent: it speaks the protocol as an older agent does (no
+// sessions, a connection per call), answers pings, and takes a request of
+// op and never answers it, holding the connection open until the test ends.
+
+type silentAgent struct {
+	addr string
+	mu   sync.Mutex
+	took map[string]int // requests of each op it read
+}
+
+// serveSilentAgent starts a hostile agent that never answers op.
+func serveSilentAgent(t *testing.T, op string) *silentAgent {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &silentAgent{addr: ln.Addr().String(), took: map[string]int{}}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		close(done)
+		ln.Close()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				stop := context.AfterFunc(doneCtx(done), func() { c.Close() })
+				defer stop()
+				a.serve(c, op)
+			}()
+		}
+	}()
+	return a
+}
+
+func (a *silentAgent) serve(c net.Conn, silent string) {
+	br := bufio.NewReader(c)
+	var h [6]byte
+	if _, err := io.ReadFull(br, h[:]); err != nil {
+		return
+	}
+	body := make([]byte, binary.BigEndian.Uint32(h[2:]))
+	if _, err := io.ReadFull(br, body); err != nil {
+		return
+	}
+	var req struct {
+		Op string `json:"op"`
+	}
+	_ = json.Unmarshal(body, &req)
+	a.mu.Lock()
+	a.took[req.Op]++
+	a.mu.Unlock()
+	switch req.Op {
+	case silent:
+		io.Copy(io.Discard, br) // until the caller or the test closes it
+	case "mux":
+		writeTestFrame(c, 'E', map[string]string{"class": errdefs.ClassName(errdefs.ErrNotImplemented), "message": "no sessions here"})
+	default:
+		writeTestFrame(c, 'R', map[string]any{})
+	}
+}
+
+func (a *silentAgent) count(op string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.took[op]
+}
+
+func writeTestFrame(w io.Writer, typ byte, v any) {
+	b, _ := json.Marshal(v)
+	f := append([]byte{typ, 0, 0, 0, 0, 0}, b...)
+	binary.BigEndian.PutUint32(f[2:], uint32(len(b)))
+	w.Write(f)
+}
+
+func doneCtx(done <-chan struct{}) context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-done; cancel() }()
+	return ctx
+}
+
+// useAgent points sandbox id's fake container at addr.
+func (h *harness) useAgent(id, addr string) {
+	h.w.mu.Lock()
+	defer h.w.mu.Unlock()
+	h.w.ctr[id].addr = addr
+}
+
+// An agent that takes a token rotation and never answers does not hold
+// its caller (who holds the sandbox's lock, with a context that cannot
+// end) for longer than rotateTimeout: it fails DeadlineExceeded, and the
+// recorded token stays the one the agent still takes.
+func TestRotateTokenBounded(t *testing.T) {
+	h := newHarness(t)
+	id := h.create(CreateOptions{})
+	sb := h.state(id)
+	old := sb.AgentToken
+	a := serveSilentAgent(t, "rotate")
+	h.useAgent(id, a.addr)
+	defer func(d time.Duration) { rotateTimeout = d }(rotateTimeout)
+	rotateTimeout = 300 * time.Millisecond
+
+	errc := make(chan error, 1)
+	go func() { errc <- h.d.rotateAgentToken(context.Background(), sb) }()
+	var err error
+	select {
+	case err = <-errc:
+	case <-time.After(time.Minute): // the hang this test is about
+		t.Fatal("rotateAgentToken still waits on an agent that never answers")
+	}
+	if !errdefs.IsDeadlineExceeded(err) {
+		t.Errorf("rotate: %v, want DeadlineExceeded", err)
+	}
+	if a.count("rotate") != 1 {
+		t.Errorf("the agent got %d rotations, want 1", a.count("rotate"))
+	}
+	if got := h.state(id).AgentToken; got != old {
+		t.Errorf("recorded token changed to %q after a failed rotation", got)
+	}
+}
