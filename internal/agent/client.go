@@ -248,6 +248,7 @@ func (c *Client) Forked(ctx context.Context, n ForkNotice) (ForkReply, error) {
 	if err := c.simple(ctx, request{Op: opFork, Fork: &n}, &reply); err != nil {
 		return reply, err
 	}
+	reply.HookOutput = tail(reply.HookOutput, MaxHookOutput) // what an honest agent sends at most
 	if n.Token != "" {
 		tok := n.Token
 		c.token.Store(&tok)
@@ -378,7 +379,8 @@ func (c *Client) WriteFile(ctx context.Context, path string, data []byte, mode o
 }
 
 // ListFiles returns the entries of the directory at the absolute path,
-// sorted by name.
+// sorted by name: at most MaxListEntries, a larger directory is
+// ResourceExhausted.
 func (c *Client) ListFiles(ctx context.Context, path string) ([]FileInfo, error) {
 	cl, err := c.open(ctx, request{Op: opList, Path: path, Stream: true})
 	if err != nil {
@@ -393,6 +395,9 @@ func (c *Client) ListFiles(ctx context.Context, path string) ([]FileInfo, error)
 		if err := json.Unmarshal(p, &batch); err != nil {
 			return fmt.Errorf("agent list %s: decode entries: %v: %w", path, err, errdefs.ErrInternal)
 		}
+		if len(ents)+len(batch) > MaxListEntries {
+			return tooManyEntries(path)
+		}
 		ents = append(ents, batch...)
 		return nil
 	}, &res)
@@ -400,6 +405,9 @@ func (c *Client) ListFiles(ctx context.Context, path string) ([]FileInfo, error)
 		return nil, err
 	}
 	// An agent that does not stream sends every entry in the result.
+	if len(ents)+len(res.Entries) > MaxListEntries {
+		return nil, tooManyEntries(path)
+	}
 	ents = append(ents, res.Entries...)
 	if res.Count != 0 && res.Count != len(ents) {
 		return nil, fmt.Errorf("agent list %s: got %d entries, agent sent %d: %w", path, len(ents), res.Count, errdefs.ErrInternal)
@@ -442,4 +450,8 @@ func WaitReady(ctx context.Context, c *Client) error {
 		case <-time.After(readyInterval):
 		}
 	}
+}
+
+func tooManyEntries(path string) error {
+	return fmt.Errorf("agent list %s: more than %d entries: %w", path, MaxListEntries, errdefs.ErrResourceExhausted)
 }

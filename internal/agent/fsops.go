@@ -18,6 +18,10 @@ import (
 const (
 	// MaxWalkEntries bounds the entries one Walk returns.
 	MaxWalkEntries = 10000
+	// MaxListEntries bounds the entries one ListFiles returns: a larger
+	// directory is ResourceExhausted (Walk pages through it), and an agent
+	// that streams entries without end is cut off there.
+	MaxListEntries = 100_000
 	// MaxWalkDepth bounds a Walk's depth.
 	MaxWalkDepth = 32
 )

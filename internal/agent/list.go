@@ -36,6 +36,9 @@ func (s *Server) handleList(fw *frameWriter, hdr *request) error {
 	if err != nil {
 		return osErr("list", p, err)
 	}
+	if len(ents) > MaxListEntries {
+		return fmt.Errorf("list %s: more than %d entries: %w", p, MaxListEntries, errdefs.ErrResourceExhausted)
+	}
 	infos := func(yield func(FileInfo) bool) {
 		for _, e := range ents {
 			info, err := e.Info()
