@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"syscall"
+	"unicode/utf8"
 
 	"github.com/forkbox/forkbox/errdefs"
 )
@@ -44,8 +45,37 @@ type remoteError struct {
 func (e *remoteError) Error() string { return "agent: " + e.msg }
 func (e *remoteError) Unwrap() error { return e.class }
 
+// maxErrorMessage bounds an agent's error message as the host keeps it (in
+// the ledger, in replies): the agent is the sandbox's, and may send up to a
+// frame's megabyte.
+const maxErrorMessage = 4 << 10
+
 func (w wireError) err() error {
-	return &remoteError{msg: w.Message, class: ClassFromName(w.Class)}
+	return &remoteError{msg: clip(w.Message, maxErrorMessage), class: ClassFromName(w.Class)}
+}
+
+// clip cuts s to at most n bytes, at a rune boundary, saying so.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + fmt.Sprintf("… (%d bytes more)", len(s)-cut)
+}
+
+// tail keeps the last n bytes of s at most, from a rune boundary.
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	from := len(s) - n
+	for from < len(s) && !utf8.RuneStart(s[from]) {
+		from++
+	}
+	return s[from:]
 }
 
 // osErr gives an error from the os package its class.

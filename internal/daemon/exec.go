@@ -124,6 +124,16 @@ func (d *Daemon) Exec(ctx context.Context, idOrName string, o ExecOptions, stdou
 	return res, err
 }
 
+// clipSignal bounds the signal name an agent reported (the sandbox's own
+// word) as the ledger keeps it: names are short ("SIGKILL").
+func clipSignal(s string) string {
+	const max = 32
+	if len(s) > max {
+		return s[:max]
+	}
+	return s
+}
+
 // execFinished is the data of an exec.finished event: how the exec ended
 // (or the error that ended it) and how long it ran.
 func execFinished(execID string, start time.Time, res ExecResult, err error) map[string]any {
@@ -132,7 +142,7 @@ func execFinished(execID string, start time.Time, res ExecResult, err error) map
 		data["error"] = err.Error()
 	} else {
 		data["exit_code"] = res.ExitCode
-		data["signal"] = res.Signal
+		data["signal"] = clipSignal(res.Signal)
 		data["timed_out"] = res.TimedOut
 		data["oom_killed"] = res.OOMKilled
 	}

@@ -7,6 +7,10 @@ import (
 	"encoding/json"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -143,5 +147,47 @@ func TestRotateTokenBounded(t *testing.T) {
 	}
 	if got := h.state(id).AgentToken; got != old {
 		t.Errorf("recorded token changed to %q after a failed rotation", got)
+	}
+}
+
+// What the daemon keeps of what a sandbox wrote or said is bounded: the
+// tail of its init's output (read without reading the rest), the signal
+// name its agent reported.
+func TestSandboxTextBounded(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "stdio.log")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 1 GiB, sparse but for its end: reading it all would be felt.
+	if err := f.Truncate(1 << 30); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("last words"), 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	var before, after goruntime.MemStats
+	goruntime.ReadMemStats(&before)
+	got := fileTail(p, 1024)
+	goruntime.ReadMemStats(&after)
+	if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 {
+		t.Errorf("reading the tail allocated %d bytes: it read the whole file", n)
+	}
+	if len(got) != 1024 || !strings.HasSuffix(got, "last words") {
+		t.Errorf("tail of %d bytes ending %q, want 1024 ending \"last words\"", len(got), got[max(0, len(got)-10):])
+	}
+	if got := fileTail(filepath.Join(t.TempDir(), "missing"), 1024); got != "" {
+		t.Errorf("tail of a missing file: %q", got)
+	}
+	short := filepath.Join(t.TempDir(), "short")
+	os.WriteFile(short, []byte("hi"), 0o644)
+	if got := fileTail(short, 1024); got != "hi" {
+		t.Errorf("tail of a short file: %q", got)
+	}
+
+	data := execFinished("ex-1", time.Now(), ExecResult{Signal: strings.Repeat("S", 1<<20)}, nil)
+	if s, _ := data["signal"].(string); len(s) > 32 {
+		t.Errorf("exec.finished keeps a signal name of %d bytes", len(s))
 	}
 }

@@ -106,11 +106,25 @@ func (d *Daemon) RunscStandbyStats() runsc.StandbyStats {
 // initOutput returns the end of what a sandbox's init (the agent) and the
 // runtime printed, for error messages.
 func (d *Daemon) initOutput(id string) string {
-	b, _ := os.ReadFile(filepath.Join(d.bundleDir(id), runtime.LogFileName))
-	if len(b) > 1024 {
-		b = b[len(b)-1024:]
+	return fileTail(filepath.Join(d.bundleDir(id), runtime.LogFileName), 1024)
+}
+
+// fileTail returns the last n bytes of the file at path ("" if it cannot
+// be read), reading no more: the file may be whatever a sandbox wrote.
+func fileTail(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
 	}
-	return string(b)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	off := max(fi.Size()-n, 0)
+	b := make([]byte, fi.Size()-off)
+	m, _ := f.ReadAt(b, off)
+	return string(b[:m])
 }
 
 func fsMode(m uint32) os.FileMode { return os.FileMode(m & 0o7777) }
