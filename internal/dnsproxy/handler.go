@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -75,7 +76,14 @@ func (p *Proxy) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		reply(dns.RcodeServerFailure, nil)
 		return
 	}
-	answer, addrs, ttl := p.filter(resp)
+	answer, addrs, ttl, denied := p.filter(resp, q.Name, deny)
+	if denied != "" {
+		// Deny wins over allow on the whole chain: an allowed name that
+		// is an alias of a denied one does not lead there.
+		p.log.Debug("dns proxy: answer leads to a denied name", slog.String("client", src.String()), slog.String("name", q.Name), slog.String("denied", denied))
+		reply(dns.RcodeNameError, nil)
+		return
+	}
 	if len(addrs) > 0 {
 		kept, err := p.cfg.Policies.AddResolved(ctx, src, q.Name, addrs, p.timeout(ttl))
 		switch {
@@ -112,16 +120,34 @@ func (p *Proxy) forward(ctx context.Context, q dns.Question) (*dns.Msg, error) {
 	return resp, err
 }
 
-// filter keeps the answer's CNAME and A records (TTLs capped at MaxTTL)
-// and returns the addresses and their smallest TTL.
-func (p *Proxy) filter(resp *dns.Msg) ([]dns.RR, []netip.Addr, time.Duration) {
+// filter keeps the answer's CNAME and A records that follow the chain
+// from qname (TTLs capped at MaxTTL) and returns the addresses and their
+// smallest TTL. A record of another name is dropped: it would allow an
+// address nobody asked for. denied is the first name of the chain on the
+// deny list ("" if none): the caller answers NXDOMAIN then.
+func (p *Proxy) filter(resp *dns.Msg, qname string, deny []string) (out []dns.RR, addrs []netip.Addr, ttl time.Duration, denied string) {
+	chain := map[string]bool{canonical(qname): true}
+	// The chain, whatever the order of its records (a message holds at
+	// most a few hundred; each pass adds a name or ends).
+	for grown := true; grown; {
+		grown = false
+		for _, rr := range resp.Answer {
+			if c, ok := rr.(*dns.CNAME); ok && c.Hdr.Class == dns.ClassINET && chain[canonical(c.Hdr.Name)] && !chain[canonical(c.Target)] {
+				chain[canonical(c.Target)] = true
+				grown = true
+			}
+		}
+	}
+	for name := range chain {
+		if p.cfg.MatchName(deny, name) {
+			return nil, nil, 0, name
+		}
+	}
 	maxTTL := uint32(p.cfg.MaxTTL / time.Second)
-	var out []dns.RR
-	var addrs []netip.Addr
-	ttl := maxTTL
+	minTTL := maxTTL
 	for _, rr := range resp.Answer {
 		h := rr.Header()
-		if h.Class != dns.ClassINET {
+		if h.Class != dns.ClassINET || !chain[canonical(h.Name)] {
 			continue
 		}
 		switch v := rr.(type) {
@@ -131,7 +157,7 @@ func (p *Proxy) filter(resp *dns.Msg) ([]dns.RR, []netip.Addr, time.Duration) {
 				continue
 			}
 			addrs = append(addrs, a)
-			ttl = min(ttl, h.Ttl)
+			minTTL = min(minTTL, h.Ttl)
 		case *dns.CNAME:
 		default:
 			continue
@@ -139,8 +165,11 @@ func (p *Proxy) filter(resp *dns.Msg) ([]dns.RR, []netip.Addr, time.Duration) {
 		h.Ttl = min(h.Ttl, maxTTL)
 		out = append(out, rr)
 	}
-	return out, addrs, time.Duration(ttl) * time.Second
+	return out, addrs, time.Duration(minTTL) * time.Second, ""
 }
+
+// canonical is name as the chain compares it: lower case, fully qualified.
+func canonical(name string) string { return strings.ToLower(dns.Fqdn(name)) }
 
 // keepAddrs drops the A records of answer whose address is not in kept:
 // the sandbox is not told of an address it may not reach.

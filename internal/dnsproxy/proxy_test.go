@@ -45,6 +45,16 @@ func startUpstream(t *testing.T) *fakeUpstream {
 		case name == "slow.test.":
 			<-block
 			return
+		case name == "hop.wild.test.": // an alias of a denied name
+			m.Answer = append(m.Answer,
+				&dns.CNAME{Hdr: dns.RR_Header{Name: name, Rrtype: dns.TypeCNAME, Class: dns.ClassINET, Ttl: 60}, Target: "mid.test."},
+				&dns.A{Hdr: dns.RR_Header{Name: "bad.wild.test.", Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.IPv4(198, 51, 100, 10)},
+				&dns.CNAME{Hdr: dns.RR_Header{Name: "MID.test.", Rrtype: dns.TypeCNAME, Class: dns.ClassINET, Ttl: 60}, Target: "bad.wild.test."})
+		case name == "stray.wild.test.": // an A record of a name off the chain
+			m.Answer = append(m.Answer,
+				&dns.A{Hdr: dns.RR_Header{Name: "unrelated.test.", Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.IPv4(198, 51, 100, 11)},
+				&dns.CNAME{Hdr: dns.RR_Header{Name: name, Rrtype: dns.TypeCNAME, Class: dns.ClassINET, Ttl: 60}, Target: "x.test."},
+				&dns.A{Hdr: dns.RR_Header{Name: "x.test.", Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.IPv4(198, 51, 100, 12)})
 		case name == "allowed.test." || name == "denied.test." || strings.HasSuffix(name, ".wild.test."):
 			m.Answer = append(m.Answer,
 				&dns.CNAME{Hdr: dns.RR_Header{Name: name, Rrtype: dns.TypeCNAME, Class: dns.ClassINET, Ttl: 7200}, Target: "target.test."},
@@ -205,6 +215,28 @@ func TestProxyPolicy(t *testing.T) {
 	}
 	if a := pol.take(); len(a) != 0 {
 		t.Errorf("names not allowed added addresses: %+v", a)
+	}
+	// An allowed name that is an alias (two hops, out of order) of a
+	// denied one: NXDOMAIN, nothing allowed (deny wins on the chain).
+	if r := query(t, p, "", "hop.wild.test", dns.TypeA); r.Rcode != dns.RcodeNameError || len(r.Answer) != 0 {
+		t.Errorf("hop.wild.test (an alias of bad.wild.test): got %s with %d answers, want NXDOMAIN", dns.RcodeToString[r.Rcode], len(r.Answer))
+	}
+	if a := pol.take(); len(a) != 0 {
+		t.Errorf("an alias of a denied name added addresses: %+v", a)
+	}
+	// An A record of a name that is not on the chain is dropped.
+	r = query(t, p, "", "stray.wild.test", dns.TypeA)
+	answered = nil
+	for _, rr := range r.Answer {
+		if a, ok := rr.(*dns.A); ok {
+			answered = append(answered, a.A.String())
+		}
+	}
+	if r.Rcode != dns.RcodeSuccess || fmt.Sprint(answered) != "[198.51.100.12]" {
+		t.Errorf("stray.wild.test: got %s with A records %v, want NOERROR with [198.51.100.12] only", dns.RcodeToString[r.Rcode], answered)
+	}
+	if a := pol.take(); len(a) != 1 || fmt.Sprint(a[0].addrs) != "[198.51.100.12]" {
+		t.Errorf("stray.wild.test added %+v, want [198.51.100.12] only", a)
 	}
 	// AAAA of an allowed name: empty (sandboxes are IPv4 only).
 	if r := query(t, p, "", "allowed.test", dns.TypeAAAA); r.Rcode != dns.RcodeSuccess || len(r.Answer) != 0 {
