@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/httpserve"
 	"github.com/forkbox/forkbox/internal/mcpserver"
 )
 
@@ -67,7 +67,7 @@ func serveMCPHTTP(ctx context.Context, s *mcp.Server, addr, token string) error 
 		ln.Close()
 		return fmt.Errorf("--http %s is not a loopback address: it needs a token (--api-token or FORKBOX_API_TOKEN): %w", addr, errdefs.ErrInvalidArgument)
 	}
-	srv := &http.Server{Handler: mcpserver.HTTPHandler(s, token), ReadHeaderTimeout: 10 * time.Second}
+	srv := httpserve.New(mcpserver.HTTPHandler(s, token), false)
 	slog.Info("MCP listening on streamable HTTP", "addr", "http://"+ln.Addr().String(), "token", token != "")
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -6,12 +6,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"time"
-
-	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/h2c"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/httpserve"
 )
 
 // maxHeaderBytes bounds a request's headers.
@@ -24,8 +21,8 @@ func (s *Server) Listen(addr string) (net.Addr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("e2b endpoint: listen %s: %v: %w", addr, err, errdefs.ErrUnavailable)
 	}
-	s.http = &http.Server{Handler: h2c.NewHandler(s, &http2.Server{}), ReadHeaderTimeout: 10 * time.Second,
-		MaxHeaderBytes: maxHeaderBytes, ErrorLog: nil}
+	s.http = httpserve.New(s, true)
+	s.http.MaxHeaderBytes = maxHeaderBytes
 	s.goOwned(func() {
 		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error("e2b endpoint stopped", "err", err)

@@ -6,11 +6,11 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"time"
 
 	"connectrpc.com/connect"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/httpserve"
 	"github.com/forkbox/forkbox/internal/metrics"
 	"github.com/forkbox/forkbox/internal/ui"
 )
@@ -116,7 +116,7 @@ func (w Web) listen(token string, api http.Handler, log *slog.Logger) ([]*http.S
 			}
 			return nil, fmt.Errorf("listen %s: %w", x.addr, err)
 		}
-		s := &http.Server{Handler: x.h(), ReadHeaderTimeout: 10 * time.Second}
+		s := httpserve.New(x.h(), false)
 		go s.Serve(ln)
 		out = append(out, s)
 		log.Info("listening", "what", x.name, "addr", ln.Addr().String())

@@ -17,13 +17,12 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/h2c"
 
 	"github.com/forkbox/forkbox/api/forkbox/v1/forkboxv1connect"
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/errdefs/errconnect"
 	"github.com/forkbox/forkbox/internal/daemon"
+	"github.com/forkbox/forkbox/internal/httpserve"
 	"github.com/forkbox/forkbox/internal/ui"
 )
 
@@ -83,7 +82,7 @@ func Listen(d *daemon.Daemon, socket, tcpAddr, token string, log *slog.Logger, w
 		ul.Close()
 		return nil, err
 	}
-	s.srv = &http.Server{Handler: h2c.NewHandler(h, &http2.Server{}), ReadHeaderTimeout: 10 * time.Second}
+	s.srv = httpserve.New(h, true)
 	go s.srv.Serve(ul)
 	if tcpAddr != "" {
 		if token == "" {
@@ -95,7 +94,7 @@ func Listen(d *daemon.Daemon, socket, tcpAddr, token string, log *slog.Logger, w
 			s.srv.Close()
 			return nil, fmt.Errorf("listen %s: %w", tcpAddr, err)
 		}
-		s.tcp = &http.Server{Handler: h2c.NewHandler(web.tcpHandler(token, h), &http2.Server{}), ReadHeaderTimeout: 10 * time.Second}
+		s.tcp = httpserve.New(web.tcpHandler(token, h), true)
 		go s.tcp.Serve(tl)
 		log.Info("API listening on TCP (token required)", "addr", tl.Addr().String())
 	}

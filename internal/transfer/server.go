@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/httpserve"
 )
 
 // ServerOptions configure a Server.
@@ -79,7 +80,8 @@ func NewServer(o ServerOptions) (*Server, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/pull", s.pull)
 	s.imageRoutes(mux) // images.go
-	s.srv = &http.Server{Handler: bounded(o.BodyTimeout, mux), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(o.Log.Handler(), slog.LevelDebug)}
+	s.srv = httpserve.New(bounded(o.BodyTimeout, mux), false)
+	s.srv.ErrorLog = slog.NewLogLogger(o.Log.Handler(), slog.LevelDebug)
 	return s, nil
 }
 

@@ -50,8 +50,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/h2c"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -61,6 +59,7 @@ import (
 	"github.com/forkbox/forkbox/errdefs/errconnect"
 	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
 	"github.com/forkbox/forkbox/internal/cluster/kube"
+	"github.com/forkbox/forkbox/internal/httpserve"
 	"github.com/forkbox/forkbox/internal/ports"
 )
 
@@ -153,7 +152,7 @@ func Run(ctx context.Context, o Options) error {
 		<-cacheDone
 		return fmt.Errorf("gateway: listen %s: %w", o.Addr, err)
 	}
-	srv := &http.Server{Handler: h2c.NewHandler(g.Handler(), &http2.Server{}), ReadHeaderTimeout: 10 * time.Second}
+	srv := httpserve.New(g.Handler(), true)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	g.log.Info("gateway listening (token required)", "addr", ln.Addr().String(), "namespace", o.Namespace)
