@@ -123,6 +123,10 @@ func (d *Daemon) credentialEnv(ctx context.Context, sb *store.Sandbox) (map[stri
 // injectCredentialFiles writes the sandbox's file credentials to its
 // /run/secrets tmpfs.
 func (d *Daemon) injectCredentialFiles(ctx context.Context, sb *store.Sandbox) error {
+	// Bounded: a pool's refill calls this with a context that never ends,
+	// and an agent that takes a write and never answers must not hold it.
+	ctx, cancel := context.WithTimeout(ctx, credentialWriteTimeout)
+	defer cancel()
 	creds, err := d.store.Credentials(ctx, sb.ID)
 	if err != nil {
 		return err
@@ -141,6 +145,10 @@ func (d *Daemon) injectCredentialFiles(ctx context.Context, sb *store.Sandbox) e
 	}
 	return nil
 }
+
+// credentialWriteTimeout bounds writing a sandbox's credential files at
+// its start (a few small files).
+var credentialWriteTimeout = readyTimeout
 
 // inheritedCredentials returns what children of the source get (see
 // credentials.Inherit).

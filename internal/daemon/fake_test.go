@@ -82,6 +82,9 @@ type world struct {
 	// its state file does.
 	moveErr   error
 	moveTakes bool
+	// silentOp, when set, gives containers started from now on a hostile
+	// agent that never answers that operation (hostileagent_test.go).
+	silentOp string
 }
 
 // container is one fake container: an agent server while it runs.
@@ -109,6 +112,12 @@ func (w *world) close() {
 
 // serveAgent starts an in-process agent with token on a loopback port.
 func (w *world) serveAgent(c *container) error {
+	if w.silentOp != "" {
+		a := serveSilentAgent(w.t, w.silentOp)
+		c.addr, c.status = a.addr, runtime.StatusRunning
+		c.stop = func() {} // it ends with the test
+		return nil
+	}
 	srv, err := agent.NewServer(agent.Config{Token: c.token, LogDir: w.t.TempDir(), Env: []string{"PATH=/usr/bin:/bin"},
 		ForkHooks: []string{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {

@@ -29,7 +29,7 @@ type silentAgent struct {
 }
 
 // serveSilentAgent starts a hostile agent that never answers op.
-func serveSilentAgent(t *testing.T, op string) *silentAgent {
+func serveSilentAgent(t testing.TB, op string) *silentAgent {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -189,5 +189,73 @@ func TestSandboxTextBounded(t *testing.T) {
 	data := execFinished("ex-1", time.Now(), ExecResult{Signal: strings.Repeat("S", 1<<20)}, nil)
 	if s, _ := data["signal"].(string); len(s) > 32 {
 		t.Errorf("exec.finished keeps a signal name of %d bytes", len(s))
+	}
+}
+
+// Writing a sandbox's credential files at its start is bounded: an agent
+// that takes the write and never answers fails it DeadlineExceeded (a
+// pool's refill runs it with a context that never ends).
+func TestCredentialWriteBounded(t *testing.T) {
+	h := newHarness(t)
+	id := h.create(CreateOptions{})
+	if _, err := h.d.SetCredential(context.Background(), id, CredentialSpec{Name: "key", File: "key"}, "s3cret"); err != nil {
+		t.Fatal(err)
+	}
+	a := serveSilentAgent(t, "write")
+	h.useAgent(id, a.addr)
+	defer func(d time.Duration) { credentialWriteTimeout = d }(credentialWriteTimeout)
+	credentialWriteTimeout = 300 * time.Millisecond
+
+	errc := make(chan error, 1)
+	go func() { errc <- h.d.injectCredentialFiles(context.Background(), h.state(id)) }()
+	select {
+	case err := <-errc:
+		if !errdefs.IsDeadlineExceeded(err) {
+			t.Errorf("credential files: %v, want DeadlineExceeded", err)
+		}
+	case <-time.After(time.Minute): // the hang this test is about
+		t.Fatal("writing credential files still waits on an agent that never answers")
+	}
+	if a.count("write") != 1 {
+		t.Errorf("the agent got %d writes, want 1", a.count("write"))
+	}
+}
+
+// A memory child whose agent takes the fork notice and never answers
+// fails DeadlineExceeded once forkNoticeTimeout is over, instead of
+// holding its fork (and a pool's refill) for ever.
+func TestForkNoticeBounded(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	src := h.create(CreateOptions{Name: "src"})
+	if _, err := h.d.Pause(ctx, src); err != nil {
+		t.Fatal(err)
+	}
+	defer func(d time.Duration) { forkNoticeTimeout = d }(forkNoticeTimeout)
+	forkNoticeTimeout = 300 * time.Millisecond
+	h.w.mu.Lock()
+	h.w.silentOp = "forked"
+	h.w.mu.Unlock()
+
+	type out struct {
+		res *ForkResult
+		err error
+	}
+	done := make(chan out, 1)
+	go func() {
+		res, err := h.d.Fork(ctx, ForkOptions{Source: src, Count: 1, Memory: true})
+		done <- out{res, err}
+	}()
+	var o out
+	select {
+	case o = <-done:
+	case <-time.After(time.Minute): // the hang this test is about
+		t.Fatal("the memory fork still waits on a child's agent that never answers its fork notice")
+	}
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	if err := o.res.Children[0].Err; !errdefs.IsDeadlineExceeded(err) {
+		t.Errorf("child: %v, want DeadlineExceeded", err)
 	}
 }

@@ -207,6 +207,10 @@ func (d *Daemon) checkpointMemoryStop(ctx context.Context, sb *store.Sandbox, mc
 // wait for it: idle hibernation, expiry, the pre-boot refill) forever.
 var rotateTimeout = 10 * time.Second
 
+// forkNoticeTimeout bounds a memory child's fork notice: the on-fork hook
+// (agent.DefaultForkHookTimeout at most) and the agent's own work.
+var forkNoticeTimeout = agent.DefaultForkHookTimeout + readyTimeout
+
 // rotateAgentToken gives sb's agent a new token: the agent accepts old and
 // new until the first call with the new one, which follows the record, so a
 // crash in between leaves the recorded token working. It gives up after
@@ -388,7 +392,11 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 		return err
 	}
 	t3 := time.Now()
-	reply, err := c.Forked(ctx, agent.ForkNotice{Token: sb.AgentToken, Hostname: sb.Config.Hostname, MachineID: sb.Config.MachineID,
+	// Bounded: a pool's refill calls this with a context that never ends,
+	// holding the child's lock and a live slot.
+	nctx, ncancel := context.WithTimeout(ctx, forkNoticeTimeout)
+	defer ncancel()
+	reply, err := c.Forked(nctx, agent.ForkNotice{Token: sb.AgentToken, Hostname: sb.Config.Hostname, MachineID: sb.Config.MachineID,
 		ParentID: ck.SandboxID, Reason: agent.ForkReasonFork, Time: time.Now()})
 	if err != nil {
 		return fmt.Errorf("tell the child it was forked: %w", err)
