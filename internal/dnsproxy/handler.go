@@ -61,6 +61,11 @@ func (p *Proxy) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		reply(dns.RcodeSuccess, nil)
 		return
 	}
+	if !p.takeShare(src) {
+		reply(dns.RcodeServerFailure, nil)
+		return
+	}
+	defer p.giveShare(src)
 	select {
 	case p.sem <- struct{}{}:
 		defer func() { <-p.sem }()
@@ -112,11 +117,25 @@ func (p *Proxy) forward(ctx context.Context, q dns.Question) (*dns.Msg, error) {
 	m.SetQuestion(dns.Fqdn(q.Name), dns.TypeA)
 	m.SetEdns0(dns.DefaultMsgSize, false)
 	c := &dns.Client{Net: "udp", Timeout: p.cfg.Timeout}
-	resp, _, err := c.ExchangeContext(ctx, m, p.cfg.Upstream)
+	resp, err := exchange(ctx, c, m, p.cfg.Upstream)
 	if err == nil && resp.Truncated {
 		c.Net = "tcp"
-		resp, _, err = c.ExchangeContext(ctx, m, p.cfg.Upstream)
+		resp, err = exchange(ctx, c, m, p.cfg.Upstream)
 	}
+	return resp, err
+}
+
+// exchange is c.ExchangeContext that also ends when ctx does (Close):
+// the dns package only takes ctx's deadline.
+func exchange(ctx context.Context, c *dns.Client, m *dns.Msg, upstream string) (*dns.Msg, error) {
+	conn, err := c.DialContext(ctx, upstream)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	resp, _, err := c.ExchangeWithConnContext(ctx, m, conn)
 	return resp, err
 }
 
@@ -202,4 +221,24 @@ func remoteAddr(a net.Addr) netip.Addr {
 		return v.AddrPort().Addr().Unmap()
 	}
 	return netip.Addr{}
+}
+
+// takeShare takes one of src's InflightPerSource upstream queries, or
+// says it has them all out.
+func (p *Proxy) takeShare(src netip.Addr) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.inflight[src] >= p.cfg.InflightPerSource {
+		return false
+	}
+	p.inflight[src]++
+	return true
+}
+
+func (p *Proxy) giveShare(src netip.Addr) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.inflight[src]--; p.inflight[src] <= 0 {
+		delete(p.inflight, src)
+	}
 }

@@ -66,6 +66,10 @@ type Config struct {
 	// Inflight bounds the queries upstream at once, default 64; more are
 	// answered SERVFAIL at once.
 	Inflight int
+	// InflightPerSource bounds one sandbox's share of them, default an
+	// eighth of Inflight (at least 1): a sandbox whose allow list names a
+	// zone that never answers holds that many at most, not every one.
+	InflightPerSource int
 }
 
 // Bounds on what a sandbox sends.
@@ -91,6 +95,7 @@ type Proxy struct {
 
 	mu       sync.Mutex
 	limiters map[netip.Addr]*rate.Limiter
+	inflight map[netip.Addr]int // upstream queries of each source, under mu
 }
 
 // Start listens on cfg.Listen (UDP, then TCP on the same port) and serves
@@ -123,6 +128,9 @@ func Start(ctx context.Context, cfg Config) (*Proxy, error) {
 	if cfg.Inflight == 0 {
 		cfg.Inflight = 64
 	}
+	if cfg.InflightPerSource == 0 {
+		cfg.InflightPerSource = max(cfg.Inflight/8, 1)
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -135,7 +143,7 @@ func Start(ctx context.Context, cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{cfg: cfg, log: cfg.Log, addr: netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port()),
-		sem: make(chan struct{}, cfg.Inflight), limiters: map[netip.Addr]*rate.Limiter{}}
+		sem: make(chan struct{}, cfg.Inflight), limiters: map[netip.Addr]*rate.Limiter{}, inflight: map[netip.Addr]int{}}
 	p.ctx, p.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	started := make(chan struct{}, 2)
 	notify := func() { started <- struct{}{} }

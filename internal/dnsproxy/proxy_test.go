@@ -24,6 +24,7 @@ import (
 // one; slow.test never answers.
 type fakeUpstream struct {
 	queries atomic.Int64
+	slow    atomic.Int64 // queries for slow.test
 	addr    string
 }
 
@@ -43,6 +44,7 @@ func startUpstream(t *testing.T) *fakeUpstream {
 		m.SetReply(r)
 		switch {
 		case name == "slow.test.":
+			u.slow.Add(1)
 			<-block
 			return
 		case name == "hop.wild.test.": // an alias of a denied name
@@ -96,7 +98,7 @@ type fakePolicies struct {
 }
 
 func (f *fakePolicies) Names(src netip.Addr) ([]string, []string, bool) {
-	if src != netip.MustParseAddr("127.0.0.1") {
+	if src != netip.MustParseAddr("127.0.0.1") && src != netip.MustParseAddr("127.0.0.3") {
 		return nil, nil, false
 	}
 	return []string{"allowed.test", "*.wild.test", "slow.test", "rebind.test"}, []string{"bad.wild.test"}, true
@@ -351,5 +353,60 @@ func TestProxyDeviceAndClients(t *testing.T) {
 	p.mu.Unlock()
 	if n != 1 {
 		t.Errorf("%d rate limiters, want 1 (the client's only)", n)
+	}
+}
+
+// One sandbox whose allowed zone never answers holds its share of the
+// upstream queries, not all of them: another sandbox is still answered.
+func TestProxyFairShare(t *testing.T) {
+	up := startUpstream(t)
+	p := startProxy(t, &fakePolicies{}, up.addr, func(c *Config) { c.Inflight, c.InflightPerSource = 4, 2 })
+
+	// Source A (127.0.0.1) sends as many slow queries as there are slots.
+	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(p.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var replies atomic.Int64
+	var servfails atomic.Int64
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			n, err := c.Read(buf)
+			if err != nil {
+				return
+			}
+			m := new(dns.Msg)
+			if m.Unpack(buf[:n]) == nil && m.Rcode == dns.RcodeServerFailure {
+				servfails.Add(1)
+			}
+			replies.Add(1)
+		}
+	}()
+	for i := range 4 {
+		m := new(dns.Msg)
+		m.SetQuestion("slow.test.", dns.TypeA)
+		m.Id = uint16(i + 1)
+		b, _ := m.Pack()
+		if _, err := c.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Each of A's queries is either answered at once or held upstream
+	// (the upstream never answers slow.test; the proxy's timeout is 30 s).
+	deadline := time.Now().Add(time.Minute)
+	for replies.Load()+up.slow.Load() < 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("A's queries: %d answered, %d upstream after a minute, want 4 in all", replies.Load(), up.slow.Load())
+		}
+		time.Sleep(10 * time.Millisecond) // polls the counters, bounded above
+	}
+	if held, refused := up.slow.Load(), servfails.Load(); held != 2 || refused != 2 {
+		t.Errorf("A holds %d upstream queries and got %d SERVFAIL, want 2 and 2 (its share)", held, refused)
+	}
+	// B (127.0.0.3) is answered.
+	if r := query(t, p, "127.0.0.3", "allowed.test", dns.TypeA); r.Rcode != dns.RcodeSuccess || len(r.Answer) == 0 {
+		t.Errorf("B while A holds its share: got %s with %d answers, want an answer", dns.RcodeToString[r.Rcode], len(r.Answer))
 	}
 }
