@@ -12,7 +12,8 @@
 //
 // Everything a sandbox sends is bounded: one question per query, 512 bytes
 // over UDP (the server's buffer), a rate per sandbox, a number of queries
-// upstream at once, TCP connections, their queries and their time.
+// upstream at once and a share of them per sandbox, TCP connections, their
+// queries and their time.
 package dnsproxy
 
 import (
