@@ -22,9 +22,10 @@ const (
 type verdict int
 
 const (
-	allowed verdict = iota
-	missing         // nothing offered: 401
-	wrong           // something offered, none of it right: 403
+	allowed       verdict = iota
+	missing               // nothing offered: 401
+	wrong                 // something offered, none of it right: 403
+	foreignCookie         // only the cookie, sent by another site's page: 403
 )
 
 // authorize checks the credentials a request offers for route's sandbox:
@@ -62,6 +63,9 @@ func (h *Handler) authorize(r *http.Request, route Route, q url.Values) (v verdi
 	if route.ByHost {
 		for _, c := range r.Cookies() {
 			if c.Name == CookieName && check(c.Value) {
+				if !fromSandbox(r, route, h.o.Domain) {
+					return foreignCookie, false
+				}
 				return allowed, false
 			}
 		}
@@ -70,6 +74,35 @@ func (h *Handler) authorize(r *http.Request, route Route, q url.Values) (v verdi
 		return wrong, false
 	}
 	return missing, false
+}
+
+// fromSandbox says whether a request that carries route's cookie came
+// from route's own sandbox, or from no other page. The cookie is the
+// visitor's and its browser sends it along with requests that another
+// sandbox's page makes: previews under one domain are one site to the
+// browser (unless the domain is on the Public Suffix List), and SameSite=Lax
+// lets a same-site fetch, form or WebSocket carry it. A request is taken:
+//   - with an Origin (every cross-origin fetch, POST and WebSocket) of a
+//     preview host of the same sandbox (any of its ports);
+//   - without one, unless the browser says another site's or origin's page
+//     asked for it other than by navigating there (Sec-Fetch-Site
+//     "same-site" or "cross-site" with Sec-Fetch-Mode not "navigate": an
+//     image, a script, a no-cors fetch). A link followed from elsewhere
+//     still opens the preview.
+func fromSandbox(r *http.Request, route Route, domain string) bool {
+	if o := r.Header.Get("Origin"); o != "" {
+		u, err := url.Parse(o)
+		if err != nil || u.Host == "" {
+			return false // "null" (a sandboxed frame, a data: URL) or worse
+		}
+		from, ok, err := ParseHost(u.Host, domain)
+		return ok && err == nil && from.Sandbox == route.Sandbox
+	}
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "same-site", "cross-site":
+		return r.Header.Get("Sec-Fetch-Mode") == "navigate"
+	}
+	return true
 }
 
 // parseQuery parses a request's query once, for the token and for

@@ -262,6 +262,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case wrong:
 		fail(w, http.StatusForbidden, fmt.Sprintf("the port token is not sandbox %s's", route.Sandbox))
 		return
+	case foreignCookie:
+		fail(w, http.StatusForbidden, fmt.Sprintf("sandbox %s's preview cookie came with a request from another site's page (Origin %q): such requests must send the port token (header %s)",
+			route.Sandbox, r.Header.Get("Origin"), Header))
+		return
 	}
 	if fromQuery && route.ByHost && r.Method != http.MethodConnect {
 		// A host-only cookie: the host is this sandbox port's alone.

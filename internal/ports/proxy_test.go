@@ -154,6 +154,17 @@ func TestProxyAccess(t *testing.T) {
 		{"another bearer is no token", f.host("sb-a"), hostPath, http.Header{"Authorization": {"Bearer nope"}}, 401, "needs its port token"},
 		{"another sandbox's token", f.host("sb-a"), hostPath, http.Header{Header: {tokB}}, 403, "not sandbox sb-a's"},
 		{"another sandbox's cookie", f.host("sb-a"), hostPath, http.Header{"Cookie": {CookieName + "=" + tokB}}, 403, "not sandbox sb-a's"},
+		// The cookie is the visitor's browser's, sent along with what any
+		// preview's page asks for: only the sandbox's own pages use it.
+		{"cookie, Origin of the same sandbox's other port", f.host("sb-a"), hostPath, http.Header{"Cookie": {CookieName + "=" + tokA}, "Origin": {"http://3000-sb-a.localhost:" + portOf(f.addr)}}, 200, "GET /x/y"},
+		{"cookie, Origin of the same host", f.host("sb-a"), hostPath, http.Header{"Cookie": {CookieName + "=" + tokA}, "Origin": {"http://" + f.host("sb-a")}}, 200, "GET /x/y"},
+		{"cookie, Origin of another sandbox", f.host("sb-a"), hostPath, http.Header{"Cookie": {CookieName + "=" + tokA}, "Origin": {"http://" + f.host("sb-b")}}, 403, "another site's page"},
+		{"cookie, Origin of another site", f.host("sb-a"), hostPath, http.Header{"Cookie": {CookieName + "=" + tokA}, "Origin": {"https://evil.example"}}, 403, "another site's page"},
+		{"cookie, Origin null", f.host("sb-a"), hostPath, http.Header{"Cookie": {CookieName + "=" + tokA}, "Origin": {"null"}}, 403, "another site's page"},
+		{"cookie, another site's image", f.host("sb-a"), hostPath, http.Header{"Cookie": {CookieName + "=" + tokA}, "Sec-Fetch-Site": {"same-site"}, "Sec-Fetch-Mode": {"no-cors"}}, 403, "another site's page"},
+		{"cookie, a link followed from another site", f.host("sb-a"), hostPath, http.Header{"Cookie": {CookieName + "=" + tokA}, "Sec-Fetch-Site": {"cross-site"}, "Sec-Fetch-Mode": {"navigate"}}, 200, "GET /x/y"},
+		{"cookie, the page's own fetch", f.host("sb-a"), hostPath, http.Header{"Cookie": {CookieName + "=" + tokA}, "Sec-Fetch-Site": {"same-origin"}, "Sec-Fetch-Mode": {"cors"}}, 200, "GET /x/y"},
+		{"token header from another sandbox's page", f.host("sb-a"), hostPath, http.Header{Header: {tokA}, "Origin": {"http://" + f.host("sb-b")}}, 200, "GET /x/y"},
 		{"an oversized token", f.host("sb-a"), hostPath, http.Header{Header: {strings.Repeat("a", 10000)}}, 403, "not sandbox"},
 		{"unknown sandbox", f.host("sb-zzz"), hostPath, http.Header{Header: {f.keys.Token("sb-zzz")}}, 404, "sb-zzz"},
 		{"paused sandbox", f.host("sb-paused"), hostPath, http.Header{Header: {f.keys.Token("sb-paused")}}, 409, "paused"},
