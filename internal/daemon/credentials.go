@@ -99,7 +99,10 @@ func (d *Daemon) DeleteCredential(ctx context.Context, idOrName, name string) er
 		if sb.State != store.StateRunning {
 			return fmt.Errorf("sandbox %s is %s: removing a file credential needs it running: %w", sb.ID, sb.State, errdefs.ErrFailedPrecondition)
 		}
-		res, err := d.agent(sb).Exec(ctx, agent.ExecRequest{Argv: []string{"rm", "-f", secretsDir + "/" + c.File}}, io.Discard, io.Discard)
+		// Bounded: the sandbox's lock is held.
+		rctx, cancel := context.WithTimeout(ctx, credentialWriteTimeout)
+		res, err := d.agent(sb).Exec(rctx, agent.ExecRequest{Argv: []string{"rm", "-f", secretsDir + "/" + c.File}}, io.Discard, io.Discard)
+		cancel()
 		if err == nil && res.ExitCode != 0 {
 			err = fmt.Errorf("rm exited %d: %w", res.ExitCode, errdefs.ErrInternal)
 		}

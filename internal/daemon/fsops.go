@@ -108,7 +108,9 @@ func (d *Daemon) ExecStream(ctx context.Context, idOrName string, o ExecOptions,
 	}
 	oomBefore, oomErr := cgroups.OOMKills(d.cgroupPath(sb.ID))
 	start := time.Now()
-	res, err := d.agent(sb).ExecStream(ctx, req, eio)
+	ectx, cancel := withExecDeadline(ctx, req.Timeout)
+	defer cancel()
+	res, err := d.agent(sb).ExecStream(ectx, req, eio)
 	if err == nil && sb.Runtime == RuntimeCrun && res.Signal == "SIGKILL" && oomErr == nil {
 		if after, err := cgroups.OOMKills(d.cgroupPath(sb.ID)); err == nil && after > oomBefore {
 			res.OOMKilled = true

@@ -10,12 +10,15 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/agent"
+	"github.com/forkbox/forkbox/internal/store"
 )
 
 // A hostile agent: it speaks the protocol as an older agent does (no
@@ -257,5 +260,34 @@ func TestForkNoticeBounded(t *testing.T) {
 	}
 	if err := o.res.Children[0].Err; !errdefs.IsDeadlineExceeded(err) {
 		t.Errorf("child: %v, want DeadlineExceeded", err)
+	}
+}
+
+// An exec with a timeout ends within the timeout and execTimeoutGrace even
+// when the agent ignores the timeout and never answers: DeadlineExceeded,
+// and exec.finished says so.
+func TestExecTimeoutKeptByDaemon(t *testing.T) {
+	h := newHarness(t)
+	id := h.create(CreateOptions{})
+	a := serveSilentAgent(t, "exec")
+	h.useAgent(id, a.addr)
+	defer func(d time.Duration) { execTimeoutGrace = d }(execTimeoutGrace)
+	execTimeoutGrace = 200 * time.Millisecond
+
+	errc := make(chan error, 1)
+	go func() {
+		_, err := h.d.Exec(context.Background(), id, ExecOptions{ExecRequest: agent.ExecRequest{Argv: []string{"sleep", "1000"}, Timeout: 100 * time.Millisecond}}, io.Discard, io.Discard)
+		errc <- err
+	}()
+	select {
+	case err := <-errc:
+		if !errdefs.IsDeadlineExceeded(err) {
+			t.Errorf("exec: %v, want DeadlineExceeded", err)
+		}
+	case <-time.After(time.Minute): // the hang this test is about
+		t.Fatal("the exec still waits on an agent that ignores its timeout")
+	}
+	if evs := h.events(id); !slices.Contains(evs, store.EventExecFinished) {
+		t.Errorf("ledger %v: want %s", evs, store.EventExecFinished)
 	}
 }
