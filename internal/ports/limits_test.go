@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -253,5 +254,37 @@ func TestListenerConnCap(t *testing.T) {
 	second.SetReadDeadline(time.Now().Add(30 * time.Second))
 	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("second connection after the first closed: %v %v", resp, err)
+	}
+}
+
+// A refused request's connection is closed after the answer: callers
+// without a token cannot hold the listener's connections idle.
+func TestProxyRefusedConnClosed(t *testing.T) {
+	f := newFixtureWith(t, Options{MaxConns: 1})
+	for _, hdr := range []string{"", Header + ": wrong\r\n", "Cookie: " + CookieName + "=" + f.keys.Token("sb-a") + "\r\nOrigin: https://evil.example\r\n"} {
+		c, err := net.Dial("tcp", f.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(time.Minute)) // against a hang
+		fmt.Fprintf(c, "GET /p HTTP/1.1\r\nHost: %s\r\n%s\r\n", f.host("sb-a"), hdr)
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode < 400 {
+			t.Fatalf("%q: %d, want a refusal", hdr, resp.StatusCode)
+		}
+		if _, err := br.ReadByte(); err != io.EOF {
+			t.Errorf("%q: after the refusal the connection stays open (%v)", hdr, err)
+		}
+		c.Close()
+	}
+	// The only slot is free again: a caller with the token is served.
+	resp, _ := f.do(t, "GET", f.host("sb-a"), "/p", http.Header{Header: {f.keys.Token("sb-a")}})
+	if resp.StatusCode != 200 {
+		t.Errorf("with the token after the refusals: %d", resp.StatusCode)
 	}
 }

@@ -249,6 +249,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v, fromQuery := h.authorize(r, route, q)
+	if v != allowed {
+		// A refused caller does not keep its connection, and with it one
+		// of the listener's MaxConns, open for the idle timeout.
+		w.Header().Set("Connection", "close")
+	}
 	switch v {
 	case missing:
 		w.Header().Set("WWW-Authenticate", `Bearer realm="forkbox preview"`)
