@@ -194,3 +194,36 @@ func TestAgentTextBounded(t *testing.T) {
 		t.Errorf("hook output of %d bytes (ends %q), want its valid tail of at most %d", n, reply.HookOutput[max(0, n-10):], MaxHookOutput)
 	}
 }
+
+// Once a terminal session's result is in, input still being sent to an
+// agent that reads none fails instead of blocking its sender (the API's
+// reader, which the session's end waits for).
+func TestPtyInputAfterResult(t *testing.T) {
+	addr := serveRaw(t, func(c net.Conn, _ *bufio.Reader, _ request, done <-chan struct{}) {
+		fw := &frameWriter{w: c}
+		fw.writeJSON(frameStarted, startResult{Pid: 9})
+		fw.writeJSON(frameResult, ExecResult{Pid: 9})
+		<-done // reads nothing, until the test ends
+	})
+	p, err := NewClient(addr, "tok").Pty(context.Background(), ExecRequest{Argv: []string{"sh"}}, PtySize{Rows: 24, Cols: 80})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	sent := make(chan error, 1)
+	go func() {
+		big := make([]byte, 64<<20) // more than any socket buffer holds
+		sent <- p.Input(big)
+	}()
+	if _, err := p.Wait(nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-sent:
+		if err == nil {
+			t.Error("64 MiB of input to an agent that reads none went through")
+		}
+	case <-time.After(time.Minute): // the hang this test is about
+		t.Fatal("input to an agent that reads none still blocks after the session's result")
+	}
+}
