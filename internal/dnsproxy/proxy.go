@@ -71,14 +71,17 @@ type Config struct {
 	// eighth of Inflight (at least 1): a sandbox whose allow list names a
 	// zone that never answers holds that many at most, not every one.
 	InflightPerSource int
+	// TCPTimeout bounds a TCP connection's reads, writes and idle time,
+	// default 3s.
+	TCPTimeout time.Duration
 }
 
 // Bounds on what a sandbox sends.
 const (
 	maxQuerySize  = 512 // bytes, over UDP and TCP
-	maxTCPConns   = 64
-	maxTCPQueries = 8
-	tcpTimeout    = 3 * time.Second
+	maxTCPConns          = 64
+	maxTCPConnsPerSource = 8 // of maxTCPConns: one sandbox cannot hold them all
+	maxTCPQueries        = 8
 	maxLimiters   = 1 << 16 // rate limiters kept (one per source address)
 )
 
@@ -129,6 +132,9 @@ func Start(ctx context.Context, cfg Config) (*Proxy, error) {
 	if cfg.Inflight == 0 {
 		cfg.Inflight = 64
 	}
+	if cfg.TCPTimeout == 0 {
+		cfg.TCPTimeout = 3 * time.Second
+	}
 	if cfg.InflightPerSource == 0 {
 		cfg.InflightPerSource = max(cfg.Inflight/8, 1)
 	}
@@ -149,7 +155,9 @@ func Start(ctx context.Context, cfg Config) (*Proxy, error) {
 	started := make(chan struct{}, 2)
 	notify := func() { started <- struct{}{} }
 	p.udp = &dns.Server{PacketConn: pc, Handler: p, UDPSize: maxQuerySize, NotifyStartedFunc: notify}
-	p.tcp = &dns.Server{Listener: &limitListener{Listener: ln, sem: make(chan struct{}, maxTCPConns), done: make(chan struct{})}, Handler: p,
+	tcpTimeout := cfg.TCPTimeout
+	p.tcp = &dns.Server{Listener: &limitListener{Listener: ln, sem: make(chan struct{}, maxTCPConns), done: make(chan struct{}),
+		perSource: maxTCPConnsPerSource, open: map[netip.Addr]int{}}, Handler: p,
 		ReadTimeout: tcpTimeout, WriteTimeout: tcpTimeout, MaxTCPQueries: maxTCPQueries,
 		IdleTimeout: func() time.Duration { return tcpTimeout }, NotifyStartedFunc: notify}
 	errc := make(chan error, 2)
@@ -222,26 +230,51 @@ func (p *Proxy) allow(src netip.Addr) bool {
 }
 
 // limitListener bounds the TCP connections open at once: Accept waits for
-// one to close.
+// one to close. A source with perSource open already has its next one
+// closed at once.
 type limitListener struct {
 	net.Listener
-	sem  chan struct{}
-	once sync.Once
-	done chan struct{}
+	sem       chan struct{}
+	once      sync.Once
+	done      chan struct{}
+	perSource int
+	mu        sync.Mutex
+	open      map[netip.Addr]int
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
-	select {
-	case l.sem <- struct{}{}:
-	case <-l.done:
-		return nil, net.ErrClosed
+	for {
+		select {
+		case l.sem <- struct{}{}:
+		case <-l.done:
+			return nil, net.ErrClosed
+		}
+		c, err := l.Listener.Accept()
+		if err != nil {
+			<-l.sem
+			return nil, err
+		}
+		src := remoteAddr(c.RemoteAddr())
+		l.mu.Lock()
+		full := l.open[src] >= l.perSource
+		if !full {
+			l.open[src]++
+		}
+		l.mu.Unlock()
+		if full {
+			c.Close()
+			<-l.sem
+			continue
+		}
+		return &limitConn{Conn: c, release: sync.OnceFunc(func() {
+			l.mu.Lock()
+			if l.open[src]--; l.open[src] <= 0 {
+				delete(l.open, src)
+			}
+			l.mu.Unlock()
+			<-l.sem
+		})}, nil
 	}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.sem
-		return nil, err
-	}
-	return &limitConn{Conn: c, release: sync.OnceFunc(func() { <-l.sem })}, nil
 }
 
 type limitConn struct {

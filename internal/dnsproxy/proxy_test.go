@@ -410,3 +410,45 @@ func TestProxyFairShare(t *testing.T) {
 		t.Errorf("B while A holds its share: got %s with %d answers, want an answer", dns.RcodeToString[r.Rcode], len(r.Answer))
 	}
 }
+
+// One sandbox holds at most maxTCPConnsPerSource TCP connections: its next
+// one is closed at once, and another sandbox's query over TCP is answered.
+func TestProxyTCPShare(t *testing.T) {
+	up := startUpstream(t)
+	p := startProxy(t, &fakePolicies{}, up.addr, func(c *Config) { c.TCPTimeout = time.Minute })
+	addr := net.TCPAddrFromAddrPort(p.Addr())
+	dial := func(from string) *net.TCPConn {
+		t.Helper()
+		c, err := net.DialTCP("tcp", &net.TCPAddr{IP: net.ParseIP(from)}, addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	// A opens as many connections as the proxy takes in all, and leaves
+	// them idle (the proxy's TCP timeout is a minute here): it keeps its
+	// share, every other one is closed without a byte.
+	var conns []*net.TCPConn
+	for range maxTCPConns {
+		conns = append(conns, dial("127.0.0.1"))
+	}
+	closed := 0
+	deadline := time.Now().Add(30 * time.Second) // against a hang
+	for _, c := range conns[maxTCPConnsPerSource:] {
+		c.SetReadDeadline(deadline)
+		if _, err := c.Read(make([]byte, 1)); err == io.EOF {
+			closed++
+		}
+	}
+	if want := maxTCPConns - maxTCPConnsPerSource; closed != want {
+		t.Errorf("A's connections past its share: %d closed, want %d", closed, want)
+	}
+	// B is served over TCP.
+	tc := &dns.Client{Net: "tcp", Timeout: 30 * time.Second, Dialer: &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.3")}, Timeout: 30 * time.Second}}
+	m := new(dns.Msg)
+	m.SetQuestion("allowed.test.", dns.TypeA)
+	if r, _, err := tc.Exchange(m, p.Addr().String()); err != nil || r.Rcode != dns.RcodeSuccess || len(r.Answer) == 0 {
+		t.Errorf("B over TCP while A holds its share: %v, %v; want an answer", r, err)
+	}
+}
