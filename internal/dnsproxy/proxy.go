@@ -78,11 +78,11 @@ type Config struct {
 
 // Bounds on what a sandbox sends.
 const (
-	maxQuerySize  = 512 // bytes, over UDP and TCP
+	maxQuerySize         = 512 // bytes, over UDP and TCP
 	maxTCPConns          = 64
 	maxTCPConnsPerSource = 8 // of maxTCPConns: one sandbox cannot hold them all
 	maxTCPQueries        = 8
-	maxLimiters   = 1 << 16 // rate limiters kept (one per source address)
+	maxLimiters          = 1 << 16 // rate limiters kept (one per source address)
 )
 
 // Proxy is a running DNS proxy. Close stops it.
