@@ -84,7 +84,9 @@ func copyIn(cmd *cobra.Command, sb *client.Sandbox, src, dst string) error {
 	// Into an existing directory, or as the destination itself.
 	dir, name := dst, filepath.Base(src)
 	if !strings.HasSuffix(dst, "/") {
-		if _, err := sb.ListFiles(ctx, dst); err != nil {
+		// A directory too large to list (ResourceExhausted) is one all
+		// the same: the agent says "not a directory" first.
+		if _, err := sb.ListFiles(ctx, dst); err != nil && !errdefs.IsResourceExhausted(err) {
 			if !errdefs.IsNotFound(err) && !errdefs.IsInvalidArgument(err) {
 				return err
 			}

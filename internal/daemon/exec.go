@@ -111,9 +111,9 @@ func (d *Daemon) Exec(ctx context.Context, idOrName string, o ExecOptions, stdou
 	// the cgroup's oom_kill count (under gVisor the agent reports it).
 	oomBefore, oomErr := cgroups.OOMKills(d.cgroupPath(sb.ID))
 	start := time.Now()
-	ectx, cancel := withExecDeadline(ctx, req.Timeout)
-	defer cancel()
-	res, err := d.agent(sb).Exec(ectx, req, stdout, stderr)
+	w := watchExec(ctx, req.Timeout)
+	res, err := d.agent(sb).Exec(w.ctx, req, w.writer(stdout), w.writer(stderr))
+	err = w.done(err)
 	ph.mark("agent")
 	if err == nil && sb.Runtime == RuntimeCrun && res.Signal == "SIGKILL" && oomErr == nil {
 		if after, err := cgroups.OOMKills(d.cgroupPath(sb.ID)); err == nil && after > oomBefore {
@@ -124,21 +124,6 @@ func (d *Daemon) Exec(ctx context.Context, idOrName string, o ExecOptions, stdou
 	ph.mark("ledger_finished")
 	ph.log(ctx, d.log, sb.ID)
 	return res, err
-}
-
-// execTimeoutGrace is how long past an exec's own timeout the daemon waits
-// for the agent to report it (the kill, its grace, the output's end): the
-// timeout is kept in the sandbox, and an agent that ignores it must not
-// hold the call, and its sandbox's slot, for longer.
-var execTimeoutGrace = 30 * time.Second
-
-// withExecDeadline bounds ctx at timeout and execTimeoutGrace, when the
-// exec has a timeout.
-func withExecDeadline(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
-	if timeout <= 0 {
-		return ctx, func() {}
-	}
-	return context.WithTimeout(ctx, timeout+execTimeoutGrace)
 }
 
 // clipSignal bounds the signal name an agent reported (the sandbox's own

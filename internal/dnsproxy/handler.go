@@ -61,18 +61,11 @@ func (p *Proxy) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		reply(dns.RcodeSuccess, nil)
 		return
 	}
-	if !p.takeShare(src) {
+	if !p.takeSlot(src) {
 		reply(dns.RcodeServerFailure, nil)
 		return
 	}
-	defer p.giveShare(src)
-	select {
-	case p.sem <- struct{}{}:
-		defer func() { <-p.sem }()
-	default:
-		reply(dns.RcodeServerFailure, nil)
-		return
-	}
+	defer p.giveSlot(src)
 	ctx, cancel := context.WithTimeout(p.ctx, 2*p.cfg.Timeout)
 	defer cancel()
 	resp, err := p.forward(ctx, q)
@@ -223,21 +216,27 @@ func remoteAddr(a net.Addr) netip.Addr {
 	return netip.Addr{}
 }
 
-// takeShare takes one of src's InflightPerSource upstream queries, or
-// says it has them all out.
-func (p *Proxy) takeShare(src netip.Addr) bool {
+// takeSlot takes one of the Inflight upstream slots for src, or says
+// none is to be had: all are taken, or src has its InflightPerSource and
+// no more than a quarter of the slots are free (those are kept for the
+// other sandboxes; below that a sandbox resolving many names at once may
+// use what nobody else does).
+func (p *Proxy) takeSlot(src netip.Addr) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.inflight[src] >= p.cfg.InflightPerSource {
+	free := p.cfg.Inflight - p.used
+	if free == 0 || (p.inflight[src] >= p.cfg.InflightPerSource && free <= max(p.cfg.Inflight/4, 1)) {
 		return false
 	}
+	p.used++
 	p.inflight[src]++
 	return true
 }
 
-func (p *Proxy) giveShare(src netip.Addr) {
+func (p *Proxy) giveSlot(src netip.Addr) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.used--
 	if p.inflight[src]--; p.inflight[src] <= 0 {
 		delete(p.inflight, src)
 	}

@@ -67,9 +67,10 @@ type Config struct {
 	// Inflight bounds the queries upstream at once, default 64; more are
 	// answered SERVFAIL at once.
 	Inflight int
-	// InflightPerSource bounds one sandbox's share of them, default an
-	// eighth of Inflight (at least 1): a sandbox whose allow list names a
-	// zone that never answers holds that many at most, not every one.
+	// InflightPerSource is one sandbox's share of them, default an eighth
+	// of Inflight (at least 1): past it, a sandbox takes more only while
+	// more than a quarter are free, so that one whose allow list names a
+	// zone that never answers cannot hold them all.
 	InflightPerSource int
 	// TCPTimeout bounds a TCP connection's reads, writes and idle time,
 	// default 3s.
@@ -80,7 +81,7 @@ type Config struct {
 const (
 	maxQuerySize         = 512 // bytes, over UDP and TCP
 	maxTCPConns          = 64
-	maxTCPConnsPerSource = 8 // of maxTCPConns: one sandbox cannot hold them all
+	maxTCPConnsPerSource = 8 // of maxTCPConns, and more while a quarter stay free
 	maxTCPQueries        = 8
 	maxLimiters          = 1 << 16 // rate limiters kept (one per source address)
 )
@@ -95,11 +96,11 @@ type Proxy struct {
 	ctx    context.Context // cancelled by Close: upstream queries stop
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	sem    chan struct{}
 
 	mu       sync.Mutex
 	limiters map[netip.Addr]*rate.Limiter
 	inflight map[netip.Addr]int // upstream queries of each source, under mu
+	used     int                // upstream queries in all, under mu
 }
 
 // Start listens on cfg.Listen (UDP, then TCP on the same port) and serves
@@ -150,7 +151,7 @@ func Start(ctx context.Context, cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{cfg: cfg, log: cfg.Log, addr: netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port()),
-		sem: make(chan struct{}, cfg.Inflight), limiters: map[netip.Addr]*rate.Limiter{}, inflight: map[netip.Addr]int{}}
+		limiters: map[netip.Addr]*rate.Limiter{}, inflight: map[netip.Addr]int{}}
 	p.ctx, p.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	started := make(chan struct{}, 2)
 	notify := func() { started <- struct{}{} }
@@ -231,7 +232,7 @@ func (p *Proxy) allow(src netip.Addr) bool {
 
 // limitListener bounds the TCP connections open at once: Accept waits for
 // one to close. A source with perSource open already has its next one
-// closed at once.
+// closed at once when fewer than a quarter are free.
 type limitListener struct {
 	net.Listener
 	sem       chan struct{}
@@ -256,7 +257,9 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		}
 		src := remoteAddr(c.RemoteAddr())
 		l.mu.Lock()
-		full := l.open[src] >= l.perSource
+		// Past its share, a source takes more only while a quarter of
+		// the connections stay free for the others.
+		full := l.open[src] >= l.perSource && cap(l.sem)-len(l.sem) < cap(l.sem)/4
 		if !full {
 			l.open[src]++
 		}

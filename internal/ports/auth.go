@@ -81,28 +81,41 @@ func (h *Handler) authorize(r *http.Request, route Route, q url.Values) (v verdi
 // visitor's and its browser sends it along with requests that another
 // sandbox's page makes: previews under one domain are one site to the
 // browser (unless the domain is on the Public Suffix List), and SameSite=Lax
-// lets a same-site fetch, form or WebSocket carry it. A request is taken:
-//   - with an Origin (every cross-origin fetch, POST and WebSocket) of a
+// lets a same-site fetch, form, WebSocket or image carry it. A request is
+// taken when:
+//   - the browser says it is the page's own or the user's (Sec-Fetch-Site
+//     "same-origin" or "none"), whatever its Origin (a same-origin form
+//     under Referrer-Policy no-referrer says Origin "null");
+//   - its Origin (every cross-origin fetch, POST and WebSocket) is a
 //     preview host of the same sandbox (any of its ports);
-//   - without one, unless the browser says another site's or origin's page
-//     asked for it other than by navigating there (Sec-Fetch-Site
-//     "same-site" or "cross-site" with Sec-Fetch-Mode not "navigate": an
-//     image, a script, a no-cors fetch). A link followed from elsewhere
-//     still opens the preview.
+//   - it has no Origin and is a navigation (a link followed from
+//     elsewhere still opens the preview), or its Referer (an image, a
+//     script, a stylesheet of another origin's page) is a preview host of
+//     the same sandbox;
+//   - it has neither Origin nor fetch metadata (no browser, or an old one).
 func fromSandbox(r *http.Request, route Route, domain string) bool {
-	if o := r.Header.Get("Origin"); o != "" {
-		u, err := url.Parse(o)
-		if err != nil || u.Host == "" {
-			return false // "null" (a sandboxed frame, a data: URL) or worse
+	site := r.Header.Get("Sec-Fetch-Site")
+	if site == "same-origin" || site == "none" {
+		return true
+	}
+	same := func(u string) bool {
+		p, err := url.Parse(u)
+		if err != nil || p.Host == "" {
+			return false
 		}
-		from, ok, err := ParseHost(u.Host, domain)
+		from, ok, err := ParseHost(p.Host, domain)
 		return ok && err == nil && from.Sandbox == route.Sandbox
 	}
-	switch r.Header.Get("Sec-Fetch-Site") {
-	case "same-site", "cross-site":
-		return r.Header.Get("Sec-Fetch-Mode") == "navigate"
+	if o := r.Header.Get("Origin"); o != "" && o != "null" {
+		return same(o)
 	}
-	return true
+	switch {
+	case r.Header.Get("Sec-Fetch-Mode") == "navigate":
+		return true
+	case same(r.Header.Get("Referer")):
+		return true
+	}
+	return site == "" && r.Header.Get("Origin") == ""
 }
 
 // parseQuery parses a request's query once, for the token and for
