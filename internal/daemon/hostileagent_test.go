@@ -18,6 +18,7 @@ import (
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/agent"
+	"github.com/forkbox/forkbox/internal/runtime/ocicli"
 	"github.com/forkbox/forkbox/internal/store"
 )
 
@@ -172,7 +173,7 @@ func TestSandboxTextBounded(t *testing.T) {
 	f.Close()
 	var before, after goruntime.MemStats
 	goruntime.ReadMemStats(&before)
-	got := fileTail(p, 1024)
+	got := ocicli.Tail(p, 1024)
 	goruntime.ReadMemStats(&after)
 	if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 {
 		t.Errorf("reading the tail allocated %d bytes: it read the whole file", n)
@@ -180,12 +181,12 @@ func TestSandboxTextBounded(t *testing.T) {
 	if len(got) != 1024 || !strings.HasSuffix(got, "last words") {
 		t.Errorf("tail of %d bytes ending %q, want 1024 ending \"last words\"", len(got), got[max(0, len(got)-10):])
 	}
-	if got := fileTail(filepath.Join(t.TempDir(), "missing"), 1024); got != "" {
+	if got := ocicli.Tail(filepath.Join(t.TempDir(), "missing"), 1024); got != "" {
 		t.Errorf("tail of a missing file: %q", got)
 	}
 	short := filepath.Join(t.TempDir(), "short")
 	os.WriteFile(short, []byte("hi"), 0o644)
-	if got := fileTail(short, 1024); got != "hi" {
+	if got := ocicli.Tail(short, 1024); got != "hi" {
 		t.Errorf("tail of a short file: %q", got)
 	}
 

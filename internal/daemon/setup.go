@@ -13,6 +13,7 @@ import (
 	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/runtime/crun"
+	"github.com/forkbox/forkbox/internal/runtime/ocicli"
 	"github.com/forkbox/forkbox/internal/runtime/runsc"
 	"github.com/forkbox/forkbox/internal/snapshot"
 	"github.com/forkbox/forkbox/internal/snapshot/btrfs"
@@ -106,25 +107,7 @@ func (d *Daemon) RunscStandbyStats() runsc.StandbyStats {
 // initOutput returns the end of what a sandbox's init (the agent) and the
 // runtime printed, for error messages.
 func (d *Daemon) initOutput(id string) string {
-	return fileTail(filepath.Join(d.bundleDir(id), runtime.LogFileName), 1024)
-}
-
-// fileTail returns the last n bytes of the file at path ("" if it cannot
-// be read), reading no more: the file may be whatever a sandbox wrote.
-func fileTail(path string, n int64) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return ""
-	}
-	off := max(fi.Size()-n, 0)
-	b := make([]byte, fi.Size()-off)
-	m, _ := f.ReadAt(b, off)
-	return string(b[:m])
+	return ocicli.Tail(filepath.Join(d.bundleDir(id), runtime.LogFileName), 1024)
 }
 
 func fsMode(m uint32) os.FileMode { return os.FileMode(m & 0o7777) }

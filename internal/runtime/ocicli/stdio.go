@@ -74,7 +74,14 @@ func (s *Stdio) Close() error {
 
 // ReadFrom returns what was appended to path after offset (at most 4 KiB
 // from the end; "" if path is missing or shorter than off).
-func ReadFrom(path string, off int64) string {
+func ReadFrom(path string, off int64) string { return readTail(path, off, 4096) }
+
+// Tail returns the last n bytes of the file at path ("" if it cannot be
+// read), reading no more: the file may be whatever a sandbox wrote.
+func Tail(path string, n int64) string { return readTail(path, 0, n) }
+
+// readTail returns what path holds after off, its last n bytes at most.
+func readTail(path string, off, n int64) string {
 	f, err := os.Open(path)
 	if err != nil {
 		return ""
@@ -84,12 +91,10 @@ func ReadFrom(path string, off int64) string {
 	if err != nil || fi.Size() < off {
 		return ""
 	}
-	if fi.Size()-off > 4096 {
-		off = fi.Size() - 4096
-	}
+	off = max(off, fi.Size()-n)
 	b := make([]byte, fi.Size()-off)
-	n, _ := f.ReadAt(b, off)
-	return string(b[:n])
+	m, _ := f.ReadAt(b, off)
+	return string(b[:m])
 }
 
 // CleanupFailed force-deletes container id after a failed create, with a
