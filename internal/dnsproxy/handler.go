@@ -61,11 +61,11 @@ func (p *Proxy) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		reply(dns.RcodeSuccess, nil)
 		return
 	}
-	if !p.takeSlot(src) {
+	if !p.upstream.take(src) {
 		reply(dns.RcodeServerFailure, nil)
 		return
 	}
-	defer p.giveSlot(src)
+	defer p.upstream.give(src)
 	ctx, cancel := context.WithTimeout(p.ctx, 2*p.cfg.Timeout)
 	defer cancel()
 	resp, err := p.forward(ctx, q)
@@ -214,30 +214,4 @@ func remoteAddr(a net.Addr) netip.Addr {
 		return v.AddrPort().Addr().Unmap()
 	}
 	return netip.Addr{}
-}
-
-// takeSlot takes one of the Inflight upstream slots for src, or says
-// none is to be had: all are taken, or src has its InflightPerSource and
-// no more than a quarter of the slots are free (those are kept for the
-// other sandboxes; below that a sandbox resolving many names at once may
-// use what nobody else does).
-func (p *Proxy) takeSlot(src netip.Addr) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	free := p.cfg.Inflight - p.used
-	if free == 0 || (p.inflight[src] >= p.cfg.InflightPerSource && free <= max(p.cfg.Inflight/4, 1)) {
-		return false
-	}
-	p.used++
-	p.inflight[src]++
-	return true
-}
-
-func (p *Proxy) giveSlot(src netip.Addr) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.used--
-	if p.inflight[src]--; p.inflight[src] <= 0 {
-		delete(p.inflight, src)
-	}
 }

@@ -97,10 +97,10 @@ type Proxy struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	upstream *shares // the Inflight upstream queries
+
 	mu       sync.Mutex
 	limiters map[netip.Addr]*rate.Limiter
-	inflight map[netip.Addr]int // upstream queries of each source, under mu
-	used     int                // upstream queries in all, under mu
 }
 
 // Start listens on cfg.Listen (UDP, then TCP on the same port) and serves
@@ -151,14 +151,14 @@ func Start(ctx context.Context, cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{cfg: cfg, log: cfg.Log, addr: netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port()),
-		limiters: map[netip.Addr]*rate.Limiter{}, inflight: map[netip.Addr]int{}}
+		limiters: map[netip.Addr]*rate.Limiter{}, upstream: newShares(cfg.Inflight, cfg.InflightPerSource)}
 	p.ctx, p.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	started := make(chan struct{}, 2)
 	notify := func() { started <- struct{}{} }
 	p.udp = &dns.Server{PacketConn: pc, Handler: p, UDPSize: maxQuerySize, NotifyStartedFunc: notify}
 	tcpTimeout := cfg.TCPTimeout
 	p.tcp = &dns.Server{Listener: &limitListener{Listener: ln, sem: make(chan struct{}, maxTCPConns), done: make(chan struct{}),
-		perSource: maxTCPConnsPerSource, open: map[netip.Addr]int{}}, Handler: p,
+		shares: newShares(maxTCPConns, maxTCPConnsPerSource)}, Handler: p,
 		ReadTimeout: tcpTimeout, WriteTimeout: tcpTimeout, MaxTCPQueries: maxTCPQueries,
 		IdleTimeout: func() time.Duration { return tcpTimeout }, NotifyStartedFunc: notify}
 	errc := make(chan error, 2)
@@ -231,16 +231,14 @@ func (p *Proxy) allow(src netip.Addr) bool {
 }
 
 // limitListener bounds the TCP connections open at once: Accept waits for
-// one to close. A source with perSource open already has its next one
-// closed at once when fewer than a quarter are free.
+// one to close. A source past its share has its next one closed at once
+// when no more than a quarter are free (shares).
 type limitListener struct {
 	net.Listener
-	sem       chan struct{}
-	once      sync.Once
-	done      chan struct{}
-	perSource int
-	mu        sync.Mutex
-	open      map[netip.Addr]int
+	sem    chan struct{}
+	once   sync.Once
+	done   chan struct{}
+	shares *shares
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
@@ -256,25 +254,13 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		src := remoteAddr(c.RemoteAddr())
-		l.mu.Lock()
-		// Past its share, a source takes more only while a quarter of
-		// the connections stay free for the others.
-		full := l.open[src] >= l.perSource && cap(l.sem)-len(l.sem) < cap(l.sem)/4
-		if !full {
-			l.open[src]++
-		}
-		l.mu.Unlock()
-		if full {
+		if !l.shares.take(src) {
 			c.Close()
 			<-l.sem
 			continue
 		}
 		return &limitConn{Conn: c, release: sync.OnceFunc(func() {
-			l.mu.Lock()
-			if l.open[src]--; l.open[src] <= 0 {
-				delete(l.open, src)
-			}
-			l.mu.Unlock()
+			l.shares.give(src)
 			<-l.sem
 		})}, nil
 	}
