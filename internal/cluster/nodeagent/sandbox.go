@@ -262,20 +262,22 @@ func (r *sandboxes) setFailed(sb *fbv1.Sandbox, reason, msg string) {
 }
 
 func (r *sandboxes) writeStatus(ctx context.Context, before, sb *fbv1.Sandbox) error {
-	if equality.Semantic.DeepEqual(before.Status, sb.Status) {
-		return nil
-	}
-	return r.c.Status().Patch(ctx, sb, client.MergeFrom(before))
+	return r.patchStatus(ctx, before, sb, client.MergeFrom(before))
 }
 
 // writeStatusLocked is writeStatus for an object that may be gone from
 // the API server with its name taken by a new one (a closed or deleted
 // sandbox): written only to the object before was read as.
 func (r *sandboxes) writeStatusLocked(ctx context.Context, before, sb *fbv1.Sandbox) error {
+	return r.patchStatus(ctx, before, sb, lockedFrom(before))
+}
+
+// patchStatus writes sb's status with patch, when it differs from before's.
+func (r *sandboxes) patchStatus(ctx context.Context, before, sb *fbv1.Sandbox, patch client.Patch) error {
 	if equality.Semantic.DeepEqual(before.Status, sb.Status) {
 		return nil
 	}
-	return r.c.Status().Patch(ctx, sb, lockedFrom(before))
+	return r.c.Status().Patch(ctx, sb, patch)
 }
 
 // lockedFrom is a merge patch from base that the API server applies only
