@@ -141,6 +141,12 @@ func (cl *call) close() {
 	cl.conn.Close()
 }
 
+// stopWrites makes cl's writes fail from now on: once its result is in,
+// input still being sent to an agent that no longer reads it (a full
+// connection, a hostile agent) must not hold its sender, and with it the
+// call, until the connection closes.
+func (cl *call) stopWrites() { cl.conn.SetWriteDeadline(time.Now()) }
+
 // sendStream writes data as data frames and an EOF frame, then flushes.
 func (cl *call) sendStream(data []byte) error {
 	for len(data) > 0 {

@@ -158,10 +158,7 @@ func (cl *call) stream(ctx context.Context, op string, eio ExecIO) (ExecResult, 
 		}()
 		defer func() {
 			eio.Stdin.Close()
-			// The command has ended, or the call failed: stdin that the
-			// agent no longer reads (a full socket, a hostile agent) must
-			// not hold its writer, and with it this call, any longer.
-			cl.conn.SetWriteDeadline(time.Now())
+			cl.stopWrites() // the command has ended, or the call failed
 			wg.Wait()
 		}()
 	}

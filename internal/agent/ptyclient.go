@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
 )
@@ -104,10 +103,7 @@ func (p *Pty) Wait(onData func([]byte) error) (ExecResult, error) {
 		}
 		return onData(b)
 	}, &res, frameResult)
-	// The session is over: input still being sent to an agent that no
-	// longer reads (a full connection, a hostile agent) fails now rather
-	// than holding its sender until Close.
-	p.cl.conn.SetWriteDeadline(time.Now())
+	p.cl.stopWrites() // the session is over
 	return res, err
 }
 
