@@ -73,7 +73,10 @@ const (
 // ask for it get a clear error.
 func (d *Daemon) openRuntimes(cfg Config) error {
 	logs := filepath.Join(cfg.StateDir, "logs")
-	ro := runsc.Options{Binary: cfg.RuntimeBinary, Root: filepath.Join(cfg.RunDir, "runsc"), LogDir: logs, Standby: cfg.RunscStandby, Log: d.log}
+	ro := runsc.Options{Binary: cfg.RuntimeBinary, Root: filepath.Join(cfg.RunDir, "runsc"), LogDir: logs, Standby: cfg.RunscStandby, Log: d.log,
+		// Each sandbox's rootfs and netns mounts: runsc starts see their
+		// own sandbox's only, not the host's thousands (runsc/view.go).
+		HideMountsUnder: []string{d.bundlesDir(), filepath.Join(cfg.RunDir, "netns")}}
 	if cfg.RunscHugePages {
 		ro.StageDir = filepath.Join(cfg.RunDir, "runsc-bin")
 	}

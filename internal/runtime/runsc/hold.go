@@ -120,7 +120,7 @@ func (r *Runsc) hold(ctx context.Context, id, imageDir string, held func(paused 
 	cmd.Stderr = &stderr
 	cmd.ExtraFiles = []*os.File{theirs}
 	cmd.WaitDelay = 5 * time.Second
-	err = cmd.Start()
+	err = r.view.do(cmd.Start)
 	theirs.Close()
 	if err != nil {
 		return h, fmt.Errorf("runsc checkpoint %s: %v: %w", id, err, errdefs.ErrInternal)

@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
-	goruntime "runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -56,6 +55,15 @@ func (r *Runsc) cli(ctx context.Context, verb, id, bundle, root string, missingC
 		return fmt.Errorf("runsc %s %s: %w", verb, id, err)
 	}
 	defer stdio.Close()
+	paths, err := bundleMounts(bundle)
+	if err != nil {
+		return fmt.Errorf("runsc %s %s: %w", verb, id, err)
+	}
+	release, err := r.view.attach(paths)
+	if err != nil {
+		return fmt.Errorf("runsc %s %s: %w", verb, id, err)
+	}
+	defer release()
 	t0 := time.Now()
 	args := append(r.globalArgs(root, id), verbArgs...)
 	standby, runErr := r.standby.run(ctx, args, stdio.Null, stdio.Log, stdio.Log)
@@ -98,13 +106,11 @@ func (r *Runsc) startCLI(ctx context.Context, args []string, stdio *ocicli.Stdio
 	// exits, not the process: a Go thread that another goroutine later
 	// locks and ends (the crun driver ends the threads it unshares) would
 	// SIGKILL a `runsc run` half-way ("signal: killed", the load test's
-	// failed creates). This goroutine keeps its thread until the CLI is
-	// done, so only the daemon's death sends the signal.
+	// failed creates). The thread that forks it (view.do) stays until the
+	// CLI is done, so only the daemon's death sends the signal.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = 5 * time.Second
-	goruntime.LockOSThread()
-	defer goruntime.UnlockOSThread()
-	return cmd.Run()
+	return r.view.do(cmd.Run)
 }
 
 // shortLines cuts every line of s to at most n bytes (runsc's spec

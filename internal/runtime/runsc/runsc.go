@@ -24,6 +24,7 @@ package runsc
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -59,7 +60,13 @@ type Options struct {
 	// (stage.go); Close detaches it. When that cannot be done the driver
 	// logs why and runs the binary where it is installed.
 	StageDir string
-	Log      *slog.Logger
+	// HideMountsUnder, when set, makes runsc run in a mount namespace of
+	// its own without the host's mounts below these directories (the
+	// sandboxes' rootfs and netns mounts): a command that starts a
+	// sandbox sees that sandbox's alone (view.go). When the view cannot be
+	// made the driver logs why and runs runsc in the host's namespace.
+	HideMountsUnder []string
+	Log             *slog.Logger
 }
 
 // Runsc is the runsc driver. The zero value is not usable; call New.
@@ -70,6 +77,7 @@ type Runsc struct {
 	log     *slog.Logger
 	standby *standbyPool // nil without Options.Standby
 	stage   *staged      // nil without Options.StageDir, or when staging failed
+	view    *view        // nil without Options.HideMountsUnder, or when it could not be made
 	closed  atomic.Bool  // set by Close: commands run opts.Binary again
 }
 
@@ -126,8 +134,21 @@ func New(o Options) (*Runsc, error) {
 			r.log.Info("runsc: running a copy on huge pages", "binary", s.binary, "from", o.Binary)
 		}
 	}
+	if len(o.HideMountsUnder) > 0 {
+		// After the stage: its mount is one the view keeps.
+		v, err := newView(o.HideMountsUnder)
+		if err != nil {
+			r.log.Warn("runsc: running in the host's mount namespace, among every sandbox's mounts", "err", err)
+		} else {
+			r.view = v
+		}
+	}
 	if o.Standby > 0 {
-		r.standby = newStandbyPool(r.binary(), o.Standby, r.log)
+		var enter func() error
+		if r.view != nil {
+			enter = r.view.enter
+		}
+		r.standby = newStandbyPool(r.binary(), o.Standby, r.log, enter)
 	}
 	// The shared calls write no runsc --log: only run, restore and
 	// checkpoint write a per-container one.
@@ -167,11 +188,12 @@ func (r *Runsc) selfChecked(ctx context.Context, verb, id string) error {
 // after fails (NotFound): Close comes after the driver's last use.
 func (r *Runsc) Close() error {
 	r.standby.close()
+	verr := r.view.close()
 	if r.stage == nil {
-		return nil
+		return verr
 	}
 	r.closed.Store(true)
-	return r.stage.unstage(context.Background())
+	return errors.Join(verr, r.stage.unstage(context.Background()))
 }
 
 // binary is the runsc that commands run: the stage's copy until Close,
@@ -227,7 +249,7 @@ func (r *Runsc) runIn(ctx context.Context, root, logID string, args ...string) (
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Run(); err != nil {
+	if err := r.view.do(cmd.Run); err != nil {
 		return nil, r.wrap(ctx, args[0], logID, err, stderr.String())
 	}
 	return stdout.Bytes(), nil

@@ -81,7 +81,10 @@ func Background(ctx context.Context) context.Context {
 type standbyPool struct {
 	binary string
 	log    *slog.Logger
-	ready  chan *standby // capacity n: one per slot at most
+	// enter, when set, moves the calling goroutine's locked thread into
+	// the mount namespace runsc runs in, for good (view.enter).
+	enter func() error
+	ready chan *standby // capacity n: one per slot at most
 
 	mu     sync.Mutex // orders offers to ready with close
 	closed bool
@@ -125,8 +128,8 @@ func statID(path string) (fileID, error) {
 	return fileID{dev: st.Dev, ino: st.Ino, size: st.Size, mtimeNanos: st.Mtim.Nano()}, nil
 }
 
-func newStandbyPool(binary string, n int, log *slog.Logger) *standbyPool {
-	p := &standbyPool{binary: binary, log: log, ready: make(chan *standby, n), stop: make(chan struct{})}
+func newStandbyPool(binary string, n int, log *slog.Logger, enter func() error) *standbyPool {
+	p := &standbyPool{binary: binary, log: log, enter: enter, ready: make(chan *standby, n), stop: make(chan struct{})}
 	p.wg.Add(n)
 	for range n {
 		go p.slot()
@@ -146,8 +149,17 @@ func (p *standbyPool) slot() {
 		}
 		ok, ran, tainted := p.serveOne()
 		if tainted {
-			// This goroutine's thread kept the standby's nice value: it
-			// ends with the goroutine, and another slot takes its place.
+			// This goroutine's thread is in the runsc view or kept the
+			// standby's nice value: it ends with the goroutine, and
+			// another slot takes its place (after a pause when this
+			// one's standby could not be started).
+			if !ok {
+				select {
+				case <-p.stop:
+					return
+				case <-time.After(time.Second):
+				}
+			}
 			p.wg.Add(1)
 			go p.slot()
 			return
@@ -190,13 +202,22 @@ func (p *standbyPool) serveOne() (ok, ran, tainted bool) {
 			goruntime.UnlockOSThread()
 		}
 	}()
+	if p.enter != nil {
+		// A thread in the view never serves another goroutine.
+		tainted = true
+		if err := p.enter(); err != nil {
+			p.log.Warn("runsc standby: start", "err", err)
+			return false, false, true
+		}
+	}
 	id, err := statID(p.binary)
 	if err != nil {
 		p.log.Warn("runsc standby: binary", "binary", p.binary, "err", err)
 		return false, false, false
 	}
 	own := threadNice()
-	conn, cmd, tainted, err := p.start(own)
+	conn, cmd, niceKept, err := p.start(own)
+	tainted = tainted || niceKept
 	if err != nil {
 		p.log.Warn("runsc standby: start", "err", err)
 		return false, false, tainted

@@ -71,7 +71,7 @@ func newFakePool(t *testing.T, n int) *standbyPool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := newStandbyPool(bin, n, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	p := newStandbyPool(bin, n, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 	t.Cleanup(p.close)
 	return p
 }

@@ -1,0 +1,189 @@
+package runsc
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/forkbox/forkbox/internal/mount"
+	"github.com/forkbox/forkbox/internal/runtime"
+	"github.com/forkbox/forkbox/internal/runtime/testsuite"
+)
+
+// The conformance suite again, with runsc in a view of its own (view.go):
+// every container's rootfs and netns are mounted after the driver's start
+// and reach runsc by attach.
+func TestSuiteInView(t *testing.T) {
+	testsuite.Run(t, func(t *testing.T) runtime.Runtime {
+		t.Helper()
+		requireRunsc(t)
+		dir := t.TempDir()
+		rt, err := New(Options{Root: filepath.Join(dir, "state"), LogDir: filepath.Join(dir, "logs"),
+			HideMountsUnder: []string{filepath.Join(dir, "hidden")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rt.view == nil {
+			t.Fatal("no view made")
+		}
+		return rt
+	})
+}
+
+// viewMounts returns the mount points in the view.
+func viewMounts(t *testing.T, v *view) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	err := v.do(func() error {
+		infos, err := mount.List()
+		for _, in := range infos {
+			out[in.Mountpoint] = true
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func hostMounted(t *testing.T, path string) bool {
+	t.Helper()
+	mp, err := mount.IsMountPoint(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mp
+}
+
+// TestViewHidesSandboxMounts: the mounts below a hidden directory, made
+// before the driver started or after, are not in runsc's view (the
+// standbys' namespace) until attached for a command, and are gone from it
+// after; the host keeps them throughout, and nothing attach does reaches
+// the host.
+func TestViewHidesSandboxMounts(t *testing.T) {
+	requireRunsc(t)
+	hide := filepath.Join(t.TempDir(), "sandboxes")
+	before, after := filepath.Join(hide, "a", "rootfs"), filepath.Join(hide, "b", "rootfs")
+	tmpfs := func(dir string) {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	}
+	// hide is a shared mount, as the netns directory is and as a systemd
+	// host's every mount is: mounts made below it on the host propagate
+	// into every copy of the host's namespace that is still its peer.
+	if err := os.MkdirAll(hide, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(hide, hide, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(hide, unix.MNT_DETACH) })
+	if err := unix.Mount("", hide, "", unix.MS_SHARED, ""); err != nil {
+		t.Fatal(err)
+	}
+	tmpfs(before)
+	rt := newRuntime(t, Options{Binary: standbyBinary(t), HideMountsUnder: []string{hide}, Standby: 1})
+	v := rt.view
+	if v == nil {
+		t.Fatal("no view made")
+	}
+	tmpfs(after)
+	if err := os.WriteFile(filepath.Join(after, "marker"), []byte("b's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hostHad := len(hostMounts(t))
+
+	in := viewMounts(t, v)
+	for _, p := range []string{before, after} {
+		if in[p] {
+			t.Errorf("%s is mounted in the view before any attach", p)
+		}
+		if !hostMounted(t, p) {
+			t.Errorf("%s is not mounted on the host", p)
+		}
+	}
+	if !in["/proc"] {
+		t.Error("the view lost the host's base mounts (/proc)")
+	}
+
+	release, err := v.attach([]string{after, after, filepath.Join(hide, "plain")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in = viewMounts(t, v)
+	if !in[after] || in[before] {
+		t.Errorf("after attach: %s mounted %v (want true), %s mounted %v (want false)", after, in[after], before, in[before])
+	}
+	var got []byte
+	if err := v.do(func() (err error) { got, err = os.ReadFile(filepath.Join(after, "marker")); return err }); err != nil || string(got) != "b's" {
+		t.Errorf("the view reads %q, %v from the attached mount; want the host's file", got, err)
+	}
+	// A second command on the same sandbox shares the attached mount.
+	release2, err := v.attach([]string{after})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if !viewMounts(t, v)[after] {
+		t.Error("released by one command while another still holds it")
+	}
+	release2()
+	if viewMounts(t, v)[after] {
+		t.Error("still mounted in the view after the last release")
+	}
+	if !hostMounted(t, after) || len(hostMounts(t)) != hostHad {
+		t.Error("attach or release changed the host's mounts")
+	}
+
+	// The standby runsc waits in the view.
+	var viewNS string
+	if err := v.do(func() (err error) { viewNS, err = os.Readlink("/proc/thread-self/ns/mnt"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	host, _ := os.Readlink("/proc/thread-self/ns/mnt")
+	if viewNS == host {
+		t.Fatalf("the view is the host's namespace %s", host)
+	}
+	pid := awaitStandby(t, rt)
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ns != viewNS {
+		t.Errorf("the standby runsc waits in %s, not in the view %s", ns, viewNS)
+	}
+
+	// A command that ends after Close detaches nothing: its release must
+	// not reach the host's mount at the same path.
+	release3, err := v.attach([]string{after})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Close(); err != nil {
+		t.Fatal(err)
+	}
+	release3()
+	if !hostMounted(t, after) {
+		t.Error("a release after Close unmounted the host's mount")
+	}
+}
+
+// hostMounts lists the host's mount points (this goroutine's thread
+// is the host's).
+func hostMounts(t *testing.T) []mount.Info {
+	t.Helper()
+	infos, err := mount.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return infos
+}
