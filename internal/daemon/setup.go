@@ -76,7 +76,8 @@ func (d *Daemon) openRuntimes(cfg Config) error {
 	ro := runsc.Options{Binary: cfg.RuntimeBinary, Root: filepath.Join(cfg.RunDir, "runsc"), LogDir: logs, Standby: cfg.RunscStandby, Log: d.log,
 		// Each sandbox's rootfs and netns mounts: runsc starts see their
 		// own sandbox's only, not the host's thousands (runsc/view.go).
-		HideMountsUnder: []string{d.bundlesDir(), filepath.Join(cfg.RunDir, "netns")}}
+		HideMountsUnder: []string{d.bundlesDir(), filepath.Join(cfg.RunDir, "netns")},
+		KeepMountsUnder: []string{cfg.StateDir, cfg.RunDir, filepath.Dir(cfg.AgentPath)}}
 	if cfg.RunscHugePages {
 		ro.StageDir = filepath.Join(cfg.RunDir, "runsc-bin")
 	}

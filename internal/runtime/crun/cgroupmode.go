@@ -9,12 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/runtime/ocicli"
 )
 
 const cgroupRoot = "/sys/fs/cgroup"
@@ -100,29 +100,9 @@ func (c *Crun) start(cmd *exec.Cmd) error {
 	})
 }
 
-// onOtherThread runs f in a fresh goroutine locked to an OS thread that is
-// not the main thread, and lets that thread end with the goroutine (it is
-// never unlocked): f may change the thread's kernel state (its namespaces)
-// and nothing else will ever run on it.
-func onOtherThread(f func() error) error {
-	errc := make(chan error, 1)
-	go func() { errc <- lockedOffMain(f) }()
-	return <-errc
-}
-
-// lockedOffMain locks the calling goroutine to its thread and runs f there,
-// unless that thread is the main one: Go parks a main thread whose locked
-// goroutine exits instead of ending it, so f's changes would outlive it. On
-// the main thread it keeps the thread locked, which makes the scheduler put
-// onOtherThread's goroutine on another thread, and unlocks the untouched
-// main thread when f is done. Off the main thread the caller's goroutine
-// must exit after it, without unlocking.
-func lockedOffMain(f func() error) error {
-	goruntime.LockOSThread()
-	if unix.Gettid() != unix.Getpid() {
-		return f()
-	}
-	err := onOtherThread(f)
-	goruntime.UnlockOSThread()
-	return err
-}
+// onOtherThread and lockedOffMain are ocicli's (shared with the runsc
+// driver's view).
+var (
+	onOtherThread = ocicli.OnOtherThread
+	lockedOffMain = ocicli.LockedOffMain
+)

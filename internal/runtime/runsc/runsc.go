@@ -66,6 +66,11 @@ type Options struct {
 	// sandbox sees that sandbox's alone (view.go). When the view cannot be
 	// made the driver logs why and runs runsc in the host's namespace.
 	HideMountsUnder []string
+	// KeepMountsUnder are more directories whose mounts the view keeps
+	// even when they are of a kind it detaches (loop-backed, overlay):
+	// the daemon's state and run directories. The driver's own (Root,
+	// LogDir, StageDir, the binary's) are kept anyway.
+	KeepMountsUnder []string
 	Log             *slog.Logger
 }
 
@@ -136,7 +141,8 @@ func New(o Options) (*Runsc, error) {
 	}
 	if len(o.HideMountsUnder) > 0 {
 		// After the stage: its mount is one the view keeps.
-		v, err := newView(o.HideMountsUnder)
+		keep := append([]string{o.Root, o.LogDir, o.StageDir, filepath.Dir(o.Binary)}, o.KeepMountsUnder...)
+		v, err := newView(o.HideMountsUnder, keep)
 		if err != nil {
 			r.log.Warn("runsc: running in the host's mount namespace, among every sandbox's mounts", "err", err)
 		} else {

@@ -203,6 +203,11 @@ func (p *standbyPool) serveOne() (ok, ran, tainted bool) {
 		}
 	}()
 	if p.enter != nil {
+		if unix.Gettid() == unix.Getpid() {
+			// The main thread, which Go parks rather than ends: it
+			// must not enter the view. The slot tries again later.
+			return false, false, false
+		}
 		// A thread in the view never serves another goroutine.
 		tainted = true
 		if err := p.enter(); err != nil {

@@ -16,7 +16,14 @@ package runsc
 // So runsc does not run in the host's mount namespace. New makes a copy of
 // it once, private (the host's mounts made later do not propagate into it),
 // with every mount below the hidden directories (the sandboxes' rootfs
-// mounts and netns files) detached. Before a command that starts a
+// mounts and netns files) detached, and with the host's mounts that no
+// runsc of this driver needs detached too: overlays and namespace files
+// (other daemons' sandboxes, other runtimes' containers), loop-backed file
+// systems and other daemons' runsc stages, except those holding the
+// driver's own directories (Options.KeepMountsUnder, its state root, stage
+// and logs). A copy the view kept would hold its file system busy after
+// the host unmounted it: another daemon's snapshot pool stayed on its loop
+// device until this one stopped. Before a command that starts a
 // sandbox's processes (run, create, restore) the driver attaches that
 // sandbox's own rootfs and netns mounts (a clone of the host's, open_tree
 // and move_mount) at the same paths, and detaches them when the command
@@ -26,7 +33,12 @@ package runsc
 // A thread enters the view (unshare CLONE_FS, setns) and never leaves it:
 // its goroutine keeps it locked and it ends with the goroutine, so no other
 // goroutine ever runs on a thread in the view, and the daemon's own mounts
-// still go to the host's namespace.
+// still go to the host's namespace. That thread is never the main thread
+// (ocicli.OnOtherThread), which Go parks instead of ending.
+//
+// What the view still keeps: the host's other mounts as they were when the
+// driver started. A file system unmounted on the host later (not one of the
+// kinds above) stays busy until the daemon stops.
 
 import (
 	"errors"
@@ -35,6 +47,7 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -42,73 +55,68 @@ import (
 
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/mount"
+	"github.com/forkbox/forkbox/internal/runtime/ocicli"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
 )
 
 // view is the mount namespace runsc runs in.
 type view struct {
-	ns  *os.File // its /proc/thread-self/ns/mnt
-	cwd string   // the process's working directory, entered with it
+	cwd string // the process's working directory, entered with it
+
+	nsMu sync.RWMutex // held (read) while a thread enters; close takes it
+	ns   *os.File     // its /proc/thread-self/ns/mnt; nil once closed
+	gone atomic.Bool  // closed: commands run in the host's namespace
 
 	mu   sync.Mutex
-	refs map[string]int // attached path → commands that need it
-
-	gone atomic.Bool // closed: commands run in the host's namespace
+	refs map[string]int // attached path → commands that hold it
 }
 
 // newView makes the view: a private copy of the caller's mount namespace
-// without the mounts below the directories in hide.
-func newView(hide []string) (*view, error) {
+// without the mounts below the directories in hide, nor the ones of the
+// kinds no runsc needs, unless they hold a directory in keep.
+func newView(hide, keep []string) (*view, error) {
 	cwd, err := os.Getwd()
 	if err != nil {
-		return nil, fmt.Errorf("runsc view: %v: %w", err, errdefs.ErrInternal)
+		cwd = "/"
 	}
-	type result struct {
-		ns  *os.File
-		err error
+	var ns *os.File
+	err = ocicli.OnOtherThread(func() (err error) {
+		ns, err = makeView(hide, keep)
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
-	done := make(chan result, 1)
-	go func() {
-		// Never unlocked: the thread ends with this goroutine.
-		goruntime.LockOSThread()
-		ns, err := makeView(hide)
-		done <- result{ns, err}
-	}()
-	r := <-done
-	if r.err != nil {
-		return nil, r.err
-	}
-	return &view{ns: r.ns, cwd: cwd, refs: map[string]int{}}, nil
+	return &view{ns: ns, cwd: cwd, refs: map[string]int{}}, nil
 }
 
 // makeView unshares the calling (locked, doomed) thread's mount namespace
 // and makes it the view; it returns a handle on it.
-func makeView(hide []string) (*os.File, error) {
+func makeView(hide, keep []string) (*os.File, error) {
+	// The calls attach needs (Linux 5.2): without them, no view.
+	fd, err := unix.OpenTree(unix.AT_FDCWD, "/", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("runsc view: open_tree: %v: %w", err, errdefs.ErrUnavailable)
+	}
+	unix.Close(fd)
 	if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
 		return nil, fmt.Errorf("runsc view: unshare: %v: %w", err, errdefs.ErrUnavailable)
 	}
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return nil, fmt.Errorf("runsc view: make private: %v: %w", err, errdefs.ErrInternal)
 	}
-	for _, dir := range hide {
-		if dir == "" {
+	infos, err := mount.List()
+	if err != nil {
+		return nil, fmt.Errorf("runsc view: %v: %w", err, errdefs.ErrInternal)
+	}
+	hide, keep = resolved(hide), resolved(keep)
+	for i := len(infos) - 1; i >= 0; i-- { // children before parents
+		m := infos[i].Mountpoint
+		if !below(m, hide) && !(unneeded(infos[i]) && !holds(m, keep)) {
 			continue
 		}
-		under, err := mount.Under(dir)
-		if err != nil {
-			return nil, fmt.Errorf("runsc view: %v: %w", err, errdefs.ErrInternal)
-		}
-		clean := filepath.Clean(dir)
-		if p, err := filepath.EvalSymlinks(clean); err == nil {
-			clean = p
-		}
-		for _, m := range under { // deepest first
-			if m == clean {
-				continue // the directory's own mount stays: paths below it must resolve
-			}
-			if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-				return nil, fmt.Errorf("runsc view: detach %s: %v: %w", m, err, errdefs.ErrInternal)
-			}
+		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			return nil, fmt.Errorf("runsc view: detach %s: %v: %w", m, err, errdefs.ErrInternal)
 		}
 	}
 	ns, err := os.Open("/proc/thread-self/ns/mnt")
@@ -118,18 +126,88 @@ func makeView(hide []string) (*os.File, error) {
 	return ns, nil
 }
 
+// unneeded reports whether m is of a kind no runsc of this driver needs
+// from the host: a sandbox's or container's root (overlay), a namespace
+// file (nsfs), a loop-backed file system (a snapshot pool, a memory
+// vault), a runsc stage. The root mount is always needed.
+func unneeded(m mount.Info) bool {
+	if m.Mountpoint == "/" {
+		return false
+	}
+	switch {
+	case m.FSType == "overlay", m.FSType == "nsfs", strings.HasPrefix(m.Source, "/dev/loop"), m.Source == stageFS:
+		return true
+	}
+	return false
+}
+
+// below reports whether path is strictly below one of dirs.
+func below(path string, dirs []string) bool {
+	for _, d := range dirs {
+		if strings.HasPrefix(path, d+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// holds reports whether a mount on mountpoint holds one of dirs: is at or
+// below one of them, or above one.
+func holds(mountpoint string, dirs []string) bool {
+	for _, d := range dirs {
+		if mountpoint == d || strings.HasPrefix(mountpoint, d+"/") || strings.HasPrefix(d, mountpoint+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// resolved returns dirs absolute, cleaned and with symlinks resolved (as
+// the mount table names them); empty ones dropped.
+func resolved(dirs []string) []string {
+	var out []string
+	for _, d := range dirs {
+		if d == "" {
+			continue
+		}
+		abs, err := filepath.Abs(d)
+		if err != nil {
+			continue
+		}
+		if p, err := filepath.EvalSymlinks(abs); err == nil {
+			abs = p
+		}
+		out = append(out, filepath.Clean(abs))
+	}
+	return out
+}
+
 // enter moves the calling goroutine's thread into the view for good: it
 // locks it and never unlocks it, so the thread ends with the goroutine.
+// The main thread is refused (Go would park it, in the view, for good).
 func (v *view) enter() error {
 	goruntime.LockOSThread()
+	if unix.Gettid() == unix.Getpid() {
+		return fmt.Errorf("runsc view: not entered from the main thread: %w", errdefs.ErrInternal)
+	}
+	return v.enterLocked()
+}
+
+// enterLocked is enter on a thread already locked, not the main one.
+func (v *view) enterLocked() error {
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		return fmt.Errorf("runsc view: unshare fs: %v: %w", err, errdefs.ErrInternal)
+	}
+	v.nsMu.RLock()
+	defer v.nsMu.RUnlock()
+	if v.ns == nil {
+		return fmt.Errorf("runsc view: closed: %w", errdefs.ErrFailedPrecondition)
 	}
 	if err := unix.Setns(int(v.ns.Fd()), unix.CLONE_NEWNS); err != nil {
 		return fmt.Errorf("runsc view: enter: %v: %w", err, errdefs.ErrInternal)
 	}
-	if err := unix.Chdir(v.cwd); err != nil {
-		return fmt.Errorf("runsc view: chdir %s: %v: %w", v.cwd, err, errdefs.ErrInternal)
+	if unix.Chdir(v.cwd) != nil { // gone since: runsc's paths are absolute
+		_ = unix.Chdir("/")
 	}
 	return nil
 }
@@ -150,18 +228,12 @@ func (v *view) do(fn func() error) error {
 // within runs fn on a thread in the view, never in the host's namespace:
 // mounts made or removed there are the view's.
 func (v *view) within(fn func() error) error {
-	if v.gone.Load() {
-		return fmt.Errorf("runsc view: closed: %w", errdefs.ErrFailedPrecondition)
-	}
-	errc := make(chan error, 1)
-	go func() {
-		if err := v.enter(); err != nil {
-			errc <- err
-			return
+	return ocicli.OnOtherThread(func() error {
+		if err := v.enterLocked(); err != nil {
+			return err
 		}
-		errc <- fn()
-	}()
-	return <-errc
+		return fn()
+	})
 }
 
 // close lets the view go once its last process has exited.
@@ -169,7 +241,11 @@ func (v *view) close() error {
 	if v == nil || v.gone.Swap(true) {
 		return nil
 	}
-	return v.ns.Close()
+	v.nsMu.Lock()
+	defer v.nsMu.Unlock()
+	err := v.ns.Close()
+	v.ns = nil
+	return err
 }
 
 // bundleMounts returns the host paths of bundle's own mounts that runsc
@@ -223,13 +299,14 @@ func (v *view) attach(paths []string) (release func(), err error) {
 		if slices.Contains(held, abs) {
 			continue
 		}
-		held = append(held, abs)
-		if v.refs[abs] > 0 {
+		if v.refs[abs] > 0 { // attached for another command: shared
+			held = append(held, abs)
 			continue
 		}
 		if !hostMount(abs) {
-			continue
+			continue // nothing to attach; nothing to detach after
 		}
+		held = append(held, abs)
 		// On this goroutine's thread, which is the host's namespace's.
 		fd, err := unix.OpenTree(unix.AT_FDCWD, abs, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
 		if err != nil {
@@ -241,7 +318,15 @@ func (v *view) attach(paths []string) (release func(), err error) {
 	if len(trees) > 0 {
 		err := v.within(func() error {
 			for i, t := range trees {
-				if err := unix.MoveMount(int(t.Fd()), "", unix.AT_FDCWD, targets[i], unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+				err := unix.MoveMount(int(t.Fd()), "", unix.AT_FDCWD, targets[i], unix.MOVE_MOUNT_F_EMPTY_PATH)
+				if err == nil {
+					// Out of the host mount's peer group: nothing done
+					// to it in the view reaches the host, nor back.
+					if err = unix.Mount("", targets[i], "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+						_ = unix.Unmount(targets[i], unix.MNT_DETACH)
+					}
+				}
+				if err != nil {
 					for _, done := range targets[:i] {
 						_ = unix.Unmount(done, unix.MNT_DETACH)
 					}

@@ -1,9 +1,11 @@
 package runsc
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -13,9 +15,10 @@ import (
 	"github.com/forkbox/forkbox/internal/runtime/testsuite"
 )
 
-// The conformance suite again, with runsc in a view of its own (view.go):
-// every container's rootfs and netns are mounted after the driver's start
-// and reach runsc by attach.
+// The conformance suite again, with every runsc in a view of its own
+// (view.go): containers' netns files, bound after the driver's start,
+// reach runsc by attach (their rootfs are plain directories here; the
+// daemon's tests start every sandbox from an attached overlay).
 func TestSuiteInView(t *testing.T) {
 	testsuite.Run(t, func(t *testing.T) runtime.Runtime {
 		t.Helper()
@@ -100,7 +103,7 @@ func TestViewHidesSandboxMounts(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(after, "marker"), []byte("b's"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	hostHad := len(hostMounts(t))
+	hostHad := hostMountsUnder(t, hide)
 
 	in := viewMounts(t, v)
 	for _, p := range []string{before, after} {
@@ -140,7 +143,7 @@ func TestViewHidesSandboxMounts(t *testing.T) {
 	if viewMounts(t, v)[after] {
 		t.Error("still mounted in the view after the last release")
 	}
-	if !hostMounted(t, after) || len(hostMounts(t)) != hostHad {
+	if !hostMounted(t, after) || hostMountsUnder(t, hide) != hostHad {
 		t.Error("attach or release changed the host's mounts")
 	}
 
@@ -177,13 +180,104 @@ func TestViewHidesSandboxMounts(t *testing.T) {
 	}
 }
 
-// hostMounts lists the host's mount points (this goroutine's thread
-// is the host's).
-func hostMounts(t *testing.T) []mount.Info {
+// hostMountsUnder lists the host's mount points below dir (this
+// goroutine's thread is the host's), in order.
+func hostMountsUnder(t *testing.T, dir string) string {
 	t.Helper()
-	infos, err := mount.List()
+	under, err := mount.Under(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return infos
+	return strings.Join(under, "\n")
+}
+
+// The view leaves out the host's mounts no runsc of the driver needs (an
+// overlay and a namespace file outside its directories: another daemon's
+// sandbox), so it does not keep them busy once the host unmounts them,
+// and keeps those in its own directories.
+func TestViewDropsOthersMounts(t *testing.T) {
+	requireRunsc(t)
+	tmp := t.TempDir()
+	other, own := filepath.Join(tmp, "other"), filepath.Join(tmp, "own")
+	overlay := func(dir string) string {
+		for _, d := range []string{"lower", "upper", "work", "merged"} {
+			if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}
+		m := filepath.Join(dir, "merged")
+		opts := "lowerdir=" + filepath.Join(dir, "lower") + ",upperdir=" + filepath.Join(dir, "upper") + ",workdir=" + filepath.Join(dir, "work")
+		if err := unix.Mount("overlay", m, "overlay", 0, opts); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Unmount(m, unix.MNT_DETACH) })
+		return m
+	}
+	otherRoot, ownRoot := overlay(other), overlay(own)
+	netns := filepath.Join(other, "netns")
+	if err := os.WriteFile(netns, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("/proc/self/ns/net", netns, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(netns, unix.MNT_DETACH) })
+
+	rt := newRuntime(t, Options{HideMountsUnder: []string{filepath.Join(tmp, "hidden")}, KeepMountsUnder: []string{own}})
+	if rt.view == nil {
+		t.Fatal("no view made")
+	}
+	in := viewMounts(t, rt.view)
+	for _, p := range []string{otherRoot, netns} {
+		if in[p] {
+			t.Errorf("the view keeps %s, which no runsc of the driver needs", p)
+		}
+	}
+	if !in[ownRoot] {
+		t.Errorf("the view dropped %s, in a directory it was told to keep", ownRoot)
+	}
+}
+
+// However many runsc commands run in the view, at once, no thread but
+// their own ends up in it: not the goroutines that asked, and not the main
+// thread, which /proc/self names (the threads are ocicli.OnOtherThread's,
+// whose main-thread rule crun's TestLockedOffMainSparesTheMainThread shows).
+func TestViewLeavesOtherThreads(t *testing.T) {
+	requireRunsc(t)
+	rt := newRuntime(t, Options{HideMountsUnder: []string{filepath.Join(t.TempDir(), "hidden")}})
+	if rt.view == nil {
+		t.Fatal("no view made")
+	}
+	host, err := os.Readlink("/proc/thread-self/ns/mnt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var in string
+	if err := rt.view.do(func() (err error) { in, err = os.Readlink("/proc/thread-self/ns/mnt"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if in == host {
+		t.Fatalf("do ran in the host's namespace %s, not the view", host)
+	}
+	const n = 16
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			_, err := rt.command(context.Background(), "", "list")
+			if err == nil {
+				if ns, _ := os.Readlink("/proc/thread-self/ns/mnt"); ns != host {
+					err = fmt.Errorf("the asking goroutine's thread is in %s after runsc ran, not the host's %s", ns, host)
+				}
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if got, _ := os.Readlink("/proc/self/ns/mnt"); got != host {
+		t.Errorf("the main thread is in %s after runsc ran in the view, want the host's %s", got, host)
+	}
 }
