@@ -11,30 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/forkbox/forkbox/internal/mount"
-	"github.com/forkbox/forkbox/internal/runtime"
-	"github.com/forkbox/forkbox/internal/runtime/testsuite"
 )
-
-// The conformance suite again, with every runsc in a view of its own
-// (view.go): containers' netns files, bound after the driver's start,
-// reach runsc by attach (their rootfs are plain directories here; the
-// daemon's tests start every sandbox from an attached overlay).
-func TestSuiteInView(t *testing.T) {
-	testsuite.Run(t, func(t *testing.T) runtime.Runtime {
-		t.Helper()
-		requireRunsc(t)
-		dir := t.TempDir()
-		rt, err := New(Options{Root: filepath.Join(dir, "state"), LogDir: filepath.Join(dir, "logs"),
-			HideMountsUnder: []string{filepath.Join(dir, "hidden")}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if rt.view == nil {
-			t.Fatal("no view made")
-		}
-		return rt
-	})
-}
 
 // viewMounts returns the mount points in the view.
 func viewMounts(t *testing.T, v *view) map[string]bool {
