@@ -135,14 +135,8 @@ func TestRotateTokenBounded(t *testing.T) {
 	defer func(d time.Duration) { rotateTimeout = d }(rotateTimeout)
 	rotateTimeout = 2 * time.Second // room for the dial and the refused session on a loaded host
 
-	errc := make(chan error, 1)
-	go func() { errc <- h.d.rotateAgentToken(context.Background(), sb) }()
-	var err error
-	select {
-	case err = <-errc:
-	case <-time.After(time.Minute): // the hang this test is about
-		t.Fatal("rotateAgentToken still waits on an agent that never answers")
-	}
+	err := returnsWithin(t, "rotateAgentToken still waits on an agent that never answers",
+		func() error { return h.d.rotateAgentToken(context.Background(), sb) })
 	if !errdefs.IsDeadlineExceeded(err) {
 		t.Errorf("rotate: %v, want DeadlineExceeded", err)
 	}
@@ -210,15 +204,10 @@ func TestCredentialWriteBounded(t *testing.T) {
 	defer func(d time.Duration) { credentialWriteTimeout = d }(credentialWriteTimeout)
 	credentialWriteTimeout = 2 * time.Second // room for the dial and the refused session on a loaded host
 
-	errc := make(chan error, 1)
-	go func() { errc <- h.d.injectCredentialFiles(context.Background(), h.state(id)) }()
-	select {
-	case err := <-errc:
-		if !errdefs.IsDeadlineExceeded(err) {
-			t.Errorf("credential files: %v, want DeadlineExceeded", err)
-		}
-	case <-time.After(time.Minute): // the hang this test is about
-		t.Fatal("writing credential files still waits on an agent that never answers")
+	err := returnsWithin(t, "writing credential files still waits on an agent that never answers",
+		func() error { return h.d.injectCredentialFiles(context.Background(), h.state(id)) })
+	if !errdefs.IsDeadlineExceeded(err) {
+		t.Errorf("credential files: %v, want DeadlineExceeded", err)
 	}
 	if n := a.count("write"); n > 1 {
 		t.Errorf("the agent got %d writes, want at most 1", n)
@@ -241,25 +230,16 @@ func TestForkNoticeBounded(t *testing.T) {
 	h.w.silentOp = "forked"
 	h.w.mu.Unlock()
 
-	type out struct {
-		res *ForkResult
-		err error
+	var res *ForkResult
+	err := returnsWithin(t, "the memory fork still waits on a child's agent that never answers its fork notice",
+		func() (err error) {
+			res, err = h.d.Fork(ctx, ForkOptions{Source: src, Count: 1, Memory: true})
+			return err
+		})
+	if err != nil {
+		t.Fatal(err)
 	}
-	done := make(chan out, 1)
-	go func() {
-		res, err := h.d.Fork(ctx, ForkOptions{Source: src, Count: 1, Memory: true})
-		done <- out{res, err}
-	}()
-	var o out
-	select {
-	case o = <-done:
-	case <-time.After(time.Minute): // the hang this test is about
-		t.Fatal("the memory fork still waits on a child's agent that never answers its fork notice")
-	}
-	if o.err != nil {
-		t.Fatal(o.err)
-	}
-	if err := o.res.Children[0].Err; !errdefs.IsDeadlineExceeded(err) {
+	if err := res.Children[0].Err; !errdefs.IsDeadlineExceeded(err) {
 		t.Errorf("child: %v, want DeadlineExceeded", err)
 	}
 }
@@ -275,20 +255,29 @@ func TestExecTimeoutKeptByDaemon(t *testing.T) {
 	defer func(d time.Duration) { execTimeoutGrace = d }(execTimeoutGrace)
 	execTimeoutGrace = 2 * time.Second // room for the dial and the refused session on a loaded host
 
-	errc := make(chan error, 1)
-	go func() {
+	err := returnsWithin(t, "the exec still waits on an agent that ignores its timeout", func() error {
 		_, err := h.d.Exec(context.Background(), id, ExecOptions{ExecRequest: agent.ExecRequest{Argv: []string{"sleep", "1000"}, Timeout: 100 * time.Millisecond}}, io.Discard, io.Discard)
-		errc <- err
-	}()
-	select {
-	case err := <-errc:
-		if !errdefs.IsDeadlineExceeded(err) {
-			t.Errorf("exec: %v, want DeadlineExceeded", err)
-		}
-	case <-time.After(time.Minute): // the hang this test is about
-		t.Fatal("the exec still waits on an agent that ignores its timeout")
+		return err
+	})
+	if !errdefs.IsDeadlineExceeded(err) {
+		t.Errorf("exec: %v, want DeadlineExceeded", err)
 	}
 	if evs := h.events(id); !slices.Contains(evs, store.EventExecFinished) {
 		t.Errorf("ledger %v: want %s", evs, store.EventExecFinished)
+	}
+}
+
+// returnsWithin runs call and returns its error, and fails t with hang when
+// call has not returned within a minute: the hang these tests are about.
+func returnsWithin(t *testing.T, hang string, call func() error) error {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() { errc <- call() }()
+	select {
+	case err := <-errc:
+		return err
+	case <-time.After(time.Minute):
+		t.Fatal(hang)
+		return nil
 	}
 }
