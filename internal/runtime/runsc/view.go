@@ -361,19 +361,16 @@ func (v *view) release(paths []string) {
 		return
 	}
 	_ = v.within(func() error {
-		for _, p := range last {
-			// Only what attach put there: a path it left alone is no
-			// mount point in the view (its mounts were detached at New).
-			if viewMount(p) {
-				_ = unix.Unmount(p, unix.MNT_DETACH)
-			}
+		for _, p := range last { // each one attach put there
+			_ = unix.Unmount(p, unix.MNT_DETACH)
 		}
 		return nil
 	})
 }
 
-// hostMount reports whether path is a mount point (in the calling thread's
-// namespace): a directory mounted on, or a file with a namespace bound on it.
+// hostMount reports whether path is a mount point in the calling thread's
+// namespace (the host's, where attach calls it): a directory mounted on, or
+// a file with a namespace bound on it.
 func hostMount(path string) bool {
 	var st unix.Statfs_t
 	if unix.Statfs(path, &st) == nil && st.Type == unix.NSFS_MAGIC {
@@ -382,6 +379,3 @@ func hostMount(path string) bool {
 	mp, err := mount.IsMountPoint(path)
 	return err == nil && mp
 }
-
-// viewMount is hostMount in the view, for a path attach may have attached.
-func viewMount(path string) bool { return hostMount(path) }
