@@ -28,10 +28,11 @@ them, and each sandbox's ledger as the resource forkbox://sandboxes/{id}/ledger.
 It talks to the daemon like the other commands (--host, --token).
 
 By default it speaks MCP on stdin/stdout, for clients that start it as a
-subprocess. With --http ADDR it serves streamable HTTP on ADDR instead;
-requests must then carry "Authorization: Bearer <token>" when a token is set
-(--api-token, FORKBOX_API_TOKEN, else the --token of the daemon), and a
-non-loopback address needs one.`,
+subprocess. With --http ADDR it serves streamable HTTP on ADDR instead, and
+every request must carry "Authorization: Bearer <token>" (--api-token,
+FORKBOX_API_TOKEN, else the --token of the daemon): on loopback too, since
+any user of the host can reach a loopback port, and the server acts with
+this command's access to the daemon.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s := mcpserver.New(g.client())
@@ -59,16 +60,16 @@ func serveStdio(ctx context.Context, s *mcp.Server) error {
 }
 
 func serveMCPHTTP(ctx context.Context, s *mcp.Server, addr, token string) error {
+	if token == "" {
+		return fmt.Errorf("--http needs a token for its clients to send, since any user of the host can reach %s "+
+			"(--api-token or FORKBOX_API_TOKEN, e.g. --api-token \"$(head -c 24 /dev/urandom | base64)\"): %w", addr, errdefs.ErrInvalidArgument)
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %v: %w", addr, err, errdefs.ErrInvalidArgument)
 	}
-	if token == "" && !loopback(ln.Addr()) {
-		ln.Close()
-		return fmt.Errorf("--http %s is not a loopback address: it needs a token (--api-token or FORKBOX_API_TOKEN): %w", addr, errdefs.ErrInvalidArgument)
-	}
 	srv := httpserve.New(mcpserver.HTTPHandler(s, token), false)
-	slog.Info("MCP listening on streamable HTTP", "addr", "http://"+ln.Addr().String(), "token", token != "")
+	slog.Info("MCP listening on streamable HTTP (token required)", "addr", "http://"+ln.Addr().String())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -81,9 +82,4 @@ func serveMCPHTTP(ctx context.Context, s *mcp.Server, addr, token string) error 
 		<-errc
 		return nil
 	}
-}
-
-func loopback(a net.Addr) bool {
-	t, ok := a.(*net.TCPAddr)
-	return ok && t.IP.IsLoopback()
 }

@@ -424,6 +424,36 @@ func TestHTTPNeedsToken(t *testing.T) {
 	}
 }
 
+// TestHTTPEmptyTokenLetsNothingThrough: a handler made without a token
+// fails closed, whatever the request carries.
+func TestHTTPEmptyTokenLetsNothingThrough(t *testing.T) {
+	f := newFake()
+	mux := http.NewServeMux()
+	mux.Handle(forkboxv1connect.NewSandboxServiceHandler(f))
+	daemon := httptest.NewServer(mux)
+	defer daemon.Close()
+	hs := httptest.NewServer(HTTPHandler(New(&client.Client{URL: daemon.URL}), ""))
+	defer hs.Close()
+
+	body := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x","version":"0"}}}`
+	for _, auth := range []string{"", "Bearer ", "Bearer x", "Basic Og=="} {
+		req, _ := http.NewRequest(http.MethodPost, hs.URL, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("Authorization %q: got %s, want 401", auth, resp.Status)
+		}
+	}
+}
+
 type bearer struct{ token string }
 
 func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
