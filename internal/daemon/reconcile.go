@@ -320,6 +320,9 @@ func (d *Daemon) sweepOrphans(ctx context.Context) error {
 	errs = append(errs, err)
 	for _, mp := range mps {
 		rel, _ := filepath.Rel(d.bundlesDir(), mp)
+		if rel == "." { // the runsc view's boundary, not a sandbox's
+			continue
+		}
 		if id, _, _ := strings.Cut(rel, "/"); !live[id] {
 			d.log.Warn("reconcile: unmounting orphan", "mount", mp)
 			errs = append(errs, d.host.Unmount(ctx, mp))

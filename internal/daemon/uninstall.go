@@ -28,9 +28,13 @@ func (d *Daemon) Uninstall(ctx context.Context, purge bool) error {
 		errs = append(errs, btrfs.Detach(ctx, filepath.Join(d.cfg.StateDir, "snapshots")))
 	}
 	errs = append(errs, memvault.Detach(ctx, d.vaultRoot()))
-	if mps, err := mount.Under(d.cfg.RunDir); err == nil {
-		for _, mp := range mps {
-			errs = append(errs, mount.Unmount(ctx, mp))
+	// What is left below the run dir, and below the bundles (the runsc
+	// view's boundary, kept by Close while a sandbox was still mounted).
+	for _, dir := range []string{d.cfg.RunDir, d.bundlesDir()} {
+		if mps, err := mount.Under(dir); err == nil {
+			for _, mp := range mps {
+				errs = append(errs, mount.Unmount(ctx, mp))
+			}
 		}
 	}
 	for _, root := range cgroupRoots() {

@@ -19,6 +19,7 @@ type Info struct {
 	Root         string // root of the mount within its filesystem
 	Mountpoint   string
 	Options      string // per-mount options
+	Shared       bool   // in a peer group: mounts and unmounts below it propagate
 	FSType       string
 	Source       string
 	SuperOptions string // per-superblock options, e.g. overlay's upperdir=
@@ -60,6 +61,9 @@ func parseMountinfo(b []byte) ([]Info, error) {
 		in.ID, _ = strconv.Atoi(f[0])
 		in.Parent, _ = strconv.Atoi(f[1])
 		in.Root, in.Mountpoint, in.Options = unescape(f[3]), unescape(f[4]), f[5]
+		for _, opt := range f[6:] {
+			in.Shared = in.Shared || strings.HasPrefix(opt, "shared:")
+		}
 		in.FSType, in.Source = g[0], unescape(g[1])
 		if len(g) > 2 {
 			in.SuperOptions = g[2]

@@ -147,6 +147,10 @@ func New(o Options) (*Runsc, error) {
 			r.log.Warn("runsc: running in the host's mount namespace, among every sandbox's mounts", "err", err)
 		} else {
 			r.view = v
+			if !v.follows {
+				r.log.Warn("runsc: its view is a private copy of the host's mounts: a file system the host unmounts stays busy until the daemon stops; "+
+					"a hidden directory has mounts below it and is no mount point (sandboxes of an earlier version)", "hidden", v.hidden)
+			}
 		}
 	}
 	if o.Standby > 0 {

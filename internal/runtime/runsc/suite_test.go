@@ -31,6 +31,9 @@ func runSuite(t *testing.T, inView bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Before the temp dir's removal: Close unmounts the view's
+		// boundary on the hidden directory.
+		t.Cleanup(func() { rt.Close() })
 		if inView && rt.view == nil {
 			t.Fatal("no view made")
 		}

@@ -14,21 +14,31 @@ package runsc
 // and 30 ms with 20 sandboxes live.
 //
 // So runsc does not run in the host's mount namespace. New makes a copy of
-// it once, private (the host's mounts made later do not propagate into it),
-// with every mount below the hidden directories (the sandboxes' rootfs
-// mounts and netns files) detached, and with the host's mounts that no
-// runsc of this driver needs detached too: overlays and namespace files
-// (other daemons' sandboxes, other runtimes' containers), loop-backed file
-// systems and other daemons' runsc stages, except those holding the
-// driver's own directories (Options.KeepMountsUnder, its state root, stage
-// and logs). A copy the view kept would hold its file system busy after
-// the host unmounted it: another daemon's snapshot pool stayed on its loop
-// device until this one stopped. Before a command that starts a
-// sandbox's processes (run, create, restore) the driver attaches that
-// sandbox's own rootfs and netns mounts (a clone of the host's, open_tree
-// and move_mount) at the same paths, and detaches them when the command
-// has returned: the processes runsc started hold copies of their own. So
-// the view holds the host's base mounts plus those of the starts under way.
+// it once, a slave of the host's (the host's mounts and unmounts reach it;
+// nothing done in it reaches the host), with each hidden directory cut
+// from that propagation (a mount point of its own, boundary.go: the
+// sandboxes' mounts made below it later stay out), with every mount below
+// the hidden directories (the sandboxes' rootfs mounts and netns files)
+// detached, and with the host's mounts that no runsc of this driver needs
+// detached too: overlays and namespace files (other daemons' sandboxes,
+// other runtimes' containers), loop-backed file systems and other
+// daemons' runsc stages, except those holding the driver's own directories
+// (Options.KeepMountsUnder, its state root, stage and logs). Before a
+// command that starts a sandbox's processes (run, create, restore) the
+// driver attaches that sandbox's own rootfs and netns mounts (a clone of
+// the host's, open_tree and move_mount) at the same paths, and detaches
+// them when the command has returned: the processes runsc started hold
+// copies of their own. So the view holds the host's base mounts plus
+// those of the starts under way.
+//
+// A file system the host unmounts leaves the view when the host's mount
+// was shared (systemd makes every mount shared): a private one sends no
+// event to any copy, so the view keeps it, busy, until the daemon stops.
+// That is why the view drops the kinds above from the start: another
+// daemon's snapshot pool stayed on its loop device until this one stopped.
+// When a hidden directory has mounts below it but is no mount point
+// (sandboxes of a version that made no boundary), the view is a private
+// copy instead, which follows nothing.
 //
 // A thread enters the view (unshare CLONE_FS, setns) and never leaves it:
 // its goroutine keeps it locked and it ends with the goroutine, so no other
@@ -36,10 +46,6 @@ package runsc
 // still go to the host's namespace. That thread is never the main thread
 // (ocicli.OnOtherThread), which Go parks instead of ending.
 //
-// What the view still keeps: the host's other mounts as they were when the
-// driver started. A file system unmounted on the host later (not one of the
-// kinds above) stays busy until the daemon stops.
-
 import (
 	"errors"
 	"fmt"
@@ -61,7 +67,9 @@ import (
 
 // view is the mount namespace runsc runs in.
 type view struct {
-	cwd string // the process's working directory, entered with it
+	cwd     string   // the process's working directory, entered with it
+	hidden  []string // the hidden directories, resolved
+	follows bool     // a slave of the host's mounts, behind boundaries
 
 	nsMu sync.RWMutex // held (read) while a thread enters; close takes it
 	ns   *os.File     // its /proc/thread-self/ns/mnt; nil once closed
@@ -71,45 +79,64 @@ type view struct {
 	refs map[string]int // attached path → commands that hold it
 }
 
-// newView makes the view: a private copy of the caller's mount namespace
-// without the mounts below the directories in hide, nor the ones of the
-// kinds no runsc needs, unless they hold a directory in keep.
+// newView makes the view: a copy of the caller's mount namespace without
+// the mounts below the directories in hide, nor the ones of the kinds no
+// runsc needs, unless they hold a directory in keep.
 func newView(hide, keep []string) (*view, error) {
 	cwd, err := os.Getwd()
 	if err != nil {
 		cwd = "/"
 	}
-	var ns *os.File
-	err = ocicli.OnOtherThread(func() (err error) {
-		ns, err = makeView(hide, keep)
-		return err
-	})
-	if err != nil {
+	if hide, err = existing(hide); err != nil {
 		return nil, err
 	}
-	return &view{ns: ns, cwd: cwd, refs: map[string]int{}}, nil
-}
-
-// makeView unshares the calling (locked, doomed) thread's mount namespace
-// and makes it the view; it returns a handle on it.
-func makeView(hide, keep []string) (*os.File, error) {
 	// The calls attach needs (Linux 5.2): without them, no view.
 	fd, err := unix.OpenTree(unix.AT_FDCWD, "/", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("runsc view: open_tree: %v: %w", err, errdefs.ErrUnavailable)
 	}
 	unix.Close(fd)
+	follows, err := makeBoundaries(hide)
+	if err != nil {
+		return nil, err
+	}
+	var ns *os.File
+	err = ocicli.OnOtherThread(func() (err error) {
+		ns, err = makeView(hide, resolved(keep), follows)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &view{ns: ns, cwd: cwd, hidden: hide, follows: follows, refs: map[string]int{}}, nil
+}
+
+// makeView unshares the calling (locked, doomed) thread's mount namespace
+// and makes it the view; it returns a handle on it. With follows, the
+// hidden directories are mount points (boundaries), and the view a slave
+// of the host's mounts but for them; without, a private copy.
+func makeView(hide, keep []string, follows bool) (*os.File, error) {
 	if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
 		return nil, fmt.Errorf("runsc view: unshare: %v: %w", err, errdefs.ErrUnavailable)
 	}
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return nil, fmt.Errorf("runsc view: make private: %v: %w", err, errdefs.ErrInternal)
+	prop := uintptr(unix.MS_PRIVATE)
+	if follows {
+		prop = unix.MS_SLAVE
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|prop, ""); err != nil {
+		return nil, fmt.Errorf("runsc view: make the copy a slave or private: %v: %w", err, errdefs.ErrInternal)
+	}
+	if follows {
+		for _, d := range hide {
+			if err := unix.Mount("", d, "", unix.MS_PRIVATE, ""); err != nil {
+				return nil, fmt.Errorf("runsc view: cut %s from the host's mounts: %v: %w", d, err, errdefs.ErrInternal)
+			}
+		}
 	}
 	infos, err := mount.List()
 	if err != nil {
 		return nil, fmt.Errorf("runsc view: %v: %w", err, errdefs.ErrInternal)
 	}
-	hide, keep = resolved(hide), resolved(keep)
 	for i := len(infos) - 1; i >= 0; i-- { // children before parents
 		m := infos[i].Mountpoint
 		if !below(m, hide) && !(unneeded(infos[i]) && !holds(m, keep)) {
@@ -236,7 +263,8 @@ func (v *view) within(fn func() error) error {
 	})
 }
 
-// close lets the view go once its last process has exited.
+// close lets the view go once its last process has exited, and unmounts
+// the host's boundaries with nothing left below them.
 func (v *view) close() error {
 	if v == nil || v.gone.Swap(true) {
 		return nil
@@ -245,6 +273,9 @@ func (v *view) close() error {
 	defer v.nsMu.Unlock()
 	err := v.ns.Close()
 	v.ns = nil
+	if v.follows {
+		err = errors.Join(err, releaseBoundaries(v.hidden))
+	}
 	return err
 }
 

@@ -258,3 +258,126 @@ func TestViewLeavesOtherThreads(t *testing.T) {
 		t.Errorf("the main thread is in %s after runsc ran in the view, want the host's %s", got, host)
 	}
 }
+
+// tmpfsAt mounts a small tmpfs on dir (made if missing) on the host, until
+// the test ends.
+func tmpfsAt(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+}
+
+// mountsOn counts the host's mounts on path (stacked ones each count).
+func mountsOn(t *testing.T, path string) int {
+	t.Helper()
+	infos, err := mount.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, in := range infos {
+		if in.Mountpoint == path {
+			n++
+		}
+	}
+	return n
+}
+
+// TestViewFollowsHost: on a host whose mounts are shared (systemd's
+// default), the view is a slave of them. A file system the host unmounts
+// after the driver started leaves the view, instead of staying busy there
+// until the daemon stops, and one it mounts later appears; the mounts made
+// below a hidden directory still stay out. For that the hidden directory
+// becomes a mount point of its own on the host (a boundary): Close leaves
+// it while something is mounted below it (sandboxes outlive the daemon), a
+// later start reuses it without stacking another, and a Close that finds
+// nothing below unmounts it.
+func TestViewFollowsHost(t *testing.T) {
+	requireRunsc(t)
+	// area stands for a systemd host's root: a shared mount.
+	area := filepath.Join(t.TempDir(), "host")
+	if err := os.MkdirAll(area, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(area, area, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(area, unix.MNT_DETACH) })
+	if err := unix.Mount("", area, "", unix.MS_SHARED, ""); err != nil {
+		t.Fatal(err)
+	}
+	hide := filepath.Join(area, "sandboxes")
+	early, late, rootfs := filepath.Join(area, "early"), filepath.Join(area, "late"), filepath.Join(hide, "a", "rootfs")
+	tmpfsAt(t, early)
+
+	o := Options{HideMountsUnder: []string{hide}}
+	rt := newRuntime(t, o)
+	v := rt.view
+	if v == nil || !v.follows {
+		t.Fatalf("view %+v: want one that follows the host", v)
+	}
+	if mountsOn(t, hide) != 1 {
+		t.Fatalf("%s is on %d mounts on the host, want 1 (the boundary)", hide, mountsOn(t, hide))
+	}
+	tmpfsAt(t, late)
+	tmpfsAt(t, rootfs)
+	in := viewMounts(t, v)
+	if !in[early] || !in[late] {
+		t.Errorf("the view has the host's %s: %v, %s (mounted after start): %v; want both", early, in[early], late, in[late])
+	}
+	if in[rootfs] {
+		t.Errorf("%s, mounted below the hidden directory after start, is in the view", rootfs)
+	}
+	if err := unix.Unmount(early, 0); err != nil {
+		t.Fatalf("the host unmounts %s: %v", early, err)
+	}
+	if viewMounts(t, v)[early] {
+		t.Errorf("the view still holds %s after the host unmounted it", early)
+	}
+
+	if err := rt.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if mountsOn(t, hide) != 1 {
+		t.Errorf("after Close with %s mounted below it: %d mounts on %s, want the boundary kept", rootfs, mountsOn(t, hide), hide)
+	}
+	if err := unix.Unmount(rootfs, 0); err != nil {
+		t.Fatal(err)
+	}
+	rt2 := newRuntime(t, o)
+	if rt2.view == nil || !rt2.view.follows || mountsOn(t, hide) != 1 {
+		t.Errorf("a second start: view %+v, %d mounts on %s; want one that follows, on the boundary it found", rt2.view, mountsOn(t, hide), hide)
+	}
+	if err := rt2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := mountsOn(t, hide); n != 0 {
+		t.Errorf("after Close with nothing below it: %d mounts on %s, want the boundary gone", n, hide)
+	}
+}
+
+// A hidden directory with mounts below it that is no mount point (sandboxes
+// of a version that made no boundary) cannot be cut from the host's
+// propagation: the view is then a private copy, still without those
+// mounts, and nothing is stacked on the directory.
+func TestViewPrivateWithoutBoundary(t *testing.T) {
+	requireRunsc(t)
+	hide := filepath.Join(t.TempDir(), "sandboxes")
+	rootfs := filepath.Join(hide, "a", "rootfs")
+	tmpfsAt(t, rootfs)
+	rt := newRuntime(t, Options{HideMountsUnder: []string{hide}})
+	if rt.view == nil || rt.view.follows {
+		t.Fatalf("view %+v: want a private one", rt.view)
+	}
+	if n := mountsOn(t, hide); n != 0 {
+		t.Errorf("%d mounts on %s, want none", n, hide)
+	}
+	if viewMounts(t, rt.view)[rootfs] {
+		t.Errorf("%s is in the view", rootfs)
+	}
+}
