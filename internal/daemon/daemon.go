@@ -116,6 +116,14 @@ type Config struct {
 	// RunscStandby is how many runsc processes are kept started ahead for
 	// gVisor's run, create and restore (0 = none; see runsc.Options.Standby).
 	RunscStandby int
+	// PropagateSandboxMounts lets each sandbox's mounts (its rootfs below
+	// the state directory, its netns file below the run directory)
+	// propagate wherever those directories' mounts do, for a Kubernetes
+	// node whose state and run volumes are Bidirectional: the host keeps
+	// them for the next pod. Without it, they propagate nowhere (a
+	// private boundary, a netns directory of its own), and runsc's view
+	// follows the host's unmounts (runsc/boundary.go).
+	PropagateSandboxMounts bool
 	// RunscHugePages runs runsc and its Sentry from a copy on a tmpfs of
 	// huge pages at <RunDir>/runsc-bin (see runsc.Options.StageDir).
 	RunscHugePages bool

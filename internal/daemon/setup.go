@@ -51,7 +51,7 @@ func openSnapshotter(ctx context.Context, cfg Config, log *slog.Logger) (snapsho
 
 func newNetwork(ctx context.Context, cfg Config, log *slog.Logger) (*network.Manager, error) {
 	ncfg := network.Config{Bridge: cfg.Bridge, Table: cfg.NetTable, VethPrefix: cfg.VethPrefix,
-		NetnsDir: filepath.Join(cfg.RunDir, "netns"), Log: log}
+		NetnsDir: filepath.Join(cfg.RunDir, "netns"), NetnsDirJoinsParent: cfg.PropagateSandboxMounts, Log: log}
 	if cfg.Subnet != "" {
 		p, err := netip.ParsePrefix(cfg.Subnet)
 		if err != nil {
@@ -77,7 +77,8 @@ func (d *Daemon) openRuntimes(cfg Config) error {
 		// Each sandbox's rootfs and netns mounts: runsc starts see their
 		// own sandbox's only, not the host's thousands (runsc/view.go).
 		HideMountsUnder: []string{d.bundlesDir(), filepath.Join(cfg.RunDir, "netns")},
-		KeepMountsUnder: []string{cfg.StateDir, cfg.RunDir, filepath.Dir(cfg.AgentPath)}}
+		KeepMountsUnder: []string{cfg.StateDir, cfg.RunDir, filepath.Dir(cfg.AgentPath)},
+		SharedHidden:    cfg.PropagateSandboxMounts}
 	if cfg.RunscHugePages {
 		ro.StageDir = filepath.Join(cfg.RunDir, "runsc-bin")
 	}

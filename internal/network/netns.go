@@ -17,8 +17,12 @@ import (
 // ensureNetnsDir creates dir and makes it a shared mount point, the way
 // `ip netns` does for /run/netns, so that a netns bind mount made or removed
 // here propagates into mount namespaces copied from ours later (a runtime's),
-// and unmounting it in Teardown really releases the namespace.
-func ensureNetnsDir(dir string) error {
+// and unmounting it in Teardown really releases the namespace. With
+// ownGroup, a dir that becomes a mount point here leaves the peer group of
+// the mount it is on (which a bind of a directory of a shared mount joins)
+// for one of its own: its netns files then propagate into the copies made
+// of it, and not into every copy and peer of its parent's mount.
+func ensureNetnsDir(dir string, ownGroup bool) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("network: create %s: %v: %w", dir, err, errdefs.ErrInternal)
 	}
@@ -26,6 +30,11 @@ func ensureNetnsDir(dir string) error {
 	if errors.Is(err, unix.EINVAL) { // not a mount point yet
 		if err := unix.Mount(dir, dir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 			return fmt.Errorf("network: bind mount %s: %v: %w", dir, err, errdefs.ErrInternal)
+		}
+		if ownGroup {
+			if err := unix.Mount("", dir, "none", unix.MS_PRIVATE, ""); err != nil {
+				return fmt.Errorf("network: make %s private: %v: %w", dir, err, errdefs.ErrInternal)
+			}
 		}
 		err = unix.Mount("", dir, "none", unix.MS_SHARED|unix.MS_REC, "")
 	}

@@ -70,6 +70,14 @@ type Config struct {
 	Bridge   string       // host bridge name, default "forkbox0"
 	Subnet   netip.Prefix // IPv4 subnet, default 10.88.0.0/16; the bridge gets .1
 	NetnsDir string       // where named netns files live, default /run/forkbox/netns
+	// NetnsDirJoinsParent makes NetnsDir, when it becomes a mount point, a
+	// peer of the mount it is on, so that the netns files propagate
+	// wherever that mount's own do (a Kubernetes node's Bidirectional run
+	// volume carries them to the host). By default it is a peer group of
+	// its own: a netns file mounted in it reaches the namespaces copied
+	// from ours since, and no other (not a copy of its parent's, such as
+	// runsc's view, nor a second, shadowed copy onto the parent itself).
+	NetnsDirJoinsParent bool
 	// Table names the nftables tables (inet and bridge families), default
 	// "forkbox". Each Manager must have its own; tests use it to stay apart
 	// from a running daemon.
@@ -151,7 +159,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m := &Manager{cfg: cfg, log: cfg.Log, gateway: cfg.Subnet.Addr().Next(), policies: map[netip.Addr]Policy{}, applied: map[netip.Addr]Policy{},
 		mayHaveFlows: map[netip.Addr]bool{}}
-	if err := ensureNetnsDir(cfg.NetnsDir); err != nil {
+	if err := ensureNetnsDir(cfg.NetnsDir, !cfg.NetnsDirJoinsParent); err != nil {
 		return nil, err
 	}
 	if err := m.ensureBridge(); err != nil {

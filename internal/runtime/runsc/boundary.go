@@ -9,10 +9,19 @@ package runsc
 // mount point has nothing to cut, so the host needs the bind.
 //
 // A boundary the view makes is a private bind of the directory onto
-// itself: sandbox mounts below it propagate nowhere on the host either.
-// It outlives the daemon while sandboxes are mounted below it (they
-// outlive the daemon too), a later start reuses it, and a Close that finds
-// nothing below it unmounts it.
+// itself. Private, because a bind of a directory of a shared mount joins
+// that mount's peer group: the sandbox mounts below it would propagate to
+// the parent's peers and slaves, the view's copy of the parent among them
+// (and a second, shadowed copy onto the parent on the host itself). So
+// sandbox mounts below a boundary propagate nowhere: where they must (a
+// Kubernetes node's Bidirectional state volume carries them to the host,
+// where the next pod finds them), the daemon asks for no boundary
+// (Options.SharedHidden) and the view is a private copy. A boundary
+// outlives the daemon while sandboxes are mounted below it (they outlive
+// the daemon too), a later start reuses it, and a Close that finds nothing
+// below it unmounts it. Only a private bind of the directory onto itself
+// is unmounted: the shared netns directory (the network's), or a disk an
+// admin mounted there, is left alone.
 
 import (
 	"errors"

@@ -71,7 +71,14 @@ type Options struct {
 	// the daemon's state and run directories. The driver's own (Root,
 	// LogDir, StageDir, the binary's) are kept anyway.
 	KeepMountsUnder []string
-	Log             *slog.Logger
+	// SharedHidden leaves the hidden directories as the host has them,
+	// without the private bind of each onto itself (boundary.go) that lets
+	// the view follow the host's mounts: the mounts made below them then
+	// propagate wherever their parent's do (a Kubernetes node's
+	// Bidirectional state volume carries them to the host, where the next
+	// pod finds them), and the view is a private copy made at start.
+	SharedHidden bool
+	Log          *slog.Logger
 }
 
 // Runsc is the runsc driver. The zero value is not usable; call New.
@@ -142,12 +149,12 @@ func New(o Options) (*Runsc, error) {
 	if len(o.HideMountsUnder) > 0 {
 		// After the stage: its mount is one the view keeps.
 		keep := append([]string{o.Root, o.LogDir, o.StageDir, filepath.Dir(o.Binary)}, o.KeepMountsUnder...)
-		v, err := newView(o.HideMountsUnder, keep)
+		v, err := newView(o.HideMountsUnder, keep, !o.SharedHidden)
 		if err != nil {
 			r.log.Warn("runsc: running in the host's mount namespace, among every sandbox's mounts", "err", err)
 		} else {
 			r.view = v
-			if !v.follows {
+			if !v.follows && !o.SharedHidden {
 				r.log.Warn("runsc: its view is a private copy of the host's mounts: a file system the host unmounts stays busy until the daemon stops; "+
 					"a hidden directory has mounts below it and is no mount point (sandboxes of an earlier version)", "hidden", v.hidden)
 			}

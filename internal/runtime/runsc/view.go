@@ -37,8 +37,10 @@ package runsc
 // That is why the view drops the kinds above from the start: another
 // daemon's snapshot pool stayed on its loop device until this one stopped.
 // When a hidden directory has mounts below it but is no mount point
-// (sandboxes of a version that made no boundary), the view is a private
-// copy instead, which follows nothing.
+// (sandboxes of a version that made no boundary), or when the driver is
+// told to leave the hidden directories' propagation as it is
+// (Options.SharedHidden), the view is a private copy instead, which
+// follows nothing.
 //
 // A thread enters the view (unshare CLONE_FS, setns) and never leaves it:
 // its goroutine keeps it locked and it ends with the goroutine, so no other
@@ -81,8 +83,9 @@ type view struct {
 
 // newView makes the view: a copy of the caller's mount namespace without
 // the mounts below the directories in hide, nor the ones of the kinds no
-// runsc needs, unless they hold a directory in keep.
-func newView(hide, keep []string) (*view, error) {
+// runsc needs, unless they hold a directory in keep. With follow, it
+// makes the hidden directories boundaries, and the view a slave.
+func newView(hide, keep []string, follow bool) (*view, error) {
 	cwd, err := os.Getwd()
 	if err != nil {
 		cwd = "/"
@@ -96,9 +99,11 @@ func newView(hide, keep []string) (*view, error) {
 		return nil, fmt.Errorf("runsc view: open_tree: %v: %w", err, errdefs.ErrUnavailable)
 	}
 	unix.Close(fd)
-	follows, err := makeBoundaries(hide)
-	if err != nil {
-		return nil, err
+	follows := false
+	if follow {
+		if follows, err = makeBoundaries(hide); err != nil {
+			return nil, err
+		}
 	}
 	var ns *os.File
 	err = ocicli.OnOtherThread(func() (err error) {

@@ -155,6 +155,13 @@ func TestViewHidesSandboxMounts(t *testing.T) {
 	if !hostMounted(t, after) {
 		t.Error("a release after Close unmounted the host's mount")
 	}
+	// hide was a mount point before the driver (as the netns directory
+	// is, the network's): Close leaves it, though nothing is below it.
+	unix.Unmount(before, 0)
+	unix.Unmount(after, 0)
+	if !hostMounted(t, hide) {
+		t.Errorf("Close unmounted %s, a mount point it did not make", hide)
+	}
 }
 
 // hostMountsUnder lists the host's mount points below dir (this
@@ -272,6 +279,16 @@ func tmpfsAt(t *testing.T, dir string) {
 	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
 }
 
+// mountAtHost returns the host's topmost mount on path, or nil.
+func mountAtHost(t *testing.T, path string) *mount.Info {
+	t.Helper()
+	infos, err := mount.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mountAt(infos, path)
+}
+
 // mountsOn counts the host's mounts on path (stacked ones each count).
 func mountsOn(t *testing.T, path string) int {
 	t.Helper()
@@ -324,6 +341,11 @@ func TestViewFollowsHost(t *testing.T) {
 	if mountsOn(t, hide) != 1 {
 		t.Fatalf("%s is on %d mounts on the host, want 1 (the boundary)", hide, mountsOn(t, hide))
 	}
+	// The boundary is private, out of its parent's peer group: a sandbox
+	// mount below it is not copied onto the parent as well.
+	if in := mountAtHost(t, hide); in == nil || in.Shared {
+		t.Errorf("the boundary %+v is not a private mount", in)
+	}
 	tmpfsAt(t, late)
 	tmpfsAt(t, rootfs)
 	in := viewMounts(t, v)
@@ -332,6 +354,9 @@ func TestViewFollowsHost(t *testing.T) {
 	}
 	if in[rootfs] {
 		t.Errorf("%s, mounted below the hidden directory after start, is in the view", rootfs)
+	}
+	if n := mountsOn(t, rootfs); n != 1 {
+		t.Errorf("%s is on %d mounts on the host, want 1", rootfs, n)
 	}
 	if err := unix.Unmount(early, 0); err != nil {
 		t.Fatalf("the host unmounts %s: %v", early, err)
@@ -377,6 +402,27 @@ func TestViewPrivateWithoutBoundary(t *testing.T) {
 	if n := mountsOn(t, hide); n != 0 {
 		t.Errorf("%d mounts on %s, want none", n, hide)
 	}
+	if viewMounts(t, rt.view)[rootfs] {
+		t.Errorf("%s is in the view", rootfs)
+	}
+}
+
+// With SharedHidden (a Kubernetes node, whose sandbox mounts must reach the
+// host through its Bidirectional volume), the hidden directories are left
+// as they are, no boundary is made, and the view is a private copy, still
+// without the mounts below them.
+func TestViewSharedHidden(t *testing.T) {
+	requireRunsc(t)
+	hide := filepath.Join(t.TempDir(), "sandboxes")
+	rt := newRuntime(t, Options{HideMountsUnder: []string{hide}, SharedHidden: true})
+	if rt.view == nil || rt.view.follows {
+		t.Fatalf("view %+v: want a private one", rt.view)
+	}
+	if n := mountsOn(t, hide); n != 0 {
+		t.Errorf("%d mounts on %s, want none", n, hide)
+	}
+	rootfs := filepath.Join(hide, "a", "rootfs")
+	tmpfsAt(t, rootfs)
 	if viewMounts(t, rt.view)[rootfs] {
 		t.Errorf("%s is in the view", rootfs)
 	}
