@@ -13,8 +13,54 @@ import (
 
 // Bounds on what one sandbox's link holders, and the listener's clients
 // together, can hold open: a cap on the listener's connections, a cap on
-// each sandbox's upgraded connections, and an idle deadline on every
-// connection (so on every WebSocket and tunnel).
+// those each sandbox's requests hold (so that one link holder, whose app
+// answers slowly or who keeps connections alive, leaves the others room),
+// a cap on each sandbox's upgraded connections, and an idle deadline on
+// every connection (so on every WebSocket and tunnel).
+
+// connKey is the context key of a request's connection, an *idleConn
+// (the Server's ConnContext puts it there).
+type connKey struct{}
+
+// holdConn counts c as held by sandbox id from this request on, until it
+// carries a request for another sandbox or closes; ok is false when id
+// already holds MaxSandboxConns other connections.
+func (h *Handler) holdConn(c *idleConn, id string) (ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	prev, held := h.holder[c]
+	if held && prev == id {
+		return true
+	}
+	if h.conns[id] >= h.o.MaxSandboxConns {
+		return false
+	}
+	if c.closed.Load() { // closing: connClosed has run or will find nothing
+		return true
+	}
+	if held {
+		h.dropLocked(prev)
+	}
+	h.holder[c] = id
+	h.conns[id]++
+	return true
+}
+
+// connClosed drops c's hold, if a sandbox has it.
+func (h *Handler) connClosed(c *idleConn) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if id, ok := h.holder[c]; ok {
+		delete(h.holder, c)
+		h.dropLocked(id)
+	}
+}
+
+func (h *Handler) dropLocked(id string) {
+	if h.conns[id]--; h.conns[id] <= 0 {
+		delete(h.conns, id)
+	}
+}
 
 // isUpgrade says r asks to switch protocols (a WebSocket): the reverse
 // proxy then holds the connection for as long as it lasts.
@@ -71,17 +117,19 @@ func sanitizeResponse(hdr http.Header) {
 }
 
 // limitListener accepts at most max connections at a time (more wait in
-// the kernel's queue) and closes a connection that moves no byte for idle.
+// the kernel's queue) and closes a connection that moves no byte for idle;
+// closed, if set, learns of each connection's close before its slot is free.
 type limitListener struct {
 	net.Listener
-	idle  time.Duration
-	slots chan struct{}
-	done  chan struct{}
-	once  sync.Once
+	idle   time.Duration
+	slots  chan struct{}
+	done   chan struct{}
+	once   sync.Once
+	closed func(*idleConn)
 }
 
-func newLimitListener(l net.Listener, max int, idle time.Duration) *limitListener {
-	return &limitListener{Listener: l, idle: idle, slots: make(chan struct{}, max), done: make(chan struct{})}
+func newLimitListener(l net.Listener, max int, idle time.Duration, closed func(*idleConn)) *limitListener {
+	return &limitListener{Listener: l, idle: idle, slots: make(chan struct{}, max), done: make(chan struct{}), closed: closed}
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
@@ -95,7 +143,13 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		<-l.slots
 		return nil, err
 	}
-	ic := &idleConn{Conn: c, idle: l.idle, release: func() { <-l.slots }}
+	ic := &idleConn{Conn: c, idle: l.idle}
+	ic.release = func() {
+		if l.closed != nil {
+			l.closed(ic)
+		}
+		<-l.slots
+	}
 	ic.timer = time.AfterFunc(l.idle, func() { ic.Close() })
 	return ic, nil
 }

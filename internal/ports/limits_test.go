@@ -288,3 +288,105 @@ func TestProxyRefusedConnClosed(t *testing.T) {
 		t.Errorf("with the token after the refusals: %d", resp.StatusCode)
 	}
 }
+
+// Answers to requests that were never allowed close their connection too,
+// not only refusals: an unroutable request, and the redirect that adds a
+// path URL's trailing slash (sent before any token is looked at).
+func TestProxyUnallowedConnClosed(t *testing.T) {
+	f := newFixtureWith(t, Options{MaxConns: 1})
+	for _, tc := range []struct{ host, path string }{
+		{"example.com", "/"},
+		{f.addr, "/sandboxes/sb-a/ports/not-a-port/"},
+		{f.addr, fmt.Sprintf("/sandboxes/sb-a/ports/%d", f.port)},
+	} {
+		c, err := net.Dial("tcp", f.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(time.Minute)) // against a hang
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\n\r\n", tc.path, tc.host)
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		if _, err := br.ReadByte(); err != io.EOF {
+			t.Errorf("%s %s: after its %d answer the connection stays open (%v)", tc.host, tc.path, resp.StatusCode, err)
+		}
+		c.Close()
+	}
+}
+
+// keepAlive sends a request for sandbox sb on c, a connection kept alive,
+// and returns the answer's status and whether the server closed c after.
+func keepAlive(t *testing.T, f *fixture, c net.Conn, br *bufio.Reader, sb string) (int, bool) {
+	t.Helper()
+	c.SetDeadline(time.Now().Add(time.Minute)) // against a hang
+	fmt.Fprintf(c, "GET /p HTTP/1.1\r\nHost: %s\r\n%s: %s\r\n\r\n", f.host(sb), Header, f.keys.Token(sb))
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("request for %s: %v", sb, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, resp.Close
+}
+
+// TestProxySandboxConnCap: one sandbox's requests hold at most
+// MaxSandboxConns of the listener's connections, in flight or kept alive,
+// so the link holder of one sandbox cannot take every connection from the
+// others'. A connection is held by the sandbox of its last request, and
+// freed when it closes. No timing: a new connection is served only once
+// the listener (full) has freed the slot of one that closed, and the hold
+// is dropped before the slot.
+func TestProxySandboxConnCap(t *testing.T) {
+	f := newFixtureWith(t, Options{MaxConns: 3, MaxSandboxConns: 2})
+	dial := func() (net.Conn, *bufio.Reader) {
+		c, err := net.Dial("tcp", f.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c, bufio.NewReader(c)
+	}
+	c1, b1 := dial()
+	c2, b2 := dial()
+	for i, c := range []net.Conn{c1, c2} {
+		if code, closed := keepAlive(t, f, c, []*bufio.Reader{b1, b2}[i], "sb-a"); code != 200 || closed {
+			t.Fatalf("sb-a's connection %d: %d (closed %v), want 200 kept alive", i+1, code, closed)
+		}
+	}
+	// A third for sb-a is refused and closed; one for sb-b is served.
+	c3, b3 := dial()
+	if code, closed := keepAlive(t, f, c3, b3, "sb-a"); code != http.StatusTooManyRequests || !closed {
+		t.Errorf("sb-a's third connection: %d (closed %v), want 429 and closed", code, closed)
+	}
+	c4, b4 := dial()
+	if code, closed := keepAlive(t, f, c4, b4, "sb-b"); code != 200 || closed {
+		t.Errorf("sb-b beside sb-a's two: %d (closed %v), want 200", code, closed)
+	}
+	// sb-a's own connections still serve it.
+	if code, _ := keepAlive(t, f, c1, b1, "sb-a"); code != 200 {
+		t.Errorf("sb-a again on a connection it holds: %d", code)
+	}
+	// c1 now carries sb-b: sb-a holds one, so a new connection is its.
+	if code, _ := keepAlive(t, f, c1, b1, "sb-b"); code != 200 {
+		t.Errorf("sb-b on c1: %d", code)
+	}
+	c2.Close() // sb-a holds none now, once the server has seen it
+	c5, b5 := dial()
+	if code, closed := keepAlive(t, f, c5, b5, "sb-a"); code != 200 || closed {
+		t.Errorf("sb-a after c1 moved to sb-b and c2 closed: %d (closed %v), want 200", code, closed)
+	}
+	c6, b6 := dial()
+	c4.Close()
+	if code, closed := keepAlive(t, f, c6, b6, "sb-a"); code != 200 || closed {
+		t.Errorf("sb-a's second connection: %d (closed %v), want 200", code, closed)
+	}
+	c7, b7 := dial()
+	c1.Close()
+	if code, closed := keepAlive(t, f, c7, b7, "sb-a"); code != http.StatusTooManyRequests || !closed {
+		t.Errorf("sb-a's third connection again: %d (closed %v), want 429 and closed", code, closed)
+	}
+}

@@ -61,6 +61,11 @@ type Options struct {
 	// MaxUpgrades caps one sandbox's open WebSockets and tunnels together
 	// (default DefaultMaxUpgrades); more are refused with 429.
 	MaxUpgrades int
+	// MaxSandboxConns caps the listener's connections one sandbox's
+	// requests hold, in flight or kept alive after (default a quarter of
+	// MaxConns): a request for a sandbox that holds them all, on another
+	// connection, is refused with 429 and its connection closed.
+	MaxSandboxConns int
 }
 
 // Defaults of Options.
@@ -79,7 +84,9 @@ type Handler struct {
 	wg     sync.WaitGroup // requests in flight
 
 	mu       sync.Mutex
-	upgrades map[string]int // sandbox ID -> open WebSockets and tunnels
+	upgrades map[string]int       // sandbox ID -> open WebSockets and tunnels
+	conns    map[string]int       // sandbox ID -> connections it holds
+	holder   map[*idleConn]string // connection -> the sandbox holding it
 }
 
 type targetKey struct{}
@@ -110,7 +117,10 @@ func NewHandler(b Backend, o Options) *Handler {
 	if o.MaxUpgrades == 0 {
 		o.MaxUpgrades = DefaultMaxUpgrades
 	}
-	h := &Handler{b: b, o: o, upgrades: map[string]int{}}
+	if o.MaxSandboxConns == 0 {
+		o.MaxSandboxConns = max(o.MaxConns/4, 1)
+	}
+	h := &Handler{b: b, o: o, upgrades: map[string]int{}, conns: map[string]int{}, holder: map[*idleConn]string{}}
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 	tr := &http.Transport{
 		Proxy:                  nil, // never an environment proxy: only the sandbox's address
@@ -227,6 +237,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	stop := context.AfterFunc(h.ctx, cancel)
 	defer stop()
+	// Until the request is allowed and its sandbox holds the connection,
+	// the answer closes it: a caller without a token (a bad route, a
+	// redirect, a refusal) does not keep one of the listener's MaxConns
+	// open for the idle timeout.
+	w.Header().Set("Connection", "close")
 
 	route, err := ParseRequest(r, h.o.Domain)
 	if err != nil {
@@ -249,11 +264,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v, fromQuery := h.authorize(r, route, q)
-	if v != allowed {
-		// A refused caller does not keep its connection, and with it one
-		// of the listener's MaxConns, open for the idle timeout.
-		w.Header().Set("Connection", "close")
-	}
 	switch v {
 	case missing:
 		w.Header().Set("WWW-Authenticate", `Bearer realm="forkbox preview"`)
@@ -272,6 +282,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			route.Sandbox, r.Header.Get("Origin"), Header))
 		return
 	}
+	if c, ok := r.Context().Value(connKey{}).(*idleConn); ok && !h.holdConn(c, route.Sandbox) {
+		fail(w, http.StatusTooManyRequests, fmt.Sprintf("sandbox %s's previews hold %d connections to this listener, the most one sandbox may: reuse or close one",
+			route.Sandbox, h.o.MaxSandboxConns))
+		return
+	}
+	w.Header().Del("Connection")
 	if fromQuery && route.ByHost && r.Method != http.MethodConnect {
 		// A host-only cookie: the host is this sandbox port's alone.
 		http.SetCookie(w, &http.Cookie{Name: CookieName, Value: h.o.Keys.Token(route.Sandbox), Path: "/",

@@ -33,9 +33,15 @@ func Listen(addr string, h *Handler, log *slog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("preview listener %s: %v: %w", addr, err, errdefs.ErrFailedPrecondition)
 	}
-	ln := newLimitListener(tl, h.o.MaxConns, h.o.TunnelIdle)
+	ln := newLimitListener(tl, h.o.MaxConns, h.o.TunnelIdle, h.connClosed)
 	s := &Server{h: h, ln: ln, done: make(chan struct{}), srv: &http.Server{
-		Handler:           h,
+		Handler: h,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			if ic, ok := c.(*idleConn); ok {
+				ctx = context.WithValue(ctx, connKey{}, ic)
+			}
+			return ctx
+		},
 		MaxHeaderBytes:    MaxHeaderBytes,
 		ReadHeaderTimeout: ReadHeaderTimeout,
 		IdleTimeout:       IdleTimeout,
