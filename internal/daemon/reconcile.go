@@ -318,8 +318,12 @@ func (d *Daemon) sweepOrphans(ctx context.Context) error {
 	}
 	mps, err := mount.Under(d.bundlesDir())
 	errs = append(errs, err)
+	bundles := d.bundlesDir()
+	if p, err := filepath.EvalSymlinks(bundles); err == nil {
+		bundles = p // as mountinfo names it, which Under returns
+	}
 	for _, mp := range mps {
-		rel, _ := filepath.Rel(d.bundlesDir(), mp)
+		rel, _ := filepath.Rel(bundles, mp)
 		if rel == "." { // the runsc view's boundary, not a sandbox's
 			continue
 		}

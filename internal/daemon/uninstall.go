@@ -28,15 +28,12 @@ func (d *Daemon) Uninstall(ctx context.Context, purge bool) error {
 		errs = append(errs, btrfs.Detach(ctx, filepath.Join(d.cfg.StateDir, "snapshots")))
 	}
 	errs = append(errs, memvault.Detach(ctx, d.vaultRoot()))
-	// What is left below the run dir, and below the bundles (the runsc
-	// view's boundary, kept by Close while a sandbox was still mounted).
-	for _, dir := range []string{d.cfg.RunDir, d.bundlesDir()} {
-		if mps, err := mount.Under(dir); err == nil {
-			for _, mp := range mps {
-				errs = append(errs, mount.Unmount(ctx, mp))
-			}
+	if mps, err := mount.Under(d.cfg.RunDir); err == nil {
+		for _, mp := range mps {
+			errs = append(errs, mount.Unmount(ctx, mp))
 		}
 	}
+	errs = append(errs, d.unmountBundles(ctx))
 	for _, root := range cgroupRoots() {
 		if err := os.Remove(filepath.Join(root, d.cfg.CgroupParent)); !os.IsNotExist(err) {
 			d.bestEffort(ctx, "uninstall: remove the cgroup parent", err)
@@ -45,6 +42,41 @@ func (d *Daemon) Uninstall(ctx context.Context, purge bool) error {
 	errs = append(errs, os.RemoveAll(d.cfg.RunDir))
 	if purge {
 		errs = append(errs, os.RemoveAll(d.cfg.StateDir))
+	}
+	return errors.Join(errs...)
+}
+
+// unmountBundles unmounts what is left below the bundles directory, and
+// the runsc view's boundary on it (a bind of the directory onto itself,
+// left by a Close while sandboxes were mounted below it, or by a crash);
+// another mount there (a disk of its own) stays.
+func (d *Daemon) unmountBundles(ctx context.Context) error {
+	dir := d.bundlesDir()
+	if p, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = p
+	}
+	mps, err := mount.Under(dir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, mp := range mps {
+		if mp != dir {
+			errs = append(errs, mount.Unmount(ctx, mp))
+		}
+	}
+	for range 4 { // the boundary, and any stacked on it
+		infos, err := mount.List()
+		if err != nil {
+			return errors.Join(append(errs, err)...)
+		}
+		in := mount.Top(infos, dir)
+		if in == nil || !mount.SelfBind(infos, *in) {
+			break
+		}
+		if err := mount.Unmount(ctx, dir); err != nil {
+			return errors.Join(append(errs, err)...)
+		}
 	}
 	return errors.Join(errs...)
 }

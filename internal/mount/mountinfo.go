@@ -20,6 +20,7 @@ type Info struct {
 	Mountpoint   string
 	Options      string // per-mount options
 	Shared       bool   // in a peer group: mounts and unmounts below it propagate
+	PeerGroup    int    // that group's ID (shared:N), 0 when not shared
 	FSType       string
 	Source       string
 	SuperOptions string // per-superblock options, e.g. overlay's upperdir=
@@ -62,7 +63,10 @@ func parseMountinfo(b []byte) ([]Info, error) {
 		in.Parent, _ = strconv.Atoi(f[1])
 		in.Root, in.Mountpoint, in.Options = unescape(f[3]), unescape(f[4]), f[5]
 		for _, opt := range f[6:] {
-			in.Shared = in.Shared || strings.HasPrefix(opt, "shared:")
+			if g, ok := strings.CutPrefix(opt, "shared:"); ok {
+				in.PeerGroup, _ = strconv.Atoi(g)
+				in.Shared = true
+			}
 		}
 		in.FSType, in.Source = g[0], unescape(g[1])
 		if len(g) > 2 {
@@ -145,4 +149,69 @@ func IsMountPoint(path string) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// Top returns the mount of infos that path resolves to when it is that
+// mount's root (the topmost one on path, the one the calling thread sees),
+// or nil when path is no mount point. A mount hidden below another, or
+// copied by propagation onto a peer of the parent that something covers,
+// can be listed after the visible one: the mount ID statx gives names the
+// visible one.
+func Top(infos []Info, path string) *Info {
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &st); err == nil && st.Mask&unix.STATX_MNT_ID != 0 {
+		for i := range infos {
+			if uint64(infos[i].ID) == st.Mnt_id {
+				if infos[i].Mountpoint == path {
+					return &infos[i]
+				}
+				return nil
+			}
+		}
+	}
+	for i := len(infos) - 1; i >= 0; i-- { // no STATX_MNT_ID (Linux < 5.8)
+		if infos[i].Mountpoint == path {
+			return &infos[i]
+		}
+	}
+	return nil
+}
+
+// HasBelow reports whether anything in infos is mounted strictly below path.
+func HasBelow(infos []Info, path string) bool {
+	for _, in := range infos {
+		if strings.HasPrefix(in.Mountpoint, path+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// SelfBind reports whether in binds its own directory of its parent's file
+// system onto itself (mount --bind d d).
+func SelfBind(infos []Info, in Info) bool {
+	for _, p := range infos {
+		if p.ID != in.Parent {
+			continue
+		}
+		rel, err := filepath.Rel(p.Mountpoint, in.Mountpoint)
+		return err == nil && rel != ".." && !strings.HasPrefix(rel, "../") && p.Source == in.Source && p.FSType == in.FSType &&
+			filepath.Join(p.Root, rel) == in.Root
+	}
+	return false
+}
+
+// GroupShared reports whether in is in a peer group with another mount of
+// infos: mounts made below in then propagate to that one too, and to every
+// copy of it.
+func GroupShared(infos []Info, in Info) bool {
+	if in.PeerGroup == 0 {
+		return false
+	}
+	for _, o := range infos {
+		if o.ID != in.ID && o.PeerGroup == in.PeerGroup {
+			return true
+		}
+	}
+	return false
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/mount"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -18,25 +19,40 @@ import (
 // `ip netns` does for /run/netns, so that a netns bind mount made or removed
 // here propagates into mount namespaces copied from ours later (a runtime's),
 // and unmounting it in Teardown really releases the namespace. With
-// ownGroup, a dir that becomes a mount point here leaves the peer group of
-// the mount it is on (which a bind of a directory of a shared mount joins)
-// for one of its own: its netns files then propagate into the copies made
-// of it, and not into every copy and peer of its parent's mount.
+// ownGroup, dir leaves the peer group of the mount it is on (which a bind
+// of a directory of a shared mount joins, as an earlier version's did) for
+// one of its own, unless netns files are mounted in it already: they then
+// propagate into the copies made of dir, and not into every copy and peer
+// of its parent's mount.
 func ensureNetnsDir(dir string, ownGroup bool) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("network: create %s: %v: %w", dir, err, errdefs.ErrInternal)
 	}
 	err := unix.Mount("", dir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	regroup := ownGroup
 	if errors.Is(err, unix.EINVAL) { // not a mount point yet
 		if err := unix.Mount(dir, dir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 			return fmt.Errorf("network: bind mount %s: %v: %w", dir, err, errdefs.ErrInternal)
 		}
-		if ownGroup {
-			if err := unix.Mount("", dir, "none", unix.MS_PRIVATE, ""); err != nil {
-				return fmt.Errorf("network: make %s private: %v: %w", dir, err, errdefs.ErrInternal)
-			}
-		}
 		err = unix.Mount("", dir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	} else if err == nil && ownGroup {
+		// A mount point already: one an earlier version bound in its
+		// parent's peer group moves to a group of its own, unless netns
+		// files are mounted in it (leaving would strand their copies on
+		// the parent, each holding its namespace).
+		infos, lerr := mount.List()
+		if lerr != nil {
+			return fmt.Errorf("network: %v: %w", lerr, errdefs.ErrInternal)
+		}
+		in := mount.Top(infos, dir)
+		regroup = in != nil && mount.GroupShared(infos, *in) && !mount.HasBelow(infos, dir)
+	}
+	if err == nil && regroup {
+		// Out of the group it joined (a bind of a directory of a shared
+		// mount joins that mount's group), into one of its own.
+		if err = unix.Mount("", dir, "none", unix.MS_PRIVATE, ""); err == nil {
+			err = unix.Mount("", dir, "none", unix.MS_SHARED, "")
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("network: make %s shared: %v: %w", dir, err, errdefs.ErrInternal)

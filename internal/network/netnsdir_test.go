@@ -103,3 +103,40 @@ func TestNetnsDirOwnPeerGroup(t *testing.T) {
 		}
 	}
 }
+
+// An earlier version's netns directory, bound in its parent's peer group,
+// moves to a group of its own when nothing is mounted in it, and stays
+// where it is while netns files are (leaving would strand their copies on
+// the parent, each holding its namespace).
+func TestNetnsDirRegroupsEarlierOne(t *testing.T) {
+	requirePrivileges(t)
+	for _, busy := range []bool{false, true} {
+		area, peer := sharedArea(t)
+		dir := filepath.Join(area, "netns")
+		if err := ensureNetnsDir(dir, false); err != nil { // as an earlier version made it
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { releaseNetnsDir(dir) })
+		if busy {
+			bindNetns(t, filepath.Join(dir, "sb-0"))
+		}
+		if err := ensureNetnsDir(dir, true); err != nil {
+			t.Fatal(err)
+		}
+		infos, err := mount.List()
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := mount.Top(infos, dir)
+		if in == nil || !in.Shared {
+			t.Fatalf("busy %v: %s is %+v, want a shared mount point", busy, dir, in)
+		}
+		if got := mount.GroupShared(infos, *in); got != busy {
+			t.Errorf("busy %v: %s shares its peer group: %v, want %v", busy, dir, got, busy)
+		}
+		bindNetns(t, filepath.Join(dir, "sb-1"))
+		if n := mountsAt(t, filepath.Join(peer, "netns", "sb-1")); (n > 0) != busy {
+			t.Errorf("busy %v: the netns file is mounted %d times in the parent's peer", busy, n)
+		}
+	}
+}

@@ -27,8 +27,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -37,44 +35,83 @@ import (
 )
 
 // makeBoundaries makes each of dirs (resolved, existing) a mount point on
-// the calling thread's namespace, the host's, unless it is one. It reports
-// false, making none, when one of them has mounts below it and is no
-// mount point (sandboxes of an earlier version that made no boundary):
-// the view cannot follow the host then.
-func makeBoundaries(dirs []string) (bool, error) {
+// the calling thread's namespace, the host's, unless it is one already,
+// and returns those it made. It reports false, making none, when one of
+// them would let the sandbox mounts below it reach the view:
+//   - a directory with mounts below it and no mount point (sandboxes of an
+//     earlier version that made no boundary);
+//   - a mount point in a peer group with another mount of the host (the
+//     netns directory an earlier version bound in its parent's group):
+//     every mount below it is copied onto that one, and so into the view's
+//     copy of it;
+//   - a directory whose bind is copied onto another mount as well (an
+//     ancestor bound onto itself in its parent's peer group).
+//
+// The view cannot follow the host then, and is a private copy.
+func makeBoundaries(dirs []string) (made []string, ok bool, err error) {
 	infos, err := mount.List()
 	if err != nil {
-		return false, fmt.Errorf("runsc view: %v: %w", err, errdefs.ErrInternal)
+		return nil, false, fmt.Errorf("runsc view: %v: %w", err, errdefs.ErrInternal)
 	}
 	var todo []string
 	for _, d := range dirs {
-		if mountAt(infos, d) != nil {
+		if in := mount.Top(infos, d); in != nil {
+			if mount.GroupShared(infos, *in) {
+				return nil, false, nil
+			}
 			continue
 		}
-		if hasBelow(infos, d) {
-			return false, nil
+		if mount.HasBelow(infos, d) {
+			return nil, false, nil
 		}
 		todo = append(todo, d)
 	}
-	for i, d := range todo {
-		err := unix.Mount(d, d, "", unix.MS_BIND, "")
-		if err == nil {
-			if err = unix.Mount("", d, "", unix.MS_PRIVATE, ""); err != nil {
-				_ = unix.Unmount(d, unix.MNT_DETACH)
+	for _, d := range todo {
+		ok, err := bindPrivate(d)
+		if err != nil || !ok {
+			_ = releaseBoundaries(made)
+			return nil, false, err
+		}
+		made = append(made, d)
+	}
+	return made, true, nil
+}
+
+// bindPrivate binds d onto itself and makes the bind private. When the
+// bind was copied onto another mount too (its parent is in a peer group
+// with a mount that covers d, hidden below), it unmounts the bind again
+// while it still is in that group, which takes the copies along, and
+// reports false.
+func bindPrivate(d string) (bool, error) {
+	at := func() int {
+		infos, _ := mount.List()
+		n := 0
+		for _, in := range infos {
+			if in.Mountpoint == d {
+				n++
 			}
 		}
-		if err != nil {
-			for _, done := range todo[:i] {
-				_ = unix.Unmount(done, unix.MNT_DETACH)
-			}
-			return false, fmt.Errorf("runsc view: make %s a mount point: %v: %w", d, err, errdefs.ErrInternal)
+		return n
+	}
+	before := at()
+	if err := unix.Mount(d, d, "", unix.MS_BIND, ""); err != nil {
+		return false, fmt.Errorf("runsc view: make %s a mount point: %v: %w", d, err, errdefs.ErrInternal)
+	}
+	if at() > before+1 {
+		if err := unix.Unmount(d, 0); err != nil {
+			return false, fmt.Errorf("runsc view: unmount the bind of %s, copied onto another mount: %v: %w", d, err, errdefs.ErrInternal)
 		}
+		return false, nil
+	}
+	if err := unix.Mount("", d, "", unix.MS_PRIVATE, ""); err != nil {
+		_ = unix.Unmount(d, unix.MNT_DETACH)
+		return false, fmt.Errorf("runsc view: make %s a mount point: %v: %w", d, err, errdefs.ErrInternal)
 	}
 	return true, nil
 }
 
 // releaseBoundaries unmounts, of dirs, those that are a boundary as
-// makeBoundaries makes them (a private bind of the directory onto itself)
+// bindPrivate makes them (a private bind of the directory onto itself),
 // with nothing mounted below. Another mount on a directory (a disk an
 // admin mounted there, the shared netns directory) is left alone.
 func releaseBoundaries(dirs []string) error {
@@ -84,8 +121,8 @@ func releaseBoundaries(dirs []string) error {
 	}
 	var errs []error
 	for _, d := range dirs {
-		in := mountAt(infos, d)
-		if in == nil || in.Shared || hasBelow(infos, d) || !selfBind(infos, *in) {
+		in := mount.Top(infos, d)
+		if in == nil || in.Shared || mount.HasBelow(infos, d) || !mount.SelfBind(infos, *in) {
 			continue
 		}
 		if err := unix.Unmount(d, 0); err != nil && !errors.Is(err, unix.EINVAL) {
@@ -93,40 +130,6 @@ func releaseBoundaries(dirs []string) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// mountAt returns the topmost mount on path, or nil.
-func mountAt(infos []mount.Info, path string) *mount.Info {
-	for i := len(infos) - 1; i >= 0; i-- {
-		if infos[i].Mountpoint == path {
-			return &infos[i]
-		}
-	}
-	return nil
-}
-
-// hasBelow reports whether anything is mounted strictly below path.
-func hasBelow(infos []mount.Info, path string) bool {
-	for _, in := range infos {
-		if strings.HasPrefix(in.Mountpoint, path+"/") {
-			return true
-		}
-	}
-	return false
-}
-
-// selfBind reports whether in binds its own directory of its parent's file
-// system onto itself, as makeBoundaries does.
-func selfBind(infos []mount.Info, in mount.Info) bool {
-	for _, p := range infos {
-		if p.ID != in.Parent {
-			continue
-		}
-		rel, err := filepath.Rel(p.Mountpoint, in.Mountpoint)
-		return err == nil && !strings.HasPrefix(rel, "..") && p.Source == in.Source && p.FSType == in.FSType &&
-			filepath.Join(p.Root, rel) == in.Root
-	}
-	return false
 }
 
 // existing returns dirs after creating those missing (private to root, as

@@ -155,8 +155,10 @@ func New(o Options) (*Runsc, error) {
 		} else {
 			r.view = v
 			if !v.follows && !o.SharedHidden {
-				r.log.Warn("runsc: its view is a private copy of the host's mounts: a file system the host unmounts stays busy until the daemon stops; "+
-					"a hidden directory has mounts below it and is no mount point (sandboxes of an earlier version)", "hidden", v.hidden)
+				r.log.Warn("runsc: its view is a private copy of the host's mounts, so a file system the host unmounts stays busy until the daemon stops: "+
+					"a hidden directory cannot be cut from the host's propagation (mounts below it and no mount point, from sandboxes of an earlier version; "+
+					"a mount point in a peer group with another mount, as an earlier version left the netns directory; a bind copied onto another mount); "+
+					"a reboot, or `forkbox uninstall` with no sandbox live, clears it", "hidden", v.hidden)
 			}
 		}
 	}

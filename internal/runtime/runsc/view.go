@@ -28,19 +28,24 @@ package runsc
 // driver attaches that sandbox's own rootfs and netns mounts (a clone of
 // the host's, open_tree and move_mount) at the same paths, and detaches
 // them when the command has returned: the processes runsc started hold
-// copies of their own. So the view holds the host's base mounts plus
-// those of the starts under way.
+// copies of their own. So the view holds the host's base mounts, those
+// the host made since outside the hidden directories (on a shared parent:
+// another runtime's containers, another daemon's pool), and those of the
+// starts under way.
 //
 // A file system the host unmounts leaves the view when the host's mount
 // was shared (systemd makes every mount shared): a private one sends no
 // event to any copy, so the view keeps it, busy, until the daemon stops.
 // That is why the view drops the kinds above from the start: another
 // daemon's snapshot pool stayed on its loop device until this one stopped.
-// When a hidden directory has mounts below it but is no mount point
-// (sandboxes of a version that made no boundary), or when the driver is
-// told to leave the hidden directories' propagation as it is
-// (Options.SharedHidden), the view is a private copy instead, which
-// follows nothing.
+// A host's plain umount (not a lazy one) of a mount fails busy, as it
+// would for the host's own, while a process in the view holds its copy
+// (runsc's files are in the driver's directories, its cwd the daemon's).
+// When a hidden directory cannot be made a boundary (makeBoundaries: it
+// has mounts below and is no mount point, or it shares its peer group on
+// the host), or when the driver is told to leave the hidden directories'
+// propagation as it is (Options.SharedHidden), the view is a private copy
+// instead, which follows nothing.
 //
 // A thread enters the view (unshare CLONE_FS, setns) and never leaves it:
 // its goroutine keeps it locked and it ends with the goroutine, so no other
@@ -100,8 +105,9 @@ func newView(hide, keep []string, follow bool) (*view, error) {
 	}
 	unix.Close(fd)
 	follows := false
+	var made []string
 	if follow {
-		if follows, err = makeBoundaries(hide); err != nil {
+		if made, follows, err = makeBoundaries(hide); err != nil {
 			return nil, err
 		}
 	}
@@ -111,7 +117,7 @@ func newView(hide, keep []string, follow bool) (*view, error) {
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return nil, errors.Join(err, releaseBoundaries(made))
 	}
 	return &view{ns: ns, cwd: cwd, hidden: hide, follows: follows, refs: map[string]int{}}, nil
 }
@@ -131,11 +137,9 @@ func makeView(hide, keep []string, follows bool) (*os.File, error) {
 	if err := unix.Mount("", "/", "", unix.MS_REC|prop, ""); err != nil {
 		return nil, fmt.Errorf("runsc view: make the copy a slave or private: %v: %w", err, errdefs.ErrInternal)
 	}
-	if follows {
-		for _, d := range hide {
-			if err := unix.Mount("", d, "", unix.MS_PRIVATE, ""); err != nil {
-				return nil, fmt.Errorf("runsc view: cut %s from the host's mounts: %v: %w", d, err, errdefs.ErrInternal)
-			}
+	for _, d := range hide {
+		if err := clearHidden(d, follows); err != nil {
+			return nil, err
 		}
 	}
 	infos, err := mount.List()
@@ -144,7 +148,7 @@ func makeView(hide, keep []string, follows bool) (*os.File, error) {
 	}
 	for i := len(infos) - 1; i >= 0; i-- { // children before parents
 		m := infos[i].Mountpoint
-		if !below(m, hide) && !(unneeded(infos[i]) && !holds(m, keep)) {
+		if !unneeded(infos[i]) || holds(m, keep) {
 			continue
 		}
 		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
@@ -156,6 +160,50 @@ func makeView(hide, keep []string, follows bool) (*os.File, error) {
 		return nil, fmt.Errorf("runsc view: %v: %w", err, errdefs.ErrInternal)
 	}
 	return ns, nil
+}
+
+// clearHidden detaches, in the view (the calling thread's namespace),
+// every mount below the hidden directory d, and d's own boundary (a bind
+// of d onto itself): what the view needs there, attach brings. It goes
+// round until none is left, since a detach by path takes the top mount
+// only and reveals what it covered (a sandbox mount copied onto the
+// parent's peer, below an earlier version's netns bind). Another mount on
+// d (a disk of its own) stays, cut from the host's propagation when the
+// view follows the host.
+func clearHidden(d string, follows bool) error {
+	for range 8 {
+		infos, err := mount.List()
+		if err != nil {
+			return fmt.Errorf("runsc view: %v: %w", err, errdefs.ErrInternal)
+		}
+		var paths []string
+		for i := len(infos) - 1; i >= 0; i-- { // children before parents
+			if below(infos[i].Mountpoint, []string{d}) {
+				paths = append(paths, infos[i].Mountpoint)
+			}
+		}
+		if top := mount.Top(infos, d); top != nil && mount.SelfBind(infos, *top) {
+			paths = append(paths, d)
+		}
+		if len(paths) == 0 {
+			break
+		}
+		for _, m := range paths {
+			if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("runsc view: detach %s: %v: %w", m, err, errdefs.ErrInternal)
+			}
+		}
+	}
+	if !follows {
+		return nil
+	}
+	if mp, err := mount.IsMountPoint(d); err != nil || !mp {
+		return err
+	}
+	if err := unix.Mount("", d, "", unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("runsc view: cut %s from the host's mounts: %v: %w", d, err, errdefs.ErrInternal)
+	}
+	return nil
 }
 
 // unneeded reports whether m is of a kind no runsc of this driver needs

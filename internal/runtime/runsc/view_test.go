@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/forkbox/forkbox/internal/mount"
+	"github.com/forkbox/forkbox/internal/runtime/testsuite"
 )
 
 // viewMounts returns the mount points in the view.
@@ -286,7 +288,7 @@ func mountAtHost(t *testing.T, path string) *mount.Info {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return mountAt(infos, path)
+	return mount.Top(infos, path)
 }
 
 // mountsOn counts the host's mounts on path (stacked ones each count).
@@ -316,18 +318,7 @@ func mountsOn(t *testing.T, path string) int {
 // nothing below unmounts it.
 func TestViewFollowsHost(t *testing.T) {
 	requireRunsc(t)
-	// area stands for a systemd host's root: a shared mount.
-	area := filepath.Join(t.TempDir(), "host")
-	if err := os.MkdirAll(area, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount(area, area, "", unix.MS_BIND, ""); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Unmount(area, unix.MNT_DETACH) })
-	if err := unix.Mount("", area, "", unix.MS_SHARED, ""); err != nil {
-		t.Fatal(err)
-	}
+	area := sharedFS(t)
 	hide := filepath.Join(area, "sandboxes")
 	early, late, rootfs := filepath.Join(area, "early"), filepath.Join(area, "late"), filepath.Join(hide, "a", "rootfs")
 	tmpfsAt(t, early)
@@ -427,3 +418,97 @@ func TestViewSharedHidden(t *testing.T) {
 		t.Errorf("%s is in the view", rootfs)
 	}
 }
+
+// sharedFS mounts a tmpfs of its own, shared, as a systemd host's every
+// mount is, and returns its path.
+func sharedFS(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "host")
+	tmpfsAt(t, dir)
+	if err := unix.Mount("", dir, "", unix.MS_SHARED, ""); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// bindSelf binds dir (made if missing) onto itself, until the test ends:
+// on a shared mount, the bind joins that mount's peer group.
+func bindSelf(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+}
+
+// Where a hidden directory cannot be cut from the host's propagation, the
+// view is a private copy (it would get every sandbox mount below it), and
+// nothing is left mounted: a mount point in a peer group with another
+// mount (the netns directory an earlier version bound in its parent's
+// group), and a directory whose bind would be copied onto another mount
+// too (an ancestor bound onto itself in its parent's group), hidden where
+// Close could not reach it.
+func TestViewRefusesLeakyBoundary(t *testing.T) {
+	requireRunsc(t)
+	for _, tc := range []struct {
+		name string
+		prep func(base string) (hide string)
+	}{
+		{"a mount point in its parent's group", func(base string) string {
+			hide := filepath.Join(base, "netns")
+			bindSelf(t, hide)
+			return hide
+		}},
+		{"a bind that would be copied", func(base string) string {
+			bindSelf(t, filepath.Join(base, "state"))
+			hide := filepath.Join(base, "state", "sandboxes")
+			if err := os.MkdirAll(hide, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			return hide
+		}},
+	} {
+		hide := tc.prep(sharedFS(t))
+		had := mountsOn(t, hide)
+		rt := newRuntime(t, Options{HideMountsUnder: []string{hide}})
+		if rt.view == nil || rt.view.follows {
+			t.Errorf("%s: view %+v, want a private one", tc.name, rt.view)
+			continue
+		}
+		if n := mountsOn(t, hide); n != had {
+			t.Errorf("%s: %d mounts on %s after the start, want %d as before", tc.name, n, hide, had)
+		}
+		rootfs := filepath.Join(hide, "a", "rootfs")
+		tmpfsAt(t, rootfs)
+		if viewMounts(t, rt.view)[rootfs] {
+			t.Errorf("%s: %s is in the view", tc.name, rootfs)
+		}
+	}
+}
+
+// TestViewOnSharedHost runs the view's tests and the conformance suite
+// through the view again where every mount is shared, as on a systemd host
+// (this machine's are private): in a mount namespace of their own made by
+// `unshare --propagation shared`.
+func TestViewOnSharedHost(t *testing.T) {
+	requireRunsc(t)
+	if os.Getenv(sharedHostEnv) != "" {
+		t.Skip("in the shared namespace already")
+	}
+	unshare, err := exec.LookPath("unshare")
+	testsuite.Need(t, err == nil, "unshare (util-linux) not found")
+	cmd := exec.Command(unshare, "--mount", "--propagation", "shared", os.Args[0], "-test.run", "^(TestView|TestSuiteInView)", "-test.count", "1", "-test.v")
+	cmd.Env = append(os.Environ(), sharedHostEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the view's tests on a shared host: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "--- PASS: TestViewFollowsHost") {
+		t.Fatalf("TestViewFollowsHost did not pass on the shared host:\n%s", out)
+	}
+}
+
+const sharedHostEnv = "FORKBOX_TEST_SHARED_HOST"
