@@ -27,9 +27,11 @@ import (
 // op and never answers it, holding the connection open until the test ends.
 
 type silentAgent struct {
-	addr string
-	mu   sync.Mutex
-	took map[string]int // requests of each op it read
+	addr  string
+	mu    sync.Mutex
+	took  map[string]int // requests of each op it read
+	tookc chan string    // each op it read, as it reads it
+	ended chan string    // each silent op whose connection ended
 }
 
 // serveSilentAgent starts a hostile agent that never answers op.
@@ -39,7 +41,7 @@ func serveSilentAgent(t testing.TB, op string) *silentAgent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &silentAgent{addr: ln.Addr().String(), took: map[string]int{}}
+	a := &silentAgent{addr: ln.Addr().String(), took: map[string]int{}, tookc: make(chan string, 64), ended: make(chan string, 64)}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	t.Cleanup(func() {
@@ -85,13 +87,23 @@ func (a *silentAgent) serve(c net.Conn, silent string) {
 	a.mu.Lock()
 	a.took[req.Op]++
 	a.mu.Unlock()
+	notify(a.tookc, req.Op)
 	switch req.Op {
 	case silent:
 		io.Copy(io.Discard, br) // until the caller or the test closes it
+		notify(a.ended, req.Op)
 	case "mux":
 		writeTestFrame(c, 'E', map[string]string{"class": errdefs.ClassName(errdefs.ErrNotImplemented), "message": "no sessions here"})
 	default:
 		writeTestFrame(c, 'R', map[string]any{})
+	}
+}
+
+// notify sends op on c unless c is full (nobody waits on it).
+func notify(c chan string, op string) {
+	select {
+	case c <- op:
+	default:
 	}
 }
 

@@ -113,15 +113,28 @@ func (s *Server) startProc(ctx context.Context, sb *store.Sandbox, m *process.St
 	p := &proc{sandbox: sb.ID, tag: m.GetTag(), config: cfg, subs: map[*sub]struct{}{}}
 	first := newSub()
 	p.subs[first] = struct{}{}
+	// The process outlives this request (E2B lists it, reconnects to it,
+	// follows it across hibernations), so it runs under the server's
+	// context; until it has started, the request's end ends it too: an
+	// agent that never reports the start holds neither the request nor
+	// the sandbox's process slot.
+	pctx, cancel := context.WithCancel(s.ctx)
+	stopEarly := context.AfterFunc(ctx, cancel)
 	if m.Pty != nil {
 		size := agent.PtySize{Rows: int(m.Pty.GetSize().GetRows()), Cols: int(m.Pty.GetSize().GetCols())}
-		sess, err := s.d.Pty(s.ctx, sb.ID, daemon.PtyOptions{ExecRequest: req, Size: size})
+		sess, err := s.d.Pty(pctx, sb.ID, daemon.PtyOptions{ExecRequest: req, Size: size})
+		if !stopEarly() && err == nil { // the request ended as it started
+			sess.Close()
+			err = startAbandoned(ctx)
+		}
 		if err != nil {
+			cancel()
 			return nil, nil, err
 		}
 		p.pty, p.pid = sess, uint32(sess.Pid())
 		s.procs.add(p)
 		s.goOwned(func() {
+			defer cancel()
 			res, err := sess.Wait(s.ctx, func(b []byte) error {
 				output{p: p, pty: true}.Write(b)
 				return nil
@@ -140,7 +153,8 @@ func (s *Server) startProc(ctx context.Context, sb *store.Sandbox, m *process.St
 	var didStart atomic.Bool
 	epoch, _ := s.pauses.state(sb.ID)
 	s.goOwned(func() {
-		res, err := s.d.ExecStream(s.ctx, sb.ID, daemon.ExecOptions{ExecRequest: req}, agent.ExecIO{
+		defer cancel()
+		res, err := s.d.ExecStream(pctx, sb.ID, daemon.ExecOptions{ExecRequest: req}, agent.ExecIO{
 			Stdin: stdin, Stdout: output{p: p}, Stderr: output{p: p, stderr: true}, Detach: true,
 			Started: func(pid int) {
 				p.pid = uint32(pid)
@@ -158,13 +172,25 @@ func (s *Server) startProc(ctx context.Context, sb *store.Sandbox, m *process.St
 		res, err = s.reattach(sb.ID, p, epoch, res, err)
 		s.finish(p, res, err)
 	})
-	if err := <-started; err != nil {
+	err = <-started // sent on every path, the cancel's included
+	if !stopEarly() && err == nil {
+		// The request ended as the process started: the cancel kills it,
+		// and its end is published as any other's.
+		err = startAbandoned(ctx)
+	}
+	if err != nil {
 		if p.stdin != nil {
 			p.stdin.Close()
 		}
 		return nil, nil, err
 	}
 	return p, first, nil
+}
+
+// startAbandoned is the error of a start whose request ended before the
+// process started.
+func startAbandoned(ctx context.Context) error {
+	return fmt.Errorf("the request ended before the process started (%v): %w", context.Cause(ctx), errdefs.ErrCanceled)
 }
 
 // reattach follows a process across the hibernations of its sandbox: its
