@@ -181,3 +181,44 @@ func TestStatusOf(t *testing.T) {
 		}
 	}
 }
+
+// The process table bounds what runs by the processes it holds, not by
+// their pids: a hostile agent that reports one pid for every process does
+// not start more than maxProcs at once in its sandbox, and each one's end
+// gives its slot back.
+func TestProcTableBoundsReusedPids(t *testing.T) {
+	tb := newProcTable()
+	var ps []*proc
+	for range maxProcs {
+		release, err := tb.reserve("sb-1")
+		if err != nil {
+			t.Fatalf("start %d: %v", len(ps)+1, err)
+		}
+		p := &proc{sandbox: "sb-1", pid: 7, subs: map[*sub]struct{}{}}
+		tb.add(p)
+		release()
+		ps = append(ps, p)
+	}
+	if _, err := tb.reserve("sb-1"); !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("start %d with every slot held under one pid: %v, want ResourceExhausted", maxProcs+1, err)
+	}
+	if _, err := tb.reserve("sb-2"); err != nil {
+		t.Errorf("another sandbox: %v", err)
+	}
+	tb.remove(ps[0]) // an earlier one, no longer found by its pid
+	tb.remove(ps[0])
+	release, err := tb.reserve("sb-1")
+	if err != nil {
+		t.Fatalf("after one ended: %v", err)
+	}
+	release()
+	if _, err := tb.reserve("sb-1"); err != nil {
+		t.Errorf("a released reservation's slot: %v", err)
+	}
+	for _, p := range ps {
+		tb.remove(p)
+	}
+	if n := tb.running["sb-1"]; n != 0 || len(tb.procs) != 0 {
+		t.Errorf("after every process ended: running %d, table %v", n, tb.procs)
+	}
+}

@@ -38,6 +38,8 @@ type proc struct {
 	mu    sync.Mutex
 	subs  map[*sub]struct{}
 	ended bool
+
+	counted bool // in its table's running count (the table's mu)
 }
 
 // sub is one stream attached to a process.
@@ -136,19 +138,21 @@ func (o output) Write(b []byte) (int, error) {
 type procTable struct {
 	mu    sync.Mutex
 	procs map[string]map[uint32]*proc // sandbox id → pid → process
-	// pending counts processes being started, per sandbox (for maxProcs).
-	pending map[string]int
+	// running counts the processes added and not yet removed, per sandbox,
+	// and pending those being started (for maxProcs): not the pids, which
+	// the sandbox's agent reports, and a hostile one repeats.
+	running, pending map[string]int
 }
 
 func newProcTable() *procTable {
-	return &procTable{procs: map[string]map[uint32]*proc{}, pending: map[string]int{}}
+	return &procTable{procs: map[string]map[uint32]*proc{}, running: map[string]int{}, pending: map[string]int{}}
 }
 
 // reserve takes one of a sandbox's maxProcs slots; release gives it back.
 func (t *procTable) reserve(sandbox string) (release func(), err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if len(t.procs[sandbox])+t.pending[sandbox] >= maxProcs {
+	if t.running[sandbox]+t.pending[sandbox] >= maxProcs {
 		return nil, fmt.Errorf("sandbox %s runs %d processes started through the E2B endpoint, the most it may: %w", sandbox, maxProcs, errdefs.ErrResourceExhausted)
 	}
 	t.pending[sandbox]++
@@ -164,9 +168,16 @@ func (t *procTable) reserve(sandbox string) (release func(), err error) {
 	}, nil
 }
 
+// add counts p as running; its pid finds it from now on (a process that
+// had the same pid is still counted, until it is removed, but no longer
+// found).
 func (t *procTable) add(p *proc) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if !p.counted {
+		p.counted = true
+		t.running[p.sandbox]++
+	}
 	if t.procs[p.sandbox] == nil {
 		t.procs[p.sandbox] = map[uint32]*proc{}
 	}
@@ -176,6 +187,12 @@ func (t *procTable) add(p *proc) {
 func (t *procTable) remove(p *proc) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if p.counted {
+		p.counted = false
+		if t.running[p.sandbox]--; t.running[p.sandbox] <= 0 {
+			delete(t.running, p.sandbox)
+		}
+	}
 	if m := t.procs[p.sandbox]; m[p.pid] == p {
 		delete(m, p.pid)
 		if len(m) == 0 {
@@ -216,7 +233,7 @@ func (t *procTable) list(sandbox string) []*proc {
 }
 
 // dropSandbox forgets a sandbox's processes (it is being killed: their
-// streams end as their execs fail).
+// streams end as their execs fail, and each one's remove uncounts it).
 func (t *procTable) dropSandbox(sandbox string) {
 	t.mu.Lock()
 	delete(t.procs, sandbox)
