@@ -175,7 +175,9 @@ func (s *Server) startProc(ctx context.Context, sb *store.Sandbox, m *process.St
 	err = <-started // sent on every path, the cancel's included
 	if !stopEarly() && err == nil {
 		// The request ended as the process started: the cancel kills it,
-		// and its end is published as any other's.
+		// and its end is published as any other's, to no stream of this
+		// request's (whose output would wait on a reader that is gone).
+		first.leave(p)
 		err = startAbandoned(ctx)
 	}
 	if err != nil {

@@ -14,45 +14,82 @@ import (
 // Bounds on what one sandbox's link holders, and the listener's clients
 // together, can hold open: a cap on the listener's connections, a cap on
 // those each sandbox's requests hold (so that one link holder, whose app
-// answers slowly or who keeps connections alive, leaves the others room),
-// a cap on each sandbox's upgraded connections, and an idle deadline on
-// every connection (so on every WebSocket and tunnel).
+// answers slowly, leaves the others room; a connection kept alive with
+// no request in flight is closed to make room for another of its
+// sandbox's), a cap on each sandbox's upgraded connections, and an idle
+// deadline on every connection (so on every WebSocket and tunnel).
 
 // connKey is the context key of a request's connection, an *idleConn
 // (the Server's ConnContext puts it there).
 type connKey struct{}
 
-// holdConn counts c as held by sandbox id from this request on, until it
-// carries a request for another sandbox or closes; ok is false when id
-// already holds MaxSandboxConns other connections.
+// hold is a connection's: the sandbox of its last allowed request, and
+// whether a request of that sandbox is in flight on it.
+type hold struct {
+	id   string
+	busy bool
+}
+
+// holdConn counts c as held by sandbox id, busy with a request, until the
+// request is done (requestDone) and then, kept alive, until it carries a
+// request for another sandbox or closes. When id holds MaxSandboxConns
+// already, one of them with no request in flight is closed for c; ok is
+// false when all of them have one.
 func (h *Handler) holdConn(c *idleConn, id string) (ok bool) {
+	var evict *idleConn
+	defer func() {
+		if evict != nil {
+			evict.Close() // outside h.mu: its connClosed takes it
+		}
+	}()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	prev, held := h.holder[c]
-	if held && prev == id {
+	cur := h.holder[c]
+	if cur != nil && cur.id == id {
+		cur.busy = true
 		return true
 	}
 	if h.conns[id] >= h.o.MaxSandboxConns {
-		return false
+		for oc, o := range h.holder {
+			if o.id == id && !o.busy {
+				evict = oc
+				break
+			}
+		}
+		if evict == nil {
+			return false
+		}
+		delete(h.holder, evict) // its close finds no hold
+		h.dropLocked(id)
 	}
 	if c.closed.Load() { // closing: connClosed has run or will find nothing
 		return true
 	}
-	if held {
-		h.dropLocked(prev)
+	if cur != nil {
+		h.dropLocked(cur.id)
 	}
-	h.holder[c] = id
+	h.holder[c] = &hold{id: id, busy: true}
 	h.conns[id]++
 	return true
+}
+
+// requestDone marks c's request done: c, kept alive, may be closed to
+// make room for another connection of its sandbox's.
+func (h *Handler) requestDone(c *idleConn) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if cur := h.holder[c]; cur != nil {
+		cur.busy = false
+	}
 }
 
 // connClosed drops c's hold, if a sandbox has it.
 func (h *Handler) connClosed(c *idleConn) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if id, ok := h.holder[c]; ok {
+	if cur, ok := h.holder[c]; ok {
 		delete(h.holder, c)
-		h.dropLocked(id)
+		h.dropLocked(cur.id)
 	}
 }
 

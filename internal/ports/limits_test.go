@@ -7,7 +7,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -318,12 +321,13 @@ func TestProxyUnallowedConnClosed(t *testing.T) {
 	}
 }
 
-// keepAlive sends a request for sandbox sb on c, a connection kept alive,
-// and returns the answer's status and whether the server closed c after.
-func keepAlive(t *testing.T, f *fixture, c net.Conn, br *bufio.Reader, sb string) (int, bool) {
+// keepAlive sends a request for host on c, a connection kept alive, with
+// sb's token, and returns the answer's status and whether the server
+// closes c after it.
+func keepAlive(t *testing.T, f *fixture, c net.Conn, br *bufio.Reader, host, path, sb string) (int, bool) {
 	t.Helper()
 	c.SetDeadline(time.Now().Add(time.Minute)) // against a hang
-	fmt.Fprintf(c, "GET /p HTTP/1.1\r\nHost: %s\r\n%s: %s\r\n\r\n", f.host(sb), Header, f.keys.Token(sb))
+	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\n%s: %s\r\n\r\n", path, host, Header, f.keys.Token(sb))
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
 		t.Fatalf("request for %s: %v", sb, err)
@@ -333,60 +337,147 @@ func keepAlive(t *testing.T, f *fixture, c net.Conn, br *bufio.Reader, sb string
 	return resp.StatusCode, resp.Close
 }
 
-// TestProxySandboxConnCap: one sandbox's requests hold at most
-// MaxSandboxConns of the listener's connections, in flight or kept alive,
-// so the link holder of one sandbox cannot take every connection from the
-// others'. A connection is held by the sandbox of its last request, and
-// freed when it closes. No timing: a new connection is served only once
-// the listener (full) has freed the slot of one that closed, and the hold
-// is dropped before the slot.
+// slowApp serves /slow, which tells arrived and answers once release is
+// closed, and everything else at once.
+func slowApp(t *testing.T) (port int, arrived <-chan struct{}, release func()) {
+	t.Helper()
+	arr, rel := make(chan struct{}, 16), make(chan struct{})
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			arr <- struct{}{}
+			<-rel
+		}
+		fmt.Fprint(w, "ok")
+	}))
+	var once sync.Once
+	release = func() { once.Do(func() { close(rel) }) }
+	t.Cleanup(app.Close)
+	t.Cleanup(release) // first: app.Close waits for its requests
+	u, _ := url.Parse(app.URL)
+	fmt.Sscan(portOf(u.Host), &port)
+	return port, arr, release
+}
+
+// TestProxySandboxConnCap: one sandbox's requests in flight hold at most
+// MaxSandboxConns of the listener's connections, so the holder of one
+// link, whose app answers slowly, cannot take every connection from the
+// other sandboxes'; a connection that one kept alive with no request in
+// flight is closed to make room for another of its own. No timing: the
+// slow app answers when told, and the listener (MaxConns) is large enough.
 func TestProxySandboxConnCap(t *testing.T) {
-	f := newFixtureWith(t, Options{MaxConns: 3, MaxSandboxConns: 2})
+	f := newFixtureWith(t, Options{MaxConns: 16, MaxSandboxConns: 2})
+	port, arrived, release := slowApp(t)
+	f.b.mu.Lock()
+	f.b.addrs["sb-slow"] = f.b.addrs["sb-a"]
+	f.b.mu.Unlock()
+	slowHost := fmt.Sprintf("%d-sb-slow.localhost:%s", port, portOf(f.addr))
 	dial := func() (net.Conn, *bufio.Reader) {
 		c, err := net.Dial("tcp", f.addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(time.Minute)) // against a hang
 		return c, bufio.NewReader(c)
 	}
+	// Two slow requests in flight: sb-slow's share.
 	c1, b1 := dial()
 	c2, b2 := dial()
-	for i, c := range []net.Conn{c1, c2} {
-		if code, closed := keepAlive(t, f, c, []*bufio.Reader{b1, b2}[i], "sb-a"); code != 200 || closed {
-			t.Fatalf("sb-a's connection %d: %d (closed %v), want 200 kept alive", i+1, code, closed)
+	for _, c := range []net.Conn{c1, c2} {
+		fmt.Fprintf(c, "GET /slow HTTP/1.1\r\nHost: %s\r\n%s: %s\r\n\r\n", slowHost, Header, f.keys.Token("sb-slow"))
+		select {
+		case <-arrived:
+		case <-time.After(time.Minute):
+			t.Fatal("a slow request never reached the app")
 		}
 	}
-	// A third for sb-a is refused and closed; one for sb-b is served.
 	c3, b3 := dial()
-	if code, closed := keepAlive(t, f, c3, b3, "sb-a"); code != http.StatusTooManyRequests || !closed {
-		t.Errorf("sb-a's third connection: %d (closed %v), want 429 and closed", code, closed)
+	if code, closed := keepAlive(t, f, c3, b3, slowHost, "/p", "sb-slow"); code != http.StatusTooManyRequests || !closed {
+		t.Errorf("a third request for sb-slow: %d (closed %v), want 429 and closed", code, closed)
 	}
 	c4, b4 := dial()
-	if code, closed := keepAlive(t, f, c4, b4, "sb-b"); code != 200 || closed {
-		t.Errorf("sb-b beside sb-a's two: %d (closed %v), want 200", code, closed)
+	if code, closed := keepAlive(t, f, c4, b4, f.host("sb-b"), "/p", "sb-b"); code != 200 || closed {
+		t.Errorf("sb-b beside sb-slow's two: %d (closed %v), want 200 kept alive", code, closed)
 	}
-	// sb-a's own connections still serve it.
-	if code, _ := keepAlive(t, f, c1, b1, "sb-a"); code != 200 {
-		t.Errorf("sb-a again on a connection it holds: %d", code)
+	// Answered, the two stay alive, idle: a new one takes the place of
+	// one of them, which the listener closes. (The proxy answers with the
+	// app's length, so the client has the answer only once the handler
+	// returned, which marks the request done.)
+	release()
+	for i, br := range []*bufio.Reader{b1, b2} {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("slow request %d: %v %v", i+1, resp, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
 	}
-	// c1 now carries sb-b: sb-a holds one, so a new connection is its.
-	if code, _ := keepAlive(t, f, c1, b1, "sb-b"); code != 200 {
-		t.Errorf("sb-b on c1: %d", code)
-	}
-	c2.Close() // sb-a holds none now, once the server has seen it
 	c5, b5 := dial()
-	if code, closed := keepAlive(t, f, c5, b5, "sb-a"); code != 200 || closed {
-		t.Errorf("sb-a after c1 moved to sb-b and c2 closed: %d (closed %v), want 200", code, closed)
+	if code, closed := keepAlive(t, f, c5, b5, slowHost, "/p", "sb-slow"); code != 200 || closed {
+		t.Errorf("sb-slow with its two idle: %d (closed %v), want 200 kept alive", code, closed)
 	}
-	c6, b6 := dial()
-	c4.Close()
-	if code, closed := keepAlive(t, f, c6, b6, "sb-a"); code != 200 || closed {
-		t.Errorf("sb-a's second connection: %d (closed %v), want 200", code, closed)
+	// The one closed for c5 was closed before c5's answer: a request on it
+	// fails at once; the other serves sb-slow still.
+	evicted, served := 0, 0
+	for i, c := range []net.Conn{c1, c2} {
+		c.SetDeadline(time.Now().Add(time.Minute)) // against a hang
+		fmt.Fprintf(c, "GET /p HTTP/1.1\r\nHost: %s\r\n%s: %s\r\n\r\n", slowHost, Header, f.keys.Token("sb-slow"))
+		resp, err := http.ReadResponse([]*bufio.Reader{b1, b2}[i], nil)
+		switch {
+		case err != nil:
+			evicted++
+		case resp.StatusCode == 200:
+			served++
+			resp.Body.Close()
+		default:
+			t.Errorf("connection %d after c5: %d", i+1, resp.StatusCode)
+		}
 	}
-	c7, b7 := dial()
-	c1.Close()
-	if code, closed := keepAlive(t, f, c7, b7, "sb-a"); code != http.StatusTooManyRequests || !closed {
-		t.Errorf("sb-a's third connection again: %d (closed %v), want 429 and closed", code, closed)
+	if evicted != 1 || served != 1 {
+		t.Errorf("of sb-slow's two idle connections, %d were closed for the new one and %d still serve; want 1 and 1", evicted, served)
+	}
+}
+
+// The holds, call by call: a request in flight is never closed for
+// another; a done one's connection is; a connection moves with its
+// requests' sandbox; a close drops its hold; nothing is left after.
+func TestSandboxHolds(t *testing.T) {
+	h := NewHandler(&fakeBackend{}, Options{Keys: NewKeys(make([]byte, 32)), MaxSandboxConns: 2})
+	mk := func() *idleConn {
+		a, b := net.Pipe()
+		t.Cleanup(func() { a.Close(); b.Close() })
+		c := &idleConn{Conn: a, idle: time.Hour}
+		c.timer = time.AfterFunc(time.Hour, func() {})
+		c.release = func() { h.connClosed(c) }
+		return c
+	}
+	count := func(id string) int {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.conns[id]
+	}
+	a1, a2, a3 := mk(), mk(), mk()
+	if !h.holdConn(a1, "a") || !h.holdConn(a2, "a") {
+		t.Fatal("two requests for a refused under a cap of 2")
+	}
+	if h.holdConn(a3, "a") {
+		t.Error("a third request for a taken while two are in flight")
+	}
+	h.requestDone(a1)
+	if !h.holdConn(a3, "a") || !a1.closed.Load() || a2.closed.Load() || count("a") != 2 {
+		t.Errorf("with a1 idle: a3 refused, or a1 closed %v, a2 closed %v, a holds %d (want a1 only, 2)", a1.closed.Load(), a2.closed.Load(), count("a"))
+	}
+	if !h.holdConn(a2, "b") || count("a") != 1 || count("b") != 1 {
+		t.Errorf("a2 moved to b: a holds %d, b %d; want 1, 1", count("a"), count("b"))
+	}
+	a3.Close()
+	a2.Close()
+	if h.holdConn(a1, "c"); count("c") != 0 {
+		t.Error("a closed connection was counted")
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.holder) != 0 || len(h.conns) != 0 {
+		t.Errorf("left: holders %v, counts %v", h.holder, h.conns)
 	}
 }

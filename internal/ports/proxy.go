@@ -62,9 +62,11 @@ type Options struct {
 	// (default DefaultMaxUpgrades); more are refused with 429.
 	MaxUpgrades int
 	// MaxSandboxConns caps the listener's connections one sandbox's
-	// requests hold, in flight or kept alive after (default a quarter of
-	// MaxConns): a request for a sandbox that holds them all, on another
-	// connection, is refused with 429 and its connection closed.
+	// requests hold (default a quarter of MaxConns): a connection kept
+	// alive after its sandbox's request is closed to make room for a new
+	// one of that sandbox, and a request for a sandbox whose connections
+	// all have a request in flight is refused with 429, its connection
+	// closed.
 	MaxSandboxConns int
 }
 
@@ -84,9 +86,9 @@ type Handler struct {
 	wg     sync.WaitGroup // requests in flight
 
 	mu       sync.Mutex
-	upgrades map[string]int       // sandbox ID -> open WebSockets and tunnels
-	conns    map[string]int       // sandbox ID -> connections it holds
-	holder   map[*idleConn]string // connection -> the sandbox holding it
+	upgrades map[string]int      // sandbox ID -> open WebSockets and tunnels
+	conns    map[string]int      // sandbox ID -> connections it holds
+	holder   map[*idleConn]*hold // connection -> the sandbox holding it
 }
 
 type targetKey struct{}
@@ -120,7 +122,7 @@ func NewHandler(b Backend, o Options) *Handler {
 	if o.MaxSandboxConns == 0 {
 		o.MaxSandboxConns = max(o.MaxConns/4, 1)
 	}
-	h := &Handler{b: b, o: o, upgrades: map[string]int{}, conns: map[string]int{}, holder: map[*idleConn]string{}}
+	h := &Handler{b: b, o: o, upgrades: map[string]int{}, conns: map[string]int{}, holder: map[*idleConn]*hold{}}
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 	tr := &http.Transport{
 		Proxy:                  nil, // never an environment proxy: only the sandbox's address
@@ -282,10 +284,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			route.Sandbox, r.Header.Get("Origin"), Header))
 		return
 	}
-	if c, ok := r.Context().Value(connKey{}).(*idleConn); ok && !h.holdConn(c, route.Sandbox) {
-		fail(w, http.StatusTooManyRequests, fmt.Sprintf("sandbox %s's previews hold %d connections to this listener, the most one sandbox may: reuse or close one",
-			route.Sandbox, h.o.MaxSandboxConns))
-		return
+	if c, ok := r.Context().Value(connKey{}).(*idleConn); ok {
+		if !h.holdConn(c, route.Sandbox) {
+			fail(w, http.StatusTooManyRequests, fmt.Sprintf("sandbox %s has %d requests in flight on this listener, the most one sandbox may",
+				route.Sandbox, h.o.MaxSandboxConns))
+			return
+		}
+		defer h.requestDone(c)
 	}
 	w.Header().Del("Connection")
 	if fromQuery && route.ByHost && r.Method != http.MethodConnect {
