@@ -393,17 +393,24 @@ func TestDaemonUnreachableIsUnavailable(t *testing.T) {
 	}
 }
 
-func TestHTTPNeedsToken(t *testing.T) {
-	f := newFake()
+// serveHTTP serves the MCP server over streamable HTTP with token, in
+// front of a fake daemon, and returns its URL.
+func serveHTTP(t *testing.T, token string) string {
+	t.Helper()
 	mux := http.NewServeMux()
-	mux.Handle(forkboxv1connect.NewSandboxServiceHandler(f))
+	mux.Handle(forkboxv1connect.NewSandboxServiceHandler(newFake()))
 	daemon := httptest.NewServer(mux)
-	defer daemon.Close()
-	hs := httptest.NewServer(HTTPHandler(New(&client.Client{URL: daemon.URL}), "s3cret"))
-	defer hs.Close()
+	t.Cleanup(daemon.Close)
+	hs := httptest.NewServer(HTTPHandler(New(&client.Client{URL: daemon.URL}), token))
+	t.Cleanup(hs.Close)
+	return hs.URL
+}
+
+func TestHTTPNeedsToken(t *testing.T) {
+	url := serveHTTP(t, "s3cret")
 
 	body := []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`)
-	resp, err := http.Post(hs.URL, "application/json", bytes.NewReader(body))
+	resp, err := http.Post(url, "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -414,7 +421,7 @@ func TestHTTPNeedsToken(t *testing.T) {
 
 	hc := &http.Client{Transport: bearer{"s3cret"}}
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).
-		Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: hs.URL, HTTPClient: hc}, nil)
+		Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -427,17 +434,11 @@ func TestHTTPNeedsToken(t *testing.T) {
 // TestHTTPEmptyTokenLetsNothingThrough: a handler made without a token
 // fails closed, whatever the request carries.
 func TestHTTPEmptyTokenLetsNothingThrough(t *testing.T) {
-	f := newFake()
-	mux := http.NewServeMux()
-	mux.Handle(forkboxv1connect.NewSandboxServiceHandler(f))
-	daemon := httptest.NewServer(mux)
-	defer daemon.Close()
-	hs := httptest.NewServer(HTTPHandler(New(&client.Client{URL: daemon.URL}), ""))
-	defer hs.Close()
+	url := serveHTTP(t, "")
 
 	body := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x","version":"0"}}}`
 	for _, auth := range []string{"", "Bearer ", "Bearer x", "Basic Og=="} {
-		req, _ := http.NewRequest(http.MethodPost, hs.URL, strings.NewReader(body))
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Accept", "application/json, text/event-stream")
 		if auth != "" {

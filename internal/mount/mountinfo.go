@@ -177,6 +177,18 @@ func Top(infos []Info, path string) *Info {
 	return nil
 }
 
+// CountAt counts the mounts of infos on path: stacked ones, and hidden
+// ones (copied onto a covered peer of the parent), each count.
+func CountAt(infos []Info, path string) int {
+	n := 0
+	for _, in := range infos {
+		if in.Mountpoint == path {
+			n++
+		}
+	}
+	return n
+}
+
 // HasBelow reports whether anything in infos is mounted strictly below path.
 func HasBelow(infos []Info, path string) bool {
 	for _, in := range infos {

@@ -55,13 +55,7 @@ func mountsAt(t *testing.T, path string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	for _, in := range infos {
-		if in.Mountpoint == path {
-			n++
-		}
-	}
-	return n
+	return mount.CountAt(infos, path)
 }
 
 // TestNetnsDirOwnPeerGroup: on a shared parent, the netns directory is a

@@ -85,13 +85,7 @@ func makeBoundaries(dirs []string) (made []string, ok bool, err error) {
 func bindPrivate(d string) (bool, error) {
 	at := func() int {
 		infos, _ := mount.List()
-		n := 0
-		for _, in := range infos {
-			if in.Mountpoint == d {
-				n++
-			}
-		}
-		return n
+		return mount.CountAt(infos, d)
 	}
 	before := at()
 	if err := unix.Mount(d, d, "", unix.MS_BIND, ""); err != nil {

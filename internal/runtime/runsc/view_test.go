@@ -298,13 +298,7 @@ func mountsOn(t *testing.T, path string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	for _, in := range infos {
-		if in.Mountpoint == path {
-			n++
-		}
-	}
-	return n
+	return mount.CountAt(infos, path)
 }
 
 // TestViewFollowsHost: on a host whose mounts are shared (systemd's
