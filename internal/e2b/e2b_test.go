@@ -57,6 +57,9 @@ func TestRefusedBeforeTheDaemon(t *testing.T) {
 		if w.Code != c.want || json.Unmarshal(w.Body.Bytes(), &e) != nil || e.Code != c.want || e.Message == "" {
 			t.Errorf("%s: got %d %q, want %d in E2B's error shape", c.name, w.Code, w.Body.String(), c.want)
 		}
+		if c.want == 401 && w.Header().Get("Connection") != "close" {
+			t.Errorf("%s: a refusal that keeps its connection alive", c.name)
+		}
 		if c.want == 501 && !strings.Contains(e.Message, "forkbox") {
 			t.Errorf("%s: message %q does not name forkbox", c.name, e.Message)
 		}

@@ -54,6 +54,7 @@ func (s *Server) envdRoutes() http.Handler {
 			return
 		}
 		if !s.accessTokenOK(id, r.Header.Get(hdrAccessToken)) {
+			w.Header().Set("Connection", "close") // a refused caller keeps no connection
 			writeError(w, http.StatusUnauthorized, fmt.Sprintf("invalid or missing access token for sandbox %s (X-Access-Token must be the envdAccessToken its create returned)", id))
 			return
 		}

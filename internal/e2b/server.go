@@ -154,6 +154,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !s.apiKeyOK(r) {
+		w.Header().Set("Connection", "close") // a refused caller keeps no connection
 		writeError(w, http.StatusUnauthorized, "invalid or missing API key (X-API-Key must be the forkbox daemon's --api-token)")
 		return
 	}

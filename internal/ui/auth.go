@@ -101,8 +101,12 @@ func (a *Auth) Login(page string, next http.Handler) http.Handler {
 }
 
 // Unauthorized answers a request without a valid token: a page saying how
-// to log in to a browser, the API's JSON error to anything else.
+// to log in to a browser, the API's JSON error to anything else. The
+// answer closes the connection (HTTP/2: a GOAWAY), so that a caller
+// without the token does not keep one of the daemon's descriptors for the
+// listener's idle timeout.
 func Unauthorized(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Connection", "close")
 	if r.Method == http.MethodGet && strings.Contains(r.Header.Get("Accept"), "text/html") {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Set("Cache-Control", "no-store")

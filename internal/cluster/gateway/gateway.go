@@ -252,6 +252,7 @@ func (g *Gateway) requireToken(next http.Handler) http.Handler {
 	want := []byte("Bearer " + g.o.Token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("Connection", "close") // a refused caller keeps no connection
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusUnauthorized)
 			w.Write([]byte(`{"code":"unauthenticated","message":"the gateway needs Authorization: Bearer <its API token>"}`))
