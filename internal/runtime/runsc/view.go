@@ -16,10 +16,11 @@ package runsc
 // So runsc does not run in the host's mount namespace. New makes a copy of
 // it once, a slave of the host's (the host's mounts and unmounts reach it;
 // nothing done in it reaches the host), with each hidden directory cut
-// from that propagation (a mount point of its own, boundary.go: the
-// sandboxes' mounts made below it later stay out), with every mount below
-// the hidden directories (the sandboxes' rootfs mounts and netns files)
-// detached, and with the host's mounts that no runsc of this driver needs
+// from that propagation (on the host, a mount point out of its parent's
+// peer group, boundary.go, so the sandboxes' mounts made below it later
+// stay out; in the view, that mount point's copy and every mount below it,
+// the sandboxes' rootfs mounts and netns files, detached: clearHidden),
+// and with the host's mounts that no runsc of this driver needs
 // detached too: overlays and namespace files (other daemons' sandboxes,
 // other runtimes' containers), loop-backed file systems and other
 // daemons' runsc stages, except those holding the driver's own directories
