@@ -196,7 +196,8 @@ func startDaemon() error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return fmt.Errorf("daemon did not answer on %s; see %s", env.socket, env.logFile.Name())
+	log, _ := os.ReadFile(env.logFile.Name())
+	return fmt.Errorf("daemon did not answer on %s (%s)\n---- daemon log (end) ----\n%s", env.socket, env.logFile.Name(), tail(log, 3000))
 }
 
 // stopDaemon stops the daemon with sig and waits for it to exit.
