@@ -174,10 +174,10 @@ func TestParseMountinfo(t *testing.T) {
 	if len(got) != 2 {
 		t.Fatalf("got %d entries, want 2", len(got))
 	}
-	if got[0].Mountpoint != "/mnt two" || got[0].Root != "/mnt1" || got[0].FSType != "ext3" || got[0].Source != "/dev/root" || got[0].Shared {
+	if got[0].Mountpoint != "/mnt two" || got[0].Root != "/mnt1" || got[0].FSType != "ext3" || got[0].Source != "/dev/root" || got[0].Shared() {
 		t.Errorf("entry 0: got %+v", got[0])
 	}
-	if got[1].ID != 37 || got[1].Parent != 36 || got[1].SuperOptions != "rw,lowerdir=/l,upperdir=/u,workdir=/w" || !got[1].Shared || got[1].PeerGroup != 2 {
+	if got[1].ID != 37 || got[1].Parent != 36 || got[1].SuperOptions != "rw,lowerdir=/l,upperdir=/u,workdir=/w" || !got[1].Shared() || got[1].PeerGroup != 2 {
 		t.Errorf("entry 1: got %+v", got[1])
 	}
 }

@@ -19,8 +19,7 @@ type Info struct {
 	Root         string // root of the mount within its filesystem
 	Mountpoint   string
 	Options      string // per-mount options
-	Shared       bool   // in a peer group: mounts and unmounts below it propagate
-	PeerGroup    int    // that group's ID (shared:N), 0 when not shared
+	PeerGroup    int    // its peer group's ID (shared:N), 0 when not shared
 	FSType       string
 	Source       string
 	SuperOptions string // per-superblock options, e.g. overlay's upperdir=
@@ -65,7 +64,6 @@ func parseMountinfo(b []byte) ([]Info, error) {
 		for _, opt := range f[6:] {
 			if g, ok := strings.CutPrefix(opt, "shared:"); ok {
 				in.PeerGroup, _ = strconv.Atoi(g)
-				in.Shared = true
 			}
 		}
 		in.FSType, in.Source = g[0], unescape(g[1])
@@ -150,6 +148,10 @@ func IsMountPoint(path string) (bool, error) {
 	}
 	return false, nil
 }
+
+// Shared reports whether in is in a peer group: mounts and unmounts below
+// it propagate.
+func (in Info) Shared() bool { return in.PeerGroup != 0 }
 
 // Top returns the mount of infos that path resolves to when it is that
 // mount's root (the topmost one on path, the one the calling thread sees),

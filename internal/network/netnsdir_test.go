@@ -80,7 +80,7 @@ func TestNetnsDirOwnPeerGroup(t *testing.T) {
 		shared := false
 		for _, in := range infos {
 			if in.Mountpoint == dir {
-				shared = in.Shared
+				shared = in.Shared()
 			}
 		}
 		if !shared {
@@ -122,7 +122,7 @@ func TestNetnsDirRegroupsEarlierOne(t *testing.T) {
 			t.Fatal(err)
 		}
 		in := mount.Top(infos, dir)
-		if in == nil || !in.Shared {
+		if in == nil || !in.Shared() {
 			t.Fatalf("busy %v: %s is %+v, want a shared mount point", busy, dir, in)
 		}
 		if got := mount.GroupShared(infos, *in); got != busy {

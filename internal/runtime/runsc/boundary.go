@@ -116,7 +116,7 @@ func releaseBoundaries(dirs []string) error {
 	var errs []error
 	for _, d := range dirs {
 		in := mount.Top(infos, d)
-		if in == nil || in.Shared || mount.HasBelow(infos, d) || !mount.SelfBind(infos, *in) {
+		if in == nil || in.Shared() || mount.HasBelow(infos, d) || !mount.SelfBind(infos, *in) {
 			continue
 		}
 		if err := unix.Unmount(d, 0); err != nil && !errors.Is(err, unix.EINVAL) {

@@ -152,8 +152,8 @@ func makeView(hide, keep []string, follows bool) (*os.File, error) {
 		if !unneeded(infos[i]) || holds(m, keep) {
 			continue
 		}
-		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			return nil, fmt.Errorf("runsc view: detach %s: %v: %w", m, err, errdefs.ErrInternal)
+		if err := detach(m); err != nil {
+			return nil, err
 		}
 	}
 	ns, err := os.Open("/proc/thread-self/ns/mnt")
@@ -190,8 +190,8 @@ func clearHidden(d string, follows bool) error {
 			break
 		}
 		for _, m := range paths {
-			if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-				return fmt.Errorf("runsc view: detach %s: %v: %w", m, err, errdefs.ErrInternal)
+			if err := detach(m); err != nil {
+				return err
 			}
 		}
 	}
@@ -203,6 +203,15 @@ func clearHidden(d string, follows bool) error {
 	}
 	if err := unix.Mount("", d, "", unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("runsc view: cut %s from the host's mounts: %v: %w", d, err, errdefs.ErrInternal)
+	}
+	return nil
+}
+
+// detach lazily unmounts the top mount on m in the calling thread's
+// namespace; one already gone (or never there) is no error.
+func detach(m string) error {
+	if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("runsc view: detach %s: %v: %w", m, err, errdefs.ErrInternal)
 	}
 	return nil
 }

@@ -328,7 +328,7 @@ func TestViewFollowsHost(t *testing.T) {
 	}
 	// The boundary is private, out of its parent's peer group: a sandbox
 	// mount below it is not copied onto the parent as well.
-	if in := mountAtHost(t, hide); in == nil || in.Shared {
+	if in := mountAtHost(t, hide); in == nil || in.Shared() {
 		t.Errorf("the boundary %+v is not a private mount", in)
 	}
 	tmpfsAt(t, late)
