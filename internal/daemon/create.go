@@ -114,6 +114,7 @@ type launchSpec struct {
 func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, err error) {
 	defer d.busyUntil()()
 	start := time.Now()
+	ph := d.newPhases(ctx, "create phases")
 	id := newID("sb-")
 	cfg := l.cfg
 	// A pre-booted sandbox, when one fits, is this sandbox: its ID,
@@ -147,6 +148,7 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 	if err := d.reserve(ctx, sb, l.slotReserved, pm); err != nil {
 		return nil, err
 	}
+	ph.mark("reserve")
 	log := d.log.With("sandbox", id, "name", sb.Name)
 	ev := map[string]any{
 		"name": sb.Name, "image": sb.Image, "digest": sb.ImageDigest, "runtime": sb.Runtime,
@@ -190,10 +192,11 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 			return nil, err
 		}
 	}
+	ph.mark("record")
 	if l.memory != nil {
 		err = d.startFromMemory(ctx, sb, l.img, l.memory, pm)
 	} else {
-		err = d.start(ctx, sb, l.img, l.parentSnapshot, pm)
+		err = d.start(ctx, sb, l.img, l.parentSnapshot, pm, ph)
 	}
 	if err != nil {
 		return nil, err
@@ -201,6 +204,7 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 	if err := d.injectCredentialFiles(ctx, sb); err != nil {
 		return nil, err
 	}
+	ph.mark("credentials")
 	readyMS := msSince(start)
 	if err := d.setStateNoting(ctx, sb, store.StateRunning, "", store.EventSandboxReady, map[string]any{"ready_ms": readyMS}); err != nil {
 		return nil, err
@@ -208,6 +212,8 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 	d.touch(id)
 	d.life.set(id, d.ExpiresAt(sb))
 	log.Info("sandbox ready", "ready_ms", readyMS)
+	ph.mark("state")
+	ph.log(ctx, d.log, id)
 	return sb, nil
 }
 
@@ -309,7 +315,8 @@ func (d *Daemon) nextIP(ctx context.Context) (netip.Addr, error) {
 //
 // With pm the sandbox is that pre-booted sandbox: its network is made, and
 // its container starts inside it while the placeholder takes its hostname.
-func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, parentSnapshot string, pm *prebooted) error {
+// ph times its steps.
+func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, parentSnapshot string, pm *prebooted, ph *phases) error {
 	var nw *network.Network
 	var err error
 	pod := ""
@@ -322,9 +329,11 @@ func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, 
 	if err != nil {
 		return err
 	}
+	ph.mark("rootfs")
 	if err := d.writeBundle(ctx, sb, img, nw, pod); err != nil {
 		return err
 	}
+	ph.mark("bundle")
 	named := make(chan error, 1)
 	if pm != nil {
 		// The container shares the pre-booted sandbox's cgroup: raised for
@@ -336,9 +345,11 @@ func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, 
 	}
 	rt := d.runtimes[sb.Runtime]
 	err = rt.Run(ctx, sb.ID, d.bundleDir(sb.ID))
+	ph.mark("run")
 	if herr := <-named; err == nil && herr != nil {
 		err = herr
 	}
+	ph.mark("hostname")
 	if err != nil {
 		return fmt.Errorf("start %s: %w", rt.Name(), err)
 	}
@@ -349,7 +360,10 @@ func (d *Daemon) start(ctx context.Context, sb *store.Sandbox, img image.Image, 
 		return fmt.Errorf("sandbox agent did not answer within %s (%v); its output: %q: %w", readyTimeout, err, d.initOutput(sb.ID), errdefs.ErrUnavailable)
 	}
 	d.log.Debug("agent ready", "sandbox", sb.ID, "took", time.Since(t0))
-	return d.settleCPU(sb)
+	ph.mark("agent")
+	err = d.settleCPU(sb)
+	ph.mark("settle")
+	return err
 }
 
 // prepare makes a sandbox's writable layer (from parentSnapshot, if set),

@@ -6,17 +6,22 @@ import (
 	"time"
 )
 
-// execPhases times the steps of one exec for the debug log (the bench's
-// profile section reads them): each mark ends the step named there.
-type execPhases struct {
+// phases times the steps of one exec or create for the debug log (the
+// bench's profile section reads the exec's): each mark ends the step named
+// there.
+type phases struct {
 	on    bool
+	msg   string
 	start time.Time
 	last  time.Time
 	attrs []slog.Attr
 }
 
-func (d *Daemon) newExecPhases(ctx context.Context) *execPhases {
-	p := &execPhases{on: d.log.Enabled(ctx, slog.LevelDebug)}
+func (d *Daemon) newExecPhases(ctx context.Context) *phases { return d.newPhases(ctx, "exec phases") }
+
+// newPhases starts timing; log writes msg.
+func (d *Daemon) newPhases(ctx context.Context, msg string) *phases {
+	p := &phases{on: d.log.Enabled(ctx, slog.LevelDebug), msg: msg}
 	if p.on {
 		p.start = time.Now()
 		p.last = p.start
@@ -25,7 +30,7 @@ func (d *Daemon) newExecPhases(ctx context.Context) *execPhases {
 }
 
 // mark ends the step name, which began at the previous mark.
-func (p *execPhases) mark(name string) {
+func (p *phases) mark(name string) {
 	if !p.on {
 		return
 	}
@@ -34,13 +39,13 @@ func (p *execPhases) mark(name string) {
 	p.last = now
 }
 
-// log writes the "exec phases" line with the total.
-func (p *execPhases) log(ctx context.Context, log *slog.Logger, sandboxID string) {
+// log writes the line (its msg) with the total.
+func (p *phases) log(ctx context.Context, log *slog.Logger, sandboxID string) {
 	if !p.on {
 		return
 	}
 	attrs := append([]slog.Attr{slog.String("sandbox", sandboxID), slog.Float64("total_ms", msBetween(p.start, time.Now()))}, p.attrs...)
-	log.LogAttrs(ctx, slog.LevelDebug, "exec phases", attrs...)
+	log.LogAttrs(ctx, slog.LevelDebug, p.msg, attrs...)
 }
 
 func msBetween(t, now time.Time) float64 { return float64(now.Sub(t).Microseconds()) / 1000 }
