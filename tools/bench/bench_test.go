@@ -224,3 +224,23 @@ func TestSelectedMode(t *testing.T) {
 		}
 	}
 }
+
+// TestDensityLimitHoldsEveryCreate: the throwaway daemon's --max-sandboxes
+// counts hibernated sandboxes too, so it must hold the count (or the
+// sessions), the fork children and the control's creates, made while all
+// of those still count.
+func TestDensityLimitHoldsEveryCreate(t *testing.T) {
+	for _, o := range []options{
+		{sections: map[string]bool{"density": true}, densityCount: 1000},
+		{sections: map[string]bool{"density": true}}, // as many as fit, up to densityDefault
+		{sections: map[string]bool{"density": true}, densityCount: 50, densitySessions: 1100},
+	} {
+		n := max(o.densityCount, o.densitySessions)
+		if n == 0 {
+			n = densityDefault
+		}
+		if want := n + densityForks + densityControlCreates; o.maxSandboxes() < want {
+			t.Errorf("count %d, sessions %d: --max-sandboxes %d, want at least %d", o.densityCount, o.densitySessions, o.maxSandboxes(), want)
+		}
+	}
+}

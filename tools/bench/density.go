@@ -61,6 +61,7 @@ import (
 //	disk_per_session_mib           free disk under the state dir used, per hibernated sandbox
 //	mem_available_sessions_gib     MemAvailable with every sandbox hibernated
 //	wake_on_exec                   an exec on a hibernated sandbox (the wake included), among all sessions
+//	control                        the start measured again with all sessions hibernated (DensityControl)
 //	grow_s, close_all_s            wall time to create them all, and to close them all
 type DensityResult struct {
 	Runtime          string  `json:"runtime"`
@@ -110,10 +111,11 @@ type DensityResult struct {
 	MemAvailSessions float64 `json:"mem_available_sessions_gib"`
 	WakeOnExec       Summary `json:"wake_on_exec"`
 	// WakeFailed counts the wakes on exec that failed, WakeErr the first.
-	WakeFailed int     `json:"wake_failed"`
-	WakeErr    string  `json:"wake_first_error,omitempty"`
-	GrowS      float64 `json:"grow_s"`
-	CloseAllS  float64 `json:"close_all_s"`
+	WakeFailed int            `json:"wake_failed"`
+	WakeErr    string         `json:"wake_first_error,omitempty"`
+	Control    DensityControl `json:"control"`
+	GrowS      float64        `json:"grow_s"`
+	CloseAllS  float64        `json:"close_all_s"`
 }
 
 const (
@@ -141,7 +143,8 @@ const (
 )
 
 // measureDensity grows to the count, measures at full count, hibernates
-// them all, wakes some, and closes them all.
+// them all, wakes some, measures the start again (the control), and closes
+// them all.
 func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 	o := b.opts
 	r := DensityResult{Runtime: densityRuntime, Target: o.densityCount, MemLimit: o.densityMemory, ListPageSize: densityListPage}
@@ -371,8 +374,10 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 	r.MemAvailSessions = memAvailableGiB()
 	progress("density: wake on exec among %d hibernated", len(all))
 	var wakes []float64
+	var woken []*client.Sandbox
 	for i := range min(densityWakes, len(all)) {
-		d, err := execTrue(ctx, all[(i*len(all))/min(densityWakes, len(all))])
+		sb := all[(i*len(all))/min(densityWakes, len(all))]
+		d, err := execTrue(ctx, sb)
 		if err != nil { // counted and reported: the figures before it stand
 			if r.WakeFailed++; r.WakeErr == "" {
 				r.WakeErr = err.Error()
@@ -380,9 +385,17 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 			progress("density: wake on exec failed: %v", err)
 			continue
 		}
-		wakes = append(wakes, d)
+		wakes, woken = append(wakes, d), append(woken, sb)
 	}
 	r.WakeOnExec = summarize(wakes)
+
+	progress("density: the start again, with all %d hibernated (control)", len(all))
+	if _, _, err := b.hibernateAll(ctx, woken); err != nil {
+		return r, err
+	}
+	if err := b.densityControl(ctx, &r, create); err != nil {
+		return r, err
+	}
 
 	t = time.Now()
 	b.close(context.WithoutCancel(ctx), all...)

@@ -31,6 +31,11 @@ func (d *DensityResult) print(w io.Writer) {
 	if d.WakeFailed > 0 {
 		fmt.Fprintf(w, "  wakes that failed\t%d\t%s\t\n", d.WakeFailed, d.WakeErr)
 	}
+	c := d.Control
+	fmt.Fprintf(w, "  control, all hibernated: create paced / back to back\t%s\t%s\t(last 10 over it %.2fx; pool hits %s / %s)\n", pp(c.Create10), pp(c.Burst10),
+		c.CreateRatio, hitsText(c.PoolHits10), hitsText(c.PoolHitsBurst))
+	fmt.Fprintf(w, "  control: exec true after 1 s idle / right after, at 21\t%s\t%s\t(at %d over it %.2fx / %.2fx)\n", pp(c.Exec), pp(c.ExecHot),
+		d.Count, c.ExecRatio, c.ExecHotRatio)
 	fmt.Fprintf(w, "  grow / close all\t%.0f s\t%.0f s\t\n\n", d.GrowS, d.CloseAllS)
 }
 

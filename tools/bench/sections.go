@@ -148,7 +148,10 @@ func (o options) maxSandboxes() int {
 	if n == 0 {
 		n = densityDefault
 	}
-	return max(benchMaxSandboxes, n+densityForks+10, o.densitySessions+densityForks+10)
+	// Room for the fork children and the control's creates, made while
+	// every sandbox of the count (or session) still counts against it.
+	extra := densityForks + 10 + densityControlCreates
+	return max(benchMaxSandboxes, n+extra, o.densitySessions+extra)
 }
 
 func densityTargetText(n int) string {
