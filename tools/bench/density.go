@@ -41,6 +41,9 @@ import (
 //	                               between them when it can): with 11 and count-10 live
 //	create_burst_last10_over_first10  their p50 ratio
 //	pool_hits                      of each 10 above, how many took a pre-booted sandbox (-1: unknown)
+//	create_phases                  first10, last10, control10: the daemon's steps of the paced creates
+//	                               at each end and the control's (its "create phases" debug lines), per
+//	                               step; empty unless the daemon logs at debug (--daemon-log-level debug)
 //	exec_at_10, exec_at_full       `true` round trips with the first 21 live and at full count, each
 //	                               on a sandbox idle for a second at least (the daemon pings an
 //	                               agent's session idle for over 500 ms before it uses it)
@@ -81,7 +84,12 @@ type DensityResult struct {
 	BurstFirst10     Summary `json:"create_burst_first10"`
 	BurstLast10      Summary `json:"create_burst_last10"`
 	BurstRatio       float64 `json:"create_burst_last10_over_first10"`
-	PoolHits         struct {
+	CreatePhases     struct {
+		First10   map[string]Summary `json:"first10,omitempty"`
+		Last10    map[string]Summary `json:"last10,omitempty"`
+		Control10 map[string]Summary `json:"control10,omitempty"`
+	} `json:"create_phases"`
+	PoolHits struct {
 		First10      int `json:"first10"`
 		Last10       int `json:"last10"`
 		BurstFirst10 int `json:"burst_first10"`
@@ -227,11 +235,13 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 		return r, fmt.Errorf("density: create 1: %w", err)
 	}
 	all = append(all, sb)
+	from := b.logSize()
 	firstMS, hits, err := end(densityEnd, true, false)
 	if err != nil {
 		return r, err
 	}
 	r.CreateFirst10, r.PoolHits.First10 = summarize(firstMS), hits
+	r.CreatePhases.First10 = b.daemonPhases(from, daemonCreatePhases, "")
 	burstMS, hits, err := end(densityEnd, false, false)
 	if err != nil {
 		return r, err
@@ -299,9 +309,11 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 	if !strings.HasPrefix(r.StopReason, "create failed") {
 		stop := r.StopReason
 		r.StopReason = ""
+		from := b.logSize()
 		lastMS, hits, err := end(densityEnd, true, true)
 		if err == nil {
 			r.CreateLast10, r.PoolHits.Last10 = summarize(lastMS), hits
+			r.CreatePhases.Last10 = b.daemonPhases(from, daemonCreatePhases, "")
 			lastMS, hits, err = end(densityEnd, false, true)
 			r.BurstLast10, r.PoolHits.BurstLast10 = summarize(lastMS), hits
 		}

@@ -68,11 +68,13 @@ func (b *bench) densityControl(ctx context.Context, r *DensityResult, create fun
 	if _, _, err := ends(1, false); err != nil { // unmeasured, as at the start
 		return err
 	}
+	from := b.logSize()
 	xs, hits, err := ends(densityEnd, true)
 	if err != nil {
 		return err
 	}
 	c.Create10, c.PoolHits10 = summarize(xs), hits
+	r.CreatePhases.Control10 = b.daemonPhases(from, daemonCreatePhases, "")
 	if xs, hits, err = ends(densityEnd, false); err != nil {
 		return err
 	}

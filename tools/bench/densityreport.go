@@ -31,6 +31,12 @@ func (d *DensityResult) print(w io.Writer) {
 	if d.WakeFailed > 0 {
 		fmt.Fprintf(w, "  wakes that failed\t%d\t%s\t\n", d.WakeFailed, d.WakeErr)
 	}
+	if ph := d.CreatePhases; ph.First10 != nil || ph.Last10 != nil {
+		for _, step := range []string{"total", "reserve", "record", "rootfs", "bundle", "run", "hostname", "agent", "settle", "credentials", "state"} {
+			fmt.Fprintf(w, "  create step %s p50, first 10 / last 10 / control\t%s / %s / %s ms\t\t\n", step,
+				num(ph.First10[step].Median), num(ph.Last10[step].Median), num(ph.Control10[step].Median))
+		}
+	}
 	c := d.Control
 	fmt.Fprintf(w, "  control, all hibernated: create paced / back to back\t%s\t%s\t(last 10 over it %.2fx; pool hits %s / %s)\n", pp(c.Create10), pp(c.Burst10),
 		c.CreateRatio, hitsText(c.PoolHits10), hitsText(c.PoolHitsBurst))

@@ -116,7 +116,7 @@ func (b *bench) measureProfile(ctx context.Context, rt string) (ProfileResult, e
 	}
 	r.API, r.Dial, r.Ping, r.PingConn, r.AgentExec, r.InSandbox, r.GoBinary =
 		summarize(api), summarize(dial), summarize(ping), summarize(ping1), summarize(ex), summarize(in), summarize(gobin)
-	r.Daemon = b.daemonPhases(logFrom, sb.ID)
+	r.Daemon = b.daemonPhases(logFrom, daemonExecPhases, sb.ID)
 	if b.spawnFloor != nil {
 		tr, mi, err := measureSpawnFloor(ctx, ac, b.spawnFloor)
 		if err != nil {

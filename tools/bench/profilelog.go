@@ -8,9 +8,13 @@ import (
 	"strings"
 )
 
-// daemonExecPhases is the message of the daemon's per-exec debug line:
-// its attributes ending in _ms are the exec's phases.
-const daemonExecPhases = "exec phases"
+// daemonExecPhases and daemonCreatePhases are the messages of the
+// daemon's per-exec and per-create debug lines: their attributes ending in
+// _ms are the call's phases.
+const (
+	daemonExecPhases   = "exec phases"
+	daemonCreatePhases = "create phases"
+)
 
 // logSize is the daemon log's size now (0 without a log).
 func (b *bench) logSize() int64 {
@@ -24,9 +28,9 @@ func (b *bench) logSize() int64 {
 	return st.Size()
 }
 
-// daemonPhases summarizes the phases of the exec lines the daemon logged
-// for sandbox id after offset from.
-func (b *bench) daemonPhases(from int64, id string) map[string]Summary {
+// daemonPhases summarizes the phases of the msg lines the daemon logged
+// after offset from, for sandbox id ("": any).
+func (b *bench) daemonPhases(from int64, msg, id string) map[string]Summary {
 	if b.daemonLog == "" {
 		return nil
 	}
@@ -38,18 +42,18 @@ func (b *bench) daemonPhases(from int64, id string) map[string]Summary {
 	if _, err := f.Seek(from, io.SeekStart); err != nil {
 		return nil
 	}
-	return parsePhases(f, id)
+	return parsePhases(f, msg, id)
 }
 
 // parsePhases reads slog text lines and collects, per attribute ending in
-// _ms, the values of the daemonExecPhases lines of sandbox id.
-func parsePhases(r io.Reader, id string) map[string]Summary {
+// _ms, the values of the msg lines of sandbox id ("": any).
+func parsePhases(r io.Reader, msg, id string) map[string]Summary {
 	vals := map[string][]float64{}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.Contains(line, `msg="`+daemonExecPhases+`"`) || !strings.Contains(line, "sandbox="+id) {
+		if !strings.Contains(line, `msg="`+msg+`"`) || (id != "" && !strings.Contains(line, "sandbox="+id+" ")) {
 			continue
 		}
 		for _, f := range strings.Fields(line) {
