@@ -200,32 +200,27 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 	// and pool hits. The last ends were kept room for in the budget, so
 	// only the host's free-memory floor stops them.
 	end := func(n int, paced, last bool) ([]float64, int, error) {
-		var out []float64
-		h0 := b.poolHits(ctx)
-		for range n {
+		more := func() bool {
 			if len(all) >= target {
-				break
+				return false
 			}
 			if ok, why := fits(len(all)); !ok && (!last || why == "min free") {
 				if r.StopReason == "" {
 					r.StopReason = why
 				}
-				break
+				return false
 			}
-			if paced {
-				b.settlePool(ctx, densitySettle)
-			}
+			return true
+		}
+		out, hits, err := b.createSeries(ctx, n, paced, more, func() (float64, error) {
 			sb, d, err := create()
 			if err != nil {
-				return out, 0, fmt.Errorf("density: create %d: %w", len(all)+1, err)
+				return 0, fmt.Errorf("density: create %d: %w", len(all)+1, err)
 			}
-			all, out = append(all, sb), append(out, d)
-		}
-		h1 := b.poolHits(ctx)
-		if h0 < 0 || h1 < 0 {
-			return out, -1, nil
-		}
-		return out, int(h1 - h0), nil
+			all = append(all, sb)
+			return d, nil
+		})
+		return out, hits, err
 	}
 	began := time.Now()
 	// One create unmeasured: a pool booted for the daemon's default

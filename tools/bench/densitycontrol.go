@@ -46,23 +46,14 @@ func (b *bench) densityControl(ctx context.Context, r *DensityResult, create fun
 	var made []*client.Sandbox
 	defer func() { b.close(context.WithoutCancel(ctx), made...) }()
 	ends := func(n int, paced bool) ([]float64, int, error) {
-		var out []float64
-		h0 := b.poolHits(ctx)
-		for range n {
-			if paced {
-				b.settlePool(ctx, densitySettle)
-			}
+		return b.createSeries(ctx, n, paced, func() bool { return true }, func() (float64, error) {
 			sb, d, err := create()
 			if err != nil {
-				return nil, 0, fmt.Errorf("density control: create %d: %w", len(made)+1, err)
+				return 0, fmt.Errorf("density control: create %d: %w", len(made)+1, err)
 			}
-			made, out = append(made, sb), append(out, d)
-		}
-		h1 := b.poolHits(ctx)
-		if h0 < 0 || h1 < 0 {
-			return out, -1, nil
-		}
-		return out, int(h1 - h0), nil
+			made = append(made, sb)
+			return d, nil
+		})
 	}
 	c := &r.Control
 	if _, _, err := ends(1, false); err != nil { // unmeasured, as at the start
@@ -86,4 +77,32 @@ func (b *bench) densityControl(ctx context.Context, r *DensityResult, create fun
 	c.ExecRatio = ratio(r.ExecAtFull.Median, c.Exec.Median)
 	c.ExecHotRatio = ratio(r.ExecHotAtFull.Median, c.ExecHot.Median)
 	return nil
+}
+
+// createSeries times up to n creates (create makes one and returns its
+// time), one at a time while more says so, each after the pre-boot pool
+// has settled when paced (or back to back), and returns their times and
+// how many took a pre-booted sandbox (-1: unknown). On an error it returns
+// the times so far.
+func (b *bench) createSeries(ctx context.Context, n int, paced bool, more func() bool, create func() (float64, error)) ([]float64, int, error) {
+	var out []float64
+	h0 := b.poolHits(ctx)
+	for range n {
+		if !more() {
+			break
+		}
+		if paced {
+			b.settlePool(ctx, densitySettle)
+		}
+		d, err := create()
+		if err != nil {
+			return out, 0, err
+		}
+		out = append(out, d)
+	}
+	h1 := b.poolHits(ctx)
+	if h0 < 0 || h1 < 0 {
+		return out, -1, nil
+	}
+	return out, int(h1 - h0), nil
 }
