@@ -31,6 +31,7 @@ import (
 //	host_mem_per_idle_sandbox_mib  (host used at full - used before) / count_reached (noisy on a shared host)
 //	cgroup_mem_per_sandbox_mib     the sandboxes' parent cgroup's memory usage at full count / count_reached (0 with --host)
 //	idle_cpu_ms_per_s_per_sandbox  host CPU the idle sandboxes use (their parent cgroup's cpuacct), per sandbox, over idle_window_s (0 with --host)
+//	host_cpu_at_full               over that window, the host's busy CPU time and its busiest processes (HostCPU, densitybusy.go)
 //	create_first10, create_last10  create call-to-ready, one at a time, each after the daemon's pre-boot
 //	                               pool has settled (forkbox_preboot_pending 0): 10 with 1 live (an
 //	                               unmeasured create first keys the pool to the section's resources),
@@ -78,6 +79,7 @@ type DensityResult struct {
 	CgroupMiB        float64 `json:"cgroup_mem_per_sandbox_mib"`
 	IdleCPUms        float64 `json:"idle_cpu_ms_per_s_per_sandbox"`
 	IdleWindowS      float64 `json:"idle_window_s"`
+	HostCPUFull      HostCPU `json:"host_cpu_at_full"`
 	CreateFirst10    Summary `json:"create_first10"`
 	CreateLast10     Summary `json:"create_last10"`
 	CreateRatio      float64 `json:"create_last10_over_first10"`
@@ -332,7 +334,9 @@ func (b *bench) measureDensity(ctx context.Context) (DensityResult, error) {
 		r.CgroupMiB = cgroupMemMiB(b.cgroupParent) / float64(len(all))
 		r.IdleWindowS = densityIdleWindow.Seconds()
 		progress("density: %d live (%s); idle CPU over %v", len(all), r.StopReason, densityIdleWindow)
+		host := sampleHost()
 		r.IdleCPUms = idleCPU(ctx, b.cgroupParent, densityIdleWindow) / float64(len(all))
+		r.HostCPUFull = sampleHost().since(host)
 	}
 	progress("density: exec, fork and list at %d live", len(all))
 

@@ -24,6 +24,7 @@ import (
 //	create_last10_over_control10    create_last10 p50 over create10 p50
 //	exec_full_over_control          exec_at_full p50 over exec p50
 //	exec_hot_full_over_control      exec_hot_at_full p50 over exec_hot p50
+//	host_cpu                        the host's CPU use over a quiet window with the 21 live (as host_cpu_at_full)
 type DensityControl struct {
 	Create10      Summary `json:"create10"`
 	Burst10       Summary `json:"create_burst10"`
@@ -34,6 +35,7 @@ type DensityControl struct {
 	CreateRatio   float64 `json:"create_last10_over_control10"`
 	ExecRatio     float64 `json:"exec_full_over_control"`
 	ExecHotRatio  float64 `json:"exec_hot_full_over_control"`
+	HostCPU       HostCPU `json:"host_cpu"`
 }
 
 // densityControlCreates is how many sandboxes the control makes.
@@ -70,6 +72,9 @@ func (b *bench) densityControl(ctx context.Context, r *DensityResult, create fun
 		return err
 	}
 	c.Burst10, c.PoolHitsBurst = summarize(xs), hits
+	if b.cgroupParent != "" { // as at full count
+		c.HostCPU = hostCPUOver(ctx, densityIdleWindow)
+	}
 	if c.Exec, c.ExecHot, err = b.execSpread(ctx, made, densityExecs); err != nil {
 		return fmt.Errorf("density control: %w", err)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 )
 
 func (d *DensityResult) print(w io.Writer) {
@@ -38,6 +39,19 @@ func (d *DensityResult) print(w io.Writer) {
 		}
 	}
 	c := d.Control
+	for _, h := range []struct {
+		at  string
+		cpu HostCPU
+	}{{fmt.Sprintf("at %d", d.Count), d.HostCPUFull}, {"control", c.HostCPU}} {
+		if h.cpu.WindowS == 0 {
+			continue
+		}
+		var top []string
+		for _, p := range h.cpu.Top {
+			top = append(top, fmt.Sprintf("%s %.0f", p.Comm, p.MSPerS))
+		}
+		fmt.Fprintf(w, "  host busy CPU %s\t%.0f ms/s\t(busiest, ms/s: %s)\t\n", h.at, h.cpu.BusyMSPerS, strings.Join(top, ", "))
+	}
 	fmt.Fprintf(w, "  control, all hibernated: create paced / back to back\t%s\t%s\t(last 10 over it %.2fx; pool hits %s / %s)\n", pp(c.Create10), pp(c.Burst10),
 		c.CreateRatio, hitsText(c.PoolHits10), hitsText(c.PoolHitsBurst))
 	fmt.Fprintf(w, "  control: exec true after 1 s idle / right after, at 21\t%s\t%s\t(at %d over it %.2fx / %.2fx)\n", pp(c.Exec), pp(c.ExecHot),
