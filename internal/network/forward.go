@@ -38,9 +38,13 @@ var (
 // netnsRecord names the record directory of this process's network
 // namespace under forwardDir ("" for the host's: the kernel's initial
 // namespace, whose nsfs inode is fixed, PROC_NET_INIT_INO; /proc/1 may
-// not be readable even to root).
+// not be readable even to root). It is the calling thread's namespace,
+// the one whose ip_forward /proc/sys shows it, not /proc/self's: that is
+// the main thread's, which a goroutine that locked it into another
+// namespace and exited leaves there for good (Go cannot end the main
+// thread), while every unlocked goroutine runs in the process's own.
 var netnsRecord = sync.OnceValue(func() string {
-	self, err := os.Stat("/proc/self/ns/net")
+	self, err := os.Stat("/proc/thread-self/ns/net")
 	if err != nil {
 		return ""
 	}

@@ -17,6 +17,9 @@ import (
 const hostLock = "/run/forkbox-network-test.lock"
 
 func TestMain(m *testing.M) {
+	if os.Getenv(wedgedMainEnv) != "" {
+		os.Exit(wedgedMain())
+	}
 	os.Exit(run(m))
 }
 
