@@ -98,7 +98,13 @@ func startFakeWorld(t *testing.T) fakeWorld {
 	var udp net.PacketConn
 	errc := make(chan error, 1)
 	go func() {
-		runtime.LockOSThread() // not unlocked: the thread dies with the goroutine
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer orig.Close()
 		target, err := netns.GetFromName(ns)
 		if err == nil {
 			defer target.Close()
@@ -109,6 +115,14 @@ func startFakeWorld(t *testing.T) fakeWorld {
 		}
 		if err == nil {
 			udp, err = net.ListenPacket("udp4", w.dnsAddr)
+		}
+		// Back to the host's namespace before the thread serves others.
+		// Left locked there, the thread would die with the goroutine,
+		// unless it is the main thread, which Go cannot end: the process
+		// would then stay in the fake world for good, and what it names
+		// after its namespace (the host's forwarding record) go astray.
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread()
 		}
 		errc <- err
 	}()

@@ -99,6 +99,9 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	code, err := run(m)
+	if err == nil {
+		err = forwardingLeft()
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		if code == 0 {
@@ -106,6 +109,16 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+// forwardingLeft reports this run's hold on the host's IPv4 forwarding if
+// it outlived the cleanup: the host's ip_forward would stay on.
+func forwardingLeft() error {
+	holder := filepath.Join(network.ForwardRecordDir(), "holder-"+netTable)
+	if _, err := os.Lstat(holder); err == nil {
+		return fmt.Errorf("left behind: the forwarding holder %s (the host's ip_forward stays on)", holder)
+	}
+	return nil
 }
 
 func run(m *testing.M) (int, error) {
