@@ -314,11 +314,15 @@ func (c *Cluster) Close(ctx context.Context) error {
 		errs = append(errs, c.net.destroy(ctx))
 	}
 	c.wg.Wait()
+	logs := ""
+	if len(records) > 0 { // what the nodes said, uninstall included, goes with the directory
+		logs = "\n" + c.Logs(6000)
+	}
 	if c.Dir != "" {
 		errs = append(errs, os.RemoveAll(c.Dir))
 	}
 	if l := append(c.leaks(), records...); len(l) > 0 {
-		errs = append(errs, fmt.Errorf("left behind by the cluster:\n  %s", strings.Join(l, "\n  ")))
+		errs = append(errs, fmt.Errorf("left behind by the cluster:\n  %s%s", strings.Join(l, "\n  "), logs))
 	}
 	for _, n := range c.Nodes { // not the host's: never leave them, even after a failure
 		if n.nsRecord != "" {

@@ -260,6 +260,11 @@ func (n *Node) uninstall(ctx context.Context) error {
 	cmd := n.inNetns(append([]string{"uninstall", "--purge"}, n.daemonArgs()...)...)
 	cmd.SysProcAttr = nil
 	out, err := exec.CommandContext(ctx, cmd.Path, cmd.Args[1:]...).CombinedOutput()
+	// Into the node's log too, for the audit that may follow (Cluster.Close).
+	if f, ferr := os.OpenFile(n.LogPath(), os.O_APPEND|os.O_WRONLY, 0); ferr == nil {
+		fmt.Fprintf(f, "---- uninstall ----\n%s", out)
+		f.Close()
+	}
 	if err != nil {
 		return fmt.Errorf("uninstall node %s: %v\n%s", n.Name, err, tail(out, 4000))
 	}
