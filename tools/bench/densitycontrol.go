@@ -83,31 +83,3 @@ func (b *bench) densityControl(ctx context.Context, r *DensityResult, create fun
 	c.ExecHotRatio = ratio(r.ExecHotAtFull.Median, c.ExecHot.Median)
 	return nil
 }
-
-// createSeries times up to n creates (create makes one and returns its
-// time), one at a time while more says so, each after the pre-boot pool
-// has settled when paced (or back to back), and returns their times and
-// how many took a pre-booted sandbox (-1: unknown). On an error it returns
-// the times so far.
-func (b *bench) createSeries(ctx context.Context, n int, paced bool, more func() bool, create func() (float64, error)) ([]float64, int, error) {
-	var out []float64
-	h0 := b.poolHits(ctx)
-	for range n {
-		if !more() {
-			break
-		}
-		if paced {
-			b.settlePool(ctx, densitySettle)
-		}
-		d, err := create()
-		if err != nil {
-			return out, 0, err
-		}
-		out = append(out, d)
-	}
-	h1 := b.poolHits(ctx)
-	if h0 < 0 || h1 < 0 {
-		return out, -1, nil
-	}
-	return out, int(h1 - h0), nil
-}
