@@ -114,7 +114,7 @@ func TestMain(m *testing.M) {
 // forwardingLeft reports this run's hold on the host's IPv4 forwarding if
 // it outlived the cleanup: the host's ip_forward would stay on.
 func forwardingLeft() error {
-	holder := filepath.Join(network.ForwardRecordDir(), "holder-"+netTable)
+	holder := network.ForwardHolder(netTable)
 	if _, err := os.Lstat(holder); err == nil {
 		return fmt.Errorf("left behind: the forwarding holder %s (the host's ip_forward stays on)", holder)
 	}

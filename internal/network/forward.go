@@ -93,8 +93,13 @@ func withForwardLock(f func() error) error {
 	return f()
 }
 
-func (m *Manager) holderPath() string {
-	return filepath.Join(recordDir(), "holder-"+m.cfg.Table)
+func (m *Manager) holderPath() string { return ForwardHolder(m.cfg.Table) }
+
+// ForwardHolder is the file that says the Manager of table, in this
+// process's network namespace, holds IPv4 forwarding on: present from its
+// first egress sandbox until its Destroy (or ReleaseForwarding).
+func ForwardHolder(table string) string {
+	return filepath.Join(recordDir(), "holder-"+table)
 }
 
 // enableForwarding turns on IPv4 forwarding, needed for egress "all", and
