@@ -32,6 +32,9 @@ type forkCall struct {
 	timeout  int64
 	// done holds the children settled so far, by index.
 	done map[int]*v1.ForkChild
+	// seen is how each child not settled was when last read: the
+	// deadline's error says where it stopped.
+	seen map[int]string
 }
 
 func (s *sandboxes) Fork(ctx context.Context, req *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
@@ -106,7 +109,7 @@ func errorClass(name string) error {
 // source when a tag is asked for) and waits for the checkpoint its
 // children start from.
 func (g *Gateway) startFork(ctx context.Context, m *v1.ForkRequest) (*forkCall, error) {
-	f := &forkCall{g: g, start: time.Now(), done: map[int]*v1.ForkChild{}}
+	f := &forkCall{g: g, start: time.Now(), done: map[int]*v1.ForkChild{}, seen: map[int]string{}}
 	count := m.Count
 	if count == 0 {
 		count = 1
@@ -311,7 +314,8 @@ func (f *forkCall) settle(ctx context.Context, i int) (*v1.ForkChild, error) {
 				return failedChild(fmt.Errorf("child %s: %s: %w", c.Name, c.Message, errdefs.ErrFailedPrecondition)), nil
 			}
 		}
-		return nil, nil // not made yet
+		f.seen[i] = fmt.Sprintf("not made yet; the fork is %q: %s", fk.Status.Phase, fk.Status.Message)
+		return nil, nil
 	}
 	if err != nil {
 		return nil, kerr(err, "child "+childName(fk, i))
@@ -348,6 +352,7 @@ func (f *forkCall) settle(ctx context.Context, i int) (*v1.ForkChild, error) {
 		}
 		return failedChild(err), nil
 	}
+	f.seen[i] = fmt.Sprintf("phase %q on node %q: %s", sb.Status.Phase, sb.Spec.NodeName, sb.Status.Message)
 	return nil, nil
 }
 
@@ -360,5 +365,9 @@ func (f *forkCall) child(i int) *v1.ForkChild {
 	if c, ok := f.done[i]; ok {
 		return c
 	}
-	return failedChild(fmt.Errorf("child %s is not running by the deadline (it may still start): %w", childName(f.fk, i), errdefs.ErrDeadlineExceeded))
+	seen := f.seen[i]
+	if seen == "" {
+		seen = "never read"
+	}
+	return failedChild(fmt.Errorf("child %s is not running by the deadline (it may still start; last seen %s): %w", childName(f.fk, i), seen, errdefs.ErrDeadlineExceeded))
 }
