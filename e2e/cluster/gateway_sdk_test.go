@@ -57,6 +57,7 @@ func TestGatewayTypeScriptSDK(t *testing.T) {
 		why, ok := tsUnfit[name]
 		if !ok {
 			t.Errorf("failed, and it fits cluster mode: %q", name)
+			logNamed(t, tapBlock(out, name))
 			continue
 		}
 		t.Logf("failed (unfit: %s): %s", why, name)
@@ -156,6 +157,7 @@ func TestGatewayPythonSDK(t *testing.T) {
 			t.Logf("failed (unfit: %s): %s", why, name)
 		} else {
 			t.Errorf("failed, and it fits cluster mode: %s (%s)", name, l)
+			logNamed(t, l)
 		}
 	}
 	t.Logf("Python SDK against the gateway: %s", summary)
