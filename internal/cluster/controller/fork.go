@@ -36,18 +36,24 @@ type forker struct {
 }
 
 func (f *forker) setup(mgr ctrl.Manager) error {
-	bySource := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-		var l fbv1.ForkList
-		if err := f.c.List(ctx, &l, client.InNamespace(o.GetNamespace()), client.MatchingFields{forkSandboxField: o.GetName()}); err != nil {
-			return nil
-		}
-		return requests(ptrs(l.Items))
-	})
+	// The forks of a source: a sandbox's, and a checkpoint's that the
+	// fork does not own (a tagged one, which the gateway makes ready
+	// before the Fork; this cache can see the Fork first).
+	bySource := func(field string) handler.EventHandler {
+		return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			var l fbv1.ForkList
+			if err := f.c.List(ctx, &l, client.InNamespace(o.GetNamespace()), client.MatchingFields{field: o.GetName()}); err != nil {
+				return nil
+			}
+			return requests(ptrs(l.Items))
+		})
+	}
 	return ctrl.NewControllerManagedBy(mgr).Named("fork").
 		For(&fbv1.Fork{}).
 		Owns(&fbv1.Checkpoint{}).
 		Owns(&fbv1.Sandbox{}).
-		Watches(&fbv1.Sandbox{}, bySource).
+		Watches(&fbv1.Sandbox{}, bySource(forkSandboxField)).
+		Watches(&fbv1.Checkpoint{}, bySource(forkCheckpointField)).
 		Complete(f)
 }
 

@@ -14,6 +14,7 @@ import (
 const (
 	sourceCheckpointField = "spec.source.checkpoint"  // Sandbox → its Checkpoint
 	forkSandboxField      = "spec.source.sandbox"     // Fork → its source Sandbox
+	forkCheckpointField   = "spec.source.checkpoint"  // Fork → its source Checkpoint (one it does not own)
 	sourceEnvField        = "spec.source.environment" // Sandbox → its Environment
 )
 
@@ -41,6 +42,14 @@ func indexSources(ctx context.Context, idx client.FieldIndexer) error {
 		return nil
 	}); err != nil {
 		return fmt.Errorf("index forks by sandbox: %w", err)
+	}
+	if err := idx.IndexField(ctx, &fbv1.Fork{}, forkCheckpointField, func(o client.Object) []string {
+		if s := o.(*fbv1.Fork).Spec.Source.Checkpoint; s != "" {
+			return []string{s}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("index forks by checkpoint: %w", err)
 	}
 	return nil
 }
