@@ -3,13 +3,16 @@ package controller
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
@@ -27,7 +30,20 @@ type checkpoints struct {
 }
 
 func (r *checkpoints) setup(mgr ctrl.Manager) error {
-	return ctrl.NewControllerManagedBy(mgr).Named("checkpoints").For(&fbv1.Checkpoint{}).Complete(r)
+	// A node that goes may have been the last holder of a deleted
+	// checkpoint: nothing else changes that checkpoint then.
+	held := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+		var l fbv1.CheckpointList
+		if err := r.c.List(ctx, &l); err != nil {
+			return nil
+		}
+		return requests(slices.DeleteFunc(ptrs(l.Items), func(ck *fbv1.Checkpoint) bool {
+			return ck.DeletionTimestamp.IsZero() || !slices.Contains(holders(ck), o.GetName())
+		}))
+	})
+	return ctrl.NewControllerManagedBy(mgr).Named("checkpoints").For(&fbv1.Checkpoint{}).
+		Watches(&fbv1.ForkboxNode{}, held, builder.WithPredicates(deleted)).
+		Complete(r)
 }
 
 func (r *checkpoints) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
@@ -66,20 +82,31 @@ func (r *checkpoints) fail(ctx context.Context, ck *fbv1.Checkpoint, msg string)
 	return r.c.Status().Patch(ctx, ck, patch)
 }
 
+// holders are the nodes whose agents remove a copy of ck: those its
+// replicas name, and its capturing node while the capture is not done (a
+// done one is in the replicas while it holds a copy).
+func holders(ck *fbv1.Checkpoint) []string {
+	var out []string
+	if ck.Spec.NodeName != "" && ck.Status.Phase != fbv1.CheckpointReady && ck.Status.Phase != fbv1.CheckpointFailed {
+		out = append(out, ck.Spec.NodeName)
+	}
+	for _, rp := range ck.Status.Replicas {
+		if rp.Node != "" && !slices.Contains(out, rp.Node) {
+			out = append(out, rp.Node)
+		}
+	}
+	return out
+}
+
 // releaseOrphan removes the replicas finalizer when no node that holds a
-// copy (or would capture one) still exists.
+// copy (or would capture one) still exists: the copies of nodes that are
+// gone went with them, and their agents, which would remove the entries,
+// are gone too.
 func (r *checkpoints) releaseOrphan(ctx context.Context, ck *fbv1.Checkpoint) error {
 	if !controllerutil.ContainsFinalizer(ck, fbv1.CheckpointFinalizer) {
 		return nil
 	}
-	holders := []string{ck.Spec.NodeName}
-	for _, rp := range ck.Status.Replicas {
-		holders = append(holders, rp.Node)
-	}
-	for _, h := range holders {
-		if h == "" {
-			continue
-		}
+	for _, h := range holders(ck) {
 		var n fbv1.ForkboxNode
 		if err := r.c.Get(ctx, types.NamespacedName{Name: h}, &n); !errors.IsNotFound(err) {
 			return client.IgnoreNotFound(err) // a holder exists: its agent removes the copy

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
@@ -52,6 +54,14 @@ func indexSources(ctx context.Context, idx client.FieldIndexer) error {
 		return fmt.Errorf("index forks by checkpoint: %w", err)
 	}
 	return nil
+}
+
+// deleted passes only the deletions of the objects watched.
+var deleted = predicate.Funcs{
+	CreateFunc:  func(event.CreateEvent) bool { return false },
+	UpdateFunc:  func(event.UpdateEvent) bool { return false },
+	DeleteFunc:  func(event.DeleteEvent) bool { return true },
+	GenericFunc: func(event.GenericEvent) bool { return false },
 }
 
 // requests turns a list of objects into reconcile requests.

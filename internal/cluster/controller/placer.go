@@ -71,9 +71,19 @@ func (p *placer) setup(mgr ctrl.Manager) error {
 		}
 		return requests(ptrs(l.Items))
 	})
+	// A node that goes releases its deleted sandboxes (releaseOrphan):
+	// nothing else changes them then.
+	bound := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+		var l fbv1.SandboxList
+		if err := p.c.List(ctx, &l, client.MatchingFields{fbv1.NodeNameField: o.GetName()}); err != nil {
+			return nil
+		}
+		return requests(slices.DeleteFunc(ptrs(l.Items), func(sb *fbv1.Sandbox) bool { return sb.DeletionTimestamp.IsZero() }))
+	})
 	return ctrl.NewControllerManagedBy(mgr).Named("placer").
 		For(&fbv1.Sandbox{}).
 		Watches(&fbv1.ForkboxNode{}, unplaced).
+		Watches(&fbv1.ForkboxNode{}, bound, builder.WithPredicates(deleted)).
 		Watches(&fbv1.Checkpoint{}, waiting, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
 		Watches(&fbv1.Environment{}, fromEnv, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
