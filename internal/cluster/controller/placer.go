@@ -57,12 +57,29 @@ func (p *placer) setup(mgr ctrl.Manager) error {
 		}
 		return requests(ptrs(l.Items))
 	})
+	// A checkpoint's sandboxes: those that name it, and those of the
+	// environments it serves (their status names it; this cache can show
+	// that before it shows the checkpoint ready, as a fresh one does).
 	waiting := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 		var l fbv1.SandboxList
 		if err := p.c.List(ctx, &l, client.InNamespace(o.GetNamespace()), client.MatchingFields{sourceCheckpointField: o.GetName()}); err != nil {
 			return nil
 		}
-		return requests(ptrs(l.Items))
+		out := requests(ptrs(l.Items))
+		var envs fbv1.EnvironmentList
+		if err := p.c.List(ctx, &envs, client.InNamespace(o.GetNamespace())); err != nil {
+			return out
+		}
+		for _, e := range envs.Items {
+			if e.Status.Checkpoint != o.GetName() {
+				continue
+			}
+			var of fbv1.SandboxList
+			if err := p.c.List(ctx, &of, client.InNamespace(o.GetNamespace()), client.MatchingFields{sourceEnvField: e.Name}); err == nil {
+				out = append(out, requests(ptrs(of.Items))...)
+			}
+		}
+		return out
 	})
 	fromEnv := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 		var l fbv1.SandboxList

@@ -46,3 +46,35 @@ func TestForkOfCheckpointNotReadyYet(t *testing.T) {
 		}
 	}
 }
+
+// A sandbox of an environment whose checkpoint this controller's cache
+// does not show ready yet (a fresh cache, after a leader change, lists
+// Environments and Checkpoints apart) is placed once it is ready: the
+// checkpoint's change reaches the sandboxes of the environments it
+// serves, not only those that name it.
+func TestEnvironmentSandboxWaitsForItsCheckpoint(t *testing.T) {
+	plane.Need(t)
+	startController(t)
+	ns := namespace(t)
+	node(t, "env-wait", 4, long)
+	e := &fbv1.Environment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "built"},
+		Spec: fbv1.EnvironmentSpec{Image: "busybox", Runtime: fbv1.RuntimeCrun, Setup: []string{"true"}}}
+	create(t, e)
+	hash := e.Spec.Hash()
+	build := fbv1.BuildName(e, hash)
+	ck := &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: build}, Spec: fbv1.CheckpointSpec{Sandbox: "gone", NodeName: "env-wait"}}
+	create(t, ck)
+	// Its status as the environment controller writes it once built (here
+	// before the checkpoint shows ready).
+	updateStatus(t, e, func(e *fbv1.Environment) { e.Status.Checkpoint, e.Status.Hash, e.Status.Build = build, hash, build })
+	sb := sandbox(ns, "of-env", func(sb *fbv1.Sandbox) { sb.Spec.Image, sb.Spec.Source = "", &fbv1.SandboxSource{Environment: "built"} })
+	create(t, sb)
+	clustertest.Eventually(t, 30*time.Second, "the sandbox waiting for the checkpoint", func() (bool, string) {
+		get(t, sb)
+		return sb.Status.Message != "" && sb.Spec.NodeName == "", fmt.Sprintf("node %q: %s", sb.Spec.NodeName, sb.Status.Message)
+	})
+	setReady(t, ck, "env-wait")
+	if got := placedOn(t, sb); got != "env-wait" {
+		t.Fatalf("placed on %s, want env-wait", got)
+	}
+}
