@@ -26,15 +26,18 @@ import (
 	"log/slog"
 	"time"
 
+	"golang.org/x/time/rate"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/forkbox/forkbox/errdefs"
 	fbv1 "github.com/forkbox/forkbox/internal/cluster/api/v1alpha1"
@@ -149,8 +152,26 @@ func (a *agent) setup(ctx context.Context, mgr manager.Manager) error {
 	// Several at once: an Environment's setup runs inside one reconcile
 	// (never two of one object at a time) and must not hold up the rest.
 	if err := ctrl.NewControllerManagedBy(mgr).Named("node-sandboxes").For(&fbv1.Sandbox{}).
-		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).Complete(&sandboxes{a}); err != nil {
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4, RateLimiter: retryLimiter()}).Complete(&sandboxes{a}); err != nil {
 		return err
 	}
-	return ctrl.NewControllerManagedBy(mgr).Named("node-checkpoints").For(&fbv1.Checkpoint{}).Complete(&checkpoints{a})
+	return ctrl.NewControllerManagedBy(mgr).Named("node-checkpoints").For(&fbv1.Checkpoint{}).
+		WithOptions(controller.Options{RateLimiter: retryLimiter()}).Complete(&checkpoints{a})
+}
+
+// maxRetryDelay is the longest a failing create or capture waits for its
+// next try.
+const maxRetryDelay = 30 * time.Second
+
+// retryLimiter spaces an object's retries as controller-runtime's default
+// does (from 5 ms, doubling each failure, 10 a second over all objects)
+// but never more than maxRetryDelay apart: the default's 1,000 s left a
+// sandbox whose create had failed a dozen times for a passing reason (the
+// daemon's limit, a pull) waiting long past any caller's deadline, and
+// past the reason.
+func retryLimiter() workqueue.TypedRateLimiter[reconcile.Request] {
+	return workqueue.NewTypedMaxOfRateLimiter(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](5*time.Millisecond, maxRetryDelay),
+		&workqueue.TypedBucketRateLimiter[reconcile.Request]{Limiter: rate.NewLimiter(rate.Limit(10), 100)},
+	)
 }
