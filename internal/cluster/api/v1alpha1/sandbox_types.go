@@ -218,9 +218,30 @@ func init() { SchemeBuilder.Register(&Sandbox{}, &SandboxList{}) }
 // record and ledger.
 func (sb *Sandbox) Closed() bool { return sb.Status.Phase == PhaseClosed }
 
-// HoldsSlot says whether sb, once bound, counts against its node's slots:
-// unless it failed or closed (its node holds nothing of it then).
-func (sb *Sandbox) HoldsSlot() bool { return sb.Status.Phase != PhaseFailed && !sb.Closed() }
+// HoldsSlot says whether sb, once bound, counts against its node's slots
+// as the node's daemon counts its sandboxes (every record not closed):
+// all but a closed one and one that failed with no record on its node (a
+// create that failed, a record gone from the node's ledger). One whose
+// local sandbox failed or is degraded keeps its record, and so its slot,
+// until it is closed; its node reports it Failed with the Ready
+// condition's reason Failed.
+func (sb *Sandbox) HoldsSlot() bool {
+	if sb.Closed() {
+		return false
+	}
+	if sb.Status.Phase != PhaseFailed {
+		return true
+	}
+	if sb.Status.LocalID == "" {
+		return false
+	}
+	for _, c := range sb.Status.Conditions {
+		if c.Type == ConditionReady {
+			return c.Reason == string(PhaseFailed)
+		}
+	}
+	return false
+}
 
 // SourceCheckpoint is the Checkpoint a sandbox of spec starts from by
 // name ("" when it starts from an image or an Environment): what a
