@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -24,14 +25,16 @@ import (
 // and releases the finalizer of a deleted one whose holders
 // are all gone from the cluster.
 type checkpoints struct {
-	c     client.Client
-	log   *slog.Logger
-	retry time.Duration
+	c         client.Client
+	log       *slog.Logger
+	retry     time.Duration
+	namespace string // the nodes' Leases
 }
 
 func (r *checkpoints) setup(mgr ctrl.Manager) error {
-	// A node that goes may have been the last holder of a deleted
-	// checkpoint: nothing else changes that checkpoint then.
+	// A node that goes (its object, its Lease) may have been the last
+	// holder of a deleted checkpoint: nothing else changes that
+	// checkpoint then.
 	held := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 		var l fbv1.CheckpointList
 		if err := r.c.List(ctx, &l); err != nil {
@@ -43,6 +46,7 @@ func (r *checkpoints) setup(mgr ctrl.Manager) error {
 	})
 	return ctrl.NewControllerManagedBy(mgr).Named("checkpoints").For(&fbv1.Checkpoint{}).
 		Watches(&fbv1.ForkboxNode{}, held, builder.WithPredicates(deleted)).
+		Watches(&coordinationv1.Lease{}, held, builder.WithPredicates(deleted)).
 		Complete(r)
 }
 
@@ -52,7 +56,7 @@ func (r *checkpoints) Reconcile(ctx context.Context, req reconcile.Request) (rec
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if !ck.DeletionTimestamp.IsZero() {
-		return reconcile.Result{}, r.releaseOrphan(ctx, &ck)
+		return r.releaseOrphan(ctx, &ck)
 	}
 	if ck.Spec.NodeName != "" || ck.Status.Phase != "" && ck.Status.Phase != fbv1.CheckpointPending {
 		return reconcile.Result{}, nil
@@ -98,21 +102,19 @@ func holders(ck *fbv1.Checkpoint) []string {
 	return out
 }
 
-// releaseOrphan removes the replicas finalizer when no node that holds a
-// copy (or would capture one) still exists: the copies of nodes that are
-// gone went with them, and their agents, which would remove the entries,
-// are gone too.
-func (r *checkpoints) releaseOrphan(ctx context.Context, ck *fbv1.Checkpoint) error {
+// releaseOrphan removes the replicas finalizer when every node that holds
+// a copy (or would capture one) has left the cluster (nodeGone): the
+// copies of those nodes went with them, and their agents, which would
+// remove the entries, are gone too.
+func (r *checkpoints) releaseOrphan(ctx context.Context, ck *fbv1.Checkpoint) (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(ck, fbv1.CheckpointFinalizer) {
-		return nil
+		return reconcile.Result{}, nil
 	}
-	for _, h := range holders(ck) {
-		var n fbv1.ForkboxNode
-		if err := r.c.Get(ctx, types.NamespacedName{Name: h}, &n); !errors.IsNotFound(err) {
-			return client.IgnoreNotFound(err) // a holder exists: its agent removes the copy
-		}
+	gone, wait, err := holdersGone(ctx, r.c, r.namespace, holders(ck))
+	if err != nil || !gone {
+		return reconcile.Result{RequeueAfter: wait}, err
 	}
 	patch := client.MergeFrom(ck.DeepCopy())
 	controllerutil.RemoveFinalizer(ck, fbv1.CheckpointFinalizer)
-	return client.IgnoreNotFound(r.c.Patch(ctx, ck, patch))
+	return reconcile.Result{}, client.IgnoreNotFound(r.c.Patch(ctx, ck, patch))
 }

@@ -122,7 +122,7 @@ func Setup(ctx context.Context, mgr manager.Manager, o Options) error {
 		return err
 	}
 	rec := mgr.GetEventRecorder("forkbox-controller")
-	if err := (&placer{c: mgr.GetClient(), api: mgr.GetAPIReader(), rec: rec, log: o.Log, retry: o.Retry, assumed: map[string]string{}}).setup(mgr); err != nil {
+	if err := (&placer{c: mgr.GetClient(), api: mgr.GetAPIReader(), rec: rec, log: o.Log, retry: o.Retry, namespace: o.Namespace, assumed: map[string]string{}}).setup(mgr); err != nil {
 		return err
 	}
 	if err := (&forker{c: mgr.GetClient(), api: mgr.GetAPIReader(), rec: rec, log: o.Log}).setup(mgr); err != nil {
@@ -140,5 +140,5 @@ func Setup(ctx context.Context, mgr manager.Manager, o Options) error {
 	if err := (&pools{c: mgr.GetClient(), api: mgr.GetAPIReader(), rec: rec, log: o.Log, retry: o.Retry}).setup(mgr); err != nil {
 		return err
 	}
-	return (&checkpoints{c: mgr.GetClient(), log: o.Log, retry: o.Retry}).setup(mgr)
+	return (&checkpoints{c: mgr.GetClient(), log: o.Log, retry: o.Retry, namespace: o.Namespace}).setup(mgr)
 }

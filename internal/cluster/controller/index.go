@@ -17,6 +17,7 @@ const (
 	sourceCheckpointField = "spec.source.checkpoint"  // Sandbox → its Checkpoint
 	forkSandboxField      = "spec.source.sandbox"     // Fork → its source Sandbox
 	forkCheckpointField   = "spec.source.checkpoint"  // Fork → its source Checkpoint (one it does not own)
+	envCheckpointField    = "status.checkpoint"       // Environment → the Checkpoint it serves
 	sourceEnvField        = "spec.source.environment" // Sandbox → its Environment
 )
 
@@ -52,6 +53,14 @@ func indexSources(ctx context.Context, idx client.FieldIndexer) error {
 		return nil
 	}); err != nil {
 		return fmt.Errorf("index forks by checkpoint: %w", err)
+	}
+	if err := idx.IndexField(ctx, &fbv1.Environment{}, envCheckpointField, func(o client.Object) []string {
+		if ck := o.(*fbv1.Environment).Status.Checkpoint; ck != "" {
+			return []string{ck}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("index environments by checkpoint: %w", err)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -23,11 +24,18 @@ func gone(t *testing.T, o client.Object, why string) {
 	})
 }
 
-// deleteNode deletes a ForkboxNode as an administrator removing a host
-// would (its agent is gone with it).
-func deleteNode(t *testing.T, name string) {
+// deleteNode removes a node from the cluster as a host that goes away
+// does: its ForkboxNode, and its agent's Lease (or, with lease false,
+// only the object: an administrator's delete under a live agent).
+func deleteNode(t *testing.T, name string, lease bool) {
 	t.Helper()
-	if err := plane.Client.Delete(context.Background(), &fbv1.ForkboxNode{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+	ctx := context.Background()
+	if lease {
+		if err := plane.Client.Delete(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: clustertest.Namespace, Name: name}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := plane.Client.Delete(ctx, &fbv1.ForkboxNode{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil && !errors.IsNotFound(err) {
 		t.Fatal(err)
 	}
 }
@@ -43,14 +51,17 @@ func placedAfter(t *testing.T, ns, name string) {
 }
 
 // A sandbox deleted while its node stays keeps the node agent's finalizer
-// (the agent removes it with the local sandbox); when the node is then
-// removed from the cluster, nothing else changes that sandbox, and the
-// node's going releases it.
+// (the agent removes it with the local sandbox), also once the node's
+// object is deleted while its agent's Lease is current (the agent makes
+// it again on its next heartbeat). When the node has left the cluster,
+// its Lease gone too, nothing else changes that sandbox, and the node's
+// going releases it.
 func TestDeletedSandboxReleasedWhenItsNodeGoes(t *testing.T) {
 	plane.Need(t)
 	startController(t)
 	ns := namespace(t)
 	node(t, "or-sb", 4, long)
+	node(t, "or-sb-other", 4, long)
 	sb := sandbox(ns, "bound", func(sb *fbv1.Sandbox) {
 		sb.Spec.NodeName = "or-sb"
 		sb.Finalizers = []string{fbv1.SandboxFinalizer}
@@ -63,8 +74,13 @@ func TestDeletedSandboxReleasedWhenItsNodeGoes(t *testing.T) {
 	if get(t, sb).DeletionTimestamp.IsZero() {
 		t.Fatal("the deleted sandbox's node is there: it should wait for its agent")
 	}
-	deleteNode(t, "or-sb")
-	gone(t, sb, "once its node went")
+	deleteNode(t, "or-sb", false)
+	placedAfter(t, ns, "after-object") // and the node object's deletion, its Lease current
+	if get(t, sb).DeletionTimestamp.IsZero() {
+		t.Fatal("the deleted sandbox's node agent is there (its Lease is current): it should wait for it")
+	}
+	deleteNode(t, "or-sb", true)
+	gone(t, sb, "once its node left")
 }
 
 // A deleted checkpoint's finalizer goes once no node that holds a copy is
@@ -101,7 +117,7 @@ func TestDeletedCheckpointReleasedWhenItsHoldersGo(t *testing.T) {
 	if get(t, both).DeletionTimestamp.IsZero() {
 		t.Fatal("a checkpoint whose holders are there should wait for their agents")
 	}
-	deleteNode(t, "or-ck-b")
+	deleteNode(t, "or-ck-b", true)
 	// or-ck-a still holds a copy of on-both; on-b's only copy went with
 	// or-ck-b (its capturing node, or-ck-a, has none).
 	if err := plane.Client.Delete(context.Background(), onB); err != nil {
@@ -111,6 +127,6 @@ func TestDeletedCheckpointReleasedWhenItsHoldersGo(t *testing.T) {
 	if get(t, both).DeletionTimestamp.IsZero() {
 		t.Fatal("on-both lost its deletion")
 	}
-	deleteNode(t, "or-ck-a")
+	deleteNode(t, "or-ck-a", true)
 	gone(t, both, "once its last holder went")
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -42,6 +43,8 @@ type placer struct {
 	rec   recorder.EventRecorder
 	log   *slog.Logger
 	retry time.Duration
+	// namespace holds the nodes' Leases.
+	namespace string
 
 	mu      sync.Mutex
 	assumed map[string]string // sandbox UID → node, until the cache has it
@@ -67,13 +70,10 @@ func (p *placer) setup(mgr ctrl.Manager) error {
 		}
 		out := requests(ptrs(l.Items))
 		var envs fbv1.EnvironmentList
-		if err := p.c.List(ctx, &envs, client.InNamespace(o.GetNamespace())); err != nil {
+		if err := p.c.List(ctx, &envs, client.InNamespace(o.GetNamespace()), client.MatchingFields{envCheckpointField: o.GetName()}); err != nil {
 			return out
 		}
 		for _, e := range envs.Items {
-			if e.Status.Checkpoint != o.GetName() {
-				continue
-			}
 			var of fbv1.SandboxList
 			if err := p.c.List(ctx, &of, client.InNamespace(o.GetNamespace()), client.MatchingFields{sourceEnvField: e.Name}); err == nil {
 				out = append(out, requests(ptrs(of.Items))...)
@@ -88,8 +88,8 @@ func (p *placer) setup(mgr ctrl.Manager) error {
 		}
 		return requests(ptrs(l.Items))
 	})
-	// A node that goes releases its deleted sandboxes (releaseOrphan):
-	// nothing else changes them then.
+	// A node that goes (its object, its Lease) releases its deleted
+	// sandboxes (releaseOrphan): nothing else changes them then.
 	bound := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 		var l fbv1.SandboxList
 		if err := p.c.List(ctx, &l, client.MatchingFields{fbv1.NodeNameField: o.GetName()}); err != nil {
@@ -101,6 +101,7 @@ func (p *placer) setup(mgr ctrl.Manager) error {
 		For(&fbv1.Sandbox{}).
 		Watches(&fbv1.ForkboxNode{}, unplaced).
 		Watches(&fbv1.ForkboxNode{}, bound, builder.WithPredicates(deleted)).
+		Watches(&coordinationv1.Lease{}, bound, builder.WithPredicates(deleted)).
 		Watches(&fbv1.Checkpoint{}, waiting, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
 		Watches(&fbv1.Environment{}, fromEnv, builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
@@ -113,7 +114,7 @@ func (p *placer) Reconcile(ctx context.Context, req reconcile.Request) (reconcil
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if !sb.DeletionTimestamp.IsZero() {
-		return reconcile.Result{}, p.releaseOrphan(ctx, &sb)
+		return p.releaseOrphan(ctx, &sb)
 	}
 	if sb.Spec.NodeName != "" || sb.Spec.State == fbv1.StateClosed {
 		return reconcile.Result{}, nil // placed, or closed before it was (the retention deletes it)
@@ -322,10 +323,12 @@ func runtimeVersion(n *fbv1.ForkboxNode, runtime string) string {
 	return ""
 }
 
-// load counts the sandboxes on each node that hold a slot: bound, not
-// failed and not closed (a closed one's object stays for its record; a
-// sandbox asked to close holds its slot until its node has closed it),
-// including bindings this placer made that its cache lacks yet.
+// load counts the sandboxes on each node that hold a slot: bound, and
+// counted by the node's daemon (fbv1.Sandbox.HoldsSlot: not closed, and
+// not failed but with its local record kept; a closed one's object stays
+// for its record; a sandbox asked to close holds its slot until its node
+// has closed it), including bindings this placer made that its cache
+// lacks yet.
 func (p *placer) load(ctx context.Context, r client.Reader) (map[string]int, error) {
 	var l fbv1.SandboxList
 	if err := r.List(ctx, &l); err != nil {
@@ -427,19 +430,18 @@ func (p *placer) pending(ctx context.Context, sb *fbv1.Sandbox, reason, msg stri
 }
 
 // releaseOrphan drops the node agent's finalizer from a deleted sandbox
-// whose node no longer exists: nobody else would.
-func (p *placer) releaseOrphan(ctx context.Context, sb *fbv1.Sandbox) error {
+// whose node has left the cluster (nodeGone): nobody else would.
+func (p *placer) releaseOrphan(ctx context.Context, sb *fbv1.Sandbox) (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(sb, fbv1.SandboxFinalizer) {
-		return nil
+		return reconcile.Result{}, nil
 	}
 	if sb.Spec.NodeName != "" {
-		var n fbv1.ForkboxNode
-		err := p.c.Get(ctx, types.NamespacedName{Name: sb.Spec.NodeName}, &n)
-		if !errors.IsNotFound(err) {
-			return client.IgnoreNotFound(err)
+		gone, wait, err := nodeGone(ctx, p.c, p.namespace, sb.Spec.NodeName)
+		if err != nil || !gone {
+			return reconcile.Result{RequeueAfter: wait}, err
 		}
 	}
 	patch := client.MergeFrom(sb.DeepCopy())
 	controllerutil.RemoveFinalizer(sb, fbv1.SandboxFinalizer)
-	return client.IgnoreNotFound(p.c.Patch(ctx, sb, patch))
+	return reconcile.Result{}, client.IgnoreNotFound(p.c.Patch(ctx, sb, patch))
 }
