@@ -343,12 +343,13 @@ func (f *forkCall) settle(ctx context.Context, i int) (*v1.ForkChild, error) {
 		return c, nil
 	}
 	if err := startFailure(&sb); err != nil {
-		if sb.Spec.NodeName == "" {
-			// Unschedulable: it would start whenever a node has room,
-			// long after this call; it is not left waiting unseen.
-			if derr := g.c.Delete(context.WithoutCancel(ctx), &sb); derr != nil && !apierrors.IsNotFound(derr) {
-				g.log.Warn("could not delete an unschedulable child", "sandbox", sb.Name, "err", derr)
-			}
+		// The caller learns only the error, not the child's name: one
+		// unschedulable would start whenever a node has room, long after
+		// this call, and one failed on its node holds that node's slot
+		// until it is closed. Neither is left unseen (as on one host, where
+		// a failed child leaves nothing).
+		if derr := g.c.Delete(context.WithoutCancel(ctx), &sb); derr != nil && !apierrors.IsNotFound(derr) {
+			g.log.Warn("could not delete a failed child", "sandbox", sb.Name, "err", derr)
 		}
 		return failedChild(err), nil
 	}

@@ -17,7 +17,7 @@ import (
 // free slots"), and only a best-effort one starts what fits, its other
 // children failing one by one. Free slots are counted as the placer counts
 // them (a Ready, schedulable node's slots less the sandboxes bound to it
-// that hold one: not failed, not closed), from the gateway's view: its namespace's
+// that hold one: fbv1.Sandbox.HoldsSlot), from the gateway's view: its namespace's
 // sandboxes. Another tenant's are not seen, so a fork that passes may
 // still find less room, and those of its children fail one by one; one
 // that is refused would not have fitted.
