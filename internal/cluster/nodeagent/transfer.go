@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -174,7 +175,7 @@ func (a *agent) pull(ctx context.Context, ck *fbv1.Checkpoint) (string, error) {
 			a.rec.Eventf(ck, nil, corev1.EventTypeWarning, "TransferRefused", "Transfer", "%s", kube.Truncate(err.Error(), 1024))
 			return "", err
 		}
-		return localID, a.addReplica(ctx, ck, localID, "Reused", "a copy was on the node already")
+		return localID, a.recordPulled(ctx, ck, localID, "Reused", "a copy was on the node already", a.d.DeleteCheckpoint)
 	}
 	nodes, err := a.peers(ctx)
 	if err != nil {
@@ -211,7 +212,7 @@ func (a *agent) pull(ctx context.Context, ck *fbv1.Checkpoint) (string, error) {
 				a.rec.Eventf(ck, nil, corev1.EventTypeWarning, "TransferRefused", "Transfer", "%s", kube.Truncate(err.Error(), 1024))
 				return "", err
 			}
-			return rp.LocalID, a.addReplica(ctx, ck, rp.LocalID, "Reused", "a copy was on the node already")
+			return rp.LocalID, a.recordPulled(ctx, ck, rp.LocalID, "Reused", "a copy was on the node already", a.d.DeleteCheckpoint)
 		}
 		if err != nil {
 			errs = append(errs, rp.Node+": "+err.Error())
@@ -226,7 +227,7 @@ func (a *agent) pull(ctx context.Context, ck *fbv1.Checkpoint) (string, error) {
 			msg += fmt.Sprintf("; image %s fetched from node %s: %d bytes in %d ms", img.Ref, rp.Node, img.Bytes, img.Duration.Milliseconds())
 		}
 		a.rec.Eventf(ck, nil, corev1.EventTypeNormal, "Transferred", "Transfer", "%s", msg)
-		return rp.LocalID, a.addReplica(ctx, ck, rp.LocalID, "Transferred", msg)
+		return rp.LocalID, a.recordPulled(ctx, ck, rp.LocalID, "Transferred", msg, a.d.DeleteCheckpoint)
 	}
 	msg := "pull failed: " + strings.Join(errs, "; ")
 	a.rec.Eventf(ck, nil, corev1.EventTypeWarning, "TransferFailed", "Transfer", "%s", kube.Truncate(msg, 1024))
@@ -312,6 +313,21 @@ func (a *agent) ancestors(ctx context.Context, ck *fbv1.Checkpoint) ([]string, m
 // maxAncestry bounds how far up a checkpoint's parents a pull looks.
 const maxAncestry = 16
 
+// recordPulled records this node's copy localID of ck (addReplica). A
+// Checkpoint deleted while its copy came lists none of this node's: its
+// last holder let it go, and nothing would ever remove this copy, which
+// drop deletes; the pull fails NotFound.
+func (a *agent) recordPulled(ctx context.Context, ck *fbv1.Checkpoint, localID, reason, msg string, drop func(context.Context, string) error) error {
+	err := a.addReplica(ctx, ck, localID, reason, msg)
+	if !apierrors.IsNotFound(err) {
+		return err
+	}
+	if derr := drop(context.WithoutCancel(ctx), localID); derr != nil && !errdefs.IsNotFound(derr) {
+		a.log.WarnContext(ctx, "could not delete the copy of a checkpoint deleted while it came", slog.String("checkpoint", localID), slog.Any("err", derr))
+	}
+	return fmt.Errorf("checkpoint %s was deleted while node %s pulled it: %w", ck.Name, a.o.NodeName, errdefs.ErrNotFound)
+}
+
 // addReplica records this node's ready copy of ck (and Transferring
 // false), against the latest version of the object: other nodes write
 // their replicas too.
@@ -336,6 +352,10 @@ func (a *agent) patchCheckpoint(ctx context.Context, ck *fbv1.Checkpoint, change
 		var cur fbv1.Checkpoint
 		if err := a.api.Get(ctx, client.ObjectKeyFromObject(ck), &cur); err != nil {
 			return err
+		}
+		if ck.UID != "" && cur.UID != ck.UID {
+			// A later Checkpoint of that name: ck is gone.
+			return apierrors.NewNotFound(fbv1.GroupVersion.WithResource("checkpoints").GroupResource(), ck.Name)
 		}
 		patch := client.MergeFromWithOptions(cur.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		change(&cur)
