@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -22,45 +23,32 @@ const (
 )
 
 func indexSources(ctx context.Context, idx client.FieldIndexer) error {
-	if err := idx.IndexField(ctx, &fbv1.Sandbox{}, sourceCheckpointField, func(o client.Object) []string {
-		if s := o.(*fbv1.Sandbox).Spec.Source; s != nil && s.Checkpoint != "" {
-			return []string{s.Checkpoint}
+	source := func(sb *fbv1.Sandbox) *fbv1.SandboxSource {
+		if sb.Spec.Source == nil {
+			return &fbv1.SandboxSource{}
 		}
-		return nil
-	}); err != nil {
-		return fmt.Errorf("index sandboxes by checkpoint: %w", err)
+		return sb.Spec.Source
 	}
-	if err := idx.IndexField(ctx, &fbv1.Sandbox{}, sourceEnvField, func(o client.Object) []string {
-		if s := o.(*fbv1.Sandbox).Spec.Source; s != nil && s.Environment != "" {
-			return []string{s.Environment}
+	return errors.Join(
+		indexBy(ctx, idx, &fbv1.Sandbox{}, sourceCheckpointField, "sandboxes by checkpoint", func(sb *fbv1.Sandbox) string { return source(sb).Checkpoint }),
+		indexBy(ctx, idx, &fbv1.Sandbox{}, sourceEnvField, "sandboxes by environment", func(sb *fbv1.Sandbox) string { return source(sb).Environment }),
+		indexBy(ctx, idx, &fbv1.Fork{}, forkSandboxField, "forks by sandbox", func(fk *fbv1.Fork) string { return fk.Spec.Source.Sandbox }),
+		indexBy(ctx, idx, &fbv1.Fork{}, forkCheckpointField, "forks by checkpoint", func(fk *fbv1.Fork) string { return fk.Spec.Source.Checkpoint }),
+		indexBy(ctx, idx, &fbv1.Environment{}, envCheckpointField, "environments by checkpoint", func(e *fbv1.Environment) string { return e.Status.Checkpoint }),
+	)
+}
+
+// indexBy indexes the objects of obj's kind under field by key ("": not
+// indexed).
+func indexBy[T client.Object](ctx context.Context, idx client.FieldIndexer, obj T, field, what string, key func(T) string) error {
+	err := idx.IndexField(ctx, obj, field, func(o client.Object) []string {
+		if k := key(o.(T)); k != "" {
+			return []string{k}
 		}
 		return nil
-	}); err != nil {
-		return fmt.Errorf("index sandboxes by environment: %w", err)
-	}
-	if err := idx.IndexField(ctx, &fbv1.Fork{}, forkSandboxField, func(o client.Object) []string {
-		if s := o.(*fbv1.Fork).Spec.Source.Sandbox; s != "" {
-			return []string{s}
-		}
-		return nil
-	}); err != nil {
-		return fmt.Errorf("index forks by sandbox: %w", err)
-	}
-	if err := idx.IndexField(ctx, &fbv1.Fork{}, forkCheckpointField, func(o client.Object) []string {
-		if s := o.(*fbv1.Fork).Spec.Source.Checkpoint; s != "" {
-			return []string{s}
-		}
-		return nil
-	}); err != nil {
-		return fmt.Errorf("index forks by checkpoint: %w", err)
-	}
-	if err := idx.IndexField(ctx, &fbv1.Environment{}, envCheckpointField, func(o client.Object) []string {
-		if ck := o.(*fbv1.Environment).Status.Checkpoint; ck != "" {
-			return []string{ck}
-		}
-		return nil
-	}); err != nil {
-		return fmt.Errorf("index environments by checkpoint: %w", err)
+	})
+	if err != nil {
+		return fmt.Errorf("index %s: %w", what, err)
 	}
 	return nil
 }
