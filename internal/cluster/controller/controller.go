@@ -3,8 +3,8 @@
 // holds the rules), turns a Fork into a Checkpoint plus its children,
 // builds Environments and keeps their warm pools of Sandboxes, marks a
 // node NotReady when its Lease expires (its sandboxes are reported Lost,
-// never recreated elsewhere), releases the finalizers of objects whose
-// node is gone, and deletes closed Sandboxes after their retention
+// never recreated elsewhere), releases the finalizers of deleted objects
+// whose nodes have left the cluster (nodegone.go), and deletes closed Sandboxes after their retention
 // (retention.go). It runs with leader election:
 // one replica acts at a time.
 //
