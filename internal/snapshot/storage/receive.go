@@ -53,13 +53,40 @@ func (s *Store) Receive(ctx context.Context, name string, recv func(ctx context.
 	if err := recv(ctx, filepath.Dir(dst)); err != nil {
 		return fmt.Errorf("receive %q: %w", name, err)
 	}
-	if _, err := os.Lstat(filepath.Join(dst, "upper")); err != nil {
-		return fmt.Errorf("receive %q: the received data has no upper layer: %v: %w", name, err, errdefs.ErrInvalidArgument)
+	if err := checkReceivedTop(dst); err != nil {
+		return fmt.Errorf("receive %q: %w", name, err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.writeMeta(info); err != nil {
 		return fmt.Errorf("receive %q: metadata: %v: %w", name, err, ioClass(err))
+	}
+	return nil
+}
+
+// checkReceivedTop checks the top of a received checkpoint, which its
+// sender wrote: an upper layer and at most overlay's scratch directory,
+// both real directories. The store follows those two paths (it makes
+// them, overlay mounts them): a symlink there would give a sandbox made
+// from it another checkpoint's or a live sandbox's layer, or the store's
+// own files.
+func checkReceivedTop(dst string) error {
+	ents, err := os.ReadDir(dst)
+	if err != nil {
+		return fmt.Errorf("read the received data: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	upper := false
+	for _, e := range ents {
+		switch {
+		case e.Name() != "upper" && e.Name() != "work":
+			return fmt.Errorf("the received data holds %q beside its layer: %w", e.Name(), errdefs.ErrInvalidArgument)
+		case e.Type()&fs.ModeType != fs.ModeDir:
+			return fmt.Errorf("the received data's %q is not a directory (%v): %w", e.Name(), e.Type(), errdefs.ErrInvalidArgument)
+		}
+		upper = upper || e.Name() == "upper"
+	}
+	if !upper {
+		return fmt.Errorf("the received data has no upper layer: %w", errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
