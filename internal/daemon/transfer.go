@@ -12,6 +12,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/runtime/runsc"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
 	"github.com/forkbox/forkbox/internal/snapshot/btrfs"
 	"github.com/forkbox/forkbox/internal/store"
@@ -118,10 +119,16 @@ func validID(id string) bool {
 	return id != "" && len(id) <= 200 && !strings.ContainsAny(id, "/\\\x00") && id != "." && id != ".."
 }
 
+// foreignAnnotations are the annotations a received memory image's specs
+// may hold: those the daemon sets.
+var foreignAnnotations = []string{runsc.AnnotationContainerType, runsc.AnnotationSandboxID, runsc.AnnotationContainerName,
+	runsc.AnnotationAppMemoryLimit, runsc.AnnotationCPULimit}
+
 // adoptMemImage makes a received memory image's specs name this node's
 // paths (the source's bundle, the agent binary), and refuses a spec that
-// binds anything else of the host into the sandbox: the specs come from
-// another node.
+// binds anything else of the host into the sandbox or asks for more than
+// the daemon's specs give a sandbox (spec.CheckForeign): the specs come
+// from another node.
 func (d *Daemon) adoptMemImage(dir, from, to string) error {
 	for _, name := range []string{spec.ConfigName, podSpecFile} {
 		p := filepath.Join(dir, name)
@@ -133,8 +140,17 @@ func (d *Daemon) adoptMemImage(dir, from, to string) error {
 		if err == nil {
 			err = json.Unmarshal(b, &s)
 		}
+		if err == nil {
+			err = spec.CheckForeign(&s, foreignAnnotations)
+		}
 		if err != nil {
 			return fmt.Errorf("received memory image: %s: %v: %w", name, err, errdefs.ErrInvalidArgument)
+		}
+		// Which pod it belongs to is this node's to say (a restore marks
+		// it: runsc.AsPod, AsTenant): named by the sender, it could join
+		// another sandbox's pod here.
+		for _, k := range []string{runsc.AnnotationContainerType, runsc.AnnotationSandboxID, runsc.AnnotationContainerName} {
+			delete(s.Annotations, k)
 		}
 		move := func(p string) string {
 			if rest, ok := strings.CutPrefix(filepath.Clean(p), from+"/"); ok {

@@ -11,6 +11,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/runtime/runsc"
 	"github.com/forkbox/forkbox/internal/store"
 )
 
@@ -59,6 +60,38 @@ func TestAdoptMemImage(t *testing.T) {
 			}
 		})
 	}
+	// More than a sandbox has (spec.CheckForeign has the rest): a hook,
+	// which the runtime runs on this host as root, is refused; the pod
+	// the sender names is dropped (a restore here names its own).
+	rewrite := func(t *testing.T, dir string, change func(*specs.Spec)) {
+		var s specs.Spec
+		b, _ := os.ReadFile(filepath.Join(dir, "config.json"))
+		if err := json.Unmarshal(b, &s); err != nil {
+			t.Fatal(err)
+		}
+		change(&s)
+		b, _ = json.Marshal(&s)
+		if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir = write(t, ok...)
+	rewrite(t, dir, func(s *specs.Spec) {
+		s.Hooks = &specs.Hooks{Prestart: []specs.Hook{{Path: "/bin/sh", Args: []string{"sh", "-c", "id"}}}}
+	})
+	if err := d.adoptMemImage(dir, from, to); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("a prestart hook: got %v, want InvalidArgument", err)
+	}
+	dir = write(t, ok...)
+	rewrite(t, dir, func(s *specs.Spec) { runsc.AsTenant(s, "sb-of-another-tenant") })
+	if err := d.adoptMemImage(dir, from, to); err != nil {
+		t.Fatalf("adopt a tenant's: %v", err)
+	}
+	rewrite(t, dir, func(s *specs.Spec) {
+		if len(s.Annotations) != 0 {
+			t.Errorf("the sender's pod annotations are kept: %v", s.Annotations)
+		}
+	})
 }
 
 // TestCommitRefusesAnotherImage: a received record names the image its
