@@ -150,21 +150,27 @@ func (t nodeTrust) NodeOf(ctx context.Context, der []byte) (string, error) {
 	return trust.NodeOf(ctx, der)
 }
 
+// pullSources are the copies of ck that node me may pull: only the
+// capturing node's. Any node may list a copy of its own (the node
+// identity policy keeps it from changing others' entries, not from
+// claiming one), and what it would send is its say alone.
+func pullSources(ck *fbv1.Checkpoint, me string) []fbv1.Replica {
+	var out []fbv1.Replica
+	for _, rp := range ck.Status.Replicas {
+		if rp.Ready && rp.Node != me && rp.LocalID != "" && rp.Node == ck.Status.OriginNode {
+			out = append(out, rp)
+		}
+	}
+	return out
+}
+
 // pull brings checkpoint ck to this node from the node that captured it
 // and records the new replica; it returns the checkpoint's local ID. A
 // copy already here (a pull whose status write was lost) is reused if it
 // is ck's (checkCopy, reuse.go); a local checkpoint of that ID that is
 // not is refused, PermissionDenied.
 func (a *agent) pull(ctx context.Context, ck *fbv1.Checkpoint) (string, error) {
-	// Only the capturing node's copy: any node may list a copy of its own
-	// (the node identity policy keeps it from changing others' entries,
-	// not from claiming one), and what it would send is its say alone.
-	var ready []fbv1.Replica
-	for _, rp := range ck.Status.Replicas {
-		if rp.Ready && rp.Node != a.o.NodeName && rp.LocalID != "" && rp.Node == ck.Status.OriginNode {
-			ready = append(ready, rp)
-		}
-	}
+	ready := pullSources(ck, a.o.NodeName)
 	if len(ready) == 0 {
 		return "", fmt.Errorf("checkpoint %s has no ready copy on its capturing node %q (copies elsewhere are not pulled from: a node may list one it never had): %w",
 			ck.Name, ck.Status.OriginNode, errdefs.ErrUnavailable)

@@ -60,3 +60,21 @@ func TestPullLock(t *testing.T) {
 		t.Errorf("locks left: %v", tr.pulls)
 	}
 }
+
+// TestPullSources: a checkpoint is pulled from its capturing node's ready
+// copy only, never from a copy another node lists (it may never have had
+// it), nor from a capturing node whose copy is not ready.
+func TestPullSources(t *testing.T) {
+	ck := &fbv1.Checkpoint{Status: fbv1.CheckpointStatus{OriginNode: "a", Replicas: []fbv1.Replica{
+		{Node: "evil", LocalID: "ck-1", Ready: true}, {Node: "a", LocalID: "ck-1", Ready: true}, {Node: "c", LocalID: "ck-1", Ready: true}}}}
+	if got := pullSources(ck, "b"); len(got) != 1 || got[0].Node != "a" {
+		t.Errorf("pull sources: %+v, want a's copy only", got)
+	}
+	if got := pullSources(ck, "a"); len(got) != 0 {
+		t.Errorf("the capturing node's own sources: %+v, want none", got)
+	}
+	ck.Status.Replicas[1].Ready = false
+	if got := pullSources(ck, "b"); len(got) != 0 {
+		t.Errorf("with the capturing node's copy not ready: %+v, want none", got)
+	}
+}
