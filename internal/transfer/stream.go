@@ -23,10 +23,17 @@ const (
 	maxCmdLen     = 1 << 20 // v1 commands carry at most 64 KiB of data
 	cmdSubvol     = 1
 	cmdSnapshot   = 2
+	cmdSymlink    = 8
+	cmdRename     = 9
 	cmdLink       = 10
+	cmdUnlink     = 11
+	cmdWrite      = 15
 	cmdClone      = 16
+	cmdTruncate   = 17
+	cmdChmod      = 18
 	cmdEnd        = 21
 	cmdMaxV1      = 22 // UPDATE_EXTENT
+	cmdUpdateExt  = 22
 	attrUUID      = 1
 	attrPath      = 15
 	attrPathTo    = 16
@@ -53,10 +60,13 @@ type streamCheck struct {
 	hdr   bool  // stream header seen
 	sub   bool  // the subvolume's command seen
 	ended bool
+	// links are the paths of the symlinks the stream made, as they are
+	// named now (see symlinks).
+	links map[string]bool
 }
 
 func newStreamCheck(want expect, out io.Writer) *streamCheck {
-	return &streamCheck{want: want, out: out}
+	return &streamCheck{want: want, out: out, links: map[string]bool{}}
 }
 
 func refuse(format string, args ...any) error {
@@ -162,6 +172,11 @@ func (c *streamCheck) check(cmd uint16, attrs []byte) error {
 		if err := relPath(a[attrPathLink]); err != nil {
 			return err
 		}
+	}
+	if err := c.symlinks(cmd, a); err != nil {
+		return err
+	}
+	switch cmd {
 	case cmdClone:
 		// A clone names its source by UUID: only this subvolume and its
 		// agreed base may lend data, never another tenant's checkpoint.
@@ -171,6 +186,81 @@ func (c *streamCheck) check(cmd uint16, attrs []byte) error {
 		}
 	case cmdEnd:
 		c.ended = true
+	}
+	return nil
+}
+
+// symlinks keeps btrfs receive from following a symlink the stream made.
+// It runs chrooted in the directory every received checkpoint shares, and
+// resolves each command's path with the usual calls, which follow
+// symlinks: through a link to "/" the stream's files could be taken from
+// or written into any other checkpoint there. btrfs send itself never
+// names a path through a symlink, nor writes, truncates, chmods or clones
+// into or out of one (it names the link itself only to rename, link,
+// unlink, chown, set times or extended attributes, whose calls do not
+// follow it). So a path with a link the stream made among its parents is
+// refused, and so is one that is such a link for those other commands.
+// Links are followed through renames (of them and of their directories),
+// hard links and unlinks. (Symlinks the agreed base already holds, which
+// its tenant made, are not known here.)
+func (c *streamCheck) symlinks(cmd uint16, a map[uint16][]byte) error {
+	check := func(p string, whole bool) error {
+		for i := 0; i < len(p); i++ {
+			if p[i] == '/' && c.links[p[:i]] {
+				return refuse("path %q goes through the symlink %q it made", p, p[:i])
+			}
+		}
+		if whole && c.links[p] {
+			return refuse("command %d follows the symlink %q it made", cmd, p)
+		}
+		return nil
+	}
+	follows := cmd == cmdWrite || cmd == cmdTruncate || cmd == cmdChmod || cmd == cmdClone || cmd == cmdUpdateExt
+	for _, t := range []uint16{attrPath, attrPathTo, attrPathLink} {
+		if t == attrPathLink && cmd != cmdLink {
+			continue // a symlink's target: not a path receive resolves
+		}
+		if p, ok := a[t]; ok && cmd != cmdSubvol && cmd != cmdSnapshot {
+			if err := check(string(p), follows); err != nil {
+				return err
+			}
+		}
+	}
+	if p, ok := a[attrClonePath]; ok && uuidOf(a[attrCloneUUID]) == c.want.UUID {
+		if err := check(string(p), true); err != nil {
+			return err
+		}
+	}
+	from, to := string(a[attrPath]), string(a[attrPathTo])
+	switch cmd {
+	case cmdSymlink:
+		c.links[from] = true
+	case cmdLink:
+		if c.links[string(a[attrPathLink])] {
+			c.links[from] = true
+		}
+	case cmdUnlink:
+		delete(c.links, from)
+	case cmdRename:
+		if from == to {
+			break // nothing moves
+		}
+		moved := map[string]bool{}
+		for l := range c.links {
+			switch rest, under := strings.CutPrefix(l, from+"/"); {
+			case l == to || strings.HasPrefix(l, to+"/"):
+				delete(c.links, l) // replaced
+			case l == from:
+				moved[to] = true
+				delete(c.links, l)
+			case under:
+				moved[to+"/"+rest] = true
+				delete(c.links, l)
+			}
+		}
+		for l := range moved {
+			c.links[l] = true
+		}
 	}
 	return nil
 }

@@ -55,6 +55,13 @@ func TestStreamCheck(t *testing.T) {
 	clone := func(u string) []byte {
 		return cmdBytes(cmdClone, uint16(attrPath), p("a"), uint16(attrCloneUUID), uuidBytes(u), uint16(attrClonePath), p("b"))
 	}
+	mkdir := func(path string) []byte { return cmdBytes(4, uint16(attrPath), p(path)) }
+	symlink := func(path, target string) []byte {
+		return cmdBytes(cmdSymlink, uint16(attrPath), p(path), uint16(attrPathLink), p(target))
+	}
+	rename := func(from, to string) []byte {
+		return cmdBytes(cmdRename, uint16(attrPath), p(from), uint16(attrPathTo), p(to))
+	}
 	full, incr := expect{Name: "ck-1", UUID: uSelf}, expect{Name: "ck-1", UUID: uSelf, ParentUUID: uParent}
 	for _, c := range []struct {
 		name   string
@@ -79,6 +86,20 @@ func TestStreamCheck(t *testing.T) {
 		{"an unknown command", full, streamOf(subvol, cmdBytes(99), end), false},
 		{"not a send stream", full, []byte("tar archive, honest\x00\x00\x00\x00"), false},
 		{"cut before the end", full, streamOf(subvol, mkfile("x")), false},
+		// Symlinks the stream makes are not followed (btrfs receive runs
+		// chrooted where every received checkpoint is).
+		{"a symlink used as a link", full, streamOf(subvol, symlink("o257-1-0", "/"), rename("o257-1-0", "upper/l"),
+			cmdBytes(19, uint16(attrPath), p("upper/l")), cmdBytes(20, uint16(attrPath), p("upper/l")), rename("upper/l", "upper/m"),
+			cmdBytes(cmdUnlink, uint16(attrPath), p("upper/m")), mkdir("upper/m"), mkfile("upper/m/x"), rename("upper/m/x", "upper/m/x"), end), true},
+		{"a path through a symlink it made", full, streamOf(subvol, symlink("upper/s", "/"), mkfile("upper/s/victim/x"), end), false},
+		{"a write into a symlink it made", full, streamOf(subvol, symlink("upper/f", "/victim/upper/f"), cmdBytes(cmdWrite, uint16(attrPath), p("upper/f")), end), false},
+		{"a clone out of a symlink it made", full, streamOf(subvol, symlink("upper/s", "/"),
+			cmdBytes(cmdClone, uint16(attrPath), p("a"), uint16(attrCloneUUID), uuidBytes(uSelf), uint16(attrClonePath), p("upper/s/victim/upper/secret")), end), false},
+		{"a symlink made under a temporary name", full, streamOf(subvol, symlink("o257-1-0", "/"), rename("o257-1-0", "upper/s"), mkdir("upper/s/x"), end), false},
+		{"a symlink moved with its directory", full, streamOf(subvol, mkdir("d"), symlink("d/s", "/"), rename("d", "e"), mkfile("e/s/x"), end), false},
+		{"a hard link of a symlink", full, streamOf(subvol, symlink("a", "/"), cmdBytes(cmdLink, uint16(attrPath), p("b"), uint16(attrPathLink), p("a")), mkfile("b/x"), end), false},
+		{"a symlink renamed onto itself", full, streamOf(subvol, symlink("s", "/"), rename("s", "s"), mkfile("s/x"), end), false},
+		{"a rename into a symlink it made", full, streamOf(subvol, symlink("s", "/"), mkfile("f"), rename("f", "s/victim/f"), end), false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var out bytes.Buffer
