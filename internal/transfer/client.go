@@ -236,7 +236,16 @@ func (p *pull) checkHeader(ctx context.Context) (expect, error) {
 		if h.info.Origin() != hd.ParentUUID {
 			return expect{}, refuse("the base %s is subvolume %s here, %s there", hd.Parent, h.info.Origin(), hd.ParentUUID)
 		}
-		want.ParentUUID = hd.ParentUUID
+		want.ParentUUID, want.base = hd.ParentUUID, h.info.UUID
+	}
+	// btrfs receive finds a base and clone sources by UUID: a second
+	// subvolume here with the same one (a sender may name any UUID for
+	// its own checkpoint) could stand in for another's.
+	if other, err := p.c.Local.uuidHeld(hd.UUID); err != nil || other != "" {
+		if err == nil {
+			err = refuse("subvolume UUID %s is already checkpoint %s's on this node", hd.UUID, other)
+		}
+		return expect{}, err
 	}
 	return want, nil
 }
@@ -296,6 +305,9 @@ func (p *pull) receive(ctx context.Context, dir string, want expect) (err error)
 	if !info.ReadOnly || info.ReceivedUUID != want.UUID {
 		return fmt.Errorf("the received subvolume is read-only=%v with received UUID %q, want read-only with %s: %w",
 			info.ReadOnly, info.ReceivedUUID, want.UUID, errdefs.ErrInvalidArgument)
+	}
+	if want.base != "" && info.ParentUUID != want.base {
+		return fmt.Errorf("the received subvolume is a snapshot of %q, not of the agreed base %s: %w", info.ParentUUID, want.base, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

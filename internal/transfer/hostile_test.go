@@ -268,3 +268,37 @@ func waitNoReceive(t *testing.T, root string) {
 		time.Sleep(20 * time.Millisecond) // poll interval
 	}
 }
+
+// TestSpoofedUUIDRefused: a sender that names, for a checkpoint of its
+// own, the subvolume UUID of one the receiver already holds (received,
+// or captured there) is refused before anything is received: btrfs
+// receive finds a base and clone sources by UUID, and the second
+// subvolume could stand in for the first.
+func TestSpoofedUUIDRefused(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	trust := StaticTrust{}
+	a, b := newNode(t, "a", trust), newNode(t, "b", trust)
+	a.write(t, "sb-1", "", "f", mb)
+	a.checkpoint(t, "ck-1", "sb-1", false)
+	a.checkpoint(t, "ck-evil", "sb-1", false)
+	a.grant(b, "ck-1")
+	if _, err := b.client.Pull(ctx, a.peer(), Request{Checkpoint: "ck-1", UUID: a.uuid(t, "ck-1")}); err != nil {
+		t.Fatal(err)
+	}
+	b.write(t, "sb-b", "", "g", mb)
+	b.checkpoint(t, "ck-own", "sb-b", false)
+	stream := sendOf(t, a.snaps.CommittedPath("ck-evil"))
+	rec, _ := json.Marshal(store.Checkpoint{ID: "ck-evil", Kind: "filesystem"})
+	for name, uuid := range map[string]string{"a received one's": b.uuid(t, "ck-1"), "one captured there": b.uuid(t, "ck-own")} {
+		t.Run(name, func(t *testing.T) {
+			hd := header{Checkpoint: "ck-evil", UUID: uuid, Record: rec}
+			peer := hostile(t, a, trust, func(w http.ResponseWriter, r *http.Request) { frames(t, w, hd, stream) })
+			_, err := b.client.Pull(ctx, peer, Request{Checkpoint: "ck-evil", UUID: uuid})
+			if !isRefused(err) || !strings.Contains(err.Error(), "is already checkpoint") {
+				t.Fatalf("pull naming a UUID held here: got %v, want it refused", err)
+			}
+			b.requireNothing(t, "ck-evil")
+		})
+	}
+}

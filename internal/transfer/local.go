@@ -112,6 +112,29 @@ func (l *Local) ancestor(ctx context.Context, id, base string) bool {
 	return false
 }
 
+// uuidHeld returns the checkpoint of this node's store whose subvolume
+// has uuid as its own or received UUID ("" when none does).
+func (l *Local) uuidHeld(uuid string) (string, error) {
+	dir := filepath.Dir(l.Snaps.CommittedPath("x"))
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return "", fmt.Errorf("list checkpoints: %v: %w", err, errdefs.ErrInternal)
+	}
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		info, err := btrfs.Subvolume(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue // not a subvolume (a leftover the next open sweeps)
+		}
+		if info.UUID == uuid || info.ReceivedUUID == uuid {
+			return e.Name(), nil
+		}
+	}
+	return "", nil
+}
+
 // Holds reports whether this node holds checkpoint id.
 func (l *Local) Holds(ctx context.Context, id string) bool {
 	_, err := l.held(ctx, id)

@@ -47,6 +47,10 @@ const (
 // that is not "" (an incremental send), else from nothing.
 type expect struct {
 	Name, UUID, ParentUUID string
+	// base is the local subvolume's own UUID of the agreed base (its
+	// origin is ParentUUID): the received subvolume must be a snapshot
+	// of it, not of another that claims the same origin.
+	base string
 }
 
 // streamCheck parses a send stream as it is written and passes each
