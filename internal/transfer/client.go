@@ -27,6 +27,9 @@ type Limits struct {
 	MaxBytes int64
 	// Timeout bounds one pull (default 30m).
 	Timeout time.Duration
+	// Idle bounds how long a pull waits for its sender's next bytes
+	// (default 1m): a sender that stalls is given up long before Timeout.
+	Idle time.Duration
 	// MaxFiles bounds a memory image's files (default 256).
 	MaxFiles int
 	// MaxRecordBytes bounds the ledger record (default and most 512 KiB:
@@ -40,6 +43,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.Timeout == 0 {
 		l.Timeout = 30 * time.Minute
+	}
+	if l.Idle == 0 {
+		l.Idle = time.Minute
 	}
 	if l.MaxFiles == 0 {
 		l.MaxFiles = 256
@@ -100,6 +106,8 @@ func (c *Client) Pull(ctx context.Context, peer Peer, req Request) (Result, erro
 	}
 	ctx, cancel := context.WithTimeout(ctx, lim.Timeout)
 	defer cancel()
+	ctx, watch, stop := withStall(ctx, lim.Idle)
+	defer stop()
 	body, _ := json.Marshal(req)
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+peer.Endpoint+"/v1/pull", bytes.NewReader(body))
 	if err != nil {
@@ -117,9 +125,12 @@ func (c *Client) Pull(ctx context.Context, peer Peer, req Request) (Result, erro
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
 		return res, fmt.Errorf("pull %s from node %s: %s: %s: %w", req.Checkpoint, peer.Node, resp.Status, bytes.TrimSpace(msg), errdefs.ErrUnavailable)
 	}
-	fr := &frameReader{r: resp.Body, budget: lim.MaxBytes}
+	fr := &frameReader{r: watch(resp.Body), budget: lim.MaxBytes}
 	p := &pull{c: c, lim: lim, fr: fr, req: req, peer: peer, res: &res}
 	err = p.run(ctx)
+	if serr := stalled(ctx, lim.Idle); err != nil && serr != nil {
+		err = serr
+	}
 	res.WireBytes = fr.total
 	res.Duration = time.Since(start)
 	if err != nil {

@@ -302,3 +302,34 @@ func TestSpoofedUUIDRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestStalledSenderGivenUp: a sender that stops sending mid-stream, and
+// keeps the connection open, is given up after Limits.Idle (DeadlineExceeded,
+// saying so), not after the whole pull's Timeout, and nothing is left.
+func TestStalledSenderGivenUp(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	trust := StaticTrust{}
+	a, b := newNode(t, "a", trust), newNode(t, "b", trust)
+	a.write(t, "sb-1", "", "f", 4*mb)
+	a.checkpoint(t, "ck-1", "sb-1", false)
+	stream := sendOf(t, a.snaps.CommittedPath("ck-1"))
+	rec, _ := a.local.Ledger.Record(ctx, "ck-1")
+	hd := header{Checkpoint: "ck-1", UUID: a.uuid(t, "ck-1"), Record: rec}
+	release := make(chan struct{})
+	defer close(release)
+	peer := hostile(t, a, trust, func(w http.ResponseWriter, r *http.Request) {
+		frames(t, w, hd, stream[:len(stream)/2])
+		w.(http.Flusher).Flush()
+		select { // holds the connection, sending nothing
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	b.client.Limits = Limits{Idle: 300 * time.Millisecond, Timeout: 20 * time.Second} // Timeout: what ends it otherwise
+	_, err := b.client.Pull(ctx, peer, Request{Checkpoint: "ck-1"})
+	if !errdefs.IsDeadlineExceeded(err) || !strings.Contains(err.Error(), "sent nothing for 300ms") {
+		t.Fatalf("pull from a stalled sender: got %v, want DeadlineExceeded saying it sent nothing", err)
+	}
+	b.requireNothing(t, "ck-1")
+}

@@ -223,6 +223,8 @@ func (c *Client) EnsureImage(ctx context.Context, peer Peer, checkpoint string) 
 	}
 	ctx, cancel := context.WithTimeout(ctx, lim.Timeout)
 	defer cancel()
+	ctx, watch, stop := withStall(ctx, lim.Idle)
+	defer stop()
 	tr := &http.Transport{TLSClientConfig: clientTLS(c.Identity, pinned), MaxIdleConnsPerHost: 1,
 		ResponseHeaderTimeout: time.Minute, TLSHandshakeTimeout: 30 * time.Second}
 	defer tr.CloseIdleConnections()
@@ -244,7 +246,7 @@ func (c *Client) EnsureImage(ctx context.Context, peer Peer, checkpoint string) 
 	var ans imageAnswer
 	if resp.StatusCode != http.StatusOK {
 		err = remoteErr(resp)
-	} else if derr := json.NewDecoder(io.LimitReader(resp.Body, maxRequest)).Decode(&ans); derr != nil {
+	} else if derr := json.NewDecoder(io.LimitReader(watch(resp.Body), maxRequest)).Decode(&ans); derr != nil {
 		err = fmt.Errorf("the answer: %v: %w", derr, errdefs.ErrInvalidArgument)
 	}
 	resp.Body.Close()
@@ -281,7 +283,7 @@ func (c *Client) EnsureImage(ctx context.Context, peer Peer, checkpoint string) 
 			resp.Body.Close()
 			return nil, fmt.Errorf("blob %s of %d bytes: the transfer goes past its limit of %d bytes: %w", digest, resp.ContentLength, lim.MaxBytes, errdefs.ErrResourceExhausted)
 		}
-		return &budgetBody{ctx: ctx, rc: resp.Body, read: &read, max: lim.MaxBytes}, nil
+		return &budgetBody{ctx: ctx, rc: resp.Body, in: watch(resp.Body), read: &read, max: lim.MaxBytes, idle: lim.Idle}, nil
 	}
 	err = c.Local.Images.ImportFrom(ctx, ans.Ref, ans.Digest, fetch)
 	res.Bytes = read.Load()
@@ -313,12 +315,17 @@ func validDigest(d string) bool {
 type budgetBody struct {
 	ctx  context.Context
 	rc   io.ReadCloser
+	in   io.Reader // rc, given up when it stalls
 	read *atomic.Int64
 	max  int64
+	idle time.Duration
 }
 
 func (b *budgetBody) Read(p []byte) (int, error) {
-	n, err := b.rc.Read(p)
+	n, err := b.in.Read(p)
+	if serr := stalled(b.ctx, b.idle); err != nil && serr != nil {
+		return n, serr
+	}
 	if b.read.Add(int64(n)) > b.max {
 		return n, fmt.Errorf("the transfer goes past its limit of %d bytes: %w", b.max, errdefs.ErrResourceExhausted)
 	}
@@ -332,6 +339,8 @@ func (b *budgetBody) Read(p []byte) (int, error) {
 // it was canceled, or the peer or the network failed.
 func netErr(ctx context.Context, err error) error {
 	switch {
+	case errors.Is(context.Cause(ctx), errStalled):
+		return fmt.Errorf("%v: %v: %w", errStalled, err, errdefs.ErrDeadlineExceeded)
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return fmt.Errorf("the transfer took longer than allowed: %v: %w", err, errdefs.ErrDeadlineExceeded)
 	case ctx.Err() != nil:
