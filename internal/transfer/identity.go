@@ -18,6 +18,8 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -157,14 +159,24 @@ type Trust interface {
 // StaticTrust trusts a fixed set of certificates: node → certificate PEM.
 type StaticTrust map[string][]byte
 
-// NodeOf implements Trust.
+// NodeOf implements Trust. A certificate that more than one node
+// publishes is none's: a node may publish another's (it is public), and
+// its holder would be taken for either.
 func (t StaticTrust) NodeOf(_ context.Context, der []byte) (string, error) {
+	var nodes []string
 	for node, p := range t {
 		if d, err := CertDER(p); err == nil && bytes.Equal(d, der) {
-			return node, nil
+			nodes = append(nodes, node)
 		}
 	}
-	return "", fmt.Errorf("client certificate %s is no node's: %w", Fingerprint(der), errdefs.ErrPermissionDenied)
+	switch len(nodes) {
+	case 0:
+		return "", fmt.Errorf("client certificate %s is no node's: %w", Fingerprint(der), errdefs.ErrPermissionDenied)
+	case 1:
+		return nodes[0], nil
+	}
+	slices.Sort(nodes)
+	return "", fmt.Errorf("client certificate %s is published by nodes %s: it is taken for none: %w", Fingerprint(der), strings.Join(nodes, ", "), errdefs.ErrPermissionDenied)
 }
 
 // trustTimeout bounds one Trust lookup during a handshake.
