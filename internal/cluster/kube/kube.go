@@ -97,13 +97,6 @@ func LocalCheckpointTag(ck *fbv1.Checkpoint) string {
 	return "k8s-" + string(ck.UID)
 }
 
-// LegacyCheckpointTag is the ledger tag that nodes before
-// LocalCheckpointTag bound the UID gave a tagged Checkpoint (its bare
-// spec.tag), "" if it was the same.
-func LegacyCheckpointTag(ck *fbv1.Checkpoint) string {
-	return ck.Spec.Tag
-}
-
 // SetCondition sets a condition on conds, stamped with gen; it reports
 // whether anything changed.
 func SetCondition(conds *[]metav1.Condition, typ string, ok bool, reason, msg string, gen int64) bool {

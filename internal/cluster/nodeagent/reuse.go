@@ -63,11 +63,11 @@ func sameCheckpoint(ck *fbv1.Checkpoint, local *store.Checkpoint, uuid string) e
 	case uuid != want:
 		return deny("it is subvolume %q, the checkpoint's is %q", uuid, want)
 	}
-	want := kube.LocalCheckpointTag(ck)
-	// A copy captured before tags were bound to the UID carries the bare
-	// spec tag: then the subvolume alone tells it, so only with one.
-	legacy := kube.LegacyCheckpointTag(ck)
-	if local.Tag != want && (legacy == "" || local.Tag != legacy || uuid == "") {
+	// The tag is bound to the Checkpoint's UID. (A bare spec tag, which
+	// nodes gave copies before, is not enough with the subvolume: both are
+	// what a capturing node and a tenant choose, and a node that captured
+	// nothing of it could name another tenant's copy here by them.)
+	if want := kube.LocalCheckpointTag(ck); local.Tag != want {
 		return deny("its tag is %q, the checkpoint's %q", local.Tag, want)
 	}
 	return nil

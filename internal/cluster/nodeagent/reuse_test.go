@@ -30,7 +30,7 @@ func TestSameCheckpoint(t *testing.T) {
 	}{
 		{"its own copy", mine, store.Checkpoint{ID: "ck-1", Tag: "k8s-uid-mine"}, "uuid-mine", true},
 		{"its own copy, tagged", tagged, store.Checkpoint{ID: "ck-1", Tag: "my-tag@k8s-uid-mine"}, "uuid-mine", true},
-		{"its own copy, tagged before tags were bound to the UID", tagged, store.Checkpoint{ID: "ck-1", Tag: "my-tag"}, "uuid-mine", true},
+		{"a bare tag, as nodes gave copies before tags were bound to the UID", tagged, store.Checkpoint{ID: "ck-victim", Tag: "my-tag"}, "uuid-mine", false},
 		{"another Checkpoint of the same tag", tagged, store.Checkpoint{ID: "ck-2", Tag: "my-tag@k8s-uid-other"}, "uuid-mine", false},
 		{"a bare tag without a subvolume to tell it", &fbv1.Checkpoint{ObjectMeta: metav1.ObjectMeta{UID: "uid-mine"}, Spec: fbv1.CheckpointSpec{Tag: "my-tag"}},
 			store.Checkpoint{ID: "ck-2", Tag: "my-tag"}, "", false},
