@@ -247,7 +247,7 @@ func (p *pull) checkHeader(ctx context.Context) (expect, error) {
 		if h.info.Origin() != hd.ParentUUID {
 			return expect{}, refuse("the base %s is subvolume %s here, %s there", hd.Parent, h.info.Origin(), hd.ParentUUID)
 		}
-		want.ParentUUID, want.base = hd.ParentUUID, h.info.UUID
+		want.ParentUUID, want.base, want.baseDir = hd.ParentUUID, h.info.UUID, h.path
 	}
 	// btrfs receive finds a base and clone sources by UUID: a second
 	// subvolume here with the same one (a sender may name any UUID for

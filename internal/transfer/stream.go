@@ -49,8 +49,9 @@ type expect struct {
 	Name, UUID, ParentUUID string
 	// base is the local subvolume's own UUID of the agreed base (its
 	// origin is ParentUUID): the received subvolume must be a snapshot
-	// of it, not of another that claims the same origin.
-	base string
+	// of it, not of another that claims the same origin. baseDir is
+	// that subvolume's directory here.
+	base, baseDir string
 }
 
 // streamCheck parses a send stream as it is written and passes each
@@ -64,13 +65,12 @@ type streamCheck struct {
 	hdr   bool  // stream header seen
 	sub   bool  // the subvolume's command seen
 	ended bool
-	// links are the paths of the symlinks the stream made, as they are
-	// named now (see symlinks).
-	links map[string]bool
+	// paths tells the symlinks among the paths it names (streamlinks.go).
+	paths *pathTracker
 }
 
 func newStreamCheck(want expect, out io.Writer) *streamCheck {
-	return &streamCheck{want: want, out: out, links: map[string]bool{}}
+	return &streamCheck{want: want, out: out, paths: newPathTracker(want.baseDir)}
 }
 
 func refuse(format string, args ...any) error {
@@ -177,7 +177,7 @@ func (c *streamCheck) check(cmd uint16, attrs []byte) error {
 			return err
 		}
 	}
-	if err := c.symlinks(cmd, a); err != nil {
+	if err := c.paths.check(cmd, a, c.want); err != nil {
 		return err
 	}
 	switch cmd {
@@ -190,81 +190,6 @@ func (c *streamCheck) check(cmd uint16, attrs []byte) error {
 		}
 	case cmdEnd:
 		c.ended = true
-	}
-	return nil
-}
-
-// symlinks keeps btrfs receive from following a symlink the stream made.
-// It runs chrooted in the directory every received checkpoint shares, and
-// resolves each command's path with the usual calls, which follow
-// symlinks: through a link to "/" the stream's files could be taken from
-// or written into any other checkpoint there. btrfs send itself never
-// names a path through a symlink, nor writes, truncates, chmods or clones
-// into or out of one (it names the link itself only to rename, link,
-// unlink, chown, set times or extended attributes, whose calls do not
-// follow it). So a path with a link the stream made among its parents is
-// refused, and so is one that is such a link for those other commands.
-// Links are followed through renames (of them and of their directories),
-// hard links and unlinks. (Symlinks the agreed base already holds, which
-// its tenant made, are not known here.)
-func (c *streamCheck) symlinks(cmd uint16, a map[uint16][]byte) error {
-	check := func(p string, whole bool) error {
-		for i := 0; i < len(p); i++ {
-			if p[i] == '/' && c.links[p[:i]] {
-				return refuse("path %q goes through the symlink %q it made", p, p[:i])
-			}
-		}
-		if whole && c.links[p] {
-			return refuse("command %d follows the symlink %q it made", cmd, p)
-		}
-		return nil
-	}
-	follows := cmd == cmdWrite || cmd == cmdTruncate || cmd == cmdChmod || cmd == cmdClone || cmd == cmdUpdateExt
-	for _, t := range []uint16{attrPath, attrPathTo, attrPathLink} {
-		if t == attrPathLink && cmd != cmdLink {
-			continue // a symlink's target: not a path receive resolves
-		}
-		if p, ok := a[t]; ok && cmd != cmdSubvol && cmd != cmdSnapshot {
-			if err := check(string(p), follows); err != nil {
-				return err
-			}
-		}
-	}
-	if p, ok := a[attrClonePath]; ok && uuidOf(a[attrCloneUUID]) == c.want.UUID {
-		if err := check(string(p), true); err != nil {
-			return err
-		}
-	}
-	from, to := string(a[attrPath]), string(a[attrPathTo])
-	switch cmd {
-	case cmdSymlink:
-		c.links[from] = true
-	case cmdLink:
-		if c.links[string(a[attrPathLink])] {
-			c.links[from] = true
-		}
-	case cmdUnlink:
-		delete(c.links, from)
-	case cmdRename:
-		if from == to {
-			break // nothing moves
-		}
-		moved := map[string]bool{}
-		for l := range c.links {
-			switch rest, under := strings.CutPrefix(l, from+"/"); {
-			case l == to || strings.HasPrefix(l, to+"/"):
-				delete(c.links, l) // replaced
-			case l == from:
-				moved[to] = true
-				delete(c.links, l)
-			case under:
-				moved[to+"/"+rest] = true
-				delete(c.links, l)
-			}
-		}
-		for l := range moved {
-			c.links[l] = true
-		}
 	}
 	return nil
 }

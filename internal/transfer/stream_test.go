@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/hex"
+	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -125,6 +128,67 @@ func TestStreamCheck(t *testing.T) {
 			// before they all reach it.
 			if !c.ok && c.name != "cut before the end" && bytes.Equal(out.Bytes(), c.stream) {
 				t.Errorf("a refused stream was passed on whole")
+			}
+		})
+	}
+}
+
+// TestStreamCheckBaseLinks: an incremental stream may not make btrfs
+// receive follow a symlink the agreed base holds (its tenant made it),
+// under the name it has in the base or one the stream moved it to; a
+// base symlink the stream replaced is no longer one.
+func TestStreamCheckBaseLinks(t *testing.T) {
+	base := t.TempDir()
+	for _, d := range []string{"upper/d", "upper/dir"} {
+		if err := os.MkdirAll(filepath.Join(base, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for at, to := range map[string]string{"upper/s": "/", "upper/d/t": "/", "upper/py": "/usr/bin/python3"} {
+		if err := os.Symlink(to, filepath.Join(base, at)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := func(s string) []byte { return []byte(s) }
+	snap := cmdBytes(cmdSnapshot, uint16(attrPath), p("ck-1"), uint16(attrUUID), uuidBytes(uSelf), uint16(attrCloneUUID), uuidBytes(uParent))
+	end := cmdBytes(cmdEnd)
+	mkfile := func(path string) []byte { return cmdBytes(3, uint16(attrPath), p(path)) }
+	mkdir := func(path string) []byte { return cmdBytes(4, uint16(attrPath), p(path)) }
+	rename := func(from, to string) []byte {
+		return cmdBytes(cmdRename, uint16(attrPath), p(from), uint16(attrPathTo), p(to))
+	}
+	write := func(path string) []byte { return cmdBytes(cmdWrite, uint16(attrPath), p(path)) }
+	clone := func(u, path string) []byte {
+		return cmdBytes(cmdClone, uint16(attrPath), p("upper/dir/f"), uint16(attrCloneUUID), uuidBytes(u), uint16(attrClonePath), p(path))
+	}
+	want := expect{Name: "ck-1", UUID: uSelf, ParentUUID: uParent, baseDir: base}
+	for _, c := range []struct {
+		name   string
+		stream []byte
+		ok     bool
+	}{
+		{"files in the base's directories", streamOf(snap, mkfile("upper/dir/f"), write("upper/dir/f"), clone(uParent, "upper/dir/g"), end), true},
+		{"a base symlink replaced by a directory", streamOf(snap, cmdBytes(cmdUnlink, uint16(attrPath), p("upper/s")), mkdir("o1-1-0"),
+			rename("o1-1-0", "upper/s"), mkfile("upper/s/x"), write("upper/s/x"), end), true},
+		{"a base symlink moved aside, a directory in its place", streamOf(snap, rename("upper/s", "o9-1-0"), mkdir("o1-1-0"),
+			rename("o1-1-0", "upper/s"), mkfile("upper/s/x"), end), true},
+		{"a base symlink renamed, as send does", streamOf(snap, rename("upper/py", "upper/py3"), cmdBytes(19, uint16(attrPath), p("upper/py3")), end), true},
+		{"through a base symlink", streamOf(snap, mkfile("upper/s/victim"), end), false},
+		{"a write into a base symlink", streamOf(snap, write("upper/py"), end), false},
+		{"a clone out of the base through its symlink", streamOf(snap, mkfile("upper/dir/f"), clone(uParent, "upper/s/victim/upper/secret"), end), false},
+		{"through a base symlink renamed", streamOf(snap, rename("upper/s", "upper/r"), mkfile("upper/r/x"), end), false},
+		{"through a base symlink in a renamed directory", streamOf(snap, rename("upper/d", "upper/e"), mkfile("upper/e/t/x"), end), false},
+		{"a base symlink hard-linked", streamOf(snap, cmdBytes(cmdLink, uint16(attrPath), p("upper/l"), uint16(attrPathLink), p("upper/s")), mkfile("upper/l/x"), end), false},
+		{"a base symlink moved into a new directory", streamOf(snap, mkdir("upper/n"), rename("upper/s", "upper/n/s"), mkfile("upper/n/s/x"), end), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sc := newStreamCheck(want, io.Discard)
+			_, err := sc.Write(c.stream)
+			if err == nil {
+				err = sc.Close()
+			}
+			if c.ok != (err == nil) {
+				t.Fatalf("got %v, want ok=%v", err, c.ok)
 			}
 		})
 	}
