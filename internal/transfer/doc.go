@@ -34,16 +34,24 @@
 //
 // What comes from another node is untrusted input, so the receiver
 //   - bounds the whole pull in bytes (Limits.MaxBytes) and time
-//     (Limits.Timeout), and the record and file count;
+//     (Limits.Timeout), and each wait for the sender's next bytes
+//     (Limits.Idle), and the record and file count;
+//   - refuses a subvolume UUID a checkpoint here already has (received or
+//     captured): btrfs receive finds bases and clone sources by UUID;
 //   - parses the send stream as it passes to btrfs receive (stream.go) and
 //     refuses, before btrfs acts on it, a stream that carries another
 //     subvolume than asked (name, UUID), a second subvolume, an incremental
 //     base other than the ancestor agreed, clones from any other
-//     subvolume, paths that leave the subvolume, or data after its end;
-//     btrfs receive runs chrooted into the store's directory besides;
+//     subvolume, paths that leave the subvolume, paths through a symlink
+//     (one the stream made or one the base holds) or writes, truncates,
+//     chmods and clones that would follow one (streamlinks.go), or data
+//     after its end; btrfs receive runs chrooted into the store's
+//     directory besides;
 //   - checks after the receive that the subvolume is read-only with the
-//     asked UUID as its received UUID, and that the counts match the
-//     trailer;
+//     asked UUID as its received UUID, a snapshot of the agreed base's own
+//     subvolume, and that the counts match the trailer; the snapshot store
+//     takes it only with its layer's real directories on top
+//     (storage.Store.Receive);
 //   - never makes the received subvolume writable: children are writable
 //     snapshots of it;
 //   - leaves nothing on failure: the snapshot store's commit point is its
