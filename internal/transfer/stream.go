@@ -23,6 +23,7 @@ const (
 	maxCmdLen     = 1 << 20 // v1 commands carry at most 64 KiB of data
 	cmdSubvol     = 1
 	cmdSnapshot   = 2
+	cmdMkfile     = 3
 	cmdSymlink    = 8
 	cmdRename     = 9
 	cmdLink       = 10
@@ -210,12 +211,21 @@ func parseAttrs(b []byte) (map[uint16][]byte, error) {
 	return out, nil
 }
 
-// relPath refuses a path that is absolute or steps out with ".." ("" is
-// the subvolume's root).
+// maxPath bounds a path in the stream: PATH_MAX, past which btrfs receive
+// fails anyway.
+const maxPath = 4096
+
+// relPath refuses a path that is absolute, steps out with "..", is not
+// clean (btrfs send names every path cleanly: "" is the subvolume's root,
+// never "." nor a trailing "/", which receive would strip and the symlink
+// check would not) or is longer than maxPath.
 func relPath(p []byte) error {
 	s := string(p)
 	if s == "" {
 		return nil
+	}
+	if len(s) >= maxPath {
+		return refuse("a path of %d bytes", len(s))
 	}
 	if strings.HasPrefix(s, "/") || bytes.IndexByte(p, 0) >= 0 {
 		return refuse("path %q", s)
@@ -225,7 +235,7 @@ func relPath(p []byte) error {
 			return refuse("path %q leaves the subvolume", s)
 		}
 	}
-	if path.Clean(s) != s && path.Clean(s)+"/" != s {
+	if path.Clean(s) != s || s == "." {
 		return refuse("path %q is not clean", s)
 	}
 	return nil

@@ -103,6 +103,16 @@ func TestStreamCheck(t *testing.T) {
 		{"a hard link of a symlink", full, streamOf(subvol, symlink("a", "/"), cmdBytes(cmdLink, uint16(attrPath), p("b"), uint16(attrPathLink), p("a")), mkfile("b/x"), end), false},
 		{"a symlink renamed onto itself", full, streamOf(subvol, symlink("s", "/"), rename("s", "s"), mkfile("s/x"), end), false},
 		{"a rename into a symlink it made", full, streamOf(subvol, symlink("s", "/"), mkfile("f"), rename("f", "s/victim/f"), end), false},
+		// Found by an attacker's review: receive strips a trailing "/",
+		// and creat() follows a symlink.
+		{"a symlink named with a trailing slash", full, streamOf(subvol, symlink("upper/l/", "/"), mkfile("upper/l/evil"), end), false},
+		{"a symlink renamed to a trailing slash", full, streamOf(subvol, symlink("o1", "/"), rename("o1", "upper/m/"), mkfile("upper/m/evil"), end), false},
+		{"a symlink hard-linked to a trailing slash", full, streamOf(subvol, symlink("o1", "/"),
+			cmdBytes(cmdLink, uint16(attrPath), p("upper/m/"), uint16(attrPathLink), p("o1")), mkfile("upper/m/evil"), end), false},
+		{"a file made over a symlink it made", full, streamOf(subvol, symlink("upper/s", "/evil"), mkfile("upper/s"),
+			cmdBytes(cmdWrite, uint16(attrPath), p("upper/s")), end), false},
+		{"the path .", full, streamOf(subvol, cmdBytes(cmdChmod, uint16(attrPath), p(".")), end), false},
+		{"a path past PATH_MAX", full, streamOf(subvol, mkfile(strings.Repeat("a/", 2048)+"x"), end), false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var out bytes.Buffer

@@ -49,14 +49,16 @@ func (t *pathTracker) check(cmd uint16, a map[uint16][]byte, want expect) error 
 	if cmd == cmdSubvol || cmd == cmdSnapshot {
 		return nil
 	}
-	follows := cmd == cmdWrite || cmd == cmdTruncate || cmd == cmdChmod || cmd == cmdClone || cmd == cmdUpdateExt
+	// mkfile is creat(): it follows a symlink in the way, unlike the other
+	// calls that make a path (EEXIST).
+	follows := cmd == cmdMkfile || cmd == cmdWrite || cmd == cmdTruncate || cmd == cmdChmod || cmd == cmdClone || cmd == cmdUpdateExt
 	names := []uint16{attrPath, attrPathTo}
 	if cmd == cmdLink {
 		names = append(names, attrPathLink) // else a symlink's target, which receive does not resolve
 	}
 	for _, n := range names {
 		if p, ok := a[n]; ok {
-			if err := t.through(cmd, string(p), follows, t.isLink); err != nil {
+			if err := t.through(cmd, string(p), follows, false); err != nil {
 				return err
 			}
 		}
@@ -64,11 +66,11 @@ func (t *pathTracker) check(cmd uint16, a map[uint16][]byte, want expect) error 
 	if p, ok := a[attrClonePath]; ok {
 		switch uuidOf(a[attrCloneUUID]) {
 		case want.UUID:
-			if err := t.through(cmd, string(p), true, t.isLink); err != nil {
+			if err := t.through(cmd, string(p), true, false); err != nil {
 				return err
 			}
 		case want.ParentUUID: // a path of the base as it is
-			if err := t.through(cmd, string(p), true, t.baseLink); err != nil {
+			if err := t.through(cmd, string(p), true, true); err != nil {
 				return err
 			}
 		}
@@ -78,15 +80,48 @@ func (t *pathTracker) check(cmd uint16, a map[uint16][]byte, want expect) error 
 }
 
 // through refuses path p when a parent of it, or (whole) p itself, is a
-// symlink; the shortest first, so that no lookup goes through one.
-func (t *pathTracker) through(cmd uint16, p string, whole bool, isLink func(string) bool) error {
-	for i := 0; i < len(p); i++ {
-		if p[i] == '/' && isLink(p[:i]) {
-			return refuse("path %q goes through the symlink %q", p, p[:i])
+// symlink: as the stream has named things so far, or (inBase) in the base
+// as it is. It walks p once, the shortest prefix first, so that no lookup
+// goes through a link.
+func (t *pathTracker) through(cmd uint16, p string, whole, inBase bool) error {
+	n, near, nearLen := t.root, (*pnode)(nil), 0
+	for i := 0; i <= len(p) && p != ""; {
+		j := strings.IndexByte(p[i:], '/')
+		if j < 0 {
+			j = len(p) - i
 		}
-	}
-	if whole && p != "" && isLink(p) {
-		return refuse("command %d follows the symlink %q", cmd, p)
+		end := i + j
+		last := end == len(p)
+		if !last || whole {
+			var link bool
+			if inBase {
+				link = t.baseLink(p[:end])
+			} else {
+				if n != nil {
+					n = n.kids[p[i:end]]
+				}
+				switch {
+				case n != nil && n.set && n.from == "":
+					link = n.link
+				case n != nil && n.set:
+					link = t.baseLink(n.from)
+				case near == nil:
+					link = t.baseLink(p[:end])
+				case near.from != "":
+					link = t.baseLink(near.from + p[nearLen:end])
+				}
+				if n != nil && n.set {
+					near, nearLen = n, end
+				}
+			}
+			if link && !last {
+				return refuse("path %q goes through the symlink %q", p, p[:end])
+			}
+			if link {
+				return refuse("command %d follows the symlink %q", cmd, p)
+			}
+		}
+		i = end + 1
 	}
 	return nil
 }
