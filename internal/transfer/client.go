@@ -118,7 +118,8 @@ func (c *Client) Pull(ctx context.Context, peer Peer, req Request) (Result, erro
 	defer tr.CloseIdleConnections()
 	resp, err := (&http.Client{Transport: tr}).Do(hreq)
 	if err != nil {
-		return res, fmt.Errorf("pull %s from node %s: %v: %w", req.Checkpoint, peer.Node, err, errdefs.ErrUnavailable)
+		return res, fmt.Errorf("pull %s from node %s: %w", req.Checkpoint, peer.Node,
+			pullBound(ctx, lim, fmt.Errorf("%v: %w", err, errdefs.ErrUnavailable)))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -128,9 +129,7 @@ func (c *Client) Pull(ctx context.Context, peer Peer, req Request) (Result, erro
 	fr := &frameReader{r: watch(resp.Body), budget: lim.MaxBytes}
 	p := &pull{c: c, lim: lim, fr: fr, req: req, peer: peer, res: &res}
 	err = p.run(ctx)
-	if serr := stalled(ctx, lim.Idle); err != nil && serr != nil {
-		err = serr
-	}
+	err = pullBound(ctx, lim, err)
 	res.WireBytes = fr.total
 	res.Duration = time.Since(start)
 	if err != nil {
@@ -140,6 +139,20 @@ func (c *Client) Pull(ctx context.Context, peer Peer, req Request) (Result, erro
 		slog.String("parent", res.Parent), slog.Int64("send_bytes", res.SendBytes), slog.Int64("file_bytes", res.FileBytes),
 		slog.Duration("took", res.Duration))
 	return res, nil
+}
+
+// pullBound is err, or the pull's bound it ran into: its sender stalled
+// (Limits.Idle), or it took longer than Limits.Timeout.
+func pullBound(ctx context.Context, lim Limits, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case stalled(ctx, lim.Idle) != nil:
+		return stalled(ctx, lim.Idle)
+	case errors.Is(ctx.Err(), context.DeadlineExceeded) && !errdefs.IsDeadlineExceeded(err):
+		return fmt.Errorf("the pull took longer than %v: %v: %w", lim.Timeout, err, errdefs.ErrDeadlineExceeded)
+	}
+	return err
 }
 
 func (c *Client) log() *slog.Logger {

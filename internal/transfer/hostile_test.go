@@ -332,4 +332,11 @@ func TestStalledSenderGivenUp(t *testing.T) {
 		t.Fatalf("pull from a stalled sender: got %v, want DeadlineExceeded saying it sent nothing", err)
 	}
 	b.requireNothing(t, "ck-1")
+	// The whole pull's bound, reached first, says so too.
+	b.client.Limits = Limits{Idle: 20 * time.Second, Timeout: 300 * time.Millisecond}
+	_, err = b.client.Pull(ctx, peer, Request{Checkpoint: "ck-1"})
+	if !errdefs.IsDeadlineExceeded(err) || !strings.Contains(err.Error(), "took longer than 300ms") {
+		t.Fatalf("pull past its Timeout: got %v, want DeadlineExceeded saying so", err)
+	}
+	b.requireNothing(t, "ck-1")
 }
