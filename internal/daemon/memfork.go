@@ -347,6 +347,7 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 		// The source ran in a pre-booted sandbox: its placeholder is
 		// restored first, as this sandbox's, which holds the cgroup.
 		runsc.AsTenant(s, podID(sb.ID))
+		s.Linux.CgroupsPath = "" // the placeholder holds the cgroup (bundle.go)
 		if pm == nil {
 			if err := d.writeRestoredPod(ctx, sb, pod, nw.NSPath); err != nil {
 				return err

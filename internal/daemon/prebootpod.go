@@ -205,20 +205,38 @@ func (d *Daemon) writeRestoredPod(ctx context.Context, sb *store.Sandbox, s *spe
 	return spec.WriteBundle(dir, s)
 }
 
-// ownCgroup gives a spec taken from a memory image (the source's) sb's
-// own cgroup and memory limit, and the CPU limit its restore runs with
-// (restoreCPU).
+// ownCgroup gives a spec taken from a memory image (the source's, perhaps
+// another node's) sb's own cgroup, memory and pids limits and device
+// rules, and the CPU limit its restore runs with (restoreCPU): none of
+// them is the image's to say.
 func (d *Daemon) ownCgroup(ctx context.Context, s *specs.Spec, sb *store.Sandbox) {
+	if s.Linux == nil {
+		s.Linux = &specs.Linux{}
+	}
 	s.Linux.CgroupsPath = d.cgroupPath(sb.ID)
+	if s.Linux.Resources == nil {
+		s.Linux.Resources = &specs.LinuxResources{}
+	}
+	r := s.Linux.Resources
+	r.Devices = spec.DefaultDevices()
+	r.Pids = nil
+	if p := hostPidsLimit(sb.Runtime, sb.Config.Pids); p > 0 {
+		r.Pids = &specs.LinuxPids{Limit: &p}
+	}
 	d.restoreCPU(ctx, s, sb)
 	setMemoryLimit(s, hostMemoryLimit(sb.Runtime, sb.Config.MemoryBytes))
 }
 
-// setMemoryLimit replaces a spec's memory limit, when it has one.
+// setMemoryLimit sets a spec's memory limit (none for lim 0).
 func setMemoryLimit(s *specs.Spec, lim int64) {
-	if r := s.Linux.Resources; r != nil && r.Memory != nil && r.Memory.Limit != nil {
-		r.Memory.Limit = &lim
+	if s.Linux.Resources == nil {
+		s.Linux.Resources = &specs.LinuxResources{}
 	}
+	if lim <= 0 {
+		s.Linux.Resources.Memory = nil
+		return
+	}
+	s.Linux.Resources.Memory = &specs.LinuxMemory{Limit: &lim}
 }
 
 // copyFile copies a small file (a spec).

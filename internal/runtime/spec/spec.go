@@ -270,6 +270,9 @@ func defaultMounts() []specs.Mount {
 
 // defaultDevices denies every device, then allows the standard ones (as
 // containerd's default spec does).
+// DefaultDevices are the device cgroup rules of every sandbox.
+func DefaultDevices() []specs.LinuxDeviceCgroup { return defaultDevices() }
+
 func defaultDevices() []specs.LinuxDeviceCgroup {
 	i := func(v int64) *int64 { return &v }
 	return []specs.LinuxDeviceCgroup{
