@@ -214,17 +214,21 @@ func (d *Daemon) ownCgroup(ctx context.Context, s *specs.Spec, sb *store.Sandbox
 		s.Linux = &specs.Linux{}
 	}
 	s.Linux.CgroupsPath = d.cgroupPath(sb.ID)
-	if s.Linux.Resources == nil {
-		s.Linux.Resources = &specs.LinuxResources{}
-	}
-	r := s.Linux.Resources
-	r.Devices = spec.DefaultDevices()
-	r.Pids = nil
+	// Only what the daemon sets (spec.NewSpec): the image's other cgroup
+	// settings go.
+	r := &specs.LinuxResources{Devices: spec.DefaultDevices()}
 	if p := hostPidsLimit(sb.Runtime, sb.Config.Pids); p > 0 {
 		r.Pids = &specs.LinuxPids{Limit: &p}
 	}
+	s.Linux.Resources = r
 	d.restoreCPU(ctx, s, sb)
 	setMemoryLimit(s, hostMemoryLimit(sb.Runtime, sb.Config.MemoryBytes))
+	if s.Annotations != nil {
+		delete(s.Annotations, runsc.AnnotationAppMemoryLimit)
+	}
+	if sb.Runtime == RuntimeGVisor {
+		setAppMemoryLimit(s, sb.Config.MemoryBytes)
+	}
 }
 
 // setMemoryLimit sets a spec's memory limit (none for lim 0).

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -106,8 +108,17 @@ func (l transferLedger) Commit(ctx context.Context, id string, rec []byte, memDi
 	if _, ok := l.d.runtimes[ck.Runtime]; !ok {
 		return fmt.Errorf("received checkpoint %s is of runtime %q, which this node lacks: %w", id, ck.Runtime, errdefs.ErrFailedPrecondition)
 	}
+	// The source is another node's sandbox: one of this node's named so
+	// would have its bundle's paths, and its agent token, taken for the
+	// checkpoint's.
+	if _, err := l.d.store.GetSandbox(ctx, ck.SandboxID); !errdefs.IsNotFound(err) {
+		if err == nil {
+			err = fmt.Errorf("received checkpoint %s names source %s, a sandbox of this node: %w", id, ck.SandboxID, errdefs.ErrInvalidArgument)
+		}
+		return err
+	}
 	if memDir != "" {
-		if err := l.d.adoptMemImage(memDir, filepath.Clean(r.Bundle), l.d.bundleDir(ck.SandboxID)); err != nil {
+		if err := l.d.adoptMemImage(memDir, l.d.bundleDir(ck.SandboxID)); err != nil {
 			return err
 		}
 	}
@@ -124,15 +135,21 @@ func validID(id string) bool {
 var foreignAnnotations = []string{runsc.AnnotationContainerType, runsc.AnnotationSandboxID, runsc.AnnotationContainerName,
 	runsc.AnnotationAppMemoryLimit, runsc.AnnotationCPULimit}
 
+// maxForeignSpec bounds a received memory image's spec files.
+const maxForeignSpec = 1 << 20
+
 // adoptMemImage makes a received memory image's specs name this node's
-// paths (the source's bundle, the agent binary), and refuses a spec that
-// binds anything else of the host into the sandbox or asks for more than
-// the daemon's specs give a sandbox (spec.CheckForeign): the specs come
-// from another node.
-func (d *Daemon) adoptMemImage(dir, from, to string) error {
+// paths, and refuses a spec that asks for more than the daemon's specs
+// give a sandbox (spec.CheckForeign): the specs come from another node.
+// Its bind mounts are made again, not filtered: each must be one the
+// daemon makes (the identity files, the agent, the root's own /tmp), and
+// gets this node's source and options (read-only but /tmp). A bind the
+// sender chose could make a host file writable from inside the sandbox:
+// its own config.json, whose hooks a later restore runs as root.
+func (d *Daemon) adoptMemImage(dir, to string) error {
 	for _, name := range []string{spec.ConfigName, podSpecFile} {
 		p := filepath.Join(dir, name)
-		b, err := os.ReadFile(p)
+		b, err := readSmall(p, maxForeignSpec)
 		if os.IsNotExist(err) && name == podSpecFile {
 			continue
 		}
@@ -143,6 +160,9 @@ func (d *Daemon) adoptMemImage(dir, from, to string) error {
 		if err == nil {
 			err = spec.CheckForeign(&s, foreignAnnotations)
 		}
+		if err == nil {
+			err = d.adoptMounts(&s, name, to)
+		}
 		if err != nil {
 			return fmt.Errorf("received memory image: %s: %v: %w", name, err, errdefs.ErrInvalidArgument)
 		}
@@ -151,26 +171,6 @@ func (d *Daemon) adoptMemImage(dir, from, to string) error {
 		// another sandbox's pod here.
 		for _, k := range []string{runsc.AnnotationContainerType, runsc.AnnotationSandboxID, runsc.AnnotationContainerName} {
 			delete(s.Annotations, k)
-		}
-		move := func(p string) string {
-			if rest, ok := strings.CutPrefix(filepath.Clean(p), from+"/"); ok {
-				return filepath.Join(to, rest)
-			}
-			return p
-		}
-		if s.Root != nil {
-			s.Root.Path = move(s.Root.Path)
-		}
-		for i := range s.Mounts {
-			m := &s.Mounts[i]
-			m.Source = move(m.Source)
-			if m.Destination == agentMountPoint {
-				m.Source = d.cfg.AgentPath
-			}
-			bind := m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
-			if bind && m.Source != d.cfg.AgentPath && !strings.HasPrefix(filepath.Clean(m.Source), to+"/") {
-				return fmt.Errorf("received memory image: %s binds host path %q: %w", name, m.Source, errdefs.ErrInvalidArgument)
-			}
 		}
 		out, err := json.Marshal(&s)
 		if err == nil {
@@ -181,6 +181,49 @@ func (d *Daemon) adoptMemImage(dir, from, to string) error {
 		}
 	}
 	return nil
+}
+
+// adoptMounts gives a received spec (name, of the source whose bundle is
+// to here) this node's root and bind mounts.
+func (d *Daemon) adoptMounts(s *specs.Spec, name, to string) error {
+	root := filepath.Join(to, "rootfs")
+	if name == podSpecFile {
+		root = filepath.Join(to, "pod", "rootfs")
+	}
+	s.Root.Path = root
+	for i := range s.Mounts {
+		m := &s.Mounts[i]
+		if m.Type != "bind" && !slices.Contains(m.Options, "bind") && !slices.Contains(m.Options, "rbind") {
+			continue // not a host path (spec.CheckForeign checked its type)
+		}
+		dst := path.Clean(m.Destination)
+		switch {
+		case dst == agentMountPoint:
+			m.Source, m.Options = d.cfg.AgentPath, []string{"rbind", "ro", "nosuid", "nodev"}
+		case dst == "/etc/hostname" || dst == "/etc/hosts" || dst == "/etc/resolv.conf" || dst == "/etc/machine-id":
+			m.Source, m.Options = filepath.Join(to, "etc", path.Base(dst)), slices.Clone(spec.EtcMountOptions)
+		case dst == "/tmp":
+			m.Source, m.Options = filepath.Join(root, "tmp"), []string{"rbind", "rprivate"}
+		default:
+			return fmt.Errorf("a bind mount at %s (from %q), which the daemon does not make", m.Destination, m.Source)
+		}
+		m.Destination, m.Type = dst, "bind"
+	}
+	return nil
+}
+
+// readSmall reads file p, refusing one past max bytes.
+func readSmall(p string, max int64) ([]byte, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err == nil && int64(len(b)) > max {
+		err = fmt.Errorf("%s is over %d bytes", filepath.Base(p), max)
+	}
+	return b, err
 }
 
 // agentMountPoint is where the agent binary is bound in a sandbox.

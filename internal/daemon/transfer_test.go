@@ -5,13 +5,16 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/runtime/runsc"
+	"github.com/forkbox/forkbox/internal/runtime/spec"
 	"github.com/forkbox/forkbox/internal/store"
 )
 
@@ -23,7 +26,12 @@ func TestAdoptMemImage(t *testing.T) {
 	from, to := "/var/there/sandboxes/sb-1", "/var/here/sandboxes/sb-1"
 	write := func(t *testing.T, mounts ...specs.Mount) string {
 		dir := t.TempDir()
-		b, _ := json.Marshal(specs.Spec{Root: &specs.Root{Path: from + "/rootfs"}, Mounts: mounts})
+		s, err := spec.NewSpec(spec.SpecOptions{Rootfs: from + "/rootfs", Args: []string{"sh"}, MemoryBytes: 1 << 30})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Mounts = mounts
+		b, _ := json.Marshal(s)
 		if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -32,11 +40,11 @@ func TestAdoptMemImage(t *testing.T) {
 	ok := []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc"},
 		{Destination: "/tmp", Type: "bind", Source: from + "/rootfs/tmp", Options: []string{"rbind"}},
-		{Destination: "/etc/hosts", Type: "bind", Source: from + "/etc/hosts", Options: []string{"rbind", "ro"}},
-		{Destination: agentMountPoint, Type: "bind", Source: "/opt/there/forkbox-agent", Options: []string{"rbind", "ro"}},
+		{Destination: "/etc/hosts", Type: "bind", Source: from + "//etc/../etc/hosts", Options: []string{"rbind"}}, // made read-only
+		{Destination: agentMountPoint, Type: "bind", Source: "/opt/there/forkbox-agent", Options: []string{"rbind"}},
 	}
 	dir := write(t, ok...)
-	if err := d.adoptMemImage(dir, from, to); err != nil {
+	if err := d.adoptMemImage(dir, to); err != nil {
 		t.Fatalf("adopt: %v", err)
 	}
 	var got specs.Spec
@@ -45,16 +53,21 @@ func TestAdoptMemImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got.Root.Path != to+"/rootfs" || got.Mounts[1].Source != to+"/rootfs/tmp" || got.Mounts[2].Source != to+"/etc/hosts" ||
-		got.Mounts[3].Source != d.cfg.AgentPath || got.Mounts[0].Source != "proc" {
+		got.Mounts[3].Source != d.cfg.AgentPath || got.Mounts[0].Source != "proc" ||
+		!slices.Contains(got.Mounts[2].Options, "ro") || !slices.Contains(got.Mounts[3].Options, "ro") {
 		t.Errorf("adopted spec: root %q, mounts %+v", got.Root.Path, got.Mounts)
 	}
 	for name, m := range map[string]specs.Mount{
 		"a host dir":             {Destination: "/host", Type: "bind", Source: "/etc", Options: []string{"rbind"}},
 		"a way up and out":       {Destination: "/x", Type: "bind", Source: from + "/../../../etc", Options: []string{"rbind"}},
 		"a bind by options only": {Destination: "/x", Type: "none", Source: "/root", Options: []string{"bind"}},
+		// Inside the bundle, writable: a restore later runs its hooks.
+		"its own spec":       {Destination: "/x", Type: "bind", Source: from + "/config.json", Options: []string{"rbind"}},
+		"its pod's bundle":   {Destination: "/x", Type: "bind", Source: from + "/pod", Options: []string{"rbind"}},
+		"the root elsewhere": {Destination: "/mnt", Type: "bind", Source: from + "/rootfs", Options: []string{"rbind"}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			err := d.adoptMemImage(write(t, append(ok[:1:1], m)...), from, to)
+			err := d.adoptMemImage(write(t, append(ok[:1:1], m)...), to)
 			if !errdefs.IsInvalidArgument(err) {
 				t.Fatalf("got %v, want InvalidArgument", err)
 			}
@@ -79,12 +92,12 @@ func TestAdoptMemImage(t *testing.T) {
 	rewrite(t, dir, func(s *specs.Spec) {
 		s.Hooks = &specs.Hooks{Prestart: []specs.Hook{{Path: "/bin/sh", Args: []string{"sh", "-c", "id"}}}}
 	})
-	if err := d.adoptMemImage(dir, from, to); !errdefs.IsInvalidArgument(err) {
+	if err := d.adoptMemImage(dir, to); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("a prestart hook: got %v, want InvalidArgument", err)
 	}
 	dir = write(t, ok...)
 	rewrite(t, dir, func(s *specs.Spec) { runsc.AsTenant(s, "sb-of-another-tenant") })
-	if err := d.adoptMemImage(dir, from, to); err != nil {
+	if err := d.adoptMemImage(dir, to); err != nil {
 		t.Fatalf("adopt a tenant's: %v", err)
 	}
 	rewrite(t, dir, func(s *specs.Spec) {
@@ -118,5 +131,28 @@ func TestCommitRefusesAnotherImage(t *testing.T) {
 				t.Fatalf("got %v, want InvalidArgument naming the image ensured", err)
 			}
 		})
+	}
+}
+
+// TestCommitRefusesLocalSource: a received checkpoint whose source is a
+// sandbox of this node (by its ID) is refused: the memory image's bundle
+// paths, and its agent token, would be taken from that sandbox's.
+func TestCommitRefusesLocalSource(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "forkbox.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.CreateSandbox(ctx, &store.Sandbox{ID: "sb-local", Name: "victim", State: store.StateRunning, Image: "img", Runtime: RuntimeCrun}); err != nil {
+		t.Fatal(err)
+	}
+	d := &Daemon{store: st, runtimes: map[string]runtime.Runtime{RuntimeCrun: nil}}
+	digest := "sha256:" + strings.Repeat("a", 64)
+	rec, _ := json.Marshal(transferRecord{Checkpoint: store.Checkpoint{ID: "ck-1", SandboxID: "sb-local", Kind: KindFilesystem,
+		Runtime: RuntimeCrun, Image: "img", ImageDigest: digest}})
+	err = transferLedger{d}.Commit(ctx, "ck-1", rec, "", digest)
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "a sandbox of this node") {
+		t.Fatalf("got %v, want InvalidArgument naming the local sandbox", err)
 	}
 }

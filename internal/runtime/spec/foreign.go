@@ -26,13 +26,18 @@ var foreignNamespaces = []specs.LinuxNamespaceType{specs.PIDNamespace, specs.IPC
 // annotations other than annotations (they configure the runtime),
 // capabilities beyond DefaultCapabilities, privileges, an existing
 // namespace to join, user-namespace mappings, host devices, sysctls, a
-// seccomp, SELinux or AppArmor setting of its own, fewer masked or
-// read-only paths, and mount types NewSpec does not make. The caller
+// seccomp, SELinux or AppArmor setting of its own, cgroup settings
+// NewSpec never makes (unified keys, hugepages, block I/O, network, RDMA),
+// fewer masked or read-only paths, and mount types NewSpec does not make;
+// and one without its root, process or linux section. The caller
 // rewrites what is the receiving sandbox's (root, hostname, network
 // namespace, cgroup, limits) and checks the binds' sources.
 func CheckForeign(s *specs.Spec, annotations []string) error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("spec: "+format+": %w", append(a, errdefs.ErrInvalidArgument)...)
+	}
+	if s.Root == nil || s.Process == nil || s.Linux == nil {
+		return bad("it lacks its root, process or linux section")
 	}
 	if s.Hooks != nil {
 		return bad("hooks are not taken from another node")
@@ -74,6 +79,11 @@ func CheckForeign(s *specs.Spec, annotations []string) error {
 			return bad("sysctls are not taken from another node")
 		case l.Seccomp != nil || l.MountLabel != "" || l.IntelRdt != nil || l.Personality != nil || l.RootfsPropagation != "" || l.TimeOffsets != nil:
 			return bad("host security settings are not taken from another node")
+		}
+		// The receiving node sets the sandbox's own limits; these others
+		// (cgroup v2's unified keys write any cgroup file) it never sets.
+		if r := l.Resources; r != nil && (len(r.Unified) > 0 || len(r.HugepageLimits) > 0 || r.BlockIO != nil || r.Network != nil || len(r.Rdma) > 0) {
+			return bad("cgroup settings other than a sandbox's are not taken from another node")
 		}
 		for _, p := range DefaultMaskedPaths {
 			if !slices.Contains(l.MaskedPaths, p) {

@@ -49,6 +49,12 @@ func TestCheckForeign(t *testing.T) {
 		"a seccomp of its own": func(s *specs.Spec) { s.Linux.Seccomp = &specs.LinuxSeccomp{DefaultAction: specs.ActAllow} },
 		"kcore unmasked":       func(s *specs.Spec) { s.Linux.MaskedPaths = s.Linux.MaskedPaths[1:] },
 		"/proc/sys writable":   func(s *specs.Spec) { s.Linux.ReadonlyPaths = nil },
+		"a cgroup v2 key":      func(s *specs.Spec) { s.Linux.Resources.Unified = map[string]string{"cgroup.procs": "1"} },
+		"hugepage limits": func(s *specs.Spec) {
+			s.Linux.Resources.HugepageLimits = []specs.LinuxHugepageLimit{{Pagesize: "2MB", Limit: 1}}
+		},
+		"no linux section": func(s *specs.Spec) { s.Linux = nil },
+		"no root":          func(s *specs.Spec) { s.Root = nil },
 		"an nfs mount": func(s *specs.Spec) {
 			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/n", Type: "nfs", Source: "h:/x"})
 		},
