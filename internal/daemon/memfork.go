@@ -296,7 +296,7 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 	// file: their source's recorded token is the image's.) The source may
 	// be closed by now (an environment's builder).
 	tok := ""
-	if b, err := os.ReadFile(filepath.Join(dir, imageTokenFile)); err == nil && len(b) > 0 {
+	if b, err := readSmall(filepath.Join(dir, imageTokenFile), 4096); err == nil && len(b) > 0 {
 		tok = string(b)
 	} else {
 		src, err := d.store.GetSandbox(ctx, ck.SandboxID)

@@ -44,6 +44,11 @@ func ReadBundle(dir string) (*specs.Spec, error) {
 	if err := json.Unmarshal(b, &s); err != nil {
 		return nil, fmt.Errorf("bundle %s: decode spec: %v: %w", dir, err, errdefs.ErrInternal)
 	}
+	if s.Hooks != nil {
+		// forkbox writes none; the runtime would run them on the host,
+		// as root. One here came from elsewhere (a memory image).
+		return nil, fmt.Errorf("bundle %s: its spec has hooks, which forkbox never writes: %w", dir, errdefs.ErrFailedPrecondition)
+	}
 	return &s, nil
 }
 

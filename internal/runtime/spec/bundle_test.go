@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/forkbox/forkbox/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // TestEtcFilesReadOnly: the identity files live outside the sandbox's
@@ -44,5 +45,28 @@ func TestWriteClassFull(t *testing.T) {
 		if got := writeClass(tc.err); got != tc.want {
 			t.Errorf("writeClass(%v): got %v, want %v", tc.err, got, tc.want)
 		}
+	}
+}
+
+// A bundle whose spec has hooks is not read: forkbox writes none, and the
+// runtime would run them on the host as root.
+func TestReadBundleRefusesHooks(t *testing.T) {
+	dir := t.TempDir()
+	s, err := NewSpec(SpecOptions{Rootfs: "/r", Args: []string{"sh"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteBundle(dir, s); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadBundle(dir); err != nil {
+		t.Fatalf("a bundle forkbox wrote: %v", err)
+	}
+	s.Hooks = &specs.Hooks{Prestart: []specs.Hook{{Path: "/bin/sh"}}}
+	if err := WriteBundle(dir, s); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadBundle(dir); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("a bundle with hooks: got %v, want FailedPrecondition", err)
 	}
 }
