@@ -92,19 +92,26 @@ func TestForeignSubvolumeRefused(t *testing.T) {
 	}
 }
 
+// honestStream makes nodes a and b, a checkpoint ck-1 of 4 MiB on a, and
+// the send stream and header of it that a then serves, or cuts short.
+func honestStream(t *testing.T) (a, b *node, trust StaticTrust, stream []byte, hd header) {
+	t.Helper()
+	requireRoot(t)
+	trust = StaticTrust{}
+	a, b = newNode(t, "a", trust), newNode(t, "b", trust)
+	a.write(t, "sb-1", "", "f", 4*mb)
+	a.checkpoint(t, "ck-1", "sb-1", false)
+	stream = sendOf(t, a.snaps.CommittedPath("ck-1"))
+	rec, _ := a.local.Ledger.Record(context.Background(), "ck-1")
+	return a, b, trust, stream, header{Checkpoint: "ck-1", UUID: a.uuid(t, "ck-1"), Record: rec}
+}
+
 // TestCutStream: a sender that stops mid-stream (between frames, or in
 // the middle of one, as a killed sender does) leaves nothing behind, and
 // a pull from an honest sender afterwards succeeds.
 func TestCutStream(t *testing.T) {
-	requireRoot(t)
 	ctx := context.Background()
-	trust := StaticTrust{}
-	a, b := newNode(t, "a", trust), newNode(t, "b", trust)
-	a.write(t, "sb-1", "", "f", 4*mb)
-	a.checkpoint(t, "ck-1", "sb-1", false)
-	stream := sendOf(t, a.snaps.CommittedPath("ck-1"))
-	rec, _ := a.local.Ledger.Record(ctx, "ck-1")
-	hd := header{Checkpoint: "ck-1", UUID: a.uuid(t, "ck-1"), Record: rec}
+	a, b, trust, stream, hd := honestStream(t)
 	for name, h := range map[string]http.HandlerFunc{
 		"between frames": func(w http.ResponseWriter, r *http.Request) { frames(t, w, hd, stream[:len(stream)/2]) },
 		"mid-frame": func(w http.ResponseWriter, r *http.Request) {
@@ -307,15 +314,8 @@ func TestSpoofedUUIDRefused(t *testing.T) {
 // keeps the connection open, is given up after Limits.Idle (DeadlineExceeded,
 // saying so), not after the whole pull's Timeout, and nothing is left.
 func TestStalledSenderGivenUp(t *testing.T) {
-	requireRoot(t)
 	ctx := context.Background()
-	trust := StaticTrust{}
-	a, b := newNode(t, "a", trust), newNode(t, "b", trust)
-	a.write(t, "sb-1", "", "f", 4*mb)
-	a.checkpoint(t, "ck-1", "sb-1", false)
-	stream := sendOf(t, a.snaps.CommittedPath("ck-1"))
-	rec, _ := a.local.Ledger.Record(ctx, "ck-1")
-	hd := header{Checkpoint: "ck-1", UUID: a.uuid(t, "ck-1"), Record: rec}
+	a, b, trust, stream, hd := honestStream(t)
 	release := make(chan struct{})
 	defer close(release)
 	peer := hostile(t, a, trust, func(w http.ResponseWriter, r *http.Request) {
