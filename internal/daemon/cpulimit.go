@@ -114,7 +114,7 @@ func (d *Daemon) restoreCPUIn(ctx context.Context, dir string, sb *store.Sandbox
 	if sb.Runtime != RuntimeGVisor {
 		return nil
 	}
-	s, err := spec.ReadBundle(dir)
+	s, err := spec.ReadRestoreBundle(dir)
 	if err != nil {
 		return err
 	}

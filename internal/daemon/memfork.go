@@ -305,7 +305,7 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 		}
 		tok = src.AgentToken
 	}
-	s, err := spec.ReadBundle(dir)
+	s, err := spec.ReadRestoreBundle(dir)
 	if err != nil {
 		return fmt.Errorf("the memory checkpoint's spec: %w", err)
 	}

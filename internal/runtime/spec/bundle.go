@@ -44,12 +44,18 @@ func ReadBundle(dir string) (*specs.Spec, error) {
 	if err := json.Unmarshal(b, &s); err != nil {
 		return nil, fmt.Errorf("bundle %s: decode spec: %v: %w", dir, err, errdefs.ErrInternal)
 	}
-	if s.Hooks != nil {
-		// forkbox writes none; the runtime would run them on the host,
-		// as root. One here came from elsewhere (a memory image).
+	return &s, nil
+}
+
+// ReadRestoreBundle is ReadBundle of a spec a restore starts the runtime
+// with, which a memory image brought: one with hooks is refused (forkbox
+// writes none, and the runtime would run them on the host, as root).
+func ReadRestoreBundle(dir string) (*specs.Spec, error) {
+	s, err := ReadBundle(dir)
+	if err == nil && s.Hooks != nil {
 		return nil, fmt.Errorf("bundle %s: its spec has hooks, which forkbox never writes: %w", dir, errdefs.ErrFailedPrecondition)
 	}
-	return &s, nil
+	return s, err
 }
 
 // EtcFiles are the identity files a sandbox gets at /etc/hostname,

@@ -48,9 +48,9 @@ func TestWriteClassFull(t *testing.T) {
 	}
 }
 
-// A bundle whose spec has hooks is not read: forkbox writes none, and the
-// runtime would run them on the host as root.
-func TestReadBundleRefusesHooks(t *testing.T) {
+// A restore's bundle whose spec has hooks is not read: forkbox writes
+// none, and the runtime would run them on the host as root.
+func TestReadRestoreBundleRefusesHooks(t *testing.T) {
 	dir := t.TempDir()
 	s, err := NewSpec(SpecOptions{Rootfs: "/r", Args: []string{"sh"}})
 	if err != nil {
@@ -59,14 +59,14 @@ func TestReadBundleRefusesHooks(t *testing.T) {
 	if err := WriteBundle(dir, s); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ReadBundle(dir); err != nil {
+	if _, err := ReadRestoreBundle(dir); err != nil {
 		t.Fatalf("a bundle forkbox wrote: %v", err)
 	}
 	s.Hooks = &specs.Hooks{Prestart: []specs.Hook{{Path: "/bin/sh"}}}
 	if err := WriteBundle(dir, s); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ReadBundle(dir); !errdefs.IsFailedPrecondition(err) {
+	if _, err := ReadRestoreBundle(dir); !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("a bundle with hooks: got %v, want FailedPrecondition", err)
 	}
 }
