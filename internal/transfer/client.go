@@ -23,7 +23,8 @@ import (
 
 // Limits bound what a node accepts from a peer.
 type Limits struct {
-	// MaxBytes bounds everything one pull receives (default 64 GiB).
+	// MaxBytes bounds everything one pull receives (default 64 GiB; less
+	// when this node has less room, see Local.room).
 	MaxBytes int64
 	// Timeout bounds one pull (default 30m).
 	Timeout time.Duration
@@ -104,6 +105,15 @@ func (c *Client) Pull(ctx context.Context, peer Peer, req Request) (Result, erro
 	if err != nil {
 		return res, fmt.Errorf("node %s: %w", peer.Node, err)
 	}
+	budget := lim.MaxBytes
+	if room, err := c.Local.room(); err != nil {
+		return res, err
+	} else if room < budget {
+		budget = room
+	}
+	if budget <= 0 {
+		return res, fmt.Errorf("pull %s: this node has no room for it (less free space than its reserve): %w", req.Checkpoint, errdefs.ErrResourceExhausted)
+	}
 	ctx, cancel := context.WithTimeout(ctx, lim.Timeout)
 	defer cancel()
 	ctx, watch, stop := withStall(ctx, lim.Idle)
@@ -126,7 +136,7 @@ func (c *Client) Pull(ctx context.Context, peer Peer, req Request) (Result, erro
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
 		return res, fmt.Errorf("pull %s from node %s: %s: %s: %w", req.Checkpoint, peer.Node, resp.Status, bytes.TrimSpace(msg), errdefs.ErrUnavailable)
 	}
-	fr := &frameReader{r: watch(resp.Body), budget: lim.MaxBytes}
+	fr := &frameReader{r: watch(resp.Body), budget: budget}
 	p := &pull{c: c, lim: lim, fr: fr, req: req, peer: peer, res: &res}
 	err = p.run(ctx)
 	err = pullBound(ctx, lim, err)

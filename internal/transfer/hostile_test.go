@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -339,4 +340,43 @@ func TestStalledSenderGivenUp(t *testing.T) {
 		t.Fatalf("pull past its Timeout: got %v, want DeadlineExceeded saying so", err)
 	}
 	b.requireNothing(t, "ck-1")
+}
+
+// TestPullBoundedByRoom: a pull writes no more than the receiver has room
+// for (its pool's free space less a reserve): a sender's stream past it
+// is refused, ResourceExhausted, and nothing is left; it does not fill
+// the node's disk for the other sandboxes there.
+func TestPullBoundedByRoom(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	trust := StaticTrust{}
+	a, b := newNode(t, "a", trust), newNode(t, "b", trust)
+	a.write(t, "sb-1", "", "f", 200*mb)
+	a.checkpoint(t, "ck-1", "sb-1", false)
+	a.grant(b, "ck-1")
+	// b's pool keeps about 60 MiB of room, for a stream of 200.
+	room, err := b.local.room()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill := filepath.Join(b.root(), "fill")
+	if out, err := exec.Command("fallocate", "-l", fmt.Sprint(room-60*mb), fill).CombinedOutput(); err != nil {
+		t.Fatalf("fallocate: %v: %s", err, out)
+	}
+	exec.Command("sync").Run()
+	if room, err = b.local.room(); err != nil || room <= 0 || room > 150*mb {
+		t.Fatalf("room after the fill: %d MiB, %v; want some, well under 200", room>>20, err)
+	}
+	_, err = b.client.Pull(ctx, a.peer(), Request{Checkpoint: "ck-1"})
+	if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "past its limit") {
+		t.Fatalf("a 200 MiB pull into %d MiB of room: got %v, want ResourceExhausted past the limit", room>>20, err)
+	}
+	b.requireNothing(t, "ck-1")
+	if err := os.Remove(fill); err != nil {
+		t.Fatal(err)
+	}
+	exec.Command("sync").Run()
+	if _, err := b.client.Pull(ctx, a.peer(), Request{Checkpoint: "ck-1"}); err != nil {
+		t.Fatalf("the same pull with room: %v", err)
+	}
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,6 +17,7 @@ import (
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/snapshot"
 	"github.com/forkbox/forkbox/internal/snapshot/btrfs"
+	"golang.org/x/sys/unix"
 )
 
 // Ledger is the node's record of its checkpoints (the daemon's SQLite).
@@ -133,6 +136,29 @@ func (l *Local) uuidHeld(uuid string) (string, error) {
 		}
 	}
 	return "", nil
+}
+
+// room is how many bytes a pull may write here: the free space of each
+// file system it writes (the snapshot pool, the memory images' directory)
+// less a reserve of a twentieth of it, the least of the two. A sender
+// names the size of what it sends; it does not fill the node's disk.
+func (l *Local) room() (int64, error) {
+	room := int64(math.MaxInt64)
+	for _, dir := range []string{filepath.Dir(l.Snaps.CommittedPath("x")), l.MemRoot} {
+		var st unix.Statfs_t
+		for ; ; dir = filepath.Dir(dir) { // the memory directory may not exist yet
+			err := unix.Statfs(dir, &st)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, unix.ENOENT) || dir == filepath.Dir(dir) {
+				return 0, fmt.Errorf("free space of %s: %v: %w", dir, err, errdefs.ErrInternal)
+			}
+		}
+		free := int64(st.Bavail) * st.Bsize
+		room = min(room, free-int64(st.Blocks)*st.Bsize/20)
+	}
+	return room, nil
 }
 
 // Holds reports whether this node holds checkpoint id.
