@@ -33,7 +33,8 @@
 // image's files, a trailer with the byte counts; or an error frame.
 //
 // What comes from another node is untrusted input, so the receiver
-//   - bounds the whole pull in bytes (Limits.MaxBytes) and time
+//   - bounds the whole pull in bytes (Limits.MaxBytes, and this node's
+//     room: its free space less a reserve, Local.room) and time
 //     (Limits.Timeout), and each wait for the sender's next bytes
 //     (Limits.Idle), and the record and file count;
 //   - refuses a subvolume UUID a checkpoint here already has (received or
