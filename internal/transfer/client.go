@@ -157,8 +157,8 @@ func pullBound(ctx context.Context, lim Limits, err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case stalled(ctx, lim.Idle) != nil:
-		return stalled(ctx, lim.Idle)
+	case stalled(ctx) != nil:
+		return stalled(ctx)
 	case errors.Is(ctx.Err(), context.DeadlineExceeded) && !errdefs.IsDeadlineExceeded(err):
 		return fmt.Errorf("the pull took longer than %v: %v: %w", lim.Timeout, err, errdefs.ErrDeadlineExceeded)
 	}

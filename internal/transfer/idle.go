@@ -10,18 +10,19 @@ import (
 	"github.com/forkbox/forkbox/errdefs"
 )
 
-// errStalled is the cause of a transfer given up because its sender sent
-// nothing for Limits.Idle.
-var errStalled = errors.New("the sender sent nothing for too long")
+// errStalled marks the cause of a transfer given up because its sender
+// sent nothing for Limits.Idle.
+var errStalled = errors.New("the sender stalled")
 
-// withStall derives a context that ends, with errStalled as its cause,
+// withStall derives a context that ends, with a cause saying so (stalled),
 // when a read of a reader that watch wraps waits for the sender longer
 // than idle. Only the time spent waiting in Read counts: a receiver slow
 // to take the bytes (btrfs receive on a busy disk) is not the sender's
 // stall.
 func withStall(ctx context.Context, idle time.Duration) (_ context.Context, watch func(io.Reader) io.Reader, stop context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(ctx)
-	stall := func() { cancel(errStalled) }
+	cause := fmt.Errorf("the sender sent nothing for %v: %w: %w", idle, errStalled, errdefs.ErrDeadlineExceeded)
+	stall := func() { cancel(cause) }
 	return ctx, func(r io.Reader) io.Reader { return &idleReader{r: r, idle: idle, stall: stall} }, func() { cancel(nil) }
 }
 
@@ -40,9 +41,9 @@ func (i *idleReader) Read(p []byte) (int, error) {
 }
 
 // stalled is the error of a transfer whose sender stalled, or nil.
-func stalled(ctx context.Context, idle time.Duration) error {
-	if errors.Is(context.Cause(ctx), errStalled) {
-		return fmt.Errorf("the sender sent nothing for %v: %w", idle, errdefs.ErrDeadlineExceeded)
+func stalled(ctx context.Context) error {
+	if c := context.Cause(ctx); errors.Is(c, errStalled) {
+		return c
 	}
 	return nil
 }

@@ -283,7 +283,7 @@ func (c *Client) EnsureImage(ctx context.Context, peer Peer, checkpoint string) 
 			resp.Body.Close()
 			return nil, fmt.Errorf("blob %s of %d bytes: the transfer goes past its limit of %d bytes: %w", digest, resp.ContentLength, lim.MaxBytes, errdefs.ErrResourceExhausted)
 		}
-		return &budgetBody{ctx: ctx, rc: resp.Body, in: watch(resp.Body), read: &read, max: lim.MaxBytes, idle: lim.Idle}, nil
+		return &budgetBody{ctx: ctx, rc: resp.Body, in: watch(resp.Body), read: &read, max: lim.MaxBytes}, nil
 	}
 	err = c.Local.Images.ImportFrom(ctx, ans.Ref, ans.Digest, fetch)
 	res.Bytes = read.Load()
@@ -318,14 +318,10 @@ type budgetBody struct {
 	in   io.Reader // rc, given up when it stalls
 	read *atomic.Int64
 	max  int64
-	idle time.Duration
 }
 
 func (b *budgetBody) Read(p []byte) (int, error) {
 	n, err := b.in.Read(p)
-	if serr := stalled(b.ctx, b.idle); err != nil && serr != nil {
-		return n, serr
-	}
 	if b.read.Add(int64(n)) > b.max {
 		return n, fmt.Errorf("the transfer goes past its limit of %d bytes: %w", b.max, errdefs.ErrResourceExhausted)
 	}
@@ -339,8 +335,8 @@ func (b *budgetBody) Read(p []byte) (int, error) {
 // it was canceled, or the peer or the network failed.
 func netErr(ctx context.Context, err error) error {
 	switch {
-	case errors.Is(context.Cause(ctx), errStalled):
-		return fmt.Errorf("%v: %v: %w", errStalled, err, errdefs.ErrDeadlineExceeded)
+	case stalled(ctx) != nil:
+		return fmt.Errorf("%w (%v)", stalled(ctx), err)
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return fmt.Errorf("the transfer took longer than allowed: %v: %w", err, errdefs.ErrDeadlineExceeded)
 	case ctx.Err() != nil:
