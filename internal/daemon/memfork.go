@@ -348,10 +348,7 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 		// restored first, as this sandbox's, which holds the cgroup.
 		runsc.AsTenant(s, podID(sb.ID))
 		s.Linux.CgroupsPath = "" // the placeholder holds the cgroup (bundle.go)
-		delete(s.Annotations, runsc.AnnotationAppMemoryLimit)
-		if sb.Runtime == RuntimeGVisor {
-			setAppMemoryLimit(s, sb.Config.MemoryBytes) // the child's, as bundle.go gives a tenant
-		}
+		ownAppMemoryLimit(s, sb) // the child's, as bundle.go gives a tenant
 		if pm == nil {
 			if err := d.writeRestoredPod(ctx, sb, pod, nw.NSPath); err != nil {
 				return err

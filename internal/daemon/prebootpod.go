@@ -200,7 +200,6 @@ func (d *Daemon) writeRestoredPod(ctx context.Context, sb *store.Sandbox, s *spe
 		}
 	}
 	d.ownCgroup(ctx, s, sb)
-	setAppMemoryLimit(s, sb.Config.MemoryBytes)
 	runsc.AsPod(s, podID(sb.ID))
 	return spec.WriteBundle(dir, s)
 }
@@ -220,27 +219,21 @@ func (d *Daemon) ownCgroup(ctx context.Context, s *specs.Spec, sb *store.Sandbox
 	if p := hostPidsLimit(sb.Runtime, sb.Config.Pids); p > 0 {
 		r.Pids = &specs.LinuxPids{Limit: &p}
 	}
+	if m := hostMemoryLimit(sb.Runtime, sb.Config.MemoryBytes); m > 0 {
+		r.Memory = &specs.LinuxMemory{Limit: &m}
+	}
 	s.Linux.Resources = r
 	d.restoreCPU(ctx, s, sb)
-	setMemoryLimit(s, hostMemoryLimit(sb.Runtime, sb.Config.MemoryBytes))
-	if s.Annotations != nil {
-		delete(s.Annotations, runsc.AnnotationAppMemoryLimit)
-	}
+	ownAppMemoryLimit(s, sb)
+}
+
+// ownAppMemoryLimit gives a spec taken from a memory image sb's own Sentry
+// memory limit (none but under gVisor), not the image's.
+func ownAppMemoryLimit(s *specs.Spec, sb *store.Sandbox) {
+	delete(s.Annotations, runsc.AnnotationAppMemoryLimit)
 	if sb.Runtime == RuntimeGVisor {
 		setAppMemoryLimit(s, sb.Config.MemoryBytes)
 	}
-}
-
-// setMemoryLimit sets a spec's memory limit (none for lim 0).
-func setMemoryLimit(s *specs.Spec, lim int64) {
-	if s.Linux.Resources == nil {
-		s.Linux.Resources = &specs.LinuxResources{}
-	}
-	if lim <= 0 {
-		s.Linux.Resources.Memory = nil
-		return
-	}
-	s.Linux.Resources.Memory = &specs.LinuxMemory{Limit: &lim}
 }
 
 // copyFile copies a small file (a spec).
