@@ -100,16 +100,7 @@ func (t *pathTracker) through(cmd uint16, p string, whole, inBase bool) error {
 				if n != nil {
 					n = n.kids[p[i:end]]
 				}
-				switch {
-				case n != nil && n.set && n.from == "":
-					link = n.link
-				case n != nil && n.set:
-					link = t.baseLink(n.from)
-				case near == nil:
-					link = t.baseLink(p[:end])
-				case near.from != "":
-					link = t.baseLink(near.from + p[nearLen:end])
-				}
+				link = t.linkOf(p[:end], n, near, nearLen)
 				if n != nil && n.set {
 					near, nearLen = n, end
 				}
@@ -147,28 +138,41 @@ func (t *pathTracker) find(p string) (n, near *pnode, nearLen int) {
 // isLink says whether p, as the stream has named things so far, is a
 // symlink.
 func (t *pathTracker) isLink(p string) bool {
-	n, _, _ := t.find(p)
+	n, near, l := t.find(p)
+	return t.linkOf(p, n, near, l)
+}
+
+// linkOf says whether path q is a symlink, given its node n (nil if none)
+// and the nearest set node above it, near, whose path is q[:nearLen]: a
+// link the stream made, else what the base holds where q came from.
+func (t *pathTracker) linkOf(q string, n, near *pnode, nearLen int) bool {
 	if n != nil && n.set {
 		if n.from == "" {
 			return n.link
 		}
 		return t.baseLink(n.from)
 	}
-	return t.baseLink(t.basePath(p))
+	return t.baseLink(whereInBase(q, near, nearLen))
 }
 
-// basePath is where p is in the base: under the nearest set parent that
-// the stream moved from there, else p itself ("" when that parent is one
-// the stream made, where the base has nothing).
+// basePath is where p is in the base (whereInBase).
 func (t *pathTracker) basePath(p string) string {
 	_, near, l := t.find(p)
+	return whereInBase(p, near, l)
+}
+
+// whereInBase is where q is in the base, given the nearest set node at or
+// above it, near, whose path is q[:nearLen]: under where the stream moved
+// that one from, else q itself ("" under one the stream made, where the
+// base has nothing).
+func whereInBase(q string, near *pnode, nearLen int) string {
 	switch {
 	case near == nil:
-		return p
+		return q
 	case near.from == "":
 		return ""
 	}
-	return near.from + p[l:]
+	return near.from + q[nearLen:]
 }
 
 // baseLink says whether path p of the base is a symlink.
