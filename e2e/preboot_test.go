@@ -260,6 +260,59 @@ func TestPrebootMemory(t *testing.T) {
 	}
 }
 
+// TestPrebootMemoryCheckpointOutlivesSource: a memory checkpoint of a
+// sandbox that ran in a pre-booted sandbox restores after its source is
+// closed. The restored placeholder's binds are the child's own: before,
+// its /tmp still named the source's placeholder root, shared with it
+// while the source lived and gone (runsc's restore failing) once it
+// closed.
+func TestPrebootMemoryCheckpointOutlivesSource(t *testing.T) {
+	ctx := context.Background()
+	maddr := prebootDaemon(t, 1)
+	waitReady(t, maddr, 1)
+	sb := newSandbox(t, prebootOpts())
+	assertPooled(t, sb)
+	mustSh(t, sb, "echo kept > /root/k; echo tmp > /tmp/t; (while :; do sleep 1; done &) ; echo ok")
+	ck, err := sb.CheckpointMemory(ctx, "outlives")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := sb.ID
+	if err := sb.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeftovers(t, src)
+	child, err := env.c.RestoreSnapshot(ctx, ck.Id, client.Overrides{}, nil)
+	if err != nil {
+		t.Fatalf("restore of a memory checkpoint whose pooled source is closed: %v", err)
+	}
+	t.Cleanup(func() { child.Close(ctx) })
+	got := mustSh(t, child, "cat /root/k /tmp/t; hostname; ps -o args | grep -c '[s]leep 1'")
+	if want := "kept\ntmp\n" + child.Info.Name + "\n"; !strings.HasPrefix(got, want) || strings.HasSuffix(got, "\n0\n") {
+		t.Errorf("restored child: %q, want %q first, then the source's sleep loop", got, want)
+	}
+	for _, bundle := range []string{"config.json", "pod/config.json"} {
+		b, err := os.ReadFile(filepath.Join(env.stateDir, "sandboxes", child.ID, bundle))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s struct{ Mounts []struct{ Destination, Source string } }
+		if err := json.Unmarshal(b, &s); err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range s.Mounts {
+			if strings.Contains(m.Source, src) {
+				t.Errorf("the child's %s binds %s from the source's %s", bundle, m.Destination, m.Source)
+			}
+		}
+	}
+	id := child.ID
+	if err := child.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeftovers(t, id)
+}
+
 // TestPrebootRestart: after a SIGKILL of the daemon, pre-booted sandboxes
 // never handed out are destroyed (never handed out after the restart), and
 // a sandbox running in one is found again and keeps working.

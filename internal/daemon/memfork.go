@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
@@ -323,17 +322,13 @@ func (d *Daemon) startFromMemory(ctx context.Context, sb *store.Sandbox, img ima
 	// The spec must keep the source's args, cwd and mount list; sources,
 	// hostname, netns, cgroup and limits are the child's.
 	bundle := d.bundleDir(sb.ID)
-	srcBundle := d.bundleDir(ck.SandboxID)
 	if _, err := writeIdentity(bundle, sb, nw); err != nil {
 		return err
 	}
-	s.Root.Path = d.rootfsDir(sb.ID)
-	s.Hostname = sb.Config.Hostname
-	for i := range s.Mounts {
-		if rest, ok := strings.CutPrefix(s.Mounts[i].Source, srcBundle+"/"); ok {
-			s.Mounts[i].Source = filepath.Join(bundle, rest)
-		}
+	if err := d.ownMounts(s, d.rootfsDir(sb.ID), bundle); err != nil {
+		return fmt.Errorf("the memory checkpoint's spec: %v: %w", err, errdefs.ErrFailedPrecondition)
 	}
+	s.Hostname = sb.Config.Hostname
 	for i := range s.Linux.Namespaces {
 		if s.Linux.Namespaces[i].Type == "network" {
 			s.Linux.Namespaces[i].Path = nw.NSPath

@@ -182,8 +182,8 @@ func (d *Daemon) readPodSpec(imageDir string) (*specs.Spec, error) {
 }
 
 // writeRestoredPod writes sb's placeholder bundle from the source's spec:
-// the same args and mounts (runsc checks them), sb's root, netns, cgroup
-// and limit.
+// the same args and mount list (runsc checks them), sb's root, mount
+// sources, netns, cgroup and limit.
 func (d *Daemon) writeRestoredPod(ctx context.Context, sb *store.Sandbox, s *specs.Spec, nsPath string) error {
 	dir := d.podBundleDir(sb.ID)
 	rootfs := filepath.Join(dir, "rootfs")
@@ -193,7 +193,9 @@ func (d *Daemon) writeRestoredPod(ctx context.Context, sb *store.Sandbox, s *spe
 	if err := spec.PrepareRootfs(rootfs); err != nil {
 		return err
 	}
-	s.Root.Path = rootfs
+	if err := d.ownMounts(s, rootfs, d.bundleDir(sb.ID)); err != nil {
+		return fmt.Errorf("the memory checkpoint's placeholder spec: %v: %w", err, errdefs.ErrFailedPrecondition)
+	}
 	for i := range s.Linux.Namespaces {
 		if s.Linux.Namespaces[i].Type == specs.NetworkNamespace {
 			s.Linux.Namespaces[i].Path = nsPath

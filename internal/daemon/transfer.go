@@ -161,7 +161,11 @@ func (d *Daemon) adoptMemImage(dir, to string) error {
 			err = spec.CheckForeign(&s, foreignAnnotations)
 		}
 		if err == nil {
-			err = d.adoptMounts(&s, name, to)
+			root := filepath.Join(to, "rootfs")
+			if name == podSpecFile {
+				root = filepath.Join(to, "pod", "rootfs")
+			}
+			err = d.ownMounts(&s, root, to)
 		}
 		if err != nil {
 			return fmt.Errorf("received memory image: %s: %v: %w", name, err, errdefs.ErrInvalidArgument)
@@ -183,25 +187,27 @@ func (d *Daemon) adoptMemImage(dir, to string) error {
 	return nil
 }
 
-// adoptMounts gives a received spec (name, of the source whose bundle is
-// to here) this node's root and bind mounts.
-func (d *Daemon) adoptMounts(s *specs.Spec, name, to string) error {
-	root := filepath.Join(to, "rootfs")
-	if name == podSpecFile {
-		root = filepath.Join(to, "pod", "rootfs")
-	}
+// ownMounts gives a spec taken from a memory image (received from another
+// node, or this node's, of another sandbox) the root and the bind mounts
+// the daemon makes for the sandbox whose bundle is bundle and root is root
+// (the bundle's rootfs, or its placeholder's): the identity files, the
+// agent, and the root's own /tmp, each with this node's source and
+// options. Any other bind is refused. A restore that kept the image's
+// sources would bind another sandbox's directories, or a path that is
+// gone with it (or was never on this node), and fail.
+func (d *Daemon) ownMounts(s *specs.Spec, root, bundle string) error {
 	s.Root.Path = root
 	for i := range s.Mounts {
 		m := &s.Mounts[i]
 		if m.Type != "bind" && !slices.Contains(m.Options, "bind") && !slices.Contains(m.Options, "rbind") {
-			continue // not a host path (spec.CheckForeign checked its type)
+			continue // not a host path (a received spec's types were checked: spec.CheckForeign)
 		}
 		dst := path.Clean(m.Destination)
 		switch {
 		case dst == agentMountPoint:
 			m.Source, m.Options = d.cfg.AgentPath, []string{"rbind", "ro", "nosuid", "nodev"}
 		case dst == "/etc/hostname" || dst == "/etc/hosts" || dst == "/etc/resolv.conf" || dst == "/etc/machine-id":
-			m.Source, m.Options = filepath.Join(to, "etc", path.Base(dst)), slices.Clone(spec.EtcMountOptions)
+			m.Source, m.Options = filepath.Join(bundle, "etc", path.Base(dst)), slices.Clone(spec.EtcMountOptions)
 		case dst == "/tmp":
 			m.Source, m.Options = filepath.Join(root, "tmp"), []string{"rbind", "rprivate"}
 		default:
