@@ -11,8 +11,12 @@ import (
 	"syscall"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/cgroups"
 	"github.com/forkbox/forkbox/internal/runtime/ocicli"
+	"github.com/forkbox/forkbox/internal/runtime/spec"
 )
 
 // Run implements runtime.Runtime: `runsc run --detach`, with the init's
@@ -55,16 +59,17 @@ func (r *Runsc) cli(ctx context.Context, verb, id, bundle, root string, missingC
 		return fmt.Errorf("runsc %s %s: %w", verb, id, err)
 	}
 	defer stdio.Close()
-	paths, err := bundleMounts(bundle)
+	s, err := spec.ReadBundle(bundle)
 	if err != nil {
 		return fmt.Errorf("runsc %s %s: %w", verb, id, err)
 	}
-	release, err := r.view.attach(paths)
+	release, err := r.view.attach(bundleMounts(bundle, s))
 	if err != nil {
 		return fmt.Errorf("runsc %s %s: %w", verb, id, err)
 	}
 	defer release()
 	t0 := time.Now()
+	logAt := logSize(r.logFile(id))
 	args := append(r.globalArgs(root, id), verbArgs...)
 	standby, runErr := r.standby.run(ctx, args, stdio.Null, stdio.Log, stdio.Log)
 	if !standby {
@@ -72,6 +77,11 @@ func (r *Runsc) cli(ctx context.Context, verb, id, bundle, root string, missingC
 	}
 	if runErr != nil {
 		msg := shortLines(ocicli.ReadFrom(stdio.LogPath, stdio.Start), 400)
+		if cause := logCause(r.logFile(id), logAt, msg); cause != "" {
+			// Classed with runsc's own words: a bind source that is gone
+			// is missingClass, not Internal.
+			msg = strings.TrimRight(msg, "\n") + "\nrunsc's log: " + cause
+		}
 		if verb == "restore" && strings.Contains(msg, fmt.Sprintf("cannot restore container %q in state ", id)) {
 			// A restore into a container that is not created (started or
 			// restored already: RestoreCreated): refused before anything
@@ -79,6 +89,7 @@ func (r *Runsc) cli(ctx context.Context, verb, id, bundle, root string, missingC
 			return fmt.Errorf("runsc %s %s: %s: %w", verb, id, ocicli.LastLines(msg, 1), errdefs.ErrFailedPrecondition)
 		}
 		ocicli.CleanupFailed(ctx, r.log, r.Delete, verb, id)
+		r.removeCgroup(ctx, verb, id, s)
 		if strings.Contains(msg, "runsc version does not match across checkpoint restore") {
 			return fmt.Errorf("runsc %s %s: the image was saved by another runsc build: %s: %w", verb, id, ocicli.LastLines(msg, 1), errdefs.ErrFailedPrecondition)
 		}
@@ -91,6 +102,21 @@ func (r *Runsc) cli(ctx context.Context, verb, id, bundle, root string, missingC
 	}
 	r.log.Debug("container "+map[string]string{"run": "running", "create": "created", "restore": "restored"}[verb], "sandbox", id, "took", time.Since(t0), "standby", standby)
 	return nil
+}
+
+// removeCgroup removes the cgroup that spec s names after a failed verb:
+// a sandbox that died as it started leaves the one runsc made for it, and
+// runsc's delete, which no longer knows the container, does not remove it.
+// A tenant container (pod.go) names none: its sandbox's is not its own.
+func (r *Runsc) removeCgroup(ctx context.Context, verb, id string, s *specs.Spec) {
+	if s.Linux == nil || !strings.HasPrefix(s.Linux.CgroupsPath, "/") || strings.Contains(s.Linux.CgroupsPath, ":") {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := cgroups.Remove(cctx, s.Linux.CgroupsPath); err != nil {
+		r.log.Warn("cleanup after failed "+verb, "sandbox", id, "err", err)
+	}
 }
 
 // startCLI runs runsc with args and stdio, and waits for it.

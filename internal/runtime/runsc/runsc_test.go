@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
@@ -173,6 +175,61 @@ func TestRunFailureLeavesNothing(t *testing.T) {
 		t.Errorf("state after failed run: got %v, want NotFound", err)
 	}
 	assertNoTrace(t, f)
+}
+
+// TestRunFailureSaysWhy: a sandbox that dies as it starts, here for a bind
+// mount whose source is gone, fails the run with what its runsc log says,
+// not only runsc's "waiting for sandbox to start: EOF", and of the class of
+// a spec naming what is not there.
+func TestRunFailureSaysWhy(t *testing.T) {
+	gone := filepath.Join(t.TempDir(), "gone")
+	f := newFixture(t, Options{}, spec.SpecOptions{Args: []string{"true"},
+		Mounts: []specs.Mount{{Destination: "/data", Type: "bind", Source: gone, Options: []string{"rbind"}}}})
+	err := f.rt.Run(context.Background(), f.ID, f.Bundle)
+	if err == nil {
+		t.Fatal("run with a bind of a missing source succeeded")
+	}
+	t.Logf("run error: %v", err)
+	if !strings.Contains(err.Error(), "runsc's log: ") || !strings.Contains(err.Error(), gone) {
+		t.Errorf("run error %q does not say which source is missing", err)
+	}
+	if !errdefs.IsInvalidArgument(err) {
+		t.Errorf("run error class: %v, want InvalidArgument", err)
+	}
+	assertNoTrace(t, f)
+}
+
+func TestLogCause(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "x.log")
+	old := `{"msg":"an old failure","level":"error","time":"t0"}` + "\n"
+	now := `{"msg":"starting","level":"info"}{"msg":"error setting up FS: opening /a: no such file or directory\nmore","level":"error"}` +
+		`{"msg":"creating container: EOF","level":"error"}`
+	if err := os.WriteFile(p, []byte(old+now), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	from := int64(len(old))
+	for _, c := range []struct {
+		from      int64
+		msg, want string
+	}{
+		{from, "creating container: EOF", "error setting up FS: opening /a: no such file or directory"},
+		{0, "creating container: EOF", "an old failure"},
+		{from, "error setting up FS: opening /a: no such file or directory; creating container: EOF", ""},
+		{int64(len(old + now)), "x", ""},
+	} {
+		if got := logCause(p, c.from, c.msg); got != c.want {
+			t.Errorf("logCause(from %d, %q) = %q, want %q", c.from, c.msg, got, c.want)
+		}
+	}
+	if got := logCause(filepath.Join(t.TempDir(), "none.log"), 0, ""); got != "" {
+		t.Errorf("logCause of no log = %q", got)
+	}
+	if err := os.WriteFile(p, []byte("I1205 plain text, not JSON\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := logCause(p, 0, ""); got != "" {
+		t.Errorf("logCause of a text log = %q", got)
+	}
 }
 
 func TestUnknownID(t *testing.T) {

@@ -70,7 +70,7 @@ import (
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/mount"
 	"github.com/forkbox/forkbox/internal/runtime/ocicli"
-	"github.com/forkbox/forkbox/internal/runtime/spec"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // view is the mount namespace runsc runs in.
@@ -342,14 +342,10 @@ func (v *view) close() error {
 	return err
 }
 
-// bundleMounts returns the host paths of bundle's own mounts that runsc
-// needs to see to start it: its rootfs and its network namespace, when
-// each is a mount point.
-func bundleMounts(bundle string) ([]string, error) {
-	s, err := spec.ReadBundle(bundle)
-	if err != nil {
-		return nil, err
-	}
+// bundleMounts returns the host paths of bundle's own mounts (s is its
+// spec) that runsc needs to see to start it: its rootfs and its network
+// namespace, when each is a mount point.
+func bundleMounts(bundle string, s *specs.Spec) []string {
 	var paths []string
 	if s.Root != nil && s.Root.Path != "" {
 		p := s.Root.Path
@@ -365,7 +361,7 @@ func bundleMounts(bundle string) ([]string, error) {
 			}
 		}
 	}
-	return paths, nil
+	return paths
 }
 
 // attach makes the host's mounts on paths visible in the view at the same
