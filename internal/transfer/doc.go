@@ -45,9 +45,9 @@
 //     base other than the ancestor agreed, clones from any other
 //     subvolume, paths that leave the subvolume, paths through a symlink
 //     (one the stream made or one the base holds) or writes, truncates,
-//     chmods and clones that would follow one (streamlinks.go), or data
-//     after its end; btrfs receive runs chrooted into the store's
-//     directory besides;
+//     chmods and clones that would follow one (streamlinks.go), device
+//     nodes (but an overlay whiteout, char 0:0), or data after its end;
+//     btrfs receive runs chrooted into the store's directory besides;
 //   - checks after the receive that the subvolume is read-only with the
 //     asked UUID as its received UUID, a snapshot of the agreed base's own
 //     subvolume, and that the counts match the trailer; the snapshot store

@@ -311,6 +311,53 @@ func TestSpoofedUUIDRefused(t *testing.T) {
 	}
 }
 
+// TestDeviceNodeRefused: a checkpoint whose layer holds a device node
+// (another node's could name this host's disks) is refused before btrfs
+// receive makes it, and nothing is left; one with an overlay whiteout (a
+// deleted file: char 0:0) and a fifo comes through as it was.
+func TestDeviceNodeRefused(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	trust := StaticTrust{}
+	a, b := newNode(t, "a", trust), newNode(t, "b", trust)
+	mknod := func(key, name string, mode uint32, dev int) {
+		t.Helper()
+		if err := syscall.Mknod(filepath.Join(a.root(), "active", key, "upper", name), mode, dev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.write(t, "sb-1", "", "f", mb)
+	mknod("sb-1", "gone", syscall.S_IFCHR, 0)
+	mknod("sb-1", "fifo", syscall.S_IFIFO|0o600, 0)
+	a.checkpoint(t, "ck-1", "sb-1", false)
+	a.write(t, "sb-2", "", "f", mb)
+	mknod("sb-2", "mem", syscall.S_IFCHR|0o600, 1<<8|1)
+	a.checkpoint(t, "ck-char", "sb-2", false)
+	a.write(t, "sb-3", "", "f", mb)
+	mknod("sb-3", "loop", syscall.S_IFBLK|0o600, 7<<8)
+	a.checkpoint(t, "ck-block", "sb-3", false)
+	a.grant(b, "ck-1", "ck-char", "ck-block")
+	for _, id := range []string{"ck-char", "ck-block"} {
+		_, err := b.client.Pull(ctx, a.peer(), Request{Checkpoint: id})
+		if !isRefused(err) || !strings.Contains(err.Error(), "a device node") {
+			t.Errorf("pull of %s: got %v, want its device node refused", id, err)
+		}
+		b.requireNothing(t, id)
+	}
+	if _, err := b.client.Pull(ctx, a.peer(), Request{Checkpoint: "ck-1"}); err != nil {
+		t.Fatalf("pull of a whiteout and a fifo: %v", err)
+	}
+	for name, want := range map[string]uint32{"gone": syscall.S_IFCHR, "fifo": syscall.S_IFIFO} {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(filepath.Join(b.snaps.CommittedPath("ck-1"), "upper", name), &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode&syscall.S_IFMT != want || st.Rdev != 0 {
+			t.Errorf("received %s: mode %o rdev %d", name, st.Mode, st.Rdev)
+		}
+	}
+}
+
 // TestStalledSenderGivenUp: a sender that stops sending mid-stream, and
 // keeps the connection open, is given up after Limits.Idle (DeadlineExceeded,
 // saying so), not after the whole pull's Timeout, and nothing is left.

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"golang.org/x/sys/unix"
 )
 
 // The btrfs send stream (version 1), from the kernel's fs/btrfs/send.h:
@@ -24,6 +25,7 @@ const (
 	cmdSubvol     = 1
 	cmdSnapshot   = 2
 	cmdMkfile     = 3
+	cmdMknod      = 5
 	cmdSymlink    = 8
 	cmdRename     = 9
 	cmdLink       = 10
@@ -36,6 +38,8 @@ const (
 	cmdMaxV1      = 22 // UPDATE_EXTENT
 	cmdUpdateExt  = 22
 	attrUUID      = 1
+	attrMode      = 5
+	attrRdev      = 8
 	attrPath      = 15
 	attrPathTo    = 16
 	attrPathLink  = 17
@@ -177,6 +181,10 @@ func (c *streamCheck) check(cmd uint16, attrs []byte) error {
 		if err := relPath(a[attrPathLink]); err != nil {
 			return err
 		}
+	case cmdMknod:
+		if err := notDevice(a); err != nil {
+			return err
+		}
 	}
 	if err := c.paths.check(cmd, a, c.want); err != nil {
 		return err
@@ -193,6 +201,25 @@ func (c *streamCheck) check(cmd uint16, attrs []byte) error {
 		c.ended = true
 	}
 	return nil
+}
+
+// notDevice refuses a mknod of a device node: nothing a checkpoint needs
+// is one (image layers never make them on the host), and another node's
+// could name this host's disks or memory. The pool is mounted nodev and
+// every sandbox's device rules deny them, but they are not let in at all.
+// An overlay whiteout (a char device 0:0, which marks a deleted file in a
+// writable layer) is the one let through; fifos and sockets have their
+// own commands.
+func notDevice(a map[uint16][]byte) error {
+	mode, rdev := a[attrMode], a[attrRdev]
+	if len(mode) != 8 || len(rdev) != 8 {
+		return refuse("a mknod of %q without its mode and device", a[attrPath])
+	}
+	m, r := binary.LittleEndian.Uint64(mode), binary.LittleEndian.Uint64(rdev)
+	if m&unix.S_IFMT == unix.S_IFCHR && r == 0 {
+		return nil
+	}
+	return refuse("a device node %q (mode %o, device %d:%d)", a[attrPath], m, unix.Major(r), unix.Minor(r))
 }
 
 func parseAttrs(b []byte) (map[uint16][]byte, error) {

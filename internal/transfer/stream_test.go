@@ -65,6 +65,10 @@ func TestStreamCheck(t *testing.T) {
 	rename := func(from, to string) []byte {
 		return cmdBytes(cmdRename, uint16(attrPath), p(from), uint16(attrPathTo), p(to))
 	}
+	u64 := func(v uint64) []byte { return binary.LittleEndian.AppendUint64(nil, v) }
+	mknod := func(path string, mode, rdev uint64) []byte {
+		return cmdBytes(cmdMknod, uint16(attrPath), p(path), uint16(attrRdev), u64(rdev), uint16(attrMode), u64(mode))
+	}
 	full, incr := expect{Name: "ck-1", UUID: uSelf}, expect{Name: "ck-1", UUID: uSelf, ParentUUID: uParent}
 	for _, c := range []struct {
 		name   string
@@ -112,6 +116,10 @@ func TestStreamCheck(t *testing.T) {
 		{"a file made over a symlink it made", full, streamOf(subvol, symlink("upper/s", "/evil"), mkfile("upper/s"),
 			cmdBytes(cmdWrite, uint16(attrPath), p("upper/s")), end), false},
 		{"the path .", full, streamOf(subvol, cmdBytes(cmdChmod, uint16(attrPath), p(".")), end), false},
+		{"an overlay whiteout", full, streamOf(subvol, mknod("upper/gone", 0o20000, 0), end), true},
+		{"a char device", full, streamOf(subvol, mknod("upper/mem", 0o20600, 1<<8|1), end), false},
+		{"a block device", full, streamOf(subvol, mknod("upper/sda", 0o60600, 8<<8), end), false},
+		{"a mknod without its device", full, streamOf(subvol, cmdBytes(cmdMknod, uint16(attrPath), p("upper/x"), uint16(attrMode), u64(0o20000)), end), false},
 		{"a path past PATH_MAX", full, streamOf(subvol, mkfile(strings.Repeat("a/", 2048)+"x"), end), false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
