@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	specs "github.com/opencontainers/runtime-spec/specs-go"
-
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
@@ -177,28 +175,8 @@ func TestRunFailureLeavesNothing(t *testing.T) {
 	assertNoTrace(t, f)
 }
 
-// TestRunFailureSaysWhy: a sandbox that dies as it starts, here for a bind
-// mount whose source is gone, fails the run with what its runsc log says,
-// not only runsc's "waiting for sandbox to start: EOF", and of the class of
-// a spec naming what is not there.
-func TestRunFailureSaysWhy(t *testing.T) {
-	gone := filepath.Join(t.TempDir(), "gone")
-	f := newFixture(t, Options{}, spec.SpecOptions{Args: []string{"true"},
-		Mounts: []specs.Mount{{Destination: "/data", Type: "bind", Source: gone, Options: []string{"rbind"}}}})
-	err := f.rt.Run(context.Background(), f.ID, f.Bundle)
-	if err == nil {
-		t.Fatal("run with a bind of a missing source succeeded")
-	}
-	t.Logf("run error: %v", err)
-	if !strings.Contains(err.Error(), "runsc's log: ") || !strings.Contains(err.Error(), gone) {
-		t.Errorf("run error %q does not say which source is missing", err)
-	}
-	if !errdefs.IsInvalidArgument(err) {
-		t.Errorf("run error class: %v, want InvalidArgument", err)
-	}
-	assertNoTrace(t, f)
-}
-
+// TestLogCause: what a failure takes from runsc's log (the shared suite's
+// RunFailureSaysWhy runs a sandbox that dies as it starts).
 func TestLogCause(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "x.log")
 	old := `{"msg":"an old failure","level":"error","time":"t0"}` + "\n"

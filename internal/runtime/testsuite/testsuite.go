@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -60,6 +61,7 @@ func Run(t *testing.T, newRuntime NewRuntime, opts ...Option) {
 		{"Lifecycle", testLifecycle},
 		{"UnknownID", testUnknownID},
 		{"RunFailureLeavesNothing", testRunFailure},
+		{"RunFailureSaysWhy", testRunFailureSaysWhy},
 		{"Limits", testLimits},
 		{"Isolation", testIsolation},
 		{"PauseResume", testPauseResume},
@@ -199,6 +201,31 @@ func testRunFailure(t *testing.T, rt runtime.Runtime, c *config) {
 		t.Fatal("run of a missing binary succeeded")
 	}
 	t.Logf("run error: %v", err)
+	if _, err := rt.State(ctxT(t), f.ID); !errdefs.IsNotFound(err) {
+		t.Errorf("state after failed run: got %v, want NotFound", err)
+	}
+	assertGone(t, f, 0)
+}
+
+// testRunFailureSaysWhy: a container that cannot start for a bind mount
+// whose source is gone fails the run naming that source (under gVisor the
+// sandbox dies as it starts, and only its runsc log says why), of the
+// class of a spec naming what is not there, and leaves nothing.
+func testRunFailureSaysWhy(t *testing.T, rt runtime.Runtime, c *config) {
+	gone := filepath.Join(t.TempDir(), "gone")
+	f := NewFixture(t, rt, spec.SpecOptions{Args: []string{"true"},
+		Mounts: []specs.Mount{{Destination: "/data", Type: "bind", Source: gone, Options: []string{"rbind"}}}}, c.hooks...)
+	err := rt.Run(ctxT(t), f.ID, f.Bundle)
+	if err == nil {
+		t.Fatal("run with a bind of a missing source succeeded")
+	}
+	t.Logf("run error: %v", err)
+	if !strings.Contains(err.Error(), gone) {
+		t.Errorf("run error %q does not name the missing source", err)
+	}
+	if !errdefs.IsInvalidArgument(err) {
+		t.Errorf("run error class: %v, want InvalidArgument", err)
+	}
 	if _, err := rt.State(ctxT(t), f.ID); !errdefs.IsNotFound(err) {
 		t.Errorf("state after failed run: got %v, want NotFound", err)
 	}
