@@ -47,6 +47,9 @@ type agent struct {
 	// registered says a beat registered the node (heartbeat's own: no
 	// other goroutine reads it).
 	registered bool
+	// noForeignCopies says the last look found no Checkpoint of another
+	// node naming a copy here (heartbeat's own, as registered).
+	noForeignCopies bool
 }
 
 // heartbeat registers the node, then renews its Lease every third of the

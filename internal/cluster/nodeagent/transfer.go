@@ -379,26 +379,42 @@ func (a *agent) patchCheckpoint(ctx context.Context, ck *fbv1.Checkpoint, change
 
 // collectReplicas removes this node's copies of deleted Checkpoints that
 // another node captured (this node's cache holds only its own; the
-// heartbeat calls it).
+// heartbeat calls it). A node without transfers pulls no copies, but may
+// hold some pulled before it restarted: it looks until no Checkpoint of
+// another node lists one of its, then stops.
 func (a *agent) collectReplicas(ctx context.Context) {
-	if a.t == nil {
+	if a.t == nil && a.noForeignCopies {
 		return
 	}
-	var l fbv1.CheckpointList
-	if err := a.api.List(ctx, &l); err != nil {
+	gone, held, err := a.foreignCopies(ctx)
+	if err != nil {
 		return
 	}
-	for i := range l.Items {
-		ck := &l.Items[i]
-		if ck.DeletionTimestamp.IsZero() || ck.Spec.NodeName == a.o.NodeName {
-			continue
-		}
-		mine := slices.ContainsFunc(ck.Status.Replicas, func(r fbv1.Replica) bool { return r.Node == a.o.NodeName })
-		if !mine {
-			continue
-		}
+	a.noForeignCopies = !held
+	for _, ck := range gone {
 		if err := (&checkpoints{a}).remove(ctx, ck); err != nil {
 			a.log.WarnContext(ctx, "removing a replica of a deleted checkpoint failed", slog.String("checkpoint", ck.Namespace+"/"+ck.Name), slog.Any("err", err))
 		}
 	}
+}
+
+// foreignCopies lists the deleted Checkpoints another node captured that
+// name a copy on this node, and says whether any Checkpoint another node
+// captured (deleted or not) names one.
+func (a *agent) foreignCopies(ctx context.Context) (gone []*fbv1.Checkpoint, held bool, err error) {
+	var l fbv1.CheckpointList
+	if err := a.api.List(ctx, &l); err != nil {
+		return nil, false, err
+	}
+	for i := range l.Items {
+		ck := &l.Items[i]
+		if ck.Spec.NodeName == a.o.NodeName || !slices.ContainsFunc(ck.Status.Replicas, func(r fbv1.Replica) bool { return r.Node == a.o.NodeName }) {
+			continue
+		}
+		held = true
+		if !ck.DeletionTimestamp.IsZero() {
+			gone = append(gone, ck)
+		}
+	}
+	return gone, held, nil
 }
