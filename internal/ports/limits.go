@@ -1,6 +1,7 @@
 package ports
 
 import (
+	"container/list"
 	"net"
 	"net/http"
 	"strings"
@@ -153,9 +154,15 @@ func sanitizeResponse(hdr http.Header) {
 	hdr["Set-Cookie"] = out
 }
 
-// limitListener accepts at most max connections at a time (more wait in
-// the kernel's queue) and closes a connection that moves no byte for idle;
-// closed, if set, learns of each connection's close before its slot is free.
+// limitListener holds at most max connections at a time and closes a
+// connection that moves no byte for idle; closed, if set, learns of each
+// connection's close before its slot is free. When all slots are taken, a
+// new connection closes the oldest that has not yet carried a request
+// (fresh): one that sends nothing, or its headers a byte at a time, would
+// hold its slot until the server's header timeout, and a flood of them
+// would keep every caller out. Each such connection now makes room only
+// for a later one, while a caller's connection carries its request as soon
+// as it opens. With no fresh connection, the new one waits for a slot.
 type limitListener struct {
 	net.Listener
 	idle   time.Duration
@@ -163,6 +170,9 @@ type limitListener struct {
 	done   chan struct{}
 	once   sync.Once
 	closed func(*idleConn)
+
+	mu    sync.Mutex
+	fresh list.List // of *idleConn, oldest first
 }
 
 func newLimitListener(l net.Listener, max int, idle time.Duration, closed func(*idleConn)) *limitListener {
@@ -171,24 +181,63 @@ func newLimitListener(l net.Listener, max int, idle time.Duration, closed func(*
 
 func (l *limitListener) Accept() (net.Conn, error) {
 	select {
-	case l.slots <- struct{}{}:
 	case <-l.done:
 		return nil, net.ErrClosed
+	default:
 	}
 	c, err := l.Listener.Accept()
 	if err != nil {
-		<-l.slots
 		return nil, err
 	}
-	ic := &idleConn{Conn: c, idle: l.idle}
+	select {
+	case l.slots <- struct{}{}:
+	default:
+		if oldest := l.oldestFresh(); oldest != nil {
+			oldest.Close() // frees its slot
+		}
+		select {
+		case l.slots <- struct{}{}:
+		case <-l.done:
+			c.Close()
+			return nil, net.ErrClosed
+		}
+	}
+	ic := &idleConn{Conn: c, idle: l.idle, l: l}
 	ic.release = func() {
 		if l.closed != nil {
 			l.closed(ic)
 		}
 		<-l.slots
 	}
+	l.mu.Lock()
+	ic.fresh = l.fresh.PushBack(ic)
+	l.mu.Unlock()
 	ic.timer = time.AfterFunc(l.idle, func() { ic.Close() })
 	return ic, nil
+}
+
+// oldestFresh takes the oldest connection that has carried no request off
+// the fresh list; nil when there is none.
+func (l *limitListener) oldestFresh() *idleConn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e := l.fresh.Front()
+	if e == nil {
+		return nil
+	}
+	ic := l.fresh.Remove(e).(*idleConn)
+	ic.fresh = nil
+	return ic
+}
+
+// notFresh takes c off the fresh list, if it is on it.
+func (l *limitListener) notFresh(c *idleConn) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c.fresh != nil {
+		l.fresh.Remove(c.fresh)
+		c.fresh = nil
+	}
 }
 
 func (l *limitListener) Close() error {
@@ -206,6 +255,16 @@ type idleConn struct {
 	once    sync.Once
 	closed  atomic.Bool
 	release func()
+	l       *limitListener
+	fresh   *list.Element // on l.fresh until it carries a request (l.mu)
+}
+
+// served says a request came whole on c: it is no longer the first closed
+// to make room for a new connection.
+func (c *idleConn) served() {
+	if c.l != nil {
+		c.l.notFresh(c)
+	}
 }
 
 // touch restarts the idle clock.
@@ -239,6 +298,6 @@ func (c *idleConn) CloseWrite() error {
 
 func (c *idleConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(func() { c.closed.Store(true); c.timer.Stop(); c.release() })
+	c.once.Do(func() { c.closed.Store(true); c.timer.Stop(); c.served(); c.release() })
 	return err
 }

@@ -292,6 +292,51 @@ func TestProxyRefusedConnClosed(t *testing.T) {
 	}
 }
 
+// At the connection cap, a new connection closes the oldest one that has
+// carried no request: callers that send nothing, or their headers a byte
+// at a time, no longer keep everyone out until the header timeout (an
+// hour here: without this, the last request would wait that long). A
+// connection that has carried a request is not closed for it.
+func TestProxyFreshConnMakesRoom(t *testing.T) {
+	f := newFixtureWith(t, Options{MaxConns: 3, MaxSandboxConns: 3, HeaderTimeout: time.Hour})
+	dial := func() net.Conn {
+		t.Helper()
+		c, err := net.Dial("tcp", f.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(time.Minute)) // against a hang
+		return c
+	}
+	// A connection kept alive after a request, then two that send
+	// nothing but a partial header: the listener is full.
+	served := dial()
+	br := bufio.NewReader(served)
+	if code, closed := keepAlive(t, f, served, br, f.host("sb-a"), "/p", "sb-a"); code != 200 || closed {
+		t.Fatalf("first request: %d, closed %v", code, closed)
+	}
+	silent, trickle := dial(), dial()
+	fmt.Fprint(trickle, "GET /p HTTP/1.1\r\nHo")
+	if _, err := silent.Write(nil); err != nil {
+		t.Fatal(err)
+	}
+	// Each new request's connection closes the oldest fresh one.
+	for i, victim := range []net.Conn{silent, trickle} {
+		c := dial()
+		if code, _ := keepAlive(t, f, c, bufio.NewReader(c), f.host("sb-a"), "/p", "sb-a"); code != 200 {
+			t.Fatalf("request %d at the cap: %d", i, code)
+		}
+		if _, err := victim.Read(make([]byte, 1)); err != io.EOF {
+			t.Errorf("request %d at the cap: the oldest fresh connection was not closed (%v)", i, err)
+		}
+	}
+	// The served connection stayed, and still works.
+	if code, closed := keepAlive(t, f, served, br, f.host("sb-a"), "/p", "sb-a"); code != 200 || closed {
+		t.Errorf("the served connection after the others: %d, closed %v", code, closed)
+	}
+}
+
 // Answers to requests that were never allowed close their connection too,
 // not only refusals: an unroutable request, and the redirect that adds a
 // path URL's trailing slash (sent before any token is looked at).

@@ -56,8 +56,14 @@ type Options struct {
 	// routed by path, or not at all.
 	Domain string
 	// MaxConns caps the listener's open connections (default
-	// DefaultMaxConns); more wait in the kernel's accept queue.
+	// DefaultMaxConns). At the cap, a new connection closes the oldest
+	// one that has not yet sent a whole request (which sends nothing
+	// holds its slot for HeaderTimeout otherwise); with none, it waits.
 	MaxConns int
+	// HeaderTimeout closes a connection whose request's headers have not
+	// all come this long after it opened or its last request ended
+	// (default ReadHeaderTimeout).
+	HeaderTimeout time.Duration
 	// MaxUpgrades caps one sandbox's open WebSockets and tunnels together
 	// (default DefaultMaxUpgrades); more are refused with 429.
 	MaxUpgrades int
@@ -115,6 +121,9 @@ func NewHandler(b Backend, o Options) *Handler {
 	}
 	if o.MaxConns == 0 {
 		o.MaxConns = DefaultMaxConns
+	}
+	if o.HeaderTimeout == 0 {
+		o.HeaderTimeout = ReadHeaderTimeout
 	}
 	if o.MaxUpgrades == 0 {
 		o.MaxUpgrades = DefaultMaxUpgrades
@@ -239,6 +248,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	stop := context.AfterFunc(h.ctx, cancel)
 	defer stop()
+	if c, ok := r.Context().Value(connKey{}).(*idleConn); ok {
+		c.served() // no longer the first closed to make room
+	}
 	// Until the request is allowed and its sandbox holds the connection,
 	// the answer closes it: a caller without a token (a bad route, a
 	// redirect, a refusal) does not keep one of the listener's MaxConns

@@ -43,7 +43,7 @@ func Listen(addr string, h *Handler, log *slog.Logger) (*Server, error) {
 			return ctx
 		},
 		MaxHeaderBytes:    MaxHeaderBytes,
-		ReadHeaderTimeout: ReadHeaderTimeout,
+		ReadHeaderTimeout: h.o.HeaderTimeout,
 		IdleTimeout:       IdleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}}
