@@ -398,6 +398,66 @@ func TestCheckpointRetention(t *testing.T) {
 	}
 }
 
+// TestCredentialFilesFollowTheRecord: /run/secrets holds a sandbox's file
+// credentials and nothing else. A credential replaced with another file,
+// or with none, loses its old file. A sandbox restored from a memory
+// checkpoint, or memory-forked, gets its own credentials' files, not the
+// source's tmpfs as it was at the capture: before, a removed secret stayed
+// readable there, with no record left to remove it by.
+func TestCredentialFilesFollowTheRecord(t *testing.T) {
+	ctx := context.Background()
+	o := clientOpts()
+	o.Runtime = "gvisor"
+	sb := newSandbox(t, o)
+	set := func(name, value string, co client.CredentialOptions) {
+		t.Helper()
+		if err := sb.Credentials().Set(ctx, name, value, co); err != nil {
+			t.Fatal(err)
+		}
+	}
+	secrets := func(s *client.Sandbox) string {
+		t.Helper()
+		return strings.TrimSpace(mustSh(t, s, "cd /run/secrets && for f in *; do [ -e \"$f\" ] && echo \"$f=$(cat \"$f\")\"; done; true"))
+	}
+	set("A", "a-one", client.CredentialOptions{File: "a1"})
+	set("X", "x-old", client.CredentialOptions{File: "x"})
+	set("A", "a-two", client.CredentialOptions{File: "a2"})
+	if got := secrets(sb); got != "a2=a-two\nx=x-old" {
+		t.Errorf("after A moved to file a2: %q", got)
+	}
+	set("A", "a-env", client.CredentialOptions{Env: "A"})
+	if got := secrets(sb); got != "x=x-old" {
+		t.Errorf("after A became env only: %q", got)
+	}
+	ck, err := sb.CheckpointMemory(ctx, "with-x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Credentials().Delete(ctx, "X"); err != nil {
+		t.Fatal(err)
+	}
+	set("Y", "y-new", client.CredentialOptions{File: "y"})
+	restored, err := env.c.RestoreSnapshot(ctx, ck.Id, client.Overrides{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeAll(t, []*client.Sandbox{restored})
+	res, err := sb.Fork(ctx, client.ForkOptions{Count: 1, Memory: true})
+	if err != nil || res.Children[0].Err != nil {
+		t.Fatalf("memory fork: %v %+v", err, res)
+	}
+	kid := res.Children[0].Sandbox
+	closeAll(t, []*client.Sandbox{kid})
+	for name, s := range map[string]*client.Sandbox{"source": sb, "restored": restored, "memory child": kid} {
+		if got := secrets(s); got != "y=y-new" {
+			t.Errorf("%s's /run/secrets: %q, want y=y-new alone", name, got)
+		}
+		if got := mustSh(t, s, "echo $A"); got != "a-env\n" {
+			t.Errorf("%s's $A: %q", name, got)
+		}
+	}
+}
+
 // TestResumeKeepsCredentials: resume brings back the same session, so its
 // credentials (per-fork ones too) come back as they were.
 func TestResumeKeepsCredentials(t *testing.T) {

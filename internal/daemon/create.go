@@ -201,7 +201,7 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 	if err != nil {
 		return nil, err
 	}
-	if err := d.injectCredentialFiles(ctx, sb); err != nil {
+	if err := d.injectCredentialFiles(ctx, sb, l.memory != nil); err != nil {
 		return nil, err
 	}
 	ph.mark("credentials")

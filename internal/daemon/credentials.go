@@ -3,11 +3,10 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"io"
+	"path"
 	"slices"
 
 	"github.com/forkbox/forkbox/errdefs"
-	"github.com/forkbox/forkbox/internal/agent"
 	"github.com/forkbox/forkbox/internal/credentials"
 	"github.com/forkbox/forkbox/internal/store"
 )
@@ -53,9 +52,16 @@ func (d *Daemon) SetCredential(ctx context.Context, idOrName string, c Credentia
 	if err != nil {
 		return nil, err
 	}
-	replaces := slices.ContainsFunc(existing, func(e *store.Credential) bool { return e.Name == c.Name })
-	if !replaces && len(existing) >= credentials.MaxPerSandbox {
+	i := slices.IndexFunc(existing, func(e *store.Credential) bool { return e.Name == c.Name })
+	if i < 0 && len(existing) >= credentials.MaxPerSandbox {
 		return nil, fmt.Errorf("sandbox %s has %d credentials, the limit: %w", sb.ID, len(existing), errdefs.ErrResourceExhausted)
+	}
+	if i >= 0 && existing[i].File != "" && existing[i].File != c.File {
+		// The replaced credential's file goes before its record, as a
+		// deleted one's does.
+		if err := d.removeSecretFile(ctx, sb, existing[i].File); err != nil {
+			return nil, err
+		}
 	}
 	cred := &store.Credential{SandboxID: sb.ID, Name: c.Name, Env: c.Env, File: c.File, PerFork: c.PerFork,
 		Sealed: d.sealer.Seal(c.Name, []byte(value))}
@@ -96,21 +102,26 @@ func (d *Daemon) DeleteCredential(ctx context.Context, idOrName, name string) er
 		}
 		// The file must go before the record: a credential the daemon
 		// forgot must not stay readable in the sandbox.
-		if sb.State != store.StateRunning {
-			return fmt.Errorf("sandbox %s is %s: removing a file credential needs it running: %w", sb.ID, sb.State, errdefs.ErrFailedPrecondition)
-		}
-		// Bounded: the sandbox's lock is held.
-		rctx, cancel := context.WithTimeout(ctx, credentialWriteTimeout)
-		res, err := d.agent(sb).Exec(rctx, agent.ExecRequest{Argv: []string{"rm", "-f", secretsDir + "/" + c.File}}, io.Discard, io.Discard)
-		cancel()
-		if err == nil && res.ExitCode != 0 {
-			err = fmt.Errorf("rm exited %d: %w", res.ExitCode, errdefs.ErrInternal)
-		}
-		if err != nil {
-			return fmt.Errorf("remove credential file: %w", err)
+		if err := d.removeSecretFile(ctx, sb, c.File); err != nil {
+			return err
 		}
 	}
 	return d.store.DeleteCredential(ctx, sb.ID, name)
+}
+
+// removeSecretFile removes /run/secrets/<file> from running sandbox sb
+// (through its agent: the image needs no rm). The caller holds sb's lock.
+func (d *Daemon) removeSecretFile(ctx context.Context, sb *store.Sandbox, file string) error {
+	if sb.State != store.StateRunning {
+		return fmt.Errorf("sandbox %s is %s: removing a file credential needs it running: %w", sb.ID, sb.State, errdefs.ErrFailedPrecondition)
+	}
+	// Bounded: the sandbox's lock is held.
+	ctx, cancel := context.WithTimeout(ctx, credentialWriteTimeout)
+	defer cancel()
+	if err := d.agent(sb).Remove(ctx, secretsDir+"/"+file); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("remove credential file: %w", err)
+	}
+	return nil
 }
 
 // credentialEnv returns the env variables the sandbox's credentials add to
@@ -124,8 +135,11 @@ func (d *Daemon) credentialEnv(ctx context.Context, sb *store.Sandbox) (map[stri
 }
 
 // injectCredentialFiles writes the sandbox's file credentials to its
-// /run/secrets tmpfs.
-func (d *Daemon) injectCredentialFiles(ctx context.Context, sb *store.Sandbox) error {
+// /run/secrets tmpfs. Restored from a memory image, the tmpfs holds the
+// source's files as they were at its capture, credentials since changed,
+// removed or not inherited among them: those go first, so that it holds
+// sb's file credentials and nothing else.
+func (d *Daemon) injectCredentialFiles(ctx context.Context, sb *store.Sandbox, restored bool) error {
 	// Bounded: a pool's refill calls this with a context that never ends,
 	// and an agent that takes a write and never answers must not hold it.
 	ctx, cancel := context.WithTimeout(ctx, credentialWriteTimeout)
@@ -133,6 +147,11 @@ func (d *Daemon) injectCredentialFiles(ctx context.Context, sb *store.Sandbox) e
 	creds, err := d.store.Credentials(ctx, sb.ID)
 	if err != nil {
 		return err
+	}
+	if restored {
+		if err := d.clearSecrets(ctx, sb); err != nil {
+			return fmt.Errorf("clear the restored %s: %w", secretsDir, err)
+		}
 	}
 	for _, c := range creds {
 		if c.File == "" {
@@ -144,6 +163,24 @@ func (d *Daemon) injectCredentialFiles(ctx context.Context, sb *store.Sandbox) e
 		}
 		if err := d.agent(sb).WriteFile(ctx, secretsDir+"/"+c.File, v, 0o400); err != nil {
 			return fmt.Errorf("credential %s: %w", c.Name, err)
+		}
+	}
+	return nil
+}
+
+// clearSecrets removes everything in sb's /run/secrets.
+func (d *Daemon) clearSecrets(ctx context.Context, sb *store.Sandbox) error {
+	c := d.agent(sb)
+	ents, err := c.Walk(ctx, secretsDir, 1)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if path.Clean(e.Path) == secretsDir {
+			continue
+		}
+		if err := c.Remove(ctx, e.Path); err != nil && !errdefs.IsNotFound(err) {
+			return err
 		}
 	}
 	return nil

@@ -217,7 +217,7 @@ func TestCredentialWriteBounded(t *testing.T) {
 	credentialWriteTimeout = 2 * time.Second // room for the dial and the refused session on a loaded host
 
 	err := returnsWithin(t, "writing credential files still waits on an agent that never answers",
-		func() error { return h.d.injectCredentialFiles(context.Background(), h.state(id)) })
+		func() error { return h.d.injectCredentialFiles(context.Background(), h.state(id), false) })
 	if !errdefs.IsDeadlineExceeded(err) {
 		t.Errorf("credential files: %v, want DeadlineExceeded", err)
 	}
