@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -234,4 +236,57 @@ func mountsAt(path string) []string {
 		}
 	}
 	return found
+}
+
+// TestDaemonKilledMidHibernate: the daemon is SIGKILLed while runsc saves a
+// sandbox's memory for a hibernation. Its runsc CLI dies with it, but the
+// Sentry finishes the save and exits. The restart's reconcile finds the
+// image whole and the sandbox hibernated, and the next exec wakes it as it
+// was: before, the sandbox was taken for lost and cleaned up, image and
+// files with it.
+func TestDaemonKilledMidHibernate(t *testing.T) {
+	ctx := context.Background()
+	o := clientOpts()
+	o.Runtime = "gvisor"
+	sb := newSandbox(t, o)
+	// 48 MiB of memory that does not compress: the save takes long enough
+	// for the kill to land in it.
+	mustSh(t, sb, "echo kept > /root/k; head -c 48m /dev/urandom > /dev/shm/big; (sleep 100000 &) ; echo ok")
+	done := make(chan error, 1)
+	go func() { done <- sb.Hibernate(ctx) }()
+	saving := false
+	for deadline := time.Now().Add(time.Minute); !saving && time.Now().Before(deadline); {
+		select {
+		case err := <-done:
+			t.Fatalf("the hibernation ended (%v) before its runsc checkpoint was seen", err)
+		default:
+		}
+		out, _ := exec.Command("pgrep", "-f", "runsc.* checkpoint .*"+sb.ID+"$").Output()
+		saving = len(strings.TrimSpace(string(out))) > 0
+		time.Sleep(time.Millisecond) // polling a condition, with a deadline
+	}
+	if !saving {
+		t.Fatal("no runsc checkpoint of the sandbox within a minute of its hibernate")
+	}
+	if err := stopDaemon(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if err := startDaemon(); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Refresh(ctx); err != nil || sb.Info.State != "hibernated" {
+		log, _ := os.ReadFile(env.logFile.Name())
+		var mine []string
+		for _, l := range strings.Split(string(log), "\n") {
+			if strings.Contains(l, sb.ID) {
+				mine = append(mine, l)
+			}
+		}
+		t.Fatalf("after the restart: state %q (%v), want hibernated; the daemon's log of it:\n%s", sb.Info.State, err, strings.Join(mine, "\n"))
+	}
+	got := mustSh(t, sb, "cat /root/k; wc -c < /dev/shm/big; ps -o args | grep -c '^sleep 100000'")
+	if got != "kept\n50331648\n1\n" {
+		t.Errorf("woken after the crash: %q, want its file, its memory and its process", got)
+	}
 }

@@ -70,7 +70,7 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *store.Sandbox) error {
 		// A whole image is a hibernated sandbox (a crash may have come
 		// before the state was recorded); otherwise the checkpoint never
 		// finished and the container may still run.
-		if d.hibernationComplete(sb.ID) {
+		if d.hibernationComplete(sb.ID) || d.savedAfterCrash(ctx, sb) {
 			// A hibernated sandbox has no container; one that exists is
 			// left by a hibernation or a wake cut by the crash (whose
 			// restore may have gone on without us), and would make the
