@@ -188,6 +188,54 @@ func TestDetachOthersVeth(t *testing.T) {
 	}
 }
 
+// A veth of the sandbox's name with no alias is a pair half made by a
+// daemon that died between its creation and its alias: Attach deletes it
+// and makes a whole pair (before, every wake failed on it for good), and
+// Detach deletes it as the sandbox's.
+func TestAttachHalfMadeVeth(t *testing.T) {
+	m := newTestManager(t, 33)
+	ctx := context.Background()
+	a := setupWith(t, m, "a", Policy{Mode: EgressNone})
+	halfMake := func() {
+		t.Helper()
+		v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: a.HostVeth}, PeerName: "fbxhalf33"}
+		if err := netlink.LinkAdd(v); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if l, err := netlink.LinkByName("fbxhalf33"); err == nil {
+				netlink.LinkDel(l)
+			}
+		})
+	}
+	if err := m.Detach(ctx, a.ID, a.IP); err != nil {
+		t.Fatal(err)
+	}
+	halfMake()
+	if err := m.Attach(ctx, a.ID, a.IP, EgressNone); err != nil {
+		t.Fatalf("Attach over a half-made veth: %v", err)
+	}
+	if l := mustLink(t, a.HostVeth); l.Attrs().Alias != aliasPrefix+a.ID || l.Attrs().MasterIndex == 0 {
+		t.Errorf("after Attach: veth alias %q, master %d; want the sandbox's, on the bridge", l.Attrs().Alias, l.Attrs().MasterIndex)
+	}
+	if _, err := netlink.LinkByName("fbxhalf33"); err == nil {
+		t.Error("the half-made pair's peer is still there")
+	}
+	if err := m.Detach(ctx, a.ID, a.IP); err != nil {
+		t.Fatal(err)
+	}
+	halfMake()
+	if err := m.Detach(ctx, a.ID, a.IP); err != nil {
+		t.Fatalf("Detach with a half-made veth: %v", err)
+	}
+	if _, err := netlink.LinkByName(a.HostVeth); err == nil {
+		t.Error("Detach left the half-made veth")
+	}
+	if err := m.Teardown(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func mustLink(t *testing.T, name string) netlink.Link {
 	t.Helper()
 	l, err := netlink.LinkByName(name)

@@ -191,18 +191,15 @@ func (m *Manager) Detach(ctx context.Context, id string, ip netip.Addr) error {
 	}
 	host := m.hostVethName(id)
 	path := m.NSPath(id)
-	link, err := netlink.LinkByName(host)
-	switch {
-	case isNotFound(err):
-		link = nil
+	link, err := m.sandboxVeth(id, host)
+	if err != nil {
+		return err
+	}
+	if link == nil {
 		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 			m.forgetNeighbour(ip) // a pin a failed Attach made
 			return nil            // torn down, or never set up
 		}
-	case err != nil:
-		return fmt.Errorf("network: veth %s: %v: %w", host, err, errdefs.ErrInternal)
-	case link.Attrs().Alias != aliasPrefix+id:
-		return fmt.Errorf("network: veth %s is %q's, not sandbox %s's: %w", host, link.Attrs().Alias, id, errdefs.ErrInternal)
 	}
 	if err := blockAddr(ip); err != nil {
 		return err
@@ -272,17 +269,15 @@ func (m *Manager) Attach(ctx context.Context, id string, ip netip.Addr, egress E
 	defer ns.Close()
 	host := m.hostVethName(id)
 	var mac net.HardwareAddr
-	link, err := netlink.LinkByName(host)
+	link, err := m.sandboxVeth(id, host)
 	switch {
-	case isNotFound(err):
+	case err != nil:
+		return err
+	case link == nil:
 		var undo cleanup // only for a half-made pair
 		if mac, err = m.plugIn(id, host, ns, ip, &undo); err != nil {
 			return errors.Join(err, undo.run())
 		}
-	case err != nil:
-		return fmt.Errorf("network: veth %s: %v: %w", host, err, errdefs.ErrInternal)
-	case link.Attrs().Alias != aliasPrefix+id:
-		return fmt.Errorf("network: veth %s is %q's, not sandbox %s's: %w", host, link.Attrs().Alias, id, errdefs.ErrInternal)
 	default:
 		if err := m.joinBridge(link); err != nil {
 			return err
@@ -322,6 +317,31 @@ func (m *Manager) Teardown(ctx context.Context, id string) error {
 	}
 	m.log.Debug("sandbox network torn down", slog.String("sandbox", id))
 	return nil
+}
+
+// sandboxVeth returns sandbox id's host veth, named host; nil when it has
+// none. One with no alias is a pair half made, by a daemon that died
+// between its creation and its alias (addVeth): no one else names a veth
+// so, and it is deleted (nil returned), so that the sandbox gets a whole
+// pair; before, every wake of the sandbox failed on it. One with another
+// sandbox's alias is an error.
+func (m *Manager) sandboxVeth(id, host string) (netlink.Link, error) {
+	link, err := netlink.LinkByName(host)
+	switch {
+	case isNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("network: veth %s: %v: %w", host, err, errdefs.ErrInternal)
+	case link.Attrs().Alias == "":
+		m.log.Warn("network: a veth left half made (no alias) is deleted", slog.String("sandbox", id), slog.String("link", host))
+		if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
+			return nil, fmt.Errorf("network: delete half-made veth %s: %v: %w", host, err, errdefs.ErrInternal)
+		}
+		return nil, nil
+	case link.Attrs().Alias != aliasPrefix+id:
+		return nil, fmt.Errorf("network: veth %s is %q's, not sandbox %s's: %w", host, link.Attrs().Alias, id, errdefs.ErrInternal)
+	}
+	return link, nil
 }
 
 // List returns the ids of the sandboxes that have a network here, sorted:
