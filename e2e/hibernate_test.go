@@ -252,21 +252,56 @@ func TestDaemonKilledMidHibernate(t *testing.T) {
 	// 48 MiB of memory that does not compress: the save takes long enough
 	// for the kill to land in it.
 	mustSh(t, sb, "echo kept > /root/k; head -c 48m /dev/urandom > /dev/shm/big; (sleep 100000 &) ; echo ok")
+	killMidCheckpoint(t, sb.ID, func() error { return sb.Hibernate(ctx) })
+	if err := sb.Refresh(ctx); err != nil || sb.Info.State != "hibernated" {
+		t.Fatalf("after the restart: state %q (%v), want hibernated; the daemon's log of it:\n%s", sb.Info.State, err, daemonLogOf(sb.ID))
+	}
+	got := mustSh(t, sb, "cat /root/k; wc -c < /dev/shm/big; ps -o args | grep -c '^sleep 100000'")
+	if got != "kept\n50331648\n1\n" {
+		t.Errorf("woken after the crash: %q, want its file, its memory and its process", got)
+	}
+}
+
+// TestDaemonKilledMidLiveCheckpoint: the daemon is SIGKILLed while runsc
+// saves a running sandbox for a memory checkpoint. The held checkpoint
+// command outlives it: it finishes the save, then starts the sandbox
+// again. The restart's reconcile waits for it; before, it resumed the
+// sandbox it found paused under the save, which killed it.
+func TestDaemonKilledMidLiveCheckpoint(t *testing.T) {
+	ctx := context.Background()
+	o := clientOpts()
+	o.Runtime = "gvisor"
+	sb := newSandbox(t, o)
+	mustSh(t, sb, "echo kept > /root/k; head -c 48m /dev/urandom > /dev/shm/big; (sleep 100000 &) ; echo ok")
+	killMidCheckpoint(t, sb.ID, func() error { _, err := sb.CheckpointMemory(ctx, "cut"); return err })
+	if err := sb.Refresh(ctx); err != nil || sb.Info.State != "running" {
+		t.Fatalf("after the restart: state %q (%v), want running; the daemon's log of it:\n%s", sb.Info.State, err, daemonLogOf(sb.ID))
+	}
+	got := mustSh(t, sb, "cat /root/k; wc -c < /dev/shm/big; ps -o args | grep -c '^sleep 100000'")
+	if got != "kept\n50331648\n1\n" {
+		t.Errorf("after the crash: %q, want its file, its memory and its process", got)
+	}
+}
+
+// killMidCheckpoint runs op (which checkpoints sandbox id) and SIGKILLs
+// the daemon once runsc's checkpoint of id runs, then starts it again.
+func killMidCheckpoint(t *testing.T, id string, op func() error) {
+	t.Helper()
 	done := make(chan error, 1)
-	go func() { done <- sb.Hibernate(ctx) }()
+	go func() { done <- op() }()
 	saving := false
 	for deadline := time.Now().Add(time.Minute); !saving && time.Now().Before(deadline); {
 		select {
 		case err := <-done:
-			t.Fatalf("the hibernation ended (%v) before its runsc checkpoint was seen", err)
+			t.Fatalf("the checkpoint ended (%v) before its runsc command was seen", err)
 		default:
 		}
-		out, _ := exec.Command("pgrep", "-f", "runsc.* checkpoint .*"+sb.ID+"$").Output()
+		out, _ := exec.Command("pgrep", "-f", "runsc.* checkpoint .*"+id+"$").Output()
 		saving = len(strings.TrimSpace(string(out))) > 0
 		time.Sleep(time.Millisecond) // polling a condition, with a deadline
 	}
 	if !saving {
-		t.Fatal("no runsc checkpoint of the sandbox within a minute of its hibernate")
+		t.Fatal("no runsc checkpoint of the sandbox within a minute")
 	}
 	if err := stopDaemon(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -275,18 +310,16 @@ func TestDaemonKilledMidHibernate(t *testing.T) {
 	if err := startDaemon(); err != nil {
 		t.Fatal(err)
 	}
-	if err := sb.Refresh(ctx); err != nil || sb.Info.State != "hibernated" {
-		log, _ := os.ReadFile(env.logFile.Name())
-		var mine []string
-		for _, l := range strings.Split(string(log), "\n") {
-			if strings.Contains(l, sb.ID) {
-				mine = append(mine, l)
-			}
+}
+
+// daemonLogOf returns the daemon log's lines that name id.
+func daemonLogOf(id string) string {
+	log, _ := os.ReadFile(env.logFile.Name())
+	var mine []string
+	for _, l := range strings.Split(string(log), "\n") {
+		if strings.Contains(l, id) {
+			mine = append(mine, l)
 		}
-		t.Fatalf("after the restart: state %q (%v), want hibernated; the daemon's log of it:\n%s", sb.Info.State, err, strings.Join(mine, "\n"))
 	}
-	got := mustSh(t, sb, "cat /root/k; wc -c < /dev/shm/big; ps -o args | grep -c '^sleep 100000'")
-	if got != "kept\n50331648\n1\n" {
-		t.Errorf("woken after the crash: %q, want its file, its memory and its process", got)
-	}
+	return strings.Join(mine, "\n")
 }

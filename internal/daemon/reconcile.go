@@ -64,8 +64,20 @@ func (d *Daemon) keepEgress(ctx context.Context, sb *store.Sandbox) {
 // reconcileParallelism is how many sandboxes reconcile looks at at once.
 const reconcileParallelism = 8
 
+// leftoverCheckpointTimeout bounds reconcile's wait for a checkpoint
+// command the last daemon left running (runtime.CheckpointWaiter).
+var leftoverCheckpointTimeout = 2 * time.Minute
+
 func (d *Daemon) reconcileOne(ctx context.Context, sb *store.Sandbox) error {
 	log := d.log.With(slog.String("sandbox", sb.ID))
+	if w, ok := d.runtimes[sb.Runtime].(runtime.CheckpointWaiter); ok && sb.State != store.StateHibernated {
+		// A held checkpoint outlives the daemon: it saves, then starts the
+		// sandbox again. Found paused meanwhile, the sandbox would be
+		// resumed under it, and its save cut short with the sandbox.
+		if err := w.WaitCheckpoints(ctx, sb.ID, leftoverCheckpointTimeout); err != nil {
+			log.Warn("reconcile: a checkpoint the last daemon left still runs", slog.Any("err", err))
+		}
+	}
 	if sb.State == store.StateHibernating || sb.State == store.StateHibernated {
 		// A whole image is a hibernated sandbox (a crash may have come
 		// before the state was recorded); otherwise the checkpoint never

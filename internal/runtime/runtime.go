@@ -102,6 +102,15 @@ type HeldCheckpointer interface {
 	CheckpointHeld(ctx context.Context, id, imageDir string, held func(paused time.Time) error) (Hold, error)
 }
 
+// CheckpointWaiter is the optional feature of runtimes whose checkpoint
+// commands outlive a daemon that dies (a held checkpoint saves, then
+// starts the container again): WaitCheckpoints waits, at most timeout,
+// until none of container id runs, so that a restarted daemon does not
+// act on a container being saved.
+type CheckpointWaiter interface {
+	WaitCheckpoints(ctx context.Context, id string, timeout time.Duration) error
+}
+
 // Hold is what a held checkpoint did: whether the container may have been
 // stopped, whether the image was saved, how long the save took and the
 // container stood still (from its stop to its start again, as seen by the
