@@ -296,7 +296,9 @@ func TestPrebootMemoryCheckpointOutlivesSource(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var s struct{ Mounts []struct{ Destination, Source string } }
+		var s struct {
+			Mounts []struct{ Destination, Source string }
+		}
 		if err := json.Unmarshal(b, &s); err != nil {
 			t.Fatal(err)
 		}
