@@ -323,3 +323,63 @@ func daemonLogOf(id string) string {
 	}
 	return strings.Join(mine, "\n")
 }
+
+// TestWakeAfterReboot: a host's reboot empties the run directory (/run is
+// a tmpfs), a hibernated sandbox's netns file (its place) with it. The
+// next exec wakes it all the same; before, every wake was NotFound.
+func TestWakeAfterReboot(t *testing.T) {
+	ctx := context.Background()
+	o := clientOpts()
+	o.Runtime = "gvisor"
+	sb := newSandbox(t, o)
+	mustSh(t, sb, "echo kept > /root/k")
+	if err := sb.Hibernate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := stopDaemon(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(env.runDir, "netns", sb.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if err := startDaemon(); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustSh(t, sb, "cat /root/k"); got != "kept\n" {
+		t.Errorf("woken after its netns file went: %q", got)
+	}
+}
+
+// TestWakeOfBrokenImage: a wake whose restore fails (an image cut short)
+// says why and leaves the sandbox hibernated as it was: no container, no
+// bridge port, and its rootfs parked, not mounted.
+func TestWakeOfBrokenImage(t *testing.T) {
+	ctx := context.Background()
+	o := clientOpts()
+	o.Runtime = "gvisor"
+	sb := newSandbox(t, o)
+	if err := sb.Hibernate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	img := filepath.Join(env.stateDir, "hibernate", sb.ID, "checkpoint.img")
+	if err := os.Truncate(img, 100); err != nil {
+		t.Fatal(err)
+	}
+	err := sb.Wake(ctx)
+	if err == nil {
+		t.Fatal("wake of a cut image succeeded")
+	}
+	t.Logf("wake: %v", err)
+	if err := sb.Refresh(ctx); err != nil || sb.Info.State != "hibernated" {
+		t.Errorf("after the failed wake: state %q (%v), want hibernated", sb.Info.State, err)
+	}
+	if m := rootfsMounts(sb.ID); len(m) != 0 {
+		t.Errorf("after the failed wake its rootfs is mounted: %v", m)
+	}
+	if v := veths(sb.ID, true); len(v) != 0 {
+		t.Errorf("after the failed wake it is a bridge port: %v", v)
+	}
+	if p := runscPids(sb.ID); len(p) != 0 {
+		t.Errorf("after the failed wake runtime processes are left: %v", p)
+	}
+}

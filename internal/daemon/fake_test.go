@@ -361,6 +361,9 @@ func (n fakeNet) Detach(_ context.Context, id string, ip netip.Addr) error {
 	return nil
 }
 
+// KeepPlace: the fake's netns records are not files a reboot removes.
+func (fakeNet) KeepPlace(string) error { return nil }
+
 func (n fakeNet) Attach(_ context.Context, id string, ip netip.Addr, _ network.Egress) error {
 	n.w.mu.Lock()
 	defer n.w.mu.Unlock()

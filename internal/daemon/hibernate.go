@@ -167,6 +167,17 @@ func (d *Daemon) wakeLocked(ctx context.Context, sb *store.Sandbox) error {
 	if err := d.unparkRootfs(ctx, sb.ID); err != nil {
 		return fmt.Errorf("wake: %w", err)
 	}
+	// A failed wake leaves it hibernated as it was: its rootfs parked too.
+	woken := false
+	defer func() {
+		if !woken {
+			d.parkRootfs(ctx, sb)
+		}
+	}()
+	// Its place in the run directory, which a reboot empties.
+	if err := d.net.KeepPlace(sb.ID); err != nil {
+		return fmt.Errorf("wake: network: %w", err)
+	}
 	// Its bridge port first (given back when it hibernated): a full bridge
 	// fails the wake with ResourceExhausted, the sandbox still hibernated.
 	if err := d.net.Attach(ctx, sb.ID, netip.MustParseAddr(sb.IP), egressMode(sb.Config)); err != nil {
@@ -182,6 +193,7 @@ func (d *Daemon) wakeLocked(ctx context.Context, sb *store.Sandbox) error {
 		d.detach(ctx, sb)
 		return fmt.Errorf("wake: %w", err)
 	}
+	woken = true
 	if err := d.setStateNoting(ctx, sb, store.StateRunning, "", store.EventWoken, map[string]any{"ms": msSince(start)}); err != nil {
 		return err
 	}

@@ -28,6 +28,9 @@ type netManager interface {
 	// Attach plugs it in again.
 	Detach(ctx context.Context, id string, ip netip.Addr) error
 	Attach(ctx context.Context, id string, ip netip.Addr, egress network.Egress) error
+	// KeepPlace makes a detached sandbox's netns file again where a
+	// reboot removed it.
+	KeepPlace(id string) error
 	Teardown(ctx context.Context, id string) error
 	List(ctx context.Context) ([]string, error)
 	Destroy(ctx context.Context) error

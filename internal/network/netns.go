@@ -132,6 +132,25 @@ func createNetns(path string) error {
 	return nil
 }
 
+// KeepPlace makes sandbox id's netns file again where it is missing: the
+// place of a sandbox that holds no network (a hibernated one, Detach),
+// kept in the run directory, which a host's reboot empties (/run is a
+// tmpfs). Attach then gives it its network again; before, every wake of
+// it was NotFound.
+func (m *Manager) KeepPlace(id string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(m.NSPath(id), os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
+	if errors.Is(err, os.ErrExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("network: netns file of %s: %v: %w", id, err, errdefs.ErrInternal)
+	}
+	return f.Close()
+}
+
 // mountNetns creates a new network namespace and bind-mounts it on path,
 // an existing file.
 func mountNetns(path string) error {
