@@ -223,6 +223,22 @@ func TestCredentials(t *testing.T) {
 	if out := mustSh(t, kid, "echo $API_TOKEN; cat /run/secrets/api_token; echo; echo $SESSION"); out != shared+"\n"+shared+"\nchild-session-789\n" {
 		t.Errorf("child sees %q", out)
 	}
+	// The CLI's restore takes a per-fork credential, which it needs.
+	if _, stderr, code := cli(t, "restore", res.Checkpoint.Id); code == 0 || !strings.Contains(stderr, "per-fork") {
+		t.Errorf("forkbox restore without the per-fork credential: exit %d, %q", code, stderr)
+	}
+	out, stderr, code := cli(t, "restore", res.Checkpoint.Id, "--credential", "session=cli-session-321")
+	if code != 0 {
+		t.Fatalf("forkbox restore --credential: exit %d, %q", code, stderr)
+	}
+	restored, err := env.c.Sandbox(ctx, strings.Fields(out)[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeAll(t, []*client.Sandbox{restored})
+	if got := mustSh(t, restored, "echo $SESSION"); got != "cli-session-321\n" {
+		t.Errorf("restored with --credential: $SESSION %q", got)
+	}
 	// The secret file is not in the snapshot: it lives on a tmpfs.
 	if _, _, r := sh(t, kid, `grep -r "$API_TOKEN" /root /etc /tmp`); r.ExitCode == 0 {
 		t.Errorf("the credential value is in the child's files")
@@ -248,7 +264,7 @@ func TestCredentials(t *testing.T) {
 	dump.Write(db)
 	wal, _ := os.ReadFile(filepath.Join(env.stateDir, "forkbox.db-wal"))
 	dump.Write(wal)
-	for _, secret := range []string{shared, mine, "child-session-789"} {
+	for _, secret := range []string{shared, mine, "child-session-789", "cli-session-321"} {
 		if strings.Contains(dump.String(), secret) {
 			t.Errorf("credential value %q found in ledger, inspect, daemon log or database", secret)
 		}

@@ -78,10 +78,10 @@ func checkpointCmds(g *globals) []*cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
-			if o.Overrides.Env, err = parseEnv(env); err != nil {
+			if o.Overrides.Env, err = parseKV("--env", env); err != nil {
 				return err
 			}
-			if o.Credentials, err = parseEnv(creds); err != nil {
+			if o.Credentials, err = parseKV("--credential", creds); err != nil {
 				return err
 			}
 			o.Overrides.Resources = client.Resources{CPU: cpu, Memory: mem, Disk: disk}
@@ -151,12 +151,17 @@ func checkpointCmds(g *globals) []*cobra.Command {
 
 	var rname string
 	var ro client.Overrides
+	var rcreds []string
 	restore := &cobra.Command{
 		Use:   "restore CHECKPOINT [--name NAME]",
 		Short: "Start a new sandbox from a checkpoint (clean exec history)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, err := g.client().RestoreSnapshot(cmd.Context(), args[0], client.Overrides{Name: rname, Timeout: ro.Timeout, OnTimeout: ro.OnTimeout}, nil)
+			creds, err := parseKV("--credential", rcreds)
+			if err != nil {
+				return err
+			}
+			sb, err := g.client().RestoreSnapshot(cmd.Context(), args[0], client.Overrides{Name: rname, Timeout: ro.Timeout, OnTimeout: ro.OnTimeout}, creds)
 			if err != nil {
 				return err
 			}
@@ -170,6 +175,7 @@ func checkpointCmds(g *globals) []*cobra.Command {
 	restore.Flags().StringVar(&rname, "name", "", "name of the new sandbox")
 	restore.Flags().DurationVar(&ro.Timeout, "timeout", 0, "timeout of the new sandbox from its start (default: the checkpoint's)")
 	restore.Flags().StringVar(&ro.OnTimeout, "on-timeout", "", "what its expiry does: close or hibernate (default: the checkpoint's)")
+	restore.Flags().StringArrayVar(&rcreds, "credential", nil, "NAME=VALUE for a per-fork credential of the checkpoint's sandbox, repeatable")
 
 	resume := &cobra.Command{
 		Use:   "resume SESSION",

@@ -13,12 +13,12 @@ import (
 	"github.com/forkbox/forkbox/errdefs"
 )
 
-func parseEnv(kvs []string) (map[string]string, error) {
+func parseKV(flag string, kvs []string) (map[string]string, error) {
 	env := map[string]string{}
 	for _, kv := range kvs {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
-			return nil, fmt.Errorf("--env %q: want KEY=VALUE: %w", kv, errdefs.ErrInvalidArgument)
+			return nil, fmt.Errorf("%s %q: want KEY=VALUE: %w", flag, kv, errdefs.ErrInvalidArgument)
 		}
 		env[k] = v
 	}
@@ -35,7 +35,7 @@ func createCmd(g *globals) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
-			if o.Env, err = parseEnv(env); err != nil {
+			if o.Env, err = parseKV("--env", env); err != nil {
 				return err
 			}
 			if (o.Image == "") == (environment == "") {
@@ -120,7 +120,7 @@ func execCmd(g *globals) *cobra.Command {
 		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
-			if o.Env, err = parseEnv(env); err != nil {
+			if o.Env, err = parseKV("--env", env); err != nil {
 				return err
 			}
 			o.Argv = args[1:]
