@@ -11,7 +11,8 @@ import (
 )
 
 // leftovers lists what of sandbox id is still on the host: mounts, runtime
-// processes, cgroups, netns, veths, writable layers, bundle directories.
+// processes, cgroups, netns, veths, writable layers, bundle directories,
+// runtime logs.
 func leftovers(id string) []string {
 	var found []string
 	mi, _ := os.ReadFile("/proc/self/mountinfo")
@@ -39,6 +40,8 @@ func leftovers(id string) []string {
 		filepath.Join(env.stateDir, "sandboxes", id),
 		filepath.Join(env.stateDir, "snapshots", "active", id),
 		filepath.Join(env.runDir, "runsc", id),
+		filepath.Join(env.stateDir, "logs", id+".log"),
+		filepath.Join(env.stateDir, "logs", "pod-"+id+".log"),
 	} {
 		if _, err := os.Lstat(p); err == nil {
 			found = append(found, "path: "+p)

@@ -84,6 +84,22 @@ func (d *Daemon) teardown(ctx context.Context, sb *store.Sandbox) error {
 	if err := removeTree(d.hibernateDir(sb.ID)); err != nil {
 		errs = append(errs, fmt.Errorf("hibernation image: %w", err))
 	}
+	if err := d.removeRuntimeLogs(sb.ID); err != nil {
+		errs = append(errs, fmt.Errorf("runtime logs: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// removeRuntimeLogs removes the runtimes' logs of sandbox id, its
+// placeholder's too (pre-booted): kept for nothing once it is closed, they
+// grew by a file or two per sandbox for ever.
+func (d *Daemon) removeRuntimeLogs(id string) error {
+	var errs []error
+	for _, name := range []string{id + ".log", podID(id) + ".log"} {
+		if err := os.Remove(filepath.Join(d.runtimeLogDir(), name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 

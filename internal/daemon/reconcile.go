@@ -376,6 +376,17 @@ func (d *Daemon) sweepOrphans(ctx context.Context) error {
 			errs = append(errs, removeTree(d.hibernateDir(e.Name())))
 		}
 	}
+	// Runtime logs of sandboxes that are not live (closed by a daemon
+	// that kept them, or by a crash).
+	logs, _ := os.ReadDir(d.runtimeLogDir())
+	for _, e := range logs {
+		stem, ok := strings.CutSuffix(e.Name(), ".log")
+		if id := strings.TrimPrefix(stem, podPrefix); ok && orphan(id) {
+			if err := os.Remove(filepath.Join(d.runtimeLogDir(), e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
 	entries, _ := os.ReadDir(d.bundlesDir())
 	for _, e := range entries {
 		if !live[e.Name()] {

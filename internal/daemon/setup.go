@@ -68,11 +68,14 @@ const (
 	RuntimeCrun   = "crun"
 )
 
+// runtimeLogDir holds the runtimes' own logs, a file per container.
+func (d *Daemon) runtimeLogDir() string { return filepath.Join(d.cfg.StateDir, "logs") }
+
 // openRuntimes opens every runtime this host has. gVisor is required
 // unless crun is the default; a missing crun is logged, and sandboxes that
 // ask for it get a clear error.
 func (d *Daemon) openRuntimes(cfg Config) error {
-	logs := filepath.Join(cfg.StateDir, "logs")
+	logs := d.runtimeLogDir()
 	ro := runsc.Options{Binary: cfg.RuntimeBinary, Root: filepath.Join(cfg.RunDir, "runsc"), LogDir: logs, Standby: cfg.RunscStandby, Log: d.log,
 		// Each sandbox's rootfs and netns mounts: runsc starts see their
 		// own sandbox's only, not the host's thousands (runsc/view.go).
