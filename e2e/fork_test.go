@@ -474,6 +474,39 @@ func TestCredentialFilesFollowTheRecord(t *testing.T) {
 	}
 }
 
+// TestMemoryChildEnv: env given to a memory fork's child, or to a restore
+// of a memory checkpoint, reaches its execs (fork contract: what the fork
+// call gives overrides what is inherited). The restored agent holds the
+// source's env, so before, execs saw the source's values and none of the
+// new ones, while inspect showed the child's.
+func TestMemoryChildEnv(t *testing.T) {
+	ctx := context.Background()
+	o := clientOpts()
+	o.Runtime = "gvisor"
+	o.Env = map[string]string{"A": "1", "B": "2"}
+	src := newSandbox(t, o)
+	res, err := src.Fork(ctx, client.ForkOptions{Count: 1, Memory: true, Overrides: client.Overrides{Env: map[string]string{"B": "3", "C": "4"}}})
+	if err != nil || res.Children[0].Err != nil {
+		t.Fatalf("memory fork: %v %+v", err, res)
+	}
+	kid := res.Children[0].Sandbox
+	closeAll(t, []*client.Sandbox{kid})
+	restored, err := env.c.RestoreSnapshot(ctx, res.Checkpoint.Id, client.Overrides{Env: map[string]string{"C": "5"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeAll(t, []*client.Sandbox{restored})
+	for _, c := range []struct {
+		name string
+		sb   *client.Sandbox
+		want string
+	}{{"source", src, "1 2\n"}, {"memory child", kid, "1 3 4\n"}, {"restored", restored, "1 2 5\n"}} {
+		if got := mustSh(t, c.sb, "echo $A $B $C"); got != c.want {
+			t.Errorf("%s: $A $B $C = %q, want %q", c.name, got, c.want)
+		}
+	}
+}
+
 // TestResumeKeepsCredentials: resume brings back the same session, so its
 // credentials (per-fork ones too) come back as they were.
 func TestResumeKeepsCredentials(t *testing.T) {

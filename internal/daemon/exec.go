@@ -189,19 +189,29 @@ func (d *Daemon) beginExec(ctx context.Context, sb *store.Sandbox, o *ExecOption
 	return req, execID, nil
 }
 
-// withCredentials adds the sandbox's env credentials to an exec (the
-// exec's own env wins over them), and the sandbox's working directory when
-// the exec names none. Only the request sent to the agent carries
-// them: the ledger records the exec as the caller gave it.
+// withCredentials adds the sandbox's env and env credentials to an exec
+// (the credentials win over the sandbox's env, the exec's own env over
+// both), and the sandbox's working directory when the exec names none.
+// The sandbox's env is its agent's already, but for a sandbox restored
+// from a memory image: its agent's env is the source's, and the env a
+// fork or restore gave it (sb.Config.Env) would reach no exec. Only the
+// request sent to the agent carries them: the ledger records the exec as
+// the caller gave it.
 func (d *Daemon) withCredentials(ctx context.Context, sb *store.Sandbox, req agent.ExecRequest) (agent.ExecRequest, error) {
 	if req.Cwd == "" {
 		req.Cwd = sb.Config.Cwd
 	}
 	creds, err := d.credentialEnv(ctx, sb)
-	if err != nil || len(creds) == 0 {
+	if err != nil {
 		return req, err
 	}
-	env := make(map[string]string, len(creds)+len(req.Env))
+	if len(creds) == 0 && len(sb.Config.Env) == 0 {
+		return req, nil
+	}
+	env := make(map[string]string, len(sb.Config.Env)+len(creds)+len(req.Env))
+	for k, v := range sb.Config.Env {
+		env[k] = v
+	}
 	for k, v := range creds {
 		env[k] = v
 	}
