@@ -324,6 +324,9 @@ func open(ctx context.Context, cfg Config, p parts) (_ *Daemon, err error) {
 		// are logged, and tried again on the next start.
 		d.log.Warn("reconcile: some orphans could not be removed", "err", err)
 	}
+	// Layers an image removal cut short by a crash left (every sandbox's
+	// rootfs is mounted or parked again by now: those stay).
+	d.images.Collect(ctx)
 	// After the sweep: what the pool makes is nobody's sandbox yet.
 	d.startPreboot(janitorCtx)
 	return d, nil

@@ -183,6 +183,17 @@ func Open(ctx context.Context, root string, log *slog.Logger, opts ...Option) (*
 	return s, nil
 }
 
+// Collect deletes the layers that no image, pull in flight or outside user
+// (SetInUse) references: those a Remove cut short by a crash left, between
+// the index's save and its collection, which no later Remove would take
+// (no image names them). Call it once SetInUse's function knows every
+// sandbox (after a daemon's reconcile).
+func (s *Store) Collect(ctx context.Context) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gcLocked(ctx)
+}
+
 // SetInUse registers a function that returns the layer directories (as in
 // Image.Layers) that something outside the store still uses, e.g. as lowers
 // of mounted sandboxes. Remove keeps those layers even when no image names

@@ -251,3 +251,42 @@ func TestSharedLayerUnpackedOnce(t *testing.T) {
 		}
 	}
 }
+
+// A Remove cut short by a crash after the index was saved leaves layers no
+// image names, which no later Remove collects: Collect, after a restart,
+// deletes them, and keeps the layers still in use outside the store.
+func TestCollectAfterCutRemove(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	host := testimage.ServeRegistry(t)
+	ref := host + "/img/cut:latest"
+	if err := testimage.Push(testimage.WithFilesT(t, testimage.BusyboxT(t), map[string]string{"id": "cut"}), ref); err != nil {
+		t.Fatal(err)
+	}
+	img, err := s.Pull(ctx, ref, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The crash: the index saved without the image, its layers not yet
+	// collected.
+	if err := os.WriteFile(s.indexPath(), []byte("[]"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := Open(ctx, s.root, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range img.Layers {
+		if _, err := os.Stat(l); err != nil {
+			t.Fatalf("layer %s gone before Collect: %v", l, err)
+		}
+	}
+	s2.SetInUse(func() map[string]bool { return map[string]bool{img.Layers[0]: true} })
+	s2.Collect(ctx)
+	if _, err := os.Stat(img.Layers[0]); err != nil {
+		t.Errorf("a layer in use was collected: %v", err)
+	}
+	if _, err := os.Stat(img.Layers[1]); !os.IsNotExist(err) {
+		t.Errorf("the layer no one uses is still there: %v", err)
+	}
+}
