@@ -160,6 +160,15 @@ func Open(ctx context.Context, root string, log *slog.Logger, opts ...Option) (*
 			s.log.WarnContext(ctx, "remove leftover", "path", p, "err", err)
 		}
 	}
+	// The index's temporary copies a crash left (writeFileAtomic: its
+	// rename is the commit point).
+	if tmps, err := filepath.Glob(filepath.Join(root, "."+filepath.Base(s.indexPath())+".tmp-*")); err == nil {
+		for _, p := range tmps {
+			if err := os.Remove(p); err != nil {
+				s.log.WarnContext(ctx, "remove leftover", "path", p, "err", err)
+			}
+		}
+	}
 	b, err := os.ReadFile(s.indexPath())
 	switch {
 	case errors.Is(err, fs.ErrNotExist):

@@ -254,7 +254,8 @@ func TestSharedLayerUnpackedOnce(t *testing.T) {
 
 // A Remove cut short by a crash after the index was saved leaves layers no
 // image names, which no later Remove collects: Collect, after a restart,
-// deletes them, and keeps the layers still in use outside the store.
+// deletes them, and keeps the layers still in use outside the store. Open
+// removes the index's temporary copies a crash left.
 func TestCollectAfterCutRemove(t *testing.T) {
 	s, _ := newStore(t)
 	ctx := context.Background()
@@ -268,8 +269,12 @@ func TestCollectAfterCutRemove(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The crash: the index saved without the image, its layers not yet
-	// collected.
+	// collected; and a temporary copy of the index left by another.
 	if err := os.WriteFile(s.indexPath(), []byte("[]"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	leftTmp := filepath.Join(s.root, ".index.json.tmp-123")
+	if err := os.WriteFile(leftTmp, []byte("[]"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	s2, err := Open(ctx, s.root, nil)
@@ -280,6 +285,9 @@ func TestCollectAfterCutRemove(t *testing.T) {
 		if _, err := os.Stat(l); err != nil {
 			t.Fatalf("layer %s gone before Collect: %v", l, err)
 		}
+	}
+	if _, err := os.Stat(leftTmp); !os.IsNotExist(err) {
+		t.Errorf("the index's leftover temporary copy after Open: %v", err)
 	}
 	s2.SetInUse(func() map[string]bool { return map[string]bool{img.Layers[0]: true} })
 	s2.Collect(ctx)

@@ -145,10 +145,17 @@ func TestCrashLeftovers(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(root, "active", "orphan", "upper"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// Metadata written but not yet renamed into place (its commit point).
+	if err := os.WriteFile(filepath.Join(root, "meta", "orphan.json.tmp"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	s = open(t, root)
 	defer s.Close()
 	if ents, _ := os.ReadDir(filepath.Join(root, "tmp")); len(ents) != 0 {
 		t.Errorf("tmp after reopen: got %d entries, want 0", len(ents))
+	}
+	if _, err := os.Stat(filepath.Join(root, "meta", "orphan.json.tmp")); !os.IsNotExist(err) {
+		t.Errorf("half-written metadata after reopen: got %v, want it swept", err)
 	}
 	if _, err := os.Stat(filepath.Join(root, "active", "orphan")); !os.IsNotExist(err) {
 		t.Errorf("orphan data dir after reopen: got %v, want it swept", err)

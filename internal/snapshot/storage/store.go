@@ -145,8 +145,21 @@ func Open(ctx context.Context, root string, b Backend, log *slog.Logger) (*Store
 // Root returns the store's root directory.
 func (s *Store) Root() string { return s.root }
 
-// sweep deletes everything in tmp/: half-built snapshots and tombstones.
+// sweep deletes everything in tmp/ (half-built snapshots and tombstones)
+// and the metadata files a crash left half written (writeMeta's .tmp:
+// its rename is the commit point).
 func (s *Store) sweep(ctx context.Context) error {
+	metas, err := os.ReadDir(filepath.Join(s.root, dirMeta))
+	if err != nil {
+		return fmt.Errorf("read meta: %v: %w", err, errdefs.ErrInternal)
+	}
+	for _, e := range metas {
+		if strings.HasSuffix(e.Name(), ".json.tmp") {
+			if err := os.Remove(filepath.Join(s.root, dirMeta, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("sweep %s: %v: %w", e.Name(), err, errdefs.ErrInternal)
+			}
+		}
+	}
 	ents, err := os.ReadDir(filepath.Join(s.root, dirTmp))
 	if err != nil {
 		return fmt.Errorf("read tmp: %v: %w", err, errdefs.ErrInternal)
