@@ -315,6 +315,22 @@ func TestPrebootMemoryCheckpointOutlivesSource(t *testing.T) {
 	checkNoLeftovers(t, id)
 }
 
+// TestPrebootDeadSpare: a pre-booted sandbox that died while it waited
+// (killed, or out of memory) is not handed out: the create that would have
+// taken it boots its own, and the dead one leaves nothing. Before, that
+// create failed.
+func TestPrebootDeadSpare(t *testing.T) {
+	maddr := prebootDaemon(t, 1)
+	spare := waitReady(t, maddr, 1)[0]
+	killSandboxProcess(t, "pod-"+spare)
+	sb := newSandbox(t, prebootOpts())
+	if sb.ID == spare {
+		t.Errorf("the create took the dead spare %s", spare)
+	}
+	mustSh(t, sb, "true")
+	checkNoLeftovers(t, spare)
+}
+
 // TestPrebootRestart: after a SIGKILL of the daemon, pre-booted sandboxes
 // never handed out are destroyed (never handed out after the restart), and
 // a sandbox running in one is found again and keeps working.

@@ -122,7 +122,7 @@ func (d *Daemon) launch(ctx context.Context, l launchSpec) (_ *store.Sandbox, er
 	var pm *prebooted
 	if d.pre != nil && l.runtime == RuntimeGVisor {
 		if l.memory == nil {
-			pm = d.pre.take(keyOf(l.runtime, cfg))
+			pm = d.takeLive(ctx, keyOf(l.runtime, cfg))
 		} else {
 			pm = d.takeCreated(l.memory, keyOf(l.runtime, cfg))
 		}

@@ -86,6 +86,7 @@ type prebooted struct {
 	ip  netip.Addr
 	key prebootKey
 	nw  *network.Network
+	pid int // its sandbox process on the host (0: not known)
 }
 
 // PrebootStats counts what the pool did since the daemon started.
@@ -150,6 +151,21 @@ func (p *prebootPool) take(key prebootKey) *prebooted {
 	}
 	p.stats.Misses++
 	return nil
+}
+
+// takeLive hands out a booted member for key, as take does, but never one
+// whose sandbox has died while it waited (killed, or out of memory): that
+// one is torn down and the next tried. Before, the create that took it
+// failed (its tenant could not start in a dead sandbox).
+func (d *Daemon) takeLive(ctx context.Context, key prebootKey) *prebooted {
+	for {
+		m := d.pre.take(key)
+		if m == nil || m.pid <= 0 || !pidExits(ctx, m.pid, 0) {
+			return m
+		}
+		d.log.Warn("preboot: a pre-booted sandbox died while it waited; torn down", slog.String("sandbox", m.id), slog.Int("pid", m.pid))
+		d.destroyPreboot(context.WithoutCancel(ctx), m)
+	}
 }
 
 // takeCreated hands out a created member for the child of memory
@@ -414,6 +430,9 @@ func (d *Daemon) bootPreboot(ctx context.Context, key prebootKey) (_ *prebooted,
 	}
 	if err = d.settleCgroup(key.runtime, key.cpu, d.cgroupPath(m.id)); err != nil { // booted (or created): its limit
 		return nil, fmt.Errorf("preboot: %w", err)
+	}
+	if st, err := d.runtimes[key.runtime].State(ctx, podID(m.id)); err == nil {
+		m.pid = st.Pid // for takeLive
 	}
 	d.log.Debug("preboot: sandbox booted", slog.String("sandbox", m.id), slog.String("kind", key.kind()), slog.Duration("took", time.Since(t0)))
 	return m, nil
