@@ -341,6 +341,65 @@ func TestRestoreVersusResume(t *testing.T) {
 	}
 }
 
+// TestResumeTwice: a session resumed once, used and closed again, is
+// resumed again, from the checkpoint its first resume started from, its
+// execs since replayed in order (those replayed into it included): before,
+// it had no checkpoint of its own and could not be. A fork child with no
+// checkpoint of its own resumes from the fork's, with its own env.
+func TestResumeTwice(t *testing.T) {
+	ctx := context.Background()
+	o := clientOpts()
+	o.Name = "twice"
+	sb, err := env.c.CreateSandbox(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSh(t, sb, "echo one >> /root/log")
+	if _, err := sb.Checkpoint(ctx, "base"); err != nil {
+		t.Fatal(err)
+	}
+	mustSh(t, sb, "echo two >> /root/log")
+	if err := sb.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, line := range []string{"three", "four"} {
+		res, err := env.c.Resume(ctx, "twice")
+		if err != nil {
+			t.Fatalf("resume %d: %v", i+1, err)
+		}
+		mustSh(t, res.Sandbox, "echo "+line+" >> /root/log")
+		if err := res.Sandbox.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := env.c.Resume(ctx, "twice")
+	if err != nil {
+		t.Fatalf("resume 3: %v", err)
+	}
+	closeAll(t, []*client.Sandbox{res.Sandbox})
+	if got := mustSh(t, res.Sandbox, "cat /root/log"); got != "one\ntwo\nthree\nfour\n" {
+		t.Errorf("after three resumes: %q", got)
+	}
+
+	fr, err := res.Sandbox.Fork(ctx, client.ForkOptions{Overrides: client.Overrides{Name: "twice-kid", Env: map[string]string{"KID": "yes"}}})
+	if err != nil || fr.Children[0].Err != nil {
+		t.Fatalf("fork: %v %+v", err, fr)
+	}
+	kid := fr.Children[0].Sandbox
+	mustSh(t, kid, "echo kid >> /root/log")
+	if err := kid.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	kr, err := env.c.Resume(ctx, "twice-kid")
+	if err != nil {
+		t.Fatalf("resume of a fork child: %v", err)
+	}
+	closeAll(t, []*client.Sandbox{kr.Sandbox})
+	if got := mustSh(t, kr.Sandbox, "cat /root/log; echo $KID"); got != "one\ntwo\nthree\nfour\nkid\nyes\n" {
+		t.Errorf("resumed fork child: %q", got)
+	}
+}
+
 func TestClientMaxConcurrency(t *testing.T) {
 	ctx := context.Background()
 	c := &client.Client{Socket: env.socket, MaxConcurrency: 3}

@@ -93,14 +93,10 @@ func (d *Daemon) ResumeWith(ctx context.Context, session string, o ResumeOptions
 	if err := requireState(old, "resume", store.StateClosed, store.StateFailed); err != nil {
 		return nil, nil, nil, fmt.Errorf("%w; only a closed or crashed session can be resumed: fork a live one instead", err)
 	}
-	cks, err := d.store.ListCheckpoints(ctx, old.ID)
+	ck, since, err := d.resumePoint(ctx, old)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	if len(cks) == 0 {
-		return nil, nil, nil, fmt.Errorf("session %s has no checkpoint to resume from: %w", old.ID, errdefs.ErrFailedPrecondition)
-	}
-	ck := cks[len(cks)-1]
 	name := old.Name
 	if o.Name != "" {
 		name = o.Name
@@ -131,7 +127,7 @@ func (d *Daemon) ResumeWith(ctx context.Context, session string, o ResumeOptions
 	}
 	var out []Replayed
 	for _, e := range evs {
-		if e.Seq <= ck.LedgerSeq {
+		if e.Seq <= since {
 			continue
 		}
 		r, ok := d.replay(ctx, sb, e)
@@ -143,6 +139,35 @@ func (d *Daemon) ResumeWith(ctx context.Context, session string, o ResumeOptions
 	}
 	d.note(ctx, sb.ID, store.EventResumed, map[string]any{"session": old.ID, "checkpoint": ck.ID, "replayed": len(out)})
 	return sb, ck, out, nil
+}
+
+// resumePoint is the checkpoint session old resumes from, and the ledger
+// seq after which its execs are replayed: its own last checkpoint; with
+// none, the one it started from (a session resumed before, a fork child, a
+// restore), every exec of its own replayed after it, with its own config
+// (a child's overrides). Before, a session resumed once could not be
+// resumed again.
+func (d *Daemon) resumePoint(ctx context.Context, old *store.Sandbox) (*store.Checkpoint, int64, error) {
+	cks, err := d.store.ListCheckpoints(ctx, old.ID)
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(cks) > 0 {
+		ck := cks[len(cks)-1]
+		return ck, ck.LedgerSeq, nil
+	}
+	if old.FromCheckpoint != "" {
+		ck, err := d.store.GetCheckpoint(ctx, old.FromCheckpoint)
+		if err == nil {
+			own := *ck
+			own.Config = old.Config
+			return &own, 0, nil
+		}
+		if !errdefs.IsNotFound(err) {
+			return nil, 0, err
+		}
+	}
+	return nil, 0, fmt.Errorf("session %s has no checkpoint to resume from: %w", old.ID, errdefs.ErrFailedPrecondition)
 }
 
 // replayedData is what the ledger keeps of a replayed exec: its outcome
