@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"github.com/forkbox/forkbox/client"
+	"github.com/forkbox/forkbox/errdefs"
 
 	"context"
 	"os/exec"
@@ -155,3 +156,64 @@ func types(evs []clientEvent) []string {
 }
 
 type clientEvent = client.Event
+
+// TestDeadSandboxFailsExec: a sandbox whose runtime is killed under a
+// running daemon is found dead by its next exec: the exec fails at once
+// with FailedPrecondition saying so, the sandbox is recorded failed (so
+// resume takes it), and closing it leaves nothing. Before, it stayed
+// running, every exec timing out on its agent, until a restart or a close.
+func TestDeadSandboxFailsExec(t *testing.T) {
+	ctx := context.Background()
+	o := clientOpts()
+	o.Runtime = "gvisor"
+	sb, err := env.c.CreateSandbox(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSh(t, sb, "true")
+	for _, p := range runscPids(sb.ID) {
+		syscall.Kill(p, syscall.SIGKILL)
+	}
+	_, err = sb.Exec(ctx, client.ExecOptions{Shell: "true"})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "died") {
+		t.Fatalf("exec in a dead sandbox: %v, want FailedPrecondition saying it died", err)
+	}
+	if err := sb.Refresh(ctx); err != nil || sb.Info.State != "failed" {
+		t.Errorf("after: state %q (%v), want failed", sb.Info.State, err)
+	}
+	if err := sb.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeftovers(t, sb.ID)
+}
+
+// TestDeadPausedSandboxAfterRestart: a paused sandbox whose processes are
+// killed while the daemon is down is found lost by the restart's
+// reconcile, and leaves nothing. Before, runsc still said paused (its state
+// file, with the dead pid), reconcile kept it paused, and it could be
+// neither unpaused nor used until closed.
+func TestDeadPausedSandboxAfterRestart(t *testing.T) {
+	ctx := context.Background()
+	o := clientOpts()
+	o.Runtime = "gvisor"
+	sb, err := env.c.CreateSandbox(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := stopDaemon(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range runscPids(sb.ID) {
+		syscall.Kill(p, syscall.SIGKILL)
+	}
+	if err := startDaemon(); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Refresh(ctx); err != nil || sb.Info.State != "closed" {
+		t.Errorf("after the restart: state %q (%v), want closed (lost)", sb.Info.State, err)
+	}
+	checkNoLeftovers(t, sb.ID)
+}

@@ -12,9 +12,11 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"golang.org/x/sys/unix"
 )
 
 // Client talks to one sandbox's agent; it is safe for concurrent use. A
@@ -124,8 +126,17 @@ func (c *Client) open(ctx context.Context, req request) (*call, error) {
 // (muxFreshFor).
 var dialKeepAlive = net.KeepAliveConfig{Enable: true, Idle: 2 * time.Minute, Interval: 15 * time.Second, Count: 4}
 
+// dialUserTimeout is the TCP user timeout of the daemon's connections to
+// an agent: data sent and not acknowledged for this long ends the
+// connection. A sandbox whose runtime died answers nothing, not even a
+// reset (its network namespace outlives it): a request sent on a session
+// opened before then waited for ever (the keepalive probes only an idle
+// connection). A live sandbox's network stack acknowledges at once, its
+// agent busy or not; one paused for a checkpoint does after the save.
+var dialUserTimeout = 30 * time.Second
+
 func (c *Client) dial(ctx context.Context, op string) (net.Conn, error) {
-	d := net.Dialer{Timeout: c.DialTimeout, KeepAliveConfig: dialKeepAlive}
+	d := net.Dialer{Timeout: c.DialTimeout, KeepAliveConfig: dialKeepAlive, Control: setUserTimeout}
 	conn, err := d.DialContext(ctx, "tcp", c.addr)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -134,6 +145,18 @@ func (c *Client) dial(ctx context.Context, op string) (net.Conn, error) {
 		return nil, fmt.Errorf("agent %s: dial %s: %v: %w", op, c.addr, err, errdefs.ErrUnavailable)
 	}
 	return conn, nil
+}
+
+// setUserTimeout sets TCP_USER_TIMEOUT (dialUserTimeout) on a socket
+// being dialled.
+func setUserTimeout(_, _ string, c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(dialUserTimeout.Milliseconds()))
+	}); err != nil {
+		return err
+	}
+	return serr
 }
 
 func (cl *call) close() {

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // tcpTimer is the kernel's word on a TCP socket (/proc/net/tcp): its timer
@@ -103,5 +105,33 @@ func TestKeepAliveSlowAndOneSided(t *testing.T) {
 			t.Fatal("data still in flight on an idle session after a minute")
 		}
 		time.Sleep(10 * time.Millisecond) // polling the kernel's table: it has no event
+	}
+}
+
+// The daemon's connections to an agent carry a TCP user timeout: a request
+// sent to a sandbox whose runtime died (it acknowledges nothing, and
+// resets nothing) ends the connection after dialUserTimeout instead of
+// waiting for ever (e2e TestDeadSandboxFailsExec drives the real case).
+func TestDialSetsUserTimeout(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c := newTestClient(ln.Addr().String(), testToken)
+	conn, err := c.dial(testCtx(t), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	raw, err := conn.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got int
+	var gerr error
+	raw.Control(func(fd uintptr) { got, gerr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT) })
+	if gerr != nil || got != int(dialUserTimeout.Milliseconds()) {
+		t.Errorf("TCP_USER_TIMEOUT = %d ms (%v), want %d", got, gerr, dialUserTimeout.Milliseconds())
 	}
 }

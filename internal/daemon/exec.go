@@ -113,7 +113,7 @@ func (d *Daemon) Exec(ctx context.Context, idOrName string, o ExecOptions, stdou
 	start := time.Now()
 	w := watchExec(ctx, req.Timeout)
 	res, err := d.agent(sb).Exec(w.ctx, req, w.writer(stdout), w.writer(stderr))
-	err = w.done(err)
+	err = d.diedUnder(ctx, sb, w.done(err))
 	ph.mark("agent")
 	if err == nil && sb.Runtime == RuntimeCrun && res.Signal == "SIGKILL" && oomErr == nil {
 		if after, err := cgroups.OOMKills(d.cgroupPath(sb.ID)); err == nil && after > oomBefore {

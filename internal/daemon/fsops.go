@@ -111,7 +111,7 @@ func (d *Daemon) ExecStream(ctx context.Context, idOrName string, o ExecOptions,
 	w := watchExec(ctx, req.Timeout)
 	eio.Stdout, eio.Stderr = w.writer(eio.Stdout), w.writer(eio.Stderr)
 	res, err := d.agent(sb).ExecStream(w.ctx, req, eio)
-	err = w.done(err)
+	err = d.diedUnder(ctx, sb, w.done(err))
 	if err == nil && sb.Runtime == RuntimeCrun && res.Signal == "SIGKILL" && oomErr == nil {
 		if after, err := cgroups.OOMKills(d.cgroupPath(sb.ID)); err == nil && after > oomBefore {
 			res.OOMKilled = true

@@ -254,6 +254,11 @@ func (d *Daemon) checkHealth(ctx context.Context, sb *store.Sandbox) health {
 	if !alive(st) {
 		return health{}
 	}
+	if st.Pid > 0 && pidExits(ctx, st.Pid, 0) {
+		// runsc reports a sandbox as its state file last said (paused,
+		// say) while its process is gone or an unreaped zombie.
+		return health{}
+	}
 	suspended, err := d.isSuspended(ctx, sb, st)
 	if err != nil {
 		return health{reason: fmt.Sprintf("whether it is paused could not be read: %v", err)}
