@@ -179,3 +179,28 @@ func TestStatsStream(t *testing.T) {
 		}
 	})
 }
+
+// TestCLIRmGoesOn: forkbox rm of several sandboxes closes every one it
+// can, reports each that it cannot, and fails: before, it stopped at the
+// first failure and left the rest running.
+func TestCLIRmGoesOn(t *testing.T) {
+	ctx := context.Background()
+	a, b := newSandbox(t, clientOpts()), newSandbox(t, clientOpts())
+	out, stderr, code := cli(t, "rm", a.ID, "sb-000000000000", b.ID, "sb-000000000001")
+	if code == 0 {
+		t.Errorf("rm with unknown sandboxes: exit 0")
+	}
+	if out != a.ID+"\n"+b.ID+"\n" {
+		t.Errorf("rm printed %q, want both closed sandboxes", out)
+	}
+	for _, id := range []string{"sb-000000000000", "sb-000000000001"} {
+		if !strings.Contains(stderr, id) || !strings.Contains(stderr, "(NotFound)") {
+			t.Errorf("rm's errors %q do not report %s", stderr, id)
+		}
+	}
+	for _, sb := range []*client.Sandbox{a, b} {
+		if err := sb.Refresh(ctx); err != nil || sb.Info.State != "closed" {
+			t.Errorf("%s after rm: %q (%v)", sb.ID, sb.Info.State, err)
+		}
+	}
+}

@@ -283,20 +283,27 @@ func rmCmd(g *globals) *cobra.Command {
 		Short: "Close sandboxes; nothing of them is left on the host",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// Every one is tried: a failure is reported and the others
+			// still closed; the last failure is the command's error.
 			c := g.client()
-			for _, id := range args {
+			var last error
+			for i, id := range args {
 				sb, err := c.Sandbox(cmd.Context(), id)
-				if err != nil {
-					return err
+				if err == nil {
+					err = sb.Close(cmd.Context())
 				}
-				if err := sb.Close(cmd.Context()); err != nil {
-					return err
+				if err != nil {
+					if last != nil {
+						fmt.Fprintf(os.Stderr, "forkbox: %v (%s)\n", last, errdefs.ClassName(last))
+					}
+					last = fmt.Errorf("rm %s: %w", args[i], err)
+					continue
 				}
 				if !g.json {
 					fmt.Println(sb.ID)
 				}
 			}
-			return nil
+			return last
 		},
 	}
 }
