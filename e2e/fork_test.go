@@ -481,9 +481,7 @@ func TestCheckpointRetention(t *testing.T) {
 // readable there, with no record left to remove it by.
 func TestCredentialFilesFollowTheRecord(t *testing.T) {
 	ctx := context.Background()
-	o := clientOpts()
-	o.Runtime = "gvisor"
-	sb := newSandbox(t, o)
+	sb := newSandbox(t, gvisorOpts())
 	set := func(name, value string, co client.CredentialOptions) {
 		t.Helper()
 		if err := sb.Credentials().Set(ctx, name, value, co); err != nil {
@@ -540,8 +538,7 @@ func TestCredentialFilesFollowTheRecord(t *testing.T) {
 // new ones, while inspect showed the child's.
 func TestMemoryChildEnv(t *testing.T) {
 	ctx := context.Background()
-	o := clientOpts()
-	o.Runtime = "gvisor"
+	o := gvisorOpts()
 	o.Env = map[string]string{"A": "1", "B": "2"}
 	src := newSandbox(t, o)
 	res, err := src.Fork(ctx, client.ForkOptions{Count: 1, Memory: true, Overrides: client.Overrides{Env: map[string]string{"B": "3", "C": "4"}}})

@@ -246,20 +246,13 @@ func mountsAt(path string) []string {
 // files with it.
 func TestDaemonKilledMidHibernate(t *testing.T) {
 	ctx := context.Background()
-	o := clientOpts()
-	o.Runtime = "gvisor"
-	sb := newSandbox(t, o)
-	// 48 MiB of memory that does not compress: the save takes long enough
-	// for the kill to land in it.
-	mustSh(t, sb, "echo kept > /root/k; head -c 48m /dev/urandom > /dev/shm/big; (sleep 100000 &) ; echo ok")
+	sb := newSandbox(t, gvisorOpts())
+	giveState(t, sb)
 	killMidCheckpoint(t, sb.ID, func() error { return sb.Hibernate(ctx) })
 	if err := sb.Refresh(ctx); err != nil || sb.Info.State != "hibernated" {
 		t.Fatalf("after the restart: state %q (%v), want hibernated; the daemon's log of it:\n%s", sb.Info.State, err, daemonLogOf(sb.ID))
 	}
-	got := mustSh(t, sb, "cat /root/k; wc -c < /dev/shm/big; ps -o args | grep -c '^sleep 100000'")
-	if got != "kept\n50331648\n1\n" {
-		t.Errorf("woken after the crash: %q, want its file, its memory and its process", got)
-	}
+	checkState(t, sb, "woken after the crash")
 }
 
 // TestDaemonKilledMidLiveCheckpoint: the daemon is SIGKILLed while runsc
@@ -269,17 +262,28 @@ func TestDaemonKilledMidHibernate(t *testing.T) {
 // sandbox it found paused under the save, which killed it.
 func TestDaemonKilledMidLiveCheckpoint(t *testing.T) {
 	ctx := context.Background()
-	o := clientOpts()
-	o.Runtime = "gvisor"
-	sb := newSandbox(t, o)
-	mustSh(t, sb, "echo kept > /root/k; head -c 48m /dev/urandom > /dev/shm/big; (sleep 100000 &) ; echo ok")
+	sb := newSandbox(t, gvisorOpts())
+	giveState(t, sb)
 	killMidCheckpoint(t, sb.ID, func() error { _, err := sb.CheckpointMemory(ctx, "cut"); return err })
 	if err := sb.Refresh(ctx); err != nil || sb.Info.State != "running" {
 		t.Fatalf("after the restart: state %q (%v), want running; the daemon's log of it:\n%s", sb.Info.State, err, daemonLogOf(sb.ID))
 	}
+	checkState(t, sb, "after the crash")
+}
+
+// giveState gives sb a file, a process and 48 MiB of memory that does not
+// compress: a checkpoint of it takes long enough for a kill to land in it.
+func giveState(t *testing.T, sb *client.Sandbox) {
+	t.Helper()
+	mustSh(t, sb, "echo kept > /root/k; head -c 48m /dev/urandom > /dev/shm/big; (sleep 100000 &) ; echo ok")
+}
+
+// checkState fails the test unless sb still has what giveState gave it.
+func checkState(t *testing.T, sb *client.Sandbox, when string) {
+	t.Helper()
 	got := mustSh(t, sb, "cat /root/k; wc -c < /dev/shm/big; ps -o args | grep -c '^sleep 100000'")
 	if got != "kept\n50331648\n1\n" {
-		t.Errorf("after the crash: %q, want its file, its memory and its process", got)
+		t.Errorf("%s: %q, want its file, its memory and its process", when, got)
 	}
 }
 
@@ -329,9 +333,7 @@ func daemonLogOf(id string) string {
 // next exec wakes it all the same; before, every wake was NotFound.
 func TestWakeAfterReboot(t *testing.T) {
 	ctx := context.Background()
-	o := clientOpts()
-	o.Runtime = "gvisor"
-	sb := newSandbox(t, o)
+	sb := newSandbox(t, gvisorOpts())
 	mustSh(t, sb, "echo kept > /root/k")
 	if err := sb.Hibernate(ctx); err != nil {
 		t.Fatal(err)
@@ -355,9 +357,7 @@ func TestWakeAfterReboot(t *testing.T) {
 // bridge port, and its rootfs parked, not mounted.
 func TestWakeOfBrokenImage(t *testing.T) {
 	ctx := context.Background()
-	o := clientOpts()
-	o.Runtime = "gvisor"
-	sb := newSandbox(t, o)
+	sb := newSandbox(t, gvisorOpts())
 	if err := sb.Hibernate(ctx); err != nil {
 		t.Fatal(err)
 	}

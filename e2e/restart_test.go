@@ -164,9 +164,7 @@ type clientEvent = client.Event
 // running, every exec timing out on its agent, until a restart or a close.
 func TestDeadSandboxFailsExec(t *testing.T) {
 	ctx := context.Background()
-	o := clientOpts()
-	o.Runtime = "gvisor"
-	sb, err := env.c.CreateSandbox(ctx, o)
+	sb, err := env.c.CreateSandbox(ctx, gvisorOpts())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,9 +192,7 @@ func TestDeadSandboxFailsExec(t *testing.T) {
 // neither unpaused nor used until closed.
 func TestDeadPausedSandboxAfterRestart(t *testing.T) {
 	ctx := context.Background()
-	o := clientOpts()
-	o.Runtime = "gvisor"
-	sb, err := env.c.CreateSandbox(ctx, o)
+	sb, err := env.c.CreateSandbox(ctx, gvisorOpts())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,14 @@ func clientOpts() client.CreateOptions {
 	return client.CreateOptions{Image: env.image, Runtime: curRuntime, Resources: client.Resources{CPU: "1", Memory: "256Mi"}}
 }
 
+// gvisorOpts is clientOpts on gVisor, for what only gVisor does (memory
+// checkpoints, hibernation).
+func gvisorOpts() client.CreateOptions {
+	o := clientOpts()
+	o.Runtime = "gvisor"
+	return o
+}
+
 // forEachRuntime runs f as a subtest per runtime: the one conformance
 // suite that every runtime passes.
 func forEachRuntime(t *testing.T, f func(t *testing.T)) {
