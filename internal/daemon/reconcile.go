@@ -42,12 +42,13 @@ func (d *Daemon) reconcile(ctx context.Context) error {
 	errs := make([]error, len(recs))
 	sem := make(chan struct{}, reconcileParallelism)
 	var wg sync.WaitGroup
+	left := d.leftCheckpoints()
 	for i, sb := range recs {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			errs[i] = d.reconcileOne(ctx, sb)
+			errs[i] = d.reconcileOne(ctx, sb, left[sb.ID])
 		}()
 	}
 	wg.Wait()
@@ -65,17 +66,34 @@ func (d *Daemon) keepEgress(ctx context.Context, sb *store.Sandbox) {
 const reconcileParallelism = 8
 
 // leftoverCheckpointTimeout bounds reconcile's wait for a checkpoint
-// command the last daemon left running (runtime.CheckpointWaiter).
+// command the last daemon left running (runtime.CheckpointLister).
 var leftoverCheckpointTimeout = 2 * time.Minute
 
-func (d *Daemon) reconcileOne(ctx context.Context, sb *store.Sandbox) error {
+// leftCheckpoints lists the checkpoint commands the last daemon left
+// running, by sandbox (runtime.CheckpointLister), in one pass.
+func (d *Daemon) leftCheckpoints() map[string][]int {
+	left := map[string][]int{}
+	for _, rt := range d.runtimes {
+		if l, ok := rt.(runtime.CheckpointLister); ok {
+			for id, pids := range l.RunningCheckpoints() {
+				left[id] = append(left[id], pids...)
+			}
+		}
+	}
+	return left
+}
+
+// reconcileOne finds sb as the host has it and records that; checkpoints
+// are the pids of the checkpoint commands of sb the last daemon left
+// running, waited for first.
+func (d *Daemon) reconcileOne(ctx context.Context, sb *store.Sandbox, checkpoints []int) error {
 	log := d.log.With(slog.String("sandbox", sb.ID))
-	if w, ok := d.runtimes[sb.Runtime].(runtime.CheckpointWaiter); ok && sb.State != store.StateHibernated {
+	for _, pid := range checkpoints {
 		// A held checkpoint outlives the daemon: it saves, then starts the
 		// sandbox again. Found paused meanwhile, the sandbox would be
 		// resumed under it, and its save cut short with the sandbox.
-		if err := w.WaitCheckpoints(ctx, sb.ID, leftoverCheckpointTimeout); err != nil {
-			log.Warn("reconcile: a checkpoint the last daemon left still runs", slog.Any("err", err))
+		if !pidExits(ctx, pid, leftoverCheckpointTimeout) {
+			log.Warn("reconcile: a checkpoint the last daemon left still runs", slog.Int("pid", pid), slog.Duration("waited", leftoverCheckpointTimeout))
 		}
 	}
 	if sb.State == store.StateHibernating || sb.State == store.StateHibernated {
@@ -181,7 +199,7 @@ func (d *Daemon) recheckDegraded(ctx context.Context) error {
 			continue
 		}
 		if sb.State == store.StateDegraded {
-			errs = append(errs, d.reconcileOne(ctx, sb))
+			errs = append(errs, d.reconcileOne(ctx, sb, nil))
 		}
 		unlock()
 	}

@@ -102,13 +102,13 @@ type HeldCheckpointer interface {
 	CheckpointHeld(ctx context.Context, id, imageDir string, held func(paused time.Time) error) (Hold, error)
 }
 
-// CheckpointWaiter is the optional feature of runtimes whose checkpoint
+// CheckpointLister is the optional feature of runtimes whose checkpoint
 // commands outlive a daemon that dies (a held checkpoint saves, then
-// starts the container again): WaitCheckpoints waits, at most timeout,
-// until none of container id runs, so that a restarted daemon does not
-// act on a container being saved.
-type CheckpointWaiter interface {
-	WaitCheckpoints(ctx context.Context, id string, timeout time.Duration) error
+// starts the container again): RunningCheckpoints lists the host pids of
+// those running, by container id, so that a restarted daemon waits for
+// them before it acts on their containers.
+type CheckpointLister interface {
+	RunningCheckpoints() map[string][]int
 }
 
 // Hold is what a held checkpoint did: whether the container may have been

@@ -5,21 +5,21 @@ import (
 	"testing"
 )
 
-func TestIsCheckpointOf(t *testing.T) {
-	roots := []string{"/run/fb/runsc/sb-1", "/run/fb/runsc"}
+func TestCheckpointOf(t *testing.T) {
 	argv := func(s string) [][]byte { return bytes.Split([]byte(s), []byte(" ")) }
-	for cmd, want := range map[string]bool{
-		"/run/fb/runsc-bin/runsc --root /run/fb/runsc/sb-1 --platform systrap checkpoint --image-path /x --leave-running --hold-fd 3 sb-1": true,
-		"runsc --root=/run/fb/runsc checkpoint --image-path /x sb-1":                                                                       true,
-		"runsc --root /run/fb/runsc/sb-1 checkpoint --image-path /x sb-10":                                                                 false, // another id
-		"runsc --root /run/other/runsc/sb-1 checkpoint --image-path /x sb-1":                                                               false, // another daemon's
-		"runsc --root /run/fb/runsc/sb-1 restore --image-path /x sb-1":                                                                     false,
-		"runsc-sandbox --root /run/fb/runsc/sb-1 boot --checkpoint sb-1":                                                                   false,
-		"runsc checkpoint sb-1": false, // no root: not ours to tell
-		"sb-1":                  false,
+	for cmd, want := range map[string]string{
+		"/run/fb/runsc-bin/runsc --root /run/fb/runsc/sb-1 --platform systrap checkpoint --image-path /x --leave-running --hold-fd 3 sb-1": "sb-1",
+		"runsc --root=/run/fb/runsc checkpoint --image-path /x sb-1":                                                                       "sb-1",
+		"runsc --root /run/fb/runsc/sb-1 checkpoint --image-path /x sb-10":                                                                 "", // another id's root
+		"runsc --root /run/other/runsc/sb-1 checkpoint --image-path /x sb-1":                                                               "", // another daemon's
+		"runsc --root /run/fb/runsc/sb-1 restore --image-path /x sb-1":                                                                     "",
+		"runsc-sandbox --root /run/fb/runsc/sb-1 boot --checkpoint sb-1":                                                                   "",
+		"runsc checkpoint sb-1": "", // no root: not ours to tell
+		"sb-1":                  "",
 	} {
-		if got := isCheckpointOf(argv(cmd), "sb-1", roots); got != want {
-			t.Errorf("isCheckpointOf(%q) = %v, want %v", cmd, got, want)
+		id, ok := checkpointOf(argv(cmd), "/run/fb/runsc")
+		if ok != (want != "") || (ok && id != want) {
+			t.Errorf("checkpointOf(%q) = %q, %v; want %q", cmd, id, ok, want)
 		}
 	}
 }
