@@ -209,10 +209,12 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		}
 		<-l.slots
 	}
-	l.mu.Lock()
-	ic.fresh = l.fresh.PushBack(ic)
-	l.mu.Unlock()
 	ic.timer = time.AfterFunc(l.idle, func() { ic.Close() })
+	l.mu.Lock()
+	if !ic.closed.Load() { // its idle timer may have fired already
+		ic.fresh = l.fresh.PushBack(ic)
+	}
+	l.mu.Unlock()
 	return ic, nil
 }
 
