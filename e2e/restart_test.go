@@ -1,6 +1,10 @@
 package e2e
 
 import (
+	"fmt"
+	"os"
+	"time"
+
 	"github.com/forkbox/forkbox/client"
 	"github.com/forkbox/forkbox/errdefs"
 
@@ -169,9 +173,7 @@ func TestDeadSandboxFailsExec(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustSh(t, sb, "true")
-	for _, p := range runscPids(sb.ID) {
-		syscall.Kill(p, syscall.SIGKILL)
-	}
+	killRuntime(t, sb.ID)
 	_, err = sb.Exec(ctx, client.ExecOptions{Shell: "true"})
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "died") {
 		t.Fatalf("exec in a dead sandbox: %v, want FailedPrecondition saying it died", err)
@@ -202,9 +204,7 @@ func TestDeadPausedSandboxAfterRestart(t *testing.T) {
 	if err := stopDaemon(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range runscPids(sb.ID) {
-		syscall.Kill(p, syscall.SIGKILL)
-	}
+	killRuntime(t, sb.ID)
 	if err := startDaemon(); err != nil {
 		t.Fatal(err)
 	}
@@ -212,4 +212,28 @@ func TestDeadPausedSandboxAfterRestart(t *testing.T) {
 		t.Errorf("after the restart: state %q (%v), want closed (lost)", sb.Info.State, err)
 	}
 	checkNoLeftovers(t, sb.ID)
+}
+
+// killRuntime SIGKILLs every runsc process of sandbox id and waits until
+// each has exited (gone, or a zombie nobody reaped yet).
+func killRuntime(t *testing.T, id string) {
+	t.Helper()
+	pids := runscPids(id)
+	if len(pids) == 0 {
+		t.Fatalf("no runsc process of %s to kill", id)
+	}
+	for _, p := range pids {
+		syscall.Kill(p, syscall.SIGKILL)
+	}
+	for _, p := range pids {
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) { // polling a condition, with a deadline
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
+			if err != nil || strings.Contains(string(b), ") Z ") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("runsc process %d of %s still runs 30 s after SIGKILL", p, id)
+			}
+		}
+	}
 }
