@@ -1,12 +1,11 @@
 package e2e
 
 import (
-	"fmt"
-	"os"
 	"time"
 
 	"github.com/forkbox/forkbox/client"
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/hostproc"
 
 	"context"
 	"os/exec"
@@ -226,14 +225,8 @@ func killRuntime(t *testing.T, id string) {
 		syscall.Kill(p, syscall.SIGKILL)
 	}
 	for _, p := range pids {
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) { // polling a condition, with a deadline
-			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
-			if err != nil || strings.Contains(string(b), ") Z ") {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("runsc process %d of %s still runs 30 s after SIGKILL", p, id)
-			}
+		if !hostproc.WaitExited(context.Background(), p, 30*time.Second) {
+			t.Fatalf("runsc process %d of %s still runs 30 s after SIGKILL", p, id)
 		}
 	}
 }

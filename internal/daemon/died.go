@@ -6,6 +6,8 @@ import (
 	"log/slog"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/hostproc"
+	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/store"
 )
 
@@ -34,22 +36,23 @@ func (d *Daemon) diedUnder(ctx context.Context, sb *store.Sandbox, err error) er
 		sb.ID, diedReason, sb.ID, err, errdefs.ErrFailedPrecondition)
 }
 
-// runtimeDied reports whether sb's runtime says its container is gone or
-// stopped, or whether the host process it reports has exited (runsc says
-// running while an unreaped sandbox is a zombie).
+// runtimeDied reports whether sb's runtime says its container is gone.
 func (d *Daemon) runtimeDied(ctx context.Context, sb *store.Sandbox) bool {
 	rt, ok := d.runtimes[sb.Runtime]
 	if !ok {
 		return false
 	}
-	st, err := rt.State(ctx, sb.ID)
-	switch {
-	case errdefs.IsNotFound(err):
-		return true
-	case err != nil:
-		return false
-	case !alive(st):
-		return true
+	return gone(rt.State(ctx, sb.ID))
+}
+
+// gone reports whether a runtime's State of a container says it is gone:
+// unknown to the runtime, stopped, or its host process exited (runsc
+// reports a sandbox as its state file last said, paused say, while its
+// process is gone or an unreaped zombie). An error other than NotFound
+// says nothing.
+func gone(st runtime.State, err error) bool {
+	if err != nil {
+		return errdefs.IsNotFound(err)
 	}
-	return st.Pid > 0 && pidExits(ctx, st.Pid, 0)
+	return !alive(st) || (st.Pid > 0 && hostproc.Exited(st.Pid))
 }

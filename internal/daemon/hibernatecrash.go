@@ -2,13 +2,13 @@ package daemon
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/hostproc"
 	"github.com/forkbox/forkbox/internal/runtime/runsc"
 	"github.com/forkbox/forkbox/internal/store"
 )
@@ -48,7 +48,7 @@ func (d *Daemon) savedAfterCrash(ctx context.Context, sb *store.Sandbox) bool {
 		// Still saving, or a save that failed and left it running (or
 		// exited, unreaped: runsc says running until its zombie goes):
 		// wait for it to exit, boundedly.
-		if !pidExits(ctx, st.Pid, savedTimeout) {
+		if !hostproc.WaitExited(ctx, st.Pid, savedTimeout) {
 			return false
 		}
 	case err != nil && !errdefs.IsNotFound(err):
@@ -63,37 +63,4 @@ func (d *Daemon) savedAfterCrash(ctx context.Context, sb *store.Sandbox) bool {
 	}
 	d.log.Warn("reconcile: a hibernation cut by the daemon's crash was finished by the sandbox; its image is taken as whole (a wake will tell)", slog.String("sandbox", sb.ID))
 	return true
-}
-
-// pidExits waits until host process pid has exited (gone, or a zombie),
-// at most for timeout; pid 0 has.
-func pidExits(ctx context.Context, pid int, timeout time.Duration) bool {
-	if pid <= 0 {
-		return true
-	}
-	deadline := time.Now().Add(timeout)
-	for {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil || processState(b) == 'Z' {
-			return true
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return false
-		}
-		time.Sleep(50 * time.Millisecond) // polling a condition, with a deadline
-	}
-}
-
-// processState is the state letter of a /proc/<pid>/stat line (after the
-// command's closing parenthesis, which the command may itself contain).
-func processState(stat []byte) byte {
-	for i := len(stat) - 1; i >= 0; i-- {
-		if stat[i] == ')' {
-			if i+2 < len(stat) {
-				return stat[i+2]
-			}
-			return 0
-		}
-	}
-	return 0
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/hostproc"
 	"github.com/forkbox/forkbox/internal/network"
 	"github.com/forkbox/forkbox/internal/runtime/runsc"
 	"github.com/forkbox/forkbox/internal/store"
@@ -160,7 +161,7 @@ func (p *prebootPool) take(key prebootKey) *prebooted {
 func (d *Daemon) takeLive(ctx context.Context, key prebootKey) *prebooted {
 	for {
 		m := d.pre.take(key)
-		if m == nil || m.pid <= 0 || !pidExits(ctx, m.pid, 0) {
+		if m == nil || m.pid <= 0 || !hostproc.Exited(m.pid) {
 			return m
 		}
 		d.log.Warn("preboot: a pre-booted sandbox died while it waited; torn down", slog.String("sandbox", m.id), slog.Int("pid", m.pid))

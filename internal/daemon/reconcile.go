@@ -14,6 +14,7 @@ import (
 	"github.com/forkbox/forkbox/errdefs"
 	"github.com/forkbox/forkbox/internal/agent"
 	"github.com/forkbox/forkbox/internal/cgroups"
+	"github.com/forkbox/forkbox/internal/hostproc"
 	"github.com/forkbox/forkbox/internal/mount"
 	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/snapshot"
@@ -92,7 +93,7 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *store.Sandbox, checkpoint
 		// A held checkpoint outlives the daemon: it saves, then starts the
 		// sandbox again. Found paused meanwhile, the sandbox would be
 		// resumed under it, and its save cut short with the sandbox.
-		if !pidExits(ctx, pid, leftoverCheckpointTimeout) {
+		if !hostproc.WaitExited(ctx, pid, leftoverCheckpointTimeout) {
 			log.Warn("reconcile: a checkpoint the last daemon left still runs", slog.Int("pid", pid), slog.Duration("waited", leftoverCheckpointTimeout))
 		}
 	}
@@ -263,19 +264,11 @@ func (d *Daemon) checkHealth(ctx context.Context, sb *store.Sandbox) health {
 		return health{reason: fmt.Sprintf("its runtime %s is not available on this daemon (is its binary missing?)", sb.Runtime)}
 	}
 	st, err := rt.State(ctx, sb.ID)
-	if errdefs.IsNotFound(err) {
+	if gone(st, err) {
 		return health{}
 	}
 	if err != nil {
 		return health{reason: fmt.Sprintf("its runtime %s could not report its state: %v", sb.Runtime, err)}
-	}
-	if !alive(st) {
-		return health{}
-	}
-	if st.Pid > 0 && pidExits(ctx, st.Pid, 0) {
-		// runsc reports a sandbox as its state file last said (paused,
-		// say) while its process is gone or an unreaped zombie.
-		return health{}
 	}
 	suspended, err := d.isSuspended(ctx, sb, st)
 	if err != nil {
@@ -300,7 +293,7 @@ func (d *Daemon) checkHealth(ctx context.Context, sb *store.Sandbox) health {
 		// A sandbox whose processes were killed just before may still be
 		// reported running until they are reaped: asked again after the
 		// wait, the runtime tells a dead sandbox from a slow agent.
-		if st, serr := rt.State(ctx, sb.ID); errdefs.IsNotFound(serr) || (serr == nil && !alive(st)) {
+		if st, serr := rt.State(ctx, sb.ID); gone(st, serr) {
 			return health{}
 		}
 		return health{reason: fmt.Sprintf("its runtime reports it running but its agent did not answer within %s: %v", reconcileAgentTimeout, err)}

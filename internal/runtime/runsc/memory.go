@@ -14,15 +14,14 @@
 package runsc
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/hostproc"
 	"github.com/forkbox/forkbox/internal/runtime"
 )
 
@@ -184,26 +183,11 @@ func restoreFlags(imageDir string) []string {
 
 // waitExited waits until host pid is gone or a zombie.
 func waitExited(ctx context.Context, pid int, timeout time.Duration) error {
-	if pid <= 0 {
-		return nil
+	if !hostproc.WaitExited(ctx, pid, timeout) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return fmt.Errorf("still running after %v: %w", timeout, errdefs.ErrInternal)
 	}
-	deadline := time.Now().Add(timeout)
-	for {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if err != nil {
-			return nil
-		}
-		// "pid (comm) S ...": the state follows the last ')'.
-		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'Z' {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("still running after %v: %w", timeout, errdefs.ErrInternal)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	return nil
 }

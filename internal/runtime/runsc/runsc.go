@@ -249,8 +249,8 @@ func (r *Runsc) globalArgs(root, logID string) []string {
 	if r.opts.FileAccess != "" {
 		a = append(a, "--file-access", r.opts.FileAccess)
 	}
-	if r.opts.LogDir != "" && logID != "" {
-		a = append(a, "--log", filepath.Join(r.opts.LogDir, logID+".log"))
+	if p := r.logFile(logID); p != "" && logID != "" {
+		a = append(a, "--log", p)
 	}
 	return append(a, r.opts.ExtraFlags...)
 }

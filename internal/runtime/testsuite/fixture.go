@@ -7,7 +7,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -265,15 +264,4 @@ func limitFiles(p string) map[string]string {
 		filepath.Join("/sys/fs/cgroup/cpu", p, "cpu.cfs_period_us"):        "100000",
 		filepath.Join("/sys/fs/cgroup/pids", p, "pids.max"):                "100",
 	}
-}
-
-// pidGone reports whether host pid no longer runs (absent or a zombie).
-func pidGone(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i > 0 && len(s) > i+2 && s[i+2] == 'Z'
 }

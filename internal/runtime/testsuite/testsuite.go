@@ -21,6 +21,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/forkbox/forkbox/errdefs"
+	"github.com/forkbox/forkbox/internal/hostproc"
 	"github.com/forkbox/forkbox/internal/runtime"
 	"github.com/forkbox/forkbox/internal/runtime/spec"
 )
@@ -142,10 +143,10 @@ func testLifecycle(t *testing.T, rt runtime.Runtime, c *config) {
 func assertGone(t *testing.T, f *Fixture, pid int) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
-	for pid > 0 && !pidGone(pid) && time.Now().Before(deadline) {
+	for pid > 0 && !hostproc.Exited(pid) && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond) // the init may take a moment to be reaped
 	}
-	if pid > 0 && !pidGone(pid) {
+	if pid > 0 && !hostproc.Exited(pid) {
 		t.Errorf("container init (host pid %d) still runs after delete", pid)
 	}
 	if ds := CgroupDirs(f.Cgroup); len(ds) > 0 {
